@@ -1,0 +1,13 @@
+"""The pytest plugin (entry point ``pytest11``) of the conformance suite."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "waltz_requires(*capabilities): the test needs optional backend capabilities; "
+        "it is skipped with the reason for a backend that does not declare them",
+    )

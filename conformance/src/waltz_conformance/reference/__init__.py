@@ -1,0 +1,1 @@
+"""In-memory reference implementations of the four contracts (plugins named ``memory``)."""

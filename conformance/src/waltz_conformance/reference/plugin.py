@@ -1,0 +1,25 @@
+"""Registers the in-memory reference implementations as plugins named ``memory``.
+
+They exist for the conformance suite and for simulation; a system test never
+uses them as a stand-in for a real component.
+"""
+
+from __future__ import annotations
+
+from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
+
+
+@hookimpl
+def waltz_lock_tables() -> list[PluginDescriptor]:
+    from waltz_conformance.reference.locktable import MemoryLockTable
+
+    return [
+        PluginDescriptor(
+            kind=PluginKind.LOCK_TABLE,
+            name="memory",
+            factory=MemoryLockTable,
+            capabilities=frozenset({"exact"}),
+            description="exact reference model (unbounded memory); for tests",
+            conformance_harness="waltz_conformance.reference.harnesses:locktable",
+        )
+    ]

@@ -1,0 +1,290 @@
+"""Configuration: one TOML file per process, every key overridable by environment.
+
+A schema is a (nested) dataclass. :func:`load_config` reads the TOML file,
+applies ``WALTZ_*`` environment overrides, converts and validates every value,
+and raises :class:`~waltz_api.errors.ConfigError` naming the bad key.
+
+Environment names: ``WALTZ_<KEY>`` for a top-level key and
+``WALTZ_<SECTION>__<KEY>`` (double underscore) inside a section, upper-case:
+``WALTZ_STORAGE__SEGMENT_SIZE=1048576`` sets ``[storage] segment_size``.
+
+Field constraints go in field metadata: ``min``, ``max``, ``choices`` and
+``help`` (the help text is used by the docs and ``waltz config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from waltz_api.errors import ConfigError
+
+T = TypeVar("T")
+
+ENV_PREFIX = "WALTZ_"
+
+
+def load_config(
+    schema: type[T],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """Build a ``schema`` instance from a TOML file, the environment and overrides.
+
+    Precedence, lowest first: the schema's defaults, the file, ``WALTZ_*``
+    environment variables, ``overrides`` (a nested mapping, e.g. from CLI flags).
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        try:
+            with file.open("rb") as handle:
+                raw = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {file} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+    _apply_env(schema, raw, os.environ if env is None else env)
+    if overrides:
+        _deep_merge(raw, overrides)
+    return _build(schema, raw, prefix="")
+
+
+def config_from_mapping(schema: type[T], raw: Mapping[str, Any]) -> T:
+    """Validate an in-memory mapping against ``schema`` (no file, no environment)."""
+    return _build(schema, dict(raw), prefix="")
+
+
+def describe(schema: type[Any], prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, help) of every key of ``schema``, for docs."""
+    rows: list[tuple[str, str, Any, str]] = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            rows.extend(describe(typing.cast(type[Any], hint), prefix=f"{key}."))
+            continue
+        rows.append((key, _type_name(hint), _default_of(f), f.metadata.get("help", "")))
+    return rows
+
+
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _deep_merge(target: dict[str, Any], source: Mapping[str, Any]) -> None:
+    for key, value in source.items():
+        if isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _deep_merge(target[key], value)
+        else:
+            target[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _apply_env(schema: type[Any], raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    hints = typing.get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        if parts[0] not in fields:
+            continue  # another component's variable (e.g. WALTZ_DISABLE_PLUGIN_AUTOLOAD)
+        target = raw
+        current_schema: Any = schema
+        current_hints = hints
+        for depth, part in enumerate(parts):
+            known = {f.name for f in dataclasses.fields(current_schema)}
+            if part not in known:
+                key = ".".join(parts[: depth + 1])
+                raise ConfigError(
+                    f"environment variable {name} names unknown key {key!r}"
+                    + _suggest(part, known),
+                    key=key,
+                )
+            hint = current_hints[part]
+            if depth == len(parts) - 1:
+                target[part] = _EnvValue(value, name)
+            elif dataclasses.is_dataclass(hint):
+                target = target.setdefault(part, {})
+                current_schema = hint
+                current_hints = typing.get_type_hints(hint)
+            elif _is_free_mapping(hint):
+                sub = target.setdefault(part, {})
+                sub["__".join(parts[depth + 1 :])] = _EnvValue(value, name)
+                break
+            else:
+                key = ".".join(parts[: depth + 1])
+                raise ConfigError(f"{name}: key {key!r} has no sub-keys", key=key)
+
+
+@dataclasses.dataclass(frozen=True)
+class _EnvValue:
+    text: str
+    variable: str
+
+
+def _suggest(name: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(known))}"
+
+
+def _build(schema: type[T], raw: Mapping[str, Any], prefix: str) -> T:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"{prefix.rstrip('.') or 'config'} must be a table, got {raw!r}",
+            key=prefix.rstrip("."),
+        )
+    hints = typing.get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, schema)) if f.init}
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(
+                f"unknown config key {prefix}{key!r}" + _suggest(key, fields), key=f"{prefix}{key}"
+            )
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        key = f"{prefix}{name}"
+        hint = hints[name]
+        if name not in raw:
+            if dataclasses.is_dataclass(hint) and f.default_factory is dataclasses.MISSING:
+                kwargs[name] = _build(typing.cast(type[Any], hint), {}, f"{key}.")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"missing required config key {key!r}", key=key)
+            continue
+        value = raw[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(typing.cast(type[Any], hint), value, f"{key}.")
+        else:
+            kwargs[name] = _check(_convert(value, hint, key), f, key)
+    try:
+        return schema(**kwargs)
+    except (ValueError, TypeError) as exc:
+        where = prefix.rstrip(".") or "config"
+        raise ConfigError(f"invalid {where}: {exc}", key=prefix.rstrip(".") or None) from None
+
+
+def _check(value: Any, f: dataclasses.Field[Any], key: str) -> Any:
+    meta = f.metadata
+    if "min" in meta and value is not None and value < meta["min"]:
+        raise ConfigError(f"config key {key!r} must be at least {meta['min']}, got {value}", key)
+    if "max" in meta and value is not None and value > meta["max"]:
+        raise ConfigError(f"config key {key!r} must be at most {meta['max']}, got {value}", key)
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(
+            f"config key {key!r} must be one of {', '.join(map(str, meta['choices']))}, "
+            f"got {value!r}",
+            key,
+        )
+    return value
+
+
+def _is_free_mapping(hint: Any) -> bool:
+    return get_origin(hint) in (dict, Mapping) or hint in (dict, Mapping)
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _convert(value: Any, hint: Any, key: str) -> Any:
+    source = ""
+    if isinstance(value, _EnvValue):
+        source = f" (from {value.variable})"
+        value = _parse_env_text(value.text, hint)
+    origin = get_origin(hint)
+    args = get_args(hint)
+    try:
+        if origin in (types.UnionType, typing.Union):
+            if value is None and type(None) in args:
+                return None
+            errors = []
+            for arg in args:
+                if arg is type(None):
+                    continue
+                try:
+                    return _convert(value, arg, key)
+                except ConfigError as exc:
+                    errors.append(str(exc))
+            raise ConfigError("; ".join(errors), key)
+        if origin is Literal:
+            if value not in args:
+                raise ConfigError(
+                    f"config key {key!r} must be one of {', '.join(map(repr, args))}, "
+                    f"got {value!r}{source}",
+                    key,
+                )
+            return value
+        if hint is Any:
+            return value
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            raise TypeError
+        if hint is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError
+            return value
+        if hint is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError
+            return float(value)
+        if hint is str:
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+        if hint is Path:
+            if not isinstance(value, str | Path):
+                raise TypeError
+            return Path(value).expanduser()
+        if origin in (list, tuple) or hint in (list, tuple):
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, list | tuple):
+                raise TypeError
+            item = args[0] if args else Any
+            items = [_convert(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+            return tuple(items) if (origin is tuple or hint is tuple) else items
+        if _is_free_mapping(hint):
+            if not isinstance(value, Mapping):
+                raise TypeError
+            return {
+                k: (_parse_env_text(v.text, Any) if isinstance(v, _EnvValue) else v)
+                for k, v in value.items()
+            }
+    except TypeError:
+        raise ConfigError(
+            f"config key {key!r} must be {_type_name(hint)}, got {value!r}{source}", key
+        ) from None
+    raise ConfigError(f"config key {key!r} has an unsupported type {hint!r}", key)
+
+
+def _parse_env_text(text: str, hint: Any) -> Any:
+    """Environment values are strings: read them as the field's type."""
+    stripped = text.strip()
+    if hint is str or hint is Path:
+        return text
+    if hint is bool:
+        lowered = stripped.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        return text
+    try:
+        return tomllib.loads(f"v = {stripped}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text

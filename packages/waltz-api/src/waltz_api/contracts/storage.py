@@ -1,0 +1,154 @@
+"""The StorageEngine contract: durable, per-partition transaction logs on one node."""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from waltz_api.types import Record, RecordHeader, SessionInfo
+
+
+class StoragePartition(ABC):
+    """One partition's log in a storage engine.
+
+    The log is a dense sequence of records with transaction ids
+    ``0 .. max_transaction_id()`` (``-1`` when empty). Records may be
+    truncated away from the end and re-appended (by recovery), never changed
+    in the middle.
+
+    Durability: when ``append``, ``truncate`` or ``set_session_info``
+    returns, the change is on stable storage (for a disk engine: fdatasync'd)
+    and survives a crash at any later byte. A crash during the call leaves
+    either the old or the new state of each record, and start-up recovery
+    drops a torn or corrupt tail (never a record before it).
+
+    Concurrency: calls for one partition are issued by one task at a time
+    (the storage node serialises them); an engine may still batch concurrent
+    appends of different partitions into one flush (group commit).
+    """
+
+    partition_id: int
+
+    @abstractmethod
+    def max_transaction_id(self) -> int:
+        """The highest transaction id stored (committed or not); -1 when empty."""
+
+    @abstractmethod
+    def session_info(self) -> SessionInfo:
+        """The last store session info, as last made durable by ``set_session_info``."""
+
+    @abstractmethod
+    async def set_session_info(self, info: SessionInfo) -> None:
+        """Make ``info`` the partition's session info, durably (crash-safe: after a
+        crash the old or the new value is read back, never a mix or nothing)."""
+
+    @abstractmethod
+    async def append(self, records: Sequence[Record]) -> None:
+        """Append ``records`` durably; returns only once all are on stable storage.
+
+        The ids must be dense and continue the log: the first is
+        ``max_transaction_id() + 1``. Otherwise raises
+        :class:`~waltz_api.errors.StorageAppendError` and stores nothing.
+        Each record's checksum must be the CRC-32C of its data, else
+        :class:`~waltz_api.errors.ChecksumError` and nothing is stored.
+        """
+
+    @abstractmethod
+    async def truncate(self, transaction_id: int) -> None:
+        """Remove every record with an id above ``transaction_id``, durably.
+
+        Truncating at or above ``max_transaction_id()`` is a no-op; ``-1``
+        empties the log."""
+
+    @abstractmethod
+    async def read_record(self, transaction_id: int) -> Record | None:
+        """The record with that id, or ``None`` when there is none.
+
+        Raises :class:`~waltz_api.errors.CorruptionError` when the stored
+        record fails its checksum."""
+
+    @abstractmethod
+    async def read_header(self, transaction_id: int) -> RecordHeader | None:
+        """The record header with that id, or ``None``."""
+
+    @abstractmethod
+    async def read_records(
+        self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
+    ) -> list[Record]:
+        """Consecutive records from ``start``: at most ``max_records``, and no more
+        data bytes than ``max_bytes`` (but always at least one record when
+        ``start`` exists). Empty when ``start`` is beyond the log."""
+
+    @abstractmethod
+    async def read_headers(self, start: int, max_records: int) -> list[RecordHeader]:
+        """Consecutive record headers from ``start``, at most ``max_records``."""
+
+
+class StorageEngine(ABC):
+    """A storage directory (or its equivalent): the cluster key and many partitions.
+
+    Opened with :meth:`open`. A new location needs ``cluster_key`` and
+    ``num_partitions``; an existing one checks them when given and raises
+    :class:`~waltz_api.errors.ClusterKeyMismatchError` on a mismatch.
+    """
+
+    @classmethod
+    @abstractmethod
+    async def open(
+        cls,
+        location: str,
+        *,
+        cluster_key: uuid.UUID | None = None,
+        num_partitions: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> StorageEngine:
+        """Open (or create) the storage at ``location`` and recover its partitions."""
+
+    @property
+    @abstractmethod
+    def cluster_key(self) -> uuid.UUID:
+        """The key of the cluster this storage belongs to."""
+
+    @property
+    @abstractmethod
+    def num_partitions(self) -> int:
+        """The cluster's number of partitions, recorded at creation."""
+
+    def check_cluster_key(self, cluster_key: uuid.UUID, num_partitions: int) -> None:
+        """Raise :class:`ClusterKeyMismatchError` unless both match this storage."""
+        from waltz_api.errors import ClusterKeyMismatchError
+
+        if cluster_key != self.cluster_key:
+            raise ClusterKeyMismatchError(
+                f"cluster key {cluster_key} does not match this storage's key "
+                f"{self.cluster_key}: the server and the storage node belong to different "
+                "clusters; check the server's coordination root and the storage directory"
+            )
+        if num_partitions != self.num_partitions:
+            raise ClusterKeyMismatchError(
+                f"number of partitions {num_partitions} does not match this storage's "
+                f"{self.num_partitions}"
+            )
+
+    @abstractmethod
+    def partition_ids(self) -> list[int]:
+        """The partitions hosted here, ascending."""
+
+    @abstractmethod
+    async def add_partition(self, partition_id: int) -> StoragePartition:
+        """Host a new, empty partition (idempotent: an existing one is returned)."""
+
+    @abstractmethod
+    async def remove_partition(self, partition_id: int) -> None:
+        """Stop hosting the partition and delete its data (idempotent)."""
+
+    @abstractmethod
+    def partition(self, partition_id: int) -> StoragePartition:
+        """The hosted partition; raises PartitionNotFoundError, or
+        PartitionClosedError when its files could not be recovered."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release files and threads. Everything already returned is durable."""

@@ -1,0 +1,188 @@
+"""The one error hierarchy of Waltz.
+
+Every error raised by Waltz code derives from :class:`WaltzError`. A message
+says what was wrong and, where the caller can act, what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class WaltzError(Exception):
+    """Base class of every error Waltz raises."""
+
+
+# -- configuration and plugins -------------------------------------------------
+
+
+class ConfigError(WaltzError):
+    """A configuration file or environment override is invalid.
+
+    ``key`` names the offending key (dotted, e.g. ``storage.segment_size``)
+    when one is known.
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class PluginError(WaltzError):
+    """A plugin could not be found, loaded or chosen."""
+
+
+class UnknownPluginError(PluginError):
+    """No plugin of that kind has that name; the message lists the valid ones."""
+
+
+class DuplicatePluginError(PluginError):
+    """Two plugins registered the same name for the same kind."""
+
+
+# -- wire protocol --------------------------------------------------------------
+
+
+class ProtocolError(WaltzError):
+    """Bytes received from a peer are not a valid Waltz message.
+
+    The connection that delivered them should be closed; nothing that was
+    committed is affected.
+    """
+
+
+class ChecksumError(ProtocolError):
+    """Transaction data did not match its CRC-32C checksum."""
+
+
+class FrameTooLargeError(ProtocolError):
+    """A frame is larger than the configured maximum frame size."""
+
+
+class VersionMismatchError(ProtocolError):
+    """The peers share no protocol version."""
+
+
+# -- storage ------------------------------------------------------------------------
+
+
+class StorageError(WaltzError):
+    """A storage engine or storage node operation failed."""
+
+
+class CorruptionError(StorageError):
+    """Data on disk failed a checksum or structural check."""
+
+
+class ClusterKeyMismatchError(StorageError):
+    """A request carried a cluster key other than the one the storage belongs to."""
+
+
+class SessionFencedError(StorageError):
+    """A request carried a store session id older than one already seen.
+
+    A newer store session owns the partition; the older writer must stop.
+    """
+
+    def __init__(self, message: str, highest_session_id: int = -1) -> None:
+        super().__init__(message)
+        self.highest_session_id = highest_session_id
+
+
+class PartitionNotFoundError(StorageError):
+    """The partition is not hosted (or not open) here."""
+
+
+class PartitionClosedError(StorageError):
+    """The partition could not be opened, or has been closed."""
+
+
+class StorageAppendError(StorageError):
+    """An append was refused (for example: its ids do not follow the last record)."""
+
+
+# -- coordination ---------------------------------------------------------------
+
+
+class CoordinationError(WaltzError):
+    """A coordination service operation failed."""
+
+
+class NodeExistsError(CoordinationError):
+    """``create`` of a path that already exists."""
+
+
+class NoNodeError(CoordinationError):
+    """The path does not exist."""
+
+
+class BadVersionError(CoordinationError):
+    """A compare-and-set (or versioned delete) lost: the version had changed."""
+
+
+class NotEmptyError(CoordinationError):
+    """Delete of a path that still has children."""
+
+
+class SessionLostError(CoordinationError):
+    """The coordination session expired; every ephemeral entry it owned is gone."""
+
+
+class CoordinationUnavailableError(CoordinationError):
+    """The coordination service could not be reached in time."""
+
+
+class ClusterExistsError(CoordinationError):
+    """``cluster create`` against a root that already holds a cluster."""
+
+
+class ClusterNotFoundError(CoordinationError):
+    """No cluster metadata at the configured root; run ``waltz cluster create``."""
+
+
+# -- transport ------------------------------------------------------------------
+
+
+class TransportError(WaltzError):
+    """A transport operation failed."""
+
+
+class ConnectionClosedError(TransportError):
+    """The connection is closed (by either side, or because the peer died)."""
+
+
+class ConnectError(TransportError):
+    """A connection to an endpoint could not be established."""
+
+
+class AuthenticationError(TransportError):
+    """The peer could not be authenticated."""
+
+
+# -- server and client --------------------------------------------------------------
+
+
+class ServerError(WaltzError):
+    """A server refused or failed a request."""
+
+
+class PartitionNotReadyError(ServerError):
+    """The partition is not (yet) served by the server asked."""
+
+
+class ClientAheadError(ServerError):
+    """The client's high-water mark is beyond the partition's.
+
+    This is a configuration error: the client's database belongs to another
+    cluster, or the log lost data. Check the client's database and cluster.
+    """
+
+
+class LockFailureError(WaltzError):
+    """A transaction was rejected by the optimistic lock check."""
+
+    def __init__(self, message: str, transaction_id: int) -> None:
+        super().__init__(message)
+        self.transaction_id = transaction_id
+
+
+class ClientError(WaltzError):
+    """Misuse of the client API, or a client-side failure."""

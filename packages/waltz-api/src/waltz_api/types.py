@@ -1,0 +1,184 @@
+"""The value types shared by every Waltz component.
+
+All are frozen (immutable, hashable) with slots. Transaction ids are ``int``
+(64-bit signed on the wire and on disk); ``-1`` means "no transaction" (an
+empty partition has max transaction id ``-1``).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+from dataclasses import dataclass, field
+
+NO_TRANSACTION = -1
+"""The transaction id of "nothing yet": the high-water mark of an empty partition."""
+
+UNRESOLVED = -1
+"""A replica's closing high-water mark before recovery resolved it (ReplicaState.UNRESOLVED)."""
+
+_LOCK_KEY = struct.Struct(">q")
+
+
+@dataclass(frozen=True, slots=True)
+class ReqId:
+    """The unique id of a client request (spec: Request ID).
+
+    ``client_id`` is allocated by coordination, ``generation`` is the
+    partition's generation the client believed in, ``seq_num`` increases per
+    request of that client.
+    """
+
+    client_id: int
+    generation: int
+    partition_id: int
+    seq_num: int
+
+
+class LockMode(enum.IntEnum):
+    """How a lock takes part in the optimistic concurrency check.
+
+    - READ: checked against the client high-water mark, never recorded.
+    - WRITE: checked, and recorded at the transaction's id on commit.
+    - APPEND: recorded on commit, never checked (a parent "ownership" lock
+      whose children are read-locked).
+    """
+
+    READ = 0
+    WRITE = 1
+    APPEND = 2
+
+
+def lock_hash(name: str, lock_id: int) -> int:
+    """The stable 64-bit hash of a lock id (name, id).
+
+    It does not depend on PYTHONHASHSEED, the process or the platform, so a
+    client and a server always agree. BLAKE2b with an 8-byte digest; the
+    result is an unsigned 64-bit integer.
+    """
+    digest = hashlib.blake2b(
+        name.encode("utf-8") + b"\x00" + _LOCK_KEY.pack(lock_id), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "big")
+
+
+@dataclass(frozen=True, slots=True)
+class Lock:
+    """An application-defined lock: a name and a 64-bit id, in a mode.
+
+    The scope of a lock is its partition.
+    """
+
+    name: str
+    id: int
+    mode: LockMode = LockMode.WRITE
+    hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("a lock needs a non-empty name (str)")
+        if not -(2**63) <= self.id < 2**63:
+            raise ValueError(f"lock id {self.id} does not fit in a signed 64-bit integer")
+        object.__setattr__(self, "hash", lock_hash(self.name, self.id))
+
+
+@dataclass(frozen=True, slots=True)
+class LockRequest:
+    """The lock hashes of one append request, grouped by mode (what travels on the wire)."""
+
+    read: tuple[int, ...] = ()
+    write: tuple[int, ...] = ()
+    append: tuple[int, ...] = ()
+
+    @classmethod
+    def from_locks(cls, locks: list[Lock] | tuple[Lock, ...]) -> LockRequest:
+        read = tuple(lock.hash for lock in locks if lock.mode is LockMode.READ)
+        write = tuple(lock.hash for lock in locks if lock.mode is LockMode.WRITE)
+        append = tuple(lock.hash for lock in locks if lock.mode is LockMode.APPEND)
+        return cls(read, write, append)
+
+    def __bool__(self) -> bool:
+        return bool(self.read or self.write or self.append)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    """A committed transaction without its data (what the feed carries)."""
+
+    transaction_id: int
+    req_id: ReqId
+    header: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A transaction record as stored: id, request id, header, data and its CRC-32C."""
+
+    transaction_id: int
+    req_id: ReqId
+    header: int
+    data: bytes
+    checksum: int
+
+    @property
+    def record_header(self) -> RecordHeader:
+        return RecordHeader(self.transaction_id, self.req_id, self.header)
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """A committed transaction as an application sees it.
+
+    ``data`` is ``None`` when only the header was streamed (the data is then
+    fetched lazily by the client).
+    """
+
+    partition_id: int
+    transaction_id: int
+    header: int
+    req_id: ReqId
+    data: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A storage partition's last store session (spec: Partition Info).
+
+    - ``session_id``: the highest store session id this partition accepted.
+    - ``low_water_mark``: the cluster high-water mark when that session started.
+    - ``local_low_water_mark``: the highest valid transaction id in this
+      storage when that session started (below ``low_water_mark`` when the
+      replica was behind).
+    """
+
+    session_id: int = -1
+    low_water_mark: int = NO_TRANSACTION
+    local_low_water_mark: int = NO_TRANSACTION
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaId:
+    """A replica: a partition on a storage node (by the node's connect string)."""
+
+    partition_id: int
+    storage_node: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """A replica's state in the partition store metadata (spec: ReplicaState)."""
+
+    replica_id: ReplicaId
+    session_id: int
+    closing_high_water_mark: int = UNRESOLVED
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """What a storage node reports about one of its partitions."""
+
+    partition_id: int
+    session_info: SessionInfo
+    max_transaction_id: int
+    available: bool = True

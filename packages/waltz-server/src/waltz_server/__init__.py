@@ -1,0 +1,1 @@
+"""waltz_server: the Waltz server, storage node, lock tables and the `waltz` CLI."""
