@@ -1,0 +1,41 @@
+"""The ``waltz`` command line: one entry point, one subcommand group per area.
+
+Each area lives in its own module and is added below with ``main.add_command``.
+Errors: a WaltzError ends the command with one clear line on stderr and exit
+code 1 (2 for usage errors, as click does).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from waltz_api.errors import WaltzError
+
+
+class WaltzGroup(click.Group):
+    """A click group that turns a WaltzError into one line and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except WaltzError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=WaltzGroup)
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.version_option(package_name="waltz-server")
+def main(verbose: int) -> None:
+    """Waltz: a distributed, replicated write-ahead log."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+# Subcommand groups register here, one line each.

@@ -1,0 +1,3 @@
+from waltz_server.cli import main
+
+main()
