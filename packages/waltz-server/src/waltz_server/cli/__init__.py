@@ -39,3 +39,6 @@ def main(verbose: int) -> None:
 
 
 # Subcommand groups register here, one line each.
+from waltz_server.cli.plugins import plugins_group  # noqa: E402
+
+main.add_command(plugins_group)
