@@ -23,3 +23,20 @@ def waltz_lock_tables() -> list[PluginDescriptor]:
             conformance_harness="waltz_conformance.reference.harnesses:locktable",
         )
     ]
+
+
+@hookimpl
+def waltz_transports() -> list[PluginDescriptor]:
+    from waltz_conformance.reference.transport import create_memory_transport
+
+    return [
+        PluginDescriptor(
+            kind=PluginKind.TRANSPORT,
+            name="memory",
+            factory=create_memory_transport,
+            capabilities=frozenset({"peer_faults"}),
+            description="in-process reference transport (memory://NAME); for tests",
+            uri_schemes=("memory",),
+            conformance_harness="waltz_conformance.reference.harnesses:transport",
+        )
+    ]

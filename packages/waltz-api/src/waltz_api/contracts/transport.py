@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024
+DEFAULT_FAILURE_DETECTION_BOUND = 3.0
 
 
 class Connection(ABC):
@@ -94,14 +95,33 @@ class Transport(ABC):
     def max_frame_size(self) -> int:
         return int(self.options.get("max_frame_size", DEFAULT_MAX_FRAME_SIZE))
 
+    @property
+    def failure_detection_bound(self) -> float:
+        """Seconds within which a dead, paused or unreachable peer is reported
+        (``recv`` and ``send`` raise ConnectionClosedError), with these options."""
+        return DEFAULT_FAILURE_DETECTION_BOUND
+
     @abstractmethod
     async def listen(self, endpoint: str, handler: ConnectionHandler) -> Listener:
         """Bind ``endpoint``; ``handler`` runs as a task for each accepted connection
         (and the connection is closed when it returns)."""
 
     @abstractmethod
-    async def connect(self, endpoint: str, *, timeout: float = 10.0) -> Connection:
-        """Connect to a listener; raises ConnectError when it cannot within ``timeout``."""
+    async def connect(
+        self, endpoint: str, *, timeout: float = 10.0, replace_key: str | None = None
+    ) -> Connection:
+        """Connect to a listener; raises ConnectError when it cannot within ``timeout``
+        (AuthenticationError when the listener refuses this transport's credentials).
+
+        ``replace_key`` (the spec's network client sequence number): connections
+        made by this transport instance to the same listener with the same key
+        form a lineage, each new one replacing the older ones. The listener
+        closes every older connection of the lineage before it delivers the
+        first frame of the new one, and refuses an older one arriving late, so
+        no frame of a replaced connection is delivered after the first frame of
+        its replacement. The replaced connection is closed on this side too.
+        Without a key, connections are independent.
+        """
 
     @abstractmethod
     async def close(self) -> None:
