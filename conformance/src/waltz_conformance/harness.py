@@ -28,7 +28,7 @@ class Harness:
 
 def requires(*capabilities: str) -> Callable[[F], F]:
     """Mark a suite test as needing optional capabilities."""
-    return pytest.mark.waltz_requires(*capabilities)  # type: ignore[no-any-return]
+    return pytest.mark.waltz_requires(*capabilities)
 
 
 def skip_unless_capable(request: pytest.FixtureRequest, harness: Harness) -> None:

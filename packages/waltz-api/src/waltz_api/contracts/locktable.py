@@ -51,7 +51,9 @@ class LockTable(ABC):
         """The highest estimated last-change transaction id over the READ and WRITE
         locks of ``request``; ``NO_TRANSACTION`` (-1) when it has none of them.
 
-        Never lower than the true value.
+        Never lower than the true value (no false negative), and never higher
+        than the highest id given to :meth:`record` or :meth:`reset` since the
+        last reset (a client that has seen everything always passes).
         """
 
     def check(self, request: LockRequest, client_high_water_mark: int) -> int | None:

@@ -1,0 +1,31 @@
+"""Conformance harnesses of the in-memory reference plugins (``memory``).
+
+Each attribute named in a descriptor's ``conformance_harness`` is a callable
+returning the harness of that contract's suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from waltz_conformance.suites.locktable import EXACT, LockTableHarness
+
+
+def locktable(options: Mapping[str, Any] | None = None) -> LockTableHarness:
+    """The harness of the reference lock table (exact: no false positives)."""
+    from waltz_conformance.reference.locktable import MemoryLockTable
+
+    return LockTableHarness(
+        name="memory",
+        factory=MemoryLockTable,
+        capabilities=frozenset({EXACT}),
+        options=dict(options or {}),
+    )
+
+
+def coordination(options: Mapping[str, Any] | None = None) -> Any:
+    """The harness of the reference coordination (a fresh in-process service)."""
+    from waltz_conformance.reference.coordination import MemoryCoordinationHarness
+
+    return MemoryCoordinationHarness(name="memory", session_timeout=2.0)
