@@ -40,3 +40,19 @@ def waltz_transports() -> list[PluginDescriptor]:
             conformance_harness="waltz_conformance.reference.harnesses:transport",
         )
     ]
+
+
+@hookimpl
+def waltz_coordinators() -> list[PluginDescriptor]:
+    from waltz_conformance.reference.coordination import memory_coordination_factory
+
+    return [
+        PluginDescriptor(
+            kind=PluginKind.COORDINATION,
+            name="memory",
+            factory=memory_coordination_factory,
+            description="in-process reference coordination (memory://SERVICE/ROOT); for tests",
+            uri_schemes=("memory",),
+            conformance_harness="waltz_conformance.reference.harnesses:coordination",
+        )
+    ]

@@ -1,0 +1,412 @@
+"""The reference coordination service: an in-process, in-memory ZooKeeper model.
+
+:class:`MemoryCoordinationService` holds the tree and the sessions; several
+:class:`MemoryCoordination` clients (each with its own session) share one
+service, so the conformance suite can race them. The service can expire a
+session, as a real service does when a client stops heartbeating.
+
+Select it by URI ``memory://<service name>/<root>``: clients naming the same
+service in the same process share its state. Nothing crosses processes; this
+is for the conformance suite and simulations, never a stand-in for a real
+service in a system test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from waltz_api.contracts.coordination import (
+    ChildrenCallback,
+    Coordination,
+    DataCallback,
+    SessionListener,
+    SessionState,
+    Versioned,
+    Watch,
+    join_path,
+)
+from waltz_api.coordination_support import DeliveryWatch, LoopDelivery, SessionStateTracker
+from waltz_api.errors import (
+    BadVersionError,
+    ConfigError,
+    CoordinationError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionLostError,
+)
+from waltz_conformance.suites.coordination import CoordinationHarness
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[], None]
+WatcherTable = dict[str, set[Notify]]
+
+
+@dataclass
+class _Node:
+    value: bytes = b""
+    version: int = 0
+    ephemeral_owner: int | None = None
+    children: set[str] = field(default_factory=set)
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
+
+
+def _name(path: str) -> str:
+    return path.rsplit("/", 1)[1]
+
+
+class MemoryCoordinationService:
+    """The shared tree, sessions and watchers (thread-safe; one lock)."""
+
+    _named: dict[str, MemoryCoordinationService] = {}
+    _named_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._nodes: dict[str, _Node] = {"/": _Node()}
+        self._session_ids = itertools.count(1)
+        self._sessions: dict[int, MemoryCoordination] = {}
+        self._data_watchers: WatcherTable = {}
+        self._child_watchers: WatcherTable = {}
+
+    @classmethod
+    def named(cls, name: str) -> MemoryCoordinationService:
+        """The process-wide service called ``name`` (created on first use)."""
+        with cls._named_lock:
+            service = cls._named.get(name)
+            if service is None:
+                service = cls._named[name] = cls()
+            return service
+
+    # -- sessions ---------------------------------------------------------------
+
+    def open_session(self, client: MemoryCoordination) -> int:
+        with self._lock:
+            session_id = next(self._session_ids)
+            self._sessions[session_id] = client
+            return session_id
+
+    def end_session(self, session_id: int) -> None:
+        """End a session on purpose (close): delete its ephemeral entries."""
+        with self._lock:
+            self._sessions.pop(session_id, None)
+            self._delete_ephemerals(session_id)
+
+    def expire_session(self, session_id: int) -> None:
+        """Expire a session as a real service would: ephemerals go, the client learns LOST."""
+        with self._lock:
+            client = self._sessions.pop(session_id, None)
+            self._delete_ephemerals(session_id)
+        if client is not None:
+            client._on_session_expired()
+
+    def _delete_ephemerals(self, session_id: int) -> None:
+        owned = [p for p, n in self._nodes.items() if n.ephemeral_owner == session_id]
+        for path in owned:
+            self._remove(path)
+
+    def check_session(self, session_id: int) -> None:
+        if session_id not in self._sessions:
+            raise SessionLostError(f"coordination session {session_id} expired; start a new client")
+
+    # -- tree operations (full paths) --------------------------------------------------
+
+    def get(self, session_id: int, path: str) -> Versioned | None:
+        with self._lock:
+            self.check_session(session_id)
+            node = self._nodes.get(path)
+            return None if node is None else Versioned(node.value, node.version)
+
+    def create(
+        self, session_id: int, path: str, value: bytes, ephemeral: bool, make_parents: bool
+    ) -> int:
+        with self._lock:
+            self.check_session(session_id)
+            if path in self._nodes:
+                raise NodeExistsError(f"{path} already exists")
+            parent = _parent(path)
+            if parent not in self._nodes:
+                if not make_parents:
+                    raise NoNodeError(f"cannot create {path}: its parent {parent} does not exist")
+                self._make_parents(parent)
+            parent_node = self._nodes[parent]
+            if parent_node.ephemeral_owner is not None:
+                raise CoordinationError(
+                    f"cannot create {path}: its parent {parent} is ephemeral and "
+                    "ephemeral entries can have no children"
+                )
+            self._nodes[path] = _Node(value, 0, session_id if ephemeral else None)
+            parent_node.children.add(_name(path))
+            self._fire(self._data_watchers, path)
+            self._fire(self._child_watchers, parent)
+            return 0
+
+    def _make_parents(self, path: str) -> None:
+        missing: list[str] = []
+        while path not in self._nodes:
+            missing.append(path)
+            path = _parent(path)
+        if self._nodes[path].ephemeral_owner is not None:
+            raise CoordinationError(f"{path} is ephemeral and can have no children")
+        for each in reversed(missing):
+            self._nodes[each] = _Node()
+            self._nodes[_parent(each)].children.add(_name(each))
+            self._fire(self._data_watchers, each)
+            self._fire(self._child_watchers, _parent(each))
+
+    def set(self, session_id: int, path: str, value: bytes, expected_version: int | None) -> int:
+        with self._lock:
+            self.check_session(session_id)
+            node = self._nodes.get(path)
+            if node is None:
+                raise NoNodeError(f"cannot set {path}: it does not exist")
+            if expected_version is not None and node.version != expected_version:
+                raise BadVersionError(
+                    f"{path} is at version {node.version}, not {expected_version}: "
+                    "someone else changed it; re-read and decide again"
+                )
+            node.value = value
+            node.version += 1
+            self._fire(self._data_watchers, path)
+            return node.version
+
+    def delete(
+        self, session_id: int, path: str, expected_version: int | None, recursive: bool
+    ) -> None:
+        with self._lock:
+            self.check_session(session_id)
+            if path == "/":
+                raise CoordinationError("the root cannot be deleted")
+            node = self._nodes.get(path)
+            if node is None:
+                if expected_version is not None:
+                    raise NoNodeError(f"cannot delete {path}: it does not exist")
+                return
+            if expected_version is not None and node.version != expected_version:
+                raise BadVersionError(
+                    f"{path} is at version {node.version}, not {expected_version}"
+                )
+            if node.children and not recursive:
+                raise NotEmptyError(f"{path} has children; delete them or use recursive")
+            self._remove(path)
+
+    def _remove(self, path: str) -> None:
+        node = self._nodes.get(path)
+        if node is None:
+            return
+        for child in sorted(node.children):
+            self._remove(join_path(path, child))
+        del self._nodes[path]
+        parent = _parent(path)
+        self._nodes[parent].children.discard(_name(path))
+        self._fire(self._data_watchers, path)
+        self._fire(self._child_watchers, path)
+        self._fire(self._child_watchers, parent)
+
+    def children(self, session_id: int, path: str) -> list[str]:
+        with self._lock:
+            self.check_session(session_id)
+            return self._children(path)
+
+    def _children(self, path: str) -> list[str]:
+        node = self._nodes.get(path)
+        return [] if node is None else sorted(node.children)
+
+    def increment(self, session_id: int, path: str) -> int:
+        with self._lock:
+            self.check_session(session_id)
+            node = self._nodes.get(path)
+            if node is None:
+                self.create(session_id, path, b"0", False, True)
+                node = self._nodes[path]
+            value = int(node.value or b"0") + 1
+            node.value = str(value).encode()
+            node.version += 1
+            self._fire(self._data_watchers, path)
+            return value
+
+    # -- watches ------------------------------------------------------------------------
+
+    def add_data_watcher(self, path: str, push: Callable[[Versioned | None], None]) -> Notify:
+        def notify() -> None:
+            node = self._nodes.get(path)
+            push(None if node is None else Versioned(node.value, node.version))
+
+        with self._lock:
+            self._data_watchers.setdefault(path, set()).add(notify)
+            notify()
+        return lambda: self._remove_watcher(self._data_watchers, path, notify)
+
+    def add_child_watcher(self, path: str, push: Callable[[list[str]], None]) -> Notify:
+        def notify() -> None:
+            push(self._children(path))
+
+        with self._lock:
+            self._child_watchers.setdefault(path, set()).add(notify)
+            notify()
+        return lambda: self._remove_watcher(self._child_watchers, path, notify)
+
+    def _remove_watcher(self, table: WatcherTable, path: str, notify: Notify) -> None:
+        with self._lock:
+            watchers = table.get(path)
+            if watchers is not None:
+                watchers.discard(notify)
+                if not watchers:
+                    del table[path]
+
+    def _fire(self, table: WatcherTable, path: str) -> None:
+        for notify in list(table.get(path, ())):
+            notify()
+
+
+class MemoryCoordination(Coordination):
+    """One client (one session) of a :class:`MemoryCoordinationService`, under ``root``."""
+
+    def __init__(self, service: MemoryCoordinationService, root: str = "/") -> None:
+        self._service = service
+        self._root = join_path(root)
+        self._session_id = 0
+        self._tracker: SessionStateTracker | None = None
+        self._watches: set[DeliveryWatch] = set()
+        self._closed = False
+
+    @property
+    def service(self) -> MemoryCoordinationService:
+        return self._service
+
+    def _full(self, path: str) -> str:
+        if not path.startswith("/"):
+            raise CoordinationError(f"coordination paths are absolute ('/a/b'), got {path!r}")
+        return join_path(self._root, path)
+
+    def _check(self) -> int:
+        if self._closed:
+            raise CoordinationError("this coordination client is closed; start a new one")
+        if self._tracker is None:
+            raise CoordinationError("this coordination client is not started; await start()")
+        if self._tracker.lost:
+            raise SessionLostError(
+                f"coordination session {self._session_id} was lost; start a new client"
+            )
+        return self._session_id
+
+    async def start(self) -> None:
+        if self._tracker is not None:
+            return
+        self._tracker = SessionStateTracker(asyncio.get_running_loop())
+        self._session_id = self._service.open_session(self)
+        if self._root != "/":
+            with contextlib.suppress(NodeExistsError):
+                self._service.create(self._session_id, self._root, b"", False, True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for watch in list(self._watches):
+            watch.cancel()
+        if self._tracker is not None:
+            self._tracker.close()
+            self._service.end_session(self._session_id)
+
+    def _on_session_expired(self) -> None:
+        if self._tracker is not None:
+            self._tracker.set_state(SessionState.LOST)
+        for watch in list(self._watches):
+            watch.cancel()
+
+    @property
+    def session_state(self) -> SessionState:
+        return SessionState.CONNECTED if self._tracker is None else self._tracker.state
+
+    def add_session_listener(self, listener: SessionListener) -> None:
+        if self._tracker is None:
+            raise CoordinationError("start the client before adding session listeners")
+        self._tracker.add_listener(listener)
+
+    @property
+    def session_id(self) -> int:
+        return self._session_id
+
+    async def get(self, path: str) -> Versioned | None:
+        return self._service.get(self._check(), self._full(path))
+
+    async def create(
+        self, path: str, value: bytes = b"", *, ephemeral: bool = False, make_parents: bool = True
+    ) -> int:
+        return self._service.create(
+            self._check(), self._full(path), bytes(value), ephemeral, make_parents
+        )
+
+    async def set(self, path: str, value: bytes, *, expected_version: int | None = None) -> int:
+        return self._service.set(self._check(), self._full(path), bytes(value), expected_version)
+
+    async def delete(
+        self, path: str, *, expected_version: int | None = None, recursive: bool = False
+    ) -> None:
+        self._service.delete(self._check(), self._full(path), expected_version, recursive)
+
+    async def children(self, path: str) -> list[str]:
+        return self._service.children(self._check(), self._full(path))
+
+    async def increment(self, path: str) -> int:
+        return self._service.increment(self._check(), self._full(path))
+
+    async def watch(self, path: str, callback: DataCallback) -> Watch:
+        self._check()
+        delivery: LoopDelivery[Versioned | None] = LoopDelivery(
+            asyncio.get_running_loop(), callback, name=f"watch {path}"
+        )
+        remove = self._service.add_data_watcher(self._full(path), delivery.push)
+        return self._track(DeliveryWatch(delivery, remove))
+
+    async def watch_children(self, path: str, callback: ChildrenCallback) -> Watch:
+        self._check()
+        delivery: LoopDelivery[list[str]] = LoopDelivery(
+            asyncio.get_running_loop(), callback, name=f"children watch {path}"
+        )
+        remove = self._service.add_child_watcher(self._full(path), delivery.push)
+        return self._track(DeliveryWatch(delivery, remove))
+
+    def _track(self, watch: DeliveryWatch) -> DeliveryWatch:
+        self._watches.add(watch)
+        return watch
+
+
+def memory_coordination_factory(
+    connect: str, options: Mapping[str, Any] | None = None
+) -> MemoryCoordination:
+    """``memory://<service>/<root>``: a client of the named in-process service."""
+    parts = urlsplit(connect if "://" in connect else f"memory://{connect}")
+    if parts.scheme != "memory":
+        raise ConfigError(
+            f"the memory coordination plugin takes memory://<service>/<root>, got {connect!r}",
+            key="coordination",
+        )
+    service = MemoryCoordinationService.named(parts.netloc or "default")
+    return MemoryCoordination(service, parts.path or "/")
+
+
+@dataclass
+class MemoryCoordinationHarness(CoordinationHarness):
+    """The conformance harness of the reference: a fresh service per harness."""
+
+    service: MemoryCoordinationService = field(default_factory=MemoryCoordinationService)
+
+    async def connect(self, root: str) -> Coordination:
+        return MemoryCoordination(self.service, root)
+
+    async def expire_session(self, client: Coordination) -> None:
+        self.service.expire_session(client.session_id)

@@ -1,0 +1,174 @@
+"""Helpers for Coordination implementations: delivering callbacks on the event loop.
+
+A coordination client library calls back from its own threads; the contract
+wants callbacks on the caller's event loop, one at a time, in order. These
+helpers do that hand-over (``loop.call_soon_threadsafe``) once, for every plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from waltz_api.contracts.coordination import SessionListener, SessionState, Watch
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class LoopDelivery(Generic[T]):
+    """Delivers values to one callback on an event loop, serially and in order.
+
+    :meth:`push` may be called from any thread. With ``coalesce`` only the
+    latest undelivered value is kept (a watch's consecutive changes collapse
+    into the last one, which is always delivered); without it every value is
+    delivered. A callback may be a plain function or a coroutine function; an
+    exception it raises is logged and delivery continues.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        callback: Callable[[T], Any],
+        *,
+        coalesce: bool = True,
+        name: str = "watch",
+    ) -> None:
+        self._loop = loop
+        self._callback = callback
+        self._coalesce = coalesce
+        self._name = name
+        self._queue: collections.deque[T] = collections.deque()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def push(self, value: T) -> None:
+        """Queue ``value`` for delivery (thread-safe; ignored once stopped)."""
+        if self._stopped:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._enqueue, value)
+        except RuntimeError:  # the loop is closed: nobody is left to deliver to
+            self._stopped = True
+
+    def _enqueue(self, value: T) -> None:
+        if self._stopped:
+            return
+        if self._coalesce:
+            self._queue.clear()
+        self._queue.append(value)
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._drain(), name=f"waltz-{self._name}")
+
+    async def _drain(self) -> None:
+        while self._queue and not self._stopped:
+            value = self._queue.popleft()
+            try:
+                result = self._callback(value)
+                if inspect.isawaitable(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "%s callback %r failed; delivery continues", self._name, self._callback
+                )
+
+    def stop(self) -> None:
+        """Deliver nothing more (idempotent); a callback already running finishes."""
+        self._stopped = True
+        self._queue.clear()
+
+    async def wait_idle(self) -> None:
+        """Wait until everything queued so far was delivered (tests, close)."""
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.shield(task)
+
+
+class DeliveryWatch(Watch):
+    """A :class:`Watch` backed by a :class:`LoopDelivery`, with an optional cancel hook."""
+
+    def __init__(
+        self, delivery: LoopDelivery[Any], on_cancel: Callable[[], None] | None = None
+    ) -> None:
+        self.delivery = delivery
+        self._on_cancel = on_cancel
+        self._cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        self.delivery.stop()
+        if self._on_cancel is not None:
+            self._on_cancel()
+
+
+class SessionStateTracker:
+    """The session state of one client and its listeners.
+
+    :meth:`set_state` may be called from any thread; listeners are called on
+    the loop, in order, once per actual change. LOST is final: later states
+    are ignored. After :meth:`close` nothing is delivered.
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, initial: SessionState = SessionState.CONNECTED
+    ) -> None:
+        self._state = initial
+        self._listeners: list[SessionListener] = []
+        self._delivery: LoopDelivery[SessionState] = LoopDelivery(
+            loop, self._notify, coalesce=False, name="session-listener"
+        )
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def lost(self) -> bool:
+        return self._state is SessionState.LOST
+
+    def add_listener(self, listener: SessionListener) -> None:
+        self._listeners.append(listener)
+
+    def set_state(self, state: SessionState) -> bool:
+        """Record a new state; returns False when ignored (unchanged, after LOST, closed)."""
+        with self._lock:
+            if self._closed or self._state is SessionState.LOST or state is self._state:
+                return False
+            self._state = state
+            self._delivery.push(state)
+            return True
+
+    def _notify(self, state: SessionState) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                log.exception("session listener %r failed on %s", listener, state.value)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._delivery.stop()
+
+    async def wait_idle(self) -> None:
+        await self._delivery.wait_idle()
