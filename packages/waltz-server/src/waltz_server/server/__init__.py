@@ -1,0 +1,1 @@
+"""The Waltz server: partitions, store sessions, recovery, the client-facing endpoint."""
