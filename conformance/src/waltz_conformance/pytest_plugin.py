@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# Session-scoped fixtures of real servers (ZooKeeper), shared by every package's tests.
+from waltz_conformance.servers.fixtures import zookeeper_server  # noqa: F401
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(

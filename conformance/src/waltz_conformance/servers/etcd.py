@@ -1,0 +1,336 @@
+"""A real etcd cluster (Debian ``etcd-server``, ``/usr/bin/etcd``, v3.4) for tests.
+
+:class:`EtcdCluster` starts N members (3 by default) on free loopback ports,
+each in its own temp data dir, waits until the cluster has a leader and every
+member is healthy, and stops every process it started by its pid (SIGKILL as a
+last resort, and from ``atexit`` if a test run dies before its finaliser).
+It can kill -9 a member and restart it on the same data dir, and revoke a
+client's lease (a session expiry).
+
+Use the session-scoped :func:`etcd_cluster` fixture (import it into a
+``conftest.py``), or the class directly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+ETCD_BINARY_ENV = "WALTZ_ETCD_BINARY"
+
+_live_clusters: set[EtcdCluster] = set()
+
+
+def find_etcd_binary() -> str:
+    """The etcd server binary: $WALTZ_ETCD_BINARY, else ``etcd`` on PATH, else /usr/bin/etcd."""
+    candidate = os.environ.get(ETCD_BINARY_ENV) or shutil.which("etcd") or "/usr/bin/etcd"
+    if not os.access(candidate, os.X_OK):
+        raise RuntimeError(
+            f"no etcd server binary at {candidate!r}: install it (Debian: apt-get install "
+            f"etcd-server) or point {ETCD_BINARY_ENV} at one"
+        )
+    return candidate
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on the loopback interface."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((HOST, 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass(eq=False)
+class EtcdMember:
+    """One member of an :class:`EtcdCluster`."""
+
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    _log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{HOST}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{HOST}:{self.peer_port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{HOST}:{self.client_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class EtcdCluster:
+    """A real etcd cluster of ``size`` members on loopback ports under ``base_dir``."""
+
+    def __init__(
+        self,
+        base_dir: Path,
+        size: int = 3,
+        *,
+        binary: str | None = None,
+        start_timeout: float = 60.0,
+    ) -> None:
+        self.base_dir = Path(base_dir)
+        self.size = size
+        self.binary = binary or find_etcd_binary()
+        self.start_timeout = start_timeout
+        self.token = f"waltz-test-{uuid.uuid4().hex[:12]}"
+        self.members: list[EtcdMember] = []
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every member and wait until the cluster is healthy."""
+        ports = free_ports(2 * self.size)
+        self.members = [
+            EtcdMember(
+                name=f"m{i}",
+                client_port=ports[2 * i],
+                peer_port=ports[2 * i + 1],
+                data_dir=self.base_dir / f"m{i}",
+                log_path=self.base_dir / f"m{i}.log",
+            )
+            for i in range(self.size)
+        ]
+        _live_clusters.add(self)
+        try:
+            for index in range(self.size):
+                self._spawn(index, state="new")
+            self.wait_healthy(self.start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("etcd cluster up: %s", ",".join(self.endpoints))
+
+    def stop(self) -> None:
+        """Stop every member by its pid (SIGTERM, then SIGKILL after 5 s)."""
+        for member in self.members:
+            self._terminate(member)
+        _live_clusters.discard(self)
+
+    def __enter__(self) -> EtcdCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, index: int, *, state: str) -> None:
+        member = self.members[index]
+        member.data_dir.mkdir(parents=True, exist_ok=True)
+        initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        command = [
+            self.binary,
+            f"--name={member.name}",
+            f"--data-dir={member.data_dir}",
+            f"--listen-client-urls={member.client_url}",
+            f"--advertise-client-urls={member.client_url}",
+            f"--listen-peer-urls={member.peer_url}",
+            f"--initial-advertise-peer-urls={member.peer_url}",
+            f"--initial-cluster={initial_cluster}",
+            f"--initial-cluster-state={state}",
+            f"--initial-cluster-token={self.token}",
+            "--heartbeat-interval=100",
+            "--election-timeout=1000",
+            "--logger=zap",
+            "--log-outputs=stderr",
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        if member._log_file is not None:
+            member._log_file.close()
+        member._log_file = member.log_path.open("ab")
+        member.process = subprocess.Popen(
+            command,
+            stdout=member._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        log.info("started etcd member %s (pid %d)", member.name, member.process.pid)
+
+    def _terminate(self, member: EtcdMember, *, sig: int = signal.SIGTERM) -> None:
+        process = member.process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, sig)
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        if member._log_file is not None:
+            member._log_file.close()
+            member._log_file = None
+
+    # -- faults ----------------------------------------------------------------------
+
+    def kill_member(self, index: int) -> None:
+        """kill -9 member ``index`` and wait for it to be gone."""
+        self._terminate(self.members[index], sig=signal.SIGKILL)
+        log.info("killed etcd member %s", self.members[index].name)
+
+    def restart_member(self, index: int, *, wait: bool = True) -> None:
+        """Start member ``index`` again on its data dir (after kill_member)."""
+        member = self.members[index]
+        if member.running:
+            raise RuntimeError(f"etcd member {member.name} is still running")
+        self._spawn(index, state="existing")
+        if wait:
+            self.wait_healthy(self.start_timeout)
+
+    def ensure_all_running(self) -> None:
+        """Restart every member a test killed and wait until the cluster is healthy."""
+        for index, member in enumerate(self.members):
+            if not member.running:
+                self._spawn(index, state="existing")
+        self.wait_healthy(self.start_timeout)
+
+    def revoke_lease(self, lease_id: int) -> None:
+        """Revoke the lease ``lease_id`` (a client's session): its keys are deleted."""
+        answer = self.request("lease/revoke", {"ID": str(lease_id)})
+        if "error" in answer:
+            raise RuntimeError(f"etcd refused to revoke lease {lease_id:x}: {answer}")
+
+    # -- inspection --------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> list[str]:
+        """``host:port`` of every member's client URL."""
+        return [m.endpoint for m in self.members]
+
+    def uri(self, root: str = "/waltz") -> str:
+        """The ``etcd://`` connect URI of the whole cluster with key prefix ``root``."""
+        return f"etcd://{','.join(self.endpoints)}/{root.strip('/')}"
+
+    def request(self, method: str, body: dict[str, Any], *, timeout: float = 5.0) -> Any:
+        """POST to ``/v3/<method>`` of the first running member that answers."""
+        last: BaseException | None = None
+        for member in self.members:
+            if not member.running:
+                continue
+            try:
+                return _post_json(f"{member.client_url}/v3/{method}", body, timeout)
+            except (OSError, ValueError) as exc:
+                last = exc
+        raise RuntimeError(f"no etcd member answered {method}: {last!r}")
+
+    def member_status(self, index: int, timeout: float = 2.0) -> dict[str, Any]:
+        status = _post_json(f"{self.members[index].client_url}/v3/maintenance/status", {}, timeout)
+        if not isinstance(status, dict):
+            raise ValueError(f"malformed status {status!r}")
+        return status
+
+    def leader_index(self) -> int:
+        """The index of the current leader."""
+        for index, member in enumerate(self.members):
+            if not member.running:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                status = self.member_status(index)
+                if status.get("leader") and status.get("leader") == status["header"]["member_id"]:
+                    return index
+        raise RuntimeError("the etcd cluster has no leader")
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        """Wait until every running member is healthy and the cluster has a leader."""
+        deadline = time.monotonic() + timeout
+        problem = "not checked yet"
+        while time.monotonic() < deadline:
+            problem = ""
+            for member in self.members:
+                if member.process is None:
+                    continue
+                if member.process.poll() is not None:
+                    raise RuntimeError(
+                        f"etcd member {member.name} exited with {member.process.returncode}; "
+                        f"see {member.log_path}:\n{_tail(member.log_path)}"
+                    )
+                try:
+                    with urllib.request.urlopen(f"{member.client_url}/health", timeout=2) as r:
+                        health = json.loads(r.read())
+                except (OSError, ValueError) as exc:
+                    problem = f"{member.name}: {exc}"
+                    break
+                if str(health.get("health")) != "true":
+                    problem = f"{member.name}: {health}"
+                    break
+            if not problem:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"etcd cluster not healthy after {timeout}s: {problem}")
+
+
+def _post_json(url: str, body: dict[str, Any], timeout: float) -> Any:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read() or b"{}")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@atexit.register
+def _stop_leftover_clusters() -> None:
+    for cluster in list(_live_clusters):
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """A real 3-member etcd cluster shared by the whole test session."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,25 @@
+"""Session-scoped pytest fixtures for the real servers (registered by the conformance
+pytest plugin, so every test suite of the workspace can ask for them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from waltz_conformance.servers.zookeeper import ZooKeeperServer
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """One real standalone ZooKeeper for the test session, stopped by pid at the end.
+
+    Tests that kill or restart it (``kill()``, ``restart()``) must leave it running."""
+    workdir: Path = tmp_path_factory.mktemp("zookeeper")
+    server = ZooKeeperServer(workdir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,234 @@
+"""A real ZooKeeper (the Debian ``zookeeper`` package, 3.8), standalone, for tests.
+
+The server runs ``org.apache.zookeeper.server.ZooKeeperServerMain`` from
+``/usr/share/java/zookeeper.jar`` (whose manifest names the other jars it
+needs under /usr/share/java) in a temp directory, on a free loopback port,
+with the four-letter-word commands kazoo uses enabled and the admin HTTP
+server off. It can be killed (-9) and restarted on the same port with its
+data, so sessions survive a short outage as they do in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from waltz_conformance.servers import (
+    free_port,
+    stop_process,
+    track_process,
+    wait_until,
+)
+
+log = logging.getLogger(__name__)
+
+ZOOKEEPER_JAR = Path(os.environ.get("WALTZ_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
+SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+HOST = "127.0.0.1"
+
+
+class ZooKeeperUnavailableError(RuntimeError):
+    """ZooKeeper or Java is not installed, or the server did not start."""
+
+
+def four_letter_word(port: int, command: str, host: str = HOST, timeout: float = 2.0) -> str:
+    """Send a four-letter-word command (``ruok``, ``srvr``, ``cons``...) and return the reply."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(command.encode("ascii"))
+        chunks: list[bytes] = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+class ZooKeeperServer:
+    """One standalone ZooKeeper server process in a temp directory.
+
+    ``tick_time_ms`` sets the session timeout bounds (2 to 120 ticks). Use as
+    a context manager, or call :meth:`start` and :meth:`stop` (by pid).
+    """
+
+    def __init__(
+        self,
+        workdir: Path | str | None = None,
+        *,
+        port: int | None = None,
+        tick_time_ms: int = 500,
+        heap_mb: int = 256,
+        java: str | None = None,
+    ) -> None:
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="waltz-zk-"))
+        self.port = port or free_port(HOST)
+        self.tick_time_ms = tick_time_ms
+        self.heap_mb = heap_mb
+        self.java = java or shutil.which("java") or "java"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    # -- addresses --------------------------------------------------------------------
+
+    @property
+    def connect_string(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def uri(self, root: str = "/waltz") -> str:
+        """The Waltz coordination URI of this server: ``zk://127.0.0.1:PORT/root``."""
+        return f"zk://{self.connect_string}/{root.strip('/')}"
+
+    @property
+    def min_session_timeout(self) -> float:
+        return 2 * self.tick_time_ms / 1000
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _write_config(self) -> Path:
+        data = self.workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "zoo.cfg"
+        config.write_text(
+            "\n".join(
+                [
+                    f"tickTime={self.tick_time_ms}",
+                    f"dataDir={data}",
+                    f"clientPort={self.port}",
+                    f"clientPortAddress={HOST}",
+                    "maxClientCnxns=0",
+                    f"minSessionTimeout={2 * self.tick_time_ms}",
+                    "maxSessionTimeout=120000",
+                    "admin.enableServer=false",
+                    "4lw.commands.whitelist=*",
+                    "preAllocSize=4096",
+                    "snapCount=100000",
+                    "autopurge.snapRetainCount=3",
+                    "",
+                ]
+            )
+        )
+        return config
+
+    def _command(self, config: Path) -> list[str]:
+        classpath = [str(ZOOKEEPER_JAR)]
+        if SLF4J_BINDING.exists():
+            classpath.append(str(SLF4J_BINDING))
+        return [
+            self.java,
+            f"-Xmx{self.heap_mb}m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Xshare:auto",
+            "-Dzookeeper.admin.enableServer=false",
+            "-Dzookeeper.4lw.commands.whitelist=*",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-cp",
+            ":".join(classpath),
+            MAIN_CLASS,
+            str(config),
+        ]
+
+    def start(self, timeout: float = 90.0) -> ZooKeeperServer:
+        """Start the server and wait until it answers ``ruok`` with ``imok``."""
+        if self.process is not None and self.process.poll() is None:
+            return self
+        if not ZOOKEEPER_JAR.exists():
+            raise ZooKeeperUnavailableError(
+                f"{ZOOKEEPER_JAR} is missing: install the Debian package 'zookeeper' "
+                "(apt-get install zookeeper), or set WALTZ_ZOOKEEPER_JAR"
+            )
+        if shutil.which(self.java) is None and not Path(self.java).exists():
+            raise ZooKeeperUnavailableError(
+                "java is missing: install a JRE (apt-get install openjdk-17-jre-headless)"
+            )
+        config = self._write_config()
+        log_file = (self.workdir / "zookeeper.log").open("ab")
+        try:
+            self.process = subprocess.Popen(
+                self._command(config),
+                cwd=self.workdir,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log_file.close()
+        track_process(self.process)
+        log.info("started ZooKeeper pid %d on %s", self.process.pid, self.connect_string)
+        try:
+            wait_until(self._serving, timeout, f"ZooKeeper on {self.connect_string}")
+        except TimeoutError as exc:
+            tail = self.log_tail()
+            self.stop(kill=True)
+            raise ZooKeeperUnavailableError(f"{exc}; its log ends with:\n{tail}") from exc
+        return self
+
+    def _serving(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper exited with code {self.process.returncode}; "
+                f"its log ends with:\n{self.log_tail()}"
+            )
+        try:
+            return four_letter_word(self.port, "ruok") == "imok" and "Mode:" in (
+                four_letter_word(self.port, "srvr")
+            )
+        except OSError:
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """Kill the server with SIGKILL (its data stays for :meth:`restart`)."""
+        if self.process is not None:
+            stop_process(self.process, kill=True)
+            log.info("killed ZooKeeper pid %d", self.process.pid)
+            self.process = None
+
+    def restart(self, timeout: float = 90.0) -> None:
+        """Start the server again on the same port with the same data."""
+        self.kill()
+        self.start(timeout)
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server by its pid (SIGTERM, then SIGKILL)."""
+        if self.process is not None:
+            stop_process(self.process, kill=kill)
+            self.process = None
+
+    def cleanup(self) -> None:
+        """Stop the server and delete its temp directory (if this object made it)."""
+        self.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 30) -> str:
+        path = self.workdir / "zookeeper.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
