@@ -29,3 +29,14 @@ def coordination(options: Mapping[str, Any] | None = None) -> Any:
     from waltz_conformance.reference.coordination import MemoryCoordinationHarness
 
     return MemoryCoordinationHarness(name="memory", session_timeout=2.0)
+
+
+def transport(options: Mapping[str, Any] | None = None) -> Any:
+    """The harness of the reference transport (peers in-process, faults simulated)."""
+    from waltz_conformance.reference.transport_harness import MemoryTransportHarness
+
+    return MemoryTransportHarness(
+        name="memory",
+        capabilities=frozenset({"peer_faults"}),
+        options={"failure_detection_bound": 1.0, **dict(options or {})},
+    )

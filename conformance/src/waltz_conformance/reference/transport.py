@@ -191,6 +191,17 @@ class MemoryConnection(Connection):
         remote._inbox.nbytes += size
         remote._inbox.notify()
 
+    async def send_many(self, frames: list[bytes]) -> None:
+        limit = self._transport.max_frame_size
+        for frame in frames:
+            if len(frame) > limit:
+                raise FrameTooLargeError(
+                    f"frame of {len(frame)} bytes exceeds max_frame_size {limit}; nothing of "
+                    "this send_many was sent; split the payload or raise max_frame_size"
+                )
+        for frame in frames:
+            await self.send(frame)
+
     async def recv(self) -> bytes:
         await self._wait_running()
         while True:

@@ -51,7 +51,10 @@ class Connection(ABC):
         """Send one frame (waits under back pressure)."""
 
     async def send_many(self, frames: list[bytes]) -> None:
-        """Send several frames in order; transports may coalesce them."""
+        """Send several frames in order; transports may coalesce them.
+
+        A frame above the maximum frame size refuses the whole call
+        (FrameTooLargeError) before any of the frames is sent."""
         for frame in frames:
             await self.send(frame)
 

@@ -1,0 +1,696 @@
+"""The Transport conformance suite.
+
+A backend author subclasses :class:`TransportSuite` and provides a ``harness``
+fixture returning a :class:`TransportHarness` subclass for the transport::
+
+    class TestMyTransport(TransportSuite):
+        @pytest.fixture
+        def harness(self) -> TransportHarness:
+            return MyTransportHarness(name="mine", capabilities={"peer_faults"})
+
+The harness makes transports and fresh endpoints, and starts *peers*: an echo
+server the suite can kill (-9), pause (SIGSTOP), resume and restart.
+:class:`ProcessPeer` runs any installed transport plugin in a separate process
+(``python -m waltz_conformance.transport_peer``); a transport that cannot cross
+processes (the in-memory reference) simulates the faults instead.
+
+Capabilities:
+
+- ``peer_faults``: the harness's peers can be killed, paused and restarted.
+- ``processes``: the peers are real processes (for the record; the tests are the same).
+- ``malformed_input``: :meth:`TransportHarness.send_malformed` writes garbage
+  at the socket level to a listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from waltz_api.contracts.transport import Connection, Transport
+from waltz_api.errors import (
+    ConnectError,
+    ConnectionClosedError,
+    FrameTooLargeError,
+    TransportError,
+)
+from waltz_conformance.harness import Harness, requires, skip_unless_capable
+
+log = logging.getLogger(__name__)
+
+PEER_FAULTS = "peer_faults"
+PROCESSES = "processes"
+MALFORMED_INPUT = "malformed_input"
+
+# Extra time allowed beyond a declared bound: the test machine may be loaded.
+SLACK = 2.0
+
+
+class Peer(ABC):
+    """An echo server the suite talks to and injects faults into."""
+
+    @property
+    @abstractmethod
+    def endpoint(self) -> str:
+        """Where the peer listens (stable across :meth:`restart`)."""
+
+    async def kill(self) -> None:
+        """Die at once, without closing anything (kill -9)."""
+        raise NotImplementedError("this harness's peers cannot be killed")
+
+    async def pause(self) -> None:
+        """Freeze (SIGSTOP): nothing is read, written or answered until :meth:`resume`."""
+        raise NotImplementedError("this harness's peers cannot be paused")
+
+    async def resume(self) -> None:
+        raise NotImplementedError("this harness's peers cannot be paused")
+
+    async def restart(self) -> None:
+        """Start again on the same endpoint after :meth:`kill`."""
+        raise NotImplementedError("this harness's peers cannot be restarted")
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Stop for good (idempotent; also after kill or pause)."""
+
+
+class ProcessPeer(Peer):
+    """The echo peer of transport plugin ``plugin`` in its own process.
+
+    Every process it starts is stopped by pid in :meth:`stop` (call it in a
+    ``finally``), and a peer whose parent dies exits by itself.
+    """
+
+    def __init__(
+        self, plugin: str, endpoint: str, options: Mapping[str, Any], start_timeout: float = 30.0
+    ) -> None:
+        self.plugin = plugin
+        self._requested = endpoint
+        self._endpoint: str | None = None
+        self.options = dict(options)
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen[str] | None = None
+        self._paused = False
+
+    @property
+    def endpoint(self) -> str:
+        if self._endpoint is None:
+            raise TransportError("the peer has not started yet")
+        return self._endpoint
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise TransportError("the peer is not running")
+        return self.process.pid
+
+    def _spawn(self, endpoint: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "waltz_conformance.transport_peer",
+                self.plugin,
+                endpoint,
+                json.dumps(self.options),
+            ],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+
+    async def start(self) -> None:
+        endpoint = self._endpoint or self._requested
+        self.process = process = self._spawn(endpoint)
+        assert process.stdout is not None
+        loop = asyncio.get_running_loop()
+        try:
+            line = await asyncio.wait_for(
+                loop.run_in_executor(None, process.stdout.readline), self.start_timeout
+            )
+        except TimeoutError:
+            self._reap()
+            raise TransportError(
+                f"the {self.plugin} transport peer did not start within {self.start_timeout} s"
+            ) from None
+        if not line.startswith("READY "):
+            self._reap()
+            raise TransportError(
+                f"the {self.plugin} transport peer failed to start on {endpoint} "
+                f"(exit code {process.returncode}); see its stderr above"
+            )
+        self._endpoint = line.split(" ", 1)[1].strip()
+        self._paused = False
+
+    def _signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signum)
+
+    def _reap(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            if self._paused:
+                self._signal(signal.SIGCONT)
+            process.kill()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("transport peer pid %d did not exit after SIGKILL", process.pid)
+        if process.stdout is not None:
+            process.stdout.close()
+        self.process = None
+        self._paused = False
+
+    async def kill(self) -> None:
+        self._reap()
+
+    async def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+        self._paused = True
+
+    async def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+        self._paused = False
+
+    async def restart(self) -> None:
+        self._reap()
+        await self.start()
+
+    async def stop(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        if self._paused:
+            self._signal(signal.SIGCONT)
+            self._paused = False
+        self._signal(signal.SIGTERM)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, process.wait, 5.0)
+        except subprocess.TimeoutExpired:
+            log.warning("transport peer pid %d ignored SIGTERM; killing it", process.pid)
+        self._reap()
+
+
+@dataclass(kw_only=True)
+class TransportHarness(Harness):
+    """How the suite builds a backend's transports, endpoints and peers.
+
+    ``options`` are passed to every transport the suite makes (merged under
+    per-test overrides).
+    """
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @abstractmethod
+    def create(self, options: Mapping[str, Any]) -> Transport:
+        """A new transport with exactly these options."""
+
+    @abstractmethod
+    def endpoint(self) -> str:
+        """A fresh endpoint to listen on (a port-0 request is fine)."""
+
+    @abstractmethod
+    async def start_peer(self) -> Peer:
+        """Start an echo peer (with the harness's options) and return it, listening."""
+
+    def make_transport(self, **overrides: Any) -> Transport:
+        return self.create({**self.options, **overrides})
+
+    def small_buffer_options(self) -> dict[str, Any]:
+        """Options that make a connection's buffers small (the stalled-receiver test)."""
+        return {}
+
+    @abstractmethod
+    def stalled_receiver_bound(self, options: Mapping[str, Any], frame_size: int) -> int:
+        """The most bytes ``send`` may accept on one connection whose receiver reads nothing."""
+
+    async def send_malformed(self, endpoint: str) -> None:
+        """Write garbage at the socket level to the listener at ``endpoint`` (capability
+        ``malformed_input``)."""
+        raise NotImplementedError(f"{self.name} cannot send malformed input")
+
+
+TransportFactory = Callable[..., Transport]
+PeerFactory = Callable[[], Awaitable[Peer]]
+
+
+async def echo_handler(conn: Connection) -> None:
+    try:
+        while True:
+            await conn.send(await conn.recv())
+    except ConnectionClosedError:
+        return
+
+
+def _rss_bytes() -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class TransportSuite:
+    """The shared tests every transport passes; subclass it and provide ``harness``."""
+
+    @pytest.fixture
+    def harness(self) -> TransportHarness:
+        raise NotImplementedError("provide a `harness` fixture returning a TransportHarness")
+
+    @pytest.fixture(autouse=True)
+    def _check_capabilities(
+        self, request: pytest.FixtureRequest, harness: TransportHarness
+    ) -> None:
+        skip_unless_capable(request, harness)
+
+    @pytest.fixture
+    async def transports(self, harness: TransportHarness) -> AsyncIterator[TransportFactory]:
+        made: list[Transport] = []
+
+        def make(**overrides: Any) -> Transport:
+            transport = harness.make_transport(**overrides)
+            made.append(transport)
+            return transport
+
+        try:
+            yield make
+        finally:
+            for transport in made:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(transport.close(), 10)
+
+    @pytest.fixture
+    async def peers(self, harness: TransportHarness) -> AsyncIterator[PeerFactory]:
+        started: list[Peer] = []
+
+        async def start() -> Peer:
+            peer = await harness.start_peer()
+            started.append(peer)
+            return peer
+
+        try:
+            yield start
+        finally:
+            for peer in started:
+                await peer.stop()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    @staticmethod
+    async def roundtrip(conn: Connection, payload: bytes, timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            await conn.send(payload)
+            assert await conn.recv() == payload
+
+    @staticmethod
+    async def closed_within(what: Callable[[], Awaitable[Any]], bound: float, label: str) -> float:
+        """Run ``what`` until it raises ConnectionClosedError; return the seconds it took."""
+        start = time.monotonic()
+        with pytest.raises(ConnectionClosedError):
+            async with asyncio.timeout(bound + SLACK):
+                while True:
+                    await what()
+        elapsed = time.monotonic() - start
+        assert elapsed <= bound + SLACK, f"{label} took {elapsed:.2f} s (bound {bound} s)"
+        return elapsed
+
+    # -- basics ------------------------------------------------------------------------------
+
+    @pytest.mark.timeout(60)
+    async def test_request_response(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        server, client = transports(), transports()
+        listener = await server.listen(harness.endpoint(), echo_handler)
+        conn = await client.connect(listener.endpoint)
+        assert not conn.closed
+        assert isinstance(conn.peer, str) and conn.peer
+        for payload in (b"hello", b"", bytes(range(256)) * 40, b"\x00" * 100_000):
+            await self.roundtrip(conn, payload)
+        second = await client.connect(listener.endpoint)
+        assert second.connection_id > conn.connection_id
+        await self.roundtrip(second, b"second")
+        await conn.close()
+        await conn.close()  # idempotent
+        assert conn.closed
+        with pytest.raises(ConnectionClosedError):
+            await conn.send(b"after close")
+        with pytest.raises(ConnectionClosedError):
+            await conn.recv()
+        await self.roundtrip(second, b"still fine")
+        await listener.close()
+
+    @pytest.mark.timeout(60)
+    async def test_connect_to_nothing_fails_in_time(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        server, client = transports(), transports()
+        listener = await server.listen(harness.endpoint(), echo_handler)
+        endpoint = listener.endpoint
+        await listener.close()
+        start = time.monotonic()
+        with pytest.raises(ConnectError):
+            await client.connect(endpoint, timeout=1.0)
+        assert time.monotonic() - start < 1.0 + SLACK
+
+    @pytest.mark.timeout(60)
+    async def test_close_is_reported_to_the_peer(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        server, client = transports(), transports()
+        accepted: asyncio.Queue[Connection] = asyncio.Queue()
+
+        async def hold(conn: Connection) -> None:
+            await accepted.put(conn)
+            with contextlib.suppress(ConnectionClosedError):
+                while True:
+                    await conn.recv()
+
+        listener = await server.listen(harness.endpoint(), hold)
+        conn = await client.connect(listener.endpoint)
+        await conn.send(b"x")
+        server_side = await asyncio.wait_for(accepted.get(), 10)
+        await server_side.close()
+        await self.closed_within(conn.recv, client.failure_detection_bound, "a peer's close")
+        # closing the listener closes what it accepted
+        other = await client.connect(listener.endpoint)
+        await other.send(b"y")
+        await asyncio.wait_for(accepted.get(), 10)
+        await listener.close()
+        await self.closed_within(other.recv, client.failure_detection_bound, "listener close")
+
+    # -- ordering under load ---------------------------------------------------------------------
+
+    @pytest.mark.timeout(120)
+    async def test_ordering_under_load(
+        self, transports: TransportFactory, peers: PeerFactory
+    ) -> None:
+        peer = await peers()
+        client = transports()
+        connections, frames_each = 4, 5000
+        conns = [await client.connect(peer.endpoint) for _ in range(connections)]
+
+        async def drive(index: int, conn: Connection) -> None:
+            rng = random.Random(index)
+            frames = [
+                index.to_bytes(2, "big")
+                + seq.to_bytes(4, "big")
+                + rng.randbytes(rng.randrange(0, 300))
+                for seq in range(frames_each)
+            ]
+
+            async def sender() -> None:
+                position = 0
+                while position < len(frames):
+                    if rng.random() < 0.5:
+                        await conn.send(frames[position])
+                        position += 1
+                    else:
+                        chunk = frames[position : position + rng.randrange(1, 64)]
+                        await conn.send_many(chunk)
+                        position += len(chunk)
+
+            send_task = asyncio.create_task(sender())
+            try:
+                for expected in frames:
+                    got = await conn.recv()
+                    assert got == expected, (
+                        f"connection {index}: got frame {got[:6].hex()}, "
+                        f"expected {expected[:6].hex()}"
+                    )
+                await send_task
+            finally:
+                send_task.cancel()
+
+        async with asyncio.timeout(90):
+            await asyncio.gather(*(drive(i, c) for i, c in enumerate(conns)))
+        for conn in conns:
+            await conn.close()
+
+    # -- peer faults -----------------------------------------------------------------------------
+
+    @requires(PEER_FAULTS)
+    @pytest.mark.timeout(60)
+    async def test_killed_peer_is_detected(
+        self, transports: TransportFactory, peers: PeerFactory
+    ) -> None:
+        peer = await peers()
+        client = transports()
+        receiving = await client.connect(peer.endpoint)
+        sending = await client.connect(peer.endpoint)
+        await self.roundtrip(receiving, b"alive")
+        await self.roundtrip(sending, b"alive")
+        await peer.kill()
+        bound = client.failure_detection_bound
+        recv_task = asyncio.create_task(
+            self.closed_within(receiving.recv, bound, "recv after kill")
+        )
+
+        async def send_one() -> None:
+            await sending.send(b"x" * 1000)
+            await asyncio.sleep(0.01)
+
+        await self.closed_within(send_one, bound, "send after kill")
+        await recv_task
+        assert receiving.closed and sending.closed
+
+    @requires(PEER_FAULTS)
+    @pytest.mark.timeout(60)
+    async def test_paused_peer_is_detected(
+        self, transports: TransportFactory, peers: PeerFactory
+    ) -> None:
+        peer = await peers()
+        client = transports()
+        receiving = await client.connect(peer.endpoint)
+        flooding = await client.connect(peer.endpoint)
+        await self.roundtrip(receiving, b"alive")
+        await self.roundtrip(flooding, b"alive")
+        await peer.pause()
+        try:
+            bound = client.failure_detection_bound
+            recv_task = asyncio.create_task(
+                self.closed_within(receiving.recv, bound, "recv from a paused peer")
+            )
+
+            # a sender that fills every buffer must not wait forever either
+            async def flood() -> None:
+                await flooding.send(b"f" * 16384)
+
+            await self.closed_within(flood, bound, "send to a paused peer")
+            await recv_task
+        finally:
+            await peer.resume()
+        # after it resumes, the old connections stay closed; a new one works
+        fresh = await client.connect(peer.endpoint)
+        await self.roundtrip(fresh, b"after resume")
+        with pytest.raises(ConnectionClosedError):
+            await receiving.send(b"stale")
+
+    @requires(PEER_FAULTS)
+    @pytest.mark.timeout(90)
+    async def test_reconnect_after_peer_restart(
+        self, transports: TransportFactory, peers: PeerFactory
+    ) -> None:
+        peer = await peers()
+        client = transports()
+        conn = await client.connect(peer.endpoint)
+        await self.roundtrip(conn, b"before")
+        await peer.kill()
+        await self.closed_within(conn.recv, client.failure_detection_bound, "recv after kill")
+        await peer.restart()
+        fresh = await client.connect(peer.endpoint, timeout=20)
+        await self.roundtrip(fresh, b"after restart")
+        assert fresh.connection_id > conn.connection_id
+        with pytest.raises(ConnectionClosedError):
+            await conn.send(b"old connection")
+
+    # -- stale connections ---------------------------------------------------------------------
+
+    @pytest.mark.timeout(60)
+    async def test_replaced_connection_delivers_nothing_after_replacement(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        server, client = transports(), transports()
+        delivered: list[tuple[bytes, int]] = []
+        replacement_seen = asyncio.Event()
+
+        async def record(conn: Connection) -> None:
+            with contextlib.suppress(ConnectionClosedError):
+                while True:
+                    frame = await conn.recv()
+                    delivered.append((frame[:1], conn.connection_id))
+                    if frame[:1] == b"B":
+                        replacement_seen.set()
+
+        listener = await server.listen(harness.endpoint(), record)
+        old = await client.connect(listener.endpoint, replace_key="partition-7")
+        await old.send(b"A-first")
+
+        async def flood_old() -> int:
+            sent = 0
+            with contextlib.suppress(ConnectionClosedError):
+                for _ in range(200_000):
+                    await old.send(b"A" + sent.to_bytes(4, "big"))
+                    sent += 1
+                    if sent % 64 == 0:
+                        await asyncio.sleep(0)
+            return sent
+
+        flood = asyncio.create_task(flood_old())
+        await asyncio.sleep(0.2)
+        new = await client.connect(listener.endpoint, replace_key="partition-7")
+        for i in range(100):
+            await new.send(b"B" + i.to_bytes(4, "big"))
+        await asyncio.wait_for(replacement_seen.wait(), 10)
+        sent_old = await asyncio.wait_for(flood, 20)
+        assert old.closed, "the replaced connection must be closed on the client too"
+        # an independent connection (no key) is not affected
+        independent = await client.connect(listener.endpoint)
+        await independent.send(b"C")
+        await asyncio.sleep(0.5)
+        kinds = [kind for kind, _ in delivered]
+        first_b = kinds.index(b"B")
+        assert b"A" not in kinds[first_b:], (
+            f"a frame of the replaced connection was delivered after the replacement's first "
+            f"(old connection sent {sent_old})"
+        )
+        assert kinds.count(b"B") == 100
+        with pytest.raises(ConnectionClosedError):
+            await old.send(b"A-late")
+        # another connection of the same key replaces `new` in turn
+        newest = await client.connect(listener.endpoint, replace_key="partition-7")
+        await newest.send(b"B")
+        await self.closed_within(new.recv, client.failure_detection_bound, "replaced recv")
+
+    # -- frame size --------------------------------------------------------------------------
+
+    @pytest.mark.timeout(60)
+    async def test_oversized_frame_refused_by_sender(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        limit = 64 * 1024
+        server, client = transports(max_frame_size=limit), transports(max_frame_size=limit)
+        listener = await server.listen(harness.endpoint(), echo_handler)
+        conn = await client.connect(listener.endpoint)
+        await self.roundtrip(conn, b"x" * limit)
+        with pytest.raises(FrameTooLargeError):
+            await conn.send(b"x" * (limit + 1))
+        with pytest.raises(FrameTooLargeError):
+            await conn.send_many([b"ok", b"y" * (limit + 1)])
+        assert not conn.closed
+        # nothing of the refused calls went out; the connection goes on
+        await self.roundtrip(conn, b"after refusal")
+
+    @pytest.mark.timeout(60)
+    async def test_oversized_frame_closes_only_that_connection(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        server = transports(max_frame_size=64 * 1024)
+        client = transports(max_frame_size=1024 * 1024)
+        listener = await server.listen(harness.endpoint(), echo_handler)
+        victim = await client.connect(listener.endpoint)
+        bystander = await client.connect(listener.endpoint)
+        await self.roundtrip(victim, b"v")
+        await self.roundtrip(bystander, b"b")
+        with contextlib.suppress(ConnectionClosedError):
+            await victim.send(b"z" * (200 * 1024))
+
+        await self.closed_within(victim.recv, client.failure_detection_bound, "oversized frame")
+        for i in range(50):
+            await self.roundtrip(bystander, b"b%d" % i)
+        fresh = await client.connect(listener.endpoint)
+        await self.roundtrip(fresh, b"fresh")
+
+    # -- malformed input -----------------------------------------------------------------------
+
+    @requires(MALFORMED_INPUT)
+    @pytest.mark.timeout(60)
+    async def test_malformed_input_harms_no_other_connection(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        server, client = transports(), transports()
+        listener = await server.listen(harness.endpoint(), echo_handler)
+        conn = await client.connect(listener.endpoint)
+        await self.roundtrip(conn, b"before")
+        await harness.send_malformed(listener.endpoint)
+        for i in range(20):
+            await self.roundtrip(conn, b"after %d" % i)
+        fresh = await client.connect(listener.endpoint)
+        await self.roundtrip(fresh, b"new connection")
+
+    # -- back pressure --------------------------------------------------------------------------
+
+    @pytest.mark.timeout(90)
+    async def test_memory_bounded_while_receiver_stalls(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        options = harness.small_buffer_options()
+        frame_size = 64 * 1024
+        bound = harness.stalled_receiver_bound({**harness.options, **options}, frame_size)
+        server, client = transports(**options), transports(**options)
+        release = asyncio.Event()
+        received: list[bytes] = []
+        enough = asyncio.Event()
+
+        async def stalled(conn: Connection) -> None:
+            await release.wait()
+            with contextlib.suppress(ConnectionClosedError):
+                while True:
+                    received.append(await conn.recv())
+                    if len(received) >= 4 * (bound // frame_size + 1):
+                        enough.set()
+
+        listener = await server.listen(harness.endpoint(), stalled)
+        conn = await client.connect(listener.endpoint)
+        attempt = 64 * 1024 * 1024  # far beyond any sane buffer
+        sent = 0
+        rss_before = _rss_bytes()
+
+        async def flood() -> None:
+            nonlocal sent
+            while sent < attempt:
+                await conn.send(sent.to_bytes(8, "big") + b"s" * (frame_size - 8))
+                sent += frame_size
+
+        sender = asyncio.create_task(flood())
+        try:
+            # wait until the sender makes no progress for a while: it is blocked
+            last, still_since = -1, time.monotonic()
+            async with asyncio.timeout(30):
+                while time.monotonic() - still_since < 1.5:
+                    await asyncio.sleep(0.1)
+                    if sent != last:
+                        last, still_since = sent, time.monotonic()
+                    assert not sender.done(), "send never waited: nothing bounds the buffers"
+            assert sent <= bound, f"send accepted {sent} bytes; the declared bound is {bound}"
+            rss_growth = _rss_bytes() - rss_before
+            assert rss_growth < 48 * 1024 * 1024, f"memory grew by {rss_growth} bytes"
+            assert not conn.closed, "a stalled receiver is not a dead one"
+            # releasing the receiver releases the sender, in order
+            release.set()
+            await asyncio.wait_for(enough.wait(), 30)
+            assert sent > bound
+            for index, frame in enumerate(received[:200]):
+                assert int.from_bytes(frame[:8], "big") == index * frame_size
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionClosedError):
+                await sender
