@@ -1,0 +1,148 @@
+"""The storage node's admin commands (StorageAdminRequest, JSON arguments and results).
+
+Commands (``command``: arguments -> result):
+
+- ``info``: {} -> {cluster_key, num_partitions, endpoint, partitions: [ids]}
+- ``list``: {} -> {partitions: [{partition_id, max_transaction_id, session_info:
+  {session_id, low_water_mark, local_low_water_mark}, available, error}]}
+- ``max_transaction_id``: {partition_id} -> {partition_id, max_transaction_id}
+- ``add_partition``: {partition_id, cluster_key} -> {partition_id}
+- ``remove_partition``: {partition_id, cluster_key} -> {partition_id}  (deletes its data)
+- ``set_availability``: {partition_id, available, cluster_key} -> {partition_id, available}
+
+Mutating commands carry the cluster key, so a tool pointed at the wrong node
+or cluster changes nothing. Availability is the node's runtime state: an
+unavailable partition refuses every storage request (``PARTITION_CLOSED``)
+until marked available again; a restart makes every partition available.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from waltz_api.errors import ClusterKeyMismatchError, StorageError
+from waltz_server.storage_node.failures import StorageRequestError
+
+if TYPE_CHECKING:
+    from waltz_server.storage_node.node import StorageNode
+
+AdminCommand = Callable[["StorageNode", dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def _require_key(node: StorageNode, arguments: dict[str, Any]) -> None:
+    raw = arguments.get("cluster_key")
+    if not isinstance(raw, str):
+        raise StorageRequestError(
+            "this admin command changes the storage: pass the cluster key (cluster_key)"
+        )
+    try:
+        key = uuid.UUID(raw)
+    except ValueError:
+        raise StorageRequestError(f"cluster_key {raw!r} is not a UUID") from None
+    if key != node.engine.cluster_key:
+        raise ClusterKeyMismatchError(
+            f"cluster key {key} does not match this storage node's key; "
+            "is the tool pointed at the right node and cluster?"
+        )
+
+
+def _partition_id(node: StorageNode, arguments: dict[str, Any]) -> int:
+    if "partition_id" not in arguments:
+        raise StorageRequestError("this admin command needs partition_id")
+    return node.check_partition_id(arguments["partition_id"])
+
+
+async def _info(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "cluster_key": str(node.engine.cluster_key),
+        "num_partitions": node.engine.num_partitions,
+        "endpoint": node.endpoint,
+        "partitions": node.engine.partition_ids(),
+    }
+
+
+async def _list(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    workers = node.hosted_workers()
+    rows = []
+    for partition_id in node.engine.partition_ids():
+        worker = workers.get(partition_id)
+        row: dict[str, Any] = {
+            "partition_id": partition_id,
+            "available": worker.available if worker is not None else False,
+            "max_transaction_id": None,
+            "session_info": None,
+            "error": None,
+        }
+        try:
+            partition = node.engine.partition(partition_id)
+            info = partition.session_info()
+            row["max_transaction_id"] = partition.max_transaction_id()
+            row["session_info"] = {
+                "session_id": info.session_id,
+                "low_water_mark": info.low_water_mark,
+                "local_low_water_mark": info.local_low_water_mark,
+            }
+        except StorageError as exc:
+            row["error"] = str(exc)
+        rows.append(row)
+    return {"partitions": rows}
+
+
+async def _max_transaction_id(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    partition_id = _partition_id(node, arguments)
+    node.worker_of(partition_id)
+    partition = node.engine.partition(partition_id)
+    return {"partition_id": partition_id, "max_transaction_id": partition.max_transaction_id()}
+
+
+async def _add_partition(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    _require_key(node, arguments)
+    partition_id = _partition_id(node, arguments)
+    await node.add_partition(partition_id)
+    return {"partition_id": partition_id}
+
+
+async def _remove_partition(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    _require_key(node, arguments)
+    partition_id = _partition_id(node, arguments)
+    await node.remove_partition(partition_id)
+    return {"partition_id": partition_id}
+
+
+async def _set_availability(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    _require_key(node, arguments)
+    partition_id = _partition_id(node, arguments)
+    available = arguments.get("available")
+    if not isinstance(available, bool):
+        raise StorageRequestError(f"available must be true or false, got {available!r}")
+    worker = node.worker_of(partition_id)
+
+    async def apply() -> None:
+        worker.available = available
+
+    # In the partition's order: requests queued before this are served as before.
+    await worker.run_in_order(apply)
+    return {"partition_id": partition_id, "available": available}
+
+
+COMMANDS: dict[str, AdminCommand] = {
+    "info": _info,
+    "list": _list,
+    "max_transaction_id": _max_transaction_id,
+    "add_partition": _add_partition,
+    "remove_partition": _remove_partition,
+    "set_availability": _set_availability,
+}
+
+
+async def run_admin_command(
+    node: StorageNode, command: str, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    handler = COMMANDS.get(command)
+    if handler is None:
+        raise StorageRequestError(
+            f"unknown admin command {command!r}; valid commands: {', '.join(sorted(COMMANDS))}"
+        )
+    return await handler(node, arguments)

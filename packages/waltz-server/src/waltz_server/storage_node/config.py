@@ -1,0 +1,145 @@
+"""The storage node's configuration schema (``waltz storage --config storage.toml``).
+
+Example::
+
+    log_level = "INFO"
+
+    [storage]
+    data_dir = "/var/lib/waltz/storage"
+    engine = "fs"                     # a storage engine plugin name
+    cluster_key = "6f1c...-..."       # needed to create a new data dir; checked otherwise
+    num_partitions = 8                # likewise
+    partitions = [0, 1, 2, 3]         # hosted from start-up (added when missing)
+    [storage.options]                 # passed to the engine as-is
+    segment_size = 1073741824
+
+    [transport]
+    plugin = "zmq"                    # a transport plugin name
+    endpoint = "tcp://127.0.0.1:5500"
+    [transport.options]               # passed to the transport as-is
+
+Every key can be overridden by environment: ``WALTZ_STORAGE__DATA_DIR``,
+``WALTZ_TRANSPORT__ENDPOINT``, ``WALTZ_LOG_LEVEL``...
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from waltz_api.config import load_config
+from waltz_api.errors import ConfigError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass
+class StorageSection:
+    data_dir: str = field(metadata={"help": "where the storage engine keeps its data"})
+    engine: str = field(default="fs", metadata={"help": "storage engine plugin name"})
+    cluster_key: str | None = field(
+        default=None,
+        metadata={"help": "the cluster's key (UUID); required to create a new data dir"},
+    )
+    num_partitions: int | None = field(
+        default=None,
+        metadata={
+            "min": 1,
+            "help": "the cluster's number of partitions; required for a new data dir",
+        },
+    )
+    partitions: list[int] = field(
+        default_factory=list,
+        metadata={"help": "partitions to host from start-up (added when missing)"},
+    )
+    options: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "storage engine options, passed as-is"}
+    )
+    queue_size: int = field(
+        default=1000,
+        metadata={"min": 1, "help": "requests queued per partition before a sender waits"},
+    )
+    max_append_batch_records: int = field(
+        default=10000,
+        metadata={"min": 1, "help": "most records handed to the engine in one append"},
+    )
+    max_list_records: int = field(
+        default=10000,
+        metadata={"min": 1, "help": "most records or headers in one list response"},
+    )
+
+    def __post_init__(self) -> None:
+        if not self.data_dir.strip():
+            raise ConfigError("config key 'storage.data_dir' must not be empty", "storage.data_dir")
+        if not self.engine.strip():
+            raise ConfigError(
+                "config key 'storage.engine' must name a storage engine plugin (e.g. 'fs')",
+                "storage.engine",
+            )
+        if self.cluster_key is not None:
+            try:
+                uuid.UUID(self.cluster_key)
+            except ValueError:
+                raise ConfigError(
+                    f"config key 'storage.cluster_key' must be a UUID, got {self.cluster_key!r}; "
+                    "copy the key printed by `waltz cluster create`",
+                    "storage.cluster_key",
+                ) from None
+        for index, partition_id in enumerate(self.partitions):
+            if partition_id < 0 or (
+                self.num_partitions is not None and partition_id >= self.num_partitions
+            ):
+                bound = f"below {self.num_partitions}" if self.num_partitions else "non-negative"
+                raise ConfigError(
+                    f"config key 'storage.partitions[{index}]' must be {bound}, got {partition_id}",
+                    f"storage.partitions[{index}]",
+                )
+
+    @property
+    def cluster_uuid(self) -> uuid.UUID | None:
+        return None if self.cluster_key is None else uuid.UUID(self.cluster_key)
+
+
+@dataclass
+class TransportSection:
+    endpoint: str = field(metadata={"help": "the endpoint the node listens on"})
+    plugin: str = field(default="zmq", metadata={"help": "transport plugin name"})
+    options: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "transport options, passed as-is"}
+    )
+
+    def __post_init__(self) -> None:
+        if not self.endpoint.strip():
+            raise ConfigError(
+                "config key 'transport.endpoint' must not be empty (e.g. 'tcp://127.0.0.1:5500')",
+                "transport.endpoint",
+            )
+
+
+@dataclass
+class HttpSection:
+    """Reserved for the metrics and health endpoint (not served yet)."""
+
+    enabled: bool = field(default=False, metadata={"help": "reserved: metrics over HTTP"})
+    host: str = field(default="127.0.0.1", metadata={"help": "reserved: metrics bind address"})
+    port: int = field(default=0, metadata={"min": 0, "max": 65535, "help": "reserved"})
+
+
+@dataclass
+class StorageNodeConfig:
+    storage: StorageSection
+    transport: TransportSection
+    http: HttpSection = field(default_factory=HttpSection)
+    log_level: str = field(default="INFO", metadata={"choices": LOG_LEVELS, "help": "log level"})
+
+
+def load_storage_config(
+    path: str | os.PathLike[str] | None,
+    *,
+    env: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> StorageNodeConfig:
+    """Read and validate a storage node config file (plus ``WALTZ_*`` overrides)."""
+    return load_config(StorageNodeConfig, path, env=env, overrides=overrides)

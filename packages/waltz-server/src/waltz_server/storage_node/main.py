@@ -1,0 +1,158 @@
+"""Running a storage node from its config file (``waltz storage --config storage.toml``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import typing
+
+from waltz_api.contracts.storage import StorageEngine
+from waltz_api.contracts.transport import Transport
+from waltz_api.errors import (
+    ClusterKeyMismatchError,
+    ConfigError,
+    PluginError,
+    StorageError,
+    WaltzError,
+)
+from waltz_api.plugins import get_registry
+from waltz_server.storage_node.config import StorageNodeConfig, load_storage_config
+from waltz_server.storage_node.node import StorageNode
+
+log = logging.getLogger(__name__)
+
+
+async def open_engine(config: StorageNodeConfig) -> StorageEngine:
+    """Open (or create) the configured storage engine and host the configured partitions."""
+    section = config.storage
+    try:
+        descriptor = get_registry().get("storage", section.engine)
+    except PluginError as exc:
+        raise ConfigError(f"config key 'storage.engine': {exc}", "storage.engine") from None
+    engine_class = typing.cast(type[StorageEngine], descriptor.factory)
+    try:
+        engine = await engine_class.open(
+            section.data_dir,
+            cluster_key=section.cluster_uuid,
+            num_partitions=section.num_partitions,
+            options=section.options,
+        )
+    except ClusterKeyMismatchError as exc:
+        raise ConfigError(
+            f"config key 'storage.cluster_key' (or 'storage.num_partitions') does not match "
+            f"the storage at {section.data_dir}: {exc}",
+            "storage.cluster_key",
+        ) from exc
+    except StorageError as exc:
+        if section.cluster_key is None or section.num_partitions is None:
+            missing = (
+                "storage.cluster_key" if section.cluster_key is None else "storage.num_partitions"
+            )
+            raise ConfigError(
+                f"could not open the storage at {section.data_dir}: {exc}; to create a new "
+                f"storage, set config keys 'storage.cluster_key' and 'storage.num_partitions'",
+                missing,
+            ) from exc
+        raise
+    try:
+        for partition_id in section.partitions:
+            if partition_id >= engine.num_partitions:
+                raise ConfigError(
+                    f"config key 'storage.partitions' lists partition {partition_id}, but the "
+                    f"storage at {section.data_dir} has {engine.num_partitions} partitions",
+                    "storage.partitions",
+                )
+            if partition_id not in engine.partition_ids():
+                await engine.add_partition(partition_id)
+    except BaseException:
+        await engine.close()
+        raise
+    return engine
+
+
+def create_transport(config: StorageNodeConfig) -> Transport:
+    try:
+        descriptor = get_registry().get("transport", config.transport.plugin)
+    except PluginError as exc:
+        raise ConfigError(f"config key 'transport.plugin': {exc}", "transport.plugin") from None
+    transport: Transport = descriptor.factory(config.transport.options)
+    return transport
+
+
+async def start_node(config: StorageNodeConfig) -> StorageNode:
+    """Open the engine, create the transport and start listening."""
+    engine = await open_engine(config)
+    try:
+        transport = create_transport(config)
+    except BaseException:
+        await engine.close()
+        raise
+    node = StorageNode(
+        engine,
+        transport,
+        config.transport.endpoint,
+        queue_size=config.storage.queue_size,
+        max_append_batch_records=config.storage.max_append_batch_records,
+        max_list_records=config.storage.max_list_records,
+    )
+    try:
+        await node.start()
+    except BaseException:
+        await node.close()
+        await transport.close()
+        raise
+    return node
+
+
+async def serve(config: StorageNodeConfig, stop: asyncio.Event) -> None:
+    """Run a node until ``stop`` is set, then shut it down cleanly."""
+    node = await start_node(config)
+    # A supervisor (or a test) waiting for the node reads this line on stderr.
+    log.info("storage node ready on %s (pid %d)", node.endpoint, os.getpid())
+    try:
+        await stop.wait()
+    finally:
+        log.info("storage node shutting down")
+        await node.close()
+        await node.transport.close()
+
+
+async def _serve_until_signalled(config: StorageNodeConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await serve(config, stop)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def configure_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    root.setLevel(level)
+
+
+def run_from_config(path: str | os.PathLike[str] | None) -> None:
+    """Load the config, run the storage node until SIGINT or SIGTERM, and stop cleanly.
+
+    Raises :class:`~waltz_api.errors.ConfigError` (naming the key) on a bad
+    config and other :class:`~waltz_api.errors.WaltzError` when the storage
+    cannot be opened or the endpoint bound.
+    """
+    config = load_storage_config(path)
+    configure_logging(config.log_level)
+    try:
+        asyncio.run(_serve_until_signalled(config))
+    except WaltzError:
+        raise
+    except OSError as exc:
+        raise WaltzError(f"storage node failed: {exc}") from exc

@@ -1,0 +1,390 @@
+"""The storage node: serves the server-storage protocol over a Transport.
+
+One asyncio event loop. Each accepted connection has a reader (this module)
+and a writer task; each hosted partition has a :class:`PartitionWorker` that
+processes that partition's requests in order. See ``partition.py`` for the
+fencing and low-water mark semantics, ``admin.py`` for the admin commands.
+
+A connection starts with the Hello handshake. Then:
+
+- ``StorageOpenRequest`` checks the cluster key and number of partitions;
+  until one succeeded, every partition request on the connection is refused
+  with ``NOT_OPEN`` (a failed open answers ``CLUSTER_KEY_MISMATCH``).
+- ``StorageAdminRequest`` is served on any connection (mutating commands carry
+  the cluster key in their arguments instead).
+- A frame that does not decode is answered with ``FailureResponse(code=BAD_REQUEST,
+  seq_num=-1)`` and the connection is closed; other connections are untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from typing import Any
+
+from waltz_api import wire
+from waltz_api.contracts.storage import StorageEngine
+from waltz_api.contracts.transport import Connection, Listener, Transport
+from waltz_api.errors import (
+    ClusterKeyMismatchError,
+    ConnectionClosedError,
+    PartitionNotFoundError,
+    ProtocolError,
+    StorageError,
+    TransportError,
+    WaltzError,
+)
+from waltz_api.messages import (
+    ErrorCode,
+    FailureResponse,
+    Message,
+    StorageAdminRequest,
+    StorageAdminResponse,
+    StorageOpenRequest,
+    SuccessResponse,
+)
+from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
+from waltz_server.storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
+
+log = logging.getLogger(__name__)
+
+OUTBOX_FRAMES = 4096
+"""Responses queued per connection before a partition worker waits for the peer to read."""
+
+
+class _Outbox:
+    """A connection's outgoing frames, sent in order by one writer task (bounded)."""
+
+    def __init__(
+        self, conn: Connection, protocol: wire.ProtocolConnection, limit: int = OUTBOX_FRAMES
+    ) -> None:
+        self.conn = conn
+        self.protocol = protocol
+        self.frames: deque[bytes] = deque()
+        self.space = asyncio.Semaphore(limit)
+        self.wakeup = asyncio.Event()
+        self.closing = False
+        self.task = asyncio.create_task(self._write(), name=f"storage-out-{conn.connection_id}")
+
+    async def put(self, message: Message) -> None:
+        if self.conn.closed or self.closing:
+            raise ConnectionClosedError(f"connection to {self.conn.peer} is closed")
+        if self.protocol.state is wire.ConnectionState.OPEN:
+            frame = self.protocol.send(message)
+        else:  # the peer broke the protocol: this is the last frame, telling it why
+            frame = wire.encode(message, max_frame_size=self.protocol.max_frame_size)
+        await self.space.acquire()
+        self.frames.append(frame)
+        self.wakeup.set()
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                if not self.frames:
+                    if self.closing:
+                        return
+                    self.wakeup.clear()
+                    await self.wakeup.wait()
+                    continue
+                batch = list(self.frames)
+                self.frames.clear()
+                for _ in batch:
+                    self.space.release()
+                await self.conn.send_many(batch)
+        except (TransportError, ProtocolError) as exc:
+            log.debug("connection %s: writer ends: %s", self.conn.peer, exc)
+
+    async def flush_and_stop(self, timeout: float) -> None:
+        self.closing = True
+        self.wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+
+
+class StorageNode:
+    """Serves a StorageEngine's partitions over a Transport endpoint."""
+
+    def __init__(
+        self,
+        engine: StorageEngine,
+        transport: Transport,
+        endpoint: str,
+        *,
+        queue_size: int = 1000,
+        max_append_batch_records: int = 10000,
+        max_list_records: int = 10000,
+        sender: str = "storage",
+    ) -> None:
+        self.engine = engine
+        self.transport = transport
+        self.requested_endpoint = endpoint
+        self.sender = sender
+        self._queue_size = queue_size
+        self._max_batch = max_append_batch_records
+        self._max_list = max_list_records
+        # A list response must fit in a frame, with room for the framing around the data.
+        self._max_response_bytes = max(1024, transport.max_frame_size // 2)
+        self._workers: dict[int, PartitionWorker] = {}
+        self._partition_locks: dict[int, asyncio.Lock] = {}
+        self._listener: Listener | None = None
+        self._connections: set[Connection] = set()
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint clients connect to (resolved once started)."""
+        if self._listener is None:
+            raise StorageError("the storage node is not started")
+        return self._listener.endpoint
+
+    async def start(self) -> None:
+        for partition_id in self.engine.partition_ids():
+            self._worker(partition_id)
+        self._listener = await self.transport.listen(self.requested_endpoint, self._serve)
+        log.info(
+            "storage node listening on %s: %d partitions hosted, cluster key %s",
+            self._listener.endpoint,
+            len(self._workers),
+            self.engine.cluster_key,
+        )
+
+    async def close(self) -> None:
+        """Stop accepting, answer what is queued, close connections and the engine."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._listener is not None:
+            await self._listener.close()
+        for worker in list(self._workers.values()):
+            await worker.stop()
+        self._workers.clear()
+        for conn in list(self._connections):
+            with contextlib.suppress(WaltzError):
+                await conn.close()
+        await self.engine.close()
+        log.info("storage node stopped")
+
+    # -- partitions ----------------------------------------------------------------
+
+    def _worker(self, partition_id: int) -> PartitionWorker:
+        worker = self._workers.get(partition_id)
+        if worker is None:
+            worker = PartitionWorker(
+                self.engine,
+                partition_id,
+                queue_size=self._queue_size,
+                max_append_batch_records=self._max_batch,
+                max_list_records=self._max_list,
+                max_response_bytes=self._max_response_bytes,
+            )
+            worker.start()
+            self._workers[partition_id] = worker
+        return worker
+
+    def hosted_workers(self) -> dict[int, PartitionWorker]:
+        return dict(self._workers)
+
+    def partition_lock(self, partition_id: int) -> asyncio.Lock:
+        """Serialises add/remove of one partition (admin commands)."""
+        return self._partition_locks.setdefault(partition_id, asyncio.Lock())
+
+    def check_partition_id(self, partition_id: Any) -> int:
+        if isinstance(partition_id, bool) or not isinstance(partition_id, int):
+            raise StorageRequestError(f"partition_id must be an integer, got {partition_id!r}")
+        if not 0 <= partition_id < self.engine.num_partitions:
+            raise StorageRequestError(
+                f"partition id {partition_id} is out of range: the cluster has "
+                f"{self.engine.num_partitions} partitions (0..{self.engine.num_partitions - 1})"
+            )
+        return partition_id
+
+    async def add_partition(self, partition_id: int) -> None:
+        partition_id = self.check_partition_id(partition_id)
+        async with self.partition_lock(partition_id):
+            await self.engine.add_partition(partition_id)
+            self._worker(partition_id)
+        log.info("partition %d added", partition_id)
+
+    async def remove_partition(self, partition_id: int) -> None:
+        """Stop serving the partition (after its queued requests) and delete its data."""
+        partition_id = self.check_partition_id(partition_id)
+        async with self.partition_lock(partition_id):
+            worker = self._workers.pop(partition_id, None)
+            if worker is not None:
+                await worker.stop()
+            await self.engine.remove_partition(partition_id)
+        log.info("partition %d removed", partition_id)
+
+    def worker_of(self, partition_id: int) -> PartitionWorker:
+        worker = self._workers.get(partition_id)
+        if worker is None:
+            raise PartitionNotFoundError(
+                f"partition {partition_id} is not hosted on this storage node; "
+                "add it with `waltz storage add-partition`"
+            )
+        return worker
+
+    # -- connections -------------------------------------------------------------------
+
+    async def _serve(self, conn: Connection) -> None:
+        self._connections.add(conn)
+        outbox: _Outbox | None = None
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            protocol = await self._handshake(conn)
+            if protocol is None:
+                return
+            outbox = _Outbox(conn, protocol)
+            await self._read_loop(conn, protocol, outbox, tasks)
+        except ConnectionClosedError:
+            log.debug("connection %s closed by the peer", conn.peer)
+        except TransportError as exc:
+            log.info("connection %s failed: %s", conn.peer, exc)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+            if outbox is not None:
+                await outbox.flush_and_stop(timeout=5.0)
+            self._connections.discard(conn)
+            with contextlib.suppress(WaltzError):
+                await conn.close()
+
+    async def _handshake(self, conn: Connection) -> wire.ProtocolConnection | None:
+        """The version handshake; None (after telling the peer why) when it failed."""
+        protocol = wire.ProtocolConnection(
+            wire.Role.ACCEPTOR, sender=self.sender, max_frame_size=self.transport.max_frame_size
+        )
+        frame = await conn.recv()
+        try:
+            hello = protocol.receive_frame(frame)
+            response = protocol.hello_response()
+        except ProtocolError as exc:
+            log.warning("connection %s: handshake failed: %s", conn.peer, exc)
+            failure = FailureResponse(-1, -1, -1, ErrorCode.BAD_REQUEST, str(exc))
+            with contextlib.suppress(WaltzError):
+                await conn.send(wire.encode(failure))
+            return None
+        await conn.send(protocol.send(response))
+        if protocol.state is not wire.ConnectionState.OPEN:
+            log.warning(
+                "connection %s (%s): no common protocol version (it speaks %s)",
+                conn.peer,
+                protocol.peer,
+                protocol.peer_versions,
+            )
+            return None
+        log.debug("connection %s: %s speaks version %s", conn.peer, protocol.peer, response)
+        del hello
+        return protocol
+
+    async def _read_loop(
+        self,
+        conn: Connection,
+        protocol: wire.ProtocolConnection,
+        outbox: _Outbox,
+        tasks: set[asyncio.Task[None]],
+    ) -> None:
+        opened = False
+        while True:
+            frame = await conn.recv()
+            try:
+                message = protocol.receive_frame(frame)
+            except ProtocolError as exc:
+                log.warning(
+                    "connection %s sent a malformed frame (%d bytes), closing it: %s",
+                    conn.peer,
+                    len(frame),
+                    exc,
+                )
+                await outbox.put(FailureResponse(-1, -1, -1, ErrorCode.BAD_REQUEST, str(exc)))
+                return
+            if isinstance(message, PARTITION_REQUESTS):
+                request: Any = message
+                if not opened:
+                    await outbox.put(
+                        failure_for(
+                            request,
+                            StorageNotOpenError(
+                                "this connection has not opened the storage: send a "
+                                "StorageOpenRequest with the cluster key first"
+                            ),
+                        )
+                    )
+                    continue
+                try:
+                    worker = self.worker_of(request.partition_id)
+                except PartitionNotFoundError as exc:
+                    await outbox.put(failure_for(request, exc))
+                    continue
+                await worker.submit(request, outbox.put)
+            elif isinstance(message, StorageOpenRequest):
+                opened = await self._open(message, outbox) or opened
+            elif isinstance(message, StorageAdminRequest):
+                self._spawn(tasks, self._admin(message, outbox))
+            else:
+                log.warning(
+                    "connection %s sent %s, which a storage node does not serve; closing it",
+                    conn.peer,
+                    type(message).__name__,
+                )
+                await outbox.put(
+                    FailureResponse(
+                        -1,
+                        getattr(message, "seq_num", -1),
+                        -1,
+                        ErrorCode.BAD_REQUEST,
+                        f"a storage node does not serve {type(message).__name__}",
+                    )
+                )
+                return
+
+    @staticmethod
+    def _spawn(tasks: set[asyncio.Task[None]], coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _open(self, request: StorageOpenRequest, outbox: _Outbox) -> bool:
+        try:
+            self.engine.check_cluster_key(request.cluster_key, request.num_partitions)
+        except ClusterKeyMismatchError as exc:
+            log.warning("refused a storage open: %s", exc)
+            await outbox.put(failure_for(request, exc))
+            return False
+        await outbox.put(SuccessResponse(request.session_id, request.seq_num, request.partition_id))
+        return True
+
+    async def _admin(self, request: StorageAdminRequest, outbox: _Outbox) -> None:
+        from waltz_server.storage_node.admin import run_admin_command
+
+        try:
+            arguments = json.loads(request.arguments.decode("utf-8")) if request.arguments else {}
+            if not isinstance(arguments, dict):
+                raise StorageRequestError("admin arguments must be a JSON object")
+            result = await run_admin_command(self, request.command, arguments)
+        except (ValueError, WaltzError) as exc:
+            log.info("admin command %r refused: %s", request.command, exc)
+            response = StorageAdminResponse(request.seq_num, False, error=str(exc))
+        except Exception as exc:
+            log.exception("admin command %r failed", request.command)
+            response = StorageAdminResponse(
+                request.seq_num, False, error=f"{type(exc).__name__}: {exc}"
+            )
+        else:
+            response = StorageAdminResponse(
+                request.seq_num, True, result=json.dumps(result).encode("utf-8")
+            )
+        with contextlib.suppress(ConnectionClosedError):
+            await outbox.put(response)

@@ -1,0 +1,421 @@
+"""One partition's request processor on a storage node.
+
+Every request for a partition goes through its :class:`PartitionWorker`: one
+asyncio task that takes the requests in arrival order, so the requests of one
+partition are processed strictly in order while different partitions proceed
+concurrently (and the engine may group their flushes into one commit).
+
+Fencing by store session id
+---------------------------
+The partition's durable :class:`~waltz_api.types.SessionInfo` holds the fence:
+``session_id`` is the highest store session id this partition ever accepted.
+A request with a lower id is refused (``FailureResponse(code=FENCED,
+highest_session_id=...)``). A request with a higher id first makes that id
+durable (``StoragePartition.set_session_info``, keeping the low-water marks)
+and only then is acted on, so after a crash and restart the fence still holds.
+Every request type fences, reads included: a newer session's recovery reads the
+replica's state and an older session must not append behind its back.
+
+Last session info
+-----------------
+``LastSessionInfo`` answers the session info as it was when the request
+arrived, before the request's own session id was recorded: a new session's
+recovery (whose first request to a replica is this one) sees the previous
+session's id and marks, as the original storage reported them, and can tell
+a storage older than the metadata (restored from a backup:
+``session_id < ReplicaState.session_id``). Known limit: because the fence is
+the stored ``session_id``, a session that reached this replica and died
+before its SetLowWaterMark leaves its id there, and a later recovery sees that
+id with the marks of the session before it.
+
+Low-water mark
+--------------
+``SetLowWaterMark(session, lwm)`` marks the start of a store session (after the
+server's recovery truncated the dirty tail). As in the original, the
+partition's max transaction id must not exceed ``lwm`` (truncate first: the
+request is refused otherwise); the stored info becomes ``(session, lwm,
+local_lwm = max transaction id at that moment)``. The local low-water mark is
+below ``lwm`` when this replica is behind and must catch up.
+
+Appends are pipelined: consecutive append requests of the same session waiting
+in the queue whose ids continue each other are handed to the engine as one
+batch (one flush), each still answered on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from waltz_api.contracts.storage import StorageEngine, StoragePartition
+from waltz_api.errors import (
+    PartitionClosedError,
+    PartitionNotFoundError,
+    SessionFencedError,
+    StorageError,
+)
+from waltz_api.messages import (
+    FailureResponse,
+    LastSessionInfoRequest,
+    LastSessionInfoResponse,
+    MaxTransactionIdRequest,
+    MaxTransactionIdResponse,
+    Message,
+    RecordHeaderListRequest,
+    RecordHeaderListResponse,
+    RecordHeaderRequest,
+    RecordHeaderResponse,
+    RecordListRequest,
+    RecordListResponse,
+    RecordRequest,
+    RecordResponse,
+    SetLowWaterMarkRequest,
+    StorageAppendRequest,
+    SuccessResponse,
+    TruncateRequest,
+)
+from waltz_api.types import SessionInfo
+from waltz_server.storage_node.failures import StorageRequestError, code_for
+
+log = logging.getLogger(__name__)
+
+Reply = Callable[[Message], Awaitable[None]]
+"""Sends a response back on the connection the request came from."""
+
+PARTITION_REQUESTS: tuple[type[Message], ...] = (
+    LastSessionInfoRequest,
+    MaxTransactionIdRequest,
+    TruncateRequest,
+    SetLowWaterMarkRequest,
+    StorageAppendRequest,
+    RecordHeaderRequest,
+    RecordRequest,
+    RecordHeaderListRequest,
+    RecordListRequest,
+)
+
+
+@dataclass
+class _Job:
+    request: Any  # one of PARTITION_REQUESTS
+    reply: Reply
+
+
+@dataclass
+class _Control:
+    """An administrative action run in the partition's order (between requests)."""
+
+    action: Callable[[], Awaitable[Any]]
+    done: asyncio.Future[Any] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def failure_for(request: Any, exc: BaseException) -> FailureResponse:
+    highest = exc.highest_session_id if isinstance(exc, SessionFencedError) else -1
+    return FailureResponse(
+        session_id=request.session_id,
+        seq_num=request.seq_num,
+        partition_id=request.partition_id,
+        code=code_for(exc),
+        message=str(exc) or type(exc).__name__,
+        highest_session_id=highest,
+    )
+
+
+class PartitionWorker:
+    """Processes one partition's requests in order (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: StorageEngine,
+        partition_id: int,
+        *,
+        queue_size: int = 1000,
+        max_append_batch_records: int = 10000,
+        max_list_records: int = 10000,
+        max_response_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.engine = engine
+        self.partition_id = partition_id
+        self.available = True
+        self._max_batch = max_append_batch_records
+        self._max_list = max_list_records
+        self._max_bytes = max_response_bytes
+        self._pending: deque[_Job | _Control] = deque()
+        self._space = asyncio.Semaphore(queue_size)
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(
+                self._run(), name=f"storage-partition-{self.partition_id}"
+            )
+
+    async def stop(self) -> None:
+        """Stop after the queued requests (they are answered) and wait for the task."""
+        self._stopping = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    # -- input ---------------------------------------------------------------------
+
+    async def submit(self, request: Any, reply: Reply) -> None:
+        """Queue a request (waits while the queue is full: back pressure)."""
+        if self._stopping:
+            await reply(failure_for(request, PartitionNotFoundError(self._gone())))
+            return
+        await self._space.acquire()
+        if self._stopping:  # stopped while this sender waited for room
+            self._space.release()
+            await reply(failure_for(request, PartitionNotFoundError(self._gone())))
+            return
+        self._pending.append(_Job(request, reply))
+        self._wakeup.set()
+
+    async def run_in_order(self, action: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``action`` after every request queued so far, before any later one."""
+        if self._stopping:
+            raise PartitionNotFoundError(self._gone())
+        await self._space.acquire()
+        if self._stopping:
+            self._space.release()
+            raise PartitionNotFoundError(self._gone())
+        control = _Control(action)
+        self._pending.append(control)
+        self._wakeup.set()
+        return await control.done
+
+    def _gone(self) -> str:
+        return f"partition {self.partition_id} is no longer hosted on this storage node"
+
+    # -- the loop ------------------------------------------------------------------
+
+    def _pop(self) -> _Job | _Control:
+        item = self._pending.popleft()
+        self._space.release()
+        return item
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                if self._stopping:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            item = self._pop()
+            if isinstance(item, _Control):
+                await self._run_control(item)
+                continue
+            if isinstance(item.request, StorageAppendRequest):
+                await self._append_batch(item)
+                continue
+            response = await self._process(item.request)
+            await self._send(item, response)
+
+    async def _run_control(self, control: _Control) -> None:
+        try:
+            result = await control.action()
+        except Exception as exc:
+            if not control.done.done():
+                control.done.set_exception(exc)
+        else:
+            if not control.done.done():
+                control.done.set_result(result)
+
+    async def _send(self, job: _Job, response: Message) -> None:
+        try:
+            await job.reply(response)
+        except Exception as exc:  # the connection went away: the request is done regardless
+            log.debug(
+                "partition %d: could not send %s: %s",
+                self.partition_id,
+                type(response).__name__,
+                exc,
+            )
+
+    # -- per request -----------------------------------------------------------------
+
+    def _partition(self) -> StoragePartition:
+        if not self.available:
+            raise PartitionClosedError(
+                f"partition {self.partition_id} is marked unavailable on this storage node "
+                "(by an administrator); mark it available with `waltz storage availability`"
+            )
+        return self.engine.partition(self.partition_id)
+
+    async def _fence(self, partition: StoragePartition, session_id: int) -> None:
+        if session_id < 0:
+            raise StorageRequestError(
+                f"store session id {session_id} is invalid: storage requests need the "
+                "non-negative id of a store session"
+            )
+        info = partition.session_info()
+        if session_id < info.session_id:
+            raise SessionFencedError(
+                f"store session {session_id} of partition {self.partition_id} is fenced: "
+                f"session {info.session_id} is newer; this writer must stop",
+                info.session_id,
+            )
+        if session_id > info.session_id:
+            # Durable before anything of the new session is acted on.
+            await partition.set_session_info(
+                SessionInfo(session_id, info.low_water_mark, info.local_low_water_mark)
+            )
+            log.info(
+                "partition %d: store session %d supersedes %d",
+                self.partition_id,
+                session_id,
+                info.session_id,
+            )
+
+    async def _process(self, request: Any) -> Message:
+        try:
+            partition = self._partition()
+            before = partition.session_info()
+            await self._fence(partition, request.session_id)
+            if isinstance(request, LastSessionInfoRequest):
+                s, q, p = request.session_id, request.seq_num, request.partition_id
+                return LastSessionInfoResponse(s, q, p, before)
+            return await self._serve(partition, request)
+        except Exception as exc:
+            return self._failure(request, exc)
+
+    def _failure(self, request: Any, exc: BaseException) -> FailureResponse:
+        if isinstance(exc, StorageError):
+            log.info("partition %d: %s refused: %s", self.partition_id, type(request).__name__, exc)
+        else:
+            log.exception(
+                "partition %d: %s failed unexpectedly", self.partition_id, type(request).__name__
+            )
+        return failure_for(request, exc)
+
+    async def _serve(self, partition: StoragePartition, request: Any) -> Message:
+        s, q, p = request.session_id, request.seq_num, request.partition_id
+        if isinstance(request, LastSessionInfoRequest):
+            return LastSessionInfoResponse(s, q, p, partition.session_info())
+        if isinstance(request, MaxTransactionIdRequest):
+            return MaxTransactionIdResponse(s, q, p, partition.max_transaction_id())
+        if isinstance(request, TruncateRequest):
+            if request.transaction_id < -1:
+                raise StorageRequestError(
+                    f"cannot truncate after transaction id {request.transaction_id}: "
+                    "it must be -1 (empty the log) or more"
+                )
+            await partition.truncate(request.transaction_id)
+            return SuccessResponse(s, q, p)
+        if isinstance(request, SetLowWaterMarkRequest):
+            max_id = partition.max_transaction_id()
+            if max_id > request.low_water_mark:
+                raise StorageRequestError(
+                    f"low-water mark {request.low_water_mark} is below the max transaction id "
+                    f"{max_id} of partition {p}: truncate the dirty transactions first"
+                )
+            await partition.set_session_info(SessionInfo(s, request.low_water_mark, max_id))
+            return SuccessResponse(s, q, p)
+        if isinstance(request, StorageAppendRequest):
+            if request.records:
+                await partition.append(list(request.records))
+            return SuccessResponse(s, q, p)
+        if isinstance(request, RecordHeaderRequest):
+            return RecordHeaderResponse(
+                s, q, p, await partition.read_header(request.transaction_id)
+            )
+        if isinstance(request, RecordRequest):
+            return RecordResponse(s, q, p, await partition.read_record(request.transaction_id))
+        if isinstance(request, RecordHeaderListRequest):
+            count = self._list_size(request.max_records)
+            headers = await partition.read_headers(request.transaction_id, count) if count else []
+            return RecordHeaderListResponse(s, q, p, tuple(headers))
+        if isinstance(request, RecordListRequest):
+            count = self._list_size(request.max_records)
+            if request.max_bytes < 0:
+                raise StorageRequestError(
+                    f"max_bytes must be non-negative, got {request.max_bytes}"
+                )
+            max_bytes = min(request.max_bytes, self._max_bytes)
+            records = (
+                await partition.read_records(request.transaction_id, count, max_bytes)
+                if count
+                else []
+            )
+            return RecordListResponse(s, q, p, tuple(records))
+        raise StorageRequestError(f"{type(request).__name__} is not a partition request")
+
+    def _list_size(self, max_records: int) -> int:
+        if max_records < 0:
+            raise StorageRequestError(f"max_records must be non-negative, got {max_records}")
+        return min(max_records, self._max_list)
+
+    # -- appends ---------------------------------------------------------------------
+
+    async def _append_batch(self, first: _Job) -> None:
+        """Append ``first`` together with the appends queued right behind it."""
+        request: StorageAppendRequest = first.request
+        try:
+            partition = self._partition()
+            await self._fence(partition, request.session_id)
+        except Exception as exc:
+            await self._send(first, self._failure(request, exc))
+            return
+        batch = [first]
+        if request.records:
+            total = len(request.records)
+            next_id = request.records[-1].transaction_id + 1
+            while self._pending and total < self._max_batch:
+                candidate = self._pending[0]
+                if not isinstance(candidate, _Job):
+                    break
+                follower = candidate.request
+                if (
+                    not isinstance(follower, StorageAppendRequest)
+                    or follower.session_id != request.session_id
+                    or follower.partition_id != request.partition_id
+                    or not follower.records
+                    or follower.records[0].transaction_id != next_id
+                    or total + len(follower.records) > self._max_batch
+                ):
+                    break
+                batch.append(self._pop())  # type: ignore[arg-type]
+                total += len(follower.records)
+                next_id = follower.records[-1].transaction_id + 1
+        if len(batch) == 1:
+            await self._send(first, await self._append_one(partition, request))
+            return
+        records = [record for job in batch for record in job.request.records]
+        try:
+            await partition.append(records)
+        except Exception as exc:
+            # Nothing of the batch is stored (the contract): answer each on its own.
+            log.debug(
+                "partition %d: batched append refused (%s); one by one", self.partition_id, exc
+            )
+            for job in batch:
+                await self._send(job, await self._append_one(partition, job.request))
+            return
+        for job in batch:
+            r = job.request
+            await self._send(job, SuccessResponse(r.session_id, r.seq_num, r.partition_id))
+
+    async def _append_one(
+        self, partition: StoragePartition, request: StorageAppendRequest
+    ) -> Message:
+        try:
+            return await self._serve(partition, request)
+        except Exception as exc:
+            return self._failure(request, exc)

@@ -1,0 +1,133 @@
+"""Helpers for tests that run storage nodes: records, and a real node subprocess.
+
+:class:`StorageNodeProcess` runs ``waltz storage --config FILE`` as a child
+process, waits until it serves (a handshake succeeds), and stops it by its pid
+(SIGTERM, or SIGKILL to simulate a crash). System tests of other components
+use it as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from waltz_api import wire
+from waltz_api.contracts.transport import Transport
+from waltz_api.errors import WaltzError
+from waltz_api.types import Record, ReqId
+from waltz_server.storage_node.client import StorageClient
+
+log = logging.getLogger(__name__)
+
+
+def make_record(partition_id: int, transaction_id: int, size: int = 32) -> Record:
+    """A deterministic record (data derived from the ids, correct CRC-32C)."""
+    data = (f"p{partition_id}-t{transaction_id}-".encode() * (size // 8 + 1))[:size]
+    return Record(
+        transaction_id=transaction_id,
+        req_id=ReqId(client_id=7, generation=1, partition_id=partition_id, seq_num=transaction_id),
+        header=transaction_id % 1000,
+        data=data,
+        checksum=wire.checksum(data),
+    )
+
+
+def make_records(partition_id: int, start: int, count: int, size: int = 32) -> list[Record]:
+    return [make_record(partition_id, start + i, size) for i in range(count)]
+
+
+class StorageNodeProcess:
+    """A ``waltz storage --config`` child process (started, killed and restarted by pid)."""
+
+    def __init__(self, config_path: str | os.PathLike[str], endpoint: str, log_path: Path) -> None:
+        self.config_path = Path(config_path)
+        self.endpoint = endpoint
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def start(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"storage node already running (pid {self.process.pid})")
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "waltz_server.cli",
+                    "storage",
+                    "--config",
+                    str(self.config_path),
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        log.info("storage node started (pid %d)", self.process.pid)
+
+    async def wait_ready(self, transport: Transport, timeout: float = 30.0) -> None:
+        """Wait until the node answers a handshake; raises with its log if it died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process is None or self.process.poll() is not None:
+                code = self.process.returncode if self.process else None
+                raise WaltzError(f"storage node exited with {code}: {self.output()[-2000:]}")
+            try:
+                client = await StorageClient.connect(
+                    transport, self.endpoint, sender="probe", timeout=2.0
+                )
+            except (WaltzError, TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise WaltzError(
+                        f"storage node at {self.endpoint} not ready after {timeout}s ({exc}): "
+                        f"{self.output()[-2000:]}"
+                    ) from exc
+                await asyncio.sleep(0.1)
+                continue
+            await client.close()
+            return
+
+    def output(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+    def kill(self) -> None:
+        """SIGKILL (a crash) and reap."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def terminate(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (a clean shutdown), SIGKILL if it does not end in time; the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def __enter__(self) -> StorageNodeProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.kill()
