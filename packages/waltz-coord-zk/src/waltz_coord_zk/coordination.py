@@ -1,0 +1,578 @@
+"""The Coordination contract on ZooKeeper, through kazoo.
+
+kazoo runs its own threads (a connection thread and a callback thread). This
+module is an asyncio facade over kazoo's ``*_async`` calls: each result is
+handed to the event loop with ``loop.call_soon_threadsafe``; watches and
+session listeners are delivered on the loop through
+:mod:`waltz_api.coordination_support`.
+
+Mapping of the contract:
+
+- root: every path is prefixed with the URI's root (a chroot done here, so
+  the root is created on start when missing);
+- version: the znode's data version (``stat.version``). A znode that is
+  deleted and created again restarts at version 0: never delete a znode a
+  fencing CAS rests on (see :class:`waltz_api.contracts.Versioned`);
+- ephemeral entries: ephemeral znodes of this client's ZooKeeper session;
+- watches: kazoo's DataWatch for values; children watches re-arm a
+  ZooKeeper child watch (or an exists watch while the path is absent) after
+  every event and always re-read, so the final state is never missed;
+- counters: the data version of the counter znode, bumped by an
+  unconditional ``setData`` (one round trip, no CAS retries under
+  contention; ZooKeeper versions are 32-bit, so a counter ends at 2**31-1);
+- sessions: kazoo's CONNECTED / SUSPENDED / LOST. After LOST the kazoo client
+  is stopped (it would otherwise open a new session silently) and every
+  operation raises SessionLostError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+from kazoo import exceptions as kz
+from kazoo.client import KazooClient, KazooState
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import DataWatch
+
+from waltz_api.contracts.coordination import (
+    ChildrenCallback,
+    Coordination,
+    DataCallback,
+    SessionListener,
+    SessionState,
+    Versioned,
+    Watch,
+    join_path,
+)
+from waltz_api.coordination_support import DeliveryWatch, LoopDelivery, SessionStateTracker
+from waltz_api.errors import (
+    BadVersionError,
+    ConfigError,
+    CoordinationError,
+    CoordinationUnavailableError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionLostError,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_SESSION_TIMEOUT = 10.0
+DEFAULT_CONNECT_TIMEOUT = 15.0
+DEFAULT_ROOT = "/waltz"
+MAX_RECURSIVE_DELETE_ATTEMPTS = 20
+MAX_CHILDREN_REFRESH_ATTEMPTS = 100
+
+
+def parse_zk_uri(uri: str) -> tuple[str, str, dict[str, str]]:
+    """Split ``zk://h1:p1,h2:p2/root?session_timeout=10`` into (hosts, root, options).
+
+    A bare connect string ``h1:p1,h2:p2/root`` is accepted too. The root
+    defaults to ``/waltz``."""
+    text = uri if "://" in uri else f"zk://{uri}"
+    parts = urlsplit(text)
+    if parts.scheme not in ("zk", "zookeeper"):
+        raise ConfigError(
+            f"a ZooKeeper coordination URI looks like zk://host:port[,host:port]/root, got {uri!r}",
+            key="coordination",
+        )
+    hosts = parts.netloc
+    if not hosts:
+        raise ConfigError(
+            f"no ZooKeeper host in {uri!r}; write zk://host:port[,host:port]/root",
+            key="coordination",
+        )
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            raise ConfigError(
+                f"ZooKeeper address {host!r} in {uri!r} is not host:port", key="coordination"
+            )
+    root = join_path(parts.path) if parts.path.strip("/") else DEFAULT_ROOT
+    return hosts, root, dict(parse_qsl(parts.query))
+
+
+def _float_option(options: Mapping[str, Any], key: str, default: float) -> float:
+    raw = options.get(key, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"coordination option {key} must be a number of seconds, got {raw!r}", key=key
+        ) from None
+    if value <= 0:
+        raise ConfigError(f"coordination option {key} must be positive, got {raw!r}", key=key)
+    return value
+
+
+def create_zk_coordination(
+    connect: str, options: Mapping[str, Any] | None = None
+) -> ZooKeeperCoordination:
+    """The plugin factory: ``connect`` is a ``zk://`` URI; options (or URI query
+    parameters) ``session_timeout`` and ``connect_timeout`` are in seconds."""
+    hosts, root, query = parse_zk_uri(connect)
+    merged: dict[str, Any] = {**query, **dict(options or {})}
+    return ZooKeeperCoordination(
+        hosts,
+        root,
+        session_timeout=_float_option(merged, "session_timeout", DEFAULT_SESSION_TIMEOUT),
+        connect_timeout=_float_option(merged, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+    )
+
+
+def _translate(exc: BaseException, what: str) -> BaseException:
+    """A kazoo exception as the Waltz error of the contract."""
+    if isinstance(exc, kz.NodeExistsError):
+        return NodeExistsError(f"{what}: the path already exists")
+    if isinstance(exc, kz.NoNodeError):
+        return NoNodeError(f"{what}: the path (or its parent) does not exist")
+    if isinstance(exc, kz.BadVersionError):
+        return BadVersionError(
+            f"{what}: the version changed (someone else wrote it); re-read and decide again"
+        )
+    if isinstance(exc, kz.NotEmptyError):
+        return NotEmptyError(f"{what}: the path has children; delete them or use recursive")
+    if isinstance(exc, kz.NoChildrenForEphemeralsError):
+        return CoordinationError(f"{what}: an ephemeral entry can have no children")
+    if isinstance(exc, kz.SessionExpiredError):
+        return SessionLostError(f"{what}: the ZooKeeper session expired; start a new client")
+    unreachable = (
+        kz.ConnectionLoss,
+        kz.ConnectionClosedError,
+        kz.OperationTimeoutError,
+        KazooTimeoutError,
+    )
+    if isinstance(exc, unreachable):
+        return CoordinationUnavailableError(
+            f"{what}: ZooKeeper unreachable ({type(exc).__name__}); for a write the outcome "
+            "is unknown: re-read before deciding"
+        )
+    if isinstance(exc, kz.KazooException):
+        return CoordinationError(f"{what}: ZooKeeper error {type(exc).__name__}: {exc}")
+    return exc
+
+
+class _ChildrenWatcher:
+    """Keeps a children list current: re-arms a ZooKeeper watch after every event.
+
+    Runs in kazoo's threads. While the path is absent an exists-watch waits
+    for it; every refresh re-reads, so the last state is always delivered."""
+
+    def __init__(self, client: KazooClient, path: str, push: Callable[[list[str]], None]) -> None:
+        self._client = client
+        self._path = path
+        self._push = push
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def refresh(self, event: object = None) -> None:
+        with self._lock:
+            for _ in range(MAX_CHILDREN_REFRESH_ATTEMPTS):
+                if self.stopped:
+                    return
+                try:
+                    children = self._client.retry(
+                        self._client.get_children, self._path, watch=self.refresh
+                    )
+                except kz.NoNodeError:
+                    try:
+                        stat = self._client.retry(
+                            self._client.exists, self._path, watch=self.refresh
+                        )
+                    except kz.KazooException as exc:
+                        self._give_up(exc)
+                        return
+                    if stat is not None:
+                        continue  # created between the two reads: read its children
+                    children = []
+                except kz.KazooException as exc:
+                    self._give_up(exc)
+                    return
+                self._push(sorted(children))
+                return
+            log.error("children watch on %s gave up: the path kept flapping", self._path)
+
+    def _give_up(self, exc: BaseException) -> None:
+        if not self.stopped:
+            log.warning("children watch on %s stopped: %s", self._path, _translate(exc, "watch"))
+
+
+class ZooKeeperCoordination(Coordination):
+    """A Coordination client on a ZooKeeper ensemble, rooted at ``root``."""
+
+    def __init__(
+        self,
+        hosts: str,
+        root: str = DEFAULT_ROOT,
+        *,
+        session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        operation_timeout: float | None = None,
+    ) -> None:
+        self.hosts = hosts
+        self.root = join_path(root)
+        self.session_timeout = session_timeout
+        self.connect_timeout = connect_timeout
+        # Long enough to ride out a SUSPENDED period that ends before the session expires.
+        self.operation_timeout = operation_timeout or (session_timeout + connect_timeout)
+        self._client: KazooClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tracker: SessionStateTracker | None = None
+        self._session_id = 0
+        self._closed = False
+        self._watches: set[DeliveryWatch] = set()
+        self._stop_task: asyncio.Future[None] | None = None
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @property
+    def kazoo_client(self) -> KazooClient:
+        """The underlying kazoo client (tests and tools; not part of the contract)."""
+        if self._client is None:
+            raise CoordinationError("the ZooKeeper client is not started; await start()")
+        return self._client
+
+    def _full(self, path: str) -> str:
+        if not path.startswith("/"):
+            raise CoordinationError(f"coordination paths are absolute ('/a/b'), got {path!r}")
+        return join_path(self.root, path)
+
+    def _check(self) -> KazooClient:
+        if self._closed:
+            raise CoordinationError("this coordination client is closed; start a new one")
+        if self._client is None or self._tracker is None:
+            raise CoordinationError("this coordination client is not started; await start()")
+        if self._tracker.lost:
+            raise SessionLostError(
+                f"the ZooKeeper session {self._session_id:#x} was lost; start a new client"
+            )
+        return self._client
+
+    async def _call(self, what: str, start: Callable[[], Any]) -> Any:
+        """Run one kazoo ``*_async`` call and await its result on this loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def transfer(outcome: tuple[bool, Any]) -> None:
+            if future.done():
+                return
+            ok, payload = outcome
+            if ok:
+                future.set_result(payload)
+            else:
+                future.set_exception(payload)
+
+        def on_done(result: Any) -> None:  # in a kazoo thread
+            try:
+                outcome: tuple[bool, Any] = (True, result.get_nowait())
+            except BaseException as exc:  # handed to the awaiting coroutine
+                outcome = (False, exc)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(transfer, outcome)
+
+        try:
+            start().rawlink(on_done)
+            return await asyncio.wait_for(future, self.operation_timeout)
+        except TimeoutError:
+            self._raise_if_lost()
+            raise CoordinationUnavailableError(
+                f"{what}: no answer from ZooKeeper ({self.hosts}) within "
+                f"{self.operation_timeout:.0f}s; for a write the outcome is unknown"
+            ) from None
+        except (kz.KazooException, KazooTimeoutError) as exc:
+            if isinstance(exc, kz.SessionExpiredError | kz.ConnectionClosedError):
+                self._raise_if_lost()
+            raise _translate(exc, what) from exc
+
+    def _raise_if_lost(self) -> None:
+        if self._tracker is not None and self._tracker.lost:
+            raise SessionLostError(
+                f"the ZooKeeper session {self._session_id:#x} was lost; start a new client"
+            )
+
+    async def _read(self, what: str, start: Callable[[], Any]) -> Any:
+        """A read: retried while the connection is merely suspended (bounded)."""
+        deadline = time.monotonic() + self.operation_timeout
+        while True:
+            try:
+                return await self._call(what, start)
+            except CoordinationUnavailableError:
+                self._raise_if_lost()
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+    # -- session ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        if self._closed:
+            raise CoordinationError("this coordination client is closed; start a new one")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._tracker = SessionStateTracker(loop)
+        client = KazooClient(
+            hosts=self.hosts,
+            timeout=self.session_timeout,
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+            command_retry={
+                "max_tries": 50,
+                "delay": 0.1,
+                "backoff": 2,
+                "max_delay": 1.0,
+                "ignore_expire": False,
+            },
+        )
+        client.add_listener(self._on_kazoo_state)
+        try:
+            await self._in_thread(functools.partial(client.start, timeout=self.connect_timeout))
+        except (KazooTimeoutError, kz.KazooException) as exc:
+            await self._in_thread(functools.partial(_stop_quietly, client))
+            self._tracker.close()
+            self._tracker = None
+            raise CoordinationUnavailableError(
+                f"could not connect to ZooKeeper at {self.hosts} within "
+                f"{self.connect_timeout:.0f}s ({type(exc).__name__}); is it running?"
+            ) from exc
+        self._client = client
+        self._session_id = int(client.client_id[0])
+        if self.root != "/":
+            with contextlib.suppress(NodeExistsError):
+                await self._call(
+                    f"create root {self.root}",
+                    lambda: client.create_async(self.root, b"", makepath=True),
+                )
+        log.debug("ZooKeeper session %#x open on %s%s", self._session_id, self.hosts, self.root)
+
+    def _on_kazoo_state(self, state: str) -> None:
+        """kazoo's listener (its connection thread): must not block."""
+        tracker, loop = self._tracker, self._loop
+        if tracker is None or loop is None or self._closed:
+            return
+        if state == KazooState.SUSPENDED:
+            tracker.set_state(SessionState.SUSPENDED)
+        elif state == KazooState.CONNECTED:
+            client = self._client
+            if client is not None and int(client.client_id[0]) != self._session_id:
+                # kazoo silently opened a new session: ours is gone.
+                self._mark_lost(loop, tracker)
+            else:
+                tracker.set_state(SessionState.CONNECTED)
+        elif state == KazooState.LOST:
+            self._mark_lost(loop, tracker)
+
+    def _mark_lost(self, loop: asyncio.AbstractEventLoop, tracker: SessionStateTracker) -> None:
+        if tracker.set_state(SessionState.LOST):
+            log.warning("ZooKeeper session %#x lost", self._session_id)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._after_loss)
+
+    def _after_loss(self) -> None:
+        for watch in list(self._watches):
+            watch.cancel()
+        client = self._client
+        if client is not None and self._loop is not None and self._stop_task is None:
+            # Stop kazoo, or it would reconnect with a new session behind our back.
+            self._stop_task = self._loop.run_in_executor(
+                None, functools.partial(_stop_quietly, client)
+            )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for watch in list(self._watches):
+            watch.cancel()
+        if self._tracker is not None:
+            self._tracker.close()
+        client = self._client
+        if client is not None:
+            if self._stop_task is not None:
+                with contextlib.suppress(Exception):
+                    await self._stop_task
+            await self._in_thread(functools.partial(_stop_quietly, client))
+
+    @property
+    def session_state(self) -> SessionState:
+        return SessionState.CONNECTED if self._tracker is None else self._tracker.state
+
+    def add_session_listener(self, listener: SessionListener) -> None:
+        if self._tracker is None:
+            raise CoordinationError("start the client before adding session listeners")
+        self._tracker.add_listener(listener)
+
+    @property
+    def session_id(self) -> int:
+        return self._session_id
+
+    # -- operations -------------------------------------------------------------------------
+
+    async def get(self, path: str) -> Versioned | None:
+        client = self._check()
+        full = self._full(path)
+        try:
+            data, stat = await self._read(f"get {path}", lambda: client.get_async(full))
+        except NoNodeError:
+            return None
+        return Versioned(bytes(data or b""), int(stat.version))
+
+    async def create(
+        self, path: str, value: bytes = b"", *, ephemeral: bool = False, make_parents: bool = True
+    ) -> int:
+        client = self._check()
+        full = self._full(path)
+        _created, stat = await self._call(
+            f"create {path}",
+            lambda: client.create_async(
+                full, bytes(value), ephemeral=ephemeral, makepath=make_parents, include_data=True
+            ),
+        )
+        return int(stat.version)
+
+    async def set(self, path: str, value: bytes, *, expected_version: int | None = None) -> int:
+        client = self._check()
+        full = self._full(path)
+        version = -1 if expected_version is None else int(expected_version)
+        if expected_version is not None and version < 0:
+            raise BadVersionError(f"set {path}: no version is {expected_version}")
+        stat = await self._call(
+            f"set {path}", lambda: client.set_async(full, bytes(value), version=version)
+        )
+        return int(stat.version)
+
+    async def delete(
+        self, path: str, *, expected_version: int | None = None, recursive: bool = False
+    ) -> None:
+        client = self._check()
+        full = self._full(path)
+        if full == "/":
+            raise CoordinationError("the ZooKeeper root cannot be deleted")
+        version = -1 if expected_version is None else int(expected_version)
+        for _ in range(MAX_RECURSIVE_DELETE_ATTEMPTS):
+            if recursive:
+                for child in await self.children(path):
+                    await self._delete_tree(client, join_path(full, child))
+            try:
+                await self._call(
+                    f"delete {path}", lambda: client.delete_async(full, version=version)
+                )
+                return
+            except NoNodeError:
+                if expected_version is not None:
+                    raise
+                return
+            except NotEmptyError:
+                if not recursive:
+                    raise
+                # A child appeared while deleting the subtree: go again.
+        raise CoordinationError(
+            f"delete {path}: children kept appearing while deleting the subtree"
+        )
+
+    async def _delete_tree(self, client: KazooClient, full: str) -> None:
+        for _ in range(MAX_RECURSIVE_DELETE_ATTEMPTS):
+            try:
+                children = await self._read(
+                    f"children {full}", lambda: client.get_children_async(full)
+                )
+            except NoNodeError:
+                return
+            for child in children:
+                await self._delete_tree(client, join_path(full, child))
+            try:
+                await self._call(f"delete {full}", lambda: client.delete_async(full))
+                return
+            except NoNodeError:
+                return
+            except NotEmptyError:
+                continue
+        raise CoordinationError(f"delete {full}: children kept appearing")
+
+    async def children(self, path: str) -> list[str]:
+        client = self._check()
+        full = self._full(path)
+        try:
+            names = await self._read(f"children {path}", lambda: client.get_children_async(full))
+        except NoNodeError:
+            return []
+        return sorted(names)
+
+    async def increment(self, path: str) -> int:
+        client = self._check()
+        full = self._full(path)
+        for _ in range(3):
+            try:
+                stat = await self._call(
+                    f"increment {path}", lambda: client.set_async(full, b"", version=-1)
+                )
+                return int(stat.version)
+            except NoNodeError:
+                with contextlib.suppress(NodeExistsError):
+                    await self._call(
+                        f"create counter {path}",
+                        lambda: client.create_async(full, b"", makepath=True),
+                    )
+        raise CoordinationError(f"increment {path}: the counter znode keeps disappearing")
+
+    # -- watches ------------------------------------------------------------------------------
+
+    async def watch(self, path: str, callback: DataCallback) -> Watch:
+        client = self._check()
+        full = self._full(path)
+        delivery: LoopDelivery[Versioned | None] = LoopDelivery(
+            asyncio.get_running_loop(), callback, name=f"watch {path}"
+        )
+
+        def on_data(data: bytes | None, stat: Any) -> bool | None:  # in a kazoo thread
+            if delivery.stopped:
+                return False  # tells kazoo to stop watching
+            delivery.push(None if stat is None else Versioned(bytes(data or b""), stat.version))
+            return None
+
+        try:
+            await self._in_thread(lambda: DataWatch(client, full, on_data))
+        except kz.KazooException as exc:
+            delivery.stop()
+            raise _translate(exc, f"watch {path}") from exc
+        return self._track(DeliveryWatch(delivery))
+
+    async def watch_children(self, path: str, callback: ChildrenCallback) -> Watch:
+        client = self._check()
+        full = self._full(path)
+        delivery: LoopDelivery[list[str]] = LoopDelivery(
+            asyncio.get_running_loop(), callback, name=f"children watch {path}"
+        )
+        watcher = _ChildrenWatcher(client, full, delivery.push)
+
+        def stop() -> None:
+            watcher.stopped = True
+
+        await self._in_thread(watcher.refresh)
+        return self._track(DeliveryWatch(delivery, stop))
+
+    def _track(self, watch: DeliveryWatch) -> DeliveryWatch:
+        self._watches.add(watch)
+        return watch
+
+
+def _stop_quietly(client: KazooClient) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:  # stopping a broken client must not raise on the way out
+        log.debug("stopping a kazoo client failed", exc_info=True)
