@@ -8,6 +8,11 @@ Environment names: ``WALTZ_<KEY>`` for a top-level key and
 ``WALTZ_<SECTION>__<KEY>`` (double underscore) inside a section, upper-case:
 ``WALTZ_STORAGE__SEGMENT_SIZE=1048576`` sets ``[storage] segment_size``.
 
+Environment values are text read as the field's type (``WALTZ_DEBUG=yes``,
+``WALTZ_TIMEOUT=1.5``; for ``str | None`` the text stays a string). A list key
+takes a TOML array or a comma-separated string (``WALTZ_HOSTS=a,b``), each item
+read as the item type.
+
 Field constraints go in field metadata: ``min``, ``max``, ``choices`` and
 ``help`` (the help text is used by the docs and ``waltz config``).
 """
@@ -51,6 +56,15 @@ def load_config(
                 raw = tomllib.load(handle)
         except FileNotFoundError:
             raise ConfigError(f"config file {file} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {file} is a directory, not a TOML file") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {file} cannot be read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {file} is not valid TOML: it is not UTF-8 text ({exc.reason} "
+                f"at byte {exc.start})"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
     _apply_env(schema, raw, os.environ if env is None else env)
@@ -117,6 +131,14 @@ def _apply_env(schema: type[Any], raw: dict[str, Any], env: Mapping[str, str]) -
                 )
             hint = current_hints[part]
             if depth == len(parts) - 1:
+                if dataclasses.is_dataclass(hint):
+                    key = ".".join(parts)
+                    example = f"{name}__{dataclasses.fields(hint)[0].name.upper()}"
+                    raise ConfigError(
+                        f"environment variable {name} names the section {key!r}, not a key; "
+                        f"set one of its keys instead, e.g. {example}",
+                        key=key,
+                    )
                 target[part] = _EnvValue(value, name)
             elif dataclasses.is_dataclass(hint):
                 target = target.setdefault(part, {})
@@ -133,8 +155,15 @@ def _apply_env(schema: type[Any], raw: dict[str, Any], env: Mapping[str, str]) -
 
 @dataclasses.dataclass(frozen=True)
 class _EnvValue:
+    """Text to read as a field's type: an environment value, or one item of a
+    comma-separated list (``variable`` is then None unless it came from the environment)."""
+
     text: str
-    variable: str
+    variable: str | None
+
+    @property
+    def source(self) -> str:
+        return f" (from {self.variable})" if self.variable else ""
 
 
 def _suggest(name: str, known: typing.Iterable[str]) -> str:
@@ -153,7 +182,8 @@ def _build(schema: type[T], raw: Mapping[str, Any], prefix: str) -> T:
     for key in raw:
         if key not in fields:
             raise ConfigError(
-                f"unknown config key {prefix}{key!r}" + _suggest(key, fields), key=f"{prefix}{key}"
+                f"unknown config key {prefix + key!r}" + _suggest(key, fields),
+                key=f"{prefix}{key}",
             )
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
@@ -202,24 +232,39 @@ def _type_name(hint: Any) -> str:
 
 def _convert(value: Any, hint: Any, key: str) -> Any:
     source = ""
-    if isinstance(value, _EnvValue):
-        source = f" (from {value.variable})"
-        value = _parse_env_text(value.text, hint)
     origin = get_origin(hint)
     args = get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        # An environment value stays text here: each member of the union reads
+        # it as its own type ("123" is a str for `str | None`, an int for `int | None`).
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, key)
+            except ConfigError:
+                continue
+        shown, source = (value.text, value.source) if isinstance(value, _EnvValue) else (value, "")
+        raise ConfigError(
+            f"config key {key!r} must be {_type_name(hint)}, got {shown!r}{source}", key
+        )
+    if isinstance(value, _EnvValue):
+        source = value.source
+        if origin in (list, tuple) or hint in (list, tuple):
+            parsed = _parse_env_text(value.text, Any)
+            if not isinstance(parsed, list):
+                # "a, b, c": each item is read as the item type, like a whole value.
+                parsed = [
+                    _EnvValue(item.strip(), value.variable)
+                    for item in value.text.split(",")
+                    if item.strip()
+                ]
+            value = parsed
+        else:
+            value = _parse_env_text(value.text, hint)
     try:
-        if origin in (types.UnionType, typing.Union):
-            if value is None and type(None) in args:
-                return None
-            errors = []
-            for arg in args:
-                if arg is type(None):
-                    continue
-                try:
-                    return _convert(value, arg, key)
-                except ConfigError as exc:
-                    errors.append(str(exc))
-            raise ConfigError("; ".join(errors), key)
         if origin is Literal:
             if value not in args:
                 raise ConfigError(
@@ -252,7 +297,8 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
             return Path(value).expanduser()
         if origin in (list, tuple) or hint in (list, tuple):
             if isinstance(value, str):
-                value = [v.strip() for v in value.split(",") if v.strip()]
+                # "a, b, c": each item is read as the item type.
+                value = [_EnvValue(v.strip(), None) for v in value.split(",") if v.strip()]
             if not isinstance(value, list | tuple):
                 raise TypeError
             item = args[0] if args else Any

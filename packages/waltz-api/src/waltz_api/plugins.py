@@ -40,7 +40,8 @@ class PluginRegistry:
         self.manager = pluggy.PluginManager(PROJECT_NAME)
         self.manager.add_hookspecs(WaltzHookSpecs)
         self.load_errors: dict[str, BaseException] = {}
-        self._index: dict[PluginKind, dict[str, list[PluginDescriptor]]] | None = None
+        """Plugins skipped because they failed to import, register or answer a hook."""
+        self._index: dict[PluginKind, dict[str, list[tuple[str, PluginDescriptor]]]] | None = None
         if autoload is None:
             autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower() not in (
                 "1",
@@ -54,90 +55,139 @@ class PluginRegistry:
     def _load_entry_points(self) -> None:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             if self.manager.get_plugin(ep.name) is not None:
+                # The same distribution seen twice on sys.path lists its entry points twice.
+                log.debug("Waltz plugin %r (%s) is already registered", ep.name, ep.value)
                 continue
             try:
                 plugin = ep.load()
             except Exception as exc:  # a broken plugin must not take the others down
-                self.load_errors[ep.name] = exc
-                log.warning(
-                    "skipping Waltz plugin %r (%s): it failed to import: %s: %s",
-                    ep.name,
-                    ep.value,
-                    type(exc).__name__,
-                    exc,
-                )
+                self._skip(ep.name, ep.value, "it failed to import", exc)
                 continue
-            self.manager.register(plugin, name=ep.name)
+            try:
+                self._register_checked(plugin, ep.name)
+            except PluginError as exc:
+                self._skip(ep.name, ep.value, "it is not a valid Waltz plugin", exc)
 
-    def register(self, plugin: Any, name: str | None = None) -> None:
-        """Register a plugin module or object explicitly (tests, embedding)."""
-        self.manager.register(plugin, name=name)
-        self.manager.check_pending()
+    def _skip(self, name: str, where: str, why: str, exc: BaseException) -> None:
+        self.load_errors[name] = exc
+        log.warning(
+            "skipping Waltz plugin %r (%s): %s: %s: %s", name, where, why, type(exc).__name__, exc
+        )
+
+    def _register_checked(self, plugin: Any, name: str | None) -> None:
+        """Register ``plugin``; on any validation failure leave it unregistered."""
+        try:
+            registered = self.manager.register(plugin, name=name)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            raise PluginError(f"plugin {name or plugin!r} cannot be registered: {exc}") from exc
+        try:
+            self.manager.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.manager.unregister(plugin, name=registered)
+            known = ", ".join(HOOK_FOR_KIND.values())
+            raise PluginError(
+                f"plugin {name or plugin!r} implements an unknown hook ({exc}); "
+                f"the Waltz hooks are: {known}"
+            ) from exc
         self._index = None
 
-    def _build_index(self) -> dict[PluginKind, dict[str, list[PluginDescriptor]]]:
+    def register(self, plugin: Any, name: str | None = None) -> None:
+        """Register a plugin module or object explicitly (tests, embedding).
+
+        Raises PluginError when ``plugin`` (or its name) is already registered
+        or implements a hook Waltz does not define."""
+        self._register_checked(plugin, name)
+
+    def _build_index(self) -> dict[PluginKind, dict[str, list[tuple[str, PluginDescriptor]]]]:
         if self._index is None:
-            index: dict[PluginKind, dict[str, list[PluginDescriptor]]] = {
+            index: dict[PluginKind, dict[str, list[tuple[str, PluginDescriptor]]]] = {
                 kind: defaultdict(list) for kind in PluginKind
             }
             for kind, hook_name in HOOK_FOR_KIND.items():
                 hook = getattr(self.manager.hook, hook_name)
-                for result in hook():
-                    for descriptor in result:
-                        if descriptor.kind is not kind:
-                            raise PluginError(
-                                f"plugin descriptor {descriptor.name!r} of kind "
-                                f"{descriptor.kind} was returned by {hook_name}"
-                            )
-                        index[kind][descriptor.name].append(descriptor)
+                # One implementation at a time: a plugin whose hook raises (say, a
+                # lazy import inside it fails) is skipped, the others still count.
+                for impl in reversed(hook.get_hookimpls()):
+                    for descriptor in self._descriptors_of(impl, kind, hook_name):
+                        index[kind][descriptor.name].append((impl.plugin_name, descriptor))
             for kind, by_name in index.items():
                 for name, found in by_name.items():
                     if len(found) > 1:
                         log.error(
                             "duplicate %s plugin name %r, offered by %s",
-                            kind,
+                            kind.value,
                             name,
-                            ", ".join(_origin(d) for d in found),
+                            ", ".join(_origin(plugin, d) for plugin, d in found),
                         )
             self._index = index
         return self._index
 
+    def _descriptors_of(
+        self, impl: Any, kind: PluginKind, hook_name: str
+    ) -> list[PluginDescriptor]:
+        where = f"{hook_name} of {impl.plugin_name!r}"
+        try:
+            result = impl.function()
+        except Exception as exc:
+            self._skip(impl.plugin_name, hook_name, f"its hook {hook_name} raised", exc)
+            return []
+        if result is None:
+            return []
+        try:
+            descriptors = list(result)
+        except TypeError:
+            descriptors = [result]
+        for descriptor in descriptors:
+            if not isinstance(descriptor, PluginDescriptor) or descriptor.kind is not kind:
+                error = PluginError(
+                    f"{where} returned {descriptor!r}; it must return a list of "
+                    f"PluginDescriptor(kind=PluginKind.{kind.name}, ...)"
+                )
+                self._skip(impl.plugin_name, hook_name, "its hook returned a bad value", error)
+                return []
+        return descriptors
+
     def names(self, kind: PluginKind | str) -> list[str]:
         """The names of the plugins of ``kind``, sorted."""
-        return sorted(self._build_index()[PluginKind(kind)])
+        return sorted(self._build_index()[_kind(kind)])
 
     def descriptors(self, kind: PluginKind | str) -> list[PluginDescriptor]:
         """Every descriptor of ``kind`` (the first of any duplicated name)."""
-        by_name = self._build_index()[PluginKind(kind)]
-        return [by_name[name][0] for name in sorted(by_name)]
+        by_name = self._build_index()[_kind(kind)]
+        return [by_name[name][0][1] for name in sorted(by_name)]
 
     def get(self, kind: PluginKind | str, name: str) -> PluginDescriptor:
         """The plugin of ``kind`` named ``name`` (or selected by URI scheme).
 
         Raises UnknownPluginError listing the valid names, or
         DuplicatePluginError when two plugins claim the name."""
-        kind = PluginKind(kind)
+        kind = _kind(kind)
         by_name = self._build_index()[kind]
         found = by_name.get(name)
+        what = "plugin name"
         if not found:
-            for descriptors in by_name.values():
-                if name in descriptors[0].uri_schemes:
-                    found = descriptors
-                    break
+            found = [
+                entry
+                for entries in by_name.values()
+                for entry in entries
+                if name in entry[1].uri_schemes
+            ]
+            what = "URI scheme"
         if not found:
             valid = ", ".join(sorted(by_name)) or "(none installed)"
-            hint = ""
+            schemes = sorted({s for entries in by_name.values() for s in entries[0][1].uri_schemes})
+            hint = f"; URI schemes: {', '.join(schemes)}" if schemes else ""
             if name in self.load_errors:
-                hint = f"; plugin {name!r} failed to import: {self.load_errors[name]}"
+                hint += f"; plugin {name!r} failed to load: {self.load_errors[name]}"
             raise UnknownPluginError(
                 f"unknown {kind.value} plugin {name!r}; valid choices: {valid}{hint}"
             )
         if len(found) > 1:
             raise DuplicatePluginError(
-                f"{kind.value} plugin name {name!r} is offered by several plugins: "
-                f"{', '.join(_origin(d) for d in found)}; uninstall one of them"
+                f"{kind.value} {what} {name!r} is offered by several plugins: "
+                f"{', '.join(_origin(plugin, d) for plugin, d in found)}; uninstall one of them"
             )
-        return found[0]
+        return found[0][1]
 
     def resolve(self, kind: PluginKind | str, name_or_uri: str) -> PluginDescriptor:
         """Choose a plugin by name (``zk``) or by URI (``zk://127.0.0.1:2181/waltz``)."""
@@ -146,9 +196,18 @@ class PluginRegistry:
         return self.get(kind, name_or_uri)
 
 
-def _origin(descriptor: PluginDescriptor) -> str:
+def _kind(kind: PluginKind | str) -> PluginKind:
+    try:
+        return PluginKind(kind)
+    except ValueError:
+        valid = ", ".join(k.value for k in PluginKind)
+        raise PluginError(f"unknown plugin kind {kind!r}; valid kinds: {valid}") from None
+
+
+def _origin(plugin_name: str, descriptor: PluginDescriptor) -> str:
     factory = descriptor.factory
-    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
+    where = f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
+    return f"plugin {plugin_name!r} ({where})"
 
 
 _registry: PluginRegistry | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 NO_TRANSACTION = -1
@@ -77,9 +78,19 @@ class Lock:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError("a lock needs a non-empty name (str)")
+            raise ValueError(f"a lock needs a non-empty name (str), got {self.name!r}")
+        if isinstance(self.id, bool) or not isinstance(self.id, int):
+            raise ValueError(f"a lock id must be an int, got {self.id!r}")
         if not -(2**63) <= self.id < 2**63:
             raise ValueError(f"lock id {self.id} does not fit in a signed 64-bit integer")
+        if type(self.mode) is not LockMode:
+            # A plain int (say, read back from a database) must not be silently
+            # dropped by the `is LockMode.X` grouping of LockRequest.from_locks.
+            try:
+                object.__setattr__(self, "mode", LockMode(self.mode))
+            except ValueError:
+                valid = ", ".join(f"{m.name} ({m.value})" for m in LockMode)
+                raise ValueError(f"lock mode {self.mode!r} is not one of {valid}") from None
         object.__setattr__(self, "hash", lock_hash(self.name, self.id))
 
 
@@ -92,11 +103,14 @@ class LockRequest:
     append: tuple[int, ...] = ()
 
     @classmethod
-    def from_locks(cls, locks: list[Lock] | tuple[Lock, ...]) -> LockRequest:
-        read = tuple(lock.hash for lock in locks if lock.mode is LockMode.READ)
-        write = tuple(lock.hash for lock in locks if lock.mode is LockMode.WRITE)
-        append = tuple(lock.hash for lock in locks if lock.mode is LockMode.APPEND)
-        return cls(read, write, append)
+    def from_locks(cls, locks: Iterable[Lock]) -> LockRequest:
+        """Group ``locks`` by mode, keeping their order (any iterable, read once)."""
+        groups: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for lock in locks:
+            if not isinstance(lock, Lock):
+                raise TypeError(f"a lock request is built from Lock objects, got {lock!r}")
+            groups[lock.mode].append(lock.hash)
+        return cls(tuple(groups[0]), tuple(groups[1]), tuple(groups[2]))
 
     def __bool__(self) -> bool:
         return bool(self.read or self.write or self.append)
