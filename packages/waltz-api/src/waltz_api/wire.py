@@ -614,10 +614,12 @@ def _generate(cls: type[Message], schema: tuple[_Field, ...]) -> _Generated:
             values.append(f"v_{name}")
         elif kind == "enum":
             assert field.enum_type is not None
-            ns[f"_E_{name}"] = _enum_table(field.enum_type)
+            table = _enum_table(field.enum_type)
+            ns[f"_E_{name}"] = table
+            ns[f"_EV_{name}"] = {member: int(member) for member in table}
             enc_fmt += "B"
             dec_fmt += "B"
-            args.append(src)
+            args.append(f"_EV_{name}[{src}]")  # KeyError for a value outside the enum
             unpacked.append(f"e_{name}")
             dec.append(f"    v_{name} = _E_{name}[e_{name}]")
             values.append(f"v_{name}")
@@ -802,6 +804,7 @@ for _cls, _gen in _GENERATED.items():
 
 _ENCODE_ERRORS: Final = (
     struct.error,
+    LookupError,  # an enum field holding a value outside its enum
     TypeError,
     AttributeError,
     ValueError,  # includes UnicodeEncodeError and bytes(versions) out of range
@@ -951,13 +954,16 @@ class FrameBuffer:
     (close the connection).
     """
 
-    __slots__ = ("_buffer", "_eof", "_error", "max_frame_size")
+    __slots__ = ("_buffer", "_checked", "_eof", "_error", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 0 or max_frame_size > 0xFFFFFFFF:
             raise ValueError(f"max_frame_size must be within 0..2**32-1, not {max_frame_size}")
         self.max_frame_size = max_frame_size
         self._buffer = bytearray()
+        # Offset of the first length prefix not yet checked against max_frame_size: every
+        # prefix is checked as soon as its 4 bytes arrive, before the frame body is buffered.
+        self._checked = 0
         self._eof = False
         self._error: ProtocolError | None = None
 
@@ -980,22 +986,23 @@ class FrameBuffer:
             return
         if self._eof:
             raise ProtocolError("data received after the end of the stream")
-        self._buffer += data
-        self._check_length()
-
-    def _check_length(self) -> int | None:
         buffer = self._buffer
-        if len(buffer) < 4:
-            return None
-        (length,) = _STREAM_PREFIX.unpack_from(buffer, 0)
-        if length > self.max_frame_size:
-            self._error = FrameTooLargeError(
-                f"the peer announced a frame of {length} bytes, more than the maximum frame "
-                f"size of {self.max_frame_size} bytes; close the connection"
-            )
-            self._buffer.clear()
-            raise self._error
-        return int(length)
+        buffer += data
+        checked = self._checked
+        limit = self.max_frame_size
+        unpack = _STREAM_PREFIX.unpack_from
+        while checked + 4 <= len(buffer):
+            (length,) = unpack(buffer, checked)
+            if length > limit:
+                self._error = FrameTooLargeError(
+                    f"the peer announced a frame of {length} bytes, more than the maximum "
+                    f"frame size of {limit} bytes; close the connection"
+                )
+                buffer.clear()
+                self._checked = 0
+                raise self._error
+            checked += 4 + length
+        self._checked = checked
 
     def next_frame(self) -> bytes | None:
         """The next complete frame, or None until more bytes arrive.
@@ -1004,21 +1011,21 @@ class FrameBuffer:
         """
         if self._error is not None:
             raise self._error
-        length = self._check_length()
         buffer = self._buffer
-        if length is None or len(buffer) < 4 + length:
-            if self._eof and buffer:
-                self._error = ProtocolError(
-                    f"the stream ended inside a frame ({len(buffer)} bytes left over)"
-                )
-                raise self._error
-            return None
-        end = 4 + length
-        frame = bytes(buffer[4:end])
-        del buffer[:end]  # O(1): bytearray drops a prefix by moving its start
-        if buffer:
-            self._check_length()
-        return frame
+        if len(buffer) >= 4:
+            # receive_data checked this length already
+            end = 4 + _STREAM_PREFIX.unpack_from(buffer, 0)[0]
+            if len(buffer) >= end:
+                frame = bytes(buffer[4:end])
+                del buffer[:end]  # cheap: bytearray drops a prefix by moving its start
+                self._checked -= end
+                return frame
+        if self._eof and buffer:
+            self._error = ProtocolError(
+                f"the stream ended inside a frame ({len(buffer)} bytes left over)"
+            )
+            raise self._error
+        return None
 
     def frames(self) -> Iterator[bytes]:
         """Every complete frame buffered now."""
