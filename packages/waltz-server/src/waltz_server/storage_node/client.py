@@ -24,7 +24,7 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from waltz_api import wire
@@ -414,3 +414,86 @@ class StorageAdminClient:
             available=available,
             cluster_key=str(cluster_key),
         )
+
+
+class StorageReplica:
+    """One partition on one storage node, for one store session (the server's
+    ``waltz_server.server.replica.ReplicaConnection``), over a :class:`StorageClient`.
+
+    Every request carries ``session_id``; a node that has seen a newer session
+    raises SessionFencedError. Safe for concurrent calls (requests are pipelined).
+    """
+
+    def __init__(
+        self,
+        client: StorageClient,
+        storage_node: str,
+        partition_id: int,
+        session_id: int,
+        *,
+        owns_client: bool = False,
+    ) -> None:
+        self.client = client
+        self._storage_node = storage_node
+        self.partition_id = partition_id
+        self.session_id = session_id
+        self._owns_client = owns_client
+
+    @property
+    def storage_node(self) -> str:
+        return self._storage_node
+
+    async def last_session_info(self) -> SessionInfo:
+        return await self.client.last_session_info(self.session_id, self.partition_id)
+
+    async def max_transaction_id(self) -> int:
+        return await self.client.max_transaction_id(self.session_id, self.partition_id)
+
+    async def truncate(self, transaction_id: int) -> None:
+        await self.client.truncate(self.session_id, self.partition_id, transaction_id)
+
+    async def set_low_water_mark(self, low_water_mark: int) -> None:
+        await self.client.set_low_water_mark(self.session_id, self.partition_id, low_water_mark)
+
+    async def append(self, records: Sequence[Record]) -> None:
+        await self.client.append(self.session_id, self.partition_id, records)
+
+    async def read_records(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
+        return await self.client.records(
+            self.session_id, self.partition_id, start, max_records, max_bytes
+        )
+
+    async def read_headers(self, start: int, max_records: int) -> list[RecordHeader]:
+        return await self.client.record_headers(
+            self.session_id, self.partition_id, start, max_records
+        )
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.client.close()
+
+
+def replica_connector(
+    transport: Transport,
+    cluster_key: uuid.UUID,
+    num_partitions: int,
+    *,
+    sender: str = "server",
+    timeout: float = 10.0,
+) -> Callable[[str, int, int], Awaitable[StorageReplica]]:
+    """A ``connector(storage_node, partition_id, session_id)`` that opens a new
+    connection per replica (connect, handshake, cluster key check); the
+    storage node string is the endpoint to connect to."""
+
+    async def connect(storage_node: str, partition_id: int, session_id: int) -> StorageReplica:
+        client = await StorageClient.connect(
+            transport, storage_node, sender=sender, timeout=timeout
+        )
+        try:
+            await client.open(cluster_key, num_partitions)
+        except BaseException:
+            await client.close()
+            raise
+        return StorageReplica(client, storage_node, partition_id, session_id, owns_client=True)
+
+    return connect

@@ -1,0 +1,245 @@
+"""Admin subcommands of ``waltz storage`` (a running node, over its transport).
+
+``waltz storage list --endpoint tcp://127.0.0.1:5500`` (or ``--config storage.toml``
+to take the endpoint, transport and cluster key from the node's config), and
+``add-partition``, ``remove-partition``, ``availability``, ``max-transaction-id``.
+They are added to the ``waltz storage`` group by :func:`add_admin_commands`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from waltz_api.contracts.transport import Transport
+from waltz_api.errors import ConfigError, PluginError
+from waltz_api.plugins import get_registry
+from waltz_server.storage_node.client import StorageAdminClient
+
+T = TypeVar("T")
+
+
+@dataclass
+class Target:
+    endpoint: str
+    transport: str
+    transport_options: dict[str, Any]
+    cluster_key: str | None
+    timeout: float
+
+
+def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--transport-option")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def _target(
+    *,
+    config: Path | None,
+    endpoint: str | None,
+    transport: str | None,
+    transport_options: tuple[str, ...],
+    cluster_key: str | None,
+    timeout: float,
+) -> Target:
+    options = _parse_options(transport_options)
+    if config is not None:
+        from waltz_server.storage_node.config import load_storage_config
+
+        cfg = load_storage_config(config)
+        return Target(
+            endpoint=endpoint or cfg.transport.endpoint,
+            transport=transport or cfg.transport.plugin,
+            transport_options={**cfg.transport.options, **options},
+            cluster_key=cluster_key or cfg.storage.cluster_key,
+            timeout=timeout,
+        )
+    if endpoint is None:
+        raise click.UsageError("give the node's --endpoint (or its --config file)")
+    return Target(endpoint, transport or "zmq", options, cluster_key, timeout)
+
+
+def _key(target: Target) -> uuid.UUID:
+    if target.cluster_key is None:
+        raise click.UsageError(
+            "this command changes the storage: give --cluster-key (or the node's --config)"
+        )
+    try:
+        return uuid.UUID(target.cluster_key)
+    except ValueError:
+        raise click.BadParameter(
+            f"{target.cluster_key!r} is not a UUID", param_hint="--cluster-key"
+        ) from None
+
+
+def _run(target: Target, action: Callable[[StorageAdminClient], Awaitable[T]]) -> T:
+    async def main() -> T:
+        try:
+            descriptor = get_registry().get("transport", target.transport)
+        except PluginError as exc:
+            raise ConfigError(f"--transport: {exc}", "transport.plugin") from None
+        transport: Transport = descriptor.factory(target.transport_options)
+        try:
+            async with await StorageAdminClient.connect(
+                transport, target.endpoint, timeout=target.timeout
+            ) as admin:
+                return await action(admin)
+        finally:
+            await transport.close()
+
+    return asyncio.run(main())
+
+
+def _target_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    @click.option(
+        "--config",
+        "config",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="the node's config file (endpoint, transport and cluster key from it)",
+    )
+    @click.option("--endpoint", help="the node's endpoint, e.g. tcp://127.0.0.1:5500")
+    @click.option("--transport", help="transport plugin (default: zmq, or the config's)")
+    @click.option(
+        "--transport-option", "transport_options", multiple=True, help="KEY=VALUE, repeatable"
+    )
+    @click.option("--cluster-key", help="the cluster key (UUID), for commands that change things")
+    @click.option("--timeout", type=float, default=10.0, show_default=True, help="seconds")
+    @functools.wraps(func)
+    def wrapper(
+        *,
+        config: Path | None,
+        endpoint: str | None,
+        transport: str | None,
+        transport_options: tuple[str, ...],
+        cluster_key: str | None,
+        timeout: float,
+        **kwargs: Any,
+    ) -> Any:
+        target = _target(
+            config=config,
+            endpoint=endpoint,
+            transport=transport,
+            transport_options=transport_options,
+            cluster_key=cluster_key,
+            timeout=timeout,
+        )
+        return func(target, **kwargs)
+
+    return wrapper
+
+
+@click.command("list")
+@_target_options
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def list_partitions(target: Target, as_json: bool) -> None:
+    """List the node's partitions: max transaction id, session info, availability."""
+
+    async def action(admin: StorageAdminClient) -> list[dict[str, Any]]:
+        return await admin.list_partitions_raw()
+
+    rows = _run(target, action)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(
+        f"{'partition':>9} {'max txn id':>12} {'session':>8} {'low-water':>10} "
+        f"{'local lwm':>10} {'available':>9}"
+    )
+    for row in rows:
+        info = row["session_info"] or {}
+        max_id = row["max_transaction_id"]
+        click.echo(
+            f"{row['partition_id']:>9} {max_id if max_id is not None else '?':>12} "
+            f"{info.get('session_id', '?'):>8} {info.get('low_water_mark', '?'):>10} "
+            f"{info.get('local_low_water_mark', '?'):>10} {'yes' if row['available'] else 'no':>9}"
+            + (f"  error: {row['error']}" if row["error"] else "")
+        )
+
+
+@click.command("add-partition")
+@_target_options
+@click.argument("partition_id", type=int)
+def add_partition(target: Target, partition_id: int) -> None:
+    """Host a new, empty partition on the node."""
+    key = _key(target)
+
+    async def action(admin: StorageAdminClient) -> None:
+        await admin.add_partition(partition_id, key)
+
+    _run(target, action)
+    click.echo(f"partition {partition_id} added")
+
+
+@click.command("remove-partition")
+@_target_options
+@click.argument("partition_id", type=int)
+@click.option("--yes", is_flag=True, help="do not ask: the partition's data is deleted")
+def remove_partition(target: Target, partition_id: int, yes: bool) -> None:
+    """Stop hosting a partition and DELETE its data on the node."""
+    key = _key(target)
+    if not yes:
+        click.confirm(f"delete partition {partition_id}'s data on {target.endpoint}?", abort=True)
+
+    async def action(admin: StorageAdminClient) -> None:
+        await admin.remove_partition(partition_id, key)
+
+    _run(target, action)
+    click.echo(f"partition {partition_id} removed")
+
+
+@click.command("availability")
+@_target_options
+@click.argument("partition_id", type=int)
+@click.argument("state", type=click.Choice(["available", "unavailable"]))
+def availability(target: Target, partition_id: int, state: str) -> None:
+    """Mark a partition available or unavailable (refusing every storage request)."""
+    key = _key(target)
+
+    async def action(admin: StorageAdminClient) -> None:
+        await admin.set_availability(partition_id, state == "available", key)
+
+    _run(target, action)
+    click.echo(f"partition {partition_id} is {state}")
+
+
+@click.command("max-transaction-id")
+@_target_options
+@click.argument("partition_id", type=int)
+def max_transaction_id(target: Target, partition_id: int) -> None:
+    """Print a partition's max transaction id on the node."""
+
+    async def action(admin: StorageAdminClient) -> int:
+        return await admin.max_transaction_id(partition_id)
+
+    click.echo(str(_run(target, action)))
+
+
+ADMIN_COMMANDS = (
+    list_partitions,
+    add_partition,
+    remove_partition,
+    availability,
+    max_transaction_id,
+)
+
+
+def add_admin_commands(group: click.Group) -> None:
+    """Add the admin subcommands to the ``waltz storage`` group."""
+    for command in ADMIN_COMMANDS:
+        group.add_command(command)
