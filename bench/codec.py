@@ -12,6 +12,8 @@ is shared, so the best is the least disturbed figure). Never pass/fail.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import statistics
 import struct
 import timeit
@@ -105,6 +107,7 @@ def main() -> None:
     def codec_records() -> object:
         return decode(encode(record_list))
 
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"wire codec: {r} repeats of {n:,} calls; best and median round trips/s")
     print("AppendRequest (100-byte data, 2 write locks):")
     best, median = _rate(bare_append, n, r)
@@ -127,6 +130,39 @@ def main() -> None:
     print("RecordListResponse (100 records of 100 bytes):")
     best, median = _rate(codec_records, max(1, n // 100), r)
     print(_line("wire.encode + wire.decode, records/s", best * 100, median * 100))
+    print("building a decoded AppendRequest + its ReqId (construction alternatives):")
+    rid_fields = (17, 3, 5, 123456)
+    values = (99_999, locks, 7, data, append.checksum)
+    new, setattr_ = object.__new__, object.__setattr__
+    req_names = [f.name for f in dataclasses.fields(ReqId)]
+    append_names = [f.name for f in dataclasses.fields(AppendRequest)]
+
+    def via_init() -> object:
+        return AppendRequest(ReqId(*rid_fields), *values)
+
+    def via_object_setattr() -> object:
+        req_id = new(ReqId)
+        for name, value in zip(req_names, rid_fields, strict=True):
+            setattr_(req_id, name, value)
+        message = new(AppendRequest)
+        for name, field_value in zip(append_names, (req_id, *values), strict=True):
+            setattr_(message, name, field_value)
+        return message
+
+    make_req_id = wire._make_req_id
+    make_append = wire._make_constructor(AppendRequest)
+
+    def via_slot_descriptors() -> object:
+        return make_append(make_req_id(*rid_fields), *values)
+
+    assert via_init() == via_object_setattr() == via_slot_descriptors()
+    for label, fn in (
+        ("dataclass __init__ (frozen)", via_init),
+        ("object.__new__ + object.__setattr__ loop", via_object_setattr),
+        ("object.__new__ + slot descriptors (used)", via_slot_descriptors),
+    ):
+        best, median = _rate(fn, n, r)
+        print(_line(label, best, median))
     print("bytes per message:")
     print(f"  AppendRequest (100-byte data, 2 locks)  {len(append_frame)}")
     print(f"  FeedData                                {len(feed_frame)}")

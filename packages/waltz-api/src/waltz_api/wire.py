@@ -331,18 +331,11 @@ _CHECKSUMMED: Final = frozenset({AppendRequest, TransactionDataResponse})
 # Decoded messages are instances of the public frozen slots dataclasses. Their generated
 # ``__init__`` sets each field through ``object.__setattr__`` (frozen), which costs about
 # twice as much as calling each slot's member descriptor directly; the decoder does the
-# latter: ``cls.__new__`` plus one ``slot.__set__`` per field (measured in bench/codec.py:
-# ReqId 400 -> 205 ns, AppendRequest 545 -> 297 ns). The result is indistinguishable
-# from an instance built by ``__init__`` (same class, equality, hash, immutability);
+# latter: ``object.__new__`` plus one ``slot.__set__`` per field (bench/codec.py measures
+# the alternatives; ReqId 400 -> 205 ns, AppendRequest 545 -> 297 ns on the dev machine).
+# The result is indistinguishable from an instance built by ``__init__`` (same class,
+# equality, hash, immutability);
 # none of these classes has a ``__post_init__``.
-
-
-def _slot_setters(cls: type) -> dict[str, Callable[[object, object], None]]:
-    setters = {}
-    for f in fields(cls):
-        descriptor = cls.__dict__[f.name]
-        setters[f.name] = descriptor.__set__
-    return setters
 
 
 def _check_plain_dataclass(cls: type) -> None:
@@ -369,7 +362,9 @@ def _make_constructor(cls: type) -> Callable[..., Any]:
 
 
 _make_req_id: Final = _make_constructor(ReqId)
-_make_lock_request: Final = _make_constructor(LockRequest)
+_REQ_ID_FIELDS: Final = tuple(f.name for f in fields(ReqId))
+_LOCK_FIELDS: Final = tuple(f.name for f in fields(LockRequest))
+_check_plain_dataclass(LockRequest)
 _make_record: Final = _make_constructor(Record)
 _make_record_header: Final = _make_constructor(RecordHeader)
 _make_session_info: Final = _make_constructor(SessionInfo)
@@ -566,8 +561,10 @@ def _generate(cls: type[Message], schema: tuple[_Field, ...]) -> _Generated:
     ns: dict[str, Any] = {
         "_cls": cls,
         "_new": object.__new__,
-        "_make_req_id": _make_req_id,
-        "_make_lock_request": _make_lock_request,
+        "_ReqId": ReqId,
+        "_LockRequest": LockRequest,
+        **{f"_set_rid_{a}": ReqId.__dict__[a].__set__ for a in _REQ_ID_FIELDS},
+        **{f"_set_locks_{a}": LockRequest.__dict__[a].__set__ for a in _LOCK_FIELDS},
         "_make_session_info": _make_session_info,
         "_pack_u64s": _pack_u64s,
         "_unpack_u64s": _unpack_u64s,
@@ -627,12 +624,16 @@ def _generate(cls: type[Message], schema: tuple[_Field, ...]) -> _Generated:
             enc_fmt += "iiii"
             dec_fmt += "iiii"
             pre.append(f"    r_{name} = {src}")
-            args += [
-                f"r_{name}.{a}" for a in ("client_id", "generation", "partition_id", "seq_num")
-            ]
+            args += [f"r_{name}.{a}" for a in _REQ_ID_FIELDS]
             parts = [f"r{i}_{name}" for i in range(4)]
             unpacked += parts
-            values.append(f"_make_req_id({', '.join(parts)})")
+            # built inline (no call): the hot path of every client-server message
+            dec.append(f"    v_{name} = _new(_ReqId)")
+            dec += [
+                f"    _set_rid_{a}(v_{name}, {part})"
+                for a, part in zip(_REQ_ID_FIELDS, parts, strict=True)
+            ]
+            values.append(f"v_{name}")
         elif kind == "session_info":
             enc_fmt += "qqq"
             dec_fmt += "qqq"
@@ -695,7 +696,10 @@ def _generate(cls: type[Message], schema: tuple[_Field, ...]) -> _Generated:
                 "        h = _unpack_u64s(k, f, o)",
                 "        o = e",
                 f"        w = nr_{name} + nw_{name}",
-                f"        v_{name} = _make_lock_request(h[:nr_{name}], h[nr_{name}:w], h[w:])",
+                f"        v_{name} = _new(_LockRequest)",
+                f"        _set_locks_read(v_{name}, h[:nr_{name}])",
+                f"        _set_locks_write(v_{name}, h[nr_{name}:w])",
+                f"        _set_locks_append(v_{name}, h[w:])",
                 "    else:",
                 f"        v_{name} = _EMPTY_LOCKS",
             ]
