@@ -40,3 +40,23 @@ def transport(options: Mapping[str, Any] | None = None) -> Any:
         capabilities=frozenset({"peer_faults"}),
         options={"failure_detection_bound": 1.0, **dict(options or {})},
     )
+
+
+def storage(options: Mapping[str, Any] | None = None, root: Any = None) -> Any:
+    """The harness of the reference storage engine (locations are keys in memory).
+
+    It declares only ``reopen``: nothing survives the process, and there are
+    no files to damage or segments to roll."""
+    import uuid
+    from pathlib import Path
+
+    from waltz_conformance.reference.storage import MemoryStorageEngine
+    from waltz_conformance.suites.storage import StorageHarness
+
+    return StorageHarness(
+        name="memory",
+        capabilities=frozenset({"reopen"}),
+        engine_class=MemoryStorageEngine,
+        root=Path(root) if root is not None else Path(f"memory-storage-{uuid.uuid4()}"),
+        options=dict(options or {}),
+    )

@@ -56,3 +56,19 @@ def waltz_coordinators() -> list[PluginDescriptor]:
             conformance_harness="waltz_conformance.reference.harnesses:coordination",
         )
     ]
+
+
+@hookimpl
+def waltz_storage_engines() -> list[PluginDescriptor]:
+    from waltz_conformance.reference.storage import MemoryStorageEngine
+
+    return [
+        PluginDescriptor(
+            kind=PluginKind.STORAGE,
+            name="memory",
+            factory=MemoryStorageEngine,
+            capabilities=frozenset({"reopen"}),
+            description="in-process reference storage (not durable); for tests",
+            conformance_harness="waltz_conformance.reference.harnesses:storage",
+        )
+    ]

@@ -1,0 +1,708 @@
+"""The StorageEngine conformance suite.
+
+A backend author subclasses :class:`StorageSuite` and provides a ``harness``
+fixture returning a :class:`StorageHarness` (or a subclass of it)::
+
+    class TestMyStorage(StorageSuite):
+        @pytest.fixture
+        def harness(self, tmp_path: Path) -> StorageHarness:
+            return StorageHarness(
+                name="mine", engine_class=MyEngine, root=tmp_path,
+                capabilities={"reopen"},
+            )
+
+Capabilities (declared by the harness, never guessed):
+
+- ``reopen``: an engine closed and opened again at the same location sees
+  everything that was stored.
+- ``crash_reopen``: a writer process killed with SIGKILL loses nothing it
+  was acknowledged. The harness needs ``engine_ref`` ("module:Class") so the
+  writer subprocess can open the engine.
+- ``file_faults``: the harness can find records on disk and damage files
+  (:meth:`StorageHarness.record_extent`, :meth:`StorageHarness.index_files`,
+  :meth:`StorageHarness.tear_session_info`): cut files at every byte offset,
+  flip bits, tear a session info struct.
+- ``segments``: the engine takes a ``segment_size`` option and splits the log
+  into segments (:meth:`StorageHarness.segment_count`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+import pytest_asyncio
+
+from waltz_api.contracts.storage import StorageEngine
+from waltz_api.errors import (
+    ChecksumError,
+    ClusterKeyMismatchError,
+    CorruptionError,
+    PartitionClosedError,
+    PartitionNotFoundError,
+    StorageAppendError,
+    StorageError,
+)
+from waltz_api.types import Record, ReqId, SessionInfo
+from waltz_conformance.harness import Harness, requires, skip_unless_capable
+
+
+def record_data(transaction_id: int, partition_id: int = 0) -> bytes:
+    """Deterministic, varied data for a transaction (so a check needs no bookkeeping)."""
+    return f"p{partition_id}-t{transaction_id}|".encode() * (1 + transaction_id % 4)
+
+
+def make_record(transaction_id: int, partition_id: int = 0, data: bytes | None = None) -> Record:
+    if data is None:
+        data = record_data(transaction_id, partition_id)
+    return Record(
+        transaction_id,
+        ReqId(client_id=7, generation=3, partition_id=partition_id, seq_num=transaction_id),
+        header=transaction_id % 1000,
+        data=data,
+        checksum=crc32c.crc32c(data),
+    )
+
+
+@dataclass
+class StorageHarness(Harness):
+    """How the suite opens (and, with the capabilities, damages) a backend's storage."""
+
+    engine_class: type[StorageEngine] | None = None
+    root: Path = field(default_factory=Path)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    engine_ref: str | None = None
+    _counter: int = 0
+
+    def new_location(self) -> str:
+        self._counter += 1
+        return str(self.root / f"storage-{self._counter}")
+
+    async def open(
+        self,
+        location: str,
+        *,
+        cluster_key: uuid.UUID | None = None,
+        num_partitions: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> StorageEngine:
+        assert self.engine_class is not None, "the harness needs engine_class"
+        merged = {**self.options, **(options or {})}
+        return await self.engine_class.open(
+            location, cluster_key=cluster_key, num_partitions=num_partitions, options=merged
+        )
+
+    # -- file_faults ---------------------------------------------------------------------
+
+    def record_extent(
+        self, location: str, partition_id: int, transaction_id: int
+    ) -> tuple[Path, int, int]:
+        """(file, start, end) of a stored record's bytes (the engine must be closed)."""
+        raise NotImplementedError(f"{self.name}: record_extent needs 'file_faults'")
+
+    def index_files(self, location: str, partition_id: int) -> list[Path]:
+        """The partition's index files (which recovery rebuilds), oldest first."""
+        raise NotImplementedError(f"{self.name}: index_files needs 'file_faults'")
+
+    def tear_session_info(self, location: str, partition_id: int, which: str) -> None:
+        """Damage the session info as a torn write would: ``which`` is ``"newest"``
+        (the last one written) or ``"both"``."""
+        raise NotImplementedError(f"{self.name}: tear_session_info needs 'file_faults'")
+
+    def copy_location(self, source: str, target: str) -> None:
+        shutil.copytree(source, target)
+
+    # -- segments -------------------------------------------------------------------------
+
+    def segment_count(self, location: str, partition_id: int) -> int:
+        raise NotImplementedError(f"{self.name}: segment_count needs 'segments'")
+
+
+class Store:
+    """One storage location under test: opens, reopens and finally closes its engines."""
+
+    def __init__(self, harness: StorageHarness, num_partitions: int = 4) -> None:
+        self.harness = harness
+        self.location = harness.new_location()
+        self.cluster_key = uuid.uuid4()
+        self.num_partitions = num_partitions
+        self.engine: StorageEngine | None = None
+        self._opened: list[StorageEngine] = []
+
+    async def open(self, location: str | None = None, **options: Any) -> StorageEngine:
+        engine = await self.harness.open(
+            location or self.location,
+            cluster_key=self.cluster_key,
+            num_partitions=self.num_partitions,
+            options=options,
+        )
+        self._opened.append(engine)
+        if location is None:
+            self.engine = engine
+        return engine
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.close()
+            self.engine = None
+
+    async def reopen(self, **options: Any) -> StorageEngine:
+        await self.close()
+        return await self.open(**options)
+
+    async def close_all(self) -> None:
+        for engine in self._opened:
+            await engine.close()
+
+
+async def append_range(
+    engine: StorageEngine, partition_id: int, start: int, stop: int, batch: int = 1
+) -> None:
+    part = engine.partition(partition_id)
+    for first in range(start, stop, batch):
+        await part.append(
+            [make_record(t, partition_id) for t in range(first, min(first + batch, stop))]
+        )
+
+
+async def assert_log(engine: StorageEngine, partition_id: int, last: int) -> None:
+    """The partition holds exactly the records ``0..last`` made by :func:`make_record`."""
+    part = engine.partition(partition_id)
+    assert part.max_transaction_id() == last
+    got: list[Record] = []
+    while len(got) <= last:
+        chunk = await part.read_records(len(got), 1000)
+        assert chunk, f"read_records({len(got)}) returned nothing below max id {last}"
+        got.extend(chunk)
+    assert got == [make_record(t, partition_id) for t in range(last + 1)]
+
+
+class StorageSuite:
+    """The shared tests of a StorageEngine. Subclass it and provide ``harness``."""
+
+    pytestmark = [pytest.mark.asyncio]
+
+    @pytest.fixture
+    def harness(self) -> StorageHarness:
+        raise NotImplementedError("subclass StorageSuite and provide a `harness` fixture")
+
+    @pytest.fixture(autouse=True)
+    def _capabilities(self, request: pytest.FixtureRequest, harness: StorageHarness) -> None:
+        skip_unless_capable(request, harness)
+
+    @pytest_asyncio.fixture
+    async def store(self, harness: StorageHarness) -> AsyncIterator[Store]:
+        store = Store(harness)
+        try:
+            yield store
+        finally:
+            await store.close_all()
+
+    # -- basics -----------------------------------------------------------------------------
+
+    async def test_new_storage_is_empty(self, store: Store) -> None:
+        engine = await store.open()
+        assert engine.cluster_key == store.cluster_key
+        assert engine.num_partitions == store.num_partitions
+        assert engine.partition_ids() == []
+        with pytest.raises(PartitionNotFoundError):
+            engine.partition(0)
+        part = await engine.add_partition(0)
+        assert engine.partition_ids() == [0]
+        assert part.max_transaction_id() == -1
+        assert part.session_info() == SessionInfo(-1, -1, -1)
+        assert await part.read_record(0) is None
+        assert await part.read_header(0) is None
+        assert await part.read_records(0, 10) == []
+        assert await part.read_headers(0, 10) == []
+        assert await engine.add_partition(0) is engine.partition(0)
+
+    async def test_creating_needs_key_and_partitions(self, store: Store) -> None:
+        with pytest.raises(StorageError, match="cluster key"):
+            await store.harness.open(store.location)
+
+    async def test_partition_out_of_range(self, store: Store) -> None:
+        engine = await store.open()
+        with pytest.raises(PartitionNotFoundError, match=r"partitions 0\.\.3"):
+            await engine.add_partition(store.num_partitions)
+        with pytest.raises(PartitionNotFoundError):
+            await engine.add_partition(-1)
+
+    async def test_append_and_read(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(1)
+        await part.append([make_record(0, 1)])
+        await part.append([make_record(t, 1) for t in range(1, 4)])
+        await part.append([make_record(t, 1) for t in range(4, 10)])
+        assert part.max_transaction_id() == 9
+        for t in range(10):
+            assert await part.read_record(t) == make_record(t, 1)
+            assert await part.read_header(t) == make_record(t, 1).record_header
+        assert await part.read_record(10) is None
+        assert await part.read_record(-1) is None
+        assert await part.read_records(2, 5) == [make_record(t, 1) for t in range(2, 7)]
+        assert await part.read_records(7, 100) == [make_record(t, 1) for t in range(7, 10)]
+        assert await part.read_records(10, 5) == []
+        assert await part.read_headers(3, 4) == [
+            make_record(t, 1).record_header for t in range(3, 7)
+        ]
+        assert await part.read_headers(8, 10) == [
+            make_record(t, 1).record_header for t in range(8, 10)
+        ]
+        assert await part.read_records(0, 0) == []
+
+    async def test_empty_data_and_large_data(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        big = os.urandom(300_000)
+        await part.append([make_record(0, data=b""), make_record(1, data=big)])
+        assert await part.read_record(0) == make_record(0, data=b"")
+        assert await part.read_record(1) == make_record(1, data=big)
+
+    async def test_read_records_respects_max_bytes(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        await part.append([make_record(t, data=bytes([t]) * 100) for t in range(10)])
+        got = await part.read_records(0, 10, max_bytes=250)
+        assert [r.transaction_id for r in got] == [0, 1]
+        got = await part.read_records(3, 10, max_bytes=1)
+        assert [r.transaction_id for r in got] == [3]
+        got = await part.read_records(5, 10, max_bytes=10_000)
+        assert [r.transaction_id for r in got] == [5, 6, 7, 8, 9]
+
+    async def test_append_must_continue_the_log(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        with pytest.raises(StorageAppendError):
+            await part.append([make_record(1)])
+        assert part.max_transaction_id() == -1
+        await part.append([make_record(t) for t in range(3)])
+        for bad in ([make_record(4)], [make_record(3), make_record(5)], [make_record(2)]):
+            with pytest.raises(StorageAppendError):
+                await part.append(bad)
+            assert part.max_transaction_id() == 2
+        assert await part.read_record(3) is None
+        await part.append([make_record(3)])
+        await assert_log(engine, 0, 3)
+
+    async def test_checksum_mismatch_is_refused(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        good = make_record(1)
+        bad = Record(2, good.req_id, 0, b"payload", crc32c.crc32c(b"other"))
+        with pytest.raises(ChecksumError):
+            await part.append([make_record(0), good, bad])
+        assert part.max_transaction_id() == -1
+        assert await part.read_record(0) is None
+        await append_range(engine, 0, 0, 3)
+        await assert_log(engine, 0, 2)
+
+    async def test_out_of_range_fields_are_refused(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        record = make_record(0)
+        huge = Record(0, ReqId(2**40, 0, 0, 0), 0, record.data, record.checksum)
+        with pytest.raises(StorageAppendError):
+            await part.append([huge])
+        assert part.max_transaction_id() == -1
+
+    async def test_truncate(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        await append_range(engine, 0, 0, 10, batch=3)
+        await part.truncate(5)
+        assert part.max_transaction_id() == 5
+        assert await part.read_record(6) is None
+        assert await part.read_records(4, 10) == [make_record(4), make_record(5)]
+        await part.truncate(10)  # above the log: nothing happens
+        await part.truncate(5)
+        assert part.max_transaction_id() == 5
+        other = make_record(6, data=b"a different record six")
+        await part.append([other])
+        assert await part.read_record(6) == other
+        await part.truncate(-1)
+        assert part.max_transaction_id() == -1
+        assert await part.read_record(0) is None
+        await append_range(engine, 0, 0, 4)
+        await assert_log(engine, 0, 3)
+        with pytest.raises(StorageError):
+            await part.truncate(-2)
+
+    @requires("reopen")
+    async def test_truncate_is_durable_across_reopen(self, store: Store) -> None:
+        engine = await store.open()
+        await engine.add_partition(0)
+        await engine.add_partition(2)
+        await append_range(engine, 0, 0, 20, batch=4)
+        await append_range(engine, 2, 0, 5)
+        await engine.partition(0).truncate(11)
+        await engine.partition(2).truncate(-1)
+        engine = await store.reopen()
+        assert engine.partition_ids() == [0, 2]
+        await assert_log(engine, 0, 11)
+        assert engine.partition(2).max_transaction_id() == -1
+        await append_range(engine, 0, 12, 15)
+        await append_range(engine, 2, 0, 2)
+        engine = await store.reopen()
+        await assert_log(engine, 0, 14)
+        await assert_log(engine, 2, 1)
+
+    @requires("reopen")
+    async def test_everything_survives_reopen(self, store: Store) -> None:
+        engine = await store.open()
+        await engine.add_partition(3)
+        await append_range(engine, 3, 0, 25, batch=7)
+        info = SessionInfo(5, 20, 18)
+        await engine.partition(3).set_session_info(info)
+        engine = await store.reopen()
+        await assert_log(engine, 3, 24)
+        assert engine.partition(3).session_info() == info
+        await append_range(engine, 3, 25, 30)
+        await assert_log(engine, 3, 29)
+
+    async def test_session_info(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        for session in range(1, 6):
+            info = SessionInfo(session, session * 10, session * 10 - 3)
+            await part.set_session_info(info)
+            assert part.session_info() == info
+
+    @requires("reopen")
+    async def test_session_info_survives_reopen(self, store: Store) -> None:
+        engine = await store.open()
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+        await engine.partition(0).set_session_info(SessionInfo(1, 0, 0))
+        await engine.partition(0).set_session_info(SessionInfo(2, 5, 4))
+        await engine.partition(1).set_session_info(SessionInfo(9, -1, -1))
+        engine = await store.reopen()
+        assert engine.partition(0).session_info() == SessionInfo(2, 5, 4)
+        assert engine.partition(1).session_info() == SessionInfo(9, -1, -1)
+        await engine.partition(0).set_session_info(SessionInfo(3, 6, 6))
+        engine = await store.reopen()
+        assert engine.partition(0).session_info() == SessionInfo(3, 6, 6)
+
+    @requires("reopen")
+    async def test_cluster_key_mismatch(self, store: Store) -> None:
+        engine = await store.open()
+        with pytest.raises(ClusterKeyMismatchError):
+            engine.check_cluster_key(uuid.uuid4(), store.num_partitions)
+        with pytest.raises(ClusterKeyMismatchError):
+            engine.check_cluster_key(store.cluster_key, store.num_partitions + 1)
+        engine.check_cluster_key(store.cluster_key, store.num_partitions)
+        await store.close()
+        with pytest.raises(ClusterKeyMismatchError):
+            await store.harness.open(
+                store.location, cluster_key=uuid.uuid4(), num_partitions=store.num_partitions
+            )
+        with pytest.raises(ClusterKeyMismatchError):
+            await store.harness.open(
+                store.location, cluster_key=store.cluster_key, num_partitions=7
+            )
+        engine = await store.harness.open(store.location)  # no key given: not checked
+        try:
+            assert engine.cluster_key == store.cluster_key
+        finally:
+            await engine.close()
+
+    @requires("reopen")
+    async def test_remove_partition(self, store: Store) -> None:
+        engine = await store.open()
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+            await append_range(engine, pid, 0, 5)
+        await engine.remove_partition(0)
+        await engine.remove_partition(0)  # idempotent
+        assert engine.partition_ids() == [1]
+        with pytest.raises(PartitionNotFoundError):
+            engine.partition(0)
+        engine = await store.reopen()
+        assert engine.partition_ids() == [1]
+        await assert_log(engine, 1, 4)
+        part = await engine.add_partition(0)
+        assert part.max_transaction_id() == -1
+        assert part.session_info() == SessionInfo()
+
+    async def test_many_partitions_append_concurrently(self, harness: StorageHarness) -> None:
+        store = Store(harness, num_partitions=16)
+        try:
+            engine = await store.open()
+            for pid in range(16):
+                await engine.add_partition(pid)
+
+            async def write(pid: int) -> None:
+                await append_range(engine, pid, 0, 30 + pid, batch=1 + pid % 4)
+
+            await asyncio.gather(*(write(pid) for pid in range(16)))
+            for pid in range(16):
+                await assert_log(engine, pid, 29 + pid)
+            if "reopen" in harness.capabilities:
+                engine = await store.reopen()
+                for pid in range(16):
+                    await assert_log(engine, pid, 29 + pid)
+        finally:
+            await store.close_all()
+
+    # -- segments ---------------------------------------------------------------------------
+
+    @requires("segments", "reopen")
+    async def test_segment_rollover_and_reads_across_segments(self, store: Store) -> None:
+        engine = await store.open(segment_size=1024)
+        part = await engine.add_partition(0)
+        await append_range(engine, 0, 0, 120, batch=7)
+        await assert_log(engine, 0, 119)
+        segments = store.harness.segment_count(store.location, 0)
+        assert segments >= 5
+        assert await part.read_records(10, 80) == [make_record(t) for t in range(10, 90)]
+        assert await part.read_headers(0, 120) == [make_record(t).record_header for t in range(120)]
+        await part.truncate(40)
+        assert store.harness.segment_count(store.location, 0) < segments
+        await assert_log(engine, 0, 40)
+        engine = await store.reopen(segment_size=1024)
+        await assert_log(engine, 0, 40)
+        await append_range(engine, 0, 41, 130, batch=10)
+        engine = await store.reopen(segment_size=1024)
+        await assert_log(engine, 0, 129)
+        await engine.partition(0).truncate(-1)
+        assert store.harness.segment_count(store.location, 0) <= 1
+        engine = await store.reopen(segment_size=1024)
+        assert engine.partition(0).max_transaction_id() == -1
+        await append_range(engine, 0, 0, 3)
+        await assert_log(engine, 0, 2)
+
+    # -- crash safety -------------------------------------------------------------------------
+
+    @requires("file_faults", "reopen")
+    async def test_torn_session_info_falls_back_to_the_other_struct(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(1)
+        await part.set_session_info(SessionInfo(1, 10, 9))
+        await part.set_session_info(SessionInfo(2, 20, 19))
+        await store.close()
+        store.harness.tear_session_info(store.location, 1, "newest")
+        engine = await store.open()
+        assert engine.partition(1).session_info() == SessionInfo(1, 10, 9)
+        await engine.partition(1).set_session_info(SessionInfo(3, 30, 29))
+        engine = await store.reopen()
+        assert engine.partition(1).session_info() == SessionInfo(3, 30, 29)
+
+    @requires("file_faults", "reopen")
+    async def test_both_session_structs_torn_closes_only_that_partition(self, store: Store) -> None:
+        engine = await store.open()
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+            await append_range(engine, pid, 0, 3)
+        await store.close()
+        store.harness.tear_session_info(store.location, 0, "both")
+        engine = await store.open()
+        with pytest.raises(PartitionClosedError, match="partition 0"):
+            engine.partition(0)
+        await assert_log(engine, 1, 2)
+        await append_range(engine, 1, 3, 5)
+        await assert_log(engine, 1, 4)
+        # the way out: remove the partition and add it again (then catch up)
+        await engine.remove_partition(0)
+        part = await engine.add_partition(0)
+        assert part.max_transaction_id() == -1
+        engine = await store.reopen()
+        assert engine.partition(0).max_transaction_id() == -1
+        await assert_log(engine, 1, 4)
+
+    @requires("crash_reopen")
+    async def test_kill_during_appends_loses_nothing_acknowledged(self, store: Store) -> None:
+        harness = store.harness
+        assert harness.engine_ref, "crash_reopen needs the harness's engine_ref"
+        engine = await store.open()
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+        await store.close()
+        acked = {0: -1, 1: -1}
+        for round_ in range(3):
+            command = [
+                sys.executable,
+                "-m",
+                "waltz_conformance.suites._storage_writer",
+                "--engine",
+                harness.engine_ref,
+                "--location",
+                store.location,
+                "--cluster-key",
+                str(store.cluster_key),
+                "--num-partitions",
+                str(store.num_partitions),
+                "--options",
+                json.dumps(dict(harness.options)),
+                "--partitions",
+                "0",
+                "1",
+                "--batch",
+                str(1 + 4 * round_),
+            ]
+            await asyncio.to_thread(_run_writer_and_kill, command, 40 + 15 * round_, acked)
+            engine = await store.open()
+            for pid in (0, 1):
+                part = engine.partition(pid)
+                last = part.max_transaction_id()
+                assert last >= acked[pid], f"partition {pid} lost acknowledged appends"
+                await assert_log(engine, pid, last)
+            await store.close()
+
+    @requires("file_faults", "reopen")
+    async def test_cut_at_every_byte_of_the_last_records(self, store: Store) -> None:
+        harness = store.harness
+        engine = await store.open()
+        await engine.add_partition(0)
+        await append_range(engine, 0, 0, 12, batch=2)
+        await store.close()
+        path, start, _ = harness.record_extent(store.location, 0, 9)
+        _, _, end = harness.record_extent(store.location, 0, 11)
+        record_starts = [harness.record_extent(store.location, 0, t)[1] for t in (9, 10, 11)]
+        relative = path.relative_to(store.location)
+        for offset in range(start, end):
+            copy = f"{store.location}-cut-{offset}"
+            harness.copy_location(store.location, copy)
+            os.truncate(Path(copy) / relative, offset)
+            engine = await store.open(copy)
+            expected = 8 + sum(1 for s in record_starts[1:] if s <= offset)
+            await assert_log(engine, 0, expected)
+            # the log goes on from the recovered prefix
+            await append_range(engine, 0, expected + 1, expected + 2)
+            await assert_log(engine, 0, expected + 1)
+            await engine.close()
+            shutil.rmtree(copy)
+        # cutting the index (rebuilt at recovery) loses nothing
+        index = harness.index_files(store.location, 0)[-1]
+        relative = index.relative_to(store.location)
+        size = index.stat().st_size
+        for offset in range(max(0, size - 3 * 8 - 3), size):
+            copy = f"{store.location}-icut-{offset}"
+            harness.copy_location(store.location, copy)
+            os.truncate(Path(copy) / relative, offset)
+            engine = await store.open(copy)
+            await assert_log(engine, 0, 11)
+            await engine.close()
+            shutil.rmtree(copy)
+
+    @requires("file_faults", "reopen")
+    async def test_bit_flips_are_detected(self, store: Store) -> None:
+        harness = store.harness
+        engine = await store.open()
+        await engine.add_partition(0)
+        await append_range(engine, 0, 0, 12, batch=3)
+        await store.close()
+        rng = random.Random(1234)
+        for victim in (2, 6, 11):
+            path, start, end = harness.record_extent(store.location, 0, victim)
+            relative = path.relative_to(store.location)
+            positions = (
+                range(start, end) if victim == 11 else sorted(rng.sample(range(start, end), 12))
+            )
+            for position in positions:
+                copy = f"{store.location}-flip-{victim}-{position}"
+                harness.copy_location(store.location, copy)
+                target = Path(copy) / relative
+                with target.open("r+b") as f:
+                    f.seek(position)
+                    byte = f.read(1)[0]
+                    f.seek(position)
+                    f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+                engine = await store.open(copy)
+                await _assert_never_wrong(engine, 0, 11, victim)
+                await engine.close()
+                shutil.rmtree(copy)
+
+
+def _run_writer_and_kill(command: list[str], target: int, acked: dict[int, int]) -> None:
+    """Start the writer, let it acknowledge ``target`` appends, then SIGKILL it mid-write.
+
+    ``acked`` gets the highest acknowledged id per partition."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        acks, pending = _read_acks(proc, target, acked, timeout=60.0)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.stdout is not None and proc.stderr is not None
+    # acknowledgements already in the pipe count too
+    _count_acks((pending + proc.stdout.read()).split(b"\n"), acked)
+    errors = proc.stderr.read().decode(errors="replace")
+    proc.stdout.close()
+    proc.stderr.close()
+    assert acks >= target, f"the writer acknowledged only {acks} appends: {errors}"
+    assert proc.returncode == -signal.SIGKILL, f"the writer ended by itself: {errors}"
+
+
+def _read_acks(
+    proc: subprocess.Popen[bytes], target: int, acked: dict[int, int], timeout: float
+) -> tuple[int, bytes]:
+    """Read ``<partition> <id>`` acknowledgements until ``target`` of them (or a timeout).
+
+    Returns the count and any partial last line (for the caller's final read)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    count = 0
+    pending = b""
+    while count < target and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        count += _count_acks(lines, acked)
+    return count, pending
+
+
+def _count_acks(lines: list[bytes], acked: dict[int, int]) -> int:
+    count = 0
+    for line in lines:
+        if line.strip():
+            pid_s, txid_s = line.split()
+            acked[int(pid_s)] = max(acked[int(pid_s)], int(txid_s))
+            count += 1
+    return count
+
+
+async def _assert_never_wrong(engine: StorageEngine, pid: int, last: int, victim: int) -> None:
+    """Every record reads back right, or raises CorruptionError, or was truncated away;
+    the damaged one is never returned."""
+    part = engine.partition(pid)
+    top = part.max_transaction_id()
+    assert top <= last
+    for t in range(last + 1):
+        try:
+            record = await part.read_record(t)
+        except CorruptionError:
+            continue
+        if t > top:
+            assert record is None
+        else:
+            assert record == make_record(t, pid), f"transaction {t} read back wrong"
+            assert t != victim, f"the damaged transaction {victim} was returned"
+    try:
+        records = await part.read_records(0, last + 1)
+    except CorruptionError:
+        return
+    assert records == [make_record(t, pid) for t in range(len(records))]
+    assert len(records) <= victim

@@ -1,0 +1,52 @@
+"""The storage conformance suite against ``fs`` (real files, real fsync) and ``memory``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from waltz_api.hookspecs import PluginKind
+from waltz_api.plugins import PluginRegistry
+from waltz_conformance.reference import storage as memory_storage
+from waltz_conformance.reference.harnesses import storage as memory_harness
+from waltz_conformance.suites.storage import StorageHarness, StorageSuite
+from waltz_storage_fs.harness import storage as fs_harness
+
+
+class TestFsStorage(StorageSuite):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> StorageHarness:
+        # a small index checkpoint interval: recovery then both trusts index
+        # checkpoints and scans after them within a few records
+        return fs_harness({"index_checkpoint_interval": 4}, root=tmp_path)
+
+
+class TestFsStorageDefaultCheckpoints(StorageSuite):
+    """The spec's checkpoint interval (1000): recovery scans every record."""
+
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> StorageHarness:
+        return fs_harness(root=tmp_path)
+
+
+class TestMemoryStorage(StorageSuite):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Iterator[StorageHarness]:
+        harness = memory_harness(root=tmp_path)
+        yield harness
+        for i in range(1, 100):
+            memory_storage.forget(str(tmp_path / f"storage-{i}"))
+
+
+@pytest.mark.parametrize("name", ["fs", "memory"])
+def test_storage_plugins_are_registered(name: str) -> None:
+    registry = PluginRegistry()
+    descriptor = registry.get(PluginKind.STORAGE, name)
+    assert descriptor.kind is PluginKind.STORAGE
+    assert descriptor.conformance_harness
+    if name == "fs":
+        assert {"durable", "crash_reopen"} <= descriptor.capabilities
+    else:
+        assert "crash_reopen" not in descriptor.capabilities

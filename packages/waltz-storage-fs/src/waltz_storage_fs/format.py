@@ -1,0 +1,376 @@
+"""The on-disk format (spec: on-disk-data-structures.txt), big-endian as the original.
+
+Storage directory::
+
+    <storage directory>/
+        waltz-storage.ctl                  the control file
+        0/                                 partition 0
+            0000000000000000000.seg        segment data file (<first transaction id>.seg)
+            0000000000000000000.idx        the segment's index file
+        1/ ...
+
+Control file: a 128-byte header (format version int32, creation time int64 in
+ms, cluster key UUID, number of partitions int32, then reserved bytes of which
+the first four hold a CRC-32C of the fields before them), then one partition
+info per partition of the cluster: the partition id (int32) and two partition
+info structs, written alternately. A struct is session id, low-water mark,
+local low-water mark (int64 each), flags (int32), sequence number (int64) and
+a CRC-32C (uint32) of the partition id and the struct's other fields. The
+valid struct with the higher sequence number is the current one.
+
+Segment data and index files start with the same 128-byte header: format
+version int32, creation time int64, cluster key UUID, partition id int32,
+first transaction id int64, then reserved bytes of which the first four hold
+a CRC-32C of the fields before them.
+
+A record is: transaction id int64, ReqId (client id, generation, partition
+id, sequence number: int32 each), transaction header int32, data length
+int32, data CRC-32C uint32, the data, and the record CRC-32C uint32 of the
+36 fixed bytes before the data (which include the data's checksum, so the
+record checksum and the data checksum together cover every byte).
+
+An index file body is an array of int64 record offsets in the data file,
+entry ``i`` for transaction ``first + i``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import crc32c
+
+from waltz_api.types import NO_TRANSACTION, Record, ReqId, SessionInfo
+
+FORMAT_VERSION = 1
+CONTROL_FILE_NAME = "waltz-storage.ctl"
+HEADER_SIZE = 128
+
+SEGMENT_SUFFIX = ".seg"
+INDEX_SUFFIX = ".idx"
+TXID_DIGITS = 19
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+# -- control file ---------------------------------------------------------------------
+
+_CONTROL_HEADER = struct.Struct(">iq16si")  # version, creation ms, key, number of partitions
+_HEADER_CRC = struct.Struct(">I")
+
+_PARTITION_ID = struct.Struct(">i")
+_INFO_FIELDS = struct.Struct(">qqqiq")  # session, low-water, local low-water, flags, sequence
+INFO_STRUCT_SIZE = _INFO_FIELDS.size + 4  # + CRC-32C = 40 bytes
+PARTITION_INFO_SIZE = _PARTITION_ID.size + 2 * INFO_STRUCT_SIZE  # 84 bytes
+
+FLAG_ASSIGNED = 0x1
+"""The partition is hosted by this storage node."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControlHeader:
+    version: int
+    creation_time_ms: int
+    cluster_key: uuid.UUID
+    num_partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class InfoStruct:
+    """One of a partition's two alternating partition info structs."""
+
+    session_info: SessionInfo
+    flags: int
+    sequence: int
+
+    @property
+    def assigned(self) -> bool:
+        return bool(self.flags & FLAG_ASSIGNED)
+
+
+def encode_control_header(header: ControlHeader) -> bytes:
+    fields = _CONTROL_HEADER.pack(
+        header.version, header.creation_time_ms, header.cluster_key.bytes, header.num_partitions
+    )
+    body = fields + _HEADER_CRC.pack(crc32c.crc32c(fields))
+    return body + bytes(HEADER_SIZE - len(body))
+
+
+def decode_control_header(raw: bytes) -> ControlHeader | None:
+    """The header, or ``None`` when it is short or fails its checksum."""
+    if len(raw) < HEADER_SIZE:
+        return None
+    fields = raw[: _CONTROL_HEADER.size]
+    (stored,) = _HEADER_CRC.unpack_from(raw, _CONTROL_HEADER.size)
+    if crc32c.crc32c(fields) != stored:
+        return None
+    version, created, key, num = _CONTROL_HEADER.unpack(fields)
+    return ControlHeader(version, created, uuid.UUID(bytes=key), num)
+
+
+def partition_info_offset(partition_id: int) -> int:
+    return HEADER_SIZE + partition_id * PARTITION_INFO_SIZE
+
+
+def info_struct_offset(partition_id: int, slot: int) -> int:
+    return partition_info_offset(partition_id) + _PARTITION_ID.size + slot * INFO_STRUCT_SIZE
+
+
+def encode_info_struct(partition_id: int, info: InfoStruct) -> bytes:
+    s = info.session_info
+    fields = _INFO_FIELDS.pack(
+        s.session_id, s.low_water_mark, s.local_low_water_mark, info.flags, info.sequence
+    )
+    crc = crc32c.crc32c(fields, crc32c.crc32c(_PARTITION_ID.pack(partition_id)))
+    return fields + _HEADER_CRC.pack(crc)
+
+
+def decode_info_struct(partition_id: int, raw: bytes) -> InfoStruct | None:
+    """The struct, or ``None`` when it is short or fails its checksum."""
+    if len(raw) < INFO_STRUCT_SIZE:
+        return None
+    fields = raw[: _INFO_FIELDS.size]
+    (stored,) = _HEADER_CRC.unpack_from(raw, _INFO_FIELDS.size)
+    if crc32c.crc32c(fields, crc32c.crc32c(_PARTITION_ID.pack(partition_id))) != stored:
+        return None
+    session, low, local_low, flags, sequence = _INFO_FIELDS.unpack(fields)
+    return InfoStruct(SessionInfo(session, low, local_low), flags, sequence)
+
+
+def encode_partition_info(partition_id: int, first: InfoStruct, second: InfoStruct) -> bytes:
+    return (
+        _PARTITION_ID.pack(partition_id)
+        + encode_info_struct(partition_id, first)
+        + encode_info_struct(partition_id, second)
+    )
+
+
+def decode_partition_info(
+    partition_id: int, raw: bytes
+) -> tuple[int | None, InfoStruct | None, InfoStruct | None]:
+    """(stored partition id, struct 1, struct 2); a struct is ``None`` when invalid."""
+    if len(raw) < _PARTITION_ID.size:
+        return None, None, None
+    (stored_id,) = _PARTITION_ID.unpack_from(raw, 0)
+    first = decode_info_struct(partition_id, raw[4 : 4 + INFO_STRUCT_SIZE])
+    second = decode_info_struct(partition_id, raw[4 + INFO_STRUCT_SIZE : PARTITION_INFO_SIZE])
+    return stored_id, first, second
+
+
+def current_struct(
+    first: InfoStruct | None, second: InfoStruct | None
+) -> tuple[int, InfoStruct] | None:
+    """(slot, struct) of the valid struct with the higher sequence number, or ``None``."""
+    candidates = [(s.sequence, slot, s) for slot, s in ((0, first), (1, second)) if s is not None]
+    if not candidates:
+        return None
+    _, slot, struct_ = max(candidates, key=lambda c: (c[0], c[1]))
+    return slot, struct_
+
+
+def initial_partition_info(partition_id: int) -> bytes:
+    """A partition info for a partition not hosted here: both structs valid."""
+    empty = SessionInfo()
+    return encode_partition_info(partition_id, InfoStruct(empty, 0, 1), InfoStruct(empty, 0, 0))
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# -- segment files --------------------------------------------------------------------
+
+_SEGMENT_HEADER = struct.Struct(">iq16siq")  # version, creation ms, key, partition, first id
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    version: int
+    creation_time_ms: int
+    cluster_key: uuid.UUID
+    partition_id: int
+    first_transaction_id: int
+
+
+def encode_segment_header(header: SegmentHeader) -> bytes:
+    fields = _SEGMENT_HEADER.pack(
+        header.version,
+        header.creation_time_ms,
+        header.cluster_key.bytes,
+        header.partition_id,
+        header.first_transaction_id,
+    )
+    body = fields + _HEADER_CRC.pack(crc32c.crc32c(fields))
+    return body + bytes(HEADER_SIZE - len(body))
+
+
+def decode_segment_header(raw: bytes) -> SegmentHeader | None:
+    if len(raw) < HEADER_SIZE:
+        return None
+    fields = raw[: _SEGMENT_HEADER.size]
+    (stored,) = _HEADER_CRC.unpack_from(raw, _SEGMENT_HEADER.size)
+    if crc32c.crc32c(fields) != stored:
+        return None
+    version, created, key, partition_id, first = _SEGMENT_HEADER.unpack(fields)
+    return SegmentHeader(version, created, uuid.UUID(bytes=key), partition_id, first)
+
+
+def segment_file_name(first_transaction_id: int, suffix: str) -> str:
+    return f"{first_transaction_id:0{TXID_DIGITS}d}{suffix}"
+
+
+def parse_segment_file_name(name: str) -> tuple[int, str] | None:
+    """(first transaction id, suffix) of a segment or index file name, else ``None``."""
+    for suffix in (SEGMENT_SUFFIX, INDEX_SUFFIX):
+        if name.endswith(suffix):
+            stem = name[: -len(suffix)]
+            if len(stem) == TXID_DIGITS and stem.isdigit():
+                return int(stem), suffix
+    return None
+
+
+# -- records ----------------------------------------------------------------------------
+
+RECORD_HEAD = struct.Struct(">qiiiiiiI")  # id, ReqId x4, header, data length, data crc
+_RECORD_CRC = struct.Struct(">I")
+RECORD_OVERHEAD = RECORD_HEAD.size + _RECORD_CRC.size  # 40 bytes
+INDEX_ENTRY = struct.Struct(">q")
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size
+
+
+def check_int32(value: int, what: str) -> None:
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise ValueError(f"{what} {value} does not fit in a signed 32-bit integer")
+
+
+def encode_record(record: Record) -> bytes:
+    """The record's bytes on disk. The caller has checked its data checksum."""
+    r = record.req_id
+    head = RECORD_HEAD.pack(
+        record.transaction_id,
+        r.client_id,
+        r.generation,
+        r.partition_id,
+        r.seq_num,
+        record.header,
+        len(record.data),
+        record.checksum,
+    )
+    return head + record.data + _RECORD_CRC.pack(crc32c.crc32c(head))
+
+
+class RecordFormatError(Exception):
+    """A record's bytes are invalid (internal: the engine raises CorruptionError)."""
+
+
+def decode_record(buf: bytes | memoryview, pos: int) -> tuple[Record, int]:
+    """Decode and check the record at ``pos`` of ``buf``; returns (record, end position).
+
+    Raises RecordFormatError when the bytes are short or fail a check.
+    """
+    if len(buf) - pos < RECORD_OVERHEAD:
+        raise RecordFormatError("short record")
+    head = bytes(buf[pos : pos + RECORD_HEAD.size])
+    txid, client, gen, part, seq, header, length, data_crc = RECORD_HEAD.unpack(head)
+    end = pos + RECORD_OVERHEAD + length
+    if length < 0 or end > len(buf):
+        raise RecordFormatError(f"bad data length {length}")
+    data_start = pos + RECORD_HEAD.size
+    (record_crc,) = _RECORD_CRC.unpack_from(buf, data_start + length)
+    if crc32c.crc32c(head) != record_crc:
+        raise RecordFormatError("record checksum mismatch")
+    data = bytes(buf[data_start : data_start + length])
+    if crc32c.crc32c(data) != data_crc:
+        raise RecordFormatError("data checksum mismatch")
+    return Record(txid, ReqId(client, gen, part, seq), header, data, data_crc), end
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedRecord:
+    offset: int
+    end: int
+    record: Record
+
+
+@dataclass
+class ScanResult:
+    """Where a scan stopped: ``end`` is the offset after the last good record."""
+
+    end: int
+    stop_reason: str = ""
+
+
+def scan_records(
+    fd: int,
+    start: int,
+    file_size: int,
+    expected_txid: int,
+    result: ScanResult,
+    *,
+    chunk_size: int = 1 << 20,
+) -> Iterator[ScannedRecord]:
+    """Yield the good records of a data file from ``start``, in order.
+
+    Stops (setting ``result.stop_reason``) at the first record that is
+    incomplete, fails a checksum or does not carry the next transaction id.
+    Reads in chunks, never the whole file.
+    """
+    pos = start
+    result.end = start
+    buf = b""
+    buf_start = start
+    expected = expected_txid
+    while pos < file_size:
+        rel = pos - buf_start
+        if len(buf) - rel < RECORD_HEAD.size:
+            buf = os.pread(fd, max(chunk_size, RECORD_OVERHEAD), pos)
+            buf_start, rel = pos, 0
+            if len(buf) < RECORD_OVERHEAD:
+                result.stop_reason = f"incomplete record at offset {pos}"
+                return
+        (length,) = struct.unpack_from(">i", buf, rel + 28)
+        need = RECORD_OVERHEAD + length
+        if length < 0 or pos + need > file_size:
+            result.stop_reason = f"incomplete or invalid record at offset {pos}"
+            return
+        if len(buf) - rel < need:
+            buf = os.pread(fd, max(chunk_size, need), pos)
+            buf_start, rel = pos, 0
+            if len(buf) < need:
+                result.stop_reason = f"incomplete record at offset {pos}"
+                return
+        try:
+            record, end_rel = decode_record(buf, rel)
+        except RecordFormatError as exc:
+            result.stop_reason = f"{exc} at offset {pos}"
+            return
+        if record.transaction_id != expected:
+            result.stop_reason = (
+                f"record at offset {pos} has transaction id {record.transaction_id}, "
+                f"expected {expected}"
+            )
+            return
+        end = buf_start + end_rel
+        yield ScannedRecord(pos, end, record)
+        result.end = end
+        pos = end
+        expected += 1
+    if pos > file_size:  # pragma: no cover - guarded above
+        result.stop_reason = "past end of file"
+
+
+def max_txid_of(first: int, count: int) -> int:
+    return first + count - 1 if count else NO_TRANSACTION
+
+
+def struct_pack_offsets(offsets: list[int]) -> bytes:
+    """Index entries for ``offsets``."""
+    return struct.pack(f">{len(offsets)}q", *offsets)
+
+
+def unpack_offsets(raw: bytes) -> list[int]:
+    return list(struct.unpack(f">{len(raw) // INDEX_ENTRY_SIZE}q", raw))

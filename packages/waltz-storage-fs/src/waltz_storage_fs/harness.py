@@ -1,0 +1,71 @@
+"""The conformance harness of the ``fs`` engine (needs ``waltz-conformance`` installed).
+
+It knows the on-disk layout, so the suite can cut, flip and tear real files.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from waltz_conformance.suites.storage import StorageHarness
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs import tools
+from waltz_storage_fs.engine import FsStorageEngine
+from waltz_storage_fs.plugin import CAPABILITIES
+
+
+@dataclass
+class FsStorageHarness(StorageHarness):
+    def record_extent(
+        self, location: str, partition_id: int, transaction_id: int
+    ) -> tuple[Path, int, int]:
+        return tools.find_record(location, partition_id, transaction_id)
+
+    def index_files(self, location: str, partition_id: int) -> list[Path]:
+        directory = Path(location) / str(partition_id)
+        return [
+            directory / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)
+            for first in tools.segment_firsts(directory)
+        ]
+
+    def tear_session_info(self, location: str, partition_id: int, which: str) -> None:
+        dump = tools.read_control_file(location)
+        info = dump.partitions[partition_id]
+        if which == "newest":
+            assert info.current_slot is not None
+            slots = [info.current_slot]
+        elif which == "both":
+            slots = [0, 1]
+        else:
+            raise ValueError(f"which must be 'newest' or 'both', not {which!r}")
+        fd = os.open(dump.path, os.O_RDWR)
+        try:
+            for slot in slots:
+                # a torn write: the struct's second half never reached the disk
+                offset = fmt.info_struct_offset(partition_id, slot) + fmt.INFO_STRUCT_SIZE // 2
+                os.pwrite(fd, bytes(fmt.INFO_STRUCT_SIZE // 2), offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def segment_count(self, location: str, partition_id: int) -> int:
+        return len(tools.segment_firsts(Path(location) / str(partition_id)))
+
+
+def storage(
+    options: Mapping[str, Any] | None = None, root: str | os.PathLike[str] | None = None
+) -> FsStorageHarness:
+    """The harness over real files (real fsync) under ``root`` (default: a new temp dir)."""
+    return FsStorageHarness(
+        name="fs",
+        capabilities=CAPABILITIES,
+        engine_class=FsStorageEngine,
+        root=Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="waltz-fs-")),
+        options=dict(options or {}),
+        engine_ref="waltz_storage_fs.engine:FsStorageEngine",
+    )
