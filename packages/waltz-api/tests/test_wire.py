@@ -13,7 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from waltz_api import wire
-from waltz_api.errors import ChecksumError, FrameTooLargeError, ProtocolError, WaltzError
+from waltz_api.errors import (
+    ChecksumError,
+    FrameTooLargeError,
+    ProtocolError,
+    VersionMismatchError,
+)
 from waltz_api.messages import (
     ALL_MESSAGES,
     AppendRequest,
@@ -703,16 +708,20 @@ def test_version_mismatch_on_the_acceptor() -> None:
     response = server.send(server.hello_response())
     assert wire.decode(response) == HelloResponse(0)
     assert state(server) is wire.ConnectionState.FAILED
-    with pytest.raises(ProtocolError, match=r"speaks \(1,\).*'client:9'.*\(7, 8\)"):
+    assert isinstance(server.error, VersionMismatchError)
+    with pytest.raises(VersionMismatchError, match=r"speaks \(1,\).*'client:9'.*\(7, 8\)"):
         server.send(FeedData(ReqId(1, 2, 3, 4), 5, 6))
+    with pytest.raises(VersionMismatchError):
+        server.receive_frame(wire.encode(FeedData(ReqId(1, 2, 3, 4), 5, 6)))
 
 
 def test_version_mismatch_on_the_initiator() -> None:
     client = wire.ProtocolConnection(wire.Role.INITIATOR, sender="client:1")
     client.start_handshake()
-    with pytest.raises(WaltzError, match=r"no common protocol version.*upgrade"):
+    with pytest.raises(VersionMismatchError, match=r"no common protocol version.*upgrade"):
         client.receive_frame(wire.encode(HelloResponse(0)))
     assert state(client) is wire.ConnectionState.FAILED
+    assert client.version is None
 
 
 def test_initiator_refuses_a_version_it_did_not_offer() -> None:

@@ -1119,10 +1119,16 @@ class ProtocolConnection:
         self._failure = error
         return error
 
+    @property
+    def error(self) -> ProtocolError | None:
+        """Why the connection FAILED (None while it has not)."""
+        return self._failure
+
     def _check_not_failed(self) -> None:
         if self.state is ConnectionState.FAILED:
-            reason = f": {self._failure}" if self._failure is not None else ""
-            raise ProtocolError(f"the connection failed{reason}; close it and open a new one")
+            failure = self._failure or ProtocolError("unknown")
+            # the same class as the original failure (e.g. VersionMismatchError)
+            raise type(failure)(f"the connection failed: {failure}; close it")
 
     def start_handshake(self) -> bytes:
         """Initiator: the Hello frame to send first."""
