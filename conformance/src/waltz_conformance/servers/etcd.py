@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+
+from waltz_conformance.servers import stop_process, track_process
 
 log = logging.getLogger(__name__)
 
@@ -183,19 +184,13 @@ class EtcdCluster:
             env=env,
             start_new_session=True,
         )
+        track_process(member.process)
         log.info("started etcd member %s (pid %d)", member.name, member.process.pid)
 
-    def _terminate(self, member: EtcdMember, *, sig: int = signal.SIGTERM) -> None:
-        process = member.process
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, sig)
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+    def _terminate(self, member: EtcdMember, *, kill: bool = False) -> None:
+        if member.process is not None:
+            stop_process(member.process, kill=kill, timeout=5.0)
+        member.process = None  # stopped on purpose: wait_healthy skips it
         if member._log_file is not None:
             member._log_file.close()
             member._log_file = None
@@ -204,7 +199,7 @@ class EtcdCluster:
 
     def kill_member(self, index: int) -> None:
         """kill -9 member ``index`` and wait for it to be gone."""
-        self._terminate(self.members[index], sig=signal.SIGKILL)
+        self._terminate(self.members[index], kill=True)
         log.info("killed etcd member %s", self.members[index].name)
 
     def restart_member(self, index: int, *, wait: bool = True) -> None:

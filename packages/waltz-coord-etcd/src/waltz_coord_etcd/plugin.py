@@ -1,0 +1,32 @@
+"""Registers the etcd coordination plugin (``etcd``, URIs ``etcd://...``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from waltz_api.contracts.coordination import Coordination
+from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
+
+CAPABILITIES = frozenset({"ephemeral", "watch", "watch_children", "counters", "session_expiry"})
+
+
+def create_coordination(connect: str, options: Mapping[str, Any] | None = None) -> Coordination:
+    """The plugin factory: ``connect`` is ``etcd://host:port[,host:port...]/root``."""
+    from waltz_coord_etcd.coordination import EtcdCoordination
+
+    return EtcdCoordination(connect, options or {})
+
+
+@hookimpl
+def waltz_coordinators() -> list[PluginDescriptor]:
+    return [
+        PluginDescriptor(
+            kind=PluginKind.COORDINATION,
+            name="etcd",
+            factory=create_coordination,
+            capabilities=CAPABILITIES,
+            description="etcd v3 (leases, mod_revision compare-and-set, watches)",
+            uri_schemes=("etcd",),
+        )
+    ]
