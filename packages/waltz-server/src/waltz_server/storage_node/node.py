@@ -59,24 +59,46 @@ class _Outbox:
     """A connection's outgoing frames, sent in order by one writer task (bounded)."""
 
     def __init__(
-        self, conn: Connection, protocol: wire.ProtocolConnection, limit: int = OUTBOX_FRAMES
+        self, conn: Connection, protocol: wire.ProtocolConnection, limit: int | None = None
     ) -> None:
+        limit = OUTBOX_FRAMES if limit is None else limit
         self.conn = conn
         self.protocol = protocol
         self.frames: deque[bytes] = deque()
+        self.limit = limit
         self.space = asyncio.Semaphore(limit)
         self.wakeup = asyncio.Event()
         self.closing = False
+        self.dead = False
         self.task = asyncio.create_task(self._write(), name=f"storage-out-{conn.connection_id}")
 
+    def _encode(self, message: Message) -> bytes:
+        if self.protocol.state is not wire.ConnectionState.OPEN:
+            # the peer broke the protocol: this is the last frame, telling it why
+            return wire.encode(message, max_frame_size=self.protocol.max_frame_size)
+        try:
+            return self.protocol.send(message)
+        except ProtocolError as exc:
+            # e.g. one record larger than a frame: the request still gets an answer
+            log.error("cannot send %s to %s: %s", type(message).__name__, self.conn.peer, exc)
+            return self.protocol.send(
+                FailureResponse(
+                    getattr(message, "session_id", -1),
+                    getattr(message, "seq_num", -1),
+                    getattr(message, "partition_id", -1),
+                    ErrorCode.GENERIC,
+                    f"the response could not be sent: {exc}",
+                )
+            )
+
     async def put(self, message: Message) -> None:
-        if self.conn.closed or self.closing:
+        """Queue a response (waits while the peer is not reading: back pressure)."""
+        if self.dead or self.closing or self.conn.closed:
             raise ConnectionClosedError(f"connection to {self.conn.peer} is closed")
-        if self.protocol.state is wire.ConnectionState.OPEN:
-            frame = self.protocol.send(message)
-        else:  # the peer broke the protocol: this is the last frame, telling it why
-            frame = wire.encode(message, max_frame_size=self.protocol.max_frame_size)
+        frame = self._encode(message)
         await self.space.acquire()
+        if self.dead:
+            raise ConnectionClosedError(f"connection to {self.conn.peer} is closed")
         self.frames.append(frame)
         self.wakeup.set()
 
@@ -96,6 +118,12 @@ class _Outbox:
                 await self.conn.send_many(batch)
         except (TransportError, ProtocolError) as exc:
             log.debug("connection %s: writer ends: %s", self.conn.peer, exc)
+        finally:
+            # Nobody will drain this outbox again: wake every waiting sender.
+            self.dead = True
+            self.frames.clear()
+            for _ in range(self.limit):
+                self.space.release()
 
     async def flush_and_stop(self, timeout: float) -> None:
         self.closing = True
