@@ -1,0 +1,439 @@
+"""The storage node in-process: the memory reference transport and storage engine.
+
+These exercise the node's protocol logic (every request type, the open
+handshake, fencing, admin, pipelining, malformed frames) quickly; the
+subprocess tests (test_storage_node_process.py) run the same node for real:
+`waltz storage --config`, ZeroMQ, the fs engine, kill -9.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from waltz_api import wire
+from waltz_api.contracts.storage import StorageEngine
+from waltz_api.contracts.transport import Transport
+from waltz_api.errors import (
+    ClusterKeyMismatchError,
+    ConnectionClosedError,
+    PartitionClosedError,
+    PartitionNotFoundError,
+    ProtocolError,
+    SessionFencedError,
+    StorageAppendError,
+    StorageError,
+)
+from waltz_api.messages import (
+    ErrorCode,
+    FailureResponse,
+    MaxTransactionIdRequest,
+    MaxTransactionIdResponse,
+    StorageAppendRequest,
+    StorageOpenRequest,
+    SuccessResponse,
+)
+from waltz_api.plugins import get_registry
+from waltz_api.types import SessionInfo
+from waltz_server.storage_node import StorageAdminClient, StorageClient, StorageNode
+from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
+from waltz_server.storage_node.testing import make_record, make_records
+
+pytestmark = pytest.mark.timeout(60)
+
+CLUSTER_KEY = uuid.UUID("5b1c3d7e-0a4f-4c1e-9a51-3d2b8f6e7c90")
+NUM_PARTITIONS = 8
+
+_names = itertools.count()
+
+
+async def _open_engine(location: str) -> StorageEngine:
+    engine_class = get_registry().get("storage", "memory").factory
+    engine: StorageEngine = await engine_class.open(
+        location, cluster_key=CLUSTER_KEY, num_partitions=NUM_PARTITIONS
+    )
+    return engine
+
+
+def _transport() -> Transport:
+    transport: Transport = get_registry().get("transport", "memory").factory({})
+    return transport
+
+
+class NodeFixture:
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.node: StorageNode | None = None
+        self.server_transport: Transport | None = None
+        self.client_transport = _transport()
+        self.clients: list[StorageClient] = []
+        self.endpoint = ""
+
+    async def start(self, hosted: range | list[int] = range(4)) -> StorageNode:
+        engine = await _open_engine(self.location)
+        for partition_id in hosted:
+            await engine.add_partition(partition_id)
+        self.server_transport = _transport()
+        self.node = StorageNode(
+            engine, self.server_transport, f"memory://storage-node-{next(_names)}-{uuid.uuid4()}"
+        )
+        await self.node.start()
+        self.endpoint = self.node.endpoint
+        return self.node
+
+    async def stop_node(self) -> None:
+        if self.node is not None:
+            await self.node.close()
+            self.node = None
+        if self.server_transport is not None:
+            await self.server_transport.close()
+            self.server_transport = None
+
+    async def client(self, *, open_storage: bool = True) -> StorageClient:
+        client = await StorageClient.connect(self.client_transport, self.endpoint, sender="test")
+        self.clients.append(client)
+        if open_storage:
+            await client.open(CLUSTER_KEY, NUM_PARTITIONS)
+        return client
+
+    async def admin(self) -> StorageAdminClient:
+        client = await StorageAdminClient.connect(self.client_transport, self.endpoint)
+        self.clients.append(client.client)
+        return client
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()
+        await self.stop_node()
+        await self.client_transport.close()
+        from waltz_conformance.reference.storage import forget
+
+        forget(self.location)
+
+
+@pytest.fixture
+async def fx() -> AsyncIterator[NodeFixture]:
+    fixture = NodeFixture(f"memory-storage-{uuid.uuid4()}")
+    await fixture.start()
+    try:
+        yield fixture
+    finally:
+        await fixture.close()
+
+
+async def test_every_request_type(fx: NodeFixture) -> None:
+    c = await fx.client()
+    s, p = 1, 0
+    assert await c.last_session_info(s, p) == SessionInfo(-1, -1, -1)
+    assert await c.max_transaction_id(s, p) == -1
+    assert await c.record(s, p, 0) is None
+    assert await c.record_header(s, p, 0) is None
+
+    records = make_records(p, 0, 5, size=100)
+    await c.append(s, p, records[:3])
+    await c.append(s, p, records[3:])
+    await c.append(s, p, [])  # an empty append is a no-op success
+    assert await c.max_transaction_id(s, p) == 4
+    assert await c.record(s, p, 2) == records[2]
+    assert await c.record_header(s, p, 3) == records[3].record_header
+    assert await c.record(s, p, 5) is None
+    assert await c.record_headers(s, p, 1, 3) == [r.record_header for r in records[1:4]]
+    assert await c.record_headers(s, p, 3, 100) == [r.record_header for r in records[3:]]
+    assert await c.records(s, p, 0, 100) == records
+    assert await c.records(s, p, 1, 2) == records[1:3]
+    # max_bytes bounds the data, but at least one record comes back
+    assert await c.records(s, p, 0, 100, max_bytes=150) == records[:1]
+    assert await c.records(s, p, 9, 10) == []
+
+    await c.truncate(s, p, 2)
+    assert await c.max_transaction_id(s, p) == 2
+    assert await c.records(s, p, 0, 100) == records[:3]
+    await c.truncate(s, p, 10)  # above the max: a no-op
+    assert await c.max_transaction_id(s, p) == 2
+
+    # the low-water mark must not be below the max transaction id: truncate first
+    with pytest.raises(StorageRequestError, match="truncate"):
+        await c.set_low_water_mark(s, p, 1)
+    # a replica behind the cluster: local low-water mark = its own max id
+    await c.set_low_water_mark(s, p, 7)
+    assert await c.last_session_info(s, p) == SessionInfo(1, 7, 2)
+    await c.truncate(s, p, -1)
+    assert await c.max_transaction_id(s, p) == -1
+    await c.set_low_water_mark(s, p, -1)
+    assert await c.last_session_info(s, p) == SessionInfo(1, -1, -1)
+
+
+async def test_bad_arguments_are_refused_clearly(fx: NodeFixture) -> None:
+    c = await fx.client()
+    with pytest.raises(StorageRequestError, match="session id -1"):
+        await c.max_transaction_id(-1, 0)
+    with pytest.raises(StorageRequestError, match="max_records"):
+        await c.record_headers(1, 0, 0, -5)
+    with pytest.raises(StorageRequestError, match="truncate after transaction id -3"):
+        await c.truncate(1, 0, -3)
+    # ids that do not continue the log
+    with pytest.raises(StorageAppendError):
+        await c.append(1, 0, [make_record(0, 3)])
+    assert await c.max_transaction_id(1, 0) == -1
+    # a partition this node does not host, and one the cluster does not have
+    with pytest.raises(PartitionNotFoundError, match="add-partition"):
+        await c.max_transaction_id(1, 6)
+    with pytest.raises(PartitionNotFoundError):
+        await c.max_transaction_id(1, 1000)
+
+
+async def test_open_checks_the_cluster_key_and_gates_the_connection(fx: NodeFixture) -> None:
+    c = await fx.client(open_storage=False)
+    with pytest.raises(StorageNotOpenError, match="StorageOpenRequest"):
+        await c.max_transaction_id(1, 0)
+    with pytest.raises(ClusterKeyMismatchError, match="does not match"):
+        await c.open(uuid.uuid4(), NUM_PARTITIONS)
+    # the code on the wire is CLUSTER_KEY_MISMATCH, and the connection stays unopened
+    raw = await c.request(
+        StorageOpenRequest(-1, c.next_seq_num(), -1, uuid.uuid4(), NUM_PARTITIONS)
+    )
+    assert isinstance(raw, FailureResponse) and raw.code is ErrorCode.CLUSTER_KEY_MISMATCH
+    with pytest.raises(ClusterKeyMismatchError, match="number of partitions"):
+        await c.open(CLUSTER_KEY, NUM_PARTITIONS + 1)
+    with pytest.raises(StorageNotOpenError):
+        await c.append(1, 0, [make_record(0, 0)])
+    assert await (await fx.client()).max_transaction_id(1, 0) == -1  # nothing was appended
+    await c.open(CLUSTER_KEY, NUM_PARTITIONS)
+    await c.append(1, 0, [make_record(0, 0)])
+    assert await c.max_transaction_id(1, 0) == 0
+
+
+async def test_fencing_by_store_session(fx: NodeFixture) -> None:
+    old = await fx.client()
+    new = await fx.client()
+    p = 1
+    await old.append(5, p, make_records(p, 0, 2))
+    # a newer session's first request, even a read, fences the older one
+    assert await new.last_session_info(7, p) == SessionInfo(5, -1, -1)
+    with pytest.raises(SessionFencedError) as fenced:
+        await old.append(5, p, [make_record(p, 2)])
+    assert fenced.value.highest_session_id == 7
+    raw = await old.request(MaxTransactionIdRequest(5, old.next_seq_num(), p))
+    assert isinstance(raw, FailureResponse)
+    assert raw.code is ErrorCode.FENCED and raw.highest_session_id == 7
+    assert await new.max_transaction_id(7, p) == 1
+    await new.truncate(7, p, 0)
+    await new.set_low_water_mark(7, p, 0)
+    await new.append(7, p, [make_record(p, 1)])
+    assert await new.last_session_info(7, p) == SessionInfo(7, 0, 0)
+    # the fence is per partition: session 5 still owns partition 2
+    await old.append(5, 2, [make_record(2, 0)])
+    # and an old session cannot sneak back on a new connection
+    again = await fx.client()
+    with pytest.raises(SessionFencedError):
+        await again.records(6, p, 0, 10)
+
+
+async def test_fence_survives_reopening_the_storage(fx: NodeFixture) -> None:
+    c = await fx.client()
+    await c.append(3, 0, [make_record(0, 0)])
+    await c.max_transaction_id(9, 0)  # session 9 is recorded before it is served
+    await fx.stop_node()
+    await fx.start(hosted=[])  # reopen the same storage: partitions are already there
+    c2 = await fx.client()
+    with pytest.raises(SessionFencedError) as fenced:
+        await c2.append(3, 0, [make_record(0, 1)])
+    assert fenced.value.highest_session_id == 9
+    assert await c2.last_session_info(9, 0) == SessionInfo(9, -1, -1)
+
+
+async def test_pipelined_appends_are_ordered_and_batched(fx: NodeFixture) -> None:
+    c = await fx.client()
+    p = 2
+    records = make_records(p, 0, 200)
+    # 200 appends in flight at once, one record each, in order
+    await asyncio.gather(*(c.append(1, p, [r]) for r in records))
+    assert await c.records(1, p, 0, 1000) == records
+    # a gap in the middle of a pipeline refuses that one append only
+    seq = [make_record(p, 200), make_record(p, 201), make_record(p, 205), make_record(p, 202)]
+    results = await asyncio.gather(*(c.append(1, p, [r]) for r in seq), return_exceptions=True)
+    assert results[0] is None and results[1] is None and results[3] is None
+    assert isinstance(results[2], StorageAppendError)
+    assert await c.max_transaction_id(1, p) == 202
+
+
+async def test_many_partitions_concurrently(fx: NodeFixture) -> None:
+    admin = await fx.admin()
+    for partition_id in range(4, NUM_PARTITIONS):
+        await admin.add_partition(partition_id, CLUSTER_KEY)
+    clients = [await fx.client(), await fx.client()]
+
+    async def writer(partition_id: int) -> None:
+        client = clients[partition_id % 2]
+        for start in range(0, 60, 6):
+            await asyncio.gather(
+                *(
+                    client.append(1, partition_id, [make_record(partition_id, start + i)])
+                    for i in range(6)
+                )
+            )
+
+    await asyncio.gather(*(writer(p) for p in range(NUM_PARTITIONS)))
+    for p in range(NUM_PARTITIONS):
+        assert await clients[0].records(1, p, 0, 100) == make_records(p, 0, 60)
+
+
+async def test_admin_commands(fx: NodeFixture) -> None:
+    admin = await fx.admin()
+    c = await fx.client()
+    await c.append(4, 0, make_records(0, 0, 3))
+    await c.set_low_water_mark(4, 0, 2)
+
+    info = await admin.info()
+    assert info["cluster_key"] == str(CLUSTER_KEY)
+    assert info["num_partitions"] == NUM_PARTITIONS
+    assert info["partitions"] == [0, 1, 2, 3]
+    listed = {p.partition_id: p for p in await admin.list_partitions()}
+    assert sorted(listed) == [0, 1, 2, 3]
+    assert listed[0].max_transaction_id == 2
+    assert listed[0].session_info == SessionInfo(4, 2, 2)
+    assert listed[1].max_transaction_id == -1 and listed[1].available
+    assert await admin.max_transaction_id(0) == 2
+
+    await admin.add_partition(5, CLUSTER_KEY)
+    await admin.add_partition(5, CLUSTER_KEY)  # idempotent
+    await c.append(1, 5, [make_record(5, 0)])
+    assert await admin.max_transaction_id(5) == 0
+    await admin.remove_partition(5, CLUSTER_KEY)
+    assert [p.partition_id for p in await admin.list_partitions()] == [0, 1, 2, 3]
+    with pytest.raises(PartitionNotFoundError):
+        await c.max_transaction_id(1, 5)
+    await admin.add_partition(5, CLUSTER_KEY)  # back, empty: its data was deleted
+    assert await c.max_transaction_id(1, 5) == -1
+
+    await admin.set_availability(1, False, CLUSTER_KEY)
+    assert not {p.partition_id: p for p in await admin.list_partitions()}[1].available
+    with pytest.raises(PartitionClosedError, match="unavailable"):
+        await c.append(1, 1, [make_record(1, 0)])
+    await c.append(1, 2, [make_record(2, 0)])  # other partitions are untouched
+    await admin.set_availability(1, True, CLUSTER_KEY)
+    await c.append(1, 1, [make_record(1, 0)])
+
+    # mutating commands need the right cluster key; bad arguments are named
+    with pytest.raises(StorageError, match="does not match"):
+        await admin.add_partition(6, uuid.uuid4())
+    with pytest.raises(StorageError, match="cluster key"):
+        await admin.command("remove_partition", partition_id=0)
+    with pytest.raises(StorageError, match="out of range"):
+        await admin.add_partition(NUM_PARTITIONS, CLUSTER_KEY)
+    with pytest.raises(StorageError, match="unknown admin command 'nope'"):
+        await admin.command("nope")
+    with pytest.raises(StorageError, match="available must be"):
+        await admin.command(
+            "set_availability", partition_id=1, available="no", cluster_key=str(CLUSTER_KEY)
+        )
+    assert [p.partition_id for p in await admin.list_partitions()] == [0, 1, 2, 3, 5]
+
+
+async def test_malformed_frames_close_only_that_connection(fx: NodeFixture) -> None:
+    good = await fx.client()
+    await good.append(1, 0, [make_record(0, 0)])
+
+    # a connection that sends garbage after the handshake
+    conn = await fx.client_transport.connect(fx.endpoint)
+    protocol = wire.ProtocolConnection(wire.Role.INITIATOR, sender="fuzz")
+    await conn.send(protocol.start_handshake())
+    protocol.receive_frame(await conn.recv())
+    await conn.send(b"\x39\x01\x00garbage")
+    reply = wire.decode(await asyncio.wait_for(conn.recv(), 10))
+    assert isinstance(reply, FailureResponse)
+    assert reply.code is ErrorCode.BAD_REQUEST and reply.seq_num == -1
+    assert "malformed" in reply.message
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(conn.recv(), 10)
+
+    # a connection whose first frame is not Hello
+    conn2 = await fx.client_transport.connect(fx.endpoint)
+    await conn2.send(wire.encode(StorageOpenRequest(-1, 1, -1, CLUSTER_KEY, NUM_PARTITIONS)))
+    reply2 = wire.decode(await asyncio.wait_for(conn2.recv(), 10))
+    assert isinstance(reply2, FailureResponse) and "handshake" in reply2.message
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(conn2.recv(), 10)
+
+    # a truncated append: the client sees the refusal, then the closed connection
+    victim = await fx.client()
+    frame = wire.encode(StorageAppendRequest(1, 99, 0, (make_record(0, 1),)))
+    await victim.conn.send(frame[:-3])
+    await asyncio.sleep(0.05)
+    with pytest.raises((ProtocolError, ConnectionClosedError)):
+        await victim.max_transaction_id(1, 0)
+
+    # the well-behaved connection never noticed
+    await good.append(1, 0, [make_record(0, 1)])
+    assert await good.max_transaction_id(1, 0) == 1
+
+
+async def test_no_common_protocol_version(fx: NodeFixture) -> None:
+    conn = await fx.client_transport.connect(fx.endpoint)
+    from waltz_api.messages import Hello, HelloResponse
+
+    await conn.send(wire.encode(Hello((99,), "future-client")))
+    reply = wire.decode(await asyncio.wait_for(conn.recv(), 10))
+    assert reply == HelloResponse(0)
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(conn.recv(), 10)
+
+
+async def test_raw_responses_match_requests_by_seq_num(fx: NodeFixture) -> None:
+    c = await fx.client()
+    first = c.request(StorageAppendRequest(1, 1000, 3, (make_record(3, 0),)))
+    second = c.request(MaxTransactionIdRequest(1, 1001, 3))
+    a, b = await asyncio.gather(first, second)
+    assert a == SuccessResponse(1, 1000, 3)
+    assert b == MaxTransactionIdResponse(1, 1001, 3, 0)
+
+
+async def test_a_peer_that_stops_reading_holds_its_partition_only_until_it_goes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Responses are bounded per connection (back pressure); when the non-reading
+    peer goes away, the partition's worker is released and serves others."""
+    from waltz_conformance.reference.storage import MemoryStorageEngine, forget
+    from waltz_server.storage_node import node as node_module
+
+    monkeypatch.setattr(node_module, "OUTBOX_FRAMES", 4)
+    location = f"memory-storage-{uuid.uuid4()}"
+    engine = await MemoryStorageEngine.open(
+        location, cluster_key=CLUSTER_KEY, num_partitions=NUM_PARTITIONS
+    )
+    await engine.add_partition(0)
+    registry = get_registry()
+    server_transport = _transport()
+    client_transport = _transport()
+    # the stalled peer's receive buffer (on its side) holds very little
+    stall_transport: Transport = registry.get("transport", "memory").factory({"buffer_bytes": 128})
+    node = StorageNode(engine, server_transport, f"memory://stall-{uuid.uuid4()}")
+    await node.start()
+    good = await StorageClient.connect(client_transport, node.endpoint)
+    try:
+        await good.open(CLUSTER_KEY, NUM_PARTITIONS)
+        stalled = await stall_transport.connect(node.endpoint)
+        protocol = wire.ProtocolConnection(wire.Role.INITIATOR, sender="stall")
+        await stalled.send(protocol.start_handshake())
+        protocol.receive_frame(await stalled.recv())
+        await stalled.send(protocol.send(StorageOpenRequest(-1, 0, -1, CLUSTER_KEY, 8)))
+        await stalled.send_many(
+            [protocol.send(MaxTransactionIdRequest(1, q, 0)) for q in range(1, 60)]
+        )
+        waiting = asyncio.create_task(good.max_transaction_id(1, 0))
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), "the stalled peer's responses should hold partition 0"
+        await stalled.close()
+        assert await asyncio.wait_for(waiting, 10) == -1
+        await good.append(1, 0, [make_record(0, 0)])
+    finally:
+        await good.close()
+        await node.close()
+        await server_transport.close()
+        await client_transport.close()
+        await stall_transport.close()
+        forget(location)
