@@ -1,0 +1,209 @@
+"""Unit tests of the fs engine beyond the conformance suite: group commit, index
+recovery from checkpoints, torn segment creation, options and control file damage."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from waltz_api.errors import CorruptionError, PartitionClosedError, StorageError
+from waltz_conformance.suites.storage import assert_log, make_record
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs import tools
+from waltz_storage_fs.engine import FsStorageEngine
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY = uuid.UUID("0f8e3c52-6a4b-4f0e-9d2c-7b1a5e3f9c11")
+
+
+class Opener:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.engines: list[FsStorageEngine] = []
+
+    async def __call__(self, **options: Any) -> FsStorageEngine:
+        engine = await FsStorageEngine.open(
+            str(self.directory), cluster_key=KEY, num_partitions=8, options=options
+        )
+        self.engines.append(engine)
+        return engine
+
+
+@pytest.fixture
+async def opener(tmp_path: Path) -> AsyncIterator[Opener]:
+    opener = Opener(tmp_path / "store")
+    yield opener
+    for engine in opener.engines:
+        await engine.close()
+
+
+async def test_group_commit_coalesces_concurrent_appends(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = await opener()
+    parts = [await engine.add_partition(p) for p in range(8)]
+    syncs = 0
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        nonlocal syncs
+        syncs += 1
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+
+    async def one_partition(pid: int) -> None:
+        # appends to one partition may be pipelined: all 20 are queued at once
+        await asyncio.gather(*(parts[pid].append([make_record(t, pid)]) for t in range(20)))
+
+    await asyncio.gather(*(one_partition(p) for p in range(8)))
+    appends = 8 * 20
+    assert syncs < appends / 4, f"{syncs} fdatasync calls for {appends} appends"
+    for pid in range(8):
+        await assert_log(engine, pid, 19)
+
+
+async def test_index_is_rebuilt_from_the_last_checkpoint(opener: Opener) -> None:
+    engine = await opener(index_checkpoint_interval=10)
+    await engine.add_partition(0)
+    part = engine.partition(0)
+    for first in range(0, 37, 6):
+        await part.append([make_record(t) for t in range(first, min(first + 6, 37))])
+    await engine.close()
+    index = opener.directory / "0" / fmt.segment_file_name(0, fmt.INDEX_SUFFIX)
+    # lose every index entry after the checkpoint at 30, and scribble over one of them
+    os.truncate(index, fmt.HEADER_SIZE + 32 * 8)
+    with index.open("r+b") as f:
+        f.seek(fmt.HEADER_SIZE + 31 * 8)
+        f.write(fmt.INDEX_ENTRY.pack(999_999))
+    engine = await opener(index_checkpoint_interval=10)
+    await assert_log(engine, 0, 36)
+    assert index.stat().st_size == fmt.HEADER_SIZE + 37 * 8
+    assert tools.verify(opener.directory).ok
+
+
+async def test_a_wrong_checkpointed_entry_falls_back_to_an_earlier_checkpoint(
+    opener: Opener,
+) -> None:
+    engine = await opener(index_checkpoint_interval=10)
+    await engine.add_partition(0)
+    await engine.partition(0).append([make_record(t) for t in range(25)])
+    await engine.close()
+    index = opener.directory / "0" / fmt.segment_file_name(0, fmt.INDEX_SUFFIX)
+    with index.open("r+b") as f:
+        f.seek(fmt.HEADER_SIZE + 19 * 8)
+        f.write(fmt.INDEX_ENTRY.pack(fmt.HEADER_SIZE))
+    engine = await opener(index_checkpoint_interval=10)
+    await assert_log(engine, 0, 24)
+
+
+async def test_missing_index_is_rebuilt(opener: Opener) -> None:
+    engine = await opener(segment_size=600)
+    await engine.add_partition(2)
+    for first in range(0, 30, 3):
+        await engine.partition(2).append([make_record(t, 2) for t in range(first, first + 3)])
+    await engine.close()
+    pdir = opener.directory / "2"
+    firsts = tools.segment_firsts(pdir)
+    assert len(firsts) > 2
+    (pdir / fmt.segment_file_name(firsts[1], fmt.INDEX_SUFFIX)).unlink()
+    (pdir / fmt.segment_file_name(firsts[-1], fmt.INDEX_SUFFIX)).write_bytes(b"junk")
+    engine = await opener(segment_size=600)
+    await assert_log(engine, 2, 29)
+    assert tools.verify(opener.directory).ok
+
+
+async def test_torn_segment_creation_is_dropped(opener: Opener) -> None:
+    engine = await opener()
+    await engine.add_partition(0)
+    await engine.partition(0).append([make_record(t) for t in range(5)])
+    await engine.close()
+    pdir = opener.directory / "0"
+    (pdir / fmt.segment_file_name(5, fmt.SEGMENT_SUFFIX)).write_bytes(b"\x00" * 40)
+    engine = await opener()
+    await assert_log(engine, 0, 4)
+    assert tools.segment_firsts(pdir) == [0]
+    await engine.partition(0).append([make_record(5)])
+    await assert_log(engine, 0, 5)
+
+
+async def test_a_segment_that_does_not_follow_is_dropped(opener: Opener) -> None:
+    engine = await opener(segment_size=400)
+    await engine.add_partition(0)
+    for first in range(0, 20, 2):
+        await engine.partition(0).append([make_record(t) for t in range(first, first + 2)])
+    await engine.close()
+    pdir = opener.directory / "0"
+    firsts = tools.segment_firsts(pdir)
+    # the middle segment loses its tail: every later segment must go
+    path, start, _ = tools.find_record(opener.directory, 0, firsts[2] - 1)
+    os.truncate(path, start)
+    engine = await opener(segment_size=400)
+    await assert_log(engine, 0, firsts[2] - 2)
+    assert tools.segment_firsts(pdir) == firsts[:2]
+
+
+async def test_damaged_segment_header_closes_the_partition(opener: Opener) -> None:
+    engine = await opener()
+    for pid in (0, 1):
+        await engine.add_partition(pid)
+        await engine.partition(pid).append([make_record(t, pid) for t in range(3)])
+    await engine.close()
+    seg = opener.directory / "0" / fmt.segment_file_name(0, fmt.SEGMENT_SUFFIX)
+    with seg.open("r+b") as f:
+        f.seek(10)
+        f.write(b"\xff")
+    engine = await opener()
+    with pytest.raises(PartitionClosedError, match="header"):
+        engine.partition(0)
+    assert 0 in engine.closed_partitions()
+    await assert_log(engine, 1, 2)
+
+
+async def test_damaged_control_header_refuses_to_open(opener: Opener) -> None:
+    engine = await opener()
+    await engine.close()
+    ctl = opener.directory / fmt.CONTROL_FILE_NAME
+    with ctl.open("r+b") as f:
+        f.seek(20)
+        f.write(b"\x01")
+    with pytest.raises(CorruptionError, match="control file header"):
+        await opener()
+
+
+async def test_bad_options_and_foreign_directories(opener: Opener, tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="unknown fs storage option"):
+        await opener(segment_sise=10)
+    with pytest.raises(StorageError, match="too small"):
+        await opener(segment_size=10)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not waltz")
+    with pytest.raises(CorruptionError, match="not a Waltz storage directory"):
+        await FsStorageEngine.open(str(foreign), cluster_key=KEY, num_partitions=1)
+
+
+async def test_closed_engine_refuses_work(opener: Opener) -> None:
+    engine = await opener()
+    part = await engine.add_partition(0)
+    await engine.close()
+    with pytest.raises(StorageError):
+        await part.append([make_record(0)])
+
+
+async def test_reads_never_load_whole_segments(opener: Opener) -> None:
+    engine = await opener()
+    part = await engine.add_partition(0)
+    data = b"x" * 10_000
+    await part.append([make_record(t, data=data) for t in range(200)])
+    got = await part.read_records(0, 1000, max_bytes=50_000)
+    assert len(got) == 5
+    headers = await part.read_headers(0, 1000)
+    assert [h.transaction_id for h in headers] == list(range(200))
