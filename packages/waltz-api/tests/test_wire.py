@@ -245,6 +245,49 @@ def test_every_message_has_a_distinct_type_code_and_a_documented_layout() -> Non
         assert re.search(rf"^\s+{cls.TYPE} +{cls.__name__} ", doc, re.MULTILINE), cls.__name__
 
 
+_DOC_ALIASES = {
+    "req_id": "ReqId",
+    "session_info": "SessionInfo",
+    "cluster_key": "cluster_key:UUID",
+    "record": "present:bool",
+    "record_header": "present:bool",
+    "record_headers": "headers:u32",
+}
+_SESSION_FIELDS = ("session_id", "seq_num", "partition_id")
+
+
+def _doc_entries() -> dict[int, str]:
+    """The module docstring's message table: type code -> the entry's text."""
+    doc = wire.__doc__ or ""
+    entries: dict[int, str] = {}
+    current: int | None = None
+    for line in doc.splitlines():
+        found = re.match(r"^\s{4}(\d+)\s+\w+\s+(.*)$", line)
+        if found:
+            current = int(found.group(1))
+            entries[current] = found.group(2)
+        elif current is not None and line.startswith(" " * 20) and line.strip():
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+@pytest.mark.parametrize("cls", ALL_MESSAGES, ids=lambda c: c.__name__)
+def test_documented_layout_names_every_field_in_wire_order(cls: type[Message]) -> None:
+    entry = _doc_entries()[cls.TYPE]
+    fixed = entry.split("|")[0]
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    if tuple(names[:3]) == _SESSION_FIELDS:
+        assert fixed.startswith("S"), entry
+        names = names[3:]
+    position = 0
+    for name in names:
+        found = fixed.find(_DOC_ALIASES.get(name, name), position)
+        assert found >= 0, f"{cls.__name__}.{name} missing (or out of order) in {entry!r}"
+        position = found
+
+
 # -- the documented layout, byte for byte ----------------------------------------------------------
 
 

@@ -361,11 +361,33 @@ def _make_constructor(cls: type) -> Callable[..., Any]:
     return constructor
 
 
+def _expect_fields(cls: type, names: tuple[str, ...]) -> None:
+    actual = tuple(f.name for f in fields(cls))
+    if actual != names:
+        raise TypeError(
+            f"waltz_api.wire encodes {cls.__name__} as {names} but it has fields {actual}; "
+            "update the wire codec (and its layout documentation) with the type"
+        )
+
+
+_expect_fields(ReqId, ("client_id", "generation", "partition_id", "seq_num"))
+_expect_fields(LockRequest, ("read", "write", "append"))
+_expect_fields(Record, ("transaction_id", "req_id", "header", "data", "checksum"))
+_expect_fields(RecordHeader, ("transaction_id", "req_id", "header"))
+_expect_fields(SessionInfo, ("session_id", "low_water_mark", "local_low_water_mark"))
+
 _make_req_id: Final = _make_constructor(ReqId)
 _REQ_ID_FIELDS: Final = tuple(f.name for f in fields(ReqId))
 _LOCK_FIELDS: Final = tuple(f.name for f in fields(LockRequest))
 _check_plain_dataclass(LockRequest)
 _make_record: Final = _make_constructor(Record)
+_REQ_ID_SETTERS: Final = tuple(
+    ReqId.__dict__[name].__set__ for name in ("client_id", "generation", "partition_id", "seq_num")
+)
+_RECORD_SETTERS: Final = tuple(
+    Record.__dict__[name].__set__
+    for name in ("transaction_id", "req_id", "header", "data", "checksum")
+)
 _make_record_header: Final = _make_constructor(RecordHeader)
 _make_session_info: Final = _make_constructor(SessionInfo)
 
@@ -474,6 +496,9 @@ def _decode_records(
     unpack = _RECORD.unpack_from
     records: list[Record] = []
     append = records.append
+    new = object.__new__
+    set_cid, set_gen, set_pid, set_seq = _REQ_ID_SETTERS
+    set_txid, set_req_id, set_header, set_data, set_crc = _RECORD_SETTERS
     for _ in range(count):
         if offset + RECORD_FIXED_SIZE > end:
             raise _truncated(f"record in a {what}", offset + RECORD_FIXED_SIZE, end)
@@ -485,7 +510,19 @@ def _decode_records(
         data = frame[offset:data_end]
         if _crc32c(data) != crc:
             raise _bad_checksum(f"record in a {what}", f" (transaction {txid})", crc, _crc32c(data))
-        append(_make_record(txid, _make_req_id(cid, gen, pid, seq), header, data, crc))
+        # built inline, as _make_record(txid, _make_req_id(cid, gen, pid, seq), ...) would
+        req_id = new(ReqId)
+        set_cid(req_id, cid)
+        set_gen(req_id, gen)
+        set_pid(req_id, pid)
+        set_seq(req_id, seq)
+        record = new(Record)
+        set_txid(record, txid)
+        set_req_id(record, req_id)
+        set_header(record, header)
+        set_data(record, data)
+        set_crc(record, crc)
+        append(record)
         offset = data_end
     return tuple(records), offset
 
