@@ -42,6 +42,9 @@ def main(verbose: int) -> None:
 from waltz_server.cli.plugins import plugins_group  # noqa: E402
 
 main.add_command(plugins_group)
+from waltz_server.cli.cluster import cluster_group  # noqa: E402
+
+main.add_command(cluster_group)
 from waltz_server.cli.storage import storage_group  # noqa: E402
 
 main.add_command(storage_group)

@@ -1,0 +1,157 @@
+"""``waltz cluster create`` / ``show``: against a real ZooKeeper (separate processes) and,
+in-process, against the memory reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+from click.testing import CliRunner
+
+from waltz_conformance.servers.zookeeper import ZooKeeperServer
+from waltz_server.cli import main
+
+WALTZ = [sys.executable, "-m", "waltz_server.cli"]
+NODES = ["--storage", "127.0.0.1:7001", "--storage", "127.0.0.1:7002,127.0.0.1:7003"]
+
+
+def _waltz(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WALTZ, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_create_show_and_refuse_on_zookeeper(zookeeper_server: ZooKeeperServer) -> None:
+    uri = zookeeper_server.uri(f"/cli-{uuid.uuid4().hex[:8]}")
+    key = str(uuid.uuid4())
+    created = _waltz(
+        "cluster",
+        "create",
+        "--coordination",
+        uri,
+        "--partitions",
+        "3",
+        "--replicas",
+        "2",
+        *NODES,
+        "--cluster-key",
+        key,
+    )
+    assert created.returncode == 0, created.stderr
+    assert key in created.stdout
+
+    shown = _waltz("cluster", "show", "--coordination", uri, "--json")
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert summary["cluster_key"] == key
+    assert summary["partitions"] == 3 and summary["replicas"] == 2
+    assert sorted(summary["storage"]) == ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
+    assert sum(len(p) for p in summary["storage"].values()) == 6
+    assert [p["generation"] for p in summary["partition_state"]] == [0, 0, 0]
+
+    human = CliRunner().invoke(main, ["cluster", "show", "--coordination", uri])
+    assert human.exit_code == 0 and f"cluster key: {key}" in human.output
+
+    again = _waltz(
+        "cluster",
+        "create",
+        "--coordination",
+        uri,
+        "--partitions",
+        "5",
+        "--replicas",
+        "1",
+        *NODES,
+    )
+    assert again.returncode == 1
+    assert "already exists" in again.stderr and key in again.stderr
+    assert "Traceback" not in again.stderr
+    still = CliRunner().invoke(main, ["cluster", "show", "--coordination", uri, "--json"])
+    assert json.loads(still.output)["cluster_key"] == key
+    assert json.loads(still.output)["partitions"] == 3
+
+
+def test_show_without_cluster_and_unreachable_service(zookeeper_server: ZooKeeperServer) -> None:
+    empty = zookeeper_server.uri(f"/empty-{uuid.uuid4().hex[:8]}")
+    runner = CliRunner()
+    result = runner.invoke(main, ["cluster", "show", "--coordination", empty])
+    assert result.exit_code == 1
+    assert "waltz cluster create" in result.output
+    unknown = runner.invoke(main, ["cluster", "show", "--coordination", "nosuch://x/y"])
+    assert unknown.exit_code == 1 and "valid choices" in unknown.output
+    down = runner.invoke(
+        main,
+        ["cluster", "show", "--coordination", "zk://127.0.0.1:1/x?connect_timeout=2"],
+    )
+    assert down.exit_code == 1 and "could not connect" in down.output, down.output
+
+
+def test_create_in_process_on_memory_and_bad_input() -> None:
+    runner = CliRunner()
+    uri = f"memory://cli-{uuid.uuid4().hex[:8]}/waltz"
+    ok = runner.invoke(
+        main,
+        [
+            "cluster",
+            "create",
+            "--coordination",
+            uri,
+            "--partitions",
+            "2",
+            "--replicas",
+            "1",
+            "--storage",
+            "127.0.0.1:7001",
+        ],
+    )
+    assert ok.exit_code == 0, ok.output
+    refused = runner.invoke(
+        main,
+        [
+            "cluster",
+            "create",
+            "--coordination",
+            uri,
+            "--partitions",
+            "2",
+            "--replicas",
+            "1",
+            "--storage",
+            "127.0.0.1:7001",
+        ],
+    )
+    assert refused.exit_code == 1 and "already exists" in refused.output
+    too_many = runner.invoke(
+        main,
+        [
+            "cluster",
+            "create",
+            "--coordination",
+            f"{uri}-2",
+            "--partitions",
+            "2",
+            "--replicas",
+            "3",
+            "--storage",
+            "127.0.0.1:7001",
+        ],
+    )
+    assert too_many.exit_code == 1 and "storage nodes" in too_many.output
+    bad_node = runner.invoke(
+        main,
+        [
+            "cluster",
+            "create",
+            "--coordination",
+            f"{uri}-3",
+            "--partitions",
+            "2",
+            "--replicas",
+            "1",
+            "--storage",
+            "localhost",
+        ],
+    )
+    assert bad_node.exit_code == 1 and "host:port" in bad_node.output
+    shown = runner.invoke(main, ["cluster", "show", "--coordination", uri, "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.output)["partitions"] == 2
