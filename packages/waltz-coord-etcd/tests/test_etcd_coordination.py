@@ -16,6 +16,7 @@ from waltz_api.errors import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    SessionLostError,
 )
 from waltz_api.hookspecs import PluginKind
 from waltz_api.plugins import PluginRegistry
@@ -144,11 +145,31 @@ async def test_lease_revoke_removes_ephemeral_and_reports_lost(
     lost_session = owner.session_id
     etcd_cluster.revoke_lease(lost_session)
     await eventually(lambda: seen[-1] == ["keep"], what="the ephemeral entry to vanish")
-    await eventually(lambda: states[-2:] == [SessionState.LOST, SessionState.CONNECTED])
-    assert owner.session_id != lost_session
-    assert owner.session_state is SessionState.CONNECTED
-    await owner.create("/servers/1", b"me again", ephemeral=True)
+    await eventually(lambda: states == [SessionState.LOST], what="LOST")
+    # LOST is final for a client: it changes nothing any more.
+    with pytest.raises(SessionLostError):
+        await owner.create("/servers/1", b"zombie", ephemeral=True)
+    with pytest.raises(SessionLostError):
+        await owner.get("/servers/keep")
+    assert owner.session_id == lost_session
+    successor = await new_client()
+    assert successor.session_id != lost_session
+    await successor.create("/servers/1", b"me again", ephemeral=True)
     await eventually(lambda: seen[-1] == ["1", "keep"], what="re-registration")
+
+
+async def test_ephemeral_create_with_a_revoked_lease_reports_lost(
+    etcd_cluster: EtcdCluster, new_client: ClientFactory
+) -> None:
+    owner = await new_client(session_timeout=60)
+    states: list[SessionState] = []
+    owner.add_session_listener(states.append)
+    etcd_cluster.revoke_lease(owner.session_id)
+    # Before the keep-alive notices, the create itself finds the lease gone.
+    with pytest.raises(SessionLostError):
+        await owner.create("/e", b"", ephemeral=True)
+    assert states == [SessionState.LOST]
+    assert owner.session_state is SessionState.LOST
 
 
 async def test_close_deletes_ephemeral_promptly(new_client: ClientFactory) -> None:

@@ -63,6 +63,8 @@ class Notifier(Generic[T]):
             await self._wakeup.wait()
             self._wakeup.clear()
             pending, self._pending = self._pending, None
+            if self._closed:
+                return
             if pending is None or (self._delivered is not None and self._delivered == pending):
                 continue
             self._delivered = pending

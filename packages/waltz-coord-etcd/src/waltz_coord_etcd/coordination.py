@@ -193,7 +193,6 @@ class EtcdCoordination(Coordination):
         self._watches: set[_EtcdWatch] = set()
         self._started = False
         self._closing = False
-        self._session_lock: asyncio.Lock | None = None
         # Backoff jitter only; injectable (options["random"]) for simulations.
         self._random: random.Random = options.get("random") or random.Random()
 
@@ -202,7 +201,6 @@ class EtcdCoordination(Coordination):
     async def start(self) -> None:
         if self._started:
             return
-        self._session_lock = asyncio.Lock()
         await self._gateway.open()
         try:
             await self._grant_lease()
@@ -231,7 +229,7 @@ class EtcdCoordination(Coordination):
         for watch in list(self._watches):
             watch.cancel()
             await watch.wait_closed()
-        if self._started and self._lease_id:
+        if self._started and self._lease_id and self._state is not SessionState.LOST:
             try:
                 await self._gateway.call(
                     "lease/revoke", {"ID": str(self._lease_id)}, idempotent=True, timeout=3.0
@@ -245,7 +243,7 @@ class EtcdCoordination(Coordination):
                     self._ttl,
                 )
         await self._gateway.close()
-        self._set_state(SessionState.LOST)
+        self._state = SessionState.LOST  # closed on purpose: no LOST notification
 
     @property
     def session_state(self) -> SessionState:
@@ -284,31 +282,29 @@ class EtcdCoordination(Coordination):
         self._ttl = int(answer.get("TTL", self._ttl))
         self._last_renewal = started
 
-    async def _replace_session(self, lost_lease: int) -> None:
-        """The lease ``lost_lease`` is gone: report LOST, then open a new session."""
-        assert self._session_lock is not None
-        async with self._session_lock:
-            if self._lease_id != lost_lease or self._closing:
-                return
-            log.warning("etcd lease %x is lost; its ephemeral entries are gone", lost_lease)
-            self._set_state(SessionState.LOST)
-            try:
-                await self._grant_lease()
-            except CoordinationError as exc:
-                log.warning("could not open a new etcd session yet: %s", exc)
-                return
-            self._set_state(SessionState.CONNECTED)
+    def _lose_session(self, reason: str) -> None:
+        """The lease is gone (revoked, or expired unrenewed): LOST, for good.
+
+        A LOST client stays lost (the contract): its watches stop and every
+        later operation raises SessionLostError; the owner starts a new client."""
+        if self._closing or self._state is SessionState.LOST:
+            return
+        log.warning(
+            "etcd session (lease %x) is lost (%s); its ephemeral entries are gone",
+            self._lease_id,
+            reason,
+        )
+        self._set_state(SessionState.LOST)
+        for watch in list(self._watches):
+            watch.cancel()
 
     async def _keepalive_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._closing:
+        lease = self._lease_id
+        while not self._closing and self._state is not SessionState.LOST:
             # Renew often (cheap: no raft write) so an unreachable cluster shows as
             # SUSPENDED within seconds even with a long TTL.
             await asyncio.sleep(min(self._ttl / 3, 1.0))
-            lease = self._lease_id
-            if self._state is SessionState.LOST:
-                await self._replace_session(lease)
-                continue
             sent = loop.time()
             try:
                 answer = await self._gateway.call(
@@ -322,11 +318,11 @@ class EtcdCoordination(Coordination):
                 if self._state is SessionState.CONNECTED:
                     self._set_state(SessionState.SUSPENDED)
                 if loop.time() - self._last_renewal > self._ttl:
-                    await self._replace_session(lease)
+                    self._lose_session(f"not renewed for more than its TTL of {self._ttl}s")
                 continue
             if int(answer.get("TTL", 0)) <= 0:
-                await self._replace_session(lease)
-            elif lease == self._lease_id:
+                self._lose_session("etcd no longer knows the lease")
+            else:
                 self._last_renewal = sent
                 self._set_state(SessionState.CONNECTED)
 
@@ -341,7 +337,14 @@ class EtcdCoordination(Coordination):
 
     def _require_started(self) -> None:
         if not self._started or self._closing:
-            raise CoordinationError("the etcd coordination client is not started (or closed)")
+            raise CoordinationError(
+                "the etcd coordination client is not started or was closed; start a new one"
+            )
+        if self._state is SessionState.LOST:
+            raise SessionLostError(
+                f"the etcd session (lease {self._lease_id:x}) was lost and its ephemeral "
+                "entries are gone; close this client and start a new one"
+            )
 
     async def _txn(self, compare: list[JSON], success: list[JSON], failure: list[JSON]) -> JSON:
         return await self._gateway.call(
@@ -386,10 +389,10 @@ class EtcdCoordination(Coordination):
                 answer = await self._txn(compare, [{"request_put": put}], failure)
             except EtcdRequestError as exc:
                 if ephemeral and exc.code == GRPC_NOT_FOUND and "lease" in str(exc):
-                    await self._replace_session(lease)
+                    self._lose_session("etcd no longer knows the lease")
                     raise SessionLostError(
                         f"cannot create ephemeral {path!r}: the session (lease {lease:x}) "
-                        "was lost; re-check what you owned, then retry"
+                        "was lost; close this client and start a new one"
                     ) from exc
                 raise
             if answer.get("succeeded"):
@@ -421,10 +424,10 @@ class EtcdCoordination(Coordination):
         if check_path(path) == "/":
             raise CoordinationError("the root holds no value; set a path below it")
         key = self._key(path)
-        if expected_version is None:
-            compare = [_cmp(key, "CREATE", "GREATER", create_revision="0")]
-        else:
-            compare = [_cmp(key, "MOD", "EQUAL", mod_revision=str(int(expected_version)))]
+        # An absent key has mod_revision 0: require existence in every case.
+        compare = [_cmp(key, "CREATE", "GREATER", create_revision="0")]
+        if expected_version is not None:
+            compare.append(_cmp(key, "MOD", "EQUAL", mod_revision=str(int(expected_version))))
         put = {"key": b64(key), "value": b64(value), "ignore_lease": True}
         answer = await self._txn(
             compare, [{"request_put": put}], [{"request_range": {"key": b64(key)}}]

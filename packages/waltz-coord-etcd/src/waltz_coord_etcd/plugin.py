@@ -8,8 +8,6 @@ from typing import Any
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
-CAPABILITIES = frozenset({"ephemeral", "watch", "watch_children", "counters", "session_expiry"})
-
 
 def create_coordination(connect: str, options: Mapping[str, Any] | None = None) -> Coordination:
     """The plugin factory: ``connect`` is ``etcd://host:port[,host:port...]/root``."""
@@ -25,8 +23,9 @@ def waltz_coordinators() -> list[PluginDescriptor]:
             kind=PluginKind.COORDINATION,
             name="etcd",
             factory=create_coordination,
-            capabilities=CAPABILITIES,
+            capabilities=frozenset({"server_restart"}),
             description="etcd v3 (leases, mod_revision compare-and-set, watches)",
             uri_schemes=("etcd",),
+            conformance_harness="waltz_coord_etcd.testing:conformance_harness",
         )
     ]

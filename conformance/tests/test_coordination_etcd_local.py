@@ -1,0 +1,21 @@
+"""The coordination conformance suite against ``etcd`` (a real 3-member etcd cluster,
+started once per test session) and ``local`` (SQLite files in a temp dir)."""
+
+from __future__ import annotations
+
+import pytest
+
+from waltz_conformance.servers.etcd import EtcdCluster, etcd_cluster
+from waltz_conformance.suites.coordination import CoordinationHarness, CoordinationSuite
+
+__all__ = ["etcd_cluster"]
+
+
+@pytest.mark.system
+class TestEtcdCoordination(CoordinationSuite):
+    @pytest.fixture
+    def harness(self, etcd_cluster: EtcdCluster) -> CoordinationHarness:
+        from waltz_coord_etcd.testing import conformance_harness
+
+        etcd_cluster.ensure_all_running()
+        return conformance_harness({"cluster": etcd_cluster, "session_timeout": 10.0})
