@@ -279,3 +279,19 @@ async def test_update_store_metadata_retries_and_records_replica_state(
     assert len(final.replicas) == 2
     with pytest.raises(CoordinationError, match="no replica"):
         final.replica("10.0.0.1:1")
+
+
+async def test_store_metadata_without_format_fields_is_read(make_client: MakeClient) -> None:
+    """Values written without "format"/"type" (older writers) read as format 1."""
+    meta = await _cluster(make_client)
+    path = join_path(STORE_PARTITION_DIR, 1)
+    legacy = {
+        "generation": 3,
+        "session_id": 5,
+        "replicas": {"127.0.0.1:7002": {"session_id": 4, "closing_high_water_mark": 17}},
+    }
+    await meta.coordination.set(path, json.dumps(legacy).encode())
+    got = (await meta.store_metadata(1)).value
+    assert (got.partition_id, got.generation, got.session_id) == (1, 3, 5)
+    assert got.replica("127.0.0.1:7002").closing_high_water_mark == 17
+    assert got.replica("127.0.0.1:7002").session_id == 4

@@ -175,7 +175,9 @@ def _decode(kind: str, raw: bytes, path: str) -> dict[str, Any]:
         raise CoordinationError(f"{path} does not hold Waltz metadata JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise CoordinationError(f"{path} does not hold a Waltz metadata object")
-    found_format = doc.get("format")
+    # A value without "format"/"type" is read as format 1 of the expected type (values
+    # written by code that predates the field); a present field is always checked.
+    found_format = doc.get("format", 1)
     if not isinstance(found_format, int) or found_format < 1:
         raise CoordinationError(f"{path} has no valid metadata format number")
     if found_format > FORMAT_VERSION:
@@ -183,7 +185,7 @@ def _decode(kind: str, raw: bytes, path: str) -> dict[str, Any]:
             f"{path} was written in metadata format {found_format}, newer than this Waltz "
             f"understands ({FORMAT_VERSION}); upgrade Waltz"
         )
-    if doc.get("type") != kind:
+    if doc.get("type", kind) != kind:
         raise CoordinationError(f"{path} holds {doc.get('type')!r} metadata, expected {kind!r}")
     return doc
 
@@ -264,32 +266,39 @@ def encode_store_metadata(meta: PartitionStoreMetadata) -> bytes:
             "partition": meta.partition_id,
             "generation": meta.generation,
             "session_id": meta.session_id,
-            "replicas": [
-                {
-                    "storage": r.replica_id.storage_node,
+            "replicas": {
+                r.replica_id.storage_node: {
                     "session_id": r.session_id,
                     "closing_high_water_mark": r.closing_high_water_mark,
                 }
                 for r in meta.replicas
-            ],
+            },
         },
     )
 
 
-def decode_store_metadata(raw: bytes, path: str) -> PartitionStoreMetadata:
+def decode_store_metadata(
+    raw: bytes, path: str, partition_id: int | None = None
+) -> PartitionStoreMetadata:
     doc = _decode("partition_store", raw, path)
-    partition = int(doc["partition"])
-    replicas = tuple(
-        ReplicaState(
-            ReplicaId(partition, str(r["storage"])),
-            int(r["session_id"]),
-            int(r["closing_high_water_mark"]),
+    raw_partition = doc.get("partition", partition_id)
+    if raw_partition is None:
+        raise CoordinationError(f"{path} does not say which partition it describes")
+    try:
+        partition = int(raw_partition)
+        replicas = tuple(
+            ReplicaState(
+                ReplicaId(partition, str(node)),
+                int(state["session_id"]),
+                int(state.get("closing_high_water_mark", UNRESOLVED)),
+            )
+            for node, state in sorted(dict(doc.get("replicas", {})).items())
         )
-        for r in doc["replicas"]
-    )
-    return PartitionStoreMetadata(
-        partition, int(doc["generation"]), int(doc["session_id"]), replicas
-    )
+        return PartitionStoreMetadata(
+            partition, int(doc.get("generation", 0)), int(doc.get("session_id", -1)), replicas
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CoordinationError(f"{path} does not hold valid store metadata: {exc}") from None
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -548,7 +557,7 @@ class ClusterMetadata:
     async def store_metadata(self, partition_id: int) -> Stored[PartitionStoreMetadata]:
         path = join_path(STORE_PARTITION_DIR, partition_id)
         found = await self._require(path)
-        return Stored(decode_store_metadata(found.value, path), found.version)
+        return Stored(decode_store_metadata(found.value, path, partition_id), found.version)
 
     async def cas_store_metadata(
         self, partition_id: int, new: PartitionStoreMetadata, *, expected_version: int
