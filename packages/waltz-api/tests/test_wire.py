@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import struct
 import uuid
@@ -395,12 +396,14 @@ def test_max_frame_size() -> None:
 
 
 def test_default_max_frame_size_refuses_a_huge_frame() -> None:
-    data = bytes(wire.DEFAULT_MAX_FRAME_SIZE)
-    huge = AppendRequest(ReqId(1, 1, 1, 1), -1, LockRequest(), 0, data, 0)
-    with pytest.raises(FrameTooLargeError):
-        wire.encode(huge)
-    with pytest.raises(FrameTooLargeError):
-        wire.decode(bytes([12, 1]) + data)
+    for function in (wire.encode, wire.decode, wire.encode_stream):
+        default = inspect.signature(function).parameters["max_frame_size"].default
+        assert default == wire.DEFAULT_MAX_FRAME_SIZE
+    huge = bytearray(wire.DEFAULT_MAX_FRAME_SIZE + 4)
+    huge[0:2] = bytes([12, 1])
+    for frame in (huge, memoryview(huge), memoryview(huge).cast("I")):
+        with pytest.raises(FrameTooLargeError):
+            wire.decode(frame)
 
 
 def _fixed_append(**overrides: int) -> bytes:

@@ -889,6 +889,13 @@ def encode(message: Message, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) ->
     return frame
 
 
+def _frame_too_large(size: int, max_frame_size: int) -> FrameTooLargeError:
+    return FrameTooLargeError(
+        f"a frame of {size} bytes exceeds the maximum frame size of {max_frame_size} bytes; "
+        "close the connection (or raise the maximum frame size on both peers)"
+    )
+
+
 def decode(
     frame: bytes | bytearray | memoryview, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
 ) -> Message:
@@ -901,13 +908,13 @@ def decode(
     if type(frame) is not bytes:
         if not isinstance(frame, (bytes, bytearray, memoryview)):
             raise TypeError(f"decode() takes a byte string, not {type(frame).__name__}")
+        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+        if size > max_frame_size:  # refused before copying it
+            raise _frame_too_large(size, max_frame_size)
         frame = bytes(frame)
     n = len(frame)
     if n > max_frame_size:
-        raise FrameTooLargeError(
-            f"a frame of {n} bytes exceeds the maximum frame size of {max_frame_size} bytes; "
-            "close the connection (or raise the maximum frame size on both peers)"
-        )
+        raise _frame_too_large(n, max_frame_size)
     if n < HEADER_SIZE:
         raise ProtocolError(
             f"a frame of {n} bytes is shorter than the 2-byte type and version header; "
