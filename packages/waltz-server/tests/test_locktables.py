@@ -105,12 +105,21 @@ def test_config_error_is_a_waltz_error() -> None:
 # -- hwm-array internals -------------------------------------------------------------
 
 
-def test_slots_are_in_range_and_distinct_for_a_power_of_two() -> None:
-    table = HwmArrayLockTable(options={"size": 1024})
-    for lock_id in range(2000):
+@pytest.mark.parametrize("size", [1024, 30_000, 99_991, MAX_SIZE])
+def test_the_three_slots_are_independent_and_cover_the_table(size: int) -> None:
+    table = HwmArrayLockTable(options={"size": size})
+    count = 20_000
+    coincide = 0
+    highest = [0, 0, 0]
+    for lock_id in range(count):
         slots = table.slots_of(Lock("row", lock_id).hash)
-        assert all(0 <= slot < 1024 for slot in slots)
-        assert len(set(slots)) == 3, "an odd step modulo a power of two never repeats a slot"
+        assert all(0 <= slot < size for slot in slots)
+        coincide += len(set(slots)) < 3
+        highest = [max(h, s) for h, s in zip(highest, slots, strict=True)]
+    # Independent uniform slots coincide with probability about 3/size.
+    assert coincide <= 2 * count * 3 / size + 5
+    # Each of the three reaches the top of the table (no slot confined to a part of it).
+    assert all(h > size * 0.9 for h in highest), highest
 
 
 def test_slots_spread_evenly() -> None:

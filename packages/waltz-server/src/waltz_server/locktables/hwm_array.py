@@ -1,8 +1,13 @@
 """``hwm-array``: the fixed-size probabilistic lock table of the spec (the default).
 
-An array of ``size`` high-water marks. Each lock hash selects three slots
-(double hashing on the two 32-bit halves of its stable 64-bit hash,
-Kirsch-Mitzenmacher); its estimate is the minimum of the three. Recording a
+An array of ``size`` high-water marks. Each lock hash selects three slots:
+the three lowest digits of its stable 64-bit hash written in base ``size``
+(``h % size``, ``h // size % size``, ``h // size**2 % size``). The hash is
+uniform (BLAKE2b), so the digits are three nearly independent uniform slots
+as long as ``size**3`` is well below 2**64: hence the 2**20 cap on ``size``.
+That is also the cheapest derivation in CPython (a division of a 64-bit int
+by a small one has a fast path). The estimate of a lock is the minimum of its
+three slots. Recording a
 WRITE or APPEND lock at transaction ``t`` raises its three slots to at least
 ``t``. A slot only ever holds an id that some lock mapped to it recorded (or
 the reset high-water mark), and every slot of a recorded lock is at least
@@ -29,19 +34,20 @@ from waltz_server.locktables._options import (
 DEFAULT_SIZE = 30_000
 """The spec's default number of slots per partition."""
 
-MAX_SIZE = 1 << 27
-"""An upper bound on ``size`` (about 1 GiB of slot references) to catch typos."""
+MAX_SIZE = 1 << 20
+"""The largest ``size`` (8 MiB of slots): above it the three slots of a lock would
+no longer be independent digits of its 64-bit hash. A table needing more is
+better served by ``exact``."""
 
 HASH_FUNCTIONS = 3
 
-_LOW32 = 0xFFFFFFFF
 _OPTIONS = frozenset({"size"})
 
 
 class HwmArrayLockTable(LockTable):
     """The spec's lock table: ``size`` slots, 3 hash functions, estimate = min of the slots.
 
-    Options: ``size`` (int, 1 to 2**27, default 30000).
+    Options: ``size`` (int, 1 to 2**20, default 30000).
     """
 
     def __init__(
@@ -63,10 +69,9 @@ class HwmArrayLockTable(LockTable):
 
     def slots_of(self, lock_hash: int) -> tuple[int, int, int]:
         """The three slot indexes of ``lock_hash`` (for tests and diagnostics)."""
-        low = lock_hash & _LOW32
-        step = (lock_hash >> 32) | 1
         size = self._size
-        return low % size, (low + step) % size, (low + step + step) % size
+        rest = lock_hash // size
+        return lock_hash % size, rest % size, rest // size % size
 
     def estimate(self, request: LockRequest) -> int:
         slots = self._slots
@@ -75,25 +80,23 @@ class HwmArrayLockTable(LockTable):
         # The loops are written out (not a helper per lock) because this is the
         # append hot path: no call, tuple or generator per lock.
         for lock_hash in request.read:
-            low = lock_hash & _LOW32
-            step = (lock_hash >> 32) | 1
-            value = slots[low % size]
-            other = slots[(low + step) % size]
+            rest = lock_hash // size
+            value = slots[lock_hash % size]
+            other = slots[rest % size]
             if other < value:
                 value = other
-            other = slots[(low + step + step) % size]
+            other = slots[rest // size % size]
             if other < value:
                 value = other
             if value > result:
                 result = value
         for lock_hash in request.write:
-            low = lock_hash & _LOW32
-            step = (lock_hash >> 32) | 1
-            value = slots[low % size]
-            other = slots[(low + step) % size]
+            rest = lock_hash // size
+            value = slots[lock_hash % size]
+            other = slots[rest % size]
             if other < value:
                 value = other
-            other = slots[(low + step + step) % size]
+            other = slots[rest // size % size]
             if other < value:
                 value = other
             if value > result:
@@ -111,15 +114,14 @@ class HwmArrayLockTable(LockTable):
         size = self._size
         for group in (request.write, request.append):
             for lock_hash in group:
-                low = lock_hash & _LOW32
-                step = (lock_hash >> 32) | 1
-                index = low % size
+                rest = lock_hash // size
+                index = lock_hash % size
                 if slots[index] < transaction_id:
                     slots[index] = transaction_id
-                index = (low + step) % size
+                index = rest % size
                 if slots[index] < transaction_id:
                     slots[index] = transaction_id
-                index = (low + step + step) % size
+                index = rest // size % size
                 if slots[index] < transaction_id:
                     slots[index] = transaction_id
 
