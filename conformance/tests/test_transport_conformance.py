@@ -25,3 +25,27 @@ class TestMemoryTransport(TransportSuite):
     @pytest.fixture
     def harness(self) -> TransportHarness:
         return harness_for("memory")
+
+
+class TestZmqTcpTransport(TransportSuite):
+    """Real sockets over tcp:// on loopback; peers are real processes."""
+
+    @pytest.fixture
+    def harness(self) -> TransportHarness:
+        return harness_for("zmq")
+
+
+class TestZmqIpcTransport(TransportSuite):
+    """Real sockets over ipc://; peers are real processes."""
+
+    @pytest.fixture
+    def harness(self) -> TransportHarness:
+        return harness_for("zmq", scheme="ipc")
+
+
+class TestZmqTransportWithoutCoalescing(TransportSuite):
+    """Every frame its own ZeroMQ message: the same promises hold."""
+
+    @pytest.fixture
+    def harness(self) -> TransportHarness:
+        return harness_for("zmq", coalesce=False)

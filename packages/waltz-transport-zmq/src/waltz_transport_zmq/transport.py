@@ -1,0 +1,1082 @@
+"""The ZeroMQ transport: pyzmq asyncio sockets, one packed frame per message.
+
+Shape:
+
+- A listener is one ROUTER socket; every connection a client makes is its own
+  DEALER socket with a fresh random routing id, so a ROUTER identity is never
+  reused and a connection's frames never mix with another's.
+- A connection opens with HELLO/WELCOME (version, windows, limits, lineage).
+- Flow control is credit based (:mod:`waltz_transport_zmq.protocol`): a
+  sender has at most ``window_frames`` frames and about ``window_bytes`` bytes
+  in flight beyond what the receiving application consumed, so receive buffers
+  stay bounded per connection without blocking the shared ROUTER socket, and
+  the ZeroMQ high-water marks (set above the window) never drop a frame.
+- Heartbeats: each side sends one when it sent nothing else for
+  ``heartbeat_interval``; a peer silent for ``heartbeat_timeout`` is dead.
+- Sends go through the socket's synchronous shadow without blocking; when
+  ZeroMQ cannot take a message, it and every later one of that connection
+  wait in order in a queue the credit window bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from waltz_api.contracts.transport import Connection, ConnectionHandler, Listener, Transport
+from waltz_api.errors import (
+    AuthenticationError,
+    ConfigError,
+    ConnectError,
+    ConnectionClosedError,
+    FrameTooLargeError,
+    ProtocolError,
+    TransportError,
+)
+from waltz_transport_zmq import protocol as p
+from waltz_transport_zmq.options import ZmqOptions, is_local_endpoint
+
+log = logging.getLogger(__name__)
+
+ZAP_DOMAIN = "waltz"
+# messages drained from a socket per wake-up before yielding to the event loop
+DRAIN = 512
+_RETRY = (zmq.EAGAIN, zmq.EHOSTUNREACH)
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+class _Pump:
+    """Reads one socket from the event loop: ``add_reader`` on its ZMQ_FD, then drains.
+
+    The ZMQ_FD is edge-triggered and any operation on the socket (a send too) may
+    consume its signal, so after sending, :meth:`poke` makes the loop look again.
+    """
+
+    __slots__ = ("_fd", "_handle", "_loop", "_multipart", "_scheduled", "_socket", "closed")
+
+    def __init__(
+        self,
+        socket: zmq.Socket[bytes],
+        handle: Callable[[Any], None],
+        multipart: bool,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._socket = socket
+        self._handle = handle
+        self._multipart = multipart
+        self._scheduled = False
+        self.closed = False
+        self._fd: int = socket.getsockopt(zmq.FD)  # type: ignore[assignment]
+        self._loop.add_reader(self._fd, self._readable)
+        self.poke()
+
+    def poke(self) -> None:
+        if not self._scheduled and not self.closed:
+            self._scheduled = True
+            self._loop.call_soon(self._readable)
+
+    def _readable(self) -> None:
+        self._scheduled = False
+        if self.closed:
+            return
+        socket = self._socket
+        handle = self._handle
+        recv = socket.recv_multipart if self._multipart else socket.recv
+        try:
+            for _ in range(DRAIN):
+                handle(recv(zmq.NOBLOCK))
+                if self.closed:
+                    return
+        except zmq.Again:
+            return
+        except zmq.ZMQError as exc:
+            if not self.closed:
+                log.warning("reading a zmq socket failed: %s", exc)
+            return
+        # more may be waiting: go on after the other callbacks had their turn
+        self.poke()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._loop.remove_reader(self._fd)
+
+
+class _Wire:
+    """Ordered, non-blocking sends of one connection's messages to its peer."""
+
+    __slots__ = ("_backoff_task", "_conn", "_identity", "_pending", "_pump", "_shadow", "cap")
+
+    def __init__(
+        self,
+        socket: zmq.Socket[bytes],
+        pump: _Pump,
+        identity: bytes | None,
+        conn: ZmqConnection,
+        cap: int,
+    ) -> None:
+        self._shadow = socket
+        self._pump = pump
+        self._identity = identity
+        self._conn = conn
+        self._pending: deque[bytes] = deque()
+        self._backoff_task: asyncio.Task[None] | None = None
+        self.cap = cap
+
+    def _send_now(self, message: bytes) -> None:
+        if self._identity is None:
+            self._shadow.send(message, zmq.NOBLOCK)
+        else:
+            self._shadow.send(self._identity, zmq.NOBLOCK | zmq.SNDMORE)
+            self._shadow.send(message, zmq.NOBLOCK)
+        self._pump.poke()
+
+    def send(self, message: bytes) -> None:
+        conn = self._conn
+        conn._said = True
+        if self._pending:
+            if len(self._pending) >= self.cap:
+                conn._break("the peer stopped taking messages (send queue full)")
+                return
+            self._pending.append(message)
+            return
+        try:
+            self._send_now(message)
+        except zmq.ZMQError as exc:
+            if exc.errno not in _RETRY:
+                conn._break(f"cannot send to the peer ({exc.strerror})")
+                return
+            # ZeroMQ cannot take it now (a pipe momentarily full, or a ROUTER peer
+            # reconnecting): keep it, and everything after it, in order; the watchdog ends
+            # the wait if the peer is gone
+            self._pending.append(message)
+            self._backoff_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        delay = 0.0005
+        while self._pending and not self._conn._closed:
+            try:
+                self._send_now(self._pending[0])
+            except zmq.ZMQError as exc:
+                if exc.errno not in _RETRY:
+                    self._conn._break(f"cannot send to the peer ({exc.strerror})")
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.02)
+                continue
+            self._pending.popleft()
+            delay = 0.0005
+
+    def send_best_effort(self, message: bytes) -> None:
+        """For CLOSE: never queue, never fail."""
+        if self._pending:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            self._send_now(message)
+
+    def stop(self) -> None:
+        self._pending.clear()
+        if self._backoff_task is not None:
+            self._backoff_task.cancel()
+
+
+class ZmqConnection(Connection):
+    """One end of a connection (a DEALER socket on the client, a ROUTER identity on the server)."""
+
+    def __init__(
+        self,
+        transport: ZmqTransport,
+        connection_id: int,
+        peer: str,
+        *,
+        peer_window_frames: int,
+        peer_window_bytes: int,
+    ) -> None:
+        opts = transport.opts
+        self._transport = transport
+        self._loop = asyncio.get_running_loop()
+        self._id = connection_id
+        self._peer = peer
+        self._max = opts.max_frame_size
+        self._coalesce = opts.coalesce
+        self._wire: _Wire | None = None
+        self._closed = False
+        self._eof = False
+        self._reason = "closed"
+        # receiving
+        self._inbox: deque[bytes] = deque()
+        self._inbox_bytes = 0
+        self._recv_waiters: list[asyncio.Future[None]] = []
+        self._seq_in = 0
+        self._consumed_frames = 0
+        self._consumed_bytes = 0
+        self._granted_frames = 0
+        self._granted_bytes = 0
+        self._window_frames = opts.window_frames
+        self._window_bytes = opts.window_bytes
+        self._grant_frames = max(1, opts.window_frames // 4)
+        self._grant_bytes = max(1, opts.window_bytes // 4)
+        # sending
+        self._seq_out = 0
+        self._sent_frames = 0
+        self._sent_bytes = 0
+        self._acked_frames = 0
+        self._acked_bytes = 0
+        self._peer_window_frames = peer_window_frames
+        self._peer_window_bytes = peer_window_bytes
+        self._credit_waiters: list[asyncio.Future[None]] = []
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+        # liveness (see ZmqTransport._watchdog)
+        self._heard = True
+        self._said = False
+        self._last_heard = self._loop.time()
+        self.on_closed: Callable[[ZmqConnection], None] | None = None
+
+    # -- Connection --------------------------------------------------------------------
+
+    @property
+    def connection_id(self) -> int:
+        return self._id
+
+    @property
+    def peer(self) -> str:
+        return self._peer
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or (self._eof and not self._inbox)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes received and not yet taken by ``recv``."""
+        return self._inbox_bytes
+
+    def _closed_error(self) -> ConnectionClosedError:
+        return ConnectionClosedError(
+            f"connection {self._id} with {self._peer} is closed: {self._reason}"
+        )
+
+    def _too_large(self, size: int) -> FrameTooLargeError:
+        return FrameTooLargeError(
+            f"frame of {size} bytes exceeds max_frame_size {self._max}; split the payload "
+            "or raise the transport's max_frame_size option"
+        )
+
+    async def send(self, frame: bytes) -> None:
+        size = len(frame)
+        if size > self._max:
+            raise self._too_large(size)
+        if self._closed or self._eof:
+            raise self._closed_error()
+        if (
+            self._sent_frames - self._acked_frames >= self._peer_window_frames
+            or self._sent_bytes - self._acked_bytes >= self._peer_window_bytes
+        ):
+            await self._wait_for_credit()
+        self._sent_frames += 1
+        self._sent_bytes += size
+        if self._coalesce:
+            self._out.append(frame)
+            self._out_bytes += size
+            if self._out_bytes >= p.BATCH_LIMIT:
+                self._flush()
+            elif not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+        else:
+            assert self._wire is not None
+            self._wire.send(p.DATA_HEADER.pack(p.KIND_DATA, self._seq_out) + frame)
+            self._seq_out = (self._seq_out + 1) & p.SEQ_MASK
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            if len(frame) > self._max:
+                raise self._too_large(len(frame))
+        if self._closed or self._eof:
+            raise self._closed_error()
+        index, count = 0, len(frames)
+        while index < count:
+            if (
+                self._sent_frames - self._acked_frames >= self._peer_window_frames
+                or self._sent_bytes - self._acked_bytes >= self._peer_window_bytes
+            ):
+                self._flush()
+                await self._wait_for_credit()
+            # take as many frames as the credit allows at once
+            room_frames = self._peer_window_frames - (self._sent_frames - self._acked_frames)
+            room_bytes = self._peer_window_bytes - (self._sent_bytes - self._acked_bytes)
+            out = self._out
+            while index < count and room_frames > 0 and room_bytes > 0:
+                frame = frames[index]
+                size = len(frame)
+                out.append(frame)
+                self._out_bytes += size
+                self._sent_frames += 1
+                self._sent_bytes += size
+                room_frames -= 1
+                room_bytes -= size
+                index += 1
+            self._flush()
+
+    async def _wait_for_credit(self) -> None:
+        while (
+            self._sent_frames - self._acked_frames >= self._peer_window_frames
+            or self._sent_bytes - self._acked_bytes >= self._peer_window_bytes
+        ):
+            if self._closed or self._eof:
+                raise self._closed_error()
+            waiter = self._loop.create_future()
+            self._credit_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._credit_waiters.remove(waiter)
+        if self._closed or self._eof:
+            raise self._closed_error()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out or self._closed:
+            return
+        self._out = []
+        self._out_bytes = 0
+        wire = self._wire
+        assert wire is not None
+        if len(out) == 1:
+            wire.send(p.DATA_HEADER.pack(p.KIND_DATA, self._seq_out) + out[0])
+            self._seq_out = (self._seq_out + 1) & p.SEQ_MASK
+            return
+        parts: list[bytes] = []
+        batch_bytes = 0
+        pack_length = p.LENGTH.pack
+        for frame in out:
+            size = len(frame)
+            if size > p.BATCH_FRAME_LIMIT:
+                self._emit_batch(parts)
+                parts, batch_bytes = [], 0
+                wire.send(p.DATA_HEADER.pack(p.KIND_DATA, self._seq_out) + frame)
+                self._seq_out = (self._seq_out + 1) & p.SEQ_MASK
+                continue
+            if batch_bytes + size + 4 > p.BATCH_LIMIT:
+                self._emit_batch(parts)
+                parts, batch_bytes = [], 0
+            parts.append(pack_length(size))
+            parts.append(frame)
+            batch_bytes += size + 4
+        self._emit_batch(parts)
+
+    def _emit_batch(self, parts: list[bytes]) -> None:
+        if not parts:
+            return
+        wire = self._wire
+        assert wire is not None
+        if len(parts) == 2:
+            message = p.DATA_HEADER.pack(p.KIND_DATA, self._seq_out) + parts[1]
+        else:
+            message = p.DATA_HEADER.pack(p.KIND_BATCH, self._seq_out) + b"".join(parts)
+        wire.send(message)
+        self._seq_out = (self._seq_out + 1) & p.SEQ_MASK
+
+    async def recv(self) -> bytes:
+        while True:
+            inbox = self._inbox
+            if inbox:
+                frame = inbox.popleft()
+                size = len(frame)
+                self._inbox_bytes -= size
+                self._consumed_frames += 1
+                self._consumed_bytes += size
+                if (
+                    self._consumed_frames - self._granted_frames >= self._grant_frames
+                    or self._consumed_bytes - self._granted_bytes >= self._grant_bytes
+                ) and not self._closed:
+                    self._granted_frames = self._consumed_frames
+                    self._granted_bytes = self._consumed_bytes
+                    assert self._wire is not None
+                    self._wire.send(
+                        p.CREDIT.pack(p.KIND_CREDIT, self._consumed_frames, self._consumed_bytes)
+                    )
+                return frame
+            if self._closed or self._eof:
+                raise self._closed_error()
+            waiter = self._loop.create_future()
+            self._recv_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._recv_waiters.remove(waiter)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._flush()
+        if self._wire is not None and not self._eof:
+            self._wire.send_best_effort(p.close_message("closed by the peer"))
+        self._break("closed by this side", log_level=logging.DEBUG)
+
+    # -- receiving from the wire -------------------------------------------------------
+
+    def _wake_receivers(self) -> None:
+        for waiter in self._recv_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _wake_senders(self) -> None:
+        for waiter in self._credit_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _deliver(self, frame: bytes) -> None:
+        size = len(frame)
+        if size > self._max:
+            raise ProtocolError(
+                f"received a frame of {size} bytes, above max_frame_size {self._max}"
+            )
+        self._inbox.append(frame)
+        self._inbox_bytes += size
+
+    def on_message(self, message: bytes) -> None:
+        """One message from the peer (the reader calls this; never raises)."""
+        self._heard = True
+        if self._closed:
+            return
+        try:
+            kind = message[0]
+            if kind in (p.KIND_DATA, p.KIND_BATCH):
+                p.require(len(message) >= p.DATA_HEADER.size, "truncated data header")
+                _, seq = p.DATA_HEADER.unpack_from(message)
+                if seq != self._seq_in:
+                    raise ProtocolError(
+                        f"message {seq} arrived where {self._seq_in} was due: messages were lost "
+                        "in transit (a frame above the receiver's max_frame_size, or a broken "
+                        "link)"
+                    )
+                self._seq_in = (seq + 1) & p.SEQ_MASK
+                if kind == p.KIND_DATA:
+                    self._deliver(message[p.DATA_HEADER.size :])
+                else:
+                    for frame in p.unpack_batch(message, self._max):
+                        self._inbox.append(frame)
+                        self._inbox_bytes += len(frame)
+                if (
+                    len(self._inbox) > self._window_frames
+                    or self._inbox_bytes > self._window_bytes + self._max
+                ):
+                    raise ProtocolError("the peer sent beyond its flow-control window")
+                if self._recv_waiters:
+                    self._wake_receivers()
+            elif kind == p.KIND_CREDIT:
+                p.require(len(message) == p.CREDIT.size, "malformed credit")
+                _, frames, nbytes = p.CREDIT.unpack(message)
+                p.require(
+                    frames <= self._sent_frames and nbytes <= self._sent_bytes,
+                    "credit for frames never sent",
+                )
+                if frames > self._acked_frames or nbytes > self._acked_bytes:
+                    self._acked_frames = max(self._acked_frames, frames)
+                    self._acked_bytes = max(self._acked_bytes, nbytes)
+                    if self._credit_waiters:
+                        self._wake_senders()
+            elif kind == p.KIND_HEARTBEAT:
+                p.require(len(message) == p.HEARTBEAT.size, "malformed heartbeat")
+                _, sent = p.HEARTBEAT.unpack(message)
+                if sent != self._seq_in:
+                    raise ProtocolError(
+                        f"the peer sent {sent} messages but {self._seq_in} arrived: messages were "
+                        "lost in transit (a frame above the receiver's max_frame_size, or a "
+                        "broken link)"
+                    )
+            elif kind == p.KIND_CLOSE:
+                reason = message[1:].decode("utf-8", "replace") or "closed by the peer"
+                self._peer_closed(reason)
+            elif kind in (p.KIND_WELCOME, p.KIND_HELLO):
+                return  # a duplicate of the handshake: harmless
+            else:
+                raise ProtocolError(f"unknown message kind {kind}")
+        except (ProtocolError, IndexError) as exc:
+            log.warning("closing connection %d with %s: %s", self._id, self._peer, exc)
+            if self._wire is not None:
+                self._wire.send_best_effort(p.close_message(f"protocol error: {exc}"))
+            self._break(f"protocol error: {exc}")
+
+    def _peer_closed(self, reason: str) -> None:
+        """The peer closed: what arrived before is still delivered, then recv raises."""
+        self._eof = True
+        self._reason = reason
+        self._out.clear()
+        self._transport._forget(self)
+        if self.on_closed is not None:
+            self.on_closed(self)
+        self._wake_receivers()
+        self._wake_senders()
+        if self._wire is not None:
+            self._wire.stop()
+
+    def _break(self, reason: str, log_level: int = logging.INFO) -> None:
+        """Closed now: drop what is queued, wake everyone waiting."""
+        if self._closed:
+            return
+        log.log(log_level, "connection %d with %s closed: %s", self._id, self._peer, reason)
+        self._closed = True
+        if not self._eof:
+            self._reason = reason
+        self._inbox.clear()
+        self._inbox_bytes = 0
+        self._out.clear()
+        self._transport._forget(self)
+        if self.on_closed is not None:
+            self.on_closed(self)
+        self._wake_receivers()
+        self._wake_senders()
+        if self._wire is not None:
+            self._wire.stop()
+
+    def _heartbeat(self) -> None:
+        if self._wire is not None and not self._closed:
+            self._flush()
+            self._wire.send(p.HEARTBEAT.pack(p.KIND_HEARTBEAT, self._seq_out))
+
+
+class ClientConnection(ZmqConnection):
+    """A connection this transport opened: its own DEALER socket, read by its own pump."""
+
+    socket: zmq.Socket[bytes]
+    pump: _Pump
+    # resolved by the listener's first answer (WELCOME, or CLOSE when it refuses)
+    welcome: asyncio.Future[None] | None = None
+
+    def on_message(self, message: bytes) -> None:
+        welcome = self.welcome
+        if welcome is None:
+            super().on_message(message)
+            return
+        self.welcome = None
+        if welcome.done():
+            return
+        kind = message[:1]
+        if kind == bytes([p.KIND_WELCOME]):
+            try:
+                body = p.parse_control(message, "welcome")
+                self._peer_window_frames = p.field_int(body, "window_frames", 1)
+                self._peer_window_bytes = p.field_int(body, "window_bytes", 1)
+            except ProtocolError as exc:
+                welcome.set_exception(
+                    ConnectError(f"{self._peer} answered with a malformed welcome: {exc}")
+                )
+                return
+            self._heard = True
+            welcome.set_result(None)
+        elif kind == bytes([p.KIND_CLOSE]):
+            welcome.set_exception(
+                ConnectError(
+                    f"{self._peer} refused the connection: {message[1:].decode('utf-8', 'replace')}"
+                )
+            )
+        else:
+            welcome.set_exception(
+                ConnectError(
+                    f"{self._peer} answered the hello with something else: not a Waltz listener?"
+                )
+            )
+
+    def _break(self, reason: str, log_level: int = logging.INFO) -> None:
+        was_closed = self._closed
+        super()._break(reason, log_level)
+        if not was_closed:
+            self._release()
+
+    def _peer_closed(self, reason: str) -> None:
+        super()._peer_closed(reason)
+        self._release()
+
+    def _release(self) -> None:
+        self.pump.close()
+        if not self.socket.closed:
+            self.socket.close(linger=int(self._transport.opts.linger * 1000))
+
+
+class ServerConnection(ZmqConnection):
+    identity: bytes
+    lineage: tuple[str, str] | None = None
+    client_seq: int = 0
+
+
+class ZmqListener(Listener):
+    """A ROUTER socket accepting connections."""
+
+    def __init__(
+        self,
+        transport: ZmqTransport,
+        socket: zmq.Socket[bytes],
+        endpoint: str,
+        handler: ConnectionHandler,
+    ) -> None:
+        self._transport = transport
+        self._socket = socket
+        self._shadow = socket
+        self._endpoint = endpoint
+        self._handler = handler
+        self._closed = False
+        self._connections: dict[bytes, ServerConnection] = {}
+        self._lineages: dict[tuple[str, str], ServerConnection] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pump = _Pump(socket, self._on_parts, multipart=True)
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    def _on_parts(self, parts: list[bytes]) -> None:
+        if len(parts) == 2:
+            conn = self._connections.get(parts[0])
+            if conn is not None:
+                conn.on_message(parts[1])
+            else:
+                self._on_stranger(parts[0], parts[1])
+        else:
+            log.warning(
+                "%s: dropped a %d-part message (this transport sends single frames)",
+                self._endpoint,
+                len(parts),
+            )
+
+    def _reply(self, identity: bytes, message: bytes) -> None:
+        """Best effort, never queued: to a peer that has no connection here."""
+        with contextlib.suppress(zmq.ZMQError):
+            self._shadow.send(identity, zmq.NOBLOCK | zmq.SNDMORE)
+            self._shadow.send(message, zmq.NOBLOCK)
+        self._pump.poke()
+
+    def _on_stranger(self, identity: bytes, message: bytes) -> None:
+        if not message or message[0] != p.KIND_HELLO:
+            if message and message[0] != p.KIND_CLOSE:
+                self._reply(
+                    identity, p.close_message("unknown connection (the listener restarted?)")
+                )
+            return
+        try:
+            self._accept(identity, message)
+        except ProtocolError as exc:
+            log.warning("%s: refused a connection: %s", self._endpoint, exc)
+            self._reply(identity, p.close_message(f"refused: {exc}"))
+
+    def _accept(self, identity: bytes, message: bytes) -> None:
+        transport = self._transport
+        opts = transport.opts
+        hello = p.parse_control(message, "hello")
+        version = p.field_int(hello, "version")
+        if version != p.PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"protocol version {version} is not supported (this end speaks "
+                f"{p.PROTOCOL_VERSION}); upgrade the older end"
+            )
+        client = p.field_str(hello, "client")
+        seq = p.field_int(hello, "seq")
+        key = p.field_str(hello, "replace_key", optional=True)
+        window_frames = p.field_int(hello, "window_frames", 1)
+        window_bytes = p.field_int(hello, "window_bytes", 1)
+        assert client is not None
+        lineage = (client, key) if key is not None else None
+        if lineage is not None:
+            current = self._lineages.get(lineage)
+            if current is not None:
+                if current.client_seq >= seq:
+                    raise ProtocolError(
+                        f"connection {seq} was replaced by connection {current.client_seq} of "
+                        "the same replace_key"
+                    )
+                # replaced: nothing of it is delivered from now on
+                current._wire.send_best_effort(  # type: ignore[union-attr]
+                    p.close_message("replaced by a newer connection of the same replace_key")
+                )
+                current._break("replaced by a newer connection of the same replace_key")
+        conn = ServerConnection(
+            transport,
+            transport._next_id(),
+            f"{self._endpoint}<-{client}#{seq}",
+            peer_window_frames=window_frames,
+            peer_window_bytes=window_bytes,
+        )
+        conn.identity = identity
+        conn.lineage = lineage
+        conn.client_seq = seq
+        conn._wire = _Wire(self._shadow, self._pump, identity, conn, opts.hwm)
+        conn.on_closed = self._on_connection_closed
+        self._connections[identity] = conn
+        if lineage is not None:
+            self._lineages[lineage] = conn
+        transport._connections.add(conn)
+        conn._wire.send(
+            p.control(
+                p.KIND_WELCOME,
+                {
+                    "version": p.PROTOCOL_VERSION,
+                    "id": conn.connection_id,
+                    "window_frames": opts.window_frames,
+                    "window_bytes": opts.window_bytes,
+                    "max_frame_size": opts.max_frame_size,
+                },
+            )
+        )
+        task = asyncio.get_running_loop().create_task(self._run_handler(conn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_connection_closed(self, conn: ZmqConnection) -> None:
+        assert isinstance(conn, ServerConnection)
+        if self._connections.get(conn.identity) is conn:
+            del self._connections[conn.identity]
+        if conn.lineage is not None and self._lineages.get(conn.lineage) is conn:
+            del self._lineages[conn.lineage]
+
+    async def _run_handler(self, conn: ServerConnection) -> None:
+        try:
+            await self._handler(conn)
+        except ConnectionClosedError:
+            log.debug("connection %d ended in its handler", conn.connection_id)
+        except Exception:
+            log.exception("the connection handler for %s failed", conn.peer)
+        finally:
+            await conn.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._transport._listeners.discard(self)
+        for conn in list(self._connections.values()):
+            await conn.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pump.close()
+        self._socket.close(linger=int(self._transport.opts.linger * 1000))
+
+
+class _AuthorizedKeys:
+    """The ZAP credentials provider: the configured client public keys (Z85)."""
+
+    def __init__(self, keys: frozenset[bytes]) -> None:
+        self._keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        allowed = key in self._keys
+        if not allowed:
+            log.warning("refused a client with an unknown curve public key %s", key.decode())
+        return allowed
+
+
+class ZmqTransport(Transport):
+    """The Transport contract on ZeroMQ (plugin ``zmq``)."""
+
+    _instances = itertools.count(1)
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.opts = ZmqOptions.from_mapping(self.options)
+        self.uid = uuid.uuid4().hex
+        self._ids = itertools.count(1)
+        self._context: zmq.asyncio.Context | None = None
+        self._sync_context: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._authenticator: Any = None
+        self._connections: set[ZmqConnection] = set()
+        self._client_connections: set[ClientConnection] = set()
+        self._lineages: dict[tuple[str, str], ClientConnection] = {}
+        self._listeners: set[ZmqListener] = set()
+        self._watchdog_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def max_frame_size(self) -> int:
+        return self.opts.max_frame_size
+
+    @property
+    def failure_detection_bound(self) -> float:
+        return self.opts.failure_detection_bound
+
+    def _next_id(self) -> int:
+        return next(self._ids)
+
+    def _forget(self, conn: ZmqConnection) -> None:
+        self._connections.discard(conn)
+        if isinstance(conn, ClientConnection):
+            self._client_connections.discard(conn)
+
+    def _ctx(self) -> zmq.asyncio.Context:
+        if self._closed:
+            raise TransportError("this zmq transport is closed; create a new one")
+        if self._context is None:
+            self._context = zmq.asyncio.Context(io_threads=self.opts.io_threads)
+        if self._watchdog_task is None:
+            self._watchdog_task = asyncio.get_running_loop().create_task(self._watchdog())
+        return self._context
+
+    def _sockets(self) -> zmq.Context[zmq.Socket[bytes]]:
+        """The transport's context, for plain sockets (the pumps drive them from the loop)."""
+        if self._sync_context is None:
+            self._sync_context = zmq.Context.shadow(self._ctx().underlying)
+        return self._sync_context
+
+    def _check_endpoint(self, endpoint: str, curve: bool) -> None:
+        if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
+            raise ConfigError(
+                f"zmq endpoint {endpoint!r} is invalid: use tcp://HOST:PORT or ipc:///path",
+                key="endpoint",
+            )
+        if not curve and self.opts.security == "auto" and not is_local_endpoint(endpoint):
+            raise ConfigError(
+                f"{endpoint} is not a loopback address and no curve keys are configured: "
+                "configure curve keys (see `waltz keys generate`) or set the transport option "
+                "security = 'plaintext' to send unencrypted on purpose",
+                key="security",
+            )
+
+    def _configure(self, socket: zmq.Socket[Any]) -> None:
+        opts = self.opts
+        socket.setsockopt(zmq.LINGER, int(opts.linger * 1000))
+        socket.setsockopt(zmq.SNDHWM, opts.hwm)
+        socket.setsockopt(zmq.RCVHWM, opts.hwm)
+        socket.setsockopt(zmq.MAXMSGSIZE, max(opts.max_frame_size, p.BATCH_LIMIT) + p.HEADER_ROOM)
+        socket.setsockopt(zmq.RECONNECT_IVL, int(opts.reconnect_interval * 1000))
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, int(opts.reconnect_interval_max * 1000))
+
+    async def _watchdog(self) -> None:
+        """Heartbeats out, silence in: one timer for every connection of this transport."""
+        loop = asyncio.get_running_loop()
+        interval = self.opts.heartbeat_interval
+        timeout = self.opts.heartbeat_timeout
+        while not self._closed:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for conn in list(self._connections):
+                if conn._heard:
+                    conn._heard = False
+                    conn._last_heard = now
+                elif now - conn._last_heard > timeout:
+                    conn._break(f"the peer sent nothing for {timeout} s (dead or paused)")
+                    continue
+                if not conn._said:
+                    conn._heartbeat()
+                conn._said = False
+
+    async def listen(self, endpoint: str, handler: ConnectionHandler) -> Listener:
+        opts = self.opts
+        self._check_endpoint(endpoint, opts.curve_listen)
+        if opts.security == "curve" and not opts.curve_listen:
+            raise ConfigError(
+                "security = 'curve' but curve_server_key / curve_authorized_keys are not set, "
+                "so this transport cannot listen securely",
+                key="curve_server_key",
+            )
+        context = self._ctx()
+        socket: zmq.Socket[bytes] = self._sockets().socket(zmq.ROUTER)
+        self._configure(socket)
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if opts.curve_server_key is not None:
+            self._start_authenticator(context)
+            socket.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+            socket.setsockopt(zmq.CURVE_SERVER, 1)
+            socket.setsockopt(zmq.CURVE_SECRETKEY, opts.curve_server_key.secret)
+            socket.setsockopt(zmq.CURVE_PUBLICKEY, opts.curve_server_key.public)
+        bind_to = endpoint
+        if bind_to.startswith("tcp://") and bind_to.endswith(":0"):
+            bind_to = bind_to[:-2] + ":*"
+        try:
+            socket.bind(bind_to)
+        except zmq.ZMQError as exc:
+            socket.close(linger=0)
+            raise TransportError(f"cannot listen on {endpoint}: {exc.strerror}") from exc
+        resolved = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        listener = ZmqListener(self, socket, resolved, handler)
+        self._listeners.add(listener)
+        log.info("listening on %s%s", resolved, " (curve)" if opts.curve_listen else "")
+        return listener
+
+    def _start_authenticator(self, context: zmq.asyncio.Context) -> None:
+        if self._authenticator is not None:
+            return
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
+        assert self.opts.curve_authorized_keys is not None
+        authenticator = AsyncioAuthenticator(context, log=log.getChild("zap"))
+        authenticator.start()
+        authenticator.configure_curve_callback(
+            domain="*", credentials_provider=_AuthorizedKeys(self.opts.curve_authorized_keys)
+        )
+        self._authenticator = authenticator
+
+    async def connect(
+        self, endpoint: str, *, timeout: float = 10.0, replace_key: str | None = None
+    ) -> Connection:
+        opts = self.opts
+        self._check_endpoint(endpoint, opts.curve_connect)
+        if opts.security == "curve" and not opts.curve_connect:
+            raise ConfigError(
+                "security = 'curve' but curve_server_public_key / curve_client_key are not set, "
+                "so this transport cannot connect securely",
+                key="curve_server_public_key",
+            )
+        context = self._ctx()
+        if replace_key is not None:
+            older = self._lineages.get((endpoint, replace_key))
+            if older is not None:
+                await older.close()
+        socket: zmq.Socket[bytes] = self._sockets().socket(zmq.DEALER)
+        self._configure(socket)
+        socket.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        if opts.curve_server_public_key is not None and opts.curve_client_key is not None:
+            socket.setsockopt(zmq.CURVE_SERVERKEY, opts.curve_server_public_key)
+            socket.setsockopt(zmq.CURVE_PUBLICKEY, opts.curve_client_key.public)
+            socket.setsockopt(zmq.CURVE_SECRETKEY, opts.curve_client_key.secret)
+        monitor_address = f"inproc://waltz-monitor-{uuid.uuid4().hex}"
+        socket.monitor(monitor_address, _HANDSHAKE_FAILED)
+        monitor = context.socket(zmq.PAIR)
+        monitor.connect(monitor_address)
+        connection_id = self._next_id()
+        try:
+            socket.connect(endpoint)
+        except zmq.ZMQError as exc:
+            monitor.close(linger=0)
+            socket.close(linger=0)
+            raise ConfigError(
+                f"cannot connect to {endpoint!r}: {exc.strerror}", key="endpoint"
+            ) from exc
+        # the flow-control windows of the listener arrive in its welcome
+        conn = ClientConnection(
+            self, connection_id, endpoint, peer_window_frames=1, peer_window_bytes=1
+        )
+        conn.socket = socket
+        conn.welcome = asyncio.get_running_loop().create_future()
+        welcome = conn.welcome
+        conn.pump = _Pump(socket, conn.on_message, multipart=False)
+        conn._wire = _Wire(socket, conn.pump, None, conn, opts.hwm)
+        conn._wire.send(
+            p.control(
+                p.KIND_HELLO,
+                {
+                    "version": p.PROTOCOL_VERSION,
+                    "client": self.uid,
+                    "seq": connection_id,
+                    "replace_key": replace_key,
+                    "window_frames": opts.window_frames,
+                    "window_bytes": opts.window_bytes,
+                    "max_frame_size": opts.max_frame_size,
+                },
+            )
+        )
+        try:
+            await self._handshake(welcome, monitor, endpoint, timeout)
+        except BaseException:
+            conn._break("the connection could not be established", log_level=logging.DEBUG)
+            raise
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                socket.monitor(None, 0)
+            monitor.close(linger=0)
+        conn._last_heard = asyncio.get_running_loop().time()
+        self._connections.add(conn)
+        self._client_connections.add(conn)
+        if replace_key is not None:
+            lineage = (endpoint, replace_key)
+            self._lineages[lineage] = conn
+
+            def forget_lineage(closed: ZmqConnection, lineage: tuple[str, str] = lineage) -> None:
+                if self._lineages.get(lineage) is closed:
+                    del self._lineages[lineage]
+
+            conn.on_closed = forget_lineage
+        return conn
+
+    async def _handshake(
+        self,
+        welcome: asyncio.Future[None],
+        monitor: zmq.asyncio.Socket,
+        endpoint: str,
+        timeout: float,
+    ) -> None:
+        curve = self.opts.curve_connect
+
+        async def handshake_failure() -> str:
+            # ZAP refusing the key is always an authentication failure; other handshake
+            # failures are only when curve is on (a wrong server key shows as a protocol
+            # failure). Without curve, libzmq retries and the timeout decides.
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                kind = event["event"]
+                if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (curve and kind & _HANDSHAKE_FAILED):
+                    return str(zmq.Event(kind).name)
+
+        failure_task = asyncio.ensure_future(handshake_failure())
+        try:
+            done, _ = await asyncio.wait(
+                {cast("asyncio.Future[Any]", welcome), failure_task},
+                timeout=timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            failure_task.cancel()
+            await asyncio.gather(failure_task, return_exceptions=True)
+        if welcome.done():
+            welcome.result()  # raises the ConnectError of a refusal
+            return
+        welcome.cancel()
+        if (
+            failure_task in done
+            and not failure_task.cancelled()
+            and failure_task.exception() is None
+        ):
+            raise AuthenticationError(
+                f"the security handshake with {endpoint} failed ({failure_task.result()}): the "
+                "listener does not accept this transport's curve key, or the keys or security "
+                "settings of the two ends do not match"
+            )
+        raise ConnectError(
+            f"no answer from {endpoint} within {timeout} s: is a listener running there, and do "
+            "the security settings of both ends match?"
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        for listener in list(self._listeners):
+            await listener.close()
+        for conn in list(self._client_connections):
+            await conn.close()
+        self._closed = True
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
+            await asyncio.gather(self._watchdog_task, return_exceptions=True)
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
+        context = self._context
+        self._context = None
+        self._sync_context = None
+        if context is not None:
+            # term waits out the sockets' linger: do it off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, context.term)
+
+
+def create_zmq_transport(options: Mapping[str, Any] | None = None) -> ZmqTransport:
+    """The plugin factory: ``(options) -> Transport``."""
+    return ZmqTransport(options)
