@@ -16,6 +16,10 @@ Optional capabilities:
   service (SIGKILL) and :meth:`CoordinationHarness.restart_server` brings it
   back on the same address with its data; sessions survive a restart shorter
   than the session timeout.
+- ``cross_process``: :meth:`CoordinationHarness.client_uri` gives a URI that
+  another process opens through the plugin registry (the suite starts worker
+  processes: an owner of an ephemeral entry that is killed with SIGKILL, and
+  processes racing counters and CAS).
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import os
 import random
+import signal
+import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -44,6 +53,7 @@ from waltz_api.errors import (
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
 
 SERVER_RESTART = "server_restart"
+CROSS_PROCESS = "cross_process"
 
 
 @dataclass
@@ -79,6 +89,11 @@ class CoordinationHarness(Harness):
     async def restart_server(self) -> None:
         """Start the killed service again on the same address (capability ``server_restart``)."""
         raise NotImplementedError(f"{self.name} does not support restart_server()")
+
+    def client_uri(self, root: str) -> str:
+        """A URI another process can open (through the plugin registry) to reach the same
+        service under ``root`` (capability ``cross_process``)."""
+        raise NotImplementedError(f"{self.name} does not support client_uri()")
 
     async def new_client(self, root: str | None = None) -> Coordination:
         """A started client on this harness's root (or ``root``); closed by :meth:`aclose`."""
@@ -245,6 +260,38 @@ class CoordinationSuite:
         final = await clients[0].get("/sum")
         assert final is not None and int(final.value) == per_client * len(clients)
 
+    async def test_create_race_exactly_one_wins(self, harness: CoordinationHarness) -> None:
+        clients = [await harness.new_client() for _ in range(3)]
+        for round_no in range(10):
+            path = f"/claim/{round_no}"
+
+            async def claim(index: int, client: Coordination, path: str = path) -> bool:
+                try:
+                    await client.create(path, str(index).encode())
+                    return True
+                except NodeExistsError:
+                    return False
+
+            won = await asyncio.gather(*(claim(i, c) for i, c in enumerate(clients)))
+            assert sum(won) == 1, f"round {round_no}: {won} (exactly one create wins)"
+            got = await clients[0].get(path)
+            assert got is not None and got.value == str(won.index(True)).encode()
+
+    async def test_versioned_delete_race(self, harness: CoordinationHarness) -> None:
+        clients = [await harness.new_client() for _ in range(3)]
+        version = await clients[0].create("/doomed", b"x")
+
+        async def remove(client: Coordination) -> bool:
+            try:
+                await client.delete("/doomed", expected_version=version)
+                return True
+            except (NoNodeError, BadVersionError):
+                return False
+
+        results = await asyncio.gather(*(remove(c) for c in clients))
+        assert sum(results) == 1, results
+        assert not await clients[1].exists("/doomed")
+
     # -- delete, children -------------------------------------------------------------------
 
     async def test_delete(self, harness: CoordinationHarness) -> None:
@@ -325,7 +372,13 @@ class CoordinationSuite:
         owner = await harness.new_client()
         observer = await harness.new_client()
         states: list[SessionState] = []
-        owner.add_session_listener(states.append)
+        threads: set[int] = set()
+
+        def listener(state: SessionState) -> None:
+            threads.add(threading.get_ident())
+            states.append(state)
+
+        owner.add_session_listener(listener)
         await owner.create("/members/owner", b"alive", ephemeral=True)
         await harness.expire_session(owner)
 
@@ -342,6 +395,7 @@ class CoordinationSuite:
         )
         assert owner.session_state is SessionState.LOST
         assert states[-1] is SessionState.LOST
+        assert threads == {threading.get_ident()}, "listeners run on the event loop's thread"
 
     async def test_ephemeral_cannot_have_children(self, harness: CoordinationHarness) -> None:
         client = await harness.new_client()
@@ -396,12 +450,19 @@ class CoordinationSuite:
         writer = await harness.new_client()
         v0 = await writer.create("/w", b"initial")
         rec = Recorder()
-        watch = await watcher.watch("/w", rec.on_data)
+        threads: set[int] = set()
+
+        def on_data(value: Versioned | None) -> None:
+            threads.add(threading.get_ident())
+            rec.on_data(value)
+
+        watch = await watcher.watch("/w", on_data)
         await eventually(lambda: rec.values != [], 10, "the initial value")
         assert rec.values[0] == Versioned(b"initial", v0)
         v1 = await writer.set("/w", b"changed")
         await eventually(lambda: rec.last == Versioned(b"changed", v1), 10, "the change")
         watch.cancel()
+        assert threads == {threading.get_ident()}, "callbacks run on the event loop's thread"
 
     async def test_watch_absent_created_deleted(self, harness: CoordinationHarness) -> None:
         watcher = await harness.new_client()
@@ -554,11 +615,17 @@ class CoordinationSuite:
         client.add_session_listener(states.append)
         await client.create("/persistent", b"kept")
         await client.create("/ephemeral", b"mine", ephemeral=True)
+        rec = Recorder()
+        await client.watch("/persistent", rec.on_data)
+        await eventually(lambda: rec.values != [], 10, "the watch's initial value")
         session = client.session_id
         await harness.kill_server()
         await eventually(
             lambda: SessionState.SUSPENDED in states, harness.session_timeout, "SUSPENDED"
         )
+        # An operation issued during the outage waits for the service (bounded).
+        pending = asyncio.ensure_future(client.get("/persistent"))
+        await asyncio.sleep(0.2)
         await harness.restart_server()
         await eventually(
             lambda: states[-1] is SessionState.CONNECTED,
@@ -567,9 +634,107 @@ class CoordinationSuite:
         )
         assert SessionState.LOST not in states
         assert client.session_id == session
+        during = await asyncio.wait_for(pending, harness.session_timeout + self.SLACK)
+        assert during is not None and during.value == b"kept"
         got = await client.get("/persistent")
         assert got is not None and got.value == b"kept"
         eph = await client.get("/ephemeral")
         assert eph is not None and eph.value == b"mine", "the session (and its ephemeral) survived"
         version = await client.set("/persistent", b"after", expected_version=got.version)
         assert version > got.version
+        await eventually(
+            lambda: rec.last == Versioned(b"after", version),
+            harness.session_timeout + self.SLACK,
+            "a watch registered before the restart sees a change made after it",
+        )
+
+    # -- other processes (optional) ---------------------------------------------------------------
+
+    async def _spawn_worker(self, *args: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "waltz_conformance.suites.coordination_worker",
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    @staticmethod
+    async def _reap(process: asyncio.subprocess.Process) -> None:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), 30)
+
+    @requires(CROSS_PROCESS)
+    async def test_ephemeral_of_killed_process_expires(self, harness: CoordinationHarness) -> None:
+        """An owner process killed with SIGKILL stops heartbeating: its ephemeral entry
+        stays while it lives and is gone within the session timeout after."""
+        observer = await harness.new_client()
+        uri = harness.client_uri(harness.root)
+        worker = await self._spawn_worker(
+            "ephemeral", uri, "/owners/worker", str(harness.session_timeout)
+        )
+        try:
+            assert worker.stdout is not None and worker.stderr is not None
+            try:
+                line = await asyncio.wait_for(worker.stdout.readline(), 60)
+            except TimeoutError:
+                pytest.fail("the worker process did not create its ephemeral entry in 60s")
+            if not line:
+                err = await worker.stderr.read()
+                pytest.fail(f"the worker failed: {err.decode(errors='replace')[-2000:]}")
+            assert json.loads(line)["ready"] is True
+            assert await observer.exists("/owners/worker")
+            await asyncio.sleep(min(harness.session_timeout * 0.8, 3.0))
+            assert await observer.exists("/owners/worker"), "expired while its owner lived"
+            os.kill(worker.pid, signal.SIGKILL)
+            await asyncio.wait_for(worker.wait(), 30)
+            killed_at = time.monotonic()
+
+            async def gone() -> bool:
+                return not await observer.exists("/owners/worker")
+
+            await eventually(
+                gone,
+                harness.session_timeout + self.SLACK,
+                "the killed owner's ephemeral entry to expire",
+            )
+            elapsed = time.monotonic() - killed_at
+            assert elapsed <= harness.session_timeout + self.SLACK, elapsed
+        finally:
+            await self._reap(worker)
+
+    @requires(CROSS_PROCESS)
+    async def test_processes_race_counters_and_cas(self, harness: CoordinationHarness) -> None:
+        uri = harness.client_uri(harness.root)
+        increments, cas_updates, processes = 25, 10, 3
+        workers = [
+            await self._spawn_worker(
+                "race", uri, str(increments), str(cas_updates), str(harness.session_timeout)
+            )
+            for _ in range(processes)
+        ]
+        try:
+            outputs = await asyncio.wait_for(
+                asyncio.gather(*(w.communicate() for w in workers)), 120
+            )
+        finally:
+            for worker in workers:
+                await self._reap(worker)
+        results = []
+        for worker, (out, err) in zip(workers, outputs, strict=True):
+            assert worker.returncode == 0, err.decode(errors="replace")[-2000:]
+            results.append(json.loads(out.decode().strip().splitlines()[-1]))
+        values = [v for r in results for v in r["values"]]
+        assert len(values) == increments * processes
+        assert len(set(values)) == len(values), "a counter value was handed out twice"
+        for r in results:
+            assert all(b > a for a, b in itertools.pairwise(r["values"]))
+        client = await harness.new_client()
+        total = await client.get("/race/sum")
+        assert total is not None
+        assert int(total.value) == cas_updates * processes, "a CAS update was lost"

@@ -20,7 +20,11 @@ from kazoo.client import KazooClient
 from waltz_api.contracts.coordination import Coordination, SessionState
 from waltz_api.errors import CoordinationError
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
-from waltz_conformance.suites.coordination import SERVER_RESTART, CoordinationHarness
+from waltz_conformance.suites.coordination import (
+    CROSS_PROCESS,
+    SERVER_RESTART,
+    CoordinationHarness,
+)
 from waltz_coord_zk.coordination import ZooKeeperCoordination
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,9 @@ class ZooKeeperCoordinationHarness(CoordinationHarness):
         return ZooKeeperCoordination(
             self._server().connect_string, root, session_timeout=self.session_timeout
         )
+
+    def client_uri(self, root: str) -> str:
+        return self._server().uri(root)
 
     async def expire_session(self, client: Coordination) -> None:
         if not isinstance(client, ZooKeeperCoordination):
@@ -89,7 +96,7 @@ def conformance_harness(options: Mapping[str, Any] | None = None) -> ZooKeeperCo
     opts = dict(options or {})
     return ZooKeeperCoordinationHarness(
         name="zk",
-        capabilities=frozenset({SERVER_RESTART}),
+        capabilities=frozenset({SERVER_RESTART, CROSS_PROCESS}),
         session_timeout=float(opts.get("session_timeout", 6.0)),
         server=opts["server"],
     )
