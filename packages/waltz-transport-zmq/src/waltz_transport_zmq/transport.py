@@ -921,7 +921,7 @@ class ZmqTransport(Transport):
         authenticator = AsyncioAuthenticator(context, log=log.getChild("zap"))
         authenticator.start()
         authenticator.configure_curve_callback(
-            domain="*", credentials_provider=_AuthorizedKeys(self.opts.curve_authorized_keys)
+            domain=ZAP_DOMAIN, credentials_provider=_AuthorizedKeys(self.opts.curve_authorized_keys)
         )
         self._authenticator = authenticator
 

@@ -48,3 +48,6 @@ main.add_command(cluster_group)
 from waltz_server.cli.storage import storage_group  # noqa: E402
 
 main.add_command(storage_group)
+from waltz_server.cli.keys import keys_group  # noqa: E402
+
+main.add_command(keys_group)
