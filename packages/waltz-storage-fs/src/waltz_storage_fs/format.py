@@ -236,6 +236,8 @@ def parse_segment_file_name(name: str) -> tuple[int, str] | None:
 # -- records ----------------------------------------------------------------------------
 
 RECORD_HEAD = struct.Struct(">qiiiiiiI")  # id, ReqId x4, header, data length, data crc
+_TXID = struct.Struct(">q")
+_LENGTH_CRC = struct.Struct(">iI")  # at offset 28 of a record
 _RECORD_CRC = struct.Struct(">I")
 RECORD_OVERHEAD = RECORD_HEAD.size + _RECORD_CRC.size  # 40 bytes
 INDEX_ENTRY = struct.Struct(">q")
@@ -272,16 +274,16 @@ def decode_record(buf: bytes | memoryview, pos: int) -> tuple[Record, int]:
 
     Raises RecordFormatError when the bytes are short or fail a check.
     """
-    if len(buf) - pos < RECORD_OVERHEAD:
+    size = len(buf)
+    if size - pos < RECORD_OVERHEAD:
         raise RecordFormatError("short record")
-    head = bytes(buf[pos : pos + RECORD_HEAD.size])
-    txid, client, gen, part, seq, header, length, data_crc = RECORD_HEAD.unpack(head)
-    end = pos + RECORD_OVERHEAD + length
-    if length < 0 or end > len(buf):
-        raise RecordFormatError(f"bad data length {length}")
+    txid, client, gen, part, seq, header, length, data_crc = RECORD_HEAD.unpack_from(buf, pos)
     data_start = pos + RECORD_HEAD.size
+    end = data_start + length + _RECORD_CRC.size
+    if length < 0 or end > size:
+        raise RecordFormatError(f"bad data length {length}")
     (record_crc,) = _RECORD_CRC.unpack_from(buf, data_start + length)
-    if crc32c.crc32c(head) != record_crc:
+    if crc32c.crc32c(buf[pos:data_start]) != record_crc:
         raise RecordFormatError("record checksum mismatch")
     data = bytes(buf[data_start : data_start + length])
     if crc32c.crc32c(data) != data_crc:
@@ -304,6 +306,78 @@ class ScanResult:
     stop_reason: str = ""
 
 
+def check_record(buf: bytes | memoryview, pos: int, expected_txid: int) -> int:
+    """Check the record at ``pos`` (complete in ``buf``) without decoding it; its end.
+
+    Raises RecordFormatError when it fails a check or is not ``expected_txid``."""
+    size = len(buf)
+    if size - pos < RECORD_OVERHEAD:
+        raise RecordFormatError("short record")
+    txid = _TXID.unpack_from(buf, pos)[0]
+    length, data_crc = _LENGTH_CRC.unpack_from(buf, pos + 28)
+    data_start = pos + RECORD_HEAD.size
+    end: int = data_start + length + _RECORD_CRC.size
+    if length < 0 or end > size:
+        raise RecordFormatError(f"bad data length {length}")
+    if crc32c.crc32c(buf[pos:data_start]) != _RECORD_CRC.unpack_from(buf, end - 4)[0]:
+        raise RecordFormatError("record checksum mismatch")
+    if crc32c.crc32c(buf[data_start : end - 4]) != data_crc:
+        raise RecordFormatError("data checksum mismatch")
+    if txid != expected_txid:
+        raise RecordFormatError(f"transaction id {txid}, expected {expected_txid}")
+    return end
+
+
+def scan_offsets(
+    fd: int,
+    start: int,
+    file_size: int,
+    expected_txid: int,
+    result: ScanResult,
+    *,
+    chunk_size: int = 1 << 20,
+) -> Iterator[int]:
+    """Yield the offsets of the good records of a data file from ``start``, in order.
+
+    Stops (setting ``result.stop_reason``; ``result.end`` is the offset after
+    the last good record) at the first record that is incomplete, fails a
+    checksum or does not carry the next transaction id. Reads in chunks,
+    never the whole file.
+    """
+    pos = start
+    result.end = start
+    buf = memoryview(b"")
+    buf_start = start
+    expected = expected_txid
+    while pos < file_size:
+        rel = pos - buf_start
+        if len(buf) - rel < RECORD_OVERHEAD:
+            buf = memoryview(os.pread(fd, max(chunk_size, RECORD_OVERHEAD), pos))
+            buf_start, rel = pos, 0
+            if len(buf) < RECORD_OVERHEAD:
+                result.stop_reason = f"incomplete record at offset {pos}"
+                return
+        length = _LENGTH_CRC.unpack_from(buf, rel + 28)[0]
+        need = RECORD_OVERHEAD + length
+        if length < 0 or pos + need > file_size:
+            result.stop_reason = f"incomplete or invalid record at offset {pos}"
+            return
+        if len(buf) - rel < need:
+            buf = memoryview(os.pread(fd, max(chunk_size, need), pos))
+            buf_start, rel = pos, 0
+            if len(buf) < need:
+                result.stop_reason = f"incomplete record at offset {pos}"
+                return
+        try:
+            end = buf_start + check_record(buf, rel, expected)
+        except RecordFormatError as exc:
+            result.stop_reason = f"{exc} at offset {pos}"
+            return
+        yield pos
+        result.end = pos = end
+        expected += 1
+
+
 def scan_records(
     fd: int,
     start: int,
@@ -313,54 +387,13 @@ def scan_records(
     *,
     chunk_size: int = 1 << 20,
 ) -> Iterator[ScannedRecord]:
-    """Yield the good records of a data file from ``start``, in order.
-
-    Stops (setting ``result.stop_reason``) at the first record that is
-    incomplete, fails a checksum or does not carry the next transaction id.
-    Reads in chunks, never the whole file.
-    """
-    pos = start
-    result.end = start
-    buf = b""
-    buf_start = start
-    expected = expected_txid
-    while pos < file_size:
-        rel = pos - buf_start
-        if len(buf) - rel < RECORD_HEAD.size:
-            buf = os.pread(fd, max(chunk_size, RECORD_OVERHEAD), pos)
-            buf_start, rel = pos, 0
-            if len(buf) < RECORD_OVERHEAD:
-                result.stop_reason = f"incomplete record at offset {pos}"
-                return
-        (length,) = struct.unpack_from(">i", buf, rel + 28)
-        need = RECORD_OVERHEAD + length
-        if length < 0 or pos + need > file_size:
-            result.stop_reason = f"incomplete or invalid record at offset {pos}"
-            return
-        if len(buf) - rel < need:
-            buf = os.pread(fd, max(chunk_size, need), pos)
-            buf_start, rel = pos, 0
-            if len(buf) < need:
-                result.stop_reason = f"incomplete record at offset {pos}"
-                return
-        try:
-            record, end_rel = decode_record(buf, rel)
-        except RecordFormatError as exc:
-            result.stop_reason = f"{exc} at offset {pos}"
-            return
-        if record.transaction_id != expected:
-            result.stop_reason = (
-                f"record at offset {pos} has transaction id {record.transaction_id}, "
-                f"expected {expected}"
-            )
-            return
-        end = buf_start + end_rel
-        yield ScannedRecord(pos, end, record)
-        result.end = end
-        pos = end
-        expected += 1
-    if pos > file_size:  # pragma: no cover - guarded above
-        result.stop_reason = "past end of file"
+    """Like :func:`scan_offsets`, decoding each good record (the offline tools)."""
+    for offset in scan_offsets(fd, start, file_size, expected_txid, result, chunk_size=chunk_size):
+        head = os.pread(fd, RECORD_HEAD.size, offset)
+        length = RECORD_HEAD.unpack(head)[6]
+        buf = os.pread(fd, RECORD_OVERHEAD + length, offset)
+        record, end = decode_record(buf, 0)
+        yield ScannedRecord(offset, offset + end, record)
 
 
 def max_txid_of(first: int, count: int) -> int:
