@@ -104,7 +104,12 @@ class StorageEngine(ABC):
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> StorageEngine:
-        """Open (or create) the storage at ``location`` and recover its partitions."""
+        """Open (or create) the storage at ``location`` and recover its partitions.
+
+        ``options`` are engine-specific (the ``fs`` engine: ``segment_size``,
+        ``index_checkpoint_interval``, ``read_threads``); an unknown option is
+        a StorageError. A partition that fails recovery stays closed without
+        failing the open; a damaged storage-wide header fails it."""
 
     @property
     @abstractmethod
@@ -134,7 +139,12 @@ class StorageEngine(ABC):
 
     @abstractmethod
     def partition_ids(self) -> list[int]:
-        """The partitions hosted here, ascending."""
+        """The partitions hosted here, ascending.
+
+        This includes a hosted partition whose files could not be recovered:
+        :meth:`partition` raises PartitionClosedError (with the reason) for it,
+        and :meth:`remove_partition` followed by :meth:`add_partition` starts it
+        afresh (empty, to be caught up from other replicas)."""
 
     @abstractmethod
     async def add_partition(self, partition_id: int) -> StoragePartition:
