@@ -73,3 +73,10 @@ def dump_control_file_command(path: str) -> None:
 
     for line in tools.format_control_file(tools.read_control_file(path)):
         click.echo(line)
+
+
+# The admin subcommands of a running node (list, add-partition, remove-partition,
+# availability, max-transaction-id) live with the storage node.
+from waltz_server.storage_node.cli import add_admin_commands  # noqa: E402
+
+add_admin_commands(storage_group)
