@@ -16,9 +16,10 @@ class TestMemoryCoordination(CoordinationSuite):
         return MemoryCoordinationHarness(name="memory", session_timeout=2.0)
 
 
+@pytest.mark.system
 class TestZooKeeperCoordination(CoordinationSuite):
     @pytest.fixture
     def harness(self, zookeeper_server: ZooKeeperServer) -> CoordinationHarness:
         from waltz_coord_zk.testing import conformance_harness
 
-        return conformance_harness({"server": zookeeper_server, "session_timeout": 6.0})
+        return conformance_harness({"server": zookeeper_server, "session_timeout": 8.0})

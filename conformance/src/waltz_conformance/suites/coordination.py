@@ -648,6 +648,37 @@ class CoordinationSuite:
             "a watch registered before the restart sees a change made after it",
         )
 
+    @requires(SERVER_RESTART)
+    async def test_outage_longer_than_session_timeout_is_lost(
+        self, harness: CoordinationHarness
+    ) -> None:
+        """SUSPENDED for longer than the session timeout turns LOST by itself; after the
+        service is back, the ephemeral entries of that session expire too."""
+        client = await harness.new_client()
+        states: list[SessionState] = []
+        client.add_session_listener(states.append)
+        await client.create("/outage/ephemeral", b"", ephemeral=True)
+        await harness.kill_server()
+        try:
+            await eventually(
+                lambda: SessionState.LOST in states,
+                harness.session_timeout + self.SLACK,
+                "LOST after an outage longer than the session timeout",
+            )
+            assert states[0] is SessionState.SUSPENDED, states
+            with pytest.raises(SessionLostError):
+                await client.get("/outage/ephemeral")
+        finally:
+            await harness.restart_server()
+        observer = await harness.new_client()
+
+        async def gone() -> bool:
+            return not await observer.exists("/outage/ephemeral")
+
+        await eventually(
+            gone, harness.session_timeout + self.SLACK, "the lost session's ephemeral expires"
+        )
+
     # -- other processes (optional) ---------------------------------------------------------------
 
     async def _spawn_worker(self, *args: str) -> asyncio.subprocess.Process:
@@ -689,7 +720,7 @@ class CoordinationSuite:
                 pytest.fail(f"the worker failed: {err.decode(errors='replace')[-2000:]}")
             assert json.loads(line)["ready"] is True
             assert await observer.exists("/owners/worker")
-            await asyncio.sleep(min(harness.session_timeout * 0.8, 3.0))
+            await asyncio.sleep(min(harness.session_timeout * 0.8, 2.0))
             assert await observer.exists("/owners/worker"), "expired while its owner lived"
             os.kill(worker.pid, signal.SIGKILL)
             await asyncio.wait_for(worker.wait(), 30)

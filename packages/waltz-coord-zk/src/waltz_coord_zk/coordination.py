@@ -233,6 +233,7 @@ class ZooKeeperCoordination(Coordination):
         self._closed = False
         self._watches: set[DeliveryWatch] = set()
         self._stop_task: asyncio.Future[None] | None = None
+        self._suspension_timer: asyncio.TimerHandle | None = None
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -365,14 +366,17 @@ class ZooKeeperCoordination(Coordination):
         if tracker is None or loop is None or self._closed:
             return
         if state == KazooState.SUSPENDED:
-            tracker.set_state(SessionState.SUSPENDED)
+            if tracker.set_state(SessionState.SUSPENDED):
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._arm_suspension_timer)
         elif state == KazooState.CONNECTED:
             client = self._client
             if client is not None and int(client.client_id[0]) != self._session_id:
                 # kazoo silently opened a new session: ours is gone.
                 self._mark_lost(loop, tracker)
-            else:
-                tracker.set_state(SessionState.CONNECTED)
+            elif tracker.set_state(SessionState.CONNECTED):
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._disarm_suspension_timer)
         elif state == KazooState.LOST:
             self._mark_lost(loop, tracker)
 
@@ -382,7 +386,36 @@ class ZooKeeperCoordination(Coordination):
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._after_loss)
 
+    def _arm_suspension_timer(self) -> None:
+        """SUSPENDED for longer than the session timeout counts as LOST: the server
+        has expired the session, or will as soon as it hears from us."""
+        if self._suspension_timer is not None or self._loop is None:
+            return
+        self._suspension_timer = self._loop.call_later(
+            self.session_timeout, self._suspension_expired
+        )
+
+    def _suspension_expired(self) -> None:
+        self._suspension_timer = None
+        tracker, loop = self._tracker, self._loop
+        if tracker is None or loop is None or self._closed:
+            return
+        if tracker.state is SessionState.SUSPENDED:
+            log.warning(
+                "ZooKeeper session %#x: suspended for longer than the session timeout "
+                "(%.1fs); treating it as lost",
+                self._session_id,
+                self.session_timeout,
+            )
+            self._mark_lost(loop, tracker)
+
+    def _disarm_suspension_timer(self) -> None:
+        if self._suspension_timer is not None:
+            self._suspension_timer.cancel()
+            self._suspension_timer = None
+
     def _after_loss(self) -> None:
+        self._disarm_suspension_timer()
         for watch in list(self._watches):
             watch.cancel()
         client = self._client
@@ -396,6 +429,7 @@ class ZooKeeperCoordination(Coordination):
         if self._closed:
             return
         self._closed = True
+        self._disarm_suspension_timer()
         for watch in list(self._watches):
             watch.cancel()
         if self._tracker is not None:

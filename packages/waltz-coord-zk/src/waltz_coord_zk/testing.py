@@ -97,6 +97,6 @@ def conformance_harness(options: Mapping[str, Any] | None = None) -> ZooKeeperCo
     return ZooKeeperCoordinationHarness(
         name="zk",
         capabilities=frozenset({SERVER_RESTART, CROSS_PROCESS}),
-        session_timeout=float(opts.get("session_timeout", 6.0)),
+        session_timeout=float(opts.get("session_timeout", 8.0)),
         server=opts["server"],
     )

@@ -49,8 +49,10 @@ class SessionState(enum.Enum):
 
     Transitions: CONNECTED -> SUSPENDED -> CONNECTED (same session, nothing
     lost) or SUSPENDED -> LOST; CONNECTED -> LOST directly when the service
-    tells the client its session expired. :meth:`Coordination.close` does not
-    notify LOST: the owner closed it on purpose.
+    tells the client its session expired. A client that stays SUSPENDED for
+    longer than its session timeout moves to LOST by itself: it cannot tell
+    whether the service expired the session meanwhile, so it assumes so.
+    :meth:`Coordination.close` does not notify LOST: the owner closed it on purpose.
     """
 
     CONNECTED = "connected"
