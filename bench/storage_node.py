@@ -73,7 +73,7 @@ async def run(args: argparse.Namespace) -> None:
     engine = await _engine(args.engine, location, args.partitions)
     server_transport = _transport(args.transport)
     client_transport = _transport(args.transport)
-    node = StorageNode(engine, server_transport, endpoint)
+    node = StorageNode(engine, server_transport, endpoint, max_append_batch_records=args.node_batch)
     await node.start()
     client = await StorageClient.connect(client_transport, node.endpoint, sender="bench")
     await client.open(CLUSTER_KEY, args.partitions)
@@ -106,7 +106,7 @@ async def run(args: argparse.Namespace) -> None:
         print(
             f"storage node, transport={args.transport} engine={args.engine} "
             f"partitions={args.partitions} batch={args.batch} size={args.size} "
-            f"inflight={args.inflight}"
+            f"inflight={args.inflight} node-batch={args.node_batch}"
         )
         print(
             f"  append: {total / elapsed:,.0f} records/s, "
@@ -148,6 +148,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--inflight", type=int, default=16)
+    parser.add_argument(
+        "--node-batch",
+        type=int,
+        default=10000,
+        help="most records the node merges into one engine append (1: no merging)",
+    )
     asyncio.run(run(parser.parse_args()))
 
 
