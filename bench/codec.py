@@ -4,31 +4,25 @@ Prints, for an AppendRequest (100-byte data, 2 write locks) and for FeedData:
 the codec's round trips/s, and beside them, in the same run, a bare ``struct``
 pack/unpack of the same fields (the floor any Python codec pays), plus the
 frame sizes. Several repeats; the best and the median are printed (the machine
-is shared, so the best is the least disturbed figure). Never pass/fail.
+is shared, so the best is the least disturbed figure); the cases are run
+interleaved so that each sees the same load. Never pass/fail.
 
-    .venv/bin/python bench/codec.py [--repeats 7] [--number 50000]
+    .venv/bin/python bench/codec.py [--repeats 9] [--number 20000] [--wall]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import struct
+import time
 import timeit
 from collections.abc import Callable
 
 from waltz_api import wire
 from waltz_api.messages import AppendRequest, FeedData, RecordListResponse
 from waltz_api.types import Lock, LockMode, LockRequest, Record, ReqId
-
-
-def _rate(fn: Callable[[], object], number: int, repeats: int) -> tuple[float, float]:
-    """(best, median) calls per second of ``fn`` over ``repeats`` runs of ``number`` calls."""
-    times = timeit.repeat(fn, number=number, repeat=repeats)
-    rates = [number / t for t in times]
-    return max(rates), statistics.median(rates)
 
 
 def _line(label: str, best: float, median: float, reference: float | None = None) -> str:
@@ -40,9 +34,16 @@ def _line(label: str, best: float, median: float, reference: float | None = None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--number", type=int, default=50_000)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--number", type=int, default=20_000)
+    parser.add_argument(
+        "--wall",
+        action="store_true",
+        help="time by the wall clock (default: this process's CPU time, steadier when the "
+        "machine is shared)",
+    )
     args = parser.parse_args()
+    timer = time.perf_counter if args.wall else time.process_time
     n, r = args.number, args.repeats
 
     data = bytes(range(100))
@@ -107,46 +108,26 @@ def main() -> None:
     def codec_records() -> object:
         return decode(encode(record_list))
 
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    print(f"wire codec: {r} repeats of {n:,} calls; best and median round trips/s")
-    print("AppendRequest (100-byte data, 2 write locks):")
-    best, median = _rate(bare_append, n, r)
-    print(_line("bare struct pack+unpack (reference)", best, median))
-    ref = best
-    best, median = _rate(codec_append, n, r)
-    print(_line("wire.encode + wire.decode", best, median, ref))
-    best, median = _rate(lambda: encode(append), n, r)
-    print(_line("  wire.encode alone", best, median))
-    best, median = _rate(lambda: decode(append_frame), n, r)
-    print(_line("  wire.decode alone (incl. CRC-32C check)", best, median))
-    print("FeedData:")
-    best, median = _rate(bare_feed, n, r)
-    print(_line("bare struct pack+unpack (reference)", best, median))
-    ref = best
-    best, median = _rate(codec_feed, n, r)
-    print(_line("wire.encode + wire.decode", best, median, ref))
-    best, median = _rate(batch_feed, max(1, n // 1000), r)
-    print(_line("encode_feed_data (x1000) + decode", best * 1000, median * 1000, ref))
-    print("RecordListResponse (100 records of 100 bytes):")
-    best, median = _rate(codec_records, max(1, n // 100), r)
-    print(_line("wire.encode + wire.decode, records/s", best * 100, median * 100))
-    print("building a decoded AppendRequest + its ReqId (construction alternatives):")
     rid_fields = (17, 3, 5, 123456)
     values = (99_999, locks, 7, data, append.checksum)
     new, setattr_ = object.__new__, object.__setattr__
-    req_names = [f.name for f in dataclasses.fields(ReqId)]
-    append_names = [f.name for f in dataclasses.fields(AppendRequest)]
 
     def via_init() -> object:
         return AppendRequest(ReqId(*rid_fields), *values)
 
     def via_object_setattr() -> object:
         req_id = new(ReqId)
-        for name, value in zip(req_names, rid_fields, strict=True):
-            setattr_(req_id, name, value)
+        setattr_(req_id, "client_id", 17)
+        setattr_(req_id, "generation", 3)
+        setattr_(req_id, "partition_id", 5)
+        setattr_(req_id, "seq_num", 123456)
         message = new(AppendRequest)
-        for name, field_value in zip(append_names, (req_id, *values), strict=True):
-            setattr_(message, name, field_value)
+        setattr_(message, "req_id", req_id)
+        setattr_(message, "client_high_water_mark", 99_999)
+        setattr_(message, "locks", locks)
+        setattr_(message, "header", 7)
+        setattr_(message, "data", data)
+        setattr_(message, "checksum", append.checksum)
         return message
 
     make_req_id = wire._make_req_id
@@ -156,13 +137,47 @@ def main() -> None:
         return make_append(make_req_id(*rid_fields), *values)
 
     assert via_init() == via_object_setattr() == via_slot_descriptors()
-    for label, fn in (
-        ("dataclass __init__ (frozen)", via_init),
-        ("object.__new__ + object.__setattr__ loop", via_object_setattr),
-        ("object.__new__ + slot descriptors (used)", via_slot_descriptors),
-    ):
-        best, median = _rate(fn, n, r)
-        print(_line(label, best, median))
+
+    append_section = "AppendRequest (100-byte data, 2 write locks), round trips/s"
+    feed_section = "FeedData, round trips/s"
+    records_section = "RecordListResponse (100 records of 100 bytes), records/s"
+    build_section = "building a decoded AppendRequest + ReqId, objects/s"
+    bare = "bare struct pack+unpack (reference)"
+    # (section, label, function, calls per run, items per call, reference label in section)
+    cases: list[tuple[str, str, Callable[[], object], int, int, str | None]] = [
+        (append_section, bare, bare_append, n, 1, None),
+        (append_section, "wire.encode + wire.decode", codec_append, n, 1, bare),
+        (append_section, "  wire.encode alone", lambda: encode(append), n, 1, None),
+        (append_section, "  wire.decode alone (with CRC-32C check)",
+         lambda: decode(append_frame), n, 1, None),
+        (feed_section, bare, bare_feed, n, 1, None),
+        (feed_section, "wire.encode + wire.decode", codec_feed, n, 1, bare),
+        (feed_section, "encode_feed_data (x1000) + decode", batch_feed, max(1, n // 1000), 1000,
+         bare),
+        (records_section, "wire.encode + wire.decode", codec_records, max(1, n // 100), 100,
+         None),
+        (build_section, "dataclass __init__ (frozen)", via_init, n, 1, None),
+        (build_section, "object.__new__ + object.__setattr__", via_object_setattr, n, 1, None),
+        (build_section, "object.__new__ + slot descriptors (used)", via_slot_descriptors, n, 1,
+         None),
+    ]  # fmt: skip
+    # Interleaved: every repeat runs every case once, so all see the same machine load.
+    rates: dict[tuple[str, str], list[float]] = {(c[0], c[1]): [] for c in cases}
+    for _ in range(r):
+        for section, label, fn, number, items, _ in cases:
+            elapsed = timeit.Timer(fn, timer=timer).timeit(number=number)
+            rates[section, label].append(number * items / elapsed)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    clock = "wall-clock" if args.wall else "CPU (process_time)"
+    print(f"wire codec: {r} interleaved repeats, {clock} seconds; best and median")
+    current = ""
+    for section, label, _, _, _, reference in cases:
+        if section != current:
+            current = section
+            print(f"{section}:")
+        runs = rates[section, label]
+        ref = max(rates[section, reference]) if reference else None
+        print(_line(label, max(runs), statistics.median(runs), ref))
     print("bytes per message:")
     print(f"  AppendRequest (100-byte data, 2 locks)  {len(append_frame)}")
     print(f"  FeedData                                {len(feed_frame)}")
