@@ -437,3 +437,32 @@ async def test_a_peer_that_stops_reading_holds_its_partition_only_until_it_goes(
         await client_transport.close()
         await stall_transport.close()
         forget(location)
+
+
+async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFixture) -> None:
+    from waltz_server.storage_node.client import replica_connector
+
+    connect = replica_connector(fx.client_transport, CLUSTER_KEY, NUM_PARTITIONS, sender="server:9")
+    replica = await connect(fx.endpoint, 3, 4)
+    newer = await connect(fx.endpoint, 3, 6)
+    try:
+        assert replica.storage_node == fx.endpoint
+        assert await replica.last_session_info() == SessionInfo(-1, -1, -1)
+        await replica.append(make_records(3, 0, 4))
+        assert await replica.max_transaction_id() == 3
+        assert await replica.read_records(1, 10, 1 << 20) == make_records(3, 1, 3)
+        assert await replica.read_headers(2, 10) == [r.record_header for r in make_records(3, 2, 2)]
+        assert await newer.last_session_info() == SessionInfo(4, -1, -1)
+        with pytest.raises(SessionFencedError):
+            await replica.append([make_record(3, 4)])
+        await newer.truncate(1)
+        await newer.set_low_water_mark(1)
+        assert await newer.last_session_info() == SessionInfo(6, 1, 1)
+    finally:
+        await replica.close()
+        await newer.close()
+    assert replica.client.closed and newer.client.closed
+
+    wrong = replica_connector(fx.client_transport, uuid.uuid4(), NUM_PARTITIONS)
+    with pytest.raises(ClusterKeyMismatchError):
+        await wrong(fx.endpoint, 3, 7)
