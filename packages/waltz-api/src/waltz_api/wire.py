@@ -380,7 +380,7 @@ _make_req_id: Final = _make_constructor(ReqId)
 _REQ_ID_FIELDS: Final = tuple(f.name for f in fields(ReqId))
 _LOCK_FIELDS: Final = tuple(f.name for f in fields(LockRequest))
 _check_plain_dataclass(LockRequest)
-_make_record: Final = _make_constructor(Record)
+_check_plain_dataclass(Record)
 _REQ_ID_SETTERS: Final = tuple(
     ReqId.__dict__[name].__set__ for name in ("client_id", "generation", "partition_id", "seq_num")
 )
@@ -510,7 +510,7 @@ def _decode_records(
         data = frame[offset:data_end]
         if _crc32c(data) != crc:
             raise _bad_checksum(f"record in a {what}", f" (transaction {txid})", crc, _crc32c(data))
-        # built inline, as _make_record(txid, _make_req_id(cid, gen, pid, seq), ...) would
+        # Record(txid, ReqId(cid, gen, pid, seq), header, data, crc), built without __init__
         req_id = new(ReqId)
         set_cid(req_id, cid)
         set_gen(req_id, gen)
