@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -51,8 +52,8 @@ NUM_PARTITIONS = 8
 _names = itertools.count()
 
 
-async def _open_engine(location: str) -> StorageEngine:
-    engine_class = get_registry().get("storage", "memory").factory
+async def _open_engine(location: str, engine_name: str = "memory") -> StorageEngine:
+    engine_class = get_registry().get("storage", engine_name).factory
     engine: StorageEngine = await engine_class.open(
         location, cluster_key=CLUSTER_KEY, num_partitions=NUM_PARTITIONS
     )
@@ -65,8 +66,9 @@ def _transport() -> Transport:
 
 
 class NodeFixture:
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, engine_name: str = "memory") -> None:
         self.location = location
+        self.engine_name = engine_name
         self.node: StorageNode | None = None
         self.server_transport: Transport | None = None
         self.client_transport = _transport()
@@ -74,7 +76,7 @@ class NodeFixture:
         self.endpoint = ""
 
     async def start(self, hosted: range | list[int] = range(4)) -> StorageNode:
-        engine = await _open_engine(self.location)
+        engine = await _open_engine(self.location, self.engine_name)
         for partition_id in hosted:
             await engine.add_partition(partition_id)
         self.server_transport = _transport()
@@ -110,14 +112,21 @@ class NodeFixture:
             await client.close()
         await self.stop_node()
         await self.client_transport.close()
-        from waltz_conformance.reference.storage import forget
+        if self.engine_name == "memory":
+            from waltz_conformance.reference.storage import forget
 
-        forget(self.location)
+            forget(self.location)
 
 
-@pytest.fixture
-async def fx() -> AsyncIterator[NodeFixture]:
-    fixture = NodeFixture(f"memory-storage-{uuid.uuid4()}")
+@pytest.fixture(params=["memory", "fs"])
+async def fx(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[NodeFixture]:
+    """A node on the memory transport, over the memory engine and the fs engine
+    (real files in a temporary directory)."""
+    engine_name: str = request.param
+    location = (
+        f"memory-storage-{uuid.uuid4()}" if engine_name == "memory" else str(tmp_path / "data")
+    )
+    fixture = NodeFixture(location, engine_name)
     await fixture.start()
     try:
         yield fixture
