@@ -80,7 +80,7 @@ def etcd_service() -> Iterator[UriFactory]:
 @contextlib.contextmanager
 def local_service() -> Iterator[UriFactory]:
     with tempfile.TemporaryDirectory(prefix="waltz-bench-local-") as tmp:
-        yield lambda root: f"local://{tmp}{root}"
+        yield lambda root: f"local://{tmp}?root={root}"
 
 
 SERVICES: dict[str, Callable[[], AbstractContextManager[UriFactory]]] = {

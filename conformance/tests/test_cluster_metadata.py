@@ -1,5 +1,5 @@
-"""The cluster metadata layer (waltz_api.cluster) on the memory reference and on a real
-ZooKeeper: it is built once on the Coordination contract, so it must behave the same."""
+"""The cluster metadata layer (waltz_api.cluster) on the memory reference, a real ZooKeeper
+and a real etcd: it is built once on the Coordination contract, so it must behave the same."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from waltz_api.cluster import (
     PartitionAssignment,
     PartitionStoreMetadata,
     ReplicaAssignments,
+    coordination_from_uri,
     default_replica_assignments,
 )
 from waltz_api.contracts.coordination import Coordination, join_path
@@ -37,7 +38,7 @@ MakeClient = Callable[[], Awaitable[Coordination]]
 NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 
 
-@pytest.fixture(params=["memory", "zk"])
+@pytest.fixture(params=["memory", "zk", "etcd"])
 async def make_client(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[MakeClient]:
@@ -49,13 +50,19 @@ async def make_client(
 
         def new() -> Coordination:
             return MemoryCoordination(service, root)
-    else:
+    elif request.param == "zk":
         from waltz_coord_zk import ZooKeeperCoordination
 
         server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
 
         def new() -> Coordination:
             return ZooKeeperCoordination(server.connect_string, root, session_timeout=6.0)
+    else:
+        cluster = request.getfixturevalue("etcd_cluster")
+        cluster.ensure_all_running()
+
+        def new() -> Coordination:
+            return coordination_from_uri(cluster.uri(root), {"session_timeout": 10.0})
 
     async def make() -> Coordination:
         client = new()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-# Session-scoped fixtures of real servers (ZooKeeper), shared by every package's tests.
-from waltz_conformance.servers.fixtures import zookeeper_server  # noqa: F401
+# Session-scoped fixtures of real servers (ZooKeeper, etcd), shared by every package's tests.
+from waltz_conformance.servers.fixtures import etcd_cluster, zookeeper_server  # noqa: F401
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,5 +1,5 @@
-"""``waltz cluster create`` / ``show``: against a real ZooKeeper (separate processes) and,
-in-process, against the memory reference."""
+"""``waltz cluster create`` / ``show``: against a real ZooKeeper and a real etcd (separate
+processes) and, in-process, against the memory reference."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 
+import pytest
 from click.testing import CliRunner
 
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
@@ -21,8 +22,22 @@ def _waltz(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*WALTZ, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
-def test_create_show_and_refuse_on_zookeeper(zookeeper_server: ZooKeeperServer) -> None:
-    uri = zookeeper_server.uri(f"/cli-{uuid.uuid4().hex[:8]}")
+@pytest.fixture(params=["zk", "etcd"])
+def service_uri(request: pytest.FixtureRequest) -> str:
+    """A fresh root on a real coordination service, as a URI."""
+    root = f"/cli-{uuid.uuid4().hex[:8]}"
+    if request.param == "zk":
+        server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        return server.uri(root)
+    cluster = request.getfixturevalue("etcd_cluster")
+    cluster.ensure_all_running()
+    uri: str = cluster.uri(root)
+    return uri
+
+
+@pytest.mark.system
+def test_create_show_and_refuse(service_uri: str) -> None:
+    uri = service_uri
     key = str(uuid.uuid4())
     created = _waltz(
         "cluster",
@@ -71,6 +86,7 @@ def test_create_show_and_refuse_on_zookeeper(zookeeper_server: ZooKeeperServer) 
     assert json.loads(still.output)["partitions"] == 3
 
 
+@pytest.mark.system
 def test_show_without_cluster_and_unreachable_service(zookeeper_server: ZooKeeperServer) -> None:
     empty = zookeeper_server.uri(f"/empty-{uuid.uuid4().hex[:8]}")
     runner = CliRunner()

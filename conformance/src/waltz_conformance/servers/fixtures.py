@@ -1,5 +1,7 @@
 """Session-scoped pytest fixtures for the real servers (registered by the conformance
-pytest plugin, so every test suite of the workspace can ask for them)."""
+pytest plugin, so every test suite of the workspace can ask for them):
+``zookeeper_server`` (one standalone ZooKeeper) and ``etcd_cluster`` (a
+3-member etcd cluster, from :mod:`waltz_conformance.servers.etcd`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from waltz_conformance.servers.etcd import etcd_cluster
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
+
+__all__ = ["etcd_cluster", "zookeeper_server"]
 
 
 @pytest.fixture(scope="session")
