@@ -7,6 +7,7 @@ import inspect
 import re
 import struct
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,12 +124,12 @@ def append_request(data: bytes = bytes(range(100))) -> AppendRequest:
     )
 
 
-def sample_frames() -> list[bytes]:
-    """One valid frame of every message type, variable parts non-empty."""
+def sample_messages() -> list[Message]:
+    """One message of every type, variable parts non-empty (deterministic)."""
     data = b"transaction-data"
     record = Record(41, ReqId(1, 2, 3, 4), 5, data, wire.checksum(data))
     header = record.record_header
-    frames = []
+    messages = []
     for cls in ALL_MESSAGES:
         values: dict[str, Any] = {}
         for field in wire._SCHEMAS[cls]:
@@ -153,11 +154,12 @@ def sample_frames() -> list[bytes]:
             }[field.kind]
         if "checksum" in values:
             values["checksum"] = wire.checksum(values["data"])
-        frames.append(wire.encode(cls(**values)))
-    return frames
+        messages.append(cls(**values))
+    return messages
 
 
-SAMPLE_FRAMES = sample_frames()
+SAMPLE_FRAMES = [wire.encode(message) for message in sample_messages()]
+VECTORS = Path(__file__).parent / "data" / "wire_v1_vectors.txt"
 
 
 def decodes_or_protocol_error(frame: bytes) -> Message | None:
@@ -330,6 +332,30 @@ def test_strings_and_hello_layout() -> None:
     )
     frame = wire.encode(StorageAdminResponse(7, False, b"r", "err"))
     assert frame == bytes([81, 1]) + struct.pack(">q?II", 7, False, 1, 3) + b"r" + b"err"
+
+
+def _read_vectors() -> dict[str, bytes]:
+    vectors = {}
+    for line in VECTORS.read_text().splitlines():
+        if line and not line.startswith("#"):
+            _, name, frame = line.split()
+            vectors[name] = bytes.fromhex(frame)
+    return vectors
+
+
+def test_test_vectors_of_every_message() -> None:
+    """The frames of tests/data/wire_v1_vectors.txt (test vectors for other implementations).
+
+    A change here is a change of protocol version 1: only regenerate the file
+    (``python packages/waltz-api/tests/test_wire.py``) for a deliberate, announced change.
+    """
+    vectors = _read_vectors()
+    messages = sample_messages()
+    assert sorted(vectors) == sorted(type(m).__name__ for m in messages)
+    for message in messages:
+        frame = vectors[type(message).__name__]
+        assert wire.encode(message) == frame, type(message).__name__
+        assert wire.decode(frame) == message
 
 
 def test_checksum_is_crc32c() -> None:
@@ -798,3 +824,12 @@ def test_connection_max_frame_size() -> None:
     with pytest.raises(FrameTooLargeError):
         server.receive_frame(client.send(append_request()))
     assert state(server) is wire.ConnectionState.FAILED
+
+
+if __name__ == "__main__":
+    # Regenerate the test vectors (a deliberate change of the protocol's version 1 only).
+    VECTORS.parent.mkdir(exist_ok=True)
+    lines = ["# Waltz wire protocol v1 test vectors: type code, message, frame (hex)."]
+    lines += ["# The messages are tests/test_wire.py sample_messages()."]
+    lines += [f"{m.TYPE} {type(m).__name__} {wire.encode(m).hex()}" for m in sample_messages()]
+    VECTORS.write_text("\n".join(lines) + "\n")
