@@ -3,6 +3,8 @@ started once per test session) and ``local`` (SQLite files in a temp dir)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from waltz_conformance.servers.etcd import EtcdCluster, etcd_cluster
@@ -19,3 +21,11 @@ class TestEtcdCoordination(CoordinationSuite):
 
         etcd_cluster.ensure_all_running()
         return conformance_harness({"cluster": etcd_cluster, "session_timeout": 10.0})
+
+
+class TestLocalCoordination(CoordinationSuite):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> CoordinationHarness:
+        from waltz_coord_local.testing import conformance_harness
+
+        return conformance_harness({"location": tmp_path, "session_timeout": 3.0})

@@ -39,8 +39,13 @@ class Notifier(Generic[T]):
         return self._revision
 
     async def deliver_initial(self, state: T, revision: int) -> None:
-        """Deliver the state at registration time, before the watch is returned."""
-        self._revision = revision
+        """Deliver the state at registration time, before the watch is returned.
+
+        States offered before this call (a source may start before the initial
+        read) are kept only when newer than ``revision``."""
+        if revision >= self._revision:
+            self._revision = revision
+            self._pending = None
         self._delivered = (state,)
         await self._call(state)
         self._task = asyncio.get_running_loop().create_task(

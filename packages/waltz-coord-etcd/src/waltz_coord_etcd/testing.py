@@ -38,6 +38,9 @@ class EtcdCoordinationHarness(CoordinationHarness):
             self._cluster().uri(root), {"session_timeout": self.session_timeout}
         )
 
+    def client_uri(self, root: str) -> str:
+        return self._cluster().uri(root)
+
     async def expire_session(self, client: Coordination) -> None:
         if not isinstance(client, EtcdCoordination):
             raise TypeError(f"not an etcd client: {client!r}")
@@ -64,7 +67,7 @@ def conformance_harness(options: Mapping[str, Any] | None = None) -> EtcdCoordin
         )
     return EtcdCoordinationHarness(
         name="etcd",
-        capabilities=frozenset({SERVER_RESTART}),
+        capabilities=frozenset({SERVER_RESTART, "cross_process"}),
         session_timeout=float(options.get("session_timeout", 10.0)),
         cluster=cluster,
     )
