@@ -207,3 +207,19 @@ async def test_reads_never_load_whole_segments(opener: Opener) -> None:
     assert len(got) == 5
     headers = await part.read_headers(0, 1000)
     assert [h.transaction_id for h in headers] == list(range(200))
+
+
+async def test_a_missing_partition_directory_closes_the_partition(opener: Opener) -> None:
+    import shutil
+
+    engine = await opener()
+    for pid in (0, 1):
+        await engine.add_partition(pid)
+        await engine.partition(pid).append([make_record(t, pid) for t in range(2)])
+    await engine.close()
+    shutil.rmtree(opener.directory / "1")
+    engine = await opener()
+    with pytest.raises(PartitionClosedError, match="missing"):
+        engine.partition(1)
+    assert engine.partition_ids() == [0, 1]
+    await assert_log(engine, 0, 1)

@@ -16,6 +16,7 @@ import sys
 import uuid
 
 from waltz_api.contracts.storage import StorageEngine
+from waltz_api.types import SessionInfo
 from waltz_conformance.suites.storage import make_record
 
 
@@ -49,8 +50,18 @@ async def _write(args: argparse.Namespace) -> None:
             out.write(f"{partition_id} {next_id - 1}\n")
             out.flush()
 
+    async def session_writer(partition_id: int) -> None:
+        part = engine.partition(partition_id)
+        session = part.session_info().session_id + 1
+        for _ in range(args.max_records):
+            await part.set_session_info(SessionInfo(session, session * 2, session * 2 - 1))
+            out.write(f"{partition_id} {session}\n")
+            out.flush()
+            session += 1
+
+    work = session_writer if args.sessions else writer
     try:
-        await asyncio.gather(*(writer(p) for p in args.partitions))
+        await asyncio.gather(*(work(p) for p in args.partitions))
     finally:
         await engine.close()
 
@@ -65,6 +76,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, nargs="+", required=True)
     parser.add_argument("--batch", type=int, default=5)
     parser.add_argument("--max-records", type=int, default=100_000)
+    parser.add_argument(
+        "--sessions", action="store_true", help="update session info instead of appending"
+    )
     asyncio.run(_write(parser.parse_args()))
 
 

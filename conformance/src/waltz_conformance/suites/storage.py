@@ -563,6 +563,44 @@ class StorageSuite:
                 await assert_log(engine, pid, last)
             await store.close()
 
+    @requires("crash_reopen")
+    async def test_kill_during_session_info_updates(self, store: Store) -> None:
+        harness = store.harness
+        assert harness.engine_ref, "crash_reopen needs the harness's engine_ref"
+        engine = await store.open()
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+        await store.close()
+        acked = {0: -1, 1: -1}
+        command = [
+            sys.executable,
+            "-m",
+            "waltz_conformance.suites._storage_writer",
+            "--engine",
+            harness.engine_ref,
+            "--location",
+            store.location,
+            "--cluster-key",
+            str(store.cluster_key),
+            "--num-partitions",
+            str(store.num_partitions),
+            "--options",
+            json.dumps(dict(harness.options)),
+            "--partitions",
+            "0",
+            "1",
+            "--sessions",
+        ]
+        await asyncio.to_thread(_run_writer_and_kill, command, 60, acked)
+        engine = await store.open()
+        for pid in (0, 1):
+            info = engine.partition(pid).session_info()
+            # the last acknowledged update, or the one after it that was under way
+            assert acked[pid] <= info.session_id <= acked[pid] + 1, (pid, info, acked)
+            assert info == SessionInfo(
+                info.session_id, info.session_id * 2, info.session_id * 2 - 1
+            )
+
     @requires("file_faults", "reopen")
     async def test_cut_at_every_byte_of_the_last_records(self, store: Store) -> None:
         harness = store.harness

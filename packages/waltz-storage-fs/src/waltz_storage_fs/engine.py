@@ -326,7 +326,12 @@ class FsStoragePartition(StoragePartition):
 
     def recover(self) -> None:
         """Open the segments, rebuild the index tail, truncate a torn or corrupt tail."""
-        self.directory.mkdir(exist_ok=True)
+        if not self.directory.is_dir():
+            # add_partition makes the directory durable before the control file says
+            # the partition is hosted: a missing directory is data lost outside Waltz
+            raise CorruptionError(
+                f"the directory {self.directory} of hosted partition {self.partition_id} is missing"
+            )
         found: dict[int, set[str]] = {}
         for entry in os.listdir(self.directory):
             parsed = fmt.parse_segment_file_name(entry)
