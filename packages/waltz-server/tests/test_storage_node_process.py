@@ -219,14 +219,27 @@ async def test_many_partitions_and_wrong_cluster_key(cluster: Cluster) -> None:
 
 
 async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
+    """One real `waltz storage list` process; the other commands run the same
+    click commands in a thread (each would otherwise pay a process start-up)."""
+    from click.testing import CliRunner
+
+    from waltz_server.cli import main
+
     c = await cluster.client()
     await c.append(3, 1, make_records(1, 0, 4))
     loop = asyncio.get_running_loop()
 
-    async def waltz(*args: str) -> subprocess.CompletedProcess[str]:
+    async def waltz_process(*args: str) -> subprocess.CompletedProcess[str]:
         return await loop.run_in_executor(None, lambda: _waltz("storage", *args))
 
-    listed = await waltz("list", "--endpoint", cluster.endpoint, "--json")
+    async def waltz(*args: str) -> tuple[int, str, str]:
+        def run() -> tuple[int, str, str]:
+            result = CliRunner().invoke(main, ["storage", *args])
+            return result.exit_code, result.stdout, result.stderr
+
+        return await loop.run_in_executor(None, run)
+
+    listed = await waltz_process("list", "--endpoint", cluster.endpoint, "--json")
     assert listed.returncode == 0, listed.stderr
     rows = {row["partition_id"]: row for row in json.loads(listed.stdout)}
     assert sorted(rows) == [0, 1, 2]
@@ -234,24 +247,28 @@ async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
     assert rows[1]["session_info"]["session_id"] == 3
     assert rows[0]["available"] is True
 
-    added = await waltz("add-partition", "3", "--config", str(cluster.config))
-    assert added.returncode == 0, added.stderr
+    code, out, err = await waltz("add-partition", "3", "--config", str(cluster.config))
+    assert code == 0, err
     await c.append(3, 3, [make_record(3, 0)])
-    unavailable = await waltz("availability", "3", "unavailable", "--config", str(cluster.config))
-    assert unavailable.returncode == 0, unavailable.stderr
-    table = await waltz("list", "--config", str(cluster.config))
-    assert table.returncode == 0 and "no" in table.stdout.splitlines()[-1]
-    no_key = await waltz("remove-partition", "3", "--endpoint", cluster.endpoint, "--yes")
-    assert no_key.returncode != 0 and "--cluster-key" in no_key.stderr
-    wrong_key = await waltz(
+    code, out, err = await waltz(
+        "availability", "3", "unavailable", "--config", str(cluster.config)
+    )
+    assert code == 0, err
+    code, out, err = await waltz("list", "--config", str(cluster.config))
+    assert code == 0, err
+    last = out.splitlines()[-1].split()
+    assert last[0] == "3" and last[1] == "0" and last[-1] == "no"
+    code, out, err = await waltz("remove-partition", "3", "--endpoint", cluster.endpoint, "--yes")
+    assert code == 2 and "--cluster-key" in err
+    code, out, err = await waltz(
         "remove-partition", "3", "--endpoint", cluster.endpoint, "--yes",
         "--cluster-key", str(uuid.uuid4()),
     )  # fmt: skip
-    assert wrong_key.returncode == 1 and "does not match" in wrong_key.stderr
-    removed = await waltz("remove-partition", "3", "--config", str(cluster.config), "--yes")
-    assert removed.returncode == 0, removed.stderr
-    mx = await waltz("max-transaction-id", "1", "--endpoint", cluster.endpoint)
-    assert mx.returncode == 0 and mx.stdout.strip() == "3"
+    assert code == 1 and "does not match" in err
+    code, out, err = await waltz("remove-partition", "3", "--config", str(cluster.config), "--yes")
+    assert code == 0, err
+    code, out, err = await waltz("max-transaction-id", "1", "--endpoint", cluster.endpoint)
+    assert code == 0 and out.strip() == "3"
 
     async with await StorageAdminClient.connect(cluster.transport, cluster.endpoint) as admin:
         assert [p.partition_id for p in await admin.list_partitions()] == [0, 1, 2]

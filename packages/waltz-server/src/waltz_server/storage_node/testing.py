@@ -27,6 +27,9 @@ from waltz_server.storage_node.client import StorageClient
 
 log = logging.getLogger(__name__)
 
+READY_MARKER = "storage node ready on"
+"""Logged (INFO) by a node once it listens."""
+
 
 def make_record(partition_id: int, transaction_id: int, size: int = 32) -> Record:
     """A deterministic record (data derived from the ids, correct CRC-32C)."""
@@ -77,15 +80,23 @@ class StorageNodeProcess:
         log.info("storage node started (pid %d)", self.process.pid)
 
     async def wait_ready(self, transport: Transport, timeout: float = 30.0) -> None:
-        """Wait until the node answers a handshake; raises with its log if it died."""
-        deadline = time.monotonic() + timeout
+        """Wait until the node answers a handshake; raises with its log if it died.
+
+        Probes start once the node logged that it is ready (log level INFO or
+        lower), or after a few seconds otherwise: a probe racing the bind only
+        costs retries."""
+        started = time.monotonic()
+        deadline = started + timeout
         while True:
             if self.process is None or self.process.poll() is not None:
                 code = self.process.returncode if self.process else None
                 raise WaltzError(f"storage node exited with {code}: {self.output()[-2000:]}")
+            if READY_MARKER not in self.output() and time.monotonic() < started + 10:
+                await asyncio.sleep(0.05)
+                continue
             try:
                 client = await StorageClient.connect(
-                    transport, self.endpoint, sender="probe", timeout=2.0
+                    transport, self.endpoint, sender="probe", timeout=5.0
                 )
             except (WaltzError, TimeoutError) as exc:
                 if time.monotonic() > deadline:
