@@ -223,3 +223,65 @@ async def test_a_missing_partition_directory_closes_the_partition(opener: Opener
         engine.partition(1)
     assert engine.partition_ids() == [0, 1]
     await assert_log(engine, 0, 1)
+
+
+async def test_read_budget_spans_segments(opener: Opener) -> None:
+    engine = await opener(segment_size=400)
+    part = await engine.add_partition(0)
+    for t in range(12):
+        await part.append([make_record(t, data=bytes([t]) * 100)])
+    firsts = tools.segment_firsts(opener.directory / "0")
+    assert len(firsts) >= 3
+    boundary = firsts[1]
+    got = await part.read_records(boundary - 1, 10, max_bytes=200)
+    assert [r.transaction_id for r in got] == [boundary - 1, boundary]
+    got = await part.read_records(boundary - 1, 10, max_bytes=150)
+    assert [r.transaction_id for r in got] == [boundary - 1]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_operations_match_a_model(opener: Opener, seed: int) -> None:
+    """Appends, truncates, session updates and reopens, checked against a list."""
+    import random
+
+    rng = random.Random(seed)
+    options = {"segment_size": 700, "index_checkpoint_interval": 5}
+    engine = await opener(**options)
+    part = await engine.add_partition(3)
+    model: list[bytes] = []
+    info = part.session_info()
+    for step in range(150):
+        op = rng.random()
+        if op < 0.6:
+            batch = [
+                make_record(len(model) + i, 3, data=rng.randbytes(rng.randrange(0, 90)))
+                for i in range(rng.randrange(1, 6))
+            ]
+            await part.append(batch)
+            model.extend(r.data for r in batch)
+        elif op < 0.75:
+            keep = rng.randrange(-1, len(model) + 2)
+            await part.truncate(keep)
+            del model[keep + 1 :]
+        elif op < 0.85:
+            from waltz_api.types import SessionInfo
+
+            info = SessionInfo(step, len(model) - 1, len(model) - 1)
+            await part.set_session_info(info)
+        else:
+            await engine.close()
+            engine = await opener(**options)
+            part = engine.partition(3)
+        assert part.max_transaction_id() == len(model) - 1
+        assert part.session_info() == info
+        if model and rng.random() < 0.3:
+            start = rng.randrange(len(model))
+            got = await part.read_records(start, rng.randrange(1, 20))
+            assert [r.data for r in got] == model[start : start + len(got)]
+            assert [r.transaction_id for r in got] == list(range(start, start + len(got)))
+    await engine.close()
+    engine = await opener(**options)
+    part = engine.partition(3)
+    got = await part.read_records(0, len(model) + 5)
+    assert [r.data for r in got] == model
+    assert tools.verify(opener.directory).ok
