@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -293,7 +294,7 @@ async def test_malformed_frame_over_zmq_closes_only_that_connection(cluster: Clu
     assert await good.max_transaction_id(1, 2) == 1
 
 
-async def test_sigterm_stops_cleanly_and_data_reopens(cluster: Cluster) -> None:
+async def test_sigterm_and_sigint_stop_cleanly_and_data_reopens(cluster: Cluster) -> None:
     c = await cluster.client()
     await c.append(1, 0, make_records(0, 0, 10))
     await cluster.drop_clients()
@@ -302,6 +303,9 @@ async def test_sigterm_stops_cleanly_and_data_reopens(cluster: Cluster) -> None:
     await cluster.start()
     c2 = await cluster.client()
     assert await c2.records(1, 0, 0, 100) == make_records(0, 0, 10)
+    await cluster.drop_clients()
+    assert cluster.node.terminate(timeout=30, signum=signal.SIGINT) == 0
+    assert cluster.node.output().count("storage node stopped") == 2
 
 
 def test_bad_config_exits_with_the_key_named(tmp_path: Path) -> None:

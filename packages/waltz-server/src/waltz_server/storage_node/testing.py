@@ -120,12 +120,15 @@ class StorageNodeProcess:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
 
-    def terminate(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (a clean shutdown), SIGKILL if it does not end in time; the exit code."""
+    def terminate(
+        self, timeout: float = 30.0, signum: signal.Signals = signal.SIGTERM
+    ) -> int | None:
+        """SIGTERM (or ``signum``: a clean shutdown), SIGKILL if it does not end in
+        time; the exit code."""
         if self.process is None:
             return None
         if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
+            os.kill(self.process.pid, signum)
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
