@@ -100,6 +100,9 @@ other frame carries the negotiated version.
 
 Stream transports (a byte stream rather than messages) prefix each frame with its
 ``u32`` length (:class:`FrameBuffer`, :func:`encode_stream`).
+
+Test vectors (one frame of every message) for other implementations:
+``packages/waltz-api/tests/data/wire_v1_vectors.txt``.
 """
 
 from __future__ import annotations
