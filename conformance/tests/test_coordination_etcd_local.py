@@ -1,5 +1,6 @@
 """The coordination conformance suite against ``etcd`` (a real 3-member etcd cluster,
-started once per test session) and ``local`` (SQLite files in a temp dir)."""
+started once per test session: the ``etcd_cluster`` fixture of the conformance
+pytest plugin) and ``local`` (SQLite files in a temp dir)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from waltz_conformance.servers.etcd import EtcdCluster, etcd_cluster
+from waltz_conformance.servers.etcd import EtcdCluster
 from waltz_conformance.suites.coordination import CoordinationHarness, CoordinationSuite
-
-__all__ = ["etcd_cluster"]
 
 
 @pytest.mark.system

@@ -1,4 +1,5 @@
-"""Fixtures: a real 3-member etcd cluster per test session, and client factories."""
+"""Client factories on the real 3-member etcd cluster of the test session (the
+``etcd_cluster`` fixture comes from the conformance pytest plugin)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ from typing import Any
 
 import pytest
 
-from waltz_conformance.servers.etcd import EtcdCluster, etcd_cluster
+from waltz_conformance.servers.etcd import EtcdCluster
 from waltz_coord_etcd import EtcdCoordination
-
-__all__ = ["etcd_cluster"]
 
 ClientFactory = Callable[..., Awaitable[EtcdCoordination]]
 
