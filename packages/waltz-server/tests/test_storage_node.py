@@ -475,3 +475,31 @@ async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFi
     wrong = replica_connector(fx.client_transport, uuid.uuid4(), NUM_PARTITIONS)
     with pytest.raises(ClusterKeyMismatchError):
         await wrong(fx.endpoint, 3, 7)
+
+
+async def test_connection_pool_shares_one_connection_per_node(fx: NodeFixture) -> None:
+    from waltz_server.storage_node.client import StorageConnectionPool
+
+    pool = StorageConnectionPool(fx.client_transport, CLUSTER_KEY, NUM_PARTITIONS)
+    try:
+        replicas = await asyncio.gather(*(pool.connect(fx.endpoint, p, 2) for p in range(4)))
+        assert len({id(r.client) for r in replicas}) == 1
+        await asyncio.gather(*(r.append(make_records(r.partition_id, 0, 5)) for r in replicas))
+        for r in replicas:
+            assert await r.max_transaction_id() == 4
+            await r.close()  # a shared connection outlives its replicas
+        assert not replicas[0].client.closed
+
+        # a broken connection fails its replicas; the next connect makes a new one
+        await replicas[0].client.conn.close()
+        with pytest.raises(ConnectionClosedError):
+            for _ in range(50):  # the reader notices the close
+                await replicas[0].max_transaction_id()
+                await asyncio.sleep(0.01)
+        fresh = await pool.connect(fx.endpoint, 0, 3)
+        assert fresh.client is not replicas[0].client
+        assert await fresh.max_transaction_id() == 4
+    finally:
+        await pool.close()
+    with pytest.raises(ConnectionClosedError):
+        await pool.connect(fx.endpoint, 0, 3)

@@ -497,3 +497,65 @@ def replica_connector(
         return StorageReplica(client, storage_node, partition_id, session_id, owns_client=True)
 
     return connect
+
+
+class StorageConnectionPool:
+    """One pipelined, opened connection per storage node, shared by every replica
+    on that node (a ``ReplicaConnector``: ``await pool.connect(node, partition, session)``).
+
+    A replica stays bound to the connection it was given: when that connection
+    breaks, the replica's calls raise ConnectionClosedError (the store session
+    has lost the replica, as the spec wants), and the next ``connect`` for that
+    node opens a new connection.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        cluster_key: uuid.UUID,
+        num_partitions: int,
+        *,
+        sender: str = "server",
+        timeout: float = 10.0,
+    ) -> None:
+        self.transport = transport
+        self.cluster_key = cluster_key
+        self.num_partitions = num_partitions
+        self.sender = sender
+        self.timeout = timeout
+        self._clients: dict[str, StorageClient] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    async def client(self, storage_node: str) -> StorageClient:
+        """The live, opened connection to ``storage_node`` (made when needed)."""
+        if self._closed:
+            raise ConnectionClosedError("the storage connection pool is closed")
+        async with self._locks.setdefault(storage_node, asyncio.Lock()):
+            client = self._clients.get(storage_node)
+            if client is not None and not client.closed and not client.conn.closed:
+                return client
+            if client is not None:
+                await client.close()
+            client = await StorageClient.connect(
+                self.transport, storage_node, sender=self.sender, timeout=self.timeout
+            )
+            try:
+                await client.open(self.cluster_key, self.num_partitions)
+            except BaseException:
+                await client.close()
+                raise
+            self._clients[storage_node] = client
+            return client
+
+    async def connect(
+        self, storage_node: str, partition_id: int, session_id: int
+    ) -> StorageReplica:
+        client = await self.client(storage_node)
+        return StorageReplica(client, storage_node, partition_id, session_id)
+
+    async def close(self) -> None:
+        self._closed = True
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
