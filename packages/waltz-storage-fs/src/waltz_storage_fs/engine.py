@@ -18,6 +18,7 @@ import concurrent.futures
 import logging
 import os
 import shutil
+import struct
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -626,29 +627,46 @@ class FsStoragePartition(StoragePartition):
         expected = self._next_txid
         parts: list[bytes] = []
         lengths: list[int] = []
+        pack_head = fmt.RECORD_HEAD.pack
+        pack_crc = fmt.RECORD_CRC.pack
+        crc = crc32c.crc32c
+        overhead = fmt.RECORD_OVERHEAD
         for i, record in enumerate(records):
-            if record.transaction_id != expected + i:
+            txid = record.transaction_id
+            data = record.data
+            if txid != expected + i:
                 raise StorageAppendError(
                     f"partition {self.partition_id}: append of transaction "
-                    f"{record.transaction_id} at position {i} of the batch does not continue "
+                    f"{txid} at position {i} of the batch does not continue "
                     f"the log, which expects {expected + i}; nothing was stored (truncate or "
                     "ask max_transaction_id first)"
                 )
-            if crc32c.crc32c(record.data) != record.checksum:
+            checksum = crc(data)
+            if checksum != record.checksum:
                 raise ChecksumError(
-                    f"partition {self.partition_id}: transaction {record.transaction_id}: the "
+                    f"partition {self.partition_id}: transaction {txid}: the "
                     "data does not match its CRC-32C checksum; nothing was stored"
                 )
+            r = record.req_id
             try:
-                encoded = fmt.encode_record(record)
-            except Exception as exc:  # struct.error: a field out of range
+                head = pack_head(
+                    txid,
+                    r.client_id,
+                    r.generation,
+                    r.partition_id,
+                    r.seq_num,
+                    record.header,
+                    len(data),
+                    checksum,
+                )
+            except struct.error as exc:
                 raise StorageAppendError(
-                    f"partition {self.partition_id}: transaction {record.transaction_id} has a "
+                    f"partition {self.partition_id}: transaction {txid} has a "
                     f"field out of range for the on-disk format (ReqId and header are signed "
                     f"32-bit, the id signed 64-bit): {exc}; nothing was stored"
                 ) from exc
-            parts.append(encoded)
-            lengths.append(len(encoded))
+            parts += (head, data, pack_crc(crc(head)))
+            lengths.append(overhead + len(data))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         job = _Job(future, self, b"".join(parts), lengths, expected)
         self._engine.committer().submit(job)

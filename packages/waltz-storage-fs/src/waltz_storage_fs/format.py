@@ -238,7 +238,8 @@ def parse_segment_file_name(name: str) -> tuple[int, str] | None:
 RECORD_HEAD = struct.Struct(">qiiiiiiI")  # id, ReqId x4, header, data length, data crc
 _TXID = struct.Struct(">q")
 _LENGTH_CRC = struct.Struct(">iI")  # at offset 28 of a record
-_RECORD_CRC = struct.Struct(">I")
+RECORD_CRC = struct.Struct(">I")
+_RECORD_CRC = RECORD_CRC
 RECORD_OVERHEAD = RECORD_HEAD.size + _RECORD_CRC.size  # 40 bytes
 INDEX_ENTRY = struct.Struct(">q")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
