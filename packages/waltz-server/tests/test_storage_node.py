@@ -1,4 +1,4 @@
-"""The storage node in-process: the memory reference transport and storage engine.
+"""The storage node in-process: the memory reference transport, over the memory and fs engines.
 
 These exercise the node's protocol logic (every request type, the open
 handshake, fencing, admin, pipelining, malformed frames) quickly; the
@@ -268,6 +268,14 @@ async def test_pipelined_appends_are_ordered_and_batched(fx: NodeFixture) -> Non
     assert results[0] is None and results[1] is None and results[3] is None
     assert isinstance(results[2], StorageAppendError)
     assert await c.max_transaction_id(1, p) == 202
+    # a merged batch that does not continue the log: each of its appends is refused
+    # on its own (nothing stored), and the next good one goes through
+    seq = [make_record(p, 205), make_record(p, 206), make_record(p, 203)]
+    results = await asyncio.gather(*(c.append(1, p, [r]) for r in seq), return_exceptions=True)
+    assert isinstance(results[0], StorageAppendError)
+    assert isinstance(results[1], StorageAppendError)
+    assert results[2] is None
+    assert await c.records(1, p, 200, 10) == make_records(p, 200, 4)
 
 
 async def test_many_partitions_concurrently(fx: NodeFixture) -> None:
