@@ -176,6 +176,25 @@ class ClientAheadError(ServerError):
     """
 
 
+class StaleGenerationError(ServerError):
+    """A newer generation of the partition exists: it moved to another server.
+
+    The holder of the older generation must stop serving the partition; a
+    client re-reads the partition assignment and mounts on the new owner."""
+
+    def __init__(self, message: str, current_generation: int = -1) -> None:
+        super().__init__(message)
+        self.current_generation = current_generation
+
+
+class StoreSessionClosedError(ServerError):
+    """The store session ended (a replica failed, a newer session fenced it, or the
+    partition closed) before the append was acknowledged by a quorum.
+
+    The outcome is unknown, not failed: recovery may still commit the
+    transaction. A client learns the outcome from the feed."""
+
+
 class LockFailureError(WaltzError):
     """A transaction was rejected by the optimistic lock check."""
 

@@ -1,0 +1,267 @@
+"""The recovery manager: closes the last store session before a new one writes.
+
+spec/waltz-server.txt, "Recovery Procedure". Each replica session calls
+:meth:`RecoveryManager.recover` once connected. The replica reports its last
+session info and log end, truncates what cannot be trusted (per
+:func:`~waltz_server.server.voting.plan_replica`), then the replicas vote on
+the closing high-water mark of the last session. Until it is decided,
+replicas behind a higher one catch up from it (which adds their vote). Once
+decided, each replica truncates its dirty tail, records the new session's
+low-water mark, and catches up to the mark. When a quorum of the current
+replicas is clean, the replica states are written to the partition store
+metadata by compare-and-set, and the session may write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from waltz_api.contracts.coordination import Coordination
+from waltz_api.errors import StorageError, StoreSessionClosedError
+from waltz_api.types import NO_TRANSACTION, UNRESOLVED, ReplicaId, ReplicaState
+from waltz_server.server.replica import ReplicaConnection
+from waltz_server.server.store_metadata import VersionedMetadata, update_replica_states
+from waltz_server.server.voting import plan_replica, quorum_of, resolve_high_water_mark
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Recovering:
+    node: str
+    connection: ReplicaConnection
+    mark: int
+    voting: bool
+    new: bool
+
+
+class RecoveryManager:
+    """Resolves the last session's closing high-water mark across the replicas."""
+
+    def __init__(
+        self,
+        *,
+        coordination: Coordination,
+        metadata: VersionedMetadata,
+        replica_nodes: Sequence[str],
+        catch_up_batch: int = 256,
+        catch_up_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        self._coordination = coordination
+        self._metadata = metadata
+        self.partition_id = metadata.metadata.partition_id
+        self.session_id = metadata.metadata.session_id
+        self._replica_nodes = list(replica_nodes)
+        self._last_replicas = dict(metadata.metadata.replicas)
+        self._last_quorum = quorum_of(len(self._last_replicas)) if self._last_replicas else 0
+        self.quorum = quorum_of(len(self._replica_nodes))
+        self._catch_up_batch = catch_up_batch
+        self._catch_up_bytes = catch_up_bytes
+        self._states: dict[str, _Recovering] = {}
+        # a partition without replica history starts empty
+        self._resolved: int | None = None if self._last_replicas else NO_TRANSACTION
+        self._clean: set[str] = set()
+        self._recovered: set[str] = set()
+        self._aborted: BaseException | None = None
+        self._changed = asyncio.Event()
+        self._metadata_written = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+
+    @property
+    def resolved_high_water_mark(self) -> int | None:
+        return self._resolved
+
+    @property
+    def complete(self) -> bool:
+        """A quorum of the current replicas is clean and the metadata says so."""
+        return self._metadata_written.is_set()
+
+    @property
+    def metadata(self) -> VersionedMetadata:
+        return self._metadata
+
+    def abort(self, cause: BaseException) -> None:
+        if self._aborted is None:
+            self._aborted = cause
+            self._notify()
+
+    def _check(self) -> None:
+        if self._aborted is not None:
+            raise StoreSessionClosedError(
+                f"recovery of partition {self.partition_id} (session {self.session_id}) "
+                f"aborted: {self._aborted}"
+            ) from self._aborted
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self) -> None:
+        await self._changed.wait()
+
+    async def wait_complete(self) -> int:
+        """Wait until the session may write; returns the closing high-water mark."""
+        while not self._metadata_written.is_set():
+            self._check()
+            await self._wait_change()
+        assert self._resolved is not None
+        return self._resolved
+
+    async def recover(self, node: str, connection: ReplicaConnection) -> int:
+        """Recover the replica on ``node``; returns the closing high-water mark once the
+        replica is clean, caught up to it, and the metadata records it as clean."""
+        self._check()
+        state = self._last_replicas.get(node)
+        info = await connection.last_session_info()
+        max_id = await connection.max_transaction_id()
+        plan = plan_replica(
+            known=state is not None,
+            metadata_empty=not self._last_replicas,
+            state_session_id=state.session_id if state else -1,
+            state_closing_high_water_mark=state.closing_high_water_mark if state else UNRESOLVED,
+            storage_session_id=info.session_id,
+            storage_low_water_mark=info.low_water_mark,
+            max_transaction_id=max_id,
+        )
+        mark = max_id
+        if plan.truncate_to is not None and max_id > plan.truncate_to:
+            await connection.truncate(plan.truncate_to)
+            mark = plan.truncate_to
+        log.debug(
+            "partition %d session %d: replica %s last session %s, max id %d, plan %s",
+            self.partition_id,
+            self.session_id,
+            node,
+            info,
+            max_id,
+            plan,
+        )
+        self._check()
+        if not plan.voting:
+            self._clean.add(node)
+        me = _Recovering(node, connection, mark, plan.voting, plan.new)
+        self._states[node] = me
+        self._evaluate()
+        self._notify()
+
+        low_water_mark_set = False
+        while True:
+            self._check()
+            resolved = self._resolved
+            if resolved is not None:
+                if not low_water_mark_set:
+                    if me.mark > resolved:
+                        await connection.truncate(resolved)  # the dirty tail
+                        me.mark = resolved
+                    await connection.set_low_water_mark(resolved)
+                    low_water_mark_set = True
+                    self._check()
+                if me.mark >= resolved:
+                    break
+            usher = self._usher_for(me)
+            if usher is None:
+                await self._wait_change()
+                continue
+            target = resolved if resolved is not None else usher.mark
+            records = await usher.connection.read_records(
+                me.mark + 1, min(self._catch_up_batch, target - me.mark), self._catch_up_bytes
+            )
+            self._check()
+            if not records:
+                # the usher was truncated meanwhile; the next evaluation picks another
+                await asyncio.sleep(0)
+                continue
+            if records[0].transaction_id != me.mark + 1:
+                raise StorageError(
+                    f"replica {usher.node} returned records from {records[0].transaction_id}, "
+                    f"asked from {me.mark + 1}"
+                )
+            await connection.append(records)
+            me.mark += len(records)
+            self._evaluate()
+            self._notify()
+
+        self._recovered.add(node)
+        self._clean.add(node)
+        self._notify()
+        if len(self._recovered) >= self.quorum:
+            await self._write_replica_states()
+        else:
+            while not self._metadata_written.is_set():
+                self._check()
+                await self._wait_change()
+        assert self._resolved is not None
+        return self._resolved
+
+    def _usher_for(self, me: _Recovering) -> _Recovering | None:
+        best: _Recovering | None = None
+        for other in self._states.values():
+            if (
+                other is not me
+                and other.mark > me.mark
+                and (best is None or other.mark > best.mark)
+            ):
+                best = other
+        return best
+
+    def _evaluate(self) -> None:
+        if self._resolved is not None:
+            return
+        known = [s for s in self._states.values() if not s.new]
+        voters = [s.mark for s in known if s.voting]
+        if not voters:
+            return  # only replicas that are behind: wait for a voter
+        offline = len(self._last_replicas) - len(known)
+        resolution = resolve_high_water_mark(
+            [s.mark for s in known], offline, self._last_quorum, floor=min(voters)
+        )
+        if resolution.decided:
+            self._resolved = resolution.high_water_mark
+            log.info(
+                "partition %d session %d: closing high-water mark of the last session is %s",
+                self.partition_id,
+                self.session_id,
+                self._resolved,
+            )
+        else:
+            log.debug(
+                "partition %d session %d: closing high-water mark %s (%d offline)",
+                self.partition_id,
+                self.session_id,
+                resolution.outcome.value,
+                offline,
+            )
+
+    async def _write_replica_states(self) -> None:
+        async with self._write_lock:
+            self._check()
+            resolved = self._resolved
+            assert resolved is not None
+            states: dict[str, ReplicaState] = {}
+            for node in self._replica_nodes:
+                replica_id = ReplicaId(self.partition_id, node)
+                previous = self._last_replicas.get(node)
+                if node in self._clean:
+                    states[node] = ReplicaState(replica_id, self.session_id, UNRESOLVED)
+                elif previous is None:
+                    states[node] = ReplicaState(replica_id, -1, resolved)
+                elif (
+                    previous.session_id < self.session_id
+                    and previous.closing_high_water_mark == UNRESOLVED
+                ):
+                    # it may hold the last session's dirty tail: valid up to the closing mark
+                    states[node] = ReplicaState(replica_id, previous.session_id, resolved)
+                else:
+                    states[node] = previous
+            try:
+                self._metadata = await update_replica_states(
+                    self._coordination, self._metadata, states
+                )
+            except Exception as exc:
+                self.abort(exc)
+                raise
+            self._metadata_written.set()
+            self._notify()

@@ -1,0 +1,49 @@
+"""What a store session needs from one replica: a partition on one storage node.
+
+A :class:`ReplicaConnection` speaks for one store session id and one
+partition; every request carries that session id, and a storage node that has
+seen a newer one refuses it with SessionFencedError (FailureResponse FENCED).
+The storage client (``waltz_server.storage_node.client``) provides it over any
+Transport; tests may provide it in-process.
+
+Errors: SessionFencedError when fenced; TransportError (ConnectionClosedError)
+when the node is unreachable or the connection broke; StorageError for any
+other refusal. A connection is safe for concurrent calls from several tasks
+(a recovering replica reads from another replica while that one appends); the
+storage node serves one partition's requests in arrival order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from waltz_api.types import Record, SessionInfo
+
+
+class ReplicaConnection(Protocol):
+    @property
+    def storage_node(self) -> str:
+        """The storage node's connect string (the replica's identity in the metadata)."""
+
+    async def last_session_info(self) -> SessionInfo: ...
+
+    async def max_transaction_id(self) -> int: ...
+
+    async def truncate(self, transaction_id: int) -> None:
+        """Keep records up to ``transaction_id``, durably."""
+
+    async def set_low_water_mark(self, low_water_mark: int) -> None:
+        """Record this session's start (its low-water mark), durably."""
+
+    async def append(self, records: Sequence[Record]) -> None:
+        """Append dense records continuing the log, durably."""
+
+    async def read_records(self, start: int, max_records: int, max_bytes: int) -> list[Record]: ...
+
+    async def close(self) -> None: ...
+
+
+ReplicaConnector = Callable[[str, int, int], Awaitable[ReplicaConnection]]
+"""``connector(storage_node, partition_id, session_id)``: open a replica connection
+(raises TransportError when the node cannot be reached)."""

@@ -1,0 +1,373 @@
+"""Store sessions and recovery on in-process storage nodes and the memory coordination."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import pytest
+from fakes import FakeReplicaConnection, FakeStorageNode
+
+from waltz_api.errors import StaleGenerationError, StoreSessionClosedError
+from waltz_api.types import UNRESOLVED, Record, ReplicaId, ReplicaState, ReqId, SessionInfo
+from waltz_conformance.reference.coordination import (
+    MemoryCoordination,
+    MemoryCoordinationService,
+)
+from waltz_server.server.store import StoreConfig, StorePartition
+from waltz_server.server.store_metadata import (
+    PartitionStoreMetadata,
+    load_metadata,
+    store_partition_path,
+)
+
+P = 0
+TIMEOUT = 20.0
+
+
+@dataclass
+class Cluster:
+    coordination: MemoryCoordination
+    nodes: dict[str, FakeStorageNode]
+
+    async def connector(
+        self, node: str, partition_id: int, session_id: int
+    ) -> FakeReplicaConnection:
+        return await self.nodes[node].connect(partition_id, session_id)
+
+    def store(self, generation: int = 1, seed: int = 0, **config: int) -> StorePartition:
+        return StorePartition(
+            partition_id=P,
+            generation=generation,
+            coordination=self.coordination,
+            replica_nodes=sorted(self.nodes),
+            connector=self.connector,
+            config=StoreConfig(retry_initial=0.001, retry_max=0.02, **config),
+            rng=random.Random(seed),
+        )
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
+    await coordination.start()
+    yield Cluster(coordination, {name: FakeStorageNode(name) for name in ("a", "b", "c")})
+    await coordination.close()
+
+
+def rec(transaction_id: int, payload: bytes = b"x") -> Record:
+    data = payload + str(transaction_id).encode()
+    return Record(transaction_id, ReqId(1, 1, P, transaction_id), 0, data, zlib.crc32(data))
+
+
+async def append_many(store: StorePartition, count: int, tag: bytes) -> list[asyncio.Future[int]]:
+    futures = []
+    for i in range(count):
+        data = tag + b"-" + str(i).encode()
+        _, future = await store.append(ReqId(7, 1, P, i), 0, data, zlib.crc32(data))
+        futures.append(future)
+    return futures
+
+
+def assert_no_fork(nodes: Sequence[FakeStorageNode]) -> None:
+    """Every replica's log is a prefix of the longest one (replicas never fork)."""
+    logs = sorted((n.log(P) for n in nodes), key=len)
+    longest = logs[-1]
+    for log in logs:
+        assert log == longest[: len(log)]
+    for index, record in enumerate(longest):
+        assert record.transaction_id == index  # dense
+
+
+def on_majority(nodes: Sequence[FakeStorageNode], record: Record) -> bool:
+    holders = sum(
+        1
+        for n in nodes
+        if len(n.log(P)) > record.transaction_id and n.log(P)[record.transaction_id] == record
+    )
+    return holders >= len(nodes) // 2 + 1
+
+
+async def test_fresh_partition_commits_dense_ids_on_every_replica(cluster: Cluster) -> None:
+    store = cluster.store()
+    await store.start()
+    try:
+        futures = await append_many(store, 300, b"t")
+        ids = await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
+        assert ids == list(range(300))
+        assert store.high_water_mark == 299
+        # the slowest replica finishes shortly after the quorum
+        for _ in range(100):
+            if all(len(n.log(P)) == 300 for n in cluster.nodes.values()):
+                break
+            await asyncio.sleep(0.01)
+        assert_no_fork(list(cluster.nodes.values()))
+        assert all(len(n.log(P)) == 300 for n in cluster.nodes.values())
+        versioned = await load_metadata(cluster.coordination, P)
+        assert versioned is not None
+        meta = versioned.metadata
+        assert meta.generation == 1 and meta.session_id == 1
+        assert {s.session_id for s in meta.replicas.values()} == {1}
+        # batching: far fewer storage appends than transactions
+        assert cluster.nodes["a"].appends < 300
+        records = await store.read_committed(0, 1000, 1 << 20)
+        assert [r.transaction_id for r in records] == list(range(300))
+    finally:
+        await store.close()
+
+
+async def test_commits_with_one_replica_down_and_it_recovers_next_session(cluster: Cluster) -> None:
+    cluster.nodes["c"].crash()
+    store = cluster.store()
+    await store.start()
+    try:
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 50, b"x")), TIMEOUT)
+        assert ids == list(range(50))
+        assert len(cluster.nodes["c"].log(P)) == 0
+        # c comes back; a replica that fails ends the session and recovery brings c in
+        cluster.nodes["c"].restart()
+        cluster.nodes["a"].crash()
+        more = await append_many(store, 20, b"y")
+        ids2 = await asyncio.wait_for(asyncio.gather(*more, return_exceptions=True), TIMEOUT)
+        cluster.nodes["a"].restart()
+        done = [i for i in ids2 if isinstance(i, int)]
+        assert done == sorted(done)
+        for _ in range(200):
+            if len(cluster.nodes["c"].log(P)) >= 50:
+                break
+            await asyncio.sleep(0.01)
+        assert store.sessions_started >= 2
+        assert_no_fork(list(cluster.nodes.values()))
+        # every acknowledged transaction is on a majority
+        log_b = cluster.nodes["b"].log(P)
+        for transaction_id in [*ids, *done]:
+            assert on_majority(list(cluster.nodes.values()), log_b[transaction_id])
+    finally:
+        await store.close()
+
+
+async def write_metadata(
+    cluster: Cluster, session_id: int, states: dict[str, tuple[int, int]]
+) -> None:
+    meta = PartitionStoreMetadata(
+        P,
+        0,
+        session_id,
+        {n: ReplicaState(ReplicaId(P, n), s, c) for n, (s, c) in states.items()},
+    )
+    await cluster.coordination.create(store_partition_path(P), meta.encode())
+
+
+def preload(
+    node: FakeStorageNode, count: int, session_id: int, low_water_mark: int, tag: bytes = b"x"
+) -> None:
+    part = node.partition(P)
+    part.log = [rec(i, tag) for i in range(count)]
+    part.session_info = SessionInfo(session_id, low_water_mark, low_water_mark)
+    part.highest_session_id = session_id
+
+
+async def test_recovery_truncates_dirty_tail_and_catches_up(cluster: Cluster) -> None:
+    # last session 3 started at 4 on every replica: a wrote to 9, b to 7, c to 5
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in "abc"})
+    for name, count in (("a", 10), ("b", 8), ("c", 6)):
+        preload(cluster.nodes[name], count, 3, 4)
+    store = cluster.store()
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        # 7 is the highest mark a majority (a, b) holds
+        assert session.low_water_mark == 7 == store.high_water_mark
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 5, b"n")), TIMEOUT)
+        assert ids == [8, 9, 10, 11, 12]
+        for _ in range(200):
+            if all(len(n.log(P)) == 13 for n in cluster.nodes.values()):
+                break
+            await asyncio.sleep(0.01)
+        assert_no_fork(list(cluster.nodes.values()))
+        # a's dirty 8 and 9 were replaced by the new session's records
+        assert cluster.nodes["a"].log(P)[8].data.startswith(b"n-")
+        assert cluster.nodes["c"].log(P)[6] == rec(6)
+        for node in cluster.nodes.values():
+            info = node.partition(P).session_info
+            assert info.session_id == 4 and info.low_water_mark == 7
+    finally:
+        await store.close()
+
+
+async def test_undecidable_waits_for_the_missing_replica(cluster: Cluster) -> None:
+    # a holds 0..9, c holds 0..5; b (offline) could hold up to 9: undecidable
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in "abc"})
+    preload(cluster.nodes["a"], 10, 3, 4)
+    preload(cluster.nodes["b"], 10, 3, 4)
+    preload(cluster.nodes["c"], 6, 3, 4)
+    cluster.nodes["b"].crash()
+    # c is slow to append, so it cannot catch up with a and make 9 decidable meanwhile
+    cluster.nodes["c"].append_delay = 1000.0
+    store = cluster.store()
+    await store.start()
+    try:
+        with pytest.raises(TimeoutError):
+            await store.wait_ready(0.3)
+        assert not store.ready
+        assert len(cluster.nodes["a"].log(P)) == 10  # nothing truncated while undecidable
+        cluster.nodes["c"].append_delay = 0.0
+        cluster.nodes["b"].restart()
+        session = await store.wait_ready(TIMEOUT)
+        assert session.low_water_mark == 9
+        assert_no_fork(list(cluster.nodes.values()))
+    finally:
+        await store.close()
+
+
+async def test_lagging_replica_catch_up_makes_it_decidable(cluster: Cluster) -> None:
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in "abc"})
+    preload(cluster.nodes["a"], 10, 3, 4)
+    preload(cluster.nodes["c"], 6, 3, 4)
+    cluster.nodes["b"].crash()
+    store = cluster.store()
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        # c copied 6..9 from a: a majority holds 9 now
+        assert session.low_water_mark == 9
+        assert cluster.nodes["c"].log(P) == cluster.nodes["a"].log(P)
+        versioned = await load_metadata(cluster.coordination, P)
+        assert versioned is not None
+        states = versioned.metadata.replicas
+        assert states["a"].session_id == states["c"].session_id == session.session_id
+        # b missed the session: valid up to the closing mark, its session id unchanged
+        assert states["b"] == ReplicaState(ReplicaId(P, "b"), 3, 9)
+    finally:
+        await store.close()
+
+
+async def test_replica_missing_a_session_is_truncated_to_its_closing_mark(cluster: Cluster) -> None:
+    # b missed session 3's end: closing mark 4; it holds a dirty 5..8 of an older session
+    await write_metadata(cluster, 3, {"a": (3, UNRESOLVED), "b": (2, 4), "c": (3, UNRESOLVED)})
+    preload(cluster.nodes["a"], 8, 3, 4)
+    preload(cluster.nodes["b"], 9, 2, 2)
+    cluster.nodes["b"].partition(P).log[5:] = [rec(i, b"old") for i in range(5, 9)]
+    preload(cluster.nodes["c"], 8, 3, 4)
+    store = cluster.store()
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        assert session.low_water_mark == 7
+        for _ in range(200):
+            if cluster.nodes["b"].log(P) == cluster.nodes["a"].log(P):
+                break
+            await asyncio.sleep(0.01)
+        assert cluster.nodes["b"].log(P) == cluster.nodes["a"].log(P)
+        assert not any(r.data.startswith(b"old") for r in cluster.nodes["b"].log(P))
+    finally:
+        await store.close()
+
+
+async def test_new_generation_fences_the_old_session(cluster: Cluster) -> None:
+    old = cluster.store(generation=1)
+    await old.start()
+    new: StorePartition | None = None
+    try:
+        first = await asyncio.wait_for(asyncio.gather(*await append_many(old, 10, b"old")), TIMEOUT)
+        assert first == list(range(10))
+        new = cluster.store(generation=2, seed=1)
+        await new.start()
+        new_session = await new.wait_ready(TIMEOUT)
+        # the old server keeps trying: every append of its session is refused, it stops
+        outcome = await asyncio.gather(*await append_many(old, 5, b"late"), return_exceptions=True)
+        assert all(isinstance(o, StoreSessionClosedError) for o in outcome)
+        for _ in range(200):
+            if old.stale is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert isinstance(old.stale, StaleGenerationError)
+        with pytest.raises(StaleGenerationError):
+            await old.append(ReqId(1, 1, P, 99), 0, b"z", zlib.crc32(b"z"))
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(new, 5, b"new")), TIMEOUT)
+        assert ids == list(range(new_session.low_water_mark + 1, new_session.low_water_mark + 6))
+        for node in cluster.nodes.values():
+            assert not any(r.data.startswith(b"late") for r in node.log(P))
+        assert_no_fork(list(cluster.nodes.values()))
+    finally:
+        await old.close()
+        if new is not None:
+            await new.close()
+
+
+async def test_checkpoint_interval_starts_a_new_session(cluster: Cluster) -> None:
+    store = cluster.store(checkpoint_interval=20)
+    await store.start()
+    try:
+        ids: list[int] = []
+        for chunk in range(7):
+            futures = await append_many(store, 10, b"c%d" % chunk)
+            ids.extend(await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT))
+        assert ids == list(range(70))
+        assert store.sessions_started >= 3
+        assert_no_fork(list(cluster.nodes.values()))
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_storage_crashes_never_lose_acknowledged(cluster: Cluster, seed: int) -> None:
+    rng = random.Random(seed)
+    for node in cluster.nodes.values():
+        node.append_delay = 0.001  # a disk that takes time, so crashes land mid-append
+    store = cluster.store(seed=seed, max_pending_records=64)
+    await store.start()
+    acknowledged: dict[int, bytes] = {}
+    names = sorted(cluster.nodes)
+
+    async def writer() -> None:
+        for i in range(400):
+            data = f"s{seed}-{i}".encode()
+            try:
+                _, future = await store.append(ReqId(3, 1, P, i), 0, data, zlib.crc32(data))
+            except StoreSessionClosedError:
+                continue
+
+            def done(f: asyncio.Future[int], data: bytes = data) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    acknowledged[f.result()] = data
+
+            future.add_done_callback(done)
+            if rng.random() < 0.1:
+                await asyncio.sleep(0)
+
+    async def chaos() -> None:
+        for _ in range(8):
+            await asyncio.sleep(rng.uniform(0.001, 0.01))
+            victim = cluster.nodes[rng.choice(names)]
+            victim.crash()  # at most one down at a time: a majority always survives
+            await asyncio.sleep(rng.uniform(0.001, 0.01))
+            victim.restart()
+
+    try:
+        await asyncio.wait_for(asyncio.gather(writer(), chaos()), TIMEOUT * 3)
+        await store.wait_ready(TIMEOUT)
+        # settle: a final session has recovered everything the previous ones committed
+        hwm = store.high_water_mark
+        records = []
+        start = 0
+        while start <= hwm:
+            batch = await store.read_committed(start, 200, 1 << 20)
+            assert batch
+            records.extend(batch)
+            start += len(batch)
+        assert [r.transaction_id for r in records] == list(range(hwm + 1))
+        for transaction_id, data in acknowledged.items():
+            assert transaction_id <= hwm
+            assert records[transaction_id].data == data, "an acknowledged transaction was lost"
+        # no submission committed twice
+        datas = [r.data for r in records]
+        assert len(datas) == len(set(datas))
+        assert_no_fork(list(cluster.nodes.values()))
+        assert acknowledged, "nothing was acknowledged: the test proved nothing"
+        assert store.sessions_started >= 2, "no crash hit a session: the test proved nothing"
+    finally:
+        await store.close()
