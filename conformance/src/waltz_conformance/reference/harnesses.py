@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from waltz_conformance.suites.coordination import CoordinationHarness
 from waltz_conformance.suites.locktable import EXACT, LockTableHarness
 
 
@@ -24,11 +25,12 @@ def locktable(options: Mapping[str, Any] | None = None) -> LockTableHarness:
     )
 
 
-def coordination(options: Mapping[str, Any] | None = None) -> Any:
+def coordination(options: Mapping[str, Any] | None = None) -> CoordinationHarness:
     """The harness of the reference coordination (a fresh in-process service)."""
     from waltz_conformance.reference.coordination import MemoryCoordinationHarness
 
-    return MemoryCoordinationHarness(name="memory", session_timeout=2.0)
+    timeout = float(dict(options or {}).get("session_timeout", 2.0))
+    return MemoryCoordinationHarness(name="memory", session_timeout=timeout)
 
 
 def transport(options: Mapping[str, Any] | None = None) -> Any:
