@@ -109,10 +109,15 @@ class ReplicaAssignments:
 
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
-    """A live server's registration (ephemeral)."""
+    """A live server's registration (ephemeral).
+
+    ``preferred_partitions``: partitions this server asks to serve; the cluster
+    manager's leader gives them to it while it is alive (lowest id first when
+    several live servers prefer the same partition)."""
 
     server_id: int
     endpoint: str
+    preferred_partitions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,12 +237,25 @@ def decode_replica_assignments(
 
 
 def encode_server(info: ServerInfo) -> bytes:
-    return _encode("server", {"server_id": info.server_id, "endpoint": info.endpoint})
+    return _encode(
+        "server",
+        {
+            "server_id": info.server_id,
+            "endpoint": info.endpoint,
+            "preferred_partitions": list(info.preferred_partitions),
+        },
+    )
 
 
 def decode_server(raw: bytes, path: str) -> ServerInfo:
     doc = _decode("server", raw, path)
-    return ServerInfo(int(doc["server_id"]), str(doc["endpoint"]))
+    try:
+        preferred = tuple(int(p) for p in doc.get("preferred_partitions", ()))
+        return ServerInfo(int(doc["server_id"]), str(doc["endpoint"]), preferred)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CoordinationError(
+            f"{path} does not hold a valid server registration: {exc}"
+        ) from None
 
 
 def encode_partition_assignment(assignment: PartitionAssignment) -> bytes:
@@ -470,12 +488,14 @@ class ClusterMetadata:
         """A client id never handed out before in this cluster."""
         return await self.coordination.increment(CLIENT_ID_COUNTER)
 
-    async def register_server(self, server_id: int, endpoint: str) -> None:
+    async def register_server(
+        self, server_id: int, endpoint: str, *, preferred_partitions: Sequence[int] = ()
+    ) -> None:
         """Register a live server (ephemeral: gone when its session ends)."""
         try:
             await self.coordination.create(
                 join_path(SERVERS_DIR, server_id),
-                encode_server(ServerInfo(server_id, endpoint)),
+                encode_server(ServerInfo(server_id, endpoint, tuple(preferred_partitions))),
                 ephemeral=True,
             )
         except NodeExistsError:
