@@ -511,3 +511,15 @@ async def test_connection_pool_shares_one_connection_per_node(fx: NodeFixture) -
         await pool.close()
     with pytest.raises(ConnectionClosedError):
         await pool.connect(fx.endpoint, 0, 3)
+
+
+async def test_a_connection_without_hello_is_closed_after_the_handshake_timeout(
+    fx: NodeFixture,
+) -> None:
+    assert fx.node is not None
+    fx.node.handshake_timeout = 0.2
+    conn = await fx.client_transport.connect(fx.endpoint)
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(conn.recv(), 10)
+    good = await fx.client()  # others connect as usual
+    assert await good.max_transaction_id(1, 0) == -1

@@ -109,6 +109,8 @@ async def start_node(config: StorageNodeConfig) -> StorageNode:
 
 async def serve(config: StorageNodeConfig, stop: asyncio.Event) -> None:
     """Run a node until ``stop`` is set, then shut it down cleanly."""
+    if config.http.enabled:
+        log.warning("config section [http] is reserved for metrics, which are not served yet")
     node = await start_node(config)
     # A supervisor (or a test) waiting for the node reads this line on stderr.
     log.info("storage node ready on %s (pid %d)", node.endpoint, os.getpid())

@@ -149,9 +149,11 @@ class StorageNode:
         max_append_batch_records: int = 10000,
         max_list_records: int = 10000,
         sender: str = "storage",
+        handshake_timeout: float = 30.0,
     ) -> None:
         self.engine = engine
         self.transport = transport
+        self.handshake_timeout = handshake_timeout
         self.requested_endpoint = endpoint
         self.sender = sender
         self._queue_size = queue_size
@@ -294,7 +296,15 @@ class StorageNode:
         protocol = wire.ProtocolConnection(
             wire.Role.ACCEPTOR, sender=self.sender, max_frame_size=self.transport.max_frame_size
         )
-        frame = await conn.recv()
+        try:
+            frame = await asyncio.wait_for(conn.recv(), self.handshake_timeout)
+        except TimeoutError:
+            log.warning(
+                "connection %s sent no Hello within %ss; closing it",
+                conn.peer,
+                self.handshake_timeout,
+            )
+            return None
         try:
             hello = protocol.receive_frame(frame)
             response = protocol.hello_response()
