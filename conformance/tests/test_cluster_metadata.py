@@ -1,5 +1,6 @@
-"""The cluster metadata layer (waltz_api.cluster) on the memory reference, a real ZooKeeper
-and a real etcd: it is built once on the Coordination contract, so it must behave the same."""
+"""The cluster metadata layer (waltz_api.cluster) on the memory reference, a real ZooKeeper,
+a real etcd and the embedded local service: it is built once on the Coordination contract,
+so it must behave the same on each."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ MakeClient = Callable[[], Awaitable[Coordination]]
 NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 
 
-@pytest.fixture(params=["memory", "zk", "etcd"])
+@pytest.fixture(params=["memory", "zk", "etcd", "local"])
 async def make_client(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[MakeClient]:
@@ -57,12 +58,17 @@ async def make_client(
 
         def new() -> Coordination:
             return ZooKeeperCoordination(server.connect_string, root, session_timeout=6.0)
-    else:
+    elif request.param == "etcd":
         cluster = request.getfixturevalue("etcd_cluster")
         cluster.ensure_all_running()
 
         def new() -> Coordination:
             return coordination_from_uri(cluster.uri(root), {"session_timeout": 10.0})
+    else:
+        directory = request.getfixturevalue("tmp_path")
+
+        def new() -> Coordination:
+            return coordination_from_uri(f"local://{directory}?root={root}")
 
     async def make() -> Coordination:
         client = new()

@@ -1,5 +1,5 @@
-"""``waltz cluster create`` / ``show``: against a real ZooKeeper and a real etcd (separate
-processes) and, in-process, against the memory reference."""
+"""``waltz cluster create`` / ``show`` in separate processes against a real ZooKeeper, a
+real etcd and the embedded local service, and in-process against the memory reference."""
 
 from __future__ import annotations
 
@@ -22,13 +22,15 @@ def _waltz(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*WALTZ, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
-@pytest.fixture(params=["zk", "etcd"])
+@pytest.fixture(params=["zk", "etcd", "local"])
 def service_uri(request: pytest.FixtureRequest) -> str:
     """A fresh root on a real coordination service, as a URI."""
     root = f"/cli-{uuid.uuid4().hex[:8]}"
     if request.param == "zk":
         server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
         return server.uri(root)
+    if request.param == "local":
+        return f"local://{request.getfixturevalue('tmp_path')}?root={root}"
     cluster = request.getfixturevalue("etcd_cluster")
     cluster.ensure_all_running()
     uri: str = cluster.uri(root)
