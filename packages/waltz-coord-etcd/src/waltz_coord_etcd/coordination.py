@@ -190,6 +190,7 @@ class EtcdCoordination(Coordination):
         self._ttl = max(1, math.ceil(self._session_timeout))
         self._last_renewal = 0.0
         self._keepalive_task: asyncio.Task[None] | None = None
+        self._revoke_task: asyncio.Task[None] | None = None
         self._watches: set[_EtcdWatch] = set()
         self._started = False
         self._closing = False
@@ -223,9 +224,10 @@ class EtcdCoordination(Coordination):
         if self._closing:
             return
         self._closing = True
-        if self._keepalive_task is not None:
-            self._keepalive_task.cancel()
-            await asyncio.gather(self._keepalive_task, return_exceptions=True)
+        for task in (self._keepalive_task, self._revoke_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for watch in list(self._watches):
             watch.cancel()
             await watch.wait_closed()
@@ -282,7 +284,7 @@ class EtcdCoordination(Coordination):
         self._ttl = int(answer.get("TTL", self._ttl))
         self._last_renewal = started
 
-    def _lose_session(self, reason: str) -> None:
+    def _lose_session(self, reason: str, *, revoke: bool = False) -> None:
         """The lease is gone (revoked, or expired unrenewed): LOST, for good.
 
         A LOST client stays lost (the contract): its watches stop and every
@@ -297,6 +299,30 @@ class EtcdCoordination(Coordination):
         self._set_state(SessionState.LOST)
         for watch in list(self._watches):
             watch.cancel()
+        if revoke:
+            self._revoke_task = asyncio.get_running_loop().create_task(
+                self._revoke_when_reachable(self._lease_id), name="waltz-etcd-revoke-lost"
+            )
+
+    async def _revoke_when_reachable(self, lease: int) -> None:
+        """Make a locally decided LOST true on the server: revoke the lease as soon as
+        etcd answers, so its ephemeral entries do not outlive what we told our user
+        (etcd extends leases across a leader change or outage)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10 * max(self._ttl, 1)
+        while loop.time() < deadline:
+            try:
+                await self._gateway.call(
+                    "lease/revoke", {"ID": str(lease)}, idempotent=True, timeout=2.0
+                )
+                log.info("revoked the lost etcd lease %x", lease)
+                return
+            except EtcdRequestError as exc:
+                if exc.code == GRPC_NOT_FOUND:
+                    return  # already expired or revoked
+            except CoordinationError:
+                pass
+            await asyncio.sleep(0.5)
 
     async def _keepalive_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -318,7 +344,9 @@ class EtcdCoordination(Coordination):
                 if self._state is SessionState.CONNECTED:
                     self._set_state(SessionState.SUSPENDED)
                 if loop.time() - self._last_renewal > self._ttl:
-                    self._lose_session(f"not renewed for more than its TTL of {self._ttl}s")
+                    self._lose_session(
+                        f"not renewed for more than its TTL of {self._ttl}s", revoke=True
+                    )
                 continue
             if int(answer.get("TTL", 0)) <= 0:
                 self._lose_session("etcd no longer knows the lease")
