@@ -219,14 +219,15 @@ class PartitionWorker:
                 await self._wakeup.wait()
                 continue
             item = self._pop()
-            if isinstance(item, _Control):
-                await self._run_control(item)
-                continue
-            if isinstance(item.request, StorageAppendRequest):
-                await self._append_batch(item)
-                continue
-            response = await self._process(item.request)
-            await self._send(item, response)
+            try:
+                if isinstance(item, _Control):
+                    await self._run_control(item)
+                elif isinstance(item.request, StorageAppendRequest):
+                    await self._append_batch(item)
+                else:
+                    await self._send(item, await self._process(item.request))
+            except Exception:  # a bug must not stall the partition: log, go on
+                log.exception("partition %d: request processing failed", self.partition_id)
 
     async def _run_control(self, control: _Control) -> None:
         try:
