@@ -2,7 +2,8 @@
 
 Prints figures; never a pass/fail test. Usage::
 
-    python bench/storage.py [--dir DIR] [--seconds 1.0] [--recovery-mb 1024 | --skip-recovery]
+    python bench/storage.py [--dir DIR] [--seconds 0.5] [--rounds 7]
+                            [--recovery-mb 1024 | --skip-recovery]
 
 - Durable append records/s and MB/s at batches of 1, 10, 100 and 1000 records
   of 100 B and 1 KiB (one appender awaiting each append), beside a bare
@@ -189,8 +190,8 @@ async def recovery(directory: Path, megabytes: int, segment_size: int) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--seconds", type=float, default=1.0, help="per append case and round")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per case")
+    parser.add_argument("--seconds", type=float, default=0.5, help="per append case and round")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds per case")
     parser.add_argument("--recovery-mb", type=int, default=1024)
     parser.add_argument("--skip-recovery", action="store_true")
     parser.add_argument("--segment-size", type=int, default=1 << 30)
