@@ -17,6 +17,7 @@ A table that declares the capability ``"exact"`` must equal the model.
 from __future__ import annotations
 
 import random
+import tracemalloc
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,9 @@ from waltz_conformance.harness import Harness, requires, skip_unless_capable
 
 EXACT = "exact"
 """Capability: the table has no false positives (its estimate equals the exact model's)."""
+
+BOUNDED_MEMORY = "bounded-memory"
+"""Capability: the table's memory does not grow with the number of distinct locks."""
 
 LockTableFactory = Callable[[int, Mapping[str, Any]], LockTable]
 
@@ -489,6 +493,29 @@ class LockTableSuite:
             assert table.estimate(read) == txid
         never = LockRequest.from_locks([Lock("other", i) for i in range(200)])
         assert table.estimate(never) == 0
+
+    @requires(BOUNDED_MEMORY)
+    def test_memory_does_not_grow_with_distinct_locks(self, harness: LockTableHarness) -> None:
+        rng = random.Random(17)
+        table = harness.make(0)
+        txid = 0
+
+        def record_distinct(count: int) -> None:
+            nonlocal txid
+            for _ in range(count // 2):
+                txid += 1
+                table.record(request_of(write=[rng.getrandbits(64), rng.getrandbits(64)]), txid)
+
+        tracemalloc.start()
+        try:
+            record_distinct(20_000)
+            before = tracemalloc.get_traced_memory()[0]
+            record_distinct(100_000)
+            growth = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        # A dictionary would take about 70 bytes per new lock (7 MB here).
+        assert growth < 8 * 100_000, f"{growth} bytes more for 100,000 more distinct locks"
 
     # -- random and stateful workloads against the exact model ---------------------
 

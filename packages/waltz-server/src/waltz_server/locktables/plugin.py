@@ -17,7 +17,7 @@ def waltz_lock_tables() -> list[PluginDescriptor]:
             kind=PluginKind.LOCK_TABLE,
             name="hwm-array",
             factory=HwmArrayLockTable,
-            capabilities=frozenset({"bounded-memory"}),
+            capabilities=frozenset({"bounded-memory"}),  # and not "exact"
             description=(
                 "fixed-size array of high-water marks, 3 hash functions (the spec's table); "
                 "option: size (default 30000)"
