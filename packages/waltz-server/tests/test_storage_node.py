@@ -240,6 +240,8 @@ async def test_fencing_by_store_session(fx: NodeFixture) -> None:
     again = await fx.client()
     with pytest.raises(SessionFencedError):
         await again.records(6, p, 0, 10)
+    stats = (await (await fx.admin()).command("stats"))["partitions"]
+    assert [row["fenced"] for row in stats if row["partition_id"] == p] == [3]
 
 
 async def test_fence_survives_reopening_the_storage(fx: NodeFixture) -> None:
@@ -262,6 +264,11 @@ async def test_pipelined_appends_are_ordered_and_batched(fx: NodeFixture) -> Non
     # 200 appends in flight at once, one record each, in order
     await asyncio.gather(*(c.append(1, p, [r]) for r in records))
     assert await c.records(1, p, 0, 1000) == records
+    admin = await fx.admin()
+    stats = {row["partition_id"]: row for row in (await admin.command("stats"))["partitions"]}
+    assert stats[p]["append_requests"] == 200 and stats[p]["records_appended"] == 200
+    # queued appends were merged: fewer engine appends (flushes) than requests
+    assert stats[p]["engine_appends"] < 200
     # a gap in the middle of a pipeline refuses that one append only
     seq = [make_record(p, 200), make_record(p, 201), make_record(p, 205), make_record(p, 202)]
     results = await asyncio.gather(*(c.append(1, p, [r]) for r in seq), return_exceptions=True)

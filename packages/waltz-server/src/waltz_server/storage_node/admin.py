@@ -9,6 +9,8 @@ Commands (``command``: arguments -> result):
 - ``add_partition``: {partition_id, cluster_key} -> {partition_id}
 - ``remove_partition``: {partition_id, cluster_key} -> {partition_id}  (deletes its data)
 - ``set_availability``: {partition_id, available, cluster_key} -> {partition_id, available}
+- ``stats``: {} -> {partitions: [{partition_id, queued, requests, append_requests,
+  engine_appends, records_appended, fenced}]} (counters since the node started)
 
 Mutating commands carry the cluster key, so a tool pointed at the wrong node
 or cluster changes nothing. Availability is the node's runtime state: an
@@ -18,6 +20,7 @@ until marked available again; a restart makes every partition available.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -127,6 +130,19 @@ async def _set_availability(node: StorageNode, arguments: dict[str, Any]) -> dic
     return {"partition_id": partition_id, "available": available}
 
 
+async def _stats(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "partitions": [
+            {
+                "partition_id": partition_id,
+                "queued": worker.queued,
+                **dataclasses.asdict(worker.stats),
+            }
+            for partition_id, worker in sorted(node.hosted_workers().items())
+        ]
+    }
+
+
 COMMANDS: dict[str, AdminCommand] = {
     "info": _info,
     "list": _list,
@@ -134,6 +150,7 @@ COMMANDS: dict[str, AdminCommand] = {
     "add_partition": _add_partition,
     "remove_partition": _remove_partition,
     "set_availability": _set_availability,
+    "stats": _stats,
 }
 
 

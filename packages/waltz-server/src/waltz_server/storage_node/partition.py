@@ -115,6 +115,19 @@ class _Control:
     )
 
 
+@dataclass
+class PartitionStats:
+    """Counters of one partition's worker since the node started (admin ``stats``)."""
+
+    requests: int = 0
+    append_requests: int = 0
+    engine_appends: int = 0
+    """Appends handed to the engine: fewer than append_requests when merged."""
+    records_appended: int = 0
+    fenced: int = 0
+    """Requests refused because a newer store session exists."""
+
+
 def failure_for(request: Any, exc: BaseException) -> FailureResponse:
     highest = exc.highest_session_id if isinstance(exc, SessionFencedError) else -1
     return FailureResponse(
@@ -143,6 +156,7 @@ class PartitionWorker:
         self.engine = engine
         self.partition_id = partition_id
         self.available = True
+        self.stats = PartitionStats()
         self._max_batch = max_append_batch_records
         self._max_list = max_list_records
         self._max_bytes = max_response_bytes
@@ -176,6 +190,9 @@ class PartitionWorker:
 
     async def submit(self, request: Any, reply: Reply) -> None:
         """Queue a request (waits while the queue is full: back pressure)."""
+        self.stats.requests += 1
+        if isinstance(request, StorageAppendRequest):
+            self.stats.append_requests += 1
         if self._stopping:
             await reply(failure_for(request, PartitionNotFoundError(self._gone())))
             return
@@ -268,6 +285,7 @@ class PartitionWorker:
             )
         info = partition.session_info()
         if session_id < info.session_id:
+            self.stats.fenced += 1
             raise SessionFencedError(
                 f"store session {session_id} of partition {self.partition_id} is fenced: "
                 f"session {info.session_id} is newer; this writer must stop",
@@ -332,6 +350,8 @@ class PartitionWorker:
         if isinstance(request, StorageAppendRequest):
             if request.records:
                 await partition.append(list(request.records))
+                self.stats.engine_appends += 1
+                self.stats.records_appended += len(request.records)
             return SuccessResponse(s, q, p)
         if isinstance(request, RecordHeaderRequest):
             return RecordHeaderResponse(
@@ -401,6 +421,8 @@ class PartitionWorker:
         records = [record for job in batch for record in job.request.records]
         try:
             await partition.append(records)
+            self.stats.engine_appends += 1
+            self.stats.records_appended += len(records)
         except Exception as exc:
             # Nothing of the batch is stored (the contract): answer each on its own.
             log.debug(
