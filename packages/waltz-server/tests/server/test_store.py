@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import pytest
 from fakes import FakeReplicaConnection, FakeStorageNode
 
+from waltz_api import wire
+from waltz_api.cluster import ClusterMetadata, PartitionStoreMetadata
 from waltz_api.errors import StaleGenerationError, StoreSessionClosedError
 from waltz_api.types import UNRESOLVED, Record, ReplicaId, ReplicaState, ReqId, SessionInfo
 from waltz_conformance.reference.coordination import (
@@ -18,14 +19,11 @@ from waltz_conformance.reference.coordination import (
     MemoryCoordinationService,
 )
 from waltz_server.server.store import StoreConfig, StorePartition
-from waltz_server.server.store_metadata import (
-    PartitionStoreMetadata,
-    load_metadata,
-    store_partition_path,
-)
 
 P = 0
 TIMEOUT = 20.0
+NODES = ("a:1", "b:1", "c:1")
+A, B, C = NODES
 
 
 @dataclass
@@ -54,20 +52,24 @@ class Cluster:
 async def cluster() -> AsyncIterator[Cluster]:
     coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
     await coordination.start()
-    yield Cluster(coordination, {name: FakeStorageNode(name) for name in ("a", "b", "c")})
+    nodes = {name: FakeStorageNode(name) for name in NODES}
+    await ClusterMetadata(coordination).create_cluster(
+        num_partitions=1, num_replicas=3, storage_nodes=sorted(nodes)
+    )
+    yield Cluster(coordination, nodes)
     await coordination.close()
 
 
 def rec(transaction_id: int, payload: bytes = b"x") -> Record:
     data = payload + str(transaction_id).encode()
-    return Record(transaction_id, ReqId(1, 1, P, transaction_id), 0, data, zlib.crc32(data))
+    return Record(transaction_id, ReqId(1, 1, P, transaction_id), 0, data, wire.checksum(data))
 
 
 async def append_many(store: StorePartition, count: int, tag: bytes) -> list[asyncio.Future[int]]:
     futures = []
     for i in range(count):
         data = tag + b"-" + str(i).encode()
-        _, future = await store.append(ReqId(7, 1, P, i), 0, data, zlib.crc32(data))
+        _, future = await store.append(ReqId(7, 1, P, i), 0, data, wire.checksum(data))
         futures.append(future)
     return futures
 
@@ -106,13 +108,11 @@ async def test_fresh_partition_commits_dense_ids_on_every_replica(cluster: Clust
             await asyncio.sleep(0.01)
         assert_no_fork(list(cluster.nodes.values()))
         assert all(len(n.log(P)) == 300 for n in cluster.nodes.values())
-        versioned = await load_metadata(cluster.coordination, P)
-        assert versioned is not None
-        meta = versioned.metadata
-        assert meta.generation == 1 and meta.session_id == 1
-        assert {s.session_id for s in meta.replicas.values()} == {1}
+        meta = (await ClusterMetadata(cluster.coordination).store_metadata(P)).value
+        assert meta.generation == 1 and meta.session_id == 0
+        assert {s.session_id for s in meta.replicas} == {0}
         # batching: far fewer storage appends than transactions
-        assert cluster.nodes["a"].appends < 300
+        assert cluster.nodes[A].appends < 300
         records = await store.read_committed(0, 1000, 1 << 20)
         assert [r.transaction_id for r in records] == list(range(300))
     finally:
@@ -120,29 +120,29 @@ async def test_fresh_partition_commits_dense_ids_on_every_replica(cluster: Clust
 
 
 async def test_commits_with_one_replica_down_and_it_recovers_next_session(cluster: Cluster) -> None:
-    cluster.nodes["c"].crash()
+    cluster.nodes[C].crash()
     store = cluster.store()
     await store.start()
     try:
         ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 50, b"x")), TIMEOUT)
         assert ids == list(range(50))
-        assert len(cluster.nodes["c"].log(P)) == 0
+        assert len(cluster.nodes[C].log(P)) == 0
         # c comes back; a replica that fails ends the session and recovery brings c in
-        cluster.nodes["c"].restart()
-        cluster.nodes["a"].crash()
+        cluster.nodes[C].restart()
+        cluster.nodes[A].crash()
         more = await append_many(store, 20, b"y")
         ids2 = await asyncio.wait_for(asyncio.gather(*more, return_exceptions=True), TIMEOUT)
-        cluster.nodes["a"].restart()
+        cluster.nodes[A].restart()
         done = [i for i in ids2 if isinstance(i, int)]
         assert done == sorted(done)
         for _ in range(200):
-            if len(cluster.nodes["c"].log(P)) >= 50:
+            if len(cluster.nodes[C].log(P)) >= 50:
                 break
             await asyncio.sleep(0.01)
         assert store.sessions_started >= 2
         assert_no_fork(list(cluster.nodes.values()))
         # every acknowledged transaction is on a majority
-        log_b = cluster.nodes["b"].log(P)
+        log_b = cluster.nodes[B].log(P)
         for transaction_id in [*ids, *done]:
             assert on_majority(list(cluster.nodes.values()), log_b[transaction_id])
     finally:
@@ -156,9 +156,9 @@ async def write_metadata(
         P,
         0,
         session_id,
-        {n: ReplicaState(ReplicaId(P, n), s, c) for n, (s, c) in states.items()},
+        tuple(ReplicaState(ReplicaId(P, n), s, c) for n, (s, c) in sorted(states.items())),
     )
-    await cluster.coordination.create(store_partition_path(P), meta.encode())
+    await ClusterMetadata(cluster.coordination).update_store_metadata(P, lambda _: meta)
 
 
 def preload(
@@ -172,8 +172,8 @@ def preload(
 
 async def test_recovery_truncates_dirty_tail_and_catches_up(cluster: Cluster) -> None:
     # last session 3 started at 4 on every replica: a wrote to 9, b to 7, c to 5
-    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in "abc"})
-    for name, count in (("a", 10), ("b", 8), ("c", 6)):
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
+    for name, count in ((A, 10), (B, 8), (C, 6)):
         preload(cluster.nodes[name], count, 3, 4)
     store = cluster.store()
     await store.start()
@@ -189,8 +189,8 @@ async def test_recovery_truncates_dirty_tail_and_catches_up(cluster: Cluster) ->
             await asyncio.sleep(0.01)
         assert_no_fork(list(cluster.nodes.values()))
         # a's dirty 8 and 9 were replaced by the new session's records
-        assert cluster.nodes["a"].log(P)[8].data.startswith(b"n-")
-        assert cluster.nodes["c"].log(P)[6] == rec(6)
+        assert cluster.nodes[A].log(P)[8].data.startswith(b"n-")
+        assert cluster.nodes[C].log(P)[6] == rec(6)
         for node in cluster.nodes.values():
             info = node.partition(P).session_info
             assert info.session_id == 4 and info.low_water_mark == 7
@@ -200,22 +200,22 @@ async def test_recovery_truncates_dirty_tail_and_catches_up(cluster: Cluster) ->
 
 async def test_undecidable_waits_for_the_missing_replica(cluster: Cluster) -> None:
     # a holds 0..9, c holds 0..5; b (offline) could hold up to 9: undecidable
-    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in "abc"})
-    preload(cluster.nodes["a"], 10, 3, 4)
-    preload(cluster.nodes["b"], 10, 3, 4)
-    preload(cluster.nodes["c"], 6, 3, 4)
-    cluster.nodes["b"].crash()
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
+    preload(cluster.nodes[A], 10, 3, 4)
+    preload(cluster.nodes[B], 10, 3, 4)
+    preload(cluster.nodes[C], 6, 3, 4)
+    cluster.nodes[B].crash()
     # c is slow to append, so it cannot catch up with a and make 9 decidable meanwhile
-    cluster.nodes["c"].append_delay = 1000.0
+    cluster.nodes[C].append_delay = 1000.0
     store = cluster.store()
     await store.start()
     try:
         with pytest.raises(TimeoutError):
             await store.wait_ready(0.3)
         assert not store.ready
-        assert len(cluster.nodes["a"].log(P)) == 10  # nothing truncated while undecidable
-        cluster.nodes["c"].append_delay = 0.0
-        cluster.nodes["b"].restart()
+        assert len(cluster.nodes[A].log(P)) == 10  # nothing truncated while undecidable
+        cluster.nodes[C].append_delay = 0.0
+        cluster.nodes[B].restart()
         session = await store.wait_ready(TIMEOUT)
         assert session.low_water_mark == 9
         assert_no_fork(list(cluster.nodes.values()))
@@ -224,45 +224,43 @@ async def test_undecidable_waits_for_the_missing_replica(cluster: Cluster) -> No
 
 
 async def test_lagging_replica_catch_up_makes_it_decidable(cluster: Cluster) -> None:
-    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in "abc"})
-    preload(cluster.nodes["a"], 10, 3, 4)
-    preload(cluster.nodes["c"], 6, 3, 4)
-    cluster.nodes["b"].crash()
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
+    preload(cluster.nodes[A], 10, 3, 4)
+    preload(cluster.nodes[C], 6, 3, 4)
+    cluster.nodes[B].crash()
     store = cluster.store()
     await store.start()
     try:
         session = await store.wait_ready(TIMEOUT)
         # c copied 6..9 from a: a majority holds 9 now
         assert session.low_water_mark == 9
-        assert cluster.nodes["c"].log(P) == cluster.nodes["a"].log(P)
-        versioned = await load_metadata(cluster.coordination, P)
-        assert versioned is not None
-        states = versioned.metadata.replicas
-        assert states["a"].session_id == states["c"].session_id == session.session_id
+        assert cluster.nodes[C].log(P) == cluster.nodes[A].log(P)
+        meta = (await ClusterMetadata(cluster.coordination).store_metadata(P)).value
+        assert meta.replica(A).session_id == meta.replica(C).session_id == session.session_id
         # b missed the session: valid up to the closing mark, its session id unchanged
-        assert states["b"] == ReplicaState(ReplicaId(P, "b"), 3, 9)
+        assert meta.replica(B) == ReplicaState(ReplicaId(P, B), 3, 9)
     finally:
         await store.close()
 
 
 async def test_replica_missing_a_session_is_truncated_to_its_closing_mark(cluster: Cluster) -> None:
     # b missed session 3's end: closing mark 4; it holds a dirty 5..8 of an older session
-    await write_metadata(cluster, 3, {"a": (3, UNRESOLVED), "b": (2, 4), "c": (3, UNRESOLVED)})
-    preload(cluster.nodes["a"], 8, 3, 4)
-    preload(cluster.nodes["b"], 9, 2, 2)
-    cluster.nodes["b"].partition(P).log[5:] = [rec(i, b"old") for i in range(5, 9)]
-    preload(cluster.nodes["c"], 8, 3, 4)
+    await write_metadata(cluster, 3, {A: (3, UNRESOLVED), B: (2, 4), C: (3, UNRESOLVED)})
+    preload(cluster.nodes[A], 8, 3, 4)
+    preload(cluster.nodes[B], 9, 2, 2)
+    cluster.nodes[B].partition(P).log[5:] = [rec(i, b"old") for i in range(5, 9)]
+    preload(cluster.nodes[C], 8, 3, 4)
     store = cluster.store()
     await store.start()
     try:
         session = await store.wait_ready(TIMEOUT)
         assert session.low_water_mark == 7
         for _ in range(200):
-            if cluster.nodes["b"].log(P) == cluster.nodes["a"].log(P):
+            if cluster.nodes[B].log(P) == cluster.nodes[A].log(P):
                 break
             await asyncio.sleep(0.01)
-        assert cluster.nodes["b"].log(P) == cluster.nodes["a"].log(P)
-        assert not any(r.data.startswith(b"old") for r in cluster.nodes["b"].log(P))
+        assert cluster.nodes[B].log(P) == cluster.nodes[A].log(P)
+        assert not any(r.data.startswith(b"old") for r in cluster.nodes[B].log(P))
     finally:
         await store.close()
 
@@ -286,7 +284,7 @@ async def test_new_generation_fences_the_old_session(cluster: Cluster) -> None:
             await asyncio.sleep(0.01)
         assert isinstance(old.stale, StaleGenerationError)
         with pytest.raises(StaleGenerationError):
-            await old.append(ReqId(1, 1, P, 99), 0, b"z", zlib.crc32(b"z"))
+            await old.append(ReqId(1, 1, P, 99), 0, b"z", wire.checksum(b"z"))
         ids = await asyncio.wait_for(asyncio.gather(*await append_many(new, 5, b"new")), TIMEOUT)
         assert ids == list(range(new_session.low_water_mark + 1, new_session.low_water_mark + 6))
         for node in cluster.nodes.values():
@@ -327,7 +325,7 @@ async def test_random_storage_crashes_never_lose_acknowledged(cluster: Cluster, 
         for i in range(400):
             data = f"s{seed}-{i}".encode()
             try:
-                _, future = await store.append(ReqId(3, 1, P, i), 0, data, zlib.crc32(data))
+                _, future = await store.append(ReqId(3, 1, P, i), 0, data, wire.checksum(data))
             except StoreSessionClosedError:
                 continue
 

@@ -23,7 +23,11 @@ from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import StorageError, StoreSessionClosedError
 from waltz_api.types import NO_TRANSACTION, UNRESOLVED, ReplicaId, ReplicaState
 from waltz_server.server.replica import ReplicaConnection
-from waltz_server.server.store_metadata import VersionedMetadata, update_replica_states
+from waltz_server.server.store_metadata import (
+    VersionedMetadata,
+    replica_states,
+    update_replica_states,
+)
 from waltz_server.server.voting import plan_replica, quorum_of, resolve_high_water_mark
 
 log = logging.getLogger(__name__)
@@ -52,10 +56,10 @@ class RecoveryManager:
     ) -> None:
         self._coordination = coordination
         self._metadata = metadata
-        self.partition_id = metadata.metadata.partition_id
-        self.session_id = metadata.metadata.session_id
+        self.partition_id = metadata.value.partition_id
+        self.session_id = metadata.value.session_id
         self._replica_nodes = list(replica_nodes)
-        self._last_replicas = dict(metadata.metadata.replicas)
+        self._last_replicas = replica_states(metadata.value)
         self._last_quorum = quorum_of(len(self._last_replicas)) if self._last_replicas else 0
         self.quorum = quorum_of(len(self._replica_nodes))
         self._catch_up_batch = catch_up_batch

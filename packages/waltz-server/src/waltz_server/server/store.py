@@ -76,8 +76,8 @@ class StoreSession:
         rng: random.Random,
         on_commit: CommitListener | None = None,
     ) -> None:
-        self.partition_id = metadata.metadata.partition_id
-        self.session_id = metadata.metadata.session_id
+        self.partition_id = metadata.value.partition_id
+        self.session_id = metadata.value.session_id
         self._replica_nodes = list(replica_nodes)
         self._connector = connector
         self._config = config
@@ -140,7 +140,7 @@ class StoreSession:
             await asyncio.wait({waiter, done_waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             done_waiter.cancel()
-        if not waiter.done():
+        if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
             waiter.cancel()
             with contextlib.suppress(asyncio.CancelledError, WaltzError):
                 await waiter

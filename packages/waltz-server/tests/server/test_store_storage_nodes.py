@@ -1,0 +1,202 @@
+"""Store sessions against real StorageNode objects (memory engine, memory transport)
+and the memory coordination, all in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from waltz_api import wire
+from waltz_api.cluster import ClusterMetadata
+from waltz_api.errors import StaleGenerationError, StoreSessionClosedError
+from waltz_api.types import Record, ReqId
+from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
+from waltz_conformance.reference.storage import MemoryStorageEngine
+from waltz_conformance.reference.transport import MemoryTransport
+from waltz_server.server.store import StoreConfig, StorePartition
+from waltz_server.storage_node import StorageConnectionPool, StorageNode, StorageReplica
+
+pytestmark = pytest.mark.timeout(120)
+
+P = 0
+TIMEOUT = 30.0
+
+
+def transport() -> MemoryTransport:
+    return MemoryTransport({})
+
+
+@dataclass
+class Node:
+    connect: str
+    location: str
+    key: uuid.UUID
+    node: StorageNode | None = None
+    server_transport: MemoryTransport | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"memory://{self.connect}"
+
+    async def start(self) -> None:
+        engine = await MemoryStorageEngine.open(
+            self.location, cluster_key=self.key, num_partitions=1
+        )
+        if P not in engine.partition_ids():
+            await engine.add_partition(P)
+        self.server_transport = transport()
+        self.node = StorageNode(engine, self.server_transport, self.endpoint)
+        await self.node.start()
+
+    async def crash(self) -> None:
+        assert self.server_transport is not None and self.node is not None
+        self.server_transport.simulate_crash()
+        await self.node.close()
+        await self.server_transport.close()
+        self.node = None
+
+    async def log(self) -> list[Record]:
+        if self.node is not None:
+            partition = self.node.engine.partition(P)
+        else:
+            engine = await MemoryStorageEngine.open(
+                self.location, cluster_key=self.key, num_partitions=1
+            )
+            partition = engine.partition(P)
+        return await partition.read_records(0, 1_000_000, 1 << 30)
+
+
+@dataclass
+class Cluster:
+    coordination: MemoryCoordination
+    nodes: list[Node]
+    pool: StorageConnectionPool
+    stores: list[StorePartition] = field(default_factory=list)
+
+    def store(self, generation: int = 1, seed: int = 0) -> StorePartition:
+        async def connector(node: str, partition_id: int, session_id: int) -> StorageReplica:
+            return await self.pool.connect(f"memory://{node}", partition_id, session_id)
+
+        store = StorePartition(
+            partition_id=P,
+            generation=generation,
+            coordination=self.coordination,
+            replica_nodes=[n.connect for n in self.nodes],
+            connector=connector,
+            config=StoreConfig(retry_initial=0.005, retry_max=0.05),
+            rng=random.Random(seed),
+        )
+        self.stores.append(store)
+        return store
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    tag = uuid.uuid4().hex[:8]
+    key = uuid.uuid4()
+    coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
+    await coordination.start()
+    nodes = [Node(f"sn-{tag}-{i}:{5500 + i}", f"mem-{tag}-{i}", key) for i in range(3)]
+    await ClusterMetadata(coordination).create_cluster(
+        num_partitions=1,
+        num_replicas=3,
+        storage_nodes=[n.connect for n in nodes],
+        cluster_key=key,
+    )
+    for node in nodes:
+        await node.start()
+    client_transport = transport()
+    cluster = Cluster(coordination, nodes, StorageConnectionPool(client_transport, key, 1))
+    try:
+        yield cluster
+    finally:
+        for store in cluster.stores:
+            await store.close()
+        await cluster.pool.close()
+        await client_transport.close()
+        for node in nodes:
+            if node.node is not None:
+                await node.crash()
+        await coordination.close()
+        from waltz_conformance.reference.storage import forget
+
+        for node in nodes:
+            forget(node.location)
+
+
+async def submit(store: StorePartition, tag: str, count: int) -> list[asyncio.Future[int]]:
+    futures = []
+    for i in range(count):
+        data = f"{tag}-{i}".encode()
+        _, future = await store.append(ReqId(5, 1, P, i), 0, data, wire.checksum(data))
+        futures.append(future)
+    return futures
+
+
+async def test_storage_node_crash_keeps_every_acknowledged_transaction(cluster: Cluster) -> None:
+    store = cluster.store()
+    await store.start()
+    first = await asyncio.wait_for(asyncio.gather(*await submit(store, "one", 200)), TIMEOUT)
+    assert first == list(range(200))
+    # kill one storage node while appending
+    pending = await submit(store, "two", 200)
+    await cluster.nodes[1].crash()
+    outcome = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), TIMEOUT)
+    acknowledged_two = [o for o in outcome if isinstance(o, int)]
+    assert all(isinstance(o, int | StoreSessionClosedError) for o in outcome)
+    # the two survivors carry on in a new session
+    third = await asyncio.wait_for(asyncio.gather(*await submit(store, "three", 50)), TIMEOUT)
+    assert third == sorted(third) and third[0] > max(first)
+    assert store.sessions_started >= 2
+    # the crashed node comes back and is caught up by the next session's recovery
+    await cluster.nodes[1].start()
+    session = store.session
+    assert session is not None
+    session.fail(StoreSessionClosedError("test: force a new session"))
+    fourth = await asyncio.wait_for(asyncio.gather(*await submit(store, "four", 10)), TIMEOUT)
+    hwm = max(fourth)
+    for _ in range(300):
+        lengths = [len(await n.log()) for n in cluster.nodes]
+        if lengths == [hwm + 1] * 3:
+            break
+        await asyncio.sleep(0.01)
+    logs = [await n.log() for n in cluster.nodes]
+    assert logs[0] == logs[1] == logs[2], "replicas forked or one was not caught up"
+    assert [r.transaction_id for r in logs[0]] == list(range(hwm + 1))
+    by_id = {r.transaction_id: r.data for r in logs[0]}
+    for i, transaction_id in enumerate(first):
+        assert by_id[transaction_id] == f"one-{i}".encode()
+    for transaction_id in acknowledged_two + third + fourth:
+        assert transaction_id in by_id
+    datas = [r.data for r in logs[0]]
+    assert len(datas) == len(set(datas)), "a submission was stored twice"
+
+
+async def test_new_generation_fences_the_old_server_on_every_storage_node(
+    cluster: Cluster,
+) -> None:
+    old = cluster.store(generation=1)
+    await old.start()
+    await asyncio.wait_for(asyncio.gather(*await submit(old, "old", 20)), TIMEOUT)
+    new = cluster.store(generation=2, seed=1)
+    await new.start()
+    await new.wait_ready(TIMEOUT)
+    late = await submit(old, "late", 5)
+    outcome = await asyncio.gather(*late, return_exceptions=True)
+    assert all(isinstance(o, StoreSessionClosedError) for o in outcome)
+    for _ in range(300):
+        if old.stale is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert isinstance(old.stale, StaleGenerationError)
+    ids = await asyncio.wait_for(asyncio.gather(*await submit(new, "new", 5)), TIMEOUT)
+    assert ids == list(range(20, 25))
+    for node in cluster.nodes:
+        log = await node.log()
+        assert not any(r.data.startswith(b"late") for r in log)
+        assert [r.data for r in log[20:25]] == [f"new-{i}".encode() for i in range(5)]
