@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -197,11 +198,18 @@ def test_the_global_registry_is_built_lazily_once() -> None:
     assert get_registry() is not registry
 
 
-def test_importing_waltz_api_builds_no_registry() -> None:
-    reset_registry()
-    for name in [m for m in sys.modules if m == "waltz_api" or m.startswith("waltz_api.")]:
-        importlib.import_module(name)
-    assert plugins._registry is None
+def test_importing_waltz_api_loads_no_plugin() -> None:
+    """The registry is lazy: importing the API imports no plugin module."""
+    script = (
+        "import sys, pkgutil, importlib, waltz_api\n"
+        "for m in pkgutil.walk_packages(waltz_api.__path__, 'waltz_api.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "from waltz_api import plugins\n"
+        "assert plugins._registry is None\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('waltz_server', 'waltz_conf')))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES"])
