@@ -285,3 +285,12 @@ async def test_random_operations_match_a_model(opener: Opener, seed: int) -> Non
     got = await part.read_records(0, len(model) + 5)
     assert [r.data for r in got] == model
     assert tools.verify(opener.directory).ok
+
+
+async def test_one_engine_per_directory(opener: Opener) -> None:
+    engine = await opener()
+    with pytest.raises(StorageError, match="in use by another storage engine"):
+        await opener()
+    await engine.close()
+    engine = await opener()
+    assert engine.partition_ids() == []

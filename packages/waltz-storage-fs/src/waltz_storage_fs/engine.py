@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import fcntl
 import logging
 import os
 import shutil
@@ -824,6 +825,15 @@ class ControlFile:
     @classmethod
     def open(cls, path: Path) -> ControlFile:
         fd = os.open(path, os.O_RDWR)
+        try:
+            # one engine per storage directory: a second writer would corrupt it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StorageError(
+                f"the storage directory {path.parent} is in use by another storage engine "
+                "(another storage node process?); stop it first"
+            ) from None
         header = fmt.decode_control_header(os.pread(fd, fmt.HEADER_SIZE, 0))
         if header is None:
             os.close(fd)
