@@ -270,6 +270,10 @@ async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
     assert code == 0, err
     code, out, err = await waltz("max-transaction-id", "1", "--endpoint", cluster.endpoint)
     assert code == 0 and out.strip() == "3"
+    code, out, err = await waltz("stats", "--endpoint", cluster.endpoint)
+    assert code == 0, err
+    counters = {row["partition_id"]: row for row in json.loads(out)["partitions"]}
+    assert counters[1]["records_appended"] == 4 and counters[1]["append_requests"] == 1
 
     async with await StorageAdminClient.connect(cluster.transport, cluster.endpoint) as admin:
         assert [p.partition_id for p in await admin.list_partitions()] == [0, 1, 2]

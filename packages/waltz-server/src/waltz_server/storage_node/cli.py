@@ -230,12 +230,24 @@ def max_transaction_id(target: Target, partition_id: int) -> None:
     click.echo(str(_run(target, action)))
 
 
+@click.command("stats")
+@_target_options
+def stats(target: Target) -> None:
+    """Print the node's per-partition counters (JSON): requests, appends, merges, fenced."""
+
+    async def action(admin: StorageAdminClient) -> dict[str, Any]:
+        return await admin.command("stats")
+
+    click.echo(json.dumps(_run(target, action), indent=2))
+
+
 ADMIN_COMMANDS = (
     list_partitions,
     add_partition,
     remove_partition,
     availability,
     max_transaction_id,
+    stats,
 )
 
 
