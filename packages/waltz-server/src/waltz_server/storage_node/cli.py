@@ -2,7 +2,7 @@
 
 ``waltz storage list --endpoint tcp://127.0.0.1:5500`` (or ``--config storage.toml``
 to take the endpoint, transport and cluster key from the node's config), and
-``add-partition``, ``remove-partition``, ``availability``, ``max-transaction-id``.
+``add-partition``, ``remove-partition``, ``availability``, ``max-transaction-id``, ``stats``.
 They are added to the ``waltz storage`` group by :func:`add_admin_commands`.
 """
 
