@@ -465,6 +465,12 @@ class ZooKeeperCoordination(Coordination):
             return None
         return Versioned(bytes(data or b""), int(stat.version))
 
+    async def exists(self, path: str) -> bool:
+        client = self._check()
+        full = self._full(path)
+        stat = await self._read(f"exists {path}", lambda: client.exists_async(full))
+        return stat is not None
+
     async def create(
         self, path: str, value: bytes = b"", *, ephemeral: bool = False, make_parents: bool = True
     ) -> int:
