@@ -530,3 +530,42 @@ async def test_a_connection_without_hello_is_closed_after_the_handshake_timeout(
         await asyncio.wait_for(conn.recv(), 10)
     good = await fx.client()  # others connect as usual
     assert await good.max_transaction_id(1, 0) == -1
+
+
+async def test_nothing_of_an_older_session_is_written_once_a_newer_one_arrived(
+    fx: NodeFixture,
+) -> None:
+    """An old writer streams appends while a new session's first request lands in
+    the middle: the old session's acknowledged appends are exactly a prefix of the
+    log, every later one is FENCED, and nothing after the fence is stored."""
+    old = await fx.client()
+    new = await fx.client()
+    p = 0
+    records = make_records(p, 0, 300)
+
+    writing = asyncio.Event()
+
+    async def old_writer() -> list[BaseException | None]:
+        results: list[BaseException | None] = []
+        for start in range(0, len(records), 10):  # waves of 10 pipelined appends
+            wave = records[start : start + 10]
+            results += await asyncio.gather(
+                *(old.append(5, p, [r]) for r in wave), return_exceptions=True
+            )
+            if start >= 30:
+                writing.set()
+        return results
+
+    writer = asyncio.create_task(old_writer())
+    await asyncio.wait_for(writing.wait(), 10)
+    info = await new.last_session_info(6, p)
+    results = await writer
+    acked = [i for i, r in enumerate(results) if r is None]
+    refused = [r for r in results if r is not None]
+    assert acked == list(range(len(acked))), "the acknowledged appends are a prefix"
+    assert refused, "the new session arrived before the old writer finished"
+    assert all(isinstance(r, SessionFencedError) for r in refused)
+    assert all(r.highest_session_id == 6 for r in refused if isinstance(r, SessionFencedError))
+    assert info.session_id == 5
+    assert await new.max_transaction_id(6, p) == len(acked) - 1
+    assert await new.records(6, p, 0, 1000) == records[: len(acked)]
