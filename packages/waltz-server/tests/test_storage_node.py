@@ -13,6 +13,7 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ _names = itertools.count()
 
 
 async def _open_engine(location: str, engine_name: str = "memory") -> StorageEngine:
-    engine_class = get_registry().get("storage", engine_name).factory
+    engine_class: Any = get_registry().get("storage", engine_name).factory
     engine: StorageEngine = await engine_class.open(
         location, cluster_key=CLUSTER_KEY, num_partitions=NUM_PARTITIONS
     )
