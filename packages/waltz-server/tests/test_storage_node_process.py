@@ -290,8 +290,8 @@ async def test_malformed_frame_over_zmq_closes_only_that_connection(cluster: Clu
         await conn.send(b"\xff\x01not a waltz message")
         reply = wire.decode(await asyncio.wait_for(conn.recv(), 20))
         assert isinstance(reply, FailureResponse) and reply.code is ErrorCode.BAD_REQUEST
-        with pytest.raises((ConnectionClosedError, TimeoutError)):
-            await asyncio.wait_for(conn.recv(), 20)
+        with pytest.raises(ConnectionClosedError):  # closed by the node (not a timeout)
+            await asyncio.wait_for(conn.recv(), 30)
     finally:
         await conn.close()
     await good.append(1, 2, [make_record(2, 1)])
