@@ -13,7 +13,9 @@ import contextlib
 import functools
 import logging
 import math
+import threading
 import urllib.parse
+import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +42,11 @@ from waltz_coord_local._notify import Notifier
 from waltz_coord_local.store import LocalStore, NodeState, PollResult, SessionGone
 
 log = logging.getLogger(__name__)
+
+# The clients of each database file in this process: a write wakes their watch
+# polls at once (other processes see it at their next poll).
+_clients_by_file: dict[Path, weakref.WeakSet[LocalCoordination]] = {}
+_clients_lock = threading.Lock()
 
 T = TypeVar("T")
 
@@ -181,6 +188,8 @@ class LocalCoordination(Coordination):
         self._poll_seq: int | None = None
         self._watches: set[_LocalWatch] = set()
         self._last_heartbeat = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -198,6 +207,15 @@ class LocalCoordination(Coordination):
                 f"the local coordination session {self._session_id} expired and its "
                 "ephemeral entries are gone; close this client and start a new one"
             ) from exc
+
+    def _written(self) -> None:
+        """Wake the watch polls of this process's clients of the same file."""
+        with _clients_lock:
+            peers = list(_clients_by_file.get(self.db_path, ()))
+        for peer in peers:
+            if peer._watches and peer._loop is not None and peer._wake is not None:
+                with contextlib.suppress(RuntimeError):  # its loop is closed
+                    peer._loop.call_soon_threadsafe(peer._wake.set)
 
     def _full(self, path: str) -> str:
         check_path(path)
@@ -235,6 +253,10 @@ class LocalCoordination(Coordination):
             self._executor = None
             raise
         loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._wake = asyncio.Event()
+        with _clients_lock:
+            _clients_by_file.setdefault(self.db_path, weakref.WeakSet()).add(self)
         self._last_heartbeat = loop.time()
         self._started = True
         self._set_state(SessionState.CONNECTED)
@@ -253,6 +275,8 @@ class LocalCoordination(Coordination):
             self._closing = True
             return
         self._closing = True
+        with _clients_lock:
+            _clients_by_file.get(self.db_path, weakref.WeakSet()).discard(self)
         for task in (self._heartbeat_task, self._poll_task):
             if task is not None:
                 task.cancel()
@@ -266,6 +290,7 @@ class LocalCoordination(Coordination):
             if self._state is not SessionState.LOST:
                 try:
                     await self._run(store.end_session)
+                    self._written()
                 except CoordinationError as exc:
                     log.warning(
                         "could not end local session %d on close (%s); its ephemeral entries "
@@ -353,7 +378,7 @@ class LocalCoordination(Coordination):
         store = self._store_or_raise()
         if check_path(path) == "/":
             raise NodeExistsError("the root always exists")
-        return await self._run(
+        version = await self._run(
             store.create,
             self._full(path),
             bytes(value),
@@ -361,6 +386,8 @@ class LocalCoordination(Coordination):
             make_parents=make_parents,
             top=self._top,
         )
+        self._written()
+        return version
 
     async def set(self, path: str, value: bytes, *, expected_version: int | None = None) -> int:
         store = self._store_or_raise()
@@ -369,6 +396,7 @@ class LocalCoordination(Coordination):
         version, current = await self._run(
             store.set, self._full(path), bytes(value), expected_version
         )
+        self._written()
         if current is not None:
             raise BadVersionError(
                 f"compare-and-set of {path!r} lost: expected version {expected_version}, "
@@ -383,6 +411,7 @@ class LocalCoordination(Coordination):
         if check_path(path) == "/":
             raise CoordinationError("the root cannot be deleted; delete the paths below it")
         current = await self._run(store.delete, self._full(path), expected_version, recursive)
+        self._written()
         if current is not None:
             raise BadVersionError(
                 f"versioned delete of {path!r} lost: expected version {expected_version}, "
@@ -397,7 +426,9 @@ class LocalCoordination(Coordination):
         store = self._store_or_raise()
         if check_path(path) == "/":
             raise CoordinationError("the root cannot be a counter")
-        return await self._run(store.increment, self._full(path), self._top)
+        value = await self._run(store.increment, self._full(path), self._top)
+        self._written()
+        return value
 
     # -- watches ----------------------------------------------------------------------------
 
@@ -439,7 +470,13 @@ class LocalCoordination(Coordination):
     async def _poll_loop(self) -> None:
         """One loop per client serves all of its watches; it ends with the last watch."""
         while self._watches and not self._closing:
-            await asyncio.sleep(self._poll_interval)
+            assert self._wake is not None
+            try:
+                async with asyncio.timeout(self._poll_interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
             store = self._store
             if store is None or self._state is SessionState.LOST:
                 return
@@ -469,7 +506,9 @@ class LocalCoordination(Coordination):
         """Expire another session now, as if it had stopped heartbeating (tests,
         operators); returns how many ephemeral entries went with it."""
         store = self._store_or_raise()
-        return await self._run(store.expire_session, session_id)
+        count = await self._run(store.expire_session, session_id)
+        self._written()
+        return count
 
 
 def _versioned(state: NodeState | None) -> Versioned | None:
