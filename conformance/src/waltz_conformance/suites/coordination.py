@@ -44,6 +44,7 @@ from waltz_api.contracts.coordination import Coordination, SessionState, Version
 from waltz_api.errors import (
     BadVersionError,
     CoordinationError,
+    CoordinationUnavailableError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -677,6 +678,58 @@ class CoordinationSuite:
 
         await eventually(
             gone, harness.session_timeout + self.SLACK, "the lost session's ephemeral expires"
+        )
+
+    @requires(SERVER_RESTART)
+    async def test_cas_updates_survive_a_server_restart(self, harness: CoordinationHarness) -> None:
+        """Clients keep CAS-incrementing a value while the service is killed (-9) and
+        restarted: no acknowledged update is lost, and an update whose outcome was
+        unknown (CoordinationUnavailableError) was applied at most once."""
+        clients = [await harness.new_client() for _ in range(3)]
+        await clients[0].create("/restart-sum", b"0")
+        per_client = 15
+        acked = [0] * len(clients)
+        unknown = [0] * len(clients)
+
+        async def work(index: int, client: Coordination) -> None:
+            for _ in range(10_000):
+                if acked[index] >= per_client:
+                    return
+                try:
+                    current = await client.get("/restart-sum")
+                    assert current is not None
+                    await client.set(
+                        "/restart-sum",
+                        str(int(current.value) + 1).encode(),
+                        expected_version=current.version,
+                    )
+                    acked[index] += 1
+                except BadVersionError:
+                    continue
+                except CoordinationUnavailableError:
+                    unknown[index] += 1
+                    await asyncio.sleep(0.05)
+            pytest.fail("a client made no progress in 10000 attempts")
+
+        workers = asyncio.gather(*(work(i, c) for i, c in enumerate(clients)))
+        try:
+            await eventually(lambda: sum(acked) >= 10, 30, "updates before the kill")
+            await harness.kill_server()
+            await asyncio.sleep(0.3)
+            await harness.restart_server()
+            await asyncio.wait_for(workers, harness.session_timeout + 3 * self.SLACK)
+        finally:
+            if not workers.done():
+                workers.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await workers
+        for client in clients:
+            assert client.session_state is not SessionState.LOST
+        final = await clients[0].get("/restart-sum")
+        assert final is not None
+        total = int(final.value)
+        assert sum(acked) <= total <= sum(acked) + sum(unknown), (
+            f"value {total}, acknowledged {sum(acked)}, unknown outcomes {sum(unknown)}"
         )
 
     # -- other processes (optional) ---------------------------------------------------------------
