@@ -23,7 +23,7 @@ def waltz_coordinators() -> list[PluginDescriptor]:
             kind=PluginKind.COORDINATION,
             name="etcd",
             factory=create_coordination,
-            capabilities=frozenset({"server_restart"}),
+            capabilities=frozenset({"server_restart", "cross_process"}),
             description="etcd v3 (leases, mod_revision compare-and-set, watches)",
             uri_schemes=("etcd",),
             conformance_harness="waltz_coord_etcd.testing:conformance_harness",

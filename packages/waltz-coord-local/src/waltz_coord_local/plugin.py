@@ -24,6 +24,7 @@ def waltz_coordinators() -> list[PluginDescriptor]:
             kind=PluginKind.COORDINATION,
             name="local",
             factory=create_coordination,
+            capabilities=frozenset({"cross_process"}),
             description=(
                 "embedded, for one machine: a SQLite file (WAL) shared by its processes "
                 "(local:///path/to/dir)"
