@@ -38,7 +38,7 @@ from waltz_server.storage_node.testing import StorageNodeProcess, make_record, m
 pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
 CLUSTER_KEY = uuid.UUID("0d7f3e2a-8b41-4c55-a0e3-6f1e2d9c4b77")
-NUM_PARTITIONS = 4
+NUM_PARTITIONS = 16
 
 
 def _free_port() -> int:
@@ -198,18 +198,22 @@ async def test_fencing_survives_kill_9_and_restart(cluster: Cluster) -> None:
 
 
 async def test_many_partitions_and_wrong_cluster_key(cluster: Cluster) -> None:
+    hosted = list(range(12))
+    async with await StorageAdminClient.connect(cluster.transport, cluster.endpoint) as admin:
+        for p in hosted[3:]:
+            await admin.add_partition(p, CLUSTER_KEY)
     clients = [await cluster.client(), await cluster.client()]
 
     async def write(p: int) -> None:
         client = clients[p % 2]
-        for start in range(0, 200, 50):
+        for start in range(0, 120, 40):
             await asyncio.gather(
-                *(client.append(2, p, [make_record(p, start + i)]) for i in range(50))
+                *(client.append(2, p, [make_record(p, start + i)]) for i in range(40))
             )
 
-    await asyncio.gather(*(write(p) for p in (0, 1, 2)))
-    for p in (0, 1, 2):
-        assert await clients[0].records(2, p, 0, 1000) == make_records(p, 0, 200)
+    await asyncio.gather(*(write(p) for p in hosted))
+    for p in hosted:
+        assert await clients[0].records(2, p, 0, 1000) == make_records(p, 0, 120)
 
     stranger = await StorageClient.connect(cluster.transport, cluster.endpoint, sender="x")
     try:
