@@ -32,6 +32,7 @@ ZOOKEEPER_JAR = Path(os.environ.get("WALTZ_ZOOKEEPER_JAR", "/usr/share/java/zook
 SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 HOST = "127.0.0.1"
+PORT_ATTEMPTS = 3
 
 
 class ZooKeeperUnavailableError(RuntimeError):
@@ -71,12 +72,14 @@ class ZooKeeperServer:
         java: str | None = None,
     ) -> None:
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="waltz-zk-"))
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="waltz-zk-")).resolve()
         self.port = port or free_port(HOST)
         self.tick_time_ms = tick_time_ms
         self.heap_mb = heap_mb
         self.java = java or shutil.which("java") or "java"
         self.process: subprocess.Popen[bytes] | None = None
+        self._auto_port = port is None
+        self._started_once = False
 
     # -- addresses --------------------------------------------------------------------
 
@@ -152,6 +155,22 @@ class ZooKeeperServer:
             raise ZooKeeperUnavailableError(
                 "java is missing: install a JRE (apt-get install openjdk-17-jre-headless)"
             )
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._spawn_and_wait(timeout)
+                self._started_once = True
+                return self
+            except ZooKeeperUnavailableError as exc:
+                port_taken = "Address already in use" in str(exc)
+                if not (port_taken and self._auto_port and not self._started_once):
+                    raise
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning("port %d was taken; starting ZooKeeper on another one", self.port)
+                self.port = free_port(HOST)
+        raise AssertionError("unreachable")
+
+    def _spawn_and_wait(self, timeout: float) -> None:
         config = self._write_config()
         log_file = (self.workdir / "zookeeper.log").open("ab")
         try:
@@ -173,7 +192,9 @@ class ZooKeeperServer:
             tail = self.log_tail()
             self.stop(kill=True)
             raise ZooKeeperUnavailableError(f"{exc}; its log ends with:\n{tail}") from exc
-        return self
+        except ZooKeeperUnavailableError:
+            self.stop(kill=True)
+            raise
 
     def _serving(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
@@ -182,9 +203,10 @@ class ZooKeeperServer:
                 f"its log ends with:\n{self.log_tail()}"
             )
         try:
-            return four_letter_word(self.port, "ruok") == "imok" and "Mode:" in (
-                four_letter_word(self.port, "srvr")
-            )
+            if four_letter_word(self.port, "ruok") != "imok":
+                return False
+            # Make sure the server answering is ours, not another one on a reused port.
+            return f"dataDir={self.workdir / 'data'}" in four_letter_word(self.port, "conf")
         except OSError:
             return False
 
