@@ -59,7 +59,9 @@ class StoreConfig:
     drain_timeout: float = 10.0
 
 
-CommitListener = Callable[[int], None]
+CommitListener = Callable[[int, Sequence[Record]], None]
+"""``listener(high_water_mark, records)``: ``records`` are the newly committed ones, in order."""
+RecoveryListener = Callable[[int], None]
 
 
 class StoreSession:
@@ -375,6 +377,8 @@ class StoreSession:
         marks = sorted(self._acked.values(), reverse=True)
         committed = min(marks[self.quorum - 1], self.next_transaction_id - 1)
         if committed > self.high_water_mark:
+            first = self.high_water_mark + 1 - self._window_start
+            newly = [self._window[i] for i in range(first, committed + 1 - self._window_start)]
             self.high_water_mark = committed
             while self._waiters and self._waiters[0][0] <= committed:
                 transaction_id, future = self._waiters.popleft()
@@ -383,7 +387,7 @@ class StoreSession:
             if committed - self.low_water_mark >= self._config.checkpoint_interval:
                 self.checkpoint_reached = True
             if self._on_commit is not None:
-                self._on_commit(committed)
+                self._on_commit(committed, newly)
         self._trim()
         self._wake()
 
@@ -417,7 +421,7 @@ class StorePartition:
         config: StoreConfig | None = None,
         rng: random.Random | None = None,
         on_commit: CommitListener | None = None,
-        on_recovered: CommitListener | None = None,
+        on_recovered: RecoveryListener | None = None,
     ) -> None:
         if not replica_nodes:
             raise WaltzError(f"partition {partition_id} has no replicas assigned")
@@ -442,6 +446,16 @@ class StorePartition:
     @property
     def session(self) -> StoreSession | None:
         return self._session
+
+    def set_listeners(
+        self,
+        *,
+        on_commit: CommitListener | None = None,
+        on_recovered: RecoveryListener | None = None,
+    ) -> None:
+        """Who hears of commits and recoveries (the partition); set before ``start``."""
+        self._on_commit = on_commit
+        self._on_recovered = on_recovered
 
     @property
     def ready(self) -> bool:
@@ -492,20 +506,27 @@ class StorePartition:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), remaining)
 
-    async def append(
-        self, req_id: ReqId, header: int, data: bytes, checksum: int
-    ) -> tuple[int, asyncio.Future[int]]:
-        """Wait for a session with room, then queue the record (see StoreSession.append)."""
+    async def reserve(self) -> StoreSession:
+        """An open session with room for one more append. Nothing else runs between
+        the return and a synchronous ``session.append`` by the caller, so a check
+        made in between (the lock check) and the id assignment are atomic."""
         while True:
             session = await self.wait_ready()
             try:
                 await session.wait_for_room()
-                return session.append(req_id, header, data, checksum)
+                return session
             except StoreSessionClosedError:
                 if session.done:
                     continue
                 # draining for a checkpoint: wait for the next session
                 await self._wait_session_change(session)
+
+    async def append(
+        self, req_id: ReqId, header: int, data: bytes, checksum: int
+    ) -> tuple[int, asyncio.Future[int]]:
+        """Wait for a session with room, then queue the record (see StoreSession.append)."""
+        session = await self.reserve()
+        return session.append(req_id, header, data, checksum)
 
     async def _wait_session_change(self, session: StoreSession) -> None:
         while self._session is session and not self._closed and self._stale is None:
@@ -524,10 +545,10 @@ class StorePartition:
             except (TransportError, StorageError) as exc:
                 session.fail(exc)
 
-    def _commit(self, high_water_mark: int) -> None:
+    def _commit(self, high_water_mark: int, records: Sequence[Record]) -> None:
         self.high_water_mark = high_water_mark
         if self._on_commit is not None:
-            self._on_commit(high_water_mark)
+            self._on_commit(high_water_mark, records)
         session = self._session
         if session is not None and session.checkpoint_reached:
             self._notify()

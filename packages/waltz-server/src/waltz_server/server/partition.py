@@ -1,0 +1,427 @@
+"""A partition served by this server (spec/waltz-server.txt, "Partition Object").
+
+One :class:`Partition` per assigned partition and generation. Its append
+task takes appends, flushes and mounts from one bounded queue, in arrival
+order: the generation check, the stale-connection check, the lock check with
+the configured LockTable, and the dense transaction id come from here. The
+replicated write is the :class:`~waltz_server.server.store.StorePartition`'s.
+Committed records fill a feed cache and a transaction data cache, both
+bounded in bytes; each client stream's feed is its own task that reads from
+the cache, or from storage when it is behind.
+
+Replies go to a :class:`ClientStream`. Feeds ``await send`` (a slow client
+slows only its own feed); the append task never waits for a client, it
+``post``s (a stream whose bounded outbox is full is closed as too slow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from waltz_api.contracts.locktable import LockTable
+from waltz_api.errors import StaleGenerationError, StoreSessionClosedError, WaltzError
+from waltz_api.messages import (
+    AppendRequest,
+    ErrorCode,
+    ErrorResponse,
+    FeedData,
+    FeedRequest,
+    FlushRequest,
+    FlushResponse,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    LockFailure,
+    Message,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+    RangeReadRequest,
+    RangeReadResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
+)
+from waltz_api.plugins import get_registry
+from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, ReqId
+from waltz_server.server.caches import DataCache, FeedCache
+from waltz_server.server.store import StorePartition
+
+log = logging.getLogger(__name__)
+
+
+class ClientStream(Protocol):
+    """One client connection, as a partition sees it."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def send(self, message: Message) -> None:
+        """Send, waiting while the client is slow (back pressure)."""
+
+    def post(self, message: Message) -> None:
+        """Queue without waiting; a stream whose bounded outbox is full is closed."""
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """Tuning of a partition (``[server.partition]``)."""
+
+    lock_table: str = "hwm-array"
+    lock_table_options: Mapping[str, Any] = field(default_factory=dict)
+    append_queue_size: int = 2000
+    feed_cache_bytes: int = 8 * 1024 * 1024
+    data_cache_bytes: int = 64 * 1024 * 1024
+    feed_batch: int = 512
+    max_range_records: int = 10_000
+    max_range_bytes: int = 16 * 1024 * 1024
+    read_concurrency: int = 16
+    mount_timeout: float = 60.0
+
+
+def make_lock_table(name: str, high_water_mark: int, options: Mapping[str, Any]) -> LockTable:
+    """The LockTable plugin ``name`` (``hwm-array``, ``exact``, ``memory``...)."""
+    table = get_registry().get("lock_table", name).factory(high_water_mark, dict(options))
+    if not isinstance(table, LockTable):
+        raise WaltzError(f"lock table plugin {name!r} made a {type(table).__name__}")
+    return table
+
+
+@dataclass
+class PartitionStats:
+    appends: int = 0
+    lock_failures: int = 0
+    stale_generation: int = 0
+    stale_connection: int = 0
+    recoveries: int = 0
+
+
+class Partition:
+    """The append path, feeds and reads of one partition at one generation."""
+
+    def __init__(
+        self,
+        *,
+        store: StorePartition,
+        config: PartitionConfig | None = None,
+        lock_table: LockTable | None = None,
+    ) -> None:
+        self.config = config or PartitionConfig()
+        self.store = store
+        self.partition_id = store.partition_id
+        self.generation = store.generation
+        self.lock_table = lock_table or make_lock_table(
+            self.config.lock_table, NO_TRANSACTION, self.config.lock_table_options
+        )
+        self.feed_cache = FeedCache(self.config.feed_cache_bytes)
+        self.data_cache = DataCache(self.config.data_cache_bytes)
+        self.stats = PartitionStats()
+        self._queue: asyncio.Queue[tuple[Message, ClientStream]] = asyncio.Queue(
+            self.config.append_queue_size
+        )
+        self._inflight: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._client_seq: dict[int, int] = {}
+        self._stream_seq: weakref.WeakKeyDictionary[ClientStream, dict[int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._feeds: weakref.WeakKeyDictionary[ClientStream, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reads = asyncio.Semaphore(self.config.read_concurrency)
+        self._committed = asyncio.Event()
+        self._append_task: asyncio.Task[None] | None = None
+        self._closed = False
+        store.set_listeners(on_commit=self._on_commit, on_recovered=self._on_recovered)
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    @property
+    def high_water_mark(self) -> int:
+        return self.store.high_water_mark
+
+    @property
+    def ready(self) -> bool:
+        return self.store.ready
+
+    async def start(self) -> None:
+        await self.store.start()
+        self._append_task = asyncio.create_task(
+            self._append_loop(), name=f"append-{self.partition_id}"
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [t for t in (self._append_task, *self._tasks, *self._feeds.values()) if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._wake_feeds()
+        await self.store.close()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- commits and recovery -------------------------------------------------------------
+
+    def _on_commit(self, high_water_mark: int, records: Sequence[Record]) -> None:
+        self.feed_cache.add(r.record_header for r in records)
+        for record in records:
+            self.data_cache.put(record.transaction_id, record.data, record.checksum)
+        self._wake_feeds()
+
+    def _on_recovered(self, high_water_mark: int) -> None:
+        # in-flight transactions of the old session may or may not have committed:
+        # every lock now looks changed at the recovered mark (conservative, never unsafe)
+        self.lock_table.reset(high_water_mark)
+        self.stats.recoveries += 1
+        self._wake_feeds()
+
+    def _wake_feeds(self) -> None:
+        self._committed.set()
+        self._committed = asyncio.Event()
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def submit(self, message: Message, stream: ClientStream) -> None:
+        """Take a client request for this partition (waits while the append queue is
+        full: the caller stops reading its connection, which is the back pressure)."""
+        if isinstance(message, AppendRequest | FlushRequest | MountRequest):
+            await self._queue.put((message, stream))
+        elif isinstance(message, FeedRequest):
+            self._start_feed(stream, message.req_id, message.client_high_water_mark, None)
+        elif isinstance(message, HighWaterMarkRequest):
+            stream.post(HighWaterMarkResponse(message.req_id, self.high_water_mark))
+        elif isinstance(message, TransactionDataRequest | RangeReadRequest):
+            await self._reads.acquire()
+            self._spawn(self._read(message, stream), f"read-{self.partition_id}")
+        else:
+            stream.post(
+                ErrorResponse(
+                    getattr(message, "req_id", ReqId(-1, -1, self.partition_id, -1)),
+                    ErrorCode.BAD_REQUEST,
+                    f"{type(message).__name__} is not a partition request",
+                )
+            )
+
+    def _is_stale(self, stream: ClientStream, client_id: int) -> bool:
+        latest = self._client_seq.get(client_id)
+        if latest is None:
+            return False
+        mounted = self._stream_seq.get(stream, {}).get(client_id, -1)
+        return mounted < latest
+
+    async def _append_loop(self) -> None:
+        while True:
+            message, stream = await self._queue.get()
+            try:
+                if isinstance(message, AppendRequest):
+                    await self._append(message, stream)
+                elif isinstance(message, FlushRequest):
+                    self._spawn(
+                        self._flush(message, stream, list(self._inflight)),
+                        f"flush-{self.partition_id}",
+                    )
+                elif isinstance(message, MountRequest):
+                    self._mount(message, stream)
+            except (StaleGenerationError, StoreSessionClosedError) as exc:
+                log.info("partition %d: %s", self.partition_id, exc)
+                if self.store.stale is not None or self._closed:
+                    stream.post(
+                        ErrorResponse(
+                            message.req_id,  # type: ignore[attr-defined]
+                            ErrorCode.STALE_GENERATION,
+                            f"partition {self.partition_id} moved: {exc}",
+                        )
+                    )
+            while self._inflight and self._inflight[0].done():
+                self._inflight.popleft()
+
+    async def _append(self, message: AppendRequest, stream: ClientStream) -> None:
+        req_id = message.req_id
+        if req_id.generation != self.generation:
+            # the client's view of the assignment is out of date: this is not ours to write
+            self.stats.stale_generation += 1
+            stream.post(
+                ErrorResponse(
+                    req_id,
+                    ErrorCode.STALE_GENERATION,
+                    f"partition {self.partition_id} is at generation {self.generation}, "
+                    f"the request carries {req_id.generation}: refresh the assignment",
+                )
+            )
+            return
+        if self._is_stale(stream, req_id.client_id):
+            # a connection the client has replaced (it mounted again since): ignore
+            self.stats.stale_connection += 1
+            return
+        session = await self.store.reserve()
+        # no await from here to the id assignment: check and record are atomic
+        conflict = self.lock_table.check(message.locks, message.client_high_water_mark)
+        if conflict is not None:
+            self.stats.lock_failures += 1
+            stream.post(LockFailure(req_id, conflict))
+            return
+        transaction_id, future = session.append(
+            req_id, message.header, message.data, message.checksum
+        )
+        self.lock_table.record(message.locks, transaction_id)
+        future.add_done_callback(_consume)
+        self._inflight.append(future)
+        self.stats.appends += 1
+
+    async def _settled(self, pending: Sequence[asyncio.Future[int]]) -> int:
+        """Wait until ``pending`` appends are decided, then until a session that began
+        after them is open (its recovery decided the fate of any that failed);
+        returns the high-water mark that includes every one that committed."""
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self.store.wait_ready()
+        return self.high_water_mark
+
+    async def _flush(
+        self, message: FlushRequest, stream: ClientStream, pending: list[asyncio.Future[int]]
+    ) -> None:
+        high_water_mark = await self._settled(pending)
+        stream.post(FlushResponse(message.req_id, high_water_mark))
+
+    def _mount(self, message: MountRequest, stream: ClientStream) -> None:
+        client_id = message.req_id.client_id
+        if message.req_id.generation != self.generation:
+            stream.post(MountResponse(message.req_id, MountStatus.NOT_READY, self.high_water_mark))
+            return
+        # from now on, messages from the client's older connections are ignored
+        latest = self._client_seq.get(client_id, -1)
+        if message.seq_num < latest:
+            self.stats.stale_connection += 1
+            return
+        self._client_seq[client_id] = message.seq_num
+        self._stream_seq.setdefault(stream, {})[client_id] = message.seq_num
+        pending = list(self._inflight)
+        self._spawn(self._finish_mount(message, stream, pending), f"mount-{self.partition_id}")
+
+    async def _finish_mount(
+        self, message: MountRequest, stream: ClientStream, pending: list[asyncio.Future[int]]
+    ) -> None:
+        try:
+            high_water_mark = await asyncio.wait_for(
+                self._settled(pending), self.config.mount_timeout
+            )
+        except (TimeoutError, StaleGenerationError, StoreSessionClosedError):
+            stream.post(MountResponse(message.req_id, MountStatus.NOT_READY, self.high_water_mark))
+            return
+        if message.client_high_water_mark > high_water_mark:
+            stream.post(MountResponse(message.req_id, MountStatus.CLIENT_AHEAD, high_water_mark))
+            return
+        # the feed answers the mount once it has delivered everything up to the mark
+        self._start_feed(
+            stream,
+            message.req_id,
+            message.client_high_water_mark,
+            MountResponse(message.req_id, MountStatus.READY, high_water_mark),
+        )
+
+    # -- feeds ---------------------------------------------------------------------------------
+
+    def _start_feed(
+        self,
+        stream: ClientStream,
+        req_id: ReqId,
+        client_high_water_mark: int,
+        mount_response: MountResponse | None,
+    ) -> None:
+        previous = self._feeds.pop(stream, None)
+        if previous is not None:
+            previous.cancel()
+        task = asyncio.create_task(
+            self._feed(stream, client_high_water_mark + 1, mount_response),
+            name=f"feed-{self.partition_id}-{req_id.client_id}",
+        )
+        self._feeds[stream] = task
+
+    async def _feed(
+        self, stream: ClientStream, next_id: int, mount_response: MountResponse | None
+    ) -> None:
+        batch = self.config.feed_batch
+        try:
+            while not stream.closed and not self._closed:
+                if mount_response is not None and next_id > mount_response.high_water_mark:
+                    await stream.send(mount_response)
+                    mount_response = None
+                if next_id > self.high_water_mark:
+                    event = self._committed
+                    await event.wait()
+                    continue
+                headers = self.feed_cache.get(next_id, batch)
+                if not headers:
+                    headers = await self._read_headers(next_id, batch)
+                for header in headers:
+                    await stream.send(FeedData(header.req_id, header.transaction_id, header.header))
+                next_id += len(headers)
+        except (WaltzError, ConnectionError) as exc:
+            log.debug("partition %d: feed ends: %s", self.partition_id, exc)
+
+    async def _read_headers(self, start: int, count: int) -> list[RecordHeader]:
+        records = await self.store.read_committed(start, count, self.config.max_range_bytes)
+        return [record.record_header for record in records]
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def _read(
+        self, message: TransactionDataRequest | RangeReadRequest, stream: ClientStream
+    ) -> None:
+        try:
+            if isinstance(message, TransactionDataRequest):
+                stream.post(await self._transaction_data(message))
+            else:
+                count = max(0, min(message.max_records, self.config.max_range_records))
+                size = max(1, min(message.max_bytes, self.config.max_range_bytes))
+                high_water_mark = self.high_water_mark
+                records: list[Record] = []
+                if message.start_transaction_id <= high_water_mark and count:
+                    records = await self.store.read_committed(
+                        message.start_transaction_id, count, size
+                    )
+                stream.post(RangeReadResponse(message.req_id, high_water_mark, tuple(records)))
+        except WaltzError as exc:
+            stream.post(ErrorResponse(message.req_id, ErrorCode.GENERIC, str(exc)))
+        finally:
+            self._reads.release()
+
+    async def _transaction_data(self, message: TransactionDataRequest) -> TransactionDataResponse:
+        transaction_id = message.transaction_id
+        if not 0 <= transaction_id <= self.high_water_mark:
+            return TransactionDataResponse(
+                message.req_id,
+                transaction_id,
+                False,
+                error=f"transaction {transaction_id} is not committed in partition "
+                f"{self.partition_id} (high-water mark {self.high_water_mark})",
+            )
+        cached = self.data_cache.get(transaction_id)
+        if cached is None:
+            records = await self.store.read_committed(
+                transaction_id, 1, self.config.max_range_bytes
+            )
+            if not records or records[0].transaction_id != transaction_id:
+                return TransactionDataResponse(
+                    message.req_id, transaction_id, False, error="not found in storage"
+                )
+            cached = (records[0].data, records[0].checksum)
+            self.data_cache.put(transaction_id, *cached)
+        data, checksum = cached
+        return TransactionDataResponse(message.req_id, transaction_id, True, data, checksum)
+
+
+def _consume(future: asyncio.Future[int]) -> None:
+    # the outcome reaches the client through the feed; retrieve it so it is not logged
+    if not future.cancelled():
+        with contextlib.suppress(BaseException):
+            future.exception()

@@ -1,0 +1,336 @@
+"""The partition: append path, locking, feeds, mount, flush, reads (in-process storage nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+import pytest
+from fakes import FakeReplicaConnection, FakeStorageNode
+
+from waltz_api import wire
+from waltz_api.cluster import ClusterMetadata
+from waltz_api.messages import (
+    AppendRequest,
+    ErrorCode,
+    ErrorResponse,
+    FeedData,
+    FeedRequest,
+    FlushRequest,
+    FlushResponse,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    LockFailure,
+    Message,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+    RangeReadRequest,
+    RangeReadResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
+)
+from waltz_api.types import Lock, LockMode, LockRequest, ReqId
+from waltz_conformance.reference.coordination import (
+    MemoryCoordination,
+    MemoryCoordinationService,
+)
+from waltz_server.server.caches import DataCache, FeedCache
+from waltz_server.server.partition import Partition, PartitionConfig
+from waltz_server.server.store import StoreConfig, StorePartition
+
+P = 0
+GEN = 1
+TIMEOUT = 20.0
+NODES = ("a:1", "b:1", "c:1")
+M = TypeVar("M", bound=Message)
+
+
+class Stream:
+    """A client connection as the partition sees it; records what it was sent."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.closed = False
+        self._event = asyncio.Event()
+
+    async def send(self, message: Message) -> None:
+        self.post(message)
+
+    def post(self, message: Message) -> None:
+        self.messages.append(message)
+        self._event.set()
+        self._event = asyncio.Event()
+
+    def of(self, kind: type[M]) -> list[M]:
+        return [m for m in self.messages if isinstance(m, kind)]
+
+    async def wait_for(self, done: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+        async def loop() -> None:
+            while not done():
+                await self._event.wait()
+
+        await asyncio.wait_for(loop(), timeout)
+
+    def feed_ids(self) -> list[int]:
+        return [m.transaction_id for m in self.of(FeedData)]
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[tuple[Partition, dict[str, FakeStorageNode]]]:
+    coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
+    await coordination.start()
+    await ClusterMetadata(coordination).create_cluster(
+        num_partitions=1, num_replicas=3, storage_nodes=list(NODES)
+    )
+    nodes = {n: FakeStorageNode(n) for n in NODES}
+
+    async def connector(node: str, partition_id: int, session_id: int) -> FakeReplicaConnection:
+        return await nodes[node].connect(partition_id, session_id)
+
+    store = StorePartition(
+        partition_id=P,
+        generation=GEN,
+        coordination=coordination,
+        replica_nodes=list(NODES),
+        connector=connector,
+        config=StoreConfig(retry_initial=0.001, retry_max=0.02),
+        rng=random.Random(0),
+    )
+    partition = Partition(
+        store=store,
+        config=PartitionConfig(lock_table="exact", feed_cache_bytes=96 * 50, data_cache_bytes=4096),
+    )
+    await partition.start()
+    await store.wait_ready(TIMEOUT)
+    try:
+        yield partition, nodes
+    finally:
+        await partition.close()
+        await coordination.close()
+
+
+_seq = iter(range(1, 1_000_000))
+
+
+def rid(client: int = 1, generation: int = GEN) -> ReqId:
+    return ReqId(client, generation, P, next(_seq))
+
+
+def append(
+    client: int = 1,
+    data: bytes = b"d",
+    hwm: int = -1,
+    locks: tuple[Lock, ...] = (),
+    generation: int = GEN,
+) -> AppendRequest:
+    return AppendRequest(
+        rid(client, generation), hwm, LockRequest.from_locks(locks), 7, data, wire.checksum(data)
+    )
+
+
+async def settle(partition: Partition, stream: Stream) -> int:
+    await partition.submit(FlushRequest(rid()), stream)
+    await stream.wait_for(lambda: bool(stream.of(FlushResponse)))
+    response = stream.of(FlushResponse)[-1]
+    stream.messages.remove(response)
+    return response.transaction_id
+
+
+async def test_feed_delivers_every_commit_in_order_exactly_once(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    partition, _ = env
+    writer, reader = Stream(), Stream()
+    await partition.submit(FeedRequest(rid(2), -1), reader)
+    sent = []
+    for i in range(120):
+        request = append(client=1 + i % 3, data=b"x%d" % i)
+        sent.append(request)
+        await partition.submit(request, writer)
+    hwm = await settle(partition, writer)
+    assert hwm == 119
+    await reader.wait_for(lambda: len(reader.of(FeedData)) >= 120)
+    await asyncio.sleep(0.01)
+    feed = reader.of(FeedData)
+    assert [f.transaction_id for f in feed] == list(range(120))
+    assert [f.req_id for f in feed] == [r.req_id for r in sent]
+    # a late feed from the middle reads from storage (the feed cache holds only 50)
+    late = Stream()
+    await partition.submit(FeedRequest(rid(3), 9), late)
+    await late.wait_for(lambda: len(late.of(FeedData)) >= 110)
+    assert late.feed_ids() == list(range(10, 120))
+    assert partition.feed_cache.misses > 0 and len(partition.feed_cache) <= 50
+
+
+async def test_write_locks_on_the_same_high_water_mark_exactly_one_commits(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    partition, _ = env
+    stream = Stream()
+    account = Lock("account", 42)
+    await partition.submit(append(data=b"base"), stream)
+    base = await settle(partition, stream)
+    first = append(client=1, data=b"one", hwm=base, locks=(account,))
+    second = append(client=2, data=b"two", hwm=base, locks=(account,))
+    other = append(client=3, data=b"other", hwm=base, locks=(Lock("account", 43),))
+    for request in (first, second, other):
+        await partition.submit(request, stream)
+    hwm = await settle(partition, stream)
+    assert hwm == base + 2  # first and other committed
+    failures = stream.of(LockFailure)
+    assert [f.req_id for f in failures] == [second.req_id]
+    assert failures[0].transaction_id == base + 1
+    # READ fails once the entity changed after the client's mark, passes when up to date
+    stale_read = append(client=4, hwm=base, locks=(Lock("account", 42, LockMode.READ),))
+    fresh_read = append(client=4, hwm=hwm, locks=(Lock("account", 42, LockMode.READ),))
+    await partition.submit(stale_read, stream)
+    await partition.submit(fresh_read, stream)
+    hwm2 = await settle(partition, stream)
+    assert hwm2 == hwm + 1
+    assert [f.req_id for f in stream.of(LockFailure)][-1] == stale_read.req_id
+    # APPEND never fails, but makes a later READ/WRITE built before it fail
+    owner = Lock("owner", 1, LockMode.APPEND)
+    await partition.submit(append(client=5, hwm=-1, locks=(owner,)), stream)
+    await partition.submit(append(client=5, hwm=-1, locks=(owner,)), stream)
+    hwm3 = await settle(partition, stream)
+    assert hwm3 == hwm2 + 2
+    child = append(client=6, hwm=hwm2, locks=(Lock("owner", 1, LockMode.READ),))
+    await partition.submit(child, stream)
+    assert await settle(partition, stream) == hwm3
+    assert stream.of(LockFailure)[-1].req_id == child.req_id
+    assert partition.stats.lock_failures == 3
+
+
+async def test_stale_generation_is_refused_and_nothing_written(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    partition, nodes = env
+    stream = Stream()
+    request = append(generation=GEN - 1, data=b"stale")
+    await partition.submit(request, stream)
+    hwm = await settle(partition, stream)
+    assert hwm == -1
+    errors = stream.of(ErrorResponse)
+    assert errors and errors[0].code is ErrorCode.STALE_GENERATION
+    assert all(not n.log(P) for n in nodes.values())
+
+
+async def test_mount_ready_after_feed_client_ahead_and_stale_connections(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    partition, _ = env
+    old, new = Stream(), Stream()
+    await partition.submit(MountRequest(rid(9), -1, 1), old)
+    await old.wait_for(lambda: bool(old.of(MountResponse)))
+    for i in range(10):
+        await partition.submit(append(client=9, data=b"m%d" % i), old)
+    # the client reconnects: a new network client with a higher sequence number
+    await partition.submit(MountRequest(rid(9), 3, 2), new)
+    await new.wait_for(lambda: bool(new.of(MountResponse)))
+    response = new.of(MountResponse)[0]
+    assert response.status is MountStatus.READY
+    # every append sent before the mount was decided, and fed before the response
+    assert response.high_water_mark == 9
+    assert new.feed_ids() == list(range(4, 10))
+    assert new.messages.index(response) == len(new.of(FeedData))
+    # the old connection's appends are now ignored
+    await partition.submit(append(client=9, data=b"ghost"), old)
+    await partition.submit(append(client=9, data=b"live"), new)
+    assert await settle(partition, new) == 10
+    assert partition.stats.stale_connection == 1
+    # a mount from an even older network client is ignored too
+    older = Stream()
+    await partition.submit(MountRequest(rid(9), -1, 1), older)
+    await asyncio.sleep(0.05)
+    assert not older.of(MountResponse)
+    # a client ahead of the partition is told so
+    ahead = Stream()
+    await partition.submit(MountRequest(rid(11), 500, 1), ahead)
+    await ahead.wait_for(lambda: bool(ahead.of(MountResponse)))
+    assert ahead.of(MountResponse)[0].status is MountStatus.CLIENT_AHEAD
+
+
+async def test_reads_high_water_mark_data_and_ranges(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    partition, _ = env
+    stream = Stream()
+    payloads = [bytes([i]) * 300 for i in range(40)]
+    for data in payloads:
+        await partition.submit(append(data=data), stream)
+    assert await settle(partition, stream) == 39
+    await partition.submit(HighWaterMarkRequest(rid()), stream)
+    await stream.wait_for(lambda: bool(stream.of(HighWaterMarkResponse)))
+    assert stream.of(HighWaterMarkResponse)[0].transaction_id == 39
+    # the data cache holds 4096 bytes: recent ids hit, old ones come from storage
+    assert partition.data_cache.bytes <= 4096
+    for transaction_id in (39, 0, 41):
+        await partition.submit(TransactionDataRequest(rid(), transaction_id), stream)
+    await stream.wait_for(lambda: len(stream.of(TransactionDataResponse)) == 3)
+    by_id = {r.transaction_id: r for r in stream.of(TransactionDataResponse)}
+    assert by_id[39].success and by_id[39].data == payloads[39]
+    assert by_id[0].success and by_id[0].data == payloads[0]
+    assert by_id[0].checksum == wire.checksum(payloads[0])
+    assert not by_id[41].success and "not committed" in by_id[41].error
+    await partition.submit(RangeReadRequest(rid(), 5, 10, 1 << 20), stream)
+    await partition.submit(RangeReadRequest(rid(), 35, 100, 1 << 20), stream)
+    await partition.submit(RangeReadRequest(rid(), 0, 100, 700), stream)
+    await stream.wait_for(lambda: len(stream.of(RangeReadResponse)) == 3)
+    ranges = {r.req_id.seq_num: r for r in stream.of(RangeReadResponse)}
+    first, second, third = (ranges[k] for k in sorted(ranges))
+    assert [r.transaction_id for r in first.records] == list(range(5, 15))
+    assert [r.data for r in first.records] == payloads[5:15]
+    assert [r.transaction_id for r in second.records] == list(range(35, 40))
+    assert len(third.records) == 2  # bounded by bytes
+    assert first.high_water_mark == 39
+
+
+async def test_recovery_resets_the_lock_table_conservatively(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    partition, nodes = env
+    stream = Stream()
+    await partition.submit(append(data=b"a", locks=(Lock("x", 1),)), stream)
+    base = await settle(partition, stream)
+    # a storage node fails: the session ends, a new one recovers
+    nodes["a:1"].crash()
+    await partition.submit(append(data=b"b"), stream)
+    await partition.submit(append(data=b"c"), stream)
+    hwm = await settle(partition, stream)
+    nodes["a:1"].restart()
+    assert hwm >= base
+    assert partition.stats.recoveries >= 2
+    # a lock never written, checked by a client behind the recovered mark: rejected
+    # (every lock looks changed at the recovered mark), with that mark as the conflict
+    session = partition.store.session
+    assert session is not None
+    recovered = session.low_water_mark
+    assert recovered >= base
+    behind = append(hwm=recovered - 1, locks=(Lock("never", 1),))
+    await partition.submit(behind, stream)
+    await settle(partition, stream)
+    failure = stream.of(LockFailure)[-1]
+    assert failure.req_id == behind.req_id
+    assert failure.transaction_id == recovered
+
+
+def test_caches_are_bounded_in_bytes() -> None:
+    from waltz_api.types import RecordHeader
+
+    feed = FeedCache(96 * 10)
+    feed.add(RecordHeader(i, ReqId(1, 1, 0, i), 0) for i in range(25))
+    assert len(feed) == 10 and feed.first_id == 15 and feed.last_id == 24
+    assert [h.transaction_id for h in feed.get(20, 3)] == [20, 21, 22]
+    assert feed.get(3, 3) == []
+    feed.add([RecordHeader(40, ReqId(1, 1, 0, 40), 0)])  # a gap: restart the range
+    assert feed.first_id == 40
+    data = DataCache(1000)
+    for i in range(10):
+        data.put(i, bytes(300), 0)
+    assert data.bytes <= 1000 and len(data) == 3
+    assert data.get(9) is not None and data.get(0) is None
+    data.put(99, bytes(5000), 0)  # larger than the whole cache: not kept
+    assert data.get(99) is None
