@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -248,3 +250,17 @@ async def test_suspended_while_unreachable_then_connected(
     await eventually(lambda: client.session_state is SessionState.CONNECTED, what="CONNECTED")
     assert SessionState.LOST not in states  # the lease outlived the outage
     await client.create("/back", b"", ephemeral=True)
+
+
+def test_harness_stops_every_member_by_pid(tmp_path: Path) -> None:
+    cluster = EtcdCluster(tmp_path, size=1)
+    cluster.start()
+    try:
+        pids = [m.process.pid for m in cluster.members if m.process is not None]
+        assert len(pids) == 1 and cluster.leader_index() == 0
+    finally:
+        cluster.stop()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped: the pid no longer exists
+    assert not any(m.running for m in cluster.members)

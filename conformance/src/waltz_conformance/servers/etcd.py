@@ -116,16 +116,31 @@ class EtcdCluster:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start every member and wait until the cluster is healthy."""
+    def start(self, attempts: int = 3) -> None:
+        """Start every member and wait until the cluster is healthy.
+
+        A free port can be taken by someone else before etcd binds it: then the
+        start is retried (``attempts`` times) on new ports with fresh data dirs."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(attempt)
+                return
+            except RuntimeError as exc:
+                if attempt == attempts:
+                    raise
+                log.warning("etcd cluster start attempt %d failed (%s); retrying", attempt, exc)
+
+    def _start_once(self, attempt: int) -> None:
         ports = free_ports(2 * self.size)
+        run_dir = self.base_dir if attempt == 1 else self.base_dir / f"attempt-{attempt}"
+        self.token = f"waltz-test-{uuid.uuid4().hex[:12]}"
         self.members = [
             EtcdMember(
                 name=f"m{i}",
                 client_port=ports[2 * i],
                 peer_port=ports[2 * i + 1],
-                data_dir=self.base_dir / f"m{i}",
-                log_path=self.base_dir / f"m{i}.log",
+                data_dir=run_dir / f"m{i}",
+                log_path=run_dir / f"m{i}.log",
             )
             for i in range(self.size)
         ]
@@ -155,6 +170,7 @@ class EtcdCluster:
     def _spawn(self, index: int, *, state: str) -> None:
         member = self.members[index]
         member.data_dir.mkdir(parents=True, exist_ok=True)
+        member.log_path.parent.mkdir(parents=True, exist_ok=True)
         initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         command = [
             self.binary,
