@@ -1,0 +1,609 @@
+"""The cluster manager: server membership, leadership and the partition assignment.
+
+Every server runs one :class:`ClusterManager`. It
+
+- registers the server (an ephemeral ``/servers/<id>`` entry carrying its
+  endpoint and preferred partitions; a fresh id at every registration, so a
+  server that comes back is a new member and its old partitions have moved);
+- watches the live servers: the live server with the lowest id is the leader;
+  the leader computes the assignment (:func:`compute_assignment`: preferred
+  partitions to the live server preferring them, the rest balanced, as few
+  moves as possible) and writes every change with a compare-and-set on the
+  partition's assignment (:meth:`ClusterMetadata.assign_partition`), which
+  bumps the partition's generation; a partition is written only when it moves;
+- watches every partition's assignment and tells its owner what it gained
+  (:class:`PartitionGained`, with the generation) and lost
+  (:class:`PartitionLost`), in order, through an ``asyncio.Queue``
+  (:attr:`ClusterManager.events`) or an async callback (``on_event``).
+
+Session-state rules (:class:`waltz_api.contracts.coordination.SessionState`):
+
+- SUSPENDED: the leader makes no assignment, and no partition is gained
+  (a gain is deferred until the session is CONNECTED again and the
+  assignment re-read). Losses are always delivered.
+- LOST: every held partition is lost at once (the events are queued in the
+  session listener itself, before anything else runs), the watches stop, the
+  client is closed, and the manager registers again with a new client
+  (retried with back-off until it succeeds or the manager stops).
+
+Two servers may briefly both believe they hold a partition (the old owner
+has not yet seen the move); the generation settles it: the new owner's store
+session carries the newer generation and storage nodes fence the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from waltz_api.cluster import (
+    NO_SERVER,
+    ClusterMetadata,
+    PartitionAssignment,
+    ServerInfo,
+    Stored,
+)
+from waltz_api.contracts.coordination import Coordination, SessionState, Watch
+from waltz_api.errors import (
+    BadVersionError,
+    ConfigError,
+    CoordinationError,
+    SessionLostError,
+    WaltzError,
+)
+
+log = logging.getLogger(__name__)
+
+
+class LossReason(enum.Enum):
+    """Why a server stopped holding a partition."""
+
+    MOVED = "moved"
+    """The leader assigned it to another server (or to this one at a newer generation)."""
+    SESSION_LOST = "session_lost"
+    """This server's coordination session expired: everything it held is gone."""
+    STOPPED = "stopped"
+    """The cluster manager was stopped."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionGained:
+    """This server now serves ``partition_id`` at ``generation``: open it (start a
+    store session with this generation; requests carrying another generation are refused)."""
+
+    partition_id: int
+    generation: int
+    server_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLost:
+    """This server no longer serves ``partition_id`` (held at ``generation``): close it."""
+
+    partition_id: int
+    generation: int
+    server_id: int
+    reason: LossReason
+
+
+PartitionEvent = PartitionGained | PartitionLost
+EventHandler = Callable[[PartitionEvent], Awaitable[None]]
+CoordinationFactory = Callable[[], Coordination]
+
+
+# -- the assignment -----------------------------------------------------------------------------
+
+
+def compute_assignment(
+    num_partitions: int, servers: Sequence[ServerInfo], current: Mapping[int, int]
+) -> dict[int, int]:
+    """The partition -> server id assignment the leader aims for.
+
+    - A partition preferred by live servers goes to the lowest-id one of them.
+    - The other partitions are spread so that every server without more
+      preferred partitions than that holds the same number, give or take one.
+    - A partition stays with its ``current`` owner whenever that owner is live
+      and within its share, so a change of membership moves as few as possible.
+
+    ``current`` maps a partition to its owner (missing or :data:`NO_SERVER` when
+    unassigned; owners not in ``servers`` are dead). Deterministic: the same
+    input gives the same answer on every server. Empty when no server is live.
+    """
+    if num_partitions < 0:
+        raise ConfigError(f"the number of partitions must be non-negative, got {num_partitions}")
+    ids = sorted({s.server_id for s in servers})
+    if not ids:
+        return {}
+    target: dict[int, int] = {}
+    for server in sorted(servers, key=lambda s: s.server_id):
+        for partition in server.preferred_partitions:
+            if 0 <= partition < num_partitions and partition not in target:
+                target[partition] = server.server_id
+    load = dict.fromkeys(ids, 0)
+    for owner in target.values():
+        load[owner] += 1
+    free = [p for p in range(num_partitions) if p not in target]
+
+    def room(level: int) -> int:
+        return sum(max(0, level - load[s]) for s in ids)
+
+    # The water level: every server is filled up to `level`; `extra` servers get one more.
+    level = 0
+    while level < num_partitions and room(level + 1) <= len(free):
+        level += 1
+    extra = len(free) - room(level)
+
+    unplaced: list[int] = []
+    for partition in free:  # keep what is within its owner's share
+        owner = current.get(partition, NO_SERVER)
+        if owner in load and load[owner] < level:
+            target[partition] = owner
+            load[owner] += 1
+        else:
+            unplaced.append(partition)
+    rest: list[int] = []
+    for partition in unplaced:  # and one more, while servers may hold level + 1
+        owner = current.get(partition, NO_SERVER)
+        if extra > 0 and owner in load and load[owner] == level:
+            target[partition] = owner
+            load[owner] += 1
+            extra -= 1
+        else:
+            rest.append(partition)
+    for partition in rest:
+        below = [s for s in ids if load[s] < level]
+        if below:
+            chosen = min(below, key=lambda s: (load[s], s))
+        else:
+            at_level = [s for s in ids if load[s] == level]
+            if extra <= 0 or not at_level:  # cannot happen: the room is exactly len(free)
+                raise CoordinationError(f"no server has room for partition {partition}")
+            chosen = at_level[0]
+            extra -= 1
+        target[partition] = chosen
+        load[chosen] += 1
+    return target
+
+
+# -- the manager ----------------------------------------------------------------------------------
+
+
+class ClusterManager:
+    """One server's membership and partition ownership (see the module docstring).
+
+    ``coordination_factory`` makes a new, not yet started, coordination client
+    (one per registration: a LOST client is final). ``endpoint`` is where
+    clients reach this server; it is written into the partitions it owns.
+
+    Use::
+
+        manager = ClusterManager(lambda: coordination_from_uri(uri), "tcp://10.0.0.5:5600")
+        await manager.start()
+        event = await manager.events.get()   # or ClusterManager(..., on_event=handler)
+        ...
+        await manager.stop()                 # loses (and reports) everything it holds
+    """
+
+    def __init__(
+        self,
+        coordination_factory: CoordinationFactory,
+        endpoint: str,
+        *,
+        preferred_partitions: Sequence[int] = (),
+        on_event: EventHandler | None = None,
+        retry_delay: float = 0.2,
+        max_retry_delay: float = 5.0,
+        settle_delay: float = 0.02,
+        on_leader_write: Callable[[PartitionAssignment], None] | None = None,
+    ) -> None:
+        if not endpoint.strip():
+            raise ConfigError("a server needs an endpoint clients can reach", key="endpoint")
+        bad = [p for p in preferred_partitions if isinstance(p, bool) or p < 0]
+        if bad:
+            raise ConfigError(
+                f"preferred partitions must be non-negative partition ids, got {bad}",
+                key="preferred_partitions",
+            )
+        self._factory = coordination_factory
+        self.endpoint = endpoint
+        self.preferred_partitions = tuple(sorted(set(preferred_partitions)))
+        self._on_event = on_event
+        self._on_leader_write = on_leader_write
+        self._retry_delay = retry_delay
+        self._max_retry_delay = max_retry_delay
+        self._settle_delay = settle_delay
+        self.events: asyncio.Queue[PartitionEvent] = asyncio.Queue()
+        """Gains and losses in order (unless ``on_event`` consumes them). Its length is
+        bounded by twice the number of partitions per assignment change."""
+
+        self._client: Coordination | None = None
+        self._meta: ClusterMetadata | None = None
+        self._num_partitions = 0
+        self._server_id = NO_SERVER
+        self._epoch = 0
+        self._registered = False
+        self._leader = False
+        self._owned: dict[int, int] = {}
+        self._seen: dict[int, PartitionAssignment] = {}
+        self._live_ids: list[int] = []
+        self._watches: list[Watch] = []
+        self._rebalance = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._leader_task: asyncio.Task[None] | None = None
+        self._dispatch_task: asyncio.Task[None] | None = None
+        self._reregister_task: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopped = False
+        self.registrations = 0
+        """How many times this manager registered (1 + the sessions it lost and replaced)."""
+
+    # -- state --------------------------
+
+    @property
+    def server_id(self) -> int:
+        """This server's current id (:data:`NO_SERVER` while not registered)."""
+        return self._server_id
+
+    @property
+    def coordination(self) -> Coordination | None:
+        """The current coordination client (replaced after a LOST session)."""
+        return self._client
+
+    @property
+    def metadata(self) -> ClusterMetadata | None:
+        return self._meta
+
+    @property
+    def num_partitions(self) -> int:
+        return self._num_partitions
+
+    @property
+    def owned(self) -> dict[int, int]:
+        """The partitions this server holds now: partition id -> generation."""
+        return dict(self._owned)
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this server last confirmed (by a fresh read) that it leads."""
+        return self._leader and self._registered
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    def _connected(self) -> bool:
+        return self._client is not None and self._client.session_state is SessionState.CONNECTED
+
+    # -- lifecycle --------------------------
+
+    async def start(self) -> None:
+        """Connect, register and start following the assignment.
+
+        Raises ClusterNotFoundError when there is no cluster, ConfigError when a
+        preferred partition does not exist, CoordinationUnavailableError when the
+        service cannot be reached."""
+        if self._started:
+            return
+        self._started = True
+        try:
+            await self._register()
+        except BaseException:
+            self._started = False
+            raise
+        if self._on_event is not None:
+            self._dispatch_task = asyncio.create_task(self._dispatch(), name="cluster-events")
+        self._leader_task = asyncio.create_task(self._lead(), name="cluster-leader")
+
+    async def stop(self, *, drain_timeout: float = 10.0) -> None:
+        """Unregister and stop. Every held partition is reported lost (STOPPED);
+        with ``on_event`` the handler gets those events before this returns
+        (within ``drain_timeout`` seconds)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._registered = False
+        self._leader = False
+        self._cancel_watches()
+        self._drop_all(LossReason.STOPPED)
+        tasks = [t for t in (self._leader_task, self._reregister_task) if t is not None]
+        tasks.extend(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        if self._dispatch_task is not None:
+            self.events.put_nowait(_STOP)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._dispatch_task), drain_timeout)
+            except (TimeoutError, asyncio.CancelledError):
+                self._dispatch_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._dispatch_task
+        await self._close_client()
+        self._server_id = NO_SERVER
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.close()
+            except WaltzError as exc:
+                log.debug("closing the coordination client: %s", exc)
+
+    # -- registration --------------------------
+
+    async def _register(self) -> None:
+        client = self._factory()
+        await client.start()
+        try:
+            meta = ClusterMetadata(client)
+            config = await meta.config()
+            missing = [p for p in self.preferred_partitions if p >= config.num_partitions]
+            if missing:
+                raise ConfigError(
+                    f"preferred partitions {missing} do not exist: the cluster has "
+                    f"{config.num_partitions} partitions (0..{config.num_partitions - 1})",
+                    key="preferred_partitions",
+                )
+            server_id = await meta.allocate_server_id()
+            self._epoch += 1
+            epoch = self._epoch
+            self._client, self._meta = client, meta
+            self._num_partitions = config.num_partitions
+            self._server_id = server_id
+            self._owned.clear()
+            self._seen.clear()
+            self._live_ids = []
+            client.add_session_listener(lambda state: self._on_session_state(epoch, state))
+            await meta.register_server(
+                server_id, self.endpoint, preferred_partitions=self.preferred_partitions
+            )
+            self._watches.append(
+                await meta.watch_server_ids(lambda ids: self._on_server_ids(epoch, ids))
+            )
+            for partition in range(config.num_partitions):
+                self._watches.append(
+                    await meta.watch_partition_assignment(
+                        partition, functools.partial(self._on_assignment, epoch, partition)
+                    )
+                )
+            if client.session_state is SessionState.LOST:
+                raise SessionLostError("the coordination session was lost while registering")
+        except BaseException:
+            self._cancel_watches()
+            if self._client is client:
+                self._client = self._meta = None
+                self._server_id = NO_SERVER
+            self._epoch += 1  # callbacks of this attempt are void
+            with contextlib.suppress(WaltzError):
+                await client.close()
+            raise
+        self._registered = True
+        self.registrations += 1
+        log.info(
+            "server %d registered at %s (%d partitions, preferred %s)",
+            server_id,
+            self.endpoint,
+            config.num_partitions,
+            list(self.preferred_partitions) or "none",
+        )
+        for partition in range(config.num_partitions):
+            self._reconcile(partition)
+        self._rebalance.set()
+
+    async def _reregister(self) -> None:
+        await self._close_client()
+        delay = self._retry_delay
+        while not self._stopped:
+            try:
+                await self._register()
+                return
+            except asyncio.CancelledError:
+                raise
+            except WaltzError as exc:
+                log.warning("re-registering failed (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._max_retry_delay)
+
+    def _cancel_watches(self) -> None:
+        watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.cancel()
+
+    # -- notifications (on the event loop) ------------------------------------------------------
+
+    def _on_session_state(self, epoch: int, state: SessionState) -> None:
+        if epoch != self._epoch or self._stopped:
+            return
+        if state is SessionState.SUSPENDED:
+            log.warning(
+                "server %d: coordination suspended; no assignment and no new partition until "
+                "it reconnects",
+                self._server_id,
+            )
+            self._leader = False
+        elif state is SessionState.CONNECTED:
+            log.info(
+                "server %d: coordination reconnected; re-reading the assignment", self._server_id
+            )
+            self._spawn(self._resync(epoch))
+        elif state is SessionState.LOST:
+            self._on_lost()
+
+    def _on_lost(self) -> None:
+        registered = self._registered
+        log.warning(
+            "server %d: coordination session lost; dropping %d partitions and registering again",
+            self._server_id,
+            len(self._owned),
+        )
+        self._epoch += 1
+        self._registered = False
+        self._leader = False
+        self._cancel_watches()
+        self._drop_all(LossReason.SESSION_LOST)
+        self._server_id = NO_SERVER
+        running = self._reregister_task is not None and not self._reregister_task.done()
+        if registered and not running and not self._stopped:
+            self._reregister_task = asyncio.create_task(
+                self._reregister(), name="cluster-reregister"
+            )
+
+    def _on_server_ids(self, epoch: int, ids: list[int]) -> None:
+        if epoch != self._epoch:
+            return
+        self._live_ids = ids
+        if self._server_id != NO_SERVER and self._server_id not in ids and self._registered:
+            log.warning("server %d: its registration is gone", self._server_id)
+        self._rebalance.set()
+
+    def _on_assignment(self, epoch: int, partition: int, value: PartitionAssignment | None) -> None:
+        if epoch != self._epoch or value is None:
+            return
+        self._observe(partition, value)
+        self._reconcile(partition)
+        self._rebalance.set()
+
+    def _observe(self, partition: int, value: PartitionAssignment) -> None:
+        seen = self._seen.get(partition)
+        # Generations only grow (each write bumps it): a lower one is an older read.
+        if seen is None or value.generation >= seen.generation:
+            self._seen[partition] = value
+
+    def _reconcile(self, partition: int) -> None:
+        """Bring what this server holds of ``partition`` in line with the last seen assignment."""
+        if not self._registered or self._stopped:
+            return
+        seen = self._seen.get(partition)
+        if seen is None:
+            return
+        mine = seen.server_id == self._server_id
+        held = self._owned.get(partition)
+        if held is not None and (not mine or seen.generation != held):
+            del self._owned[partition]
+            self._emit(PartitionLost(partition, held, self._server_id, LossReason.MOVED))
+        if mine and partition not in self._owned and self._connected():
+            self._owned[partition] = seen.generation
+            self._emit(PartitionGained(partition, seen.generation, self._server_id))
+
+    async def _resync(self, epoch: int) -> None:
+        """After a reconnection: re-read every assignment (a fresh read), then reconcile."""
+        meta = self._meta
+        if meta is None:
+            return
+        for partition in range(self._num_partitions):
+            try:
+                found = await meta.partition_assignment(partition)
+            except WaltzError as exc:
+                log.info("re-reading the assignment failed: %s", exc)
+                return
+            if epoch != self._epoch:
+                return
+            self._observe(partition, found.value)
+            self._reconcile(partition)
+        self._rebalance.set()
+
+    def _drop_all(self, reason: LossReason) -> None:
+        owned, self._owned = self._owned, {}
+        for partition, generation in sorted(owned.items()):
+            self._emit(PartitionLost(partition, generation, self._server_id, reason))
+        self._seen.clear()
+        self._live_ids = []
+
+    def _emit(self, event: PartitionEvent) -> None:
+        log.info("server %d: %s", event.server_id, event)
+        self.events.put_nowait(event)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch(self) -> None:
+        handler = self._on_event
+        if handler is None:
+            return
+        while True:
+            event = await self.events.get()
+            if event is _STOP:
+                return
+            try:
+                await handler(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the partition event handler failed on %s", event)
+
+    # -- leadership --------------------------
+
+    async def _lead(self) -> None:
+        while not self._stopped:
+            await self._rebalance.wait()
+            self._rebalance.clear()
+            await asyncio.sleep(self._settle_delay)  # let a burst of changes arrive
+            try:
+                await self._rebalance_once()
+            except asyncio.CancelledError:
+                raise
+            except BadVersionError as exc:
+                log.info("assignment changed under the leader (%s); deciding again", exc)
+                self._rebalance.set()
+            except SessionLostError:
+                self._leader = False
+            except WaltzError as exc:
+                log.warning("rebalancing failed (%s); retrying in %.1fs", exc, self._retry_delay)
+                self._leader = False
+                await asyncio.sleep(self._retry_delay)
+                self._rebalance.set()
+
+    async def _rebalance_once(self) -> None:
+        meta, my_id, epoch = self._meta, self._server_id, self._epoch
+        if meta is None or not self._registered or not self._connected():
+            self._leader = False
+            return
+        if not self._live_ids or self._live_ids[0] != my_id:
+            self._leader = False
+            return
+        servers = await meta.servers()  # a fresh read: the watch may lag
+        if not servers or servers[0].server_id != my_id:
+            self._leader = False
+            return
+        if not self._leader:
+            log.info("server %d leads the cluster (%d live servers)", my_id, len(servers))
+        self._leader = True
+        current: dict[int, Stored[PartitionAssignment]] = {}
+        for partition in range(self._num_partitions):
+            current[partition] = await meta.partition_assignment(partition)
+        target = compute_assignment(
+            self._num_partitions, servers, {p: s.value.server_id for p, s in current.items()}
+        )
+        endpoints = {s.server_id: s.endpoint for s in servers}
+        moves = [p for p in sorted(target) if target[p] != current[p].value.server_id]
+        for partition in moves:
+            if epoch != self._epoch or not self._connected() or self._stopped:
+                self._leader = False
+                log.info("server %d: session not connected; assignment paused", my_id)
+                return
+            owner = target[partition]
+            stored = await meta.assign_partition(
+                partition, owner, endpoints[owner], expected_version=current[partition].version
+            )
+            log.info(
+                "partition %d: server %d -> %d, generation %d",
+                partition,
+                current[partition].value.server_id,
+                owner,
+                stored.value.generation,
+            )
+            if self._on_leader_write is not None:
+                self._on_leader_write(stored.value)
+
+
+_STOP: Any = object()
