@@ -570,3 +570,44 @@ async def test_nothing_of_an_older_session_is_written_once_a_newer_one_arrived(
     assert info.session_id == 5
     assert await new.max_transaction_id(6, p) == len(acked) - 1
     assert await new.records(6, p, 0, 1000) == records[: len(acked)]
+
+
+async def test_partition_queue_is_bounded_in_bytes() -> None:
+    from waltz_server.storage_node.partition import PartitionWorker
+
+    location = f"memory-storage-{uuid.uuid4()}"
+    engine = await _open_engine(location)
+    await engine.add_partition(0)
+    worker = PartitionWorker(engine, 0, queue_size=100, queue_bytes=100)
+    worker.start()
+    replies: list[object] = []
+
+    async def reply(message: object) -> None:
+        replies.append(message)
+
+    release = asyncio.Event()
+    try:
+        blocked = asyncio.create_task(worker.run_in_order(release.wait))
+        await asyncio.sleep(0.01)  # the worker is inside the blocking action
+        first = asyncio.create_task(worker.submit(MaxTransactionIdRequest(1, 1, 0), reply, 60))
+        second = asyncio.create_task(worker.submit(MaxTransactionIdRequest(1, 2, 0), reply, 60))
+        await asyncio.sleep(0.05)
+        assert first.done() and not second.done(), "120 bytes do not fit in 100"
+        assert worker.queued == 1
+        release.set()
+        await asyncio.wait_for(asyncio.gather(blocked, second), 10)
+        for _ in range(100):
+            if len(replies) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert replies == [
+            MaxTransactionIdResponse(1, 1, 0, -1),
+            MaxTransactionIdResponse(1, 2, 0, -1),
+        ]
+    finally:
+        release.set()
+        await worker.stop()
+        await engine.close()
+        from waltz_conformance.reference.storage import forget
+
+        forget(location)

@@ -61,6 +61,10 @@ class StorageSection:
         default=1000,
         metadata={"min": 1, "help": "requests queued per partition before a sender waits"},
     )
+    queue_bytes: int = field(
+        default=64 * 1024 * 1024,
+        metadata={"min": 1, "help": "request bytes queued per partition before a sender waits"},
+    )
     max_append_batch_records: int = field(
         default=10000,
         metadata={"min": 1, "help": "most records handed to the engine in one append"},

@@ -95,6 +95,7 @@ async def start_node(config: StorageNodeConfig) -> StorageNode:
         transport,
         config.transport.endpoint,
         queue_size=config.storage.queue_size,
+        queue_bytes=config.storage.queue_bytes,
         max_append_batch_records=config.storage.max_append_batch_records,
         max_list_records=config.storage.max_list_records,
     )

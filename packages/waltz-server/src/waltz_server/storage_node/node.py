@@ -146,6 +146,7 @@ class StorageNode:
         endpoint: str,
         *,
         queue_size: int = 1000,
+        queue_bytes: int = 64 * 1024 * 1024,
         max_append_batch_records: int = 10000,
         max_list_records: int = 10000,
         sender: str = "storage",
@@ -157,6 +158,7 @@ class StorageNode:
         self.requested_endpoint = endpoint
         self.sender = sender
         self._queue_size = queue_size
+        self._queue_bytes = queue_bytes
         self._max_batch = max_append_batch_records
         self._max_list = max_list_records
         # A list response must fit in a frame, with room for the framing around the data.
@@ -212,6 +214,7 @@ class StorageNode:
                 self.engine,
                 partition_id,
                 queue_size=self._queue_size,
+                queue_bytes=self._queue_bytes,
                 max_append_batch_records=self._max_batch,
                 max_list_records=self._max_list,
                 max_response_bytes=self._max_response_bytes,
@@ -366,7 +369,7 @@ class StorageNode:
                 except PartitionNotFoundError as exc:
                     await outbox.put(failure_for(request, exc))
                     continue
-                await worker.submit(request, outbox.put)
+                await worker.submit(request, outbox.put, len(frame))
             elif isinstance(message, StorageOpenRequest):
                 opened = await self._open(message, outbox) or opened
             elif isinstance(message, StorageAdminRequest):

@@ -103,6 +103,8 @@ PARTITION_REQUESTS: tuple[type[Message], ...] = (
 class _Job:
     request: Any  # one of PARTITION_REQUESTS
     reply: Reply
+    size: int = 0
+    """The request's frame size: queued bytes are bounded too."""
 
 
 @dataclass
@@ -149,6 +151,7 @@ class PartitionWorker:
         partition_id: int,
         *,
         queue_size: int = 1000,
+        queue_bytes: int = 64 * 1024 * 1024,
         max_append_batch_records: int = 10000,
         max_list_records: int = 10000,
         max_response_bytes: int = 16 * 1024 * 1024,
@@ -162,6 +165,9 @@ class PartitionWorker:
         self._max_bytes = max_response_bytes
         self._pending: deque[_Job | _Control] = deque()
         self._space = asyncio.Semaphore(queue_size)
+        self._queue_bytes = queue_bytes
+        self._queued_bytes = 0
+        self._room = asyncio.Event()
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -178,6 +184,7 @@ class PartitionWorker:
         """Stop after the queued requests (they are answered) and wait for the task."""
         self._stopping = True
         self._wakeup.set()
+        self._room.set()
         if self._task is not None:
             await self._task
             self._task = None
@@ -188,8 +195,9 @@ class PartitionWorker:
 
     # -- input ---------------------------------------------------------------------
 
-    async def submit(self, request: Any, reply: Reply) -> None:
-        """Queue a request (waits while the queue is full: back pressure)."""
+    async def submit(self, request: Any, reply: Reply, size: int = 0) -> None:
+        """Queue a request of ``size`` bytes (waits while the queue holds ``queue_size``
+        requests or ``queue_bytes`` bytes: back pressure; one request is always admitted)."""
         self.stats.requests += 1
         if isinstance(request, StorageAppendRequest):
             self.stats.append_requests += 1
@@ -197,11 +205,17 @@ class PartitionWorker:
             await reply(failure_for(request, PartitionNotFoundError(self._gone())))
             return
         await self._space.acquire()
+        while (
+            self._pending and self._queued_bytes + size > self._queue_bytes and not self._stopping
+        ):
+            self._room.clear()
+            await self._room.wait()
         if self._stopping:  # stopped while this sender waited for room
             self._space.release()
             await reply(failure_for(request, PartitionNotFoundError(self._gone())))
             return
-        self._pending.append(_Job(request, reply))
+        self._queued_bytes += size
+        self._pending.append(_Job(request, reply, size))
         self._wakeup.set()
 
     async def run_in_order(self, action: Callable[[], Awaitable[Any]]) -> Any:
@@ -225,6 +239,9 @@ class PartitionWorker:
     def _pop(self) -> _Job | _Control:
         item = self._pending.popleft()
         self._space.release()
+        if isinstance(item, _Job) and item.size:
+            self._queued_bytes -= item.size
+            self._room.set()
         return item
 
     async def _run(self) -> None:
