@@ -164,6 +164,13 @@ class Partition:
         self._wake_feeds()
         await self.store.close()
 
+    def detach(self, stream: ClientStream) -> None:
+        """Forget a closed client stream (stops its feed)."""
+        feed = self._feeds.pop(stream, None)
+        if feed is not None:
+            feed.cancel()
+        self._stream_seq.pop(stream, None)
+
     def _spawn(self, coro: Any, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
         self._tasks.add(task)

@@ -1,0 +1,332 @@
+"""The client-facing server: connections, the Hello handshake, dispatch to partitions.
+
+:class:`WaltzServer` listens on the configured Transport. Each client
+connection completes the version handshake (``waltz_api.wire``), then its
+messages are routed by the partition id in their ReqId to the
+:class:`~waltz_server.server.partition.Partition` this server holds. A
+request for a partition held elsewhere is refused (a MountRequest gets
+NOT_READY, anything else ErrorResponse PARTITION_NOT_ASSIGNED), so the client
+re-reads the assignment.
+
+Back pressure both ways: a connection's messages are read one at a time and a
+full partition queue stops the reading; each connection's outgoing frames go
+through a bounded outbox (a feed waits for room; a reply that finds it full
+closes the connection, whose client is too slow and reconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from waltz_api import wire
+from waltz_api.contracts.coordination import Coordination
+from waltz_api.contracts.transport import Connection, Listener, Transport
+from waltz_api.errors import (
+    ConnectionClosedError,
+    ProtocolError,
+    TransportError,
+    WaltzError,
+)
+from waltz_api.messages import (
+    ErrorCode,
+    ErrorResponse,
+    Message,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+)
+from waltz_api.types import ReqId
+from waltz_server.server.partition import Partition, PartitionConfig
+from waltz_server.server.replica import ReplicaConnector
+from waltz_server.server.store import StoreConfig, StorePartition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Tuning of the client-facing server."""
+
+    outbox_frames: int = 10_000
+    outbox_bytes: int = 8 * 1024 * 1024
+    """A connection's queued replies, at most (one frame is always accepted when empty)."""
+    handshake_timeout: float = 10.0
+    store: StoreConfig = field(default_factory=StoreConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+
+
+class ClientConnection:
+    """One client connection: a :class:`~waltz_server.server.partition.ClientStream`."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        conn: Connection,
+        protocol: wire.ProtocolConnection,
+        limit: int,
+        limit_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        self.id = next(self._ids)
+        self.conn = conn
+        self.protocol = protocol
+        self.limit = limit
+        self.limit_bytes = limit_bytes
+        self._bytes = 0
+        self._frames: collections.deque[bytes] = collections.deque()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self.writer = asyncio.create_task(self._write(), name=f"client-out-{conn.connection_id}")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self.conn.closed
+
+    @property
+    def peer(self) -> str:
+        return self.protocol.peer or self.conn.peer
+
+    def _frame(self, message: Message) -> bytes:
+        return self.protocol.send(message)
+
+    async def send(self, message: Message) -> None:
+        if self.closed:
+            raise ConnectionClosedError(f"client connection {self.peer} is closed")
+        frame = self._frame(message)
+        while self._full():
+            self._room.clear()
+            await self._room.wait()
+            if self.closed:
+                raise ConnectionClosedError(f"client connection {self.peer} is closed")
+        self._frames.append(frame)
+        self._bytes += len(frame)
+        self._wakeup.set()
+
+    def _full(self) -> bool:
+        return bool(self._frames) and (
+            len(self._frames) >= self.limit or self._bytes >= self.limit_bytes
+        )
+
+    def post(self, message: Message) -> None:
+        if self.closed:
+            return
+        if self._full():
+            log.warning(
+                "client %s does not read its replies (%d frames queued): closing its connection",
+                self.peer,
+                len(self._frames),
+            )
+            self.abort()
+            return
+        frame = self._frame(message)
+        self._frames.append(frame)
+        self._bytes += len(frame)
+        self._wakeup.set()
+
+    def abort(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+        self._room.set()
+
+    async def _write(self) -> None:
+        try:
+            while not self._closed:
+                if not self._frames:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                batch = list(self._frames)
+                self._frames.clear()
+                self._bytes = 0
+                self._room.set()
+                await self.conn.send_many(batch)
+        except TransportError as exc:
+            log.debug("client %s: writer ends: %s", self.peer, exc)
+        finally:
+            self._closed = True
+            self._frames.clear()
+            self._room.set()
+            with contextlib.suppress(WaltzError):
+                await self.conn.close()
+
+    async def close(self) -> None:
+        self.abort()
+        self.writer.cancel()
+        with contextlib.suppress(BaseException):
+            await self.writer
+
+
+class WaltzServer:
+    """Serves the partitions assigned to this server to clients."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        endpoint: str,
+        coordination: Coordination,
+        connector: ReplicaConnector,
+        config: ServerConfig | None = None,
+        rng: random.Random | None = None,
+        name: str = "server",
+    ) -> None:
+        self.transport = transport
+        self.requested_endpoint = endpoint
+        self.coordination = coordination
+        self.connector = connector
+        self.config = config or ServerConfig()
+        self.rng = rng or random.Random()
+        self.name = name
+        self.partitions: dict[int, Partition] = {}
+        self._listener: Listener | None = None
+        self._connections: set[ClientConnection] = set()
+        self._partition_lock = asyncio.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        if self._listener is None:
+            raise WaltzError("the server is not started")
+        return self._listener.endpoint
+
+    async def start(self) -> None:
+        self._listener = await self.transport.listen(self.requested_endpoint, self._serve)
+        log.info("%s listening on %s", self.name, self._listener.endpoint)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+        for connection in list(self._connections):
+            await connection.close()
+        async with self._partition_lock:
+            for partition in list(self.partitions.values()):
+                await partition.close()
+            self.partitions.clear()
+
+    # -- partitions ---------------------------------------------------------------------------
+
+    async def add_partition(
+        self, partition_id: int, generation: int, replica_nodes: Sequence[str]
+    ) -> Partition:
+        """Serve ``partition_id`` at ``generation`` (replacing an older generation)."""
+        async with self._partition_lock:
+            current = self.partitions.get(partition_id)
+            if current is not None:
+                if current.generation >= generation:
+                    return current
+                await current.close()
+            store = StorePartition(
+                partition_id=partition_id,
+                generation=generation,
+                coordination=self.coordination,
+                replica_nodes=replica_nodes,
+                connector=self.connector,
+                config=self.config.store,
+                rng=random.Random(self.rng.getrandbits(64)),
+            )
+            partition = Partition(store=store, config=self.config.partition)
+            await partition.start()
+            self.partitions[partition_id] = partition
+            log.info(
+                "%s: serving partition %d at generation %d", self.name, partition_id, generation
+            )
+            return partition
+
+    async def remove_partition(self, partition_id: int, generation: int | None = None) -> None:
+        """Stop serving ``partition_id`` (only that generation, when given)."""
+        async with self._partition_lock:
+            current = self.partitions.get(partition_id)
+            if current is None or (generation is not None and current.generation != generation):
+                return
+            del self.partitions[partition_id]
+            await current.close()
+            log.info("%s: partition %d removed", self.name, partition_id)
+
+    # -- connections ---------------------------------------------------------------------------
+
+    async def _serve(self, conn: Connection) -> None:
+        protocol = await self._handshake(conn)
+        if protocol is None:
+            return
+        client = ClientConnection(
+            conn, protocol, self.config.outbox_frames, self.config.outbox_bytes
+        )
+        self._connections.add(client)
+        try:
+            while not client.closed:
+                frame = await conn.recv()
+                try:
+                    message = protocol.receive_frame(frame)
+                except ProtocolError as exc:
+                    log.warning(
+                        "client %s sent a malformed frame (%d bytes), closing: %s",
+                        client.peer,
+                        len(frame),
+                        exc,
+                    )
+                    return
+                await self._dispatch(message, client)
+        except ConnectionClosedError:
+            log.debug("client %s disconnected", client.peer)
+        except TransportError as exc:
+            log.info("client %s: connection failed: %s", client.peer, exc)
+        finally:
+            self._connections.discard(client)
+            for partition in list(self.partitions.values()):
+                partition.detach(client)
+            await client.close()
+
+    async def _handshake(self, conn: Connection) -> wire.ProtocolConnection | None:
+        protocol = wire.ProtocolConnection(
+            wire.Role.ACCEPTOR, sender=self.name, max_frame_size=self.transport.max_frame_size
+        )
+        try:
+            frame = await asyncio.wait_for(conn.recv(), self.config.handshake_timeout)
+            protocol.receive_frame(frame)
+            await conn.send(protocol.send(protocol.hello_response()))
+        except (TimeoutError, ProtocolError, TransportError) as exc:
+            log.warning("client connection %s: handshake failed: %s", conn.peer, exc)
+            return None
+        if protocol.state is not wire.ConnectionState.OPEN:
+            log.warning(
+                "client %s speaks protocol versions %s, none of ours",
+                protocol.peer,
+                protocol.peer_versions,
+            )
+            return None
+        return protocol
+
+    async def _dispatch(self, message: Message, client: ClientConnection) -> None:
+        req_id: ReqId | None = getattr(message, "req_id", None)
+        if req_id is None:
+            client.post(
+                ErrorResponse(
+                    ReqId(-1, -1, -1, -1),
+                    ErrorCode.BAD_REQUEST,
+                    f"{type(message).__name__} is not a client request",
+                )
+            )
+            return
+        partition = self.partitions.get(req_id.partition_id)
+        if partition is None:
+            if isinstance(message, MountRequest):
+                client.post(MountResponse(req_id, MountStatus.NOT_READY, -1))
+            else:
+                client.post(
+                    ErrorResponse(
+                        req_id,
+                        ErrorCode.PARTITION_NOT_ASSIGNED,
+                        f"partition {req_id.partition_id} is not served by {self.name}; "
+                        "re-read the partition assignment",
+                    )
+                )
+            return
+        await partition.submit(message, client)

@@ -1,0 +1,112 @@
+"""An in-process cluster for server tests: memory coordination, real StorageNodes on the
+memory engine and the memory transport, all in one event loop."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from waltz_api.cluster import ClusterMetadata
+from waltz_api.types import Record
+from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
+from waltz_conformance.reference.storage import MemoryStorageEngine, forget
+from waltz_conformance.reference.transport import MemoryTransport
+from waltz_server.storage_node import StorageConnectionPool, StorageNode, StorageReplica
+
+
+@dataclass
+class Node:
+    connect: str
+    location: str
+    key: uuid.UUID
+    num_partitions: int
+    node: StorageNode | None = None
+    server_transport: MemoryTransport | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"memory://{self.connect}"
+
+    async def start(self) -> None:
+        engine = await MemoryStorageEngine.open(
+            self.location, cluster_key=self.key, num_partitions=self.num_partitions
+        )
+        for partition in range(self.num_partitions):
+            if partition not in engine.partition_ids():
+                await engine.add_partition(partition)
+        self.server_transport = MemoryTransport({})
+        self.node = StorageNode(engine, self.server_transport, self.endpoint)
+        await self.node.start()
+
+    async def crash(self) -> None:
+        assert self.server_transport is not None and self.node is not None
+        self.server_transport.simulate_crash()
+        await self.node.close()
+        await self.server_transport.close()
+        self.node = None
+
+    async def log(self, partition: int) -> list[Record]:
+        if self.node is not None:
+            stored = self.node.engine.partition(partition)
+        else:
+            engine = await MemoryStorageEngine.open(
+                self.location, cluster_key=self.key, num_partitions=self.num_partitions
+            )
+            stored = engine.partition(partition)
+        return await stored.read_records(0, 1_000_000, 1 << 30)
+
+
+@dataclass
+class InProcessCluster:
+    coordination: MemoryCoordination
+    nodes: list[Node]
+    key: uuid.UUID
+    client_transport: MemoryTransport
+    pool: StorageConnectionPool
+    extra: list[MemoryTransport] = field(default_factory=list)
+
+    async def connector(self, node: str, partition_id: int, session_id: int) -> StorageReplica:
+        return await self.pool.connect(f"memory://{node}", partition_id, session_id)
+
+    @property
+    def replica_nodes(self) -> list[str]:
+        return [n.connect for n in self.nodes]
+
+    @classmethod
+    async def create(cls, num_partitions: int = 1, num_nodes: int = 3) -> InProcessCluster:
+        tag = uuid.uuid4().hex[:8]
+        key = uuid.uuid4()
+        coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
+        await coordination.start()
+        nodes = [
+            Node(f"sn-{tag}-{i}:{5500 + i}", f"mem-{tag}-{i}", key, num_partitions)
+            for i in range(num_nodes)
+        ]
+        await ClusterMetadata(coordination).create_cluster(
+            num_partitions=num_partitions,
+            num_replicas=num_nodes,
+            storage_nodes=[n.connect for n in nodes],
+            cluster_key=key,
+        )
+        for node in nodes:
+            await node.start()
+        transport = MemoryTransport({})
+        return cls(
+            coordination,
+            nodes,
+            key,
+            transport,
+            StorageConnectionPool(transport, key, num_partitions),
+        )
+
+    async def close(self) -> None:
+        await self.pool.close()
+        await self.client_transport.close()
+        for transport in self.extra:
+            await transport.close()
+        for node in self.nodes:
+            if node.node is not None:
+                await node.crash()
+        await self.coordination.close()
+        for node in self.nodes:
+            forget(node.location)
