@@ -5,6 +5,13 @@
 service, so the conformance suite can race them. The service can expire a
 session, as a real service does when a client stops heartbeating.
 
+The service can also be "killed" and "restarted" (:meth:`MemoryCoordinationService.kill`,
+:meth:`MemoryCoordinationService.restart`) to simulate an outage: clients turn
+SUSPENDED, their operations wait (bounded) for the service, a client suspended
+for longer than its session timeout turns LOST, and the service expires that
+session when it comes back; the data survives, as a real service's does.
+Timers use the client's event loop, so this runs on simulated time too.
+
 Select it by URI ``memory://<service name>/<root>``: clients naming the same
 service in the same process share its state. Nothing crosses processes; this
 is for the conformance suite and simulations, never a stand-in for a real
@@ -20,7 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from waltz_api.contracts.coordination import (
@@ -38,16 +45,19 @@ from waltz_api.errors import (
     BadVersionError,
     ConfigError,
     CoordinationError,
+    CoordinationUnavailableError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
     SessionLostError,
 )
-from waltz_conformance.suites.coordination import CoordinationHarness
+from waltz_conformance.suites.coordination import SERVER_RESTART, CoordinationHarness
 
 log = logging.getLogger(__name__)
 
 Notify = Callable[[], None]
+T = TypeVar("T")
+DEFAULT_SESSION_TIMEOUT = 10.0
 WatcherTable = dict[str, set[Notify]]
 
 
@@ -80,6 +90,7 @@ class MemoryCoordinationService:
         self._sessions: dict[int, MemoryCoordination] = {}
         self._data_watchers: WatcherTable = {}
         self._child_watchers: WatcherTable = {}
+        self._available = True
 
     @classmethod
     def named(cls, name: str) -> MemoryCoordinationService:
@@ -117,7 +128,36 @@ class MemoryCoordinationService:
         for path in owned:
             self._remove(path)
 
+    # -- simulated outages ------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    def kill(self) -> None:
+        """Simulate the service going down: every client turns SUSPENDED and its
+        operations wait for :meth:`restart`. Data and sessions are kept."""
+        with self._lock:
+            self._available = False
+            clients = list(self._sessions.values())
+        for client in clients:
+            client._on_service_down()
+
+    def restart(self) -> None:
+        """Bring the service back: sessions whose clients gave up (LOST) expire now,
+        the others resume (CONNECTED, same session, ephemeral entries kept)."""
+        with self._lock:
+            self._available = True
+            sessions = list(self._sessions.items())
+        for session_id, client in sessions:
+            if client.session_state is SessionState.LOST:
+                self.expire_session(session_id)
+            else:
+                client._on_service_up()
+
     def check_session(self, session_id: int) -> None:
+        if not self._available:
+            raise CoordinationUnavailableError("the memory coordination service is down")
         if session_id not in self._sessions:
             raise SessionLostError(f"coordination session {session_id} expired; start a new client")
 
@@ -274,9 +314,18 @@ class MemoryCoordinationService:
 class MemoryCoordination(Coordination):
     """One client (one session) of a :class:`MemoryCoordinationService`, under ``root``."""
 
-    def __init__(self, service: MemoryCoordinationService, root: str = "/") -> None:
+    def __init__(
+        self,
+        service: MemoryCoordinationService,
+        root: str = "/",
+        *,
+        session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+    ) -> None:
         self._service = service
         self._root = join_path(root)
+        self.session_timeout = session_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._suspension_timer: asyncio.TimerHandle | None = None
         self._session_id = 0
         self._tracker: SessionStateTracker | None = None
         self._watches: set[DeliveryWatch] = set()
@@ -305,16 +354,22 @@ class MemoryCoordination(Coordination):
     async def start(self) -> None:
         if self._tracker is not None:
             return
-        self._tracker = SessionStateTracker(asyncio.get_running_loop())
+        if not self._service.available:
+            raise CoordinationUnavailableError(
+                "the memory coordination service is down; restart it first"
+            )
+        self._loop = asyncio.get_running_loop()
+        self._tracker = SessionStateTracker(self._loop)
         self._session_id = self._service.open_session(self)
         if self._root != "/":
             with contextlib.suppress(NodeExistsError):
-                self._service.create(self._session_id, self._root, b"", False, True)
+                await self._op(self._service.create, self._root, b"", False, True)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._disarm_suspension_timer()
         for watch in list(self._watches):
             watch.cancel()
         if self._tracker is not None:
@@ -326,6 +381,61 @@ class MemoryCoordination(Coordination):
             self._tracker.set_state(SessionState.LOST)
         for watch in list(self._watches):
             watch.cancel()
+
+    def _on_service_down(self) -> None:
+        loop = self._loop
+        if self._tracker is None or loop is None or self._closed:
+            return
+        if self._tracker.set_state(SessionState.SUSPENDED):
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._arm_suspension_timer)
+
+    def _on_service_up(self) -> None:
+        loop = self._loop
+        if self._tracker is None or loop is None or self._closed:
+            return
+        if self._tracker.set_state(SessionState.CONNECTED):
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._disarm_suspension_timer)
+
+    def _arm_suspension_timer(self) -> None:
+        if self._suspension_timer is None and self._loop is not None:
+            self._suspension_timer = self._loop.call_later(
+                self.session_timeout, self._suspension_expired
+            )
+
+    def _disarm_suspension_timer(self) -> None:
+        if self._suspension_timer is not None:
+            self._suspension_timer.cancel()
+            self._suspension_timer = None
+
+    def _suspension_expired(self) -> None:
+        self._suspension_timer = None
+        if self._tracker is not None and self._tracker.state is SessionState.SUSPENDED:
+            log.warning(
+                "memory coordination session %d suspended for longer than %.1fs: lost",
+                self._session_id,
+                self.session_timeout,
+            )
+            self._on_session_expired()
+
+    async def _op(self, operation: Callable[..., T], *args: Any) -> T:
+        """Run a service operation, waiting (up to the session timeout) while the
+        service is down. An operation refused as unavailable changed nothing, so
+        retrying it is safe."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.session_timeout + 1.0
+        while True:
+            session_id = self._check()
+            try:
+                return operation(session_id, *args)
+            except CoordinationUnavailableError:
+                if loop.time() >= deadline:
+                    raise CoordinationUnavailableError(
+                        f"the memory coordination service stayed down for "
+                        f"{self.session_timeout + 1.0:.1f}s"
+                    ) from None
+                await asyncio.sleep(0.01)
 
     @property
     def session_state(self) -> SessionState:
@@ -341,28 +451,28 @@ class MemoryCoordination(Coordination):
         return self._session_id
 
     async def get(self, path: str) -> Versioned | None:
-        return self._service.get(self._check(), self._full(path))
+        return await self._op(self._service.get, self._full(path))
 
     async def create(
         self, path: str, value: bytes = b"", *, ephemeral: bool = False, make_parents: bool = True
     ) -> int:
-        return self._service.create(
-            self._check(), self._full(path), bytes(value), ephemeral, make_parents
+        return await self._op(
+            self._service.create, self._full(path), bytes(value), ephemeral, make_parents
         )
 
     async def set(self, path: str, value: bytes, *, expected_version: int | None = None) -> int:
-        return self._service.set(self._check(), self._full(path), bytes(value), expected_version)
+        return await self._op(self._service.set, self._full(path), bytes(value), expected_version)
 
     async def delete(
         self, path: str, *, expected_version: int | None = None, recursive: bool = False
     ) -> None:
-        self._service.delete(self._check(), self._full(path), expected_version, recursive)
+        await self._op(self._service.delete, self._full(path), expected_version, recursive)
 
     async def children(self, path: str) -> list[str]:
-        return self._service.children(self._check(), self._full(path))
+        return await self._op(self._service.children, self._full(path))
 
     async def increment(self, path: str) -> int:
-        return self._service.increment(self._check(), self._full(path))
+        return await self._op(self._service.increment, self._full(path))
 
     async def watch(self, path: str, callback: DataCallback) -> Watch:
         self._check()
@@ -396,17 +506,33 @@ def memory_coordination_factory(
             key="coordination",
         )
     service = MemoryCoordinationService.named(parts.netloc or "default")
-    return MemoryCoordination(service, parts.path or "/")
+    raw_timeout = dict(options or {}).get("session_timeout", DEFAULT_SESSION_TIMEOUT)
+    try:
+        session_timeout = float(raw_timeout)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"session_timeout must be a number of seconds, got {raw_timeout!r}",
+            key="session_timeout",
+        ) from None
+    return MemoryCoordination(service, parts.path or "/", session_timeout=session_timeout)
 
 
 @dataclass
 class MemoryCoordinationHarness(CoordinationHarness):
-    """The conformance harness of the reference: a fresh service per harness."""
+    """The conformance harness of the reference: a fresh service per harness, whose
+    outages are simulated (capability ``server_restart``)."""
 
+    capabilities: frozenset[str] = field(default_factory=lambda: frozenset({SERVER_RESTART}))
     service: MemoryCoordinationService = field(default_factory=MemoryCoordinationService)
 
     async def connect(self, root: str) -> Coordination:
-        return MemoryCoordination(self.service, root)
+        return MemoryCoordination(self.service, root, session_timeout=self.session_timeout)
 
     async def expire_session(self, client: Coordination) -> None:
         self.service.expire_session(client.session_id)
+
+    async def kill_server(self) -> None:
+        self.service.kill()
+
+    async def restart_server(self) -> None:
+        self.service.restart()
