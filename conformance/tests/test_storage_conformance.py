@@ -19,8 +19,9 @@ class TestFsStorage(StorageSuite):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> StorageHarness:
         # a small index checkpoint interval: recovery then both trusts index
-        # checkpoints and scans after them within a few records
-        return fs_harness({"index_checkpoint_interval": 4}, root=tmp_path)
+        # checkpoints and scans after them within a few records; small
+        # segments: the crash tests roll over segments while being killed
+        return fs_harness({"index_checkpoint_interval": 4, "segment_size": 4096}, root=tmp_path)
 
 
 class TestFsStorageDefaultCheckpoints(StorageSuite):
