@@ -13,10 +13,12 @@ few repeats where noted):
 
 1. CAS, one client: sequential ``set(expected_version=v)`` chaining the
    returned version: operations/s and per-operation latency p50/p99.
-2. CAS under contention: 4 clients run read-modify-CAS loops on one key for
+2. CAS pipelined: one client, 16 keys, one CAS chain per key running
+   concurrently (no conflicts): CAS/s, showing how far a client pipelines.
+3. CAS under contention: 4 clients run read-modify-CAS loops on one key for
    a fixed number of successful updates: successful CAS/s and conflict rate.
-3. Counters: ``increment`` from 4 concurrent clients: increments/s.
-4. Watch notification latency: one client watches a key, another writes it;
+4. Counters: ``increment`` from 4 concurrent clients: increments/s.
+5. Watch notification latency: one client watches a key, another writes it;
    time from just before the write until the watcher's callback sees that
    version: p50/p99 over sequential writes.
 
@@ -100,6 +102,7 @@ class Figures:
     cas_ops: float = 0.0
     cas_p50_ms: float = 0.0
     cas_p99_ms: float = 0.0
+    pipelined_ops: float = 0.0
     contended_ops: float = 0.0
     conflict_rate: float = 0.0
     increments: float = 0.0
@@ -140,6 +143,18 @@ async def bench_cas_single(client: Coordination, ops: int) -> tuple[float, list[
         version = await client.set("/cas-single", str(i).encode(), expected_version=version)
         latencies.append(time.perf_counter() - t0)
     return ops / (time.perf_counter() - started), latencies
+
+
+async def bench_cas_pipelined(client: Coordination, keys: int, per_key: int) -> float:
+    async def chain(key: int) -> None:
+        path = f"/cas-pipelined/{key}"
+        version = await client.create(path, b"0")
+        for i in range(per_key):
+            version = await client.set(path, str(i).encode(), expected_version=version)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(chain(k) for k in range(keys)))
+    return keys * per_key / (time.perf_counter() - started)
 
 
 async def bench_cas_contended(group: list[Coordination], updates: int) -> tuple[float, float]:
@@ -234,6 +249,7 @@ async def measure(plugin: str, make_uri: UriFactory, quick: bool) -> Figures:
         figures.cas_ops = best
         figures.cas_p50_ms = percentile(all_latencies, 0.5) * 1000
         figures.cas_p99_ms = percentile(all_latencies, 0.99) * 1000
+        figures.pipelined_ops = await bench_cas_pipelined(group[2], 16, 25 * scale)
         figures.contended_ops, figures.conflict_rate = await bench_cas_contended(group, 150 * scale)
         figures.increments = await bench_increments(group, 60 * scale)
         watch_latencies = await bench_watch_latency(group[0], group[1], 100 * scale)
@@ -272,7 +288,8 @@ def main() -> None:
             except Exception as exc:
                 print(f"{plugin}: failed: {type(exc).__name__}: {exc}")
     header = (
-        f"{'plugin':<8} {'CAS/s':>8} {'CAS p50':>9} {'CAS p99':>9} {'4-way CAS/s':>12} "
+        f"{'plugin':<8} {'CAS/s':>8} {'CAS p50':>9} {'CAS p99':>9} {'16-key CAS/s':>13} "
+        f"{'4-way CAS/s':>12} "
         f"{'conflicts':>10} {'incr/s':>8} {'watch p50':>10} {'watch p99':>10}"
     )
     print()
@@ -281,7 +298,8 @@ def main() -> None:
     for f in results:
         print(
             f"{f.plugin:<8} {f.cas_ops:>8.0f} {f.cas_p50_ms:>7.2f}ms {f.cas_p99_ms:>7.2f}ms "
-            f"{f.contended_ops:>12.0f} {f.conflict_rate:>9.0%} {f.increments:>8.0f} "
+            f"{f.pipelined_ops:>13.0f} {f.contended_ops:>12.0f} {f.conflict_rate:>9.0%} "
+            f"{f.increments:>8.0f} "
             f"{f.watch_p50_ms:>8.2f}ms {f.watch_p99_ms:>8.2f}ms"
         )
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
