@@ -895,6 +895,7 @@ class FsStorageEngine(StorageEngine):
         control: ControlFile,
         options: FsOptions,
         loop: asyncio.AbstractEventLoop,
+        readers: concurrent.futures.ThreadPoolExecutor,
     ) -> None:
         self.directory = directory
         self.control = control
@@ -904,9 +905,7 @@ class FsStorageEngine(StorageEngine):
         self._closed_partitions: dict[int, str] = {}
         self._committer = _Committer(self, loop)
         self._committer.start()
-        self._readers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=options.read_threads, thread_name_prefix="waltz-fs-reader"
-        )
+        self._readers = readers
         self._closed = False
 
     @classmethod
@@ -921,10 +920,17 @@ class FsStorageEngine(StorageEngine):
         opts = FsOptions.from_mapping(options)
         directory = Path(location)
         loop = asyncio.get_running_loop()
-        control = await loop.run_in_executor(
-            None, _open_control, directory, cluster_key, num_partitions
+        readers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=opts.read_threads, thread_name_prefix="waltz-fs-reader"
         )
-        engine = cls(directory, control, opts, loop)
+        try:
+            control = await loop.run_in_executor(
+                readers, _open_control, directory, cluster_key, num_partitions
+            )
+        except BaseException:
+            readers.shutdown(wait=True)
+            raise
+        engine = cls(directory, control, opts, loop, readers)
         try:
             engine.check_given(cluster_key, num_partitions)
             await loop.run_in_executor(engine._readers, engine._recover_all)
@@ -1077,7 +1083,7 @@ class FsStorageEngine(StorageEngine):
             return
         self._closed = True
         self._committer.stop()
-        await self._loop.run_in_executor(None, self._committer.join)
+        await self._loop.run_in_executor(self._readers, self._committer.join)
         self._readers.shutdown(wait=True)
         for part in self._partitions.values():
             part.close_files()
