@@ -73,10 +73,16 @@ class InProcessCluster:
         return [n.connect for n in self.nodes]
 
     @classmethod
-    async def create(cls, num_partitions: int = 1, num_nodes: int = 3) -> InProcessCluster:
+    async def create(
+        cls, num_partitions: int = 1, num_nodes: int = 3, service: str | None = None
+    ) -> InProcessCluster:
+        """``service``: a named memory coordination service (``memory://<service>/waltz``)."""
         tag = uuid.uuid4().hex[:8]
         key = uuid.uuid4()
-        coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
+        backend = (
+            MemoryCoordinationService.named(service) if service else MemoryCoordinationService()
+        )
+        coordination = MemoryCoordination(backend, "/waltz")
         await coordination.start()
         nodes = [
             Node(f"sn-{tag}-{i}:{5500 + i}", f"mem-{tag}-{i}", key, num_partitions)

@@ -51,3 +51,6 @@ main.add_command(storage_group)
 from waltz_server.cli.keys import keys_group  # noqa: E402
 
 main.add_command(keys_group)
+from waltz_server.cli.server import server_command  # noqa: E402
+
+main.add_command(server_command)

@@ -1,0 +1,236 @@
+"""Running a server from its config file (``waltz server --config server.toml``).
+
+The cluster manager registers the server and follows the partition
+assignment; every partition gained is opened at its generation (a new store
+session, recovery), every partition lost is closed. Store metadata is read and
+written through the cluster manager's current coordination client (it is
+replaced when a session is LOST, and then every partition is lost anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from waltz_api.cluster import ClusterMetadata, ReplicaAssignments, coordination_from_uri
+from waltz_api.contracts.coordination import (
+    ChildrenCallback,
+    Coordination,
+    DataCallback,
+    SessionListener,
+    SessionState,
+    Versioned,
+    Watch,
+)
+from waltz_api.contracts.transport import Transport
+from waltz_api.errors import ConfigError, CoordinationError, PluginError, WaltzError
+from waltz_api.plugins import get_registry
+from waltz_server.server.cluster_manager import (
+    ClusterManager,
+    PartitionEvent,
+    PartitionGained,
+    PartitionLost,
+)
+from waltz_server.server.config import ServerNodeConfig, load_server_config
+from waltz_server.server.server import WaltzServer
+from waltz_server.storage_node.client import StorageConnectionPool, StorageReplica
+
+log = logging.getLogger(__name__)
+
+
+class CurrentCoordination(Coordination):
+    """A Coordination that forwards to whatever client ``current()`` returns now."""
+
+    def __init__(self, current: Callable[[], Coordination | None]) -> None:
+        self._current = current
+
+    def _client(self) -> Coordination:
+        client = self._current()
+        if client is None:
+            raise CoordinationError("the server is not registered with the coordination service")
+        return client
+
+    async def start(self) -> None:
+        """The owner (the cluster manager) starts its clients."""
+
+    async def close(self) -> None:
+        """The owner (the cluster manager) closes its clients."""
+
+    @property
+    def session_state(self) -> SessionState:
+        client = self._current()
+        return SessionState.LOST if client is None else client.session_state
+
+    def add_session_listener(self, listener: SessionListener) -> None:
+        self._client().add_session_listener(listener)
+
+    @property
+    def session_id(self) -> int:
+        return self._client().session_id
+
+    async def get(self, path: str) -> Versioned | None:
+        return await self._client().get(path)
+
+    async def create(
+        self, path: str, value: bytes = b"", *, ephemeral: bool = False, make_parents: bool = True
+    ) -> int:
+        return await self._client().create(
+            path, value, ephemeral=ephemeral, make_parents=make_parents
+        )
+
+    async def set(self, path: str, value: bytes, *, expected_version: int | None = None) -> int:
+        return await self._client().set(path, value, expected_version=expected_version)
+
+    async def delete(
+        self, path: str, *, expected_version: int | None = None, recursive: bool = False
+    ) -> None:
+        await self._client().delete(path, expected_version=expected_version, recursive=recursive)
+
+    async def children(self, path: str) -> list[str]:
+        return await self._client().children(path)
+
+    async def watch(self, path: str, callback: DataCallback) -> Watch:
+        return await self._client().watch(path, callback)
+
+    async def watch_children(self, path: str, callback: ChildrenCallback) -> Watch:
+        return await self._client().watch_children(path, callback)
+
+    async def increment(self, path: str) -> int:
+        return await self._client().increment(path)
+
+
+@dataclass
+class RunningServer:
+    server: WaltzServer
+    manager: ClusterManager
+    pool: StorageConnectionPool
+    transport: Transport
+
+    async def stop(self) -> None:
+        await self.manager.stop()
+        await self.server.close()
+        await self.pool.close()
+        await self.transport.close()
+
+
+def create_transport(config: ServerNodeConfig) -> Transport:
+    try:
+        descriptor = get_registry().get("transport", config.transport.plugin)
+    except PluginError as exc:
+        raise ConfigError(f"config key 'transport.plugin': {exc}", "transport.plugin") from None
+    transport: Transport = descriptor.factory(config.transport.options)
+    return transport
+
+
+async def start_server(
+    config: ServerNodeConfig, *, rng: random.Random | None = None
+) -> RunningServer:
+    """Read the cluster, listen, register and follow the assignment."""
+    uri, options = config.coordination.uri, dict(config.coordination.options)
+    probe = coordination_from_uri(uri, options)
+    await probe.start()
+    try:
+        cluster = ClusterMetadata(probe)
+        cluster_config = await cluster.config()
+        assignments: ReplicaAssignments = await cluster.replica_assignments()
+    finally:
+        await probe.close()
+    transport = create_transport(config)
+    pool = StorageConnectionPool(
+        transport, cluster_config.cluster_key, cluster_config.num_partitions, sender="server"
+    )
+    template = config.transport.storage_endpoint
+
+    async def connector(storage_node: str, partition_id: int, session_id: int) -> StorageReplica:
+        return await pool.connect(template.format(storage_node), partition_id, session_id)
+
+    manager_ref: list[ClusterManager] = []
+    coordination = CurrentCoordination(lambda: manager_ref[0].coordination if manager_ref else None)
+    server = WaltzServer(
+        transport=transport,
+        endpoint=config.transport.endpoint,
+        coordination=coordination,
+        connector=connector,
+        config=config.server.to_server_config(),
+        rng=rng,
+    )
+    await server.start()
+
+    async def on_event(event: PartitionEvent) -> None:
+        if isinstance(event, PartitionGained):
+            replicas = assignments.replicas_of(event.partition_id)
+            await server.add_partition(event.partition_id, event.generation, replicas)
+        elif isinstance(event, PartitionLost):
+            await server.remove_partition(event.partition_id, event.generation)
+
+    manager = ClusterManager(
+        lambda: coordination_from_uri(uri, options),
+        config.transport.advertised_endpoint or server.endpoint,
+        preferred_partitions=config.server.preferred_partitions,
+        on_event=on_event,
+    )
+    manager_ref.append(manager)
+    try:
+        await manager.start()
+    except BaseException:
+        await server.close()
+        await pool.close()
+        await transport.close()
+        raise
+    server.name = f"server:{manager.server_id}"
+    return RunningServer(server, manager, pool, transport)
+
+
+async def serve(config: ServerNodeConfig, stop: asyncio.Event) -> None:
+    running = await start_server(config)
+    # A supervisor (or a test) waiting for the server reads this line on stderr.
+    log.info(
+        "server %d ready on %s (pid %d)",
+        running.manager.server_id,
+        running.server.endpoint,
+        os.getpid(),
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("server shutting down")
+        await running.stop()
+
+
+async def _serve_until_signalled(config: ServerNodeConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await serve(config, stop)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def configure_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    root.setLevel(level)
+
+
+def run_from_config(path: str | os.PathLike[str] | None) -> None:
+    """Load the config and run the server until SIGINT or SIGTERM."""
+    config = load_server_config(path)
+    configure_logging(config.log_level)
+    try:
+        asyncio.run(_serve_until_signalled(config))
+    except WaltzError:
+        raise
+    except OSError as exc:
+        raise WaltzError(f"server failed: {exc}") from exc
