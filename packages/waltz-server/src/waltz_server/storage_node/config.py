@@ -18,6 +18,11 @@ Example::
     endpoint = "tcp://127.0.0.1:5500"
     [transport.options]               # passed to the transport as-is
 
+    [http]                            # health and Prometheus metrics
+    enabled = true
+    host = "127.0.0.1"
+    port = 9500                       # GET /health, GET /metrics
+
 Every key can be overridden by environment: ``WALTZ_STORAGE__DATA_DIR``,
 ``WALTZ_TRANSPORT__ENDPOINT``, ``WALTZ_LOG_LEVEL``...
 """
@@ -124,11 +129,21 @@ class TransportSection:
 
 @dataclass
 class HttpSection:
-    """Reserved for the metrics and health endpoint (not served yet)."""
+    """The health (``/health``) and Prometheus metrics (``/metrics``) endpoint."""
 
-    enabled: bool = field(default=False, metadata={"help": "reserved: metrics over HTTP"})
-    host: str = field(default="127.0.0.1", metadata={"help": "reserved: metrics bind address"})
-    port: int = field(default=0, metadata={"min": 0, "max": 65535, "help": "reserved"})
+    enabled: bool = field(default=False, metadata={"help": "serve /health and /metrics"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address of /health and /metrics"})
+    port: int = field(
+        default=0,
+        metadata={"min": 0, "max": 65535, "help": "port of /health and /metrics (0: any free)"},
+    )
+
+    def __post_init__(self) -> None:
+        if not self.host.strip():
+            raise ConfigError(
+                "config key 'http.host' must be an address to listen on (e.g. '127.0.0.1')",
+                "http.host",
+            )
 
 
 @dataclass

@@ -19,7 +19,9 @@ from waltz_api.errors import (
     WaltzError,
 )
 from waltz_api.plugins import get_registry
+from waltz_server.observability import HttpEndpoint
 from waltz_server.storage_node.config import StorageNodeConfig, load_storage_config
+from waltz_server.storage_node.http import metrics_for, storage_node_endpoint
 from waltz_server.storage_node.node import StorageNode
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ async def start_node(config: StorageNodeConfig) -> StorageNode:
         queue_bytes=config.storage.queue_bytes,
         max_append_batch_records=config.storage.max_append_batch_records,
         max_list_records=config.storage.max_list_records,
+        metrics=metrics_for(config.http),
     )
     try:
         await node.start()
@@ -110,15 +113,19 @@ async def start_node(config: StorageNodeConfig) -> StorageNode:
 
 async def serve(config: StorageNodeConfig, stop: asyncio.Event) -> None:
     """Run a node until ``stop`` is set, then shut it down cleanly."""
-    if config.http.enabled:
-        log.warning("config section [http] is reserved for metrics, which are not served yet")
     node = await start_node(config)
-    # A supervisor (or a test) waiting for the node reads this line on stderr.
-    log.info("storage node ready on %s (pid %d)", node.endpoint, os.getpid())
+    http: HttpEndpoint | None = None
     try:
+        if config.http.enabled:
+            http = storage_node_endpoint(config.http, node)
+            await http.start()
+        # A supervisor (or a test) waiting for the node reads this line on stderr.
+        log.info("storage node ready on %s (pid %d)", node.endpoint, os.getpid())
         await stop.wait()
     finally:
         log.info("storage node shutting down")
+        if http is not None:
+            await http.close()
         await node.close()
         await node.transport.close()
 

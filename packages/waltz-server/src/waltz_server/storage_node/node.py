@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from waltz_api import wire
 from waltz_api.contracts.storage import StorageEngine
@@ -48,6 +48,9 @@ from waltz_api.messages import (
 )
 from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
 from waltz_server.storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
+
+if TYPE_CHECKING:
+    from waltz_server.observability import StorageNodeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +154,11 @@ class StorageNode:
         max_list_records: int = 10000,
         sender: str = "storage",
         handshake_timeout: float = 30.0,
+        metrics: StorageNodeMetrics | None = None,
     ) -> None:
         self.engine = engine
+        self.metrics = metrics
+        """Prometheus metrics of the node (see :mod:`waltz_server.observability`), if any."""
         self.transport = transport
         self.handshake_timeout = handshake_timeout
         self.requested_endpoint = endpoint
@@ -170,6 +176,11 @@ class StorageNode:
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        """Whether the node is started and not closed."""
+        return self._listener is not None and not self._closed
 
     @property
     def endpoint(self) -> str:
@@ -218,6 +229,7 @@ class StorageNode:
                 max_append_batch_records=self._max_batch,
                 max_list_records=self._max_list,
                 max_response_bytes=self._max_response_bytes,
+                metrics=self.metrics,
             )
             worker.start()
             self._workers[partition_id] = worker

@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from waltz_api.contracts.storage import StorageEngine, StoragePartition
 from waltz_api.errors import (
@@ -80,6 +81,9 @@ from waltz_api.messages import (
 )
 from waltz_api.types import SessionInfo
 from waltz_server.storage_node.failures import StorageRequestError, code_for
+
+if TYPE_CHECKING:
+    from waltz_server.observability import StorageNodeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +159,13 @@ class PartitionWorker:
         max_append_batch_records: int = 10000,
         max_list_records: int = 10000,
         max_response_bytes: int = 16 * 1024 * 1024,
+        metrics: StorageNodeMetrics | None = None,
     ) -> None:
         self.engine = engine
         self.partition_id = partition_id
         self.available = True
         self.stats = PartitionStats()
+        self.metrics = metrics
         self._max_batch = max_append_batch_records
         self._max_list = max_list_records
         self._max_bytes = max_response_bytes
@@ -303,6 +309,8 @@ class PartitionWorker:
         info = partition.session_info()
         if session_id < info.session_id:
             self.stats.fenced += 1
+            if self.metrics is not None:
+                self.metrics.fenced_request(self.partition_id)
             raise SessionFencedError(
                 f"store session {session_id} of partition {self.partition_id} is fenced: "
                 f"session {info.session_id} is newer; this writer must stop",
@@ -313,6 +321,8 @@ class PartitionWorker:
             await partition.set_session_info(
                 SessionInfo(session_id, info.low_water_mark, info.local_low_water_mark)
             )
+            if self.metrics is not None and info.session_id >= 0:
+                self.metrics.session_fenced(self.partition_id)
             log.info(
                 "partition %d: store session %d supersedes %d",
                 self.partition_id,
@@ -366,9 +376,7 @@ class PartitionWorker:
             return SuccessResponse(s, q, p)
         if isinstance(request, StorageAppendRequest):
             if request.records:
-                await partition.append(list(request.records))
-                self.stats.engine_appends += 1
-                self.stats.records_appended += len(request.records)
+                await self._engine_append(partition, list(request.records))
             return SuccessResponse(s, q, p)
         if isinstance(request, RecordHeaderRequest):
             return RecordHeaderResponse(
@@ -437,9 +445,7 @@ class PartitionWorker:
             return
         records = [record for job in batch for record in job.request.records]
         try:
-            await partition.append(records)
-            self.stats.engine_appends += 1
-            self.stats.records_appended += len(records)
+            await self._engine_append(partition, records)
         except Exception as exc:
             # Nothing of the batch is stored (the contract): answer each on its own.
             log.debug(
@@ -451,6 +457,17 @@ class PartitionWorker:
         for job in batch:
             r = job.request
             await self._send(job, SuccessResponse(r.session_id, r.seq_num, r.partition_id))
+
+    async def _engine_append(self, partition: StoragePartition, records: list[Any]) -> None:
+        started = time.perf_counter()
+        await partition.append(records)
+        self.stats.engine_appends += 1
+        self.stats.records_appended += len(records)
+        if self.metrics is not None:
+            data_bytes = sum(len(record.data) for record in records)
+            self.metrics.appended(
+                self.partition_id, len(records), data_bytes, time.perf_counter() - started
+            )
 
     async def _append_one(
         self, partition: StoragePartition, request: StorageAppendRequest

@@ -1,0 +1,283 @@
+"""Health and metrics over real HTTP (aiohttp client, 127.0.0.1): the endpoint itself, and
+a storage node serving it (in-process through ``serve`` and as a real ``waltz storage``
+process) whose metrics follow its appends."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from waltz_api.contracts.transport import Transport
+from waltz_api.errors import ConfigError, SessionFencedError
+from waltz_api.plugins import get_registry
+from waltz_server.observability import (
+    Check,
+    HttpEndpoint,
+    ServerMetrics,
+    StorageNodeMetrics,
+    new_registry,
+)
+from waltz_server.storage_node import StorageClient
+from waltz_server.storage_node.config import load_storage_config
+from waltz_server.storage_node.main import serve
+from waltz_server.storage_node.testing import StorageNodeProcess, make_records
+
+pytestmark = pytest.mark.timeout(120)
+
+CLUSTER_KEY = uuid.UUID("7a0c6f55-2d1b-4e8e-9b4a-1c2d3e4f5a6b")
+NUM_PARTITIONS = 4
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _get(url: str) -> tuple[int, str, str]:
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+        return response.status, response.headers.get("Content-Type", ""), await response.text()
+
+
+def _value(text: str, name: str, **labels: str) -> float:
+    """A sample's value in a Prometheus exposition (0 when absent)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+# -- the endpoint ----------------------------------------------------------------------------
+
+
+async def test_metrics_and_health_over_http() -> None:
+    metrics = ServerMetrics()
+    healthy = {"storage": True}
+
+    async def storage() -> Check:
+        await asyncio.sleep(0)
+        return Check(healthy["storage"], "3 of 3 replicas" if healthy["storage"] else "1 of 3")
+
+    def broken() -> Check:
+        raise RuntimeError("disk on fire")
+
+    async with HttpEndpoint(
+        metrics.registry, host="127.0.0.1", port=0, checks={"storage": storage}
+    ) as http:
+        assert http.port > 0 and http.url == f"http://127.0.0.1:{http.port}"
+        status, content_type, body = await _get(f"{http.url}/metrics")
+        assert status == 200 and content_type.startswith("text/plain")
+        for family in (
+            "waltz_server_commit_latency_seconds",
+            "waltz_server_lock_failures",
+            "waltz_server_high_water_mark",
+            "waltz_server_replica_lag",
+            "waltz_server_recoveries",
+            "process_resident_memory_bytes",
+        ):
+            assert f"# TYPE {family}" in body, family
+        assert _value(body, "waltz_server_appended_transactions_total", partition="0") == 0
+
+        metrics.committed(0, 5, latency=0.004)
+        metrics.committed(0, 2, latency=0.03)
+        metrics.lock_failed(1)
+        metrics.set_high_water_mark(0, 6)
+        metrics.set_replica_lag(0, "127.0.0.1:7001", 3)
+        metrics.recovered(0)
+        _, _, body = await _get(f"{http.url}/metrics")
+        assert _value(body, "waltz_server_appended_transactions_total", partition="0") == 7
+        assert _value(body, "waltz_server_commit_latency_seconds_count") == 2
+        assert _value(body, "waltz_server_commit_latency_seconds_bucket", le="0.005") == 1
+        assert _value(body, "waltz_server_lock_failures_total", partition="1") == 1
+        assert _value(body, "waltz_server_high_water_mark", partition="0") == 6
+        assert (
+            _value(body, "waltz_server_replica_lag", partition="0", replica="127.0.0.1:7001") == 3
+        )
+        assert _value(body, "waltz_server_recoveries_total", partition="0") == 1
+        metrics.forget_partition(0, ("127.0.0.1:7001",))
+        _, _, body = await _get(f"{http.url}/metrics")
+        assert 'waltz_server_high_water_mark{partition="0"}' not in body
+
+        status, content_type, body = await _get(f"{http.url}/health")
+        assert status == 200 and content_type.startswith("application/json")
+        assert '"status": "ok"' in body and "3 of 3 replicas" in body
+        healthy["storage"] = False
+        http.add_check("broken", broken)
+        status, _, body = await _get(f"{http.url}/health")
+        assert status == 503 and '"status": "failing"' in body
+        assert "1 of 3" in body and "RuntimeError: disk on fire" in body
+        status, _, _ = await _get(f"{http.url}/nothing")
+        assert status == 404
+    with pytest.raises(aiohttp.ClientError):
+        await _get(f"{http.url}/health")
+
+
+async def test_two_registries_in_one_process_are_independent() -> None:
+    first, second = StorageNodeMetrics(), StorageNodeMetrics(new_registry(process_metrics=False))
+    first.appended(0, 10, 1000, 0.002)
+    async with HttpEndpoint(first.registry) as a, HttpEndpoint(second.registry) as b:
+        assert a.port != b.port
+        _, _, body_a = await _get(f"{a.url}/metrics")
+        _, _, body_b = await _get(f"{b.url}/metrics")
+    assert _value(body_a, "waltz_storage_appended_records_total", partition="0") == 10
+    assert _value(body_b, "waltz_storage_appended_records_total", partition="0") == 0
+    assert "process_resident_memory_bytes" not in body_b
+
+
+async def test_bad_addresses_get_a_clear_error(tmp_path: Path) -> None:
+    registry = new_registry(process_metrics=False)
+    with pytest.raises(ConfigError, match=r"'http.port' must be a TCP port from 0 to 65535") as e:
+        HttpEndpoint(registry, port=70000)
+    assert e.value.key == "http.port"
+    with pytest.raises(ConfigError, match=r"http\.host"):
+        HttpEndpoint(registry, host=" ")
+    async with HttpEndpoint(registry) as taken:
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{taken.port}.*choose another") as e:
+            await HttpEndpoint(registry, port=taken.port).start()
+        assert e.value.key == "http.port"
+    # The storage node's config refuses it before anything starts.
+    config = tmp_path / "storage.toml"
+    config.write_text(
+        f'[storage]\ndata_dir = "{tmp_path}"\n[transport]\nendpoint = "tcp://127.0.0.1:1"\n'
+        "[http]\nenabled = true\nport = 70000\n"
+    )
+    with pytest.raises(ConfigError, match=r"'http\.port' must be at most 65535") as e:
+        load_storage_config(config, env={})
+    assert e.value.key == "http.port"
+
+
+# -- a storage node serving it ------------------------------------------------------------------
+
+
+def _storage_config(tmp_path: Path, endpoint: str, http_port: int) -> Path:
+    path = tmp_path / "storage.toml"
+    path.write_text(
+        "\n".join(
+            [
+                "[storage]",
+                f'data_dir = "{tmp_path / "data"}"',
+                'engine = "fs"',
+                f'cluster_key = "{CLUSTER_KEY}"',
+                f"num_partitions = {NUM_PARTITIONS}",
+                "partitions = [0, 1]",
+                "[transport]",
+                'plugin = "zmq"',
+                f'endpoint = "{endpoint}"',
+                "[http]",
+                "enabled = true",
+                'host = "127.0.0.1"',
+                f"port = {http_port}",
+                "",
+            ]
+        )
+    )
+    return path
+
+
+@pytest.fixture
+async def zmq() -> AsyncIterator[Transport]:
+    transport: Transport = get_registry().get("transport", "zmq").factory({})
+    try:
+        yield transport
+    finally:
+        await transport.close()
+
+
+async def _wait_healthy(url: str, timeout: float = 60) -> str:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            status, _, body = await _get(f"{url}/health")
+            if status == 200:
+                return body
+        except aiohttp.ClientError:
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"{url}/health did not answer 200 within {timeout}s")
+        await asyncio.sleep(0.1)
+
+
+async def _appends_move_the_metrics(url: str, transport: Transport, endpoint: str) -> None:
+    _, _, before = await _get(f"{url}/metrics")
+    assert _value(before, "waltz_storage_appended_records_total", partition="0") == 0
+    client = await StorageClient.connect(transport, endpoint, sender="test")
+    try:
+        await client.open(CLUSTER_KEY, NUM_PARTITIONS)
+        records = make_records(0, 0, 5, size=100)
+        for record in records:
+            await client.append(1, 0, [record])
+        await client.append(1, 1, make_records(1, 0, 3, size=10))
+        await client.max_transaction_id(2, 0)  # session 2 supersedes (fences) session 1
+        with pytest.raises(SessionFencedError):
+            await client.append(1, 0, make_records(0, 5, 1))
+    finally:
+        await client.close()
+    _, _, after = await _get(f"{url}/metrics")
+    assert _value(after, "waltz_storage_appended_records_total", partition="0") == 5
+    data_bytes = sum(len(record.data) for record in records)
+    assert _value(after, "waltz_storage_appended_bytes_total", partition="0") == data_bytes
+    assert _value(after, "waltz_storage_appended_records_total", partition="1") == 3
+    batches = _value(after, "waltz_storage_append_batches_total", partition="0")
+    assert 1 <= batches <= 5
+    assert _value(after, "waltz_storage_fsync_latency_seconds_count") == batches + 1
+    assert _value(after, "waltz_storage_fsync_latency_seconds_sum") > 0
+    assert _value(after, "waltz_storage_sessions_fenced_total", partition="0") == 1
+    assert _value(after, "waltz_storage_fenced_requests_total", partition="0") == 1
+
+
+async def test_storage_node_serves_health_and_metrics(tmp_path: Path, zmq: Transport) -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    http_port = _free_port()
+    config = load_storage_config(_storage_config(tmp_path, endpoint, http_port), env={})
+    stop = asyncio.Event()
+    node = asyncio.create_task(serve(config, stop))
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        body = await _wait_healthy(url)
+        assert '"transport"' in body and "listening on" in body and "2 hosted" in body
+        await _appends_move_the_metrics(url, zmq, endpoint)
+    finally:
+        stop.set()
+        await asyncio.wait_for(node, 30)
+    with pytest.raises(aiohttp.ClientError):
+        await _get(f"{url}/health")
+
+
+async def test_storage_node_with_a_taken_http_port_stops_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        config = load_storage_config(_storage_config(tmp_path, endpoint, taken), env={})
+        with pytest.raises(ConfigError, match=r"http\.port") as e:
+            await asyncio.wait_for(serve(config, asyncio.Event()), 30)
+        assert e.value.key == "http.port"
+
+
+async def test_storage_node_process_serves_metrics(tmp_path: Path, zmq: Transport) -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    http_port = _free_port()
+    node = StorageNodeProcess(
+        _storage_config(tmp_path, endpoint, http_port), endpoint, tmp_path / "node.log"
+    )
+    node.start()
+    try:
+        await node.wait_ready(zmq, timeout=60)
+        url = f"http://127.0.0.1:{http_port}"
+        await _wait_healthy(url)
+        await _appends_move_the_metrics(url, zmq, endpoint)
+    finally:
+        node.kill()
