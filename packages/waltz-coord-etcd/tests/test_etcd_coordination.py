@@ -180,6 +180,7 @@ async def test_close_deletes_ephemeral_promptly(new_client: ClientFactory) -> No
     await owner.create("/e", b"", ephemeral=True)
     with pytest.raises(CoordinationError, match="ephemeral"):
         await owner.create("/e/child")
+    await owner.set("/e", b"changed")  # a set keeps the entry ephemeral
     await owner.close()
     assert owner.session_state is SessionState.LOST
     # Not after the 60 s TTL: close revokes the lease.

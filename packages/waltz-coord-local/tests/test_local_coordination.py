@@ -219,6 +219,7 @@ async def test_lost_session_is_final(new_client: ClientFactory) -> None:
     client = await new_client(session_timeout=5)
     admin = await new_client()
     await client.create("/mine", b"", ephemeral=True)
+    await client.set("/mine", b"changed")  # a set keeps the entry ephemeral
     states: list[SessionState] = []
     client.add_session_listener(states.append)
     assert await admin.expire_session_of(client.session_id) == 1
