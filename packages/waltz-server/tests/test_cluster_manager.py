@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import signal
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -482,3 +487,72 @@ async def test_no_partition_held_twice_under_churn(backend: Backend) -> None:
     assert live == {m.server_id for m in managers}
     stored = await assignments(backend)
     assert all(s.server_id in live and s.server_id != NO_SERVER for s in stored.values())
+
+
+async def test_killed_server_process_loses_its_partitions(zookeeper_server: object) -> None:
+    """A server process killed with SIGKILL stops heartbeating: once ZooKeeper expires its
+    session, the leader moves its partitions (generation + 1) to the live servers."""
+    from waltz_conformance.servers.zookeeper import ZooKeeperServer
+    from waltz_coord_zk import ZooKeeperCoordination
+
+    assert isinstance(zookeeper_server, ZooKeeperServer)
+    root = f"/cluster-manager-kill/{uuid.uuid4().hex[:10]}"
+    session_timeout = 2.0
+
+    def new() -> Coordination:
+        return ZooKeeperCoordination(
+            zookeeper_server.connect_string, root, session_timeout=session_timeout
+        )
+
+    admin_client = new()
+    await admin_client.start()
+    backend = Backend("zk", new, lambda c: None, ClusterMetadata(admin_client))
+    worker: asyncio.subprocess.Process | None = None
+    try:
+        await backend.create(6)
+        a = await backend.manager("a")
+        b = await backend.manager("b")
+        await wait_converged(backend, [a, b], 6)
+        uri = f"{zookeeper_server.uri(root)}?session_timeout={session_timeout}"
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(Path(__file__).with_name("cluster_manager_worker.py")),
+            uri,
+            "tcp://worker",
+            stdout=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        assert worker.stdout is not None
+        line = (await asyncio.wait_for(worker.stdout.readline(), 60)).decode()
+        assert line.startswith("registered "), line
+        worker_id = int(line.split()[1])
+
+        async def worker_holds_its_share() -> bool:
+            stored = await assignments(backend)
+            return sum(1 for s in stored.values() if s.server_id == worker_id) == 2
+
+        await eventually(worker_holds_its_share, CONVERGE, "the worker process gets 2 partitions")
+        for _ in range(2):  # and it reports the gains
+            event = (await asyncio.wait_for(worker.stdout.readline(), 30)).decode()
+            assert event.startswith("gained "), event
+        before = await assignments(backend)
+        os.kill(worker.pid, signal.SIGKILL)
+        await asyncio.wait_for(worker.wait(), 30)
+        killed_at = time.monotonic()
+        after = await wait_converged(backend, [a, b], 6)
+        elapsed = time.monotonic() - killed_at
+        for p in range(6):
+            if before[p].server_id == worker_id:
+                assert after[p].generation == before[p].generation + 1
+                assert after[p].server_id in (a.server_id, b.server_id)
+            else:
+                assert after[p] == before[p]
+        # Expiry takes the session timeout; moving takes little more.
+        assert elapsed < session_timeout + 15, elapsed
+    finally:
+        if worker is not None and worker.returncode is None:
+            os.kill(worker.pid, signal.SIGKILL)
+            await asyncio.wait_for(worker.wait(), 30)
+        for manager in backend.managers:
+            await asyncio.wait_for(manager.stop(), 30)
+        await admin_client.close()
