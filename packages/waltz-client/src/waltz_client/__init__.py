@@ -1,0 +1,32 @@
+"""The Waltz client: submit transactions, consume the feed, apply each transaction once.
+
+See the package README for an example per concept.
+"""
+
+from waltz_api.types import Lock, LockMode
+from waltz_client.api import (
+    JSON,
+    JsonSerializer,
+    Serializer,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
+from waltz_client.client import AsyncWaltzClient, ClientConfig
+from waltz_client.sync import WaltzClient
+
+__all__ = [
+    "JSON",
+    "AsyncWaltzClient",
+    "ClientConfig",
+    "JsonSerializer",
+    "Lock",
+    "LockMode",
+    "Serializer",
+    "Transaction",
+    "TransactionBuilder",
+    "TransactionContext",
+    "WaltzClient",
+    "WaltzClientCallbacks",
+]

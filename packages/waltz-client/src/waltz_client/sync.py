@@ -1,0 +1,151 @@
+"""The synchronous facade: the asyncio client on its own thread, for threaded applications."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from waltz_api.errors import ClientError
+from waltz_client.api import TransactionContext, WaltzClientCallbacks
+from waltz_client.client import AsyncWaltzClient, ClientConfig
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class WaltzClient:
+    """A Waltz client for threaded code; every method is thread-safe.
+
+    ::
+
+        with WaltzClient(callbacks, ClientConfig("zk://127.0.0.1:2181/waltz")) as client:
+            future = client.submit(Deposit(account=7, amount=100))
+            assert future.result(timeout=10)
+
+    ``submit`` blocks while the partition has ``max_concurrent_transactions`` in
+    flight (back pressure), then returns a :class:`concurrent.futures.Future`.
+    """
+
+    def __init__(
+        self,
+        callbacks: WaltzClientCallbacks,
+        config: ClientConfig,
+        *,
+        start_timeout: float = 60.0,
+    ) -> None:
+        self._client = AsyncWaltzClient(callbacks, config)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run_loop, name="waltz-client", daemon=True)
+        self._closed = False
+        self._thread.start()
+        self._ready.wait()
+        try:
+            self._call(self._client.start(), start_timeout)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.call_soon(self._ready.set)
+        self._loop.run_forever()
+        # drain callbacks scheduled by the shutdown
+        self._loop.run_until_complete(asyncio.sleep(0))
+        self._loop.close()
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        if self._closed:
+            coro.close()
+            raise ClientError("the Waltz client is closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise ClientError(
+                "a blocking WaltzClient method was called on the client's own loop thread "
+                "(from a hook); call it from another thread"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def client_id(self) -> int:
+        return self._client.client_id
+
+    @property
+    def num_partitions(self) -> int:
+        return self._client.num_partitions
+
+    @property
+    def async_client(self) -> AsyncWaltzClient:
+        """The asyncio client underneath (use it only on its loop)."""
+        return self._client
+
+    def submit(
+        self, context: TransactionContext, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[bool]:
+        """Start ``context``; the future resolves True when committed, False when
+        ``execute`` declined, or raises what failed it. Blocks (up to ``timeout``)
+        while the partition is at its concurrency limit."""
+        result: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+        async def start() -> None:
+            task = await self._client.enqueue(context)
+
+            def done(t: asyncio.Task[bool]) -> None:
+                if t.cancelled():
+                    result.cancel()
+                elif (exc := t.exception()) is not None:
+                    result.set_exception(exc)
+                else:
+                    result.set_result(t.result())
+
+            task.add_done_callback(done)
+
+        self._call(start(), timeout)
+        return result
+
+    def flush(self, partition_id: int, timeout: float | None = None) -> int:
+        """See :meth:`AsyncWaltzClient.flush`."""
+        return self._call(self._client.flush(partition_id, timeout), None)
+
+    def high_water_mark(self, partition_id: int, timeout: float | None = None) -> int:
+        """See :meth:`AsyncWaltzClient.high_water_mark`."""
+        return self._call(self._client.high_water_mark(partition_id, timeout), None)
+
+    def feed_position(self, partition_id: int) -> int:
+        async def read() -> int:
+            return self._client.feed_position(partition_id)
+
+        return self._call(read(), None)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the client and its thread (idempotent)."""
+        if self._closed:
+            return
+        try:
+            self._call(self._client.close(), timeout)
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._closed = True
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,12 @@
+"""Fixtures of the waltz-client tests (helpers live in client_support.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from client_support import cluster, peer
+
+__all__ = ["cluster", "peer"]

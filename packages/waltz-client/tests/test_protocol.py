@@ -1,0 +1,428 @@
+"""The client's protocol behaviour against a scripted PROTOCOL TEST PEER.
+
+Real pieces: the client, the wire codec, the ``memory`` transport, the ``local``
+coordination plugin holding the cluster metadata. The peer is no server: each
+test scripts what a server would answer and checks what the client does. These
+are protocol tests, not end-to-end tests (those need the Waltz server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from client_protocol_peer import PeerConnection, ProtocolTestPeer
+from client_support import Cluster, Ctx, RecordingApp
+
+from waltz_api.errors import ClientAheadError, ClientError
+from waltz_api.messages import (
+    AppendRequest,
+    FeedData,
+    FlushRequest,
+    FlushResponse,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+)
+from waltz_api.types import Lock, LockMode, ReqId
+from waltz_api.wire import checksum
+from waltz_client import JSON, AsyncWaltzClient, TransactionBuilder
+
+pytestmark = pytest.mark.timeout(60)
+
+OTHER = ReqId(999, 1, 0, 1)
+"""The ReqId of a transaction another client submitted."""
+
+
+def other(partition: int, n: int) -> ReqId:
+    return ReqId(999, 1, partition, n)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    cluster: Cluster, app: RecordingApp, **config: object
+) -> AsyncIterator[AsyncWaltzClient]:
+    client = AsyncWaltzClient(app, cluster.config(**config))
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def mount(
+    peer: ProtocolTestPeer,
+    partition: int,
+    feed: list[tuple[int, int]] = (),  # type: ignore[assignment]
+    hwm: int | None = None,
+    status: MountStatus = MountStatus.READY,
+) -> tuple[PeerConnection, MountRequest]:
+    """Answer the client's next MountRequest of ``partition``: stream ``feed``
+    (transaction id, header) from other clients, then the MountResponse."""
+    conn, request = await peer.expect(MountRequest, partition=partition)
+    messages = [FeedData(other(partition, tid + 1), tid, header) for tid, header in feed]
+    top = hwm if hwm is not None else (feed[-1][0] if feed else request.client_high_water_mark)
+    await conn.send(*messages, MountResponse(request.req_id, status, top))
+    return conn, request
+
+
+async def wait_for(predicate: object, timeout: float = 10.0) -> None:
+    assert callable(predicate)
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - polls application state
+            await asyncio.sleep(0.01)
+
+
+async def test_mount_carries_ids_and_the_feed_is_applied_in_order_once(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    generation = await cluster.assign(0, peer)
+    await cluster.assign(1, peer)
+    app = RecordingApp(hwm={1: 4})
+    async with running(cluster, app) as client:
+        conn, request = await mount(peer, 0, feed=[(0, 10), (1, 11), (2, 12)])
+        assert request.req_id.client_id == client.client_id >= 0
+        assert request.req_id.generation == generation
+        assert request.client_high_water_mark == -1
+        assert request.seq_num == 1  # the first network client
+        _, request1 = await mount(peer, 1, hwm=4)
+        assert request1.client_high_water_mark == 4
+        assert request1.seq_num == 1  # same server: same network client
+        await wait_for(lambda: len(app.applied) == 3)
+        # duplicates and replays are ignored; the next id is applied once
+        await conn.send(
+            FeedData(other(0, 9), 1, 11), FeedData(other(0, 10), 2, 12), FeedData(OTHER, 3, 13)
+        )
+        await wait_for(lambda: app.hwm.get(0) == 3)
+        await asyncio.sleep(0.05)
+        assert app.applied == [(0, 0, 10), (0, 1, 11), (0, 2, 12), (0, 3, 13)]
+        assert client.feed_position(0) == 3
+        assert client.feed_position(1) == 4
+
+
+async def test_submit_sends_the_built_transaction_and_resolves_on_its_feed_item(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp(hwm={0: 5}, fetch_data=True)
+    async with running(cluster, app, partitions=[0]) as client:
+        conn, _ = await mount(peer, 0, hwm=5)
+
+        def build(builder: TransactionBuilder) -> bool:
+            builder.set_header(-3).set_data({"amount": 5}, JSON)
+            builder.read_lock("account", 1).write_lock("account", 2).append_lock("user", 9)
+            return True
+
+        ctx = Ctx(build=build)
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        assert append.client_high_water_mark == 5
+        assert append.header == -3
+        assert JSON.deserialize(append.data) == {"amount": 5}
+        assert append.checksum == checksum(append.data)
+        assert append.locks.read == (Lock("account", 1, LockMode.READ).hash,)
+        assert append.locks.write == (Lock("account", 2).hash,)
+        assert append.locks.append == (Lock("user", 9, LockMode.APPEND).hash,)
+        assert append.req_id.partition_id == 0
+        assert not submitted.done()
+        peer.data[(0, 6)] = append.data
+        await conn.send(FeedData(append.req_id, 6, append.header))
+        assert await asyncio.wait_for(submitted, 10) is True
+        assert ctx.events == [("application", 6), ("completion", True)]
+        assert app.applied == [(0, 6, -3)]
+        # the data was fetched lazily over the RPC connection, once; then cached
+        assert app.data[(0, 6)] == append.data
+        assert len(peer.data_requests) == 1
+        assert peer.data_requests[0].transaction_id == 6
+        assert await client._fetch_data(0, 6) == append.data
+        assert len(peer.data_requests) == 1
+        # appends travel on the stream connection, data requests on the RPC one
+        (stream,) = [c for c in peer.connections if append in c.received]
+        assert not any(r in stream.received for r in peer.data_requests)
+
+
+async def test_an_older_pending_append_fails_when_a_newer_one_commits_and_is_retried(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        conn, _ = await mount(peer, 0)
+        first, second = Ctx(header=1), Ctx(header=2)
+        s1 = asyncio.ensure_future(client.submit(first))
+        _, a1 = await peer.expect(AppendRequest)
+        s2 = asyncio.ensure_future(client.submit(second))
+        _, a2 = await peer.expect(AppendRequest)
+        assert a1.req_id.seq_num < a2.req_id.seq_num
+        await conn.send(FeedData(a2.req_id, 0, 2))
+        assert await asyncio.wait_for(s2, 10) is True
+        # the first one failed (the server handles appends in order): re-executed
+        _, again = await peer.expect(AppendRequest)
+        assert again.header == 1 and again.req_id != a1.req_id
+        assert again.client_high_water_mark == 0  # built on the state after tx 0
+        assert first.hwms == [-1, 0]
+        await conn.send(FeedData(again.req_id, 1, 1))
+        assert await asyncio.wait_for(s1, 10) is True
+        assert first.attempts == 2 and second.attempts == 1
+        assert app.applied == [(0, 0, 2), (0, 1, 1)]
+
+
+async def test_reconnect_blocks_appends_until_the_mount_completes_then_fails_pending(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        await mount(peer, 0, feed=[(0, 0)])
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, lost = await peer.expect(AppendRequest)
+        await peer.drop_connections()  # the server "crashed" with the append pending
+        conn, request = await peer.expect(MountRequest)
+        assert request.seq_num == 2  # a new network client
+        assert request.client_high_water_mark == 0
+        # appends stay blocked while mounting
+        await peer.nothing_more(AppendRequest, 0.3)
+        assert not submitted.done()
+        await conn.send(FeedData(OTHER, 1, 5), MountResponse(request.req_id, MountStatus.READY, 1))
+        _, retried = await peer.expect(AppendRequest)
+        assert retried.req_id != lost.req_id
+        assert retried.client_high_water_mark == 1
+        await conn.send(FeedData(retried.req_id, 2, 7))
+        assert await asyncio.wait_for(submitted, 10) is True
+        assert ctx.attempts == 2
+        assert [t for _, t, _ in app.applied] == [0, 1, 2]
+
+
+async def test_a_pending_append_committed_before_the_mount_response_is_not_retried(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        await mount(peer, 0)
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        await peer.drop_connections()
+        conn, request = await peer.expect(MountRequest)
+        # the append did commit: the remount's feed carries it before READY
+        await conn.send(
+            FeedData(append.req_id, 0, 7), MountResponse(request.req_id, MountStatus.READY, 0)
+        )
+        assert await asyncio.wait_for(submitted, 10) is True
+        assert ctx.attempts == 1
+        await peer.nothing_more(AppendRequest, 0.3)
+
+
+async def test_lock_failure_waits_for_the_failing_transaction_then_re_executes(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        conn, _ = await mount(peer, 0, feed=[(0, 0), (1, 0), (2, 0), (3, 0)])
+        await wait_for(lambda: app.hwm.get(0) == 3)
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        assert append.client_high_water_mark == 3
+        await conn.send(LockFailure(append.req_id, 5))
+        await peer.nothing_more(AppendRequest, 0.3)  # transaction 5 is not applied yet
+        await conn.send(FeedData(OTHER, 4, 0))
+        await peer.nothing_more(AppendRequest, 0.3)  # nor yet
+        await conn.send(FeedData(other(0, 5), 5, 0))
+        _, retried = await peer.expect(AppendRequest)
+        assert retried.client_high_water_mark == 5  # re-executed on the fresh state
+        assert ctx.hwms == [3, 5]
+        assert ("lock_failure", 5) in ctx.events
+        await conn.send(FeedData(retried.req_id, 6, 7))
+        assert await asyncio.wait_for(submitted, 10) is True
+        assert ctx.events == [("lock_failure", 5), ("application", 6), ("completion", True)]
+
+
+async def test_client_ahead_is_reported_and_fails_submissions(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp(hwm={0: 10})
+    async with running(cluster, app, partitions=[0]) as client:
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        await mount(peer, 0, hwm=3, status=MountStatus.CLIENT_AHEAD)
+        with pytest.raises(ClientAheadError, match="beyond the partition's high-water mark 3"):
+            await asyncio.wait_for(submitted, 10)
+        assert isinstance(app.errors[0][2], ClientAheadError)
+        assert ctx.events and ctx.events[0][0] == "exception"
+        with pytest.raises(ClientAheadError):
+            await client.submit(Ctx())
+        await peer.nothing_more(MountRequest, 0.3)  # no retry of a configuration error
+
+
+async def test_not_ready_is_retried_until_ready(cluster: Cluster, peer: ProtocolTestPeer) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        _, first = await mount(peer, 0, status=MountStatus.NOT_READY)
+        _, second = await mount(peer, 0)
+        assert second.req_id != first.req_id
+        conn = peer.connections[0]
+        submitted = asyncio.ensure_future(client.submit(Ctx()))
+        _, append = await peer.expect(AppendRequest)
+        for c in peer.connections:
+            if append in c.received:
+                conn = c
+        await conn.send(FeedData(append.req_id, 0, 7))
+        assert await asyncio.wait_for(submitted, 10) is True
+
+
+async def test_reassignment_moves_the_partition_to_the_new_server_and_generation(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    new_server = await ProtocolTestPeer().start()
+    try:
+        app = RecordingApp()
+        async with running(cluster, app, partitions=[0]) as client:
+            conn, _ = await mount(peer, 0, feed=[(0, 0)])
+            ctx = Ctx()
+            submitted = asyncio.ensure_future(client.submit(ctx))
+            _, stranded = await peer.expect(AppendRequest)
+            generation = await cluster.assign(0, new_server, server_id=2)
+            conn2, request = await new_server.expect(MountRequest)
+            assert request.req_id.generation == generation == 2
+            assert request.seq_num == 2
+            # late messages of the old assignment are ignored
+            await conn.send(FeedData(OTHER, 1, 0))
+            await new_server.nothing_more(AppendRequest, 0.2)
+            await conn2.send(MountResponse(request.req_id, MountStatus.READY, 0))
+            _, retried = await new_server.expect(AppendRequest)
+            assert retried.req_id.generation == 2 and retried.req_id != stranded.req_id
+            await conn2.send(FeedData(retried.req_id, 1, 7))
+            assert await asyncio.wait_for(submitted, 10) is True
+            assert [t for _, t, _ in app.applied] == [0, 1]
+            assert app.applied[1][2] == 7  # the old server's item 1 was not applied
+    finally:
+        await new_server.close()
+
+
+async def test_flush_and_high_water_mark(cluster: Cluster, peer: ProtocolTestPeer) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        conn, _ = await mount(peer, 0, feed=[(0, 0)])
+        hwm = asyncio.ensure_future(client.high_water_mark(0))
+        _, request = await peer.expect(HighWaterMarkRequest)
+        await conn.send(HighWaterMarkResponse(request.req_id, 41))
+        assert await asyncio.wait_for(hwm, 10) == 41
+
+        flushed = asyncio.ensure_future(client.flush(0))
+        _, flush = await peer.expect(FlushRequest)
+        await conn.send(FlushResponse(flush.req_id, 2), FeedData(OTHER, 1, 0))
+        await asyncio.sleep(0.1)
+        assert not flushed.done()  # the feed has not reached 2 yet
+        await conn.send(FeedData(other(0, 2), 2, 0))
+        assert await asyncio.wait_for(flushed, 10) == 2
+        assert app.hwm[0] == 2
+
+
+async def test_a_failing_apply_is_reported_and_the_feed_restarts_from_the_application(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp(fail_once={1})
+    async with running(cluster, app, partitions=[0]):
+        conn, _ = await mount(peer, 0, feed=[(0, 0), (1, 1), (2, 2)])
+        # apply(1) failed: reported, then a new mount from the application's mark
+        _, request = await peer.expect(MountRequest)
+        assert request.client_high_water_mark == 0
+        assert app.errors[0][:2] == (0, 1)
+        await conn.send(
+            FeedData(other(0, 2), 1, 1),
+            FeedData(other(0, 3), 2, 2),
+            MountResponse(request.req_id, MountStatus.READY, 2),
+        )
+        await wait_for(lambda: app.hwm.get(0) == 2)
+        assert [t for _, t, _ in app.applied] == [0, 1, 2]
+
+
+async def test_a_gap_in_the_feed_makes_the_client_mount_again(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]):
+        conn, _ = await mount(peer, 0, feed=[(0, 0)])
+        await conn.send(FeedData(OTHER, 2, 0))  # 1 is missing
+        _, request = await peer.expect(MountRequest)
+        assert request.client_high_water_mark == 0
+        await conn.send(
+            FeedData(other(0, 1), 1, 0),
+            FeedData(other(0, 2), 2, 0),
+            MountResponse(request.req_id, MountStatus.READY, 2),
+        )
+        await wait_for(lambda: app.hwm.get(0) == 2)
+        assert [t for _, t, _ in app.applied] == [0, 1, 2]
+
+
+async def test_back_pressure_limits_transactions_in_flight_per_partition(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0], max_concurrent_transactions=2) as client:
+        conn, _ = await mount(peer, 0)
+        tasks = [await client.enqueue(Ctx(header=1)), await client.enqueue(Ctx(header=2))]
+        third = asyncio.ensure_future(client.enqueue(Ctx(header=3)))
+        _, a1 = await peer.expect(AppendRequest)
+        _, a2 = await peer.expect(AppendRequest)
+        await asyncio.sleep(0.2)
+        assert not third.done()  # waits for a slot
+        await peer.nothing_more(AppendRequest, 0.2)
+        await conn.send(FeedData(a1.req_id, 0, 1))
+        tasks.append(await asyncio.wait_for(third, 10))
+        _, a3 = await peer.expect(AppendRequest)
+        assert a3.header == 3
+        await conn.send(FeedData(a2.req_id, 1, 2), FeedData(a3.req_id, 2, 3))
+        assert await asyncio.gather(*tasks) == [True, True, True]
+
+
+async def test_execute_declining_or_raising(cluster: Cluster, peer: ProtocolTestPeer) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        await mount(peer, 0)
+        declined = Ctx(build=lambda b: False)
+        assert await client.submit(declined) is False
+        assert declined.events == [("completion", False)]
+
+        def boom(builder: TransactionBuilder) -> bool:
+            raise ValueError("no such account")
+
+        failing = Ctx(build=boom)
+        with pytest.raises(ValueError, match="no such account"):
+            await client.submit(failing)
+        assert failing.events[0][0] == "exception"
+        with pytest.raises(ClientError, match="partition 1 is not mounted"):
+            await client.submit(Ctx(partition=1))
+        with pytest.raises(ClientError, match=r"must be an int in 0\.\.1"):
+            await client.submit(Ctx(partition=5))
+        await peer.nothing_more(AppendRequest, 0.2)
+
+
+async def test_close_fails_pending_submissions(cluster: Cluster, peer: ProtocolTestPeer) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    client = AsyncWaltzClient(app, cluster.config(partitions=[0]))
+    await client.start()
+    await mount(peer, 0)
+    submitted = asyncio.ensure_future(client.submit(Ctx()))
+    await peer.expect(AppendRequest)
+    await client.close()
+    with pytest.raises(ClientError, match="closed"):
+        await asyncio.wait_for(submitted, 10)
