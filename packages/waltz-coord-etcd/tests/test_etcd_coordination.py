@@ -15,6 +15,7 @@ from waltz_api.errors import (
     BadVersionError,
     ConfigError,
     CoordinationError,
+    CoordinationUnavailableError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -22,7 +23,7 @@ from waltz_api.errors import (
 )
 from waltz_api.hookspecs import PluginKind
 from waltz_api.plugins import PluginRegistry
-from waltz_conformance.servers.etcd import EtcdCluster
+from waltz_conformance.servers.etcd import EtcdCluster, free_ports
 from waltz_coord_etcd import EtcdCoordination, parse_connect
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
@@ -265,3 +266,14 @@ def test_harness_stops_every_member_by_pid(tmp_path: Path) -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # reaped: the pid no longer exists
     assert not any(m.running for m in cluster.members)
+
+
+async def test_start_without_a_reachable_member_fails_in_time() -> None:
+    port = free_ports(1)[0]  # nothing listens there
+    client = EtcdCoordination(f"etcd://127.0.0.1:{port}/x", {"request_timeout": 1.5})
+    started = time.monotonic()
+    with pytest.raises(CoordinationUnavailableError, match="did not answer"):
+        await client.start()
+    assert time.monotonic() - started < 10
+    with pytest.raises(CoordinationError, match="not started"):
+        await client.get("/a")

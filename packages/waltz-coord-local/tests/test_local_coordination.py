@@ -112,6 +112,9 @@ def test_locations(tmp_path: Path) -> None:
     assert parse_location(str(tmp_path / "c.sqlite3"))[0] == tmp_path / "c.sqlite3"
     with pytest.raises(ConfigError):
         parse_location("zk://h:1/x")
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(ConfigError, match="cannot create"):
+        parse_location(f"local://{tmp_path}/a-file/below")
     with pytest.raises(ConfigError, match="unknown parameter"):
         parse_location(f"local://{tmp_path}?rot=/x")
     with pytest.raises(ConfigError, match="session_timeout"):
