@@ -244,12 +244,12 @@ class _Committer(threading.Thread):
         return results
 
     def _sync_all(self, syncs: list[tuple[FsStoragePartition, int, int]]) -> list[OSError | None]:
+        """Flush the files of a round (data, and index files at a checkpoint)."""
+
         def sync(kind: int, fd: int) -> OSError | None:
+            # fdatasync for both kinds: it flushes the size too, not the mtime
             try:
-                if kind == _DATA:
-                    os.fdatasync(fd)
-                else:
-                    os.fsync(fd)
+                os.fdatasync(fd)
             except OSError as exc:
                 return exc
             return None
