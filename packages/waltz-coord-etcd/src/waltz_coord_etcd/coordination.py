@@ -200,6 +200,8 @@ class EtcdCoordination(Coordination):
     # -- session -----------------------------------------------------------------
 
     async def start(self) -> None:
+        if self._closing:
+            raise CoordinationError("this etcd client was closed; start a new one")
         if self._started:
             return
         await self._gateway.open()
@@ -278,7 +280,10 @@ class EtcdCoordination(Coordination):
         loop = asyncio.get_running_loop()
         started = loop.time()
         answer = await self._gateway.call(
-            "lease/grant", {"TTL": str(math.ceil(self._session_timeout))}, idempotent=False
+            # Safe to retry: a lease granted by a lost attempt holds no key and expires.
+            "lease/grant",
+            {"TTL": str(math.ceil(self._session_timeout))},
+            idempotent=True,
         )
         self._lease_id = int(answer["ID"])
         self._ttl = int(answer.get("TTL", self._ttl))

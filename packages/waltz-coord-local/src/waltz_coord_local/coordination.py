@@ -238,6 +238,8 @@ class LocalCoordination(Coordination):
     # -- session ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self._closing:
+            raise CoordinationError("this local coordination client was closed; start a new one")
         if self._started:
             return
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="waltz-local-coord")
