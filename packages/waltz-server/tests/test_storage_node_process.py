@@ -355,3 +355,33 @@ async def test_existing_storage_with_another_cluster_key_refuses_to_start(tmp_pa
     finally:
         await transport.close()
     assert (tmp_path / "data").is_dir()
+
+
+async def test_a_node_configured_by_environment_alone(tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    env = {
+        "WALTZ_STORAGE__DATA_DIR": str(tmp_path / "data"),
+        "WALTZ_STORAGE__ENGINE": "fs",
+        "WALTZ_STORAGE__CLUSTER_KEY": str(CLUSTER_KEY),
+        "WALTZ_STORAGE__NUM_PARTITIONS": str(NUM_PARTITIONS),
+        "WALTZ_STORAGE__PARTITIONS": "[5]",
+        "WALTZ_TRANSPORT__PLUGIN": "zmq",
+        "WALTZ_TRANSPORT__ENDPOINT": endpoint,
+        "WALTZ_LOG_LEVEL": "INFO",
+    }
+    transport = _zmq_transport()
+    node = StorageNodeProcess(None, endpoint, tmp_path / "env-node.log", env=env)
+    try:
+        node.start()
+        await node.wait_ready(transport, timeout=60)
+        client = await StorageClient.connect(transport, endpoint)
+        try:
+            await client.open(CLUSTER_KEY, NUM_PARTITIONS)
+            await client.append(1, 5, make_records(5, 0, 3))
+            assert await client.max_transaction_id(1, 5) == 2
+        finally:
+            await client.close()
+        assert node.terminate() == 0
+    finally:
+        node.kill()
+        await transport.close()

@@ -50,10 +50,20 @@ def make_records(partition_id: int, start: int, count: int, size: int = 32) -> l
 class StorageNodeProcess:
     """A ``waltz storage --config`` child process (started, killed and restarted by pid)."""
 
-    def __init__(self, config_path: str | os.PathLike[str], endpoint: str, log_path: Path) -> None:
-        self.config_path = Path(config_path)
+    def __init__(
+        self,
+        config_path: str | os.PathLike[str] | None,
+        endpoint: str,
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``config_path`` None: the node is configured by ``WALTZ_*`` variables in
+        ``env`` alone (added to this process's environment)."""
+        self.config_path = None if config_path is None else Path(config_path)
         self.endpoint = endpoint
         self.log_path = log_path
+        self.env = env
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -64,18 +74,15 @@ class StorageNodeProcess:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"storage node already running (pid {self.process.pid})")
         with self.log_path.open("ab") as log_file:
+            args = [sys.executable, "-m", "waltz_server.cli", "storage"]
+            if self.config_path is not None:
+                args += ["--config", str(self.config_path)]
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "waltz_server.cli",
-                    "storage",
-                    "--config",
-                    str(self.config_path),
-                ],
+                args,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=None if self.env is None else {**os.environ, **self.env},
             )
         log.info("storage node started (pid %d)", self.process.pid)
 
