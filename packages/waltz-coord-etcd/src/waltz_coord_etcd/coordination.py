@@ -344,7 +344,9 @@ class EtcdCoordination(Coordination):
                     idempotent=True,
                     timeout=max(min(self._ttl / 3, 2.0), 1.0),
                 )
-            except CoordinationError as exc:
+            except Exception as exc:  # any failure to renew counts, never ends the loop
+                if not isinstance(exc, CoordinationError):
+                    log.exception("etcd keepalive of lease %x failed unexpectedly", lease)
                 log.debug("etcd keepalive of lease %x failed: %s", lease, exc)
                 if self._state is SessionState.CONNECTED:
                     self._set_state(SessionState.SUSPENDED)
@@ -687,6 +689,8 @@ class EtcdCoordination(Coordination):
                 raise
             except (CoordinationError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.debug("etcd watch stream on %r broke (%s); resuming", key, exc)
+            except Exception:  # never let a watch die silently: log, then resume
+                log.exception("etcd watch stream on %r failed unexpectedly; resuming", key)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 

@@ -352,7 +352,7 @@ class LocalCoordination(Coordination):
             sent = loop.time()
             try:
                 alive = await self._run(store.heartbeat, self._session_timeout)
-            except CoordinationError as exc:
+            except Exception as exc:  # any failure to heartbeat counts, never ends the loop
                 log.warning("local coordination heartbeat failed: %s", exc)
                 if self._state is SessionState.CONNECTED:
                     self._set_state(SessionState.SUSPENDED)
@@ -490,7 +490,7 @@ class LocalCoordination(Coordination):
             except CoordinationUnavailableError as exc:
                 log.debug("watch poll failed, retrying: %s", exc)
                 continue
-            except CoordinationError:
+            except Exception:  # never let the watches die silently: log, then poll again
                 log.exception("watch poll failed")
                 continue
             self._poll_seq = result.seq
