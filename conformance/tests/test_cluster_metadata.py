@@ -308,3 +308,25 @@ async def test_store_metadata_without_format_fields_is_read(make_client: MakeCli
     assert (got.partition_id, got.generation, got.session_id) == (1, 3, 5)
     assert got.replica("127.0.0.1:7002").closing_high_water_mark == 17
     assert got.replica("127.0.0.1:7002").session_id == 4
+
+
+async def test_delete_cluster_guarded_by_key_and_live_servers(make_client: MakeClient) -> None:
+    meta = await _cluster(make_client)
+    config = await meta.config()
+    await meta.allocate_client_id()
+    with pytest.raises(ConfigError, match="refusing"):
+        await meta.delete_cluster(uuid.uuid4())
+    server = ClusterMetadata(await make_client())
+    await server.register_server(await server.allocate_server_id(), "tcp://127.0.0.1:1")
+    with pytest.raises(CoordinationError, match="registered"):
+        await meta.delete_cluster(config.cluster_key)
+    assert await meta.config() == config, "a refused delete changes nothing"
+    await meta.delete_cluster(config.cluster_key, force=True)
+    assert not await meta.exists()
+    for top in ("/cluster", "/store", "/assignment", "/servers", "/ids"):
+        assert not await meta.coordination.exists(top), top
+    with pytest.raises(ClusterNotFoundError):
+        await meta.delete_cluster(config.cluster_key)
+    fresh = await meta.create_cluster(num_partitions=1, num_replicas=1, storage_nodes=NODES)
+    assert fresh.cluster_key != config.cluster_key
+    assert await meta.allocate_client_id() >= 1

@@ -173,3 +173,25 @@ def test_create_in_process_on_memory_and_bad_input() -> None:
     assert bad_node.exit_code == 1 and "host:port" in bad_node.output
     shown = runner.invoke(main, ["cluster", "show", "--coordination", uri, "--json"])
     assert shown.exit_code == 0 and json.loads(shown.output)["partitions"] == 2
+
+
+def test_delete_then_create_again_in_process() -> None:
+    runner = CliRunner()
+    uri = f"memory://cli-delete-{uuid.uuid4().hex[:8]}/waltz"
+    create = ["cluster", "create", "--coordination", uri, "--partitions", "1", "--replicas", "1"]
+    assert runner.invoke(main, [*create, "--storage", "127.0.0.1:7001"]).exit_code == 0
+    key = json.loads(
+        runner.invoke(main, ["cluster", "show", "--coordination", uri, "--json"]).output
+    )["cluster_key"]
+    wrong = runner.invoke(
+        main, ["cluster", "delete", "--coordination", uri, "--cluster-key", str(uuid.uuid4())]
+    )
+    assert wrong.exit_code == 1 and "refusing" in wrong.output
+    deleted = runner.invoke(
+        main, ["cluster", "delete", "--coordination", uri, "--cluster-key", key]
+    )
+    assert deleted.exit_code == 0, deleted.output
+    gone = runner.invoke(main, ["cluster", "show", "--coordination", uri])
+    assert gone.exit_code == 1 and "waltz cluster create" in gone.output
+    again = runner.invoke(main, [*create, "--storage", "127.0.0.1:7002"])
+    assert again.exit_code == 0, again.output

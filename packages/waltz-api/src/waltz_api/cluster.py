@@ -422,7 +422,8 @@ class ClusterMetadata:
                     detail = f" ({exc})"
             raise ClusterExistsError(
                 f"a cluster already exists at this coordination root{detail}; refusing to "
-                "overwrite it. Use another root, or delete the old cluster's root first"
+                "overwrite it. Use another root, or delete the old cluster first "
+                "(`waltz cluster delete --coordination URI --cluster-key KEY`)"
             ) from None
         await c.create(REPLICA_ASSIGNMENT_PATH, encode_replica_assignments(assignments))
         for partition in range(num_partitions):
@@ -460,9 +461,39 @@ class ClusterMetadata:
         if not ready:
             raise ClusterNotFoundError(
                 f"the creation of cluster {config.cluster_key} at this coordination root did "
-                "not complete; delete the root and run `waltz cluster create` again"
+                "not complete; delete it (`waltz cluster delete --cluster-key "
+                f"{config.cluster_key}`) and run `waltz cluster create` again"
             )
         return config
+
+    async def delete_cluster(self, cluster_key: uuid.UUID, *, force: bool = False) -> None:
+        """Delete every piece of this cluster's metadata (the whole layout above).
+
+        ``cluster_key`` must be the cluster's own key (a guard against deleting
+        the wrong cluster). Refused while servers are registered, unless
+        ``force``. The storage nodes' data is not touched: a new cluster gets a
+        new key, and storage nodes refuse it until their data is reset."""
+        found = await self.coordination.get(CONFIG_PATH)
+        if found is None:
+            raise ClusterNotFoundError("no Waltz cluster at this coordination root to delete")
+        config, _ready = decode_config(found.value)
+        if config.cluster_key != cluster_key:
+            raise ConfigError(
+                f"the cluster at this root has key {config.cluster_key}, not {cluster_key}; "
+                "refusing to delete it",
+                key="cluster_key",
+            )
+        live = await self.coordination.children(SERVERS_DIR)
+        if live and not force:
+            raise CoordinationError(
+                f"{len(live)} server(s) are registered ({', '.join(live)}); stop them first "
+                "(or force the deletion)"
+            )
+        for top in ("/servers", "/assignment", "/store", "/ids"):
+            await self.coordination.delete(top, recursive=True)
+        # The config goes last: until then a re-run sees the (partial) cluster.
+        await self.coordination.delete("/cluster", recursive=True)
+        log.info("deleted cluster %s", cluster_key)
 
     async def exists(self) -> bool:
         return await self.coordination.exists(CONFIG_PATH)

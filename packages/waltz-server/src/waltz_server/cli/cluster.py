@@ -126,3 +126,25 @@ def show_cluster(uri: str, as_json: bool) -> None:
             f"{p['partition']:>9}  {server:>6}  {p['generation']:>10}  "
             f"{p['store_session_id']:>13}  {replicas}"
         )
+
+
+@cluster_group.command("delete")
+@click.option(
+    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
+)
+@click.option(
+    "--cluster-key",
+    type=click.UUID,
+    required=True,
+    help="The key of the cluster to delete (see `waltz cluster show`): a guard against "
+    "deleting the wrong one.",
+)
+@click.option("--force", is_flag=True, help="Delete even while servers are registered.")
+def delete_cluster(uri: str, cluster_key: uuid.UUID, force: bool) -> None:
+    """Delete a cluster's metadata (not the storage nodes' data)."""
+
+    async def work(meta: ClusterMetadata) -> None:
+        await meta.delete_cluster(cluster_key, force=force)
+
+    _run_with_metadata(uri, work)
+    click.echo(f"deleted cluster {cluster_key} at {uri}")
