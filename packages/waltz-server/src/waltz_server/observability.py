@@ -122,10 +122,14 @@ class ServerMetrics:
             "Partition assignment writes made by this server as the leader (generation bumps)",
             registry=r,
         )
+        self._appends: dict[int, Counter] = {}  # labelled children, for the hot path
 
     def committed(self, partition_id: int, count: int, latency: float | None = None) -> None:
         """``count`` transactions committed; ``latency`` seconds for the request (if known)."""
-        self.appends.labels(str(partition_id)).inc(count)
+        child = self._appends.get(partition_id)
+        if child is None:
+            child = self._appends[partition_id] = self.appends.labels(str(partition_id))
+        child.inc(count)
         if latency is not None:
             self.commit_latency.observe(latency)
 
@@ -193,12 +197,20 @@ class StorageNodeMetrics:
             ["partition"],
             registry=r,
         )
+        self._append_children: dict[int, tuple[Counter, Counter, Counter]] = {}
 
     def appended(self, partition_id: int, records: int, data_bytes: int, seconds: float) -> None:
-        label = str(partition_id)
-        self.appended_records.labels(label).inc(records)
-        self.appended_bytes.labels(label).inc(data_bytes)
-        self.append_batches.labels(label).inc()
+        children = self._append_children.get(partition_id)
+        if children is None:
+            label = str(partition_id)
+            children = self._append_children[partition_id] = (
+                self.appended_records.labels(label),
+                self.appended_bytes.labels(label),
+                self.append_batches.labels(label),
+            )
+        children[0].inc(records)
+        children[1].inc(data_bytes)
+        children[2].inc()
         self.fsync_latency.observe(seconds)
 
     def fenced_request(self, partition_id: int) -> None:

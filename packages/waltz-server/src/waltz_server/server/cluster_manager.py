@@ -57,6 +57,7 @@ from waltz_api.errors import (
     SessionLostError,
     WaltzError,
 )
+from waltz_server.observability import ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,7 @@ class ClusterManager:
         max_retry_delay: float = 5.0,
         settle_delay: float = 0.02,
         on_leader_write: Callable[[PartitionAssignment], None] | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         if not endpoint.strip():
             raise ConfigError("a server needs an endpoint clients can reach", key="endpoint")
@@ -215,6 +217,7 @@ class ClusterManager:
         self.preferred_partitions = tuple(sorted(set(preferred_partitions)))
         self._on_event = on_event
         self._on_leader_write = on_leader_write
+        self._metrics = metrics
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
         self._settle_delay = settle_delay
@@ -461,7 +464,11 @@ class ClusterManager:
             return
         self._live_ids = ids
         if self._server_id != NO_SERVER and self._server_id not in ids and self._registered:
+            # The registration went before the client learned its session ended (an etcd
+            # lease revoked, an entry deleted by hand): whatever rested on it is gone.
             log.warning("server %d: its registration is gone", self._server_id)
+            self._on_lost()
+            return
         self._rebalance.set()
 
     def _on_assignment(self, epoch: int, partition: int, value: PartitionAssignment | None) -> None:
@@ -519,6 +526,8 @@ class ClusterManager:
 
     def _emit(self, event: PartitionEvent) -> None:
         log.info("server %d: %s", event.server_id, event)
+        if self._metrics is not None:
+            self._metrics.partitions_owned.set(len(self._owned))
         self.events.put_nowait(event)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -602,6 +611,8 @@ class ClusterManager:
                 owner,
                 stored.value.generation,
             )
+            if self._metrics is not None:
+                self._metrics.assignment_changes.inc()
             if self._on_leader_write is not None:
                 self._on_leader_write(stored.value)
 
