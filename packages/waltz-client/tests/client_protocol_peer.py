@@ -38,11 +38,16 @@ class PeerConnection:
 
 
 class ProtocolTestPeer:
-    """Scripted protocol peer on ``memory://``; ``expect`` the client's messages, answer them."""
+    """A scripted protocol peer (``memory`` or ``zmq`` transport): ``expect`` the
+    client's messages, answer them."""
 
-    def __init__(self, *, answer_data: bool = True) -> None:
-        self.transport: Transport = get_registry().get("transport", "memory").factory({})
-        self.endpoint = f"memory://waltz-client-protocol-peer-{next(_names)}"
+    def __init__(self, *, transport: str = "memory", answer_data: bool = True) -> None:
+        self.transport: Transport = get_registry().get("transport", transport).factory({})
+        self.endpoint = (
+            f"memory://waltz-client-protocol-peer-{next(_names)}"
+            if transport == "memory"
+            else "tcp://127.0.0.1:0"
+        )
         self.connections: list[PeerConnection] = []
         self.data: dict[tuple[int, int], bytes] = {}
         """Transaction data the peer answers TransactionDataRequests with (answer_data)."""
@@ -54,6 +59,7 @@ class ProtocolTestPeer:
 
     async def start(self) -> ProtocolTestPeer:
         self._listener = await self.transport.listen(self.endpoint, self._serve)
+        self.endpoint = self._listener.endpoint
         return self
 
     async def close(self) -> None:

@@ -4,17 +4,18 @@ SQLite file) that points partitions at protocol test peers."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from client_protocol_peer import ProtocolTestPeer
+from client_protocol_peer import PeerConnection, ProtocolTestPeer
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
+from waltz_api.messages import FeedData, MountRequest, MountResponse, MountStatus
+from waltz_api.types import ReqId
 from waltz_client import (
-    AsyncWaltzClient,
     ClientConfig,
     Transaction,
     TransactionBuilder,
@@ -152,6 +153,22 @@ class Ctx(TransactionContext):
         self.events.append(("application", transaction_id))
 
 
-async def started(client: AsyncWaltzClient) -> AsyncWaltzClient:
-    await client.start()
-    return client
+def other(partition: int, n: int) -> ReqId:
+    """The ReqId of a transaction another client submitted."""
+    return ReqId(999, 1, partition, n)
+
+
+async def mount(
+    peer: ProtocolTestPeer,
+    partition: int,
+    feed: Sequence[tuple[int, int]] = (),
+    hwm: int | None = None,
+    status: MountStatus = MountStatus.READY,
+) -> tuple[PeerConnection, MountRequest]:
+    """Answer the client's next MountRequest of ``partition``: stream ``feed``
+    (transaction id, header) from other clients, then the MountResponse."""
+    conn, request = await peer.expect(MountRequest, partition=partition)
+    messages = [FeedData(other(partition, tid + 1), tid, header) for tid, header in feed]
+    top = hwm if hwm is not None else (feed[-1][0] if feed else request.client_high_water_mark)
+    await conn.send(*messages, MountResponse(request.req_id, status, top))
+    return conn, request

@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from client_protocol_peer import PeerConnection, ProtocolTestPeer
-from client_support import Cluster, Ctx, RecordingApp
+from client_protocol_peer import ProtocolTestPeer
+from client_support import Cluster, Ctx, RecordingApp, mount, other
 
 from waltz_api.errors import ClientAheadError, ClientError
 from waltz_api.messages import (
@@ -39,10 +39,6 @@ OTHER = ReqId(999, 1, 0, 1)
 """The ReqId of a transaction another client submitted."""
 
 
-def other(partition: int, n: int) -> ReqId:
-    return ReqId(999, 1, partition, n)
-
-
 @contextlib.asynccontextmanager
 async def running(
     cluster: Cluster, app: RecordingApp, **config: object
@@ -53,22 +49,6 @@ async def running(
         yield client
     finally:
         await client.close()
-
-
-async def mount(
-    peer: ProtocolTestPeer,
-    partition: int,
-    feed: list[tuple[int, int]] = (),  # type: ignore[assignment]
-    hwm: int | None = None,
-    status: MountStatus = MountStatus.READY,
-) -> tuple[PeerConnection, MountRequest]:
-    """Answer the client's next MountRequest of ``partition``: stream ``feed``
-    (transaction id, header) from other clients, then the MountResponse."""
-    conn, request = await peer.expect(MountRequest, partition=partition)
-    messages = [FeedData(other(partition, tid + 1), tid, header) for tid, header in feed]
-    top = hwm if hwm is not None else (feed[-1][0] if feed else request.client_high_water_mark)
-    await conn.send(*messages, MountResponse(request.req_id, status, top))
-    return conn, request
 
 
 async def wait_for(predicate: object, timeout: float = 10.0) -> None:

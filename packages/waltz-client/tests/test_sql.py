@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -86,7 +86,9 @@ def notes_of(database: Path) -> list[int]:
 
 
 @pytest.fixture(params=["sqlite3", "sqlalchemy"])
-def make_app(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Notes | AlchemyNotes]:
+def make_app(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[[], Notes | AlchemyNotes]]:
     database = tmp_path / "app.db"
     engines: list[sa.Engine] = []
 
@@ -97,7 +99,7 @@ def make_app(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Not
         engines.append(engine)
         return AlchemyNotes(engine)
 
-    yield make  # type: ignore[misc]
+    yield make
     for engine in engines:
         engine.dispose()
 

@@ -1,0 +1,141 @@
+"""The synchronous facade from plain threads, over real ZeroMQ sockets.
+
+The far end is the scripted PROTOCOL TEST PEER (not a server), running on its
+own event loop in a background thread, as a remote server would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from client_protocol_peer import ProtocolTestPeer
+from client_support import Cluster, Ctx, RecordingApp, mount
+
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.errors import ClientError
+from waltz_api.messages import AppendRequest, FeedData, FlushRequest, FlushResponse
+from waltz_api.types import ReqId
+from waltz_client import Transaction, TransactionBuilder, WaltzClient
+
+pytestmark = pytest.mark.timeout(90)
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An event loop on a background thread (the peer's and the metadata's side)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[tuple[LoopThread, Cluster, ProtocolTestPeer]]:
+    bg = LoopThread()
+    uri = f"local://{tmp_path / 'coordination'}?root=/waltz"
+
+    async def setup() -> tuple[Cluster, ProtocolTestPeer]:
+        coordination = coordination_from_uri(uri, {"session_timeout": 5.0})
+        await coordination.start()
+        metadata = ClusterMetadata(coordination)
+        await metadata.create_cluster(num_partitions=1, num_replicas=1, storage_nodes=["s:1"])
+        peer = await ProtocolTestPeer(transport="zmq").start()
+        cluster = Cluster(uri, coordination, metadata, 1)
+        await cluster.assign(0, peer)
+        return cluster, peer
+
+    cluster, peer = bg.run(setup())
+    try:
+        yield bg, cluster, peer
+    finally:
+        bg.run(peer.close())
+        bg.run(cluster.coordination.close())
+        bg.close()
+
+
+def test_threads_submit_with_futures_back_pressure_lazy_data_and_flush(
+    remote: tuple[LoopThread, Cluster, ProtocolTestPeer],
+) -> None:
+    bg, cluster, peer = remote
+    app = RecordingApp(fetch_data=True)  # get_data() blocks on the callback thread
+    peer.data[(0, 0)] = b"first"
+    config = cluster.config(transport="zmq", max_concurrent_transactions=1)
+    with WaltzClient(app, config) as client:
+        assert client.num_partitions == 1 and client.client_id >= 0
+        conn, _ = bg.run(mount(peer, 0, feed=[(0, 5)]))
+        deadline = time.monotonic() + 10
+        while app.hwm.get(0) != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert app.data[(0, 0)] == b"first"  # fetched lazily over the RPC connection
+
+        first = client.submit(Ctx(header=1, data=b"one"))
+        assert isinstance(first, concurrent.futures.Future)
+        _, a1 = bg.run(peer.expect(AppendRequest))
+        assert a1.data == b"one" and a1.client_high_water_mark == 0
+
+        # back pressure: one transaction in flight at most, the next submit() waits
+        second: list[concurrent.futures.Future[bool]] = []
+        blocked = threading.Thread(target=lambda: second.append(client.submit(Ctx(header=2))))
+        blocked.start()
+        blocked.join(0.3)
+        assert blocked.is_alive() and not second
+
+        peer.data[(0, 1)] = a1.data
+        bg.run(conn.send(FeedData(a1.req_id, 1, 1)))
+        assert first.result(10) is True
+        blocked.join(10)
+        assert not blocked.is_alive()
+        _, a2 = bg.run(peer.expect(AppendRequest))
+        peer.data[(0, 2)] = a2.data
+        bg.run(conn.send(FeedData(a2.req_id, 2, 2)))
+        assert second[0].result(10) is True
+        assert app.data[(0, 1)] == b"one"
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            flushed = pool.submit(client.flush, 0)
+            _, request = bg.run(peer.expect(FlushRequest))
+            bg.run(conn.send(FlushResponse(request.req_id, 2)))
+            assert flushed.result(10) == 2
+        assert client.feed_position(0) == 2
+    assert [t for _, t, _ in app.applied] == [0, 1, 2]
+    with pytest.raises(ClientError, match="closed"):
+        client.submit(Ctx())
+
+
+def test_get_data_on_the_event_loop_is_refused_with_a_clear_error() -> None:
+    async def fetch(p: int, t: int) -> bytes:
+        return b""
+
+    txn = Transaction(0, 1, 0, ReqId(1, 1, 0, 1), fetch=fetch)
+    with pytest.raises(ClientError, match=r"await transaction\.fetch_data"):
+        txn.get_data()
+
+
+def test_builder_validates_its_input() -> None:
+    b = TransactionBuilder(0, 5)
+    with pytest.raises(ClientError, match="signed 32-bit"):
+        b.set_header(2**31)
+    with pytest.raises(ClientError, match="pass a serializer"):
+        b.set_data({"a": 1})  # type: ignore[call-overload]
+    with pytest.raises(ClientError, match="Lock"):
+        b.lock(("account", 1))  # type: ignore[arg-type]
+    b.set_header(-(2**31)).set_data(bytearray(b"ab")).write_lock("a", 1).read_lock("a", 2)
+    assert b.header == -(2**31) and b.data == b"ab" and len(b.locks) == 2
+    assert b.lock_request().write and b.lock_request().read and not b.lock_request().append
