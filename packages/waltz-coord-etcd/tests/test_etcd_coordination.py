@@ -209,21 +209,25 @@ async def test_watch_sees_every_change_and_the_final_state(new_client: ClientFac
     await eventually(lambda: seen[-1] == Versioned(b"final", final), what="the final state")
 
 
-async def test_member_killed_client_keeps_working(
-    etcd_cluster: EtcdCluster, new_client: ClientFactory
+async def test_leader_killed_client_keeps_working(
+    etcd_cluster: EtcdCluster, new_client: ClientFactory, root: str
 ) -> None:
-    client = await new_client()  # talks to member 0 first
-    watcher = await new_client()
+    leader = etcd_cluster.leader_index()
+    order = [leader] + [i for i in range(len(etcd_cluster.members)) if i != leader]
+    uri = "etcd://" + ",".join(etcd_cluster.members[i].endpoint for i in order) + root
+    client = await new_client(uri)  # both talk to the leader first
+    watcher = await new_client(uri)
     seen: list[list[str]] = []
     await watcher.watch_children("/m", seen.append)
     await client.create("/m/before", b"")
     await eventually(lambda: seen[-1] == ["before"])
-    etcd_cluster.kill_member(0)
+    etcd_cluster.kill_member(leader)
     try:
-        # Reads fail over at once; a write racing a leader election may fail
-        # ambiguously (it is never retried blindly), so let the two elect first.
+        # Reads fail over at once; a write racing the election may fail ambiguously
+        # (it is never retried blindly), so let the other two elect a leader first.
         assert await client.get("/m/before") is not None
         await asyncio.to_thread(etcd_cluster.wait_healthy, 30)
+        assert etcd_cluster.leader_index() != leader
         for i in range(10):
             await client.create(f"/m/after-{i}", b"")
         assert await client.increment("/m-counter") == 1
@@ -233,7 +237,7 @@ async def test_member_killed_client_keeps_working(
         assert client.session_state is SessionState.CONNECTED
         await client.create("/m/eph", b"", ephemeral=True)
     finally:
-        etcd_cluster.restart_member(0)
+        etcd_cluster.restart_member(leader)
     assert await client.get("/m/eph") is not None
 
 
