@@ -620,3 +620,63 @@ async def test_deleted_registration_counts_as_a_lost_session(backend: Backend) -
     assert all(e.server_id == old and e.generation == 1 for e in lost)
     gained = [e for e in events if isinstance(e, PartitionGained)]
     assert sorted((e.partition_id, e.generation) for e in gained) == [(0, 2), (1, 2), (2, 2)]
+
+
+async def test_zookeeper_outage_within_the_session_timeout_moves_nothing(
+    zookeeper_server: object,
+) -> None:
+    """ZooKeeper killed and restarted (its sessions survive, as in production): every
+    server is SUSPENDED meanwhile (no leader), then carries on with the same partitions at
+    the same generations: no event, no move."""
+    from waltz_conformance.servers.zookeeper import ZooKeeperServer
+    from waltz_coord_zk import ZooKeeperCoordination
+
+    assert isinstance(zookeeper_server, ZooKeeperServer)
+    root = f"/cluster-manager-outage/{uuid.uuid4().hex[:10]}"
+
+    def new() -> Coordination:
+        return ZooKeeperCoordination(zookeeper_server.connect_string, root, session_timeout=40.0)
+
+    admin_client = new()
+    await admin_client.start()
+    backend = Backend("zk", new, lambda c: None, ClusterMetadata(admin_client))
+    try:
+        await backend.create(4)
+        a = await backend.manager("a")
+        b = await backend.manager("b")
+        before = await wait_converged(backend, [a, b], 4)
+        held = (a.owned, b.owned)
+        drain(a)
+        drain(b)
+
+        def state(m: ClusterManager) -> SessionState | None:
+            client = m.coordination
+            return None if client is None else client.session_state
+
+        await asyncio.to_thread(zookeeper_server.kill)
+        try:
+            await eventually(
+                lambda: state(a) is SessionState.SUSPENDED and state(b) is SessionState.SUSPENDED,
+                30,
+                "both sessions suspended",
+            )
+            assert not a.is_leader
+        finally:
+            await asyncio.to_thread(zookeeper_server.start)
+        await eventually(
+            lambda: state(a) is SessionState.CONNECTED and state(b) is SessionState.CONNECTED,
+            40,
+            "both sessions back",
+        )
+        await eventually(lambda: a.is_leader, CONVERGE, "a leads again")
+        after = await wait_converged(backend, [a, b], 4)
+        assert after == before
+        assert (a.owned, b.owned) == held
+        assert drain(a) == [] and drain(b) == []
+        assert a.registrations == 1 and b.registrations == 1
+    finally:
+        if not zookeeper_server.running:
+            await asyncio.to_thread(zookeeper_server.start)
+        for manager in backend.managers:
+            await asyncio.wait_for(manager.stop(), 30)
+        await admin_client.close()
