@@ -94,6 +94,7 @@ async def test_metrics_and_health_over_http() -> None:
         metrics.set_high_water_mark(0, 6)
         metrics.set_replica_lag(0, "127.0.0.1:7001", 3)
         metrics.recovered(0)
+        metrics.append_failed(0, "generation")
         _, _, body = await _get(f"{http.url}/metrics")
         assert _value(body, "waltz_server_appended_transactions_total", partition="0") == 7
         assert _value(body, "waltz_server_commit_latency_seconds_count") == 2
@@ -104,6 +105,10 @@ async def test_metrics_and_health_over_http() -> None:
             _value(body, "waltz_server_replica_lag", partition="0", replica="127.0.0.1:7001") == 3
         )
         assert _value(body, "waltz_server_recoveries_total", partition="0") == 1
+        assert (
+            _value(body, "waltz_server_append_failures_total", partition="0", reason="generation")
+            == 1
+        )
         metrics.forget_partition(0, ("127.0.0.1:7001",))
         _, _, body = await _get(f"{http.url}/metrics")
         assert 'waltz_server_high_water_mark{partition="0"}' not in body

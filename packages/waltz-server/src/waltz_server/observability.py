@@ -136,6 +136,11 @@ class ServerMetrics:
     def lock_failed(self, partition_id: int) -> None:
         self.lock_failures.labels(str(partition_id)).inc()
 
+    def append_failed(self, partition_id: int, reason: str) -> None:
+        """An append not committed; ``reason`` is a short fixed word (``generation``,
+        ``storage``, ``fenced``...), never free text (it is a label)."""
+        self.append_failures.labels(str(partition_id), reason).inc()
+
     def set_high_water_mark(self, partition_id: int, high_water_mark: int) -> None:
         self.high_water_mark.labels(str(partition_id)).set(high_water_mark)
 
