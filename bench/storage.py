@@ -2,15 +2,14 @@
 
 Prints figures; never a pass/fail test. Usage::
 
-    python bench/storage.py [--dir DIR] [--seconds 0.5] [--rounds 7]
+    python bench/storage.py [--dir DIR] [--seconds 3]
                             [--recovery-mb 1024 | --skip-recovery]
 
 - Durable append records/s and MB/s at batches of 1, 10, 100 and 1000 records
   of 100 B and 1 KiB (one appender awaiting each append), beside a bare
   ``write`` + ``fdatasync`` loop writing the same bytes (records plus their
   40-byte framing) on the same disk in the same run (the physical limit),
-  alternating the two for ``--rounds`` rounds and taking the medians, and the
-  ratio of the two.
+  turn by turn (one bare flush, one append, ...), and the ratio of the two.
 - The same with 4 partitions appending concurrently (group commit).
 - Range reads (read_records of 1000) in records/s.
 - Start-up recovery time of a partition of ``--recovery-mb`` MB: with its
@@ -27,7 +26,6 @@ import logging
 import os
 import resource
 import shutil
-import statistics
 import tempfile
 import time
 import tracemalloc
@@ -48,24 +46,42 @@ def records(first: int, count: int, payload: bytes, checksum: int) -> list[Recor
     return [Record(t, REQ, 0, payload, checksum) for t in range(first, first + count)]
 
 
-def bare_loop(directory: Path, batch: int, size: int, seconds: float) -> float:
-    """Records/s of write + fdatasync of the same bytes the engine writes."""
-    path = directory / "bare.dat"
+async def paired(directory: Path, batch: int, size: int, seconds: float) -> tuple[float, float]:
+    """(bare records/s, engine records/s), measured turn by turn.
+
+    Each turn does one bare ``write`` + ``fdatasync`` of the bytes one batch
+    takes on disk (records and their framing) in a file of its own, then one
+    engine ``append`` of the batch, timing each: both see the same disk at the
+    same moments (this machine's disk is shared, its latency varies a lot).
+    """
+    location = directory / f"paired-{batch}-{size}"
+    engine = await FsStorageEngine.open(str(location), cluster_key=KEY, num_partitions=1)
+    payload = os.urandom(size)
+    checksum = crc32c.crc32c(payload)
     blob = os.urandom(batch * (size + fmt.RECORD_OVERHEAD))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(directory / "bare.dat", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        written = 0
-        start = time.perf_counter()
-        deadline = start + seconds
+        part = await engine.add_partition(0)
+        bare_time = engine_time = 0.0
+        next_id = 0
+        deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
+            started = time.perf_counter()
             os.write(fd, blob)
             os.fdatasync(fd)
-            written += batch
-        elapsed = time.perf_counter() - start
+            bare_time += time.perf_counter() - started
+            # making the Record objects is the caller's work (the wire decoder's)
+            batch_records = records(next_id, batch, payload, checksum)
+            started = time.perf_counter()
+            await part.append(batch_records)
+            engine_time += time.perf_counter() - started
+            next_id += batch
+        return next_id / bare_time, next_id / engine_time
     finally:
         os.close(fd)
-        path.unlink()
-    return written / elapsed
+        (directory / "bare.dat").unlink()
+        await engine.close()
+        shutil.rmtree(location)
 
 
 async def engine_appends(
@@ -190,8 +206,7 @@ async def recovery(directory: Path, megabytes: int, segment_size: int) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--seconds", type=float, default=0.5, help="per append case and round")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds per case")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per append case")
     parser.add_argument("--recovery-mb", type=int, default=1024)
     parser.add_argument("--skip-recovery", action="store_true")
     parser.add_argument("--segment-size", type=int, default=1 << 30)
@@ -206,12 +221,7 @@ async def main() -> None:
         )
         for size in (100, 1024):
             for batch in (1, 10, 100, 1000):
-                # alternate the two, several rounds: the disk is shared and noisy
-                bares, engines = [], []
-                for _ in range(args.rounds):
-                    bares.append(bare_loop(directory, batch, size, args.seconds))
-                    engines.append(await engine_appends(directory, batch, size, args.seconds))
-                bare, engine = statistics.median(bares), statistics.median(engines)
+                bare, engine = await paired(directory, batch, size, args.seconds)
                 mb = size / 1e6
                 print(
                     f"{batch:>6} {size:>6} | {bare:>12,.0f} {bare * mb:>10.1f} | "
