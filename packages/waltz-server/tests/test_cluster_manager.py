@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import random
 import signal
 import sys
 import time
@@ -679,4 +680,57 @@ async def test_zookeeper_outage_within_the_session_timeout_moves_nothing(
             await asyncio.to_thread(zookeeper_server.start)
         for manager in backend.managers:
             await asyncio.wait_for(manager.stop(), 30)
+        await admin_client.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_membership_changes_keep_the_invariants(seed: int) -> None:
+    """A seeded random run on the memory reference: servers join (some with preferences),
+    stop, or lose their session. After each change has settled: every partition is held
+    by exactly one live server at the generation in the metadata; a partition whose owner
+    did not change kept its generation; one whose owner changed has a newer one."""
+    rng = random.Random(seed)
+    service = MemoryCoordinationService()
+    root = f"/random-{seed}"
+    admin_client = MemoryCoordination(service, root)
+    await admin_client.start()
+    backend = Backend(
+        "memory",
+        lambda: MemoryCoordination(service, root),
+        lambda c: service.expire_session(c.session_id),
+        ClusterMetadata(admin_client),
+    )
+    partitions = 10
+    try:
+        await backend.create(partitions)
+        live = [await backend.manager("first")]
+        before = await wait_converged(backend, live, partitions, balanced=False)
+        for step in range(12):
+            action = rng.choice(["join", "join", "stop", "expire"] if len(live) > 1 else ["join"])
+            if action == "join":
+                preferred = rng.sample(range(partitions), rng.choice([0, 0, 1, 2]))
+                live.append(await backend.manager(f"s{step}", preferred=preferred))
+            elif action == "stop":
+                await live.pop(rng.randrange(len(live))).stop()
+            else:
+                victim = live[rng.randrange(len(live))]
+                client = victim.coordination
+                assert client is not None
+                registrations = victim.registrations
+                await backend.expire_session(client)
+                await eventually(
+                    lambda v=victim, r=registrations: v.registrations == r + 1,  # type: ignore[misc]
+                    CONVERGE,
+                    "the expired server registers again",
+                )
+            after = await wait_converged(backend, live, partitions, balanced=False)
+            for p in range(partitions):
+                if after[p].server_id == before[p].server_id:
+                    assert after[p].generation == before[p].generation, (step, action, p)
+                else:
+                    assert after[p].generation > before[p].generation, (step, action, p)
+            before = after
+    finally:
+        for manager in backend.managers:
+            await manager.stop()
         await admin_client.close()
