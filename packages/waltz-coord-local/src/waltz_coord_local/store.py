@@ -187,7 +187,7 @@ class LocalStore:
         if self._seq is None:
             row = self.conn.execute(
                 "UPDATE meta SET value = value + 1 WHERE key = 'seq' RETURNING value"
-            ).fetchone()
+            ).fetchall()[0]  # fetchall: run a RETURNING statement to completion
             self._seq = int(row[0])
         return self._seq
 
@@ -239,7 +239,7 @@ class LocalStore:
                 "INSERT INTO sessions (boot_id, expires_at, timeout, pid, host) "
                 "VALUES (?, ?, ?, ?, ?) RETURNING id",
                 (self.boot, now() + timeout, timeout, os.getpid(), socket.gethostname()),
-            ).fetchone()
+            ).fetchall()[0]
             return int(row[0])
 
         with _errors(self.db_path):
