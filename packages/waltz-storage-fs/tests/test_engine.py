@@ -183,6 +183,8 @@ async def test_bad_options_and_foreign_directories(opener: Opener, tmp_path: Pat
         await opener(segment_sise=10)
     with pytest.raises(StorageError, match="too small"):
         await opener(segment_size=10)
+    with pytest.raises(StorageError, match="must be an integer"):
+        await opener(segment_size="big")
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("not waltz")

@@ -68,7 +68,17 @@ class FsOptions:
                 f"unknown fs storage option(s) {', '.join(unknown)}; "
                 f"valid: {', '.join(sorted(known))}"
             )
-        result = cls(**{k: int(v) for k, v in options.items()})
+        values: dict[str, int] = {}
+        for key, value in options.items():
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise StorageError(f"fs storage option {key} must be an integer, not {value!r}")
+            try:
+                values[key] = int(value)
+            except ValueError:
+                raise StorageError(
+                    f"fs storage option {key} must be an integer, not {value!r}"
+                ) from None
+        result = cls(**values)
         if result.segment_size < fmt.HEADER_SIZE + fmt.RECORD_OVERHEAD:
             raise StorageError(f"segment_size {result.segment_size} is too small (min 168)")
         if result.index_checkpoint_interval < 1 or result.read_threads < 1:
@@ -102,11 +112,12 @@ class _Segment:
         self.size = fmt.HEADER_SIZE
 
     def close(self) -> None:
-        for fd in (self.data_fd, self.index_fd):
-            try:
+        """Close both files (idempotent: a closed fd number may be reused)."""
+        fds = (self.data_fd, self.index_fd)
+        self.data_fd = self.index_fd = -1
+        for fd in fds:
+            if fd >= 0:
                 os.close(fd)
-            except OSError:  # already closed
-                log.debug("closing fd %d failed", fd)
 
 
 @dataclass(frozen=True, slots=True)
