@@ -4,7 +4,6 @@ the server, real StorageNodes (memory engine), the memory coordination."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from typing import TypeVar
@@ -13,8 +12,6 @@ import pytest
 from cluster_fixture import InProcessCluster
 
 from waltz_api import wire
-from waltz_api.contracts.transport import Connection
-from waltz_api.errors import ConnectionClosedError
 from waltz_api.messages import (
     AppendRequest,
     ErrorCode,
@@ -34,6 +31,7 @@ from waltz_api.messages import (
 )
 from waltz_api.types import Lock, LockRequest, ReqId
 from waltz_conformance.reference.transport import MemoryTransport
+from waltz_server.server import testing
 from waltz_server.server.server import WaltzServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,54 +39,11 @@ M = TypeVar("M", bound=Message)
 TIMEOUT = 20.0
 
 
-class RawClient:
-    """Just enough of a client: handshake, send, and collect what comes back."""
-
-    def __init__(self, conn: Connection, protocol: wire.ProtocolConnection) -> None:
-        self.conn = conn
-        self.protocol = protocol
-        self.received: list[Message] = []
-        self._event = asyncio.Event()
-        self._reader = asyncio.create_task(self._read())
-        self._seq = itertools.count(1)
-
-    @classmethod
-    async def connect(cls, transport: MemoryTransport, endpoint: str, name: str) -> RawClient:
-        conn = await transport.connect(endpoint)
-        protocol = wire.ProtocolConnection(wire.Role.INITIATOR, sender=name)
-        await conn.send(protocol.start_handshake())
-        protocol.receive_frame(await conn.recv())
-        return cls(conn, protocol)
-
-    async def _read(self) -> None:
-        with contextlib.suppress(ConnectionClosedError):
-            while True:
-                self.received.append(self.protocol.receive_frame(await self.conn.recv()))
-                self._event.set()
-                self._event = asyncio.Event()
+class RawClient(testing.RawClient):
+    _seq = itertools.count(1)
 
     def rid(self, client: int, partition: int = 0, generation: int = 1) -> ReqId:
         return ReqId(client, generation, partition, next(self._seq))
-
-    async def send(self, message: Message) -> None:
-        await self.conn.send(self.protocol.send(message))
-
-    def of(self, kind: type[M]) -> list[M]:
-        return [m for m in self.received if isinstance(m, kind)]
-
-    async def wait(self, kind: type[M], count: int = 1) -> list[M]:
-        async def loop() -> None:
-            while len(self.of(kind)) < count:
-                await self._event.wait()
-
-        await asyncio.wait_for(loop(), TIMEOUT)
-        return self.of(kind)
-
-    async def close(self) -> None:
-        self._reader.cancel()
-        with contextlib.suppress(BaseException):
-            await self._reader
-        await self.conn.close()
 
 
 @pytest.fixture

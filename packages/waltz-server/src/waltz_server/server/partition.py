@@ -241,15 +241,23 @@ class Partition:
             except (StaleGenerationError, StoreSessionClosedError) as exc:
                 log.info("partition %d: %s", self.partition_id, exc)
                 if self.store.stale is not None or self._closed:
-                    stream.post(
-                        ErrorResponse(
-                            message.req_id,  # type: ignore[attr-defined]
-                            ErrorCode.STALE_GENERATION,
-                            f"partition {self.partition_id} moved: {exc}",
-                        )
-                    )
+                    stream.post(self._moved(message, exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # one bad request must not stop the partition's append path
+                log.exception("partition %d: %s failed", self.partition_id, type(message).__name__)
             while self._inflight and self._inflight[0].done():
                 self._inflight.popleft()
+
+    def _moved(self, message: Message, exc: BaseException) -> ErrorResponse:
+        req_id: ReqId = getattr(message, "req_id", ReqId(-1, -1, self.partition_id, -1))
+        return ErrorResponse(
+            req_id,
+            ErrorCode.STALE_GENERATION,
+            f"partition {self.partition_id} is no longer served here at generation "
+            f"{self.generation} ({exc}); re-read the partition assignment",
+        )
 
     async def _append(self, message: AppendRequest, stream: ClientStream) -> None:
         req_id = message.req_id
@@ -296,7 +304,11 @@ class Partition:
     async def _flush(
         self, message: FlushRequest, stream: ClientStream, pending: list[asyncio.Future[int]]
     ) -> None:
-        high_water_mark = await self._settled(pending)
+        try:
+            high_water_mark = await self._settled(pending)
+        except (StaleGenerationError, StoreSessionClosedError) as exc:
+            stream.post(self._moved(message, exc))
+            return
         stream.post(FlushResponse(message.req_id, high_water_mark))
 
     def _mount(self, message: MountRequest, stream: ClientStream) -> None:

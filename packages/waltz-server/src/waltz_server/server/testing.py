@@ -1,0 +1,170 @@
+"""Test tools for the server: a ``waltz server --config`` child process, and a minimal
+protocol client (handshake, send, collect) over any Transport."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Self, TypeVar
+
+from waltz_api import wire
+from waltz_api.contracts.transport import Connection, Transport
+from waltz_api.errors import ConnectionClosedError, ProtocolError, WaltzError
+from waltz_api.messages import Message
+
+log = logging.getLogger(__name__)
+
+READY_MARKER = "ready on"
+M = TypeVar("M", bound=Message)
+
+
+class ServerProcess:
+    """A ``waltz server --config`` child process (started, killed and restarted by pid)."""
+
+    def __init__(self, config_path: str | os.PathLike[str], log_path: Path) -> None:
+        self.config_path = Path(config_path)
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError(f"server already running (pid {self.pid})")
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "waltz_server.cli",
+                    "server",
+                    "--config",
+                    str(self.config_path),
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        log.info("server started (pid %d)", self.process.pid)
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait for the server's ready line; raises with its log if it died or is late."""
+        deadline = time.monotonic() + timeout
+        while READY_MARKER not in self.output():
+            if self.process is None or self.process.poll() is not None:
+                code = self.process.returncode if self.process else None
+                raise WaltzError(f"server exited with {code}: {self.output()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise WaltzError(f"server not ready after {timeout}s: {self.output()[-3000:]}")
+            await asyncio.sleep(0.05)
+
+    def output(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+    def kill(self) -> None:
+        """SIGKILL (a crash) and reap."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def terminate(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, SIGKILL if it does not end in time; the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+
+class RawClient:
+    """Just enough of a Waltz client to drive a server in tests and benchmarks:
+    the handshake, ``send``, and every received message kept in ``received``."""
+
+    def __init__(self, conn: Connection, protocol: wire.ProtocolConnection) -> None:
+        self.conn = conn
+        self.protocol = protocol
+        self.received: list[Message] = []
+        self.closed = False
+        self._event = asyncio.Event()
+        self._reader = asyncio.create_task(self._read(), name=f"raw-client-{conn.connection_id}")
+
+    @classmethod
+    async def connect(
+        cls, transport: Transport, endpoint: str, name: str = "client", timeout: float = 10.0
+    ) -> Self:
+        conn = await transport.connect(endpoint, timeout=timeout)
+        protocol = wire.ProtocolConnection(
+            wire.Role.INITIATOR, sender=name, max_frame_size=transport.max_frame_size
+        )
+        try:
+            await conn.send(protocol.start_handshake())
+            protocol.receive_frame(await asyncio.wait_for(conn.recv(), timeout))
+        except BaseException:
+            await conn.close()
+            raise
+        return cls(conn, protocol)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                self.received.append(self.protocol.receive_frame(await self.conn.recv()))
+                self._notify()
+        except (ConnectionClosedError, ProtocolError, WaltzError) as exc:
+            log.debug("raw client: connection ends: %s", exc)
+        finally:
+            self.closed = True
+            self._notify()
+
+    def _notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def send(self, message: Message) -> None:
+        await self.conn.send(self.protocol.send(message))
+
+    def of(self, kind: type[M]) -> list[M]:
+        return [m for m in self.received if isinstance(m, kind)]
+
+    async def wait(self, kind: type[M], count: int = 1, timeout: float = 30.0) -> list[M]:
+        """Until ``count`` messages of ``kind`` arrived (raises TimeoutError, or
+        ConnectionClosedError when the connection ended first)."""
+
+        async def loop() -> None:
+            while len(self.of(kind)) < count:
+                if self.closed:
+                    raise ConnectionClosedError("the server closed the connection")
+                await self._event.wait()
+
+        await asyncio.wait_for(loop(), timeout)
+        return self.of(kind)
+
+    async def changed(self, timeout: float) -> None:
+        """Wait until something arrives (or ``timeout``)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(BaseException):
+            await self._reader
+        with contextlib.suppress(WaltzError):
+            await self.conn.close()
