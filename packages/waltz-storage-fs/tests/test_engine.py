@@ -296,3 +296,37 @@ async def test_one_engine_per_directory(opener: Opener) -> None:
     await engine.close()
     engine = await opener()
     assert engine.partition_ids() == []
+
+
+async def test_a_failed_flush_closes_the_partition_until_recovery(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    engine = await opener()
+    bad = await engine.add_partition(0)
+    good = await engine.add_partition(1)
+    await bad.append([make_record(0)])
+    bad_fd = engine.partition(0)._segments[-1].data_fd
+    real = os.fdatasync
+
+    def failing(fd: int) -> None:
+        if fd == bad_fd:
+            raise OSError(errno.EIO, "simulated disk error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(PartitionClosedError, match="simulated disk error"):
+        await bad.append([make_record(1)])
+    # never retried after a failed flush (the page cache may have dropped the pages)
+    with pytest.raises(PartitionClosedError):
+        await bad.append([make_record(1)])
+    with pytest.raises(PartitionClosedError):
+        bad.max_transaction_id()
+    await good.append([make_record(0, 1)])
+    await assert_log(engine, 1, 0)
+    monkeypatch.setattr(os, "fdatasync", real)
+    await engine.close()
+    engine = await opener()
+    assert engine.partition(0).max_transaction_id() in (0, 1)
+    await assert_log(engine, 1, 0)

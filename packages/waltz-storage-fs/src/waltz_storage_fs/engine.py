@@ -572,6 +572,13 @@ class FsStoragePartition(StoragePartition):
     def truncate_now(self, transaction_id: int) -> None:
         if self.broken is not None:
             raise self.broken_error()
+        try:
+            self._truncate_files(transaction_id)
+        except OSError as exc:  # the files are in an unknown state until recovery
+            self.mark_broken(exc)
+            raise self.broken_error() from exc
+
+    def _truncate_files(self, transaction_id: int) -> None:
         removed = False
         while self._segments and self._segments[-1].first > transaction_id:
             seg = self._segments.pop()
@@ -604,11 +611,17 @@ class FsStoragePartition(StoragePartition):
         self.publish()
 
     def set_info_now(self, info: SessionInfo) -> None:
+        if self.broken is not None:
+            raise self.broken_error()
         slot = 1 - self._info_slot
         sequence = self._info_sequence + 1
-        self._engine.control.write_struct(
-            self.partition_id, slot, fmt.InfoStruct(info, fmt.FLAG_ASSIGNED, sequence)
-        )
+        try:
+            self._engine.control.write_struct(
+                self.partition_id, slot, fmt.InfoStruct(info, fmt.FLAG_ASSIGNED, sequence)
+            )
+        except OSError as exc:
+            self.mark_broken(exc)
+            raise self.broken_error() from exc
         self._info, self._info_slot, self._info_sequence = info, slot, sequence
 
     def close_files(self) -> None:
