@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +48,14 @@ def test_storage_plugins_are_registered(name: str) -> None:
     descriptor = registry.get(PluginKind.STORAGE, name)
     assert descriptor.kind is PluginKind.STORAGE
     assert descriptor.conformance_harness
+    module_name, _, attribute = descriptor.conformance_harness.partition(":")
+    harness = getattr(importlib.import_module(module_name), attribute)()
+    assert isinstance(harness, StorageHarness)
+    assert harness.name == name
+    assert harness.engine_class is descriptor.factory
+    assert harness.capabilities == descriptor.capabilities
+    if harness.root.is_dir():  # the fs harness made itself a temp dir
+        harness.root.rmdir()
     if name == "fs":
         assert {"durable", "crash_reopen"} <= descriptor.capabilities
     else:
