@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -23,7 +24,7 @@ from waltz_client.sql import SQLAlchemyClientCallbacks, SqliteClientCallbacks
 
 WORKER = Path(__file__).with_name("sql_worker.py")
 PARTITIONS = 2
-COUNT = 150
+COUNT = 100
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -145,7 +146,9 @@ def test_a_bad_table_name_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "x.db").exists()
 
 
-def _spawn(backend: str, database: Path, name: str, slow_ms: int) -> subprocess.Popen[str]:
+def _spawn(
+    backend: str, database: Path, name: str, *, slow_ms: int, gate: Path, hang_at: int = 0
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -156,6 +159,8 @@ def _spawn(backend: str, database: Path, name: str, slow_ms: int) -> subprocess.
             str(COUNT),
             name,
             str(slow_ms),
+            str(gate),
+            str(hang_at),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -182,25 +187,44 @@ def test_processes_sharing_a_database_apply_each_transaction_once_despite_kill_9
 ) -> None:
     database = tmp_path / "shared.db"
     procs: dict[str, subprocess.Popen[str]] = {}
+    reports: dict[str, tuple[int, int]] = {}
     try:
-        procs["a"] = _spawn(backend, database, "a", 1)
-        procs["b"] = _spawn(backend, database, "b", 1)
-        procs["victim"] = _spawn(backend, database, "victim", 3)
+        gate = tmp_path / "gate"
+        gate.mkdir()
         deadline = time.monotonic() + 120
-        while _applied_by(database, "victim") < 10:
-            assert time.monotonic() < deadline, "the victim never applied anything"
-            assert procs["victim"].poll() is None, procs["victim"].communicate()
-            time.sleep(0.02)
-        # the victim sleeps inside its database transaction: a kill lands mid-transaction
+
+        def wait_for_file(path: Path, proc: subprocess.Popen[str]) -> None:
+            while not path.exists():
+                assert time.monotonic() < deadline, f"{path.name} never appeared"
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.02)
+
+        # the victim runs first and hangs inside its 5th database transaction (its
+        # changes made, not committed, the write lock held)
+        procs["victim"] = _spawn(backend, database, "victim", slow_ms=1, gate=gate, hang_at=5)
+        wait_for_file(gate / "ready-victim", procs["victim"])
+        (gate / "go-victim").write_text("")
+        wait_for_file(gate / "hanging-victim", procs["victim"])
+        # two more instances start and wait for the victim's lock; kill -9 the victim
+        for name in ("a", "b"):
+            procs[name] = _spawn(backend, database, name, slow_ms=1, gate=gate)
+        for name in ("a", "b"):
+            wait_for_file(gate / f"ready-{name}", procs[name])
+            (gate / f"go-{name}").write_text("")
+        time.sleep(0.3)
         os.kill(procs["victim"].pid, signal.SIGKILL)
         assert procs["victim"].wait(30) == -signal.SIGKILL
-        procs["restarted"] = _spawn(backend, database, "restarted", 1)
+        procs["restarted"] = _spawn(backend, database, "restarted", slow_ms=1, gate=gate)
+        wait_for_file(gate / "ready-restarted", procs["restarted"])
+        (gate / "go-restarted").write_text("")
         for name, proc in procs.items():
             if name == "victim":
                 continue
             out, err = proc.communicate(timeout=180)
             assert proc.returncode == 0, f"{name} failed:\n{err}"
-            assert f"{name} applied=" in out
+            match = re.search(rf"{name} applied=(\d+) skipped=(\d+)", out)
+            assert match, out
+            reports[name] = (int(match[1]), int(match[2]))
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -222,5 +246,12 @@ def test_processes_sharing_a_database_apply_each_transaction_once_despite_kill_9
         marks = dict(conn.execute("SELECT partition_id, high_water_mark FROM waltz_client_hwm"))
         assert marks == {p: COUNT - 1 for p in range(PARTITIONS)}
         workers = dict(conn.execute("SELECT worker, count(*) FROM applied GROUP BY worker"))
-    # the work was shared: several instances applied transactions
+    # the work was shared: several instances applied transactions, the victim's fifth
+    # (killed before its commit) is not among them
+    assert workers["victim"] == 4, workers
+    assert {w: n for w, n in workers.items() if w != "victim"} == {
+        w: applied for w, (applied, _) in reports.items() if applied
+    }
+    # instances met transactions another one had applied, and skipped them
+    assert sum(skipped for _, skipped in reports.values()) > 0, reports
     assert len([w for w, n in workers.items() if n > 0]) >= 2, workers

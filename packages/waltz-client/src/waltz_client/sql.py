@@ -136,13 +136,14 @@ class SqliteClientCallbacks(WaltzClientCallbacks, _Counters):
 
     def client_high_water_mark(self, partition_id: int) -> int:
         conn = self.connection()
-        conn.execute(
-            f"INSERT OR IGNORE INTO {self.table} (partition_id, high_water_mark) VALUES (?, ?)",
-            (partition_id, NO_TRANSACTION),
-        )
-        row = conn.execute(
-            f"SELECT high_water_mark FROM {self.table} WHERE partition_id = ?", (partition_id,)
-        ).fetchone()
+        select = f"SELECT high_water_mark FROM {self.table} WHERE partition_id = ?"
+        row = conn.execute(select, (partition_id,)).fetchone()
+        if row is None:  # first use of the partition: create its row (a write, once)
+            conn.execute(
+                f"INSERT OR IGNORE INTO {self.table} (partition_id, high_water_mark) VALUES (?, ?)",
+                (partition_id, NO_TRANSACTION),
+            )
+            row = conn.execute(select, (partition_id,)).fetchone()
         return int(row[0])
 
     def apply_transaction(self, transaction: Transaction) -> None:
