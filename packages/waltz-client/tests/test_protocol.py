@@ -16,7 +16,7 @@ import pytest
 from client_protocol_peer import ProtocolTestPeer
 from client_support import Cluster, Ctx, RecordingApp, mount, other
 
-from waltz_api.errors import ClientAheadError, ClientError
+from waltz_api.errors import ClientAheadError, ClientError, ServerError
 from waltz_api.messages import (
     AppendRequest,
     FeedData,
@@ -31,7 +31,7 @@ from waltz_api.messages import (
 )
 from waltz_api.types import Lock, LockMode, ReqId
 from waltz_api.wire import checksum
-from waltz_client import JSON, AsyncWaltzClient, TransactionBuilder
+from waltz_client import JSON, AsyncWaltzClient, Transaction, TransactionBuilder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -406,3 +406,47 @@ async def test_close_fails_pending_submissions(cluster: Cluster, peer: ProtocolT
     await client.close()
     with pytest.raises(ClientError, match="closed"):
         await asyncio.wait_for(submitted, 10)
+
+
+class AsyncApp(RecordingApp):
+    """Callbacks written as coroutines: run on the loop, data awaited."""
+
+    async def client_high_water_mark(self, partition_id: int) -> int:  # type: ignore[override]
+        return self.hwm.get(partition_id, -1)
+
+    async def apply_transaction(self, transaction: Transaction) -> None:  # type: ignore[override]
+        with pytest.raises(ClientError, match="cannot run on the client's event loop"):
+            transaction.get_data()  # blocking on the loop would deadlock: refused
+        data = await transaction.fetch_data(JSON)
+        self.data[(transaction.partition_id, transaction.transaction_id)] = JSON.serialize(data)
+        self.applied.append((transaction.partition_id, transaction.transaction_id, 0))
+        self.hwm[transaction.partition_id] = transaction.transaction_id
+
+
+async def test_async_callbacks_fetch_data_on_the_loop(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = AsyncApp(hwm={0: 1})
+    peer.data[(0, 2)] = JSON.serialize({"n": 2})
+    peer.data[(0, 3)] = JSON.serialize({"n": 3})
+    async with running(cluster, app, partitions=[0]):
+        _, request = await mount(peer, 0, feed=[(2, 0), (3, 0)])
+        assert request.client_high_water_mark == 1
+        await wait_for(lambda: app.hwm.get(0) == 3)
+        assert JSON.deserialize(app.data[(0, 3)]) == {"n": 3}
+        assert [r.transaction_id for r in peer.data_requests] == [2, 3]
+
+
+async def test_a_data_fetch_the_server_cannot_answer_is_reported(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp(fetch_data=True)
+    async with running(cluster, app, partitions=[0]):
+        await mount(peer, 0, feed=[(0, 0)])  # the peer has no data for transaction 0
+        _, again = await peer.expect(MountRequest)  # apply failed: reported, feed restarted
+        assert again.client_high_water_mark == -1
+        assert isinstance(app.errors[0][2], ServerError)
+        assert "no such transaction" in str(app.errors[0][2])
+        assert app.applied == []
