@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from cluster_fixture import InProcessCluster
 from test_server import RawClient
@@ -35,7 +36,7 @@ async def cluster() -> AsyncIterator[tuple[InProcessCluster, str]]:
         await made.close()
 
 
-def server_config(service: str, name: str) -> ServerNodeConfig:
+def server_config(service: str, name: str, http: bool = False) -> ServerNodeConfig:
     return config_from_mapping(
         ServerNodeConfig,
         {
@@ -46,6 +47,7 @@ def server_config(service: str, name: str) -> ServerNodeConfig:
                 "storage_endpoint": "memory://{}",
             },
             "server": {"lock_table": "exact"},
+            "http": {"enabled": http, "port": 0},
         },
     )
 
@@ -104,7 +106,7 @@ async def test_two_servers_share_the_partitions_and_survive_one_leaving(
 ) -> None:
     made, service = cluster
     meta = ClusterMetadata(made.coordination)
-    first = await start_server(server_config(service, "a"))
+    first = await start_server(server_config(service, "a", http=True))
     second = await start_server(server_config(service, "b"))
     servers = [first, second]
     try:
@@ -114,6 +116,20 @@ async def test_two_servers_share_the_partitions_and_survive_one_leaving(
         assert all(len(ps) == PARTITIONS // 2 for ps in held.values()), held
         marks = await write(made, meta, b"one-", 1)
         assert marks == {p: 9 for p in range(PARTITIONS)}
+        # health and metrics of the first server
+        assert first.http is not None
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{first.http.url}/health") as response:
+                assert response.status == 200
+                assert (await response.json())["status"] == "ok"
+            async with http.get(f"{first.http.url}/metrics") as response:
+                text = await response.text()
+        for partition in held[first.manager.server_id]:
+            assert (
+                f'waltz_server_appended_transactions_total{{partition="{partition}"}} 10.0' in text
+            )
+            assert f'waltz_server_high_water_mark{{partition="{partition}"}} 9.0' in text
+        assert "waltz_server_commit_latency_seconds_count 20.0" in text
         generations = {
             p: (await meta.partition_assignment(p)).value.generation for p in range(PARTITIONS)
         }

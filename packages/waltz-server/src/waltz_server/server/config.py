@@ -21,6 +21,10 @@ Example::
     [server.lock_table_options]
     size = 30000
 
+    [http]                                 # /health and Prometheus /metrics
+    enabled = true
+    port = 9600
+
 Every key can be overridden by environment: ``WALTZ_COORDINATION__URI``,
 ``WALTZ_TRANSPORT__ENDPOINT``, ``WALTZ_SERVER__LOCK_TABLE``...
 """
@@ -36,6 +40,7 @@ from waltz_api.errors import ConfigError
 from waltz_server.server.partition import PartitionConfig
 from waltz_server.server.server import ServerConfig
 from waltz_server.server.store import StoreConfig
+from waltz_server.storage_node.config import HttpSection
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -151,6 +156,7 @@ class ServerNodeConfig:
     coordination: CoordinationSection
     transport: ServerTransportSection
     server: ServerSection = field(default_factory=ServerSection)
+    http: HttpSection = field(default_factory=HttpSection)
     log_level: str = field(default="INFO", metadata={"choices": LOG_LEVELS, "help": "log level"})
 
 

@@ -31,6 +31,7 @@ from waltz_api.contracts.coordination import (
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, CoordinationError, PluginError, WaltzError
 from waltz_api.plugins import get_registry
+from waltz_server.observability import Check, HttpEndpoint, ServerMetrics
 from waltz_server.server.cluster_manager import (
     ClusterManager,
     PartitionEvent,
@@ -111,12 +112,41 @@ class RunningServer:
     manager: ClusterManager
     pool: StorageConnectionPool
     transport: Transport
+    http: HttpEndpoint | None = None
 
     async def stop(self) -> None:
         await self.manager.stop()
         await self.server.close()
         await self.pool.close()
         await self.transport.close()
+        if self.http is not None:
+            await self.http.close()
+
+
+def server_endpoint(running: RunningServer, host: str, port: int) -> HttpEndpoint:
+    """An (unstarted) /health and /metrics endpoint for ``running``."""
+    metrics = running.server.metrics or ServerMetrics()
+
+    def registered() -> Check:
+        manager = running.manager
+        if not manager.registered:
+            return Check(False, "not registered with the coordination service")
+        return Check(True, f"server {manager.server_id}{' (leader)' if manager.is_leader else ''}")
+
+    def partitions() -> Check:
+        held = running.server.partitions
+        not_ready = sorted(p for p, partition in held.items() if not partition.ready)
+        detail = f"{len(held)} served"
+        if not_ready:
+            return Check(False, f"{detail}; recovering: {not_ready}")
+        return Check(True, detail)
+
+    return HttpEndpoint(
+        metrics.registry,
+        host=host,
+        port=port,
+        checks={"coordination": registered, "partitions": partitions},
+    )
 
 
 def create_transport(config: ServerNodeConfig) -> Transport:
@@ -150,6 +180,7 @@ async def start_server(
     async def connector(storage_node: str, partition_id: int, session_id: int) -> StorageReplica:
         return await pool.connect(template.format(storage_node), partition_id, session_id)
 
+    metrics = ServerMetrics() if config.http.enabled else None
     manager_ref: list[ClusterManager] = []
     coordination = CurrentCoordination(lambda: manager_ref[0].coordination if manager_ref else None)
     server = WaltzServer(
@@ -159,6 +190,7 @@ async def start_server(
         connector=connector,
         config=config.server.to_server_config(),
         rng=rng,
+        metrics=metrics,
     )
     await server.start()
 
@@ -174,6 +206,7 @@ async def start_server(
         config.transport.advertised_endpoint or server.endpoint,
         preferred_partitions=config.server.preferred_partitions,
         on_event=on_event,
+        on_leader_write=None if metrics is None else lambda _: metrics.assignment_changes.inc(),
     )
     manager_ref.append(manager)
     try:
@@ -184,7 +217,16 @@ async def start_server(
         await transport.close()
         raise
     server.name = f"server:{manager.server_id}"
-    return RunningServer(server, manager, pool, transport)
+    running = RunningServer(server, manager, pool, transport)
+    if config.http.enabled:
+        running.http = server_endpoint(running, config.http.host, config.http.port)
+        try:
+            await running.http.start()
+        except BaseException:
+            running.http = None
+            await running.stop()
+            raise
+    return running
 
 
 async def serve(config: ServerNodeConfig, stop: asyncio.Event) -> None:

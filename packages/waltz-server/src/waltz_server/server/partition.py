@@ -49,6 +49,7 @@ from waltz_api.messages import (
 )
 from waltz_api.plugins import get_registry
 from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, ReqId
+from waltz_server.observability import ServerMetrics
 from waltz_server.server.caches import DataCache, FeedCache
 from waltz_server.server.store import StorePartition
 
@@ -110,8 +111,10 @@ class Partition:
         store: StorePartition,
         config: PartitionConfig | None = None,
         lock_table: LockTable | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.config = config or PartitionConfig()
+        self.metrics = metrics
         self.store = store
         self.partition_id = store.partition_id
         self.generation = store.generation
@@ -125,6 +128,8 @@ class Partition:
             self.config.append_queue_size
         )
         self._inflight: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._received_at: collections.deque[tuple[int, float]] = collections.deque()
+        self._lag_updated = 0.0
         self._client_seq: dict[int, int] = {}
         self._stream_seq: weakref.WeakKeyDictionary[ClientStream, dict[int, int]] = (
             weakref.WeakKeyDictionary()
@@ -163,6 +168,8 @@ class Partition:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._wake_feeds()
         await self.store.close()
+        if self.metrics is not None:
+            self.metrics.forget_partition(self.partition_id, tuple(self.store.replica_nodes))
 
     def detach(self, stream: ClientStream) -> None:
         """Forget a closed client stream (stops its feed)."""
@@ -183,12 +190,37 @@ class Partition:
         for record in records:
             self.data_cache.put(record.transaction_id, record.data, record.checksum)
         self._wake_feeds()
+        metrics = self.metrics
+        if metrics is not None:
+            now = asyncio.get_running_loop().time()
+            received = self._received_at
+            while received and received[0][0] <= high_water_mark:
+                _, at = received.popleft()
+                metrics.commit_latency.observe(now - at)
+            metrics.committed(self.partition_id, len(records))
+            metrics.set_high_water_mark(self.partition_id, high_water_mark)
+            if now - self._lag_updated >= 1.0:
+                self._lag_updated = now
+                self._report_lag(high_water_mark)
+
+    def _report_lag(self, high_water_mark: int) -> None:
+        session = self.store.session
+        if self.metrics is None or session is None:
+            return
+        acked = session.acknowledged_marks()
+        for replica in self.store.replica_nodes:
+            lag = high_water_mark - acked.get(replica, session.low_water_mark)
+            self.metrics.set_replica_lag(self.partition_id, replica, max(lag, 0))
 
     def _on_recovered(self, high_water_mark: int) -> None:
         # in-flight transactions of the old session may or may not have committed:
         # every lock now looks changed at the recovered mark (conservative, never unsafe)
         self.lock_table.reset(high_water_mark)
         self.stats.recoveries += 1
+        self._received_at.clear()
+        if self.metrics is not None:
+            self.metrics.recovered(self.partition_id)
+            self.metrics.set_high_water_mark(self.partition_id, high_water_mark)
         self._wake_feeds()
 
     def _wake_feeds(self) -> None:
@@ -264,6 +296,8 @@ class Partition:
         if req_id.generation != self.generation:
             # the client's view of the assignment is out of date: this is not ours to write
             self.stats.stale_generation += 1
+            if self.metrics is not None:
+                self.metrics.append_failed(self.partition_id, "generation")
             stream.post(
                 ErrorResponse(
                     req_id,
@@ -282,12 +316,16 @@ class Partition:
         conflict = self.lock_table.check(message.locks, message.client_high_water_mark)
         if conflict is not None:
             self.stats.lock_failures += 1
+            if self.metrics is not None:
+                self.metrics.lock_failed(self.partition_id)
             stream.post(LockFailure(req_id, conflict))
             return
         transaction_id, future = session.append(
             req_id, message.header, message.data, message.checksum
         )
         self.lock_table.record(message.locks, transaction_id)
+        if self.metrics is not None:
+            self._received_at.append((transaction_id, asyncio.get_running_loop().time()))
         future.add_done_callback(_consume)
         self._inflight.append(future)
         self.stats.appends += 1

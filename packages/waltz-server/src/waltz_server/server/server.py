@@ -43,6 +43,7 @@ from waltz_api.messages import (
     MountStatus,
 )
 from waltz_api.types import ReqId
+from waltz_server.observability import ServerMetrics
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.replica import ReplicaConnector
 from waltz_server.server.store import StoreConfig, StorePartition
@@ -178,6 +179,7 @@ class WaltzServer:
         config: ServerConfig | None = None,
         rng: random.Random | None = None,
         name: str = "server",
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.transport = transport
         self.requested_endpoint = endpoint
@@ -186,6 +188,7 @@ class WaltzServer:
         self.config = config or ServerConfig()
         self.rng = rng or random.Random()
         self.name = name
+        self.metrics = metrics
         self.partitions: dict[int, Partition] = {}
         self._listener: Listener | None = None
         self._connections: set[ClientConnection] = set()
@@ -232,9 +235,11 @@ class WaltzServer:
                 config=self.config.store,
                 rng=random.Random(self.rng.getrandbits(64)),
             )
-            partition = Partition(store=store, config=self.config.partition)
+            partition = Partition(store=store, config=self.config.partition, metrics=self.metrics)
             await partition.start()
             self.partitions[partition_id] = partition
+            if self.metrics is not None:
+                self.metrics.partitions_owned.set(len(self.partitions))
             log.info(
                 "%s: serving partition %d at generation %d", self.name, partition_id, generation
             )
@@ -248,6 +253,8 @@ class WaltzServer:
                 return
             del self.partitions[partition_id]
             await current.close()
+            if self.metrics is not None:
+                self.metrics.partitions_owned.set(len(self.partitions))
             log.info("%s: partition %d removed", self.name, partition_id)
 
     # -- connections ---------------------------------------------------------------------------

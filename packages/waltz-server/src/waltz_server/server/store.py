@@ -128,6 +128,10 @@ class StoreSession:
     def writable_replicas(self) -> list[str]:
         return sorted(self._acked)
 
+    def acknowledged_marks(self) -> dict[str, int]:
+        """The highest transaction id each writing replica acknowledged."""
+        return dict(self._acked)
+
     async def open(self) -> int:
         """Start the replica sessions and wait for recovery; returns the high-water mark."""
         for node in self._replica_nodes:
@@ -446,6 +450,10 @@ class StorePartition:
     @property
     def session(self) -> StoreSession | None:
         return self._session
+
+    @property
+    def replica_nodes(self) -> list[str]:
+        return list(self._replica_nodes)
 
     def set_listeners(
         self,
