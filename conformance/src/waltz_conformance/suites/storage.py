@@ -16,8 +16,9 @@ Capabilities (declared by the harness, never guessed):
 - ``reopen``: an engine closed and opened again at the same location sees
   everything that was stored.
 - ``crash_reopen``: a writer process killed with SIGKILL loses nothing it
-  was acknowledged. The harness needs ``engine_ref`` ("module:Class") so the
-  writer subprocess can open the engine.
+  was acknowledged (:meth:`StorageHarness.kill_writer_midway`). The harness
+  needs ``engine_ref`` ("module:Class") so the writer subprocess can open the
+  engine, or overrides :meth:`StorageHarness.writer_command`.
 - ``file_faults``: the harness can find records on disk and damage files
   (:meth:`StorageHarness.record_extent`, :meth:`StorageHarness.index_files`,
   :meth:`StorageHarness.tear_session_info`): cut files at every byte offset,
@@ -126,6 +127,65 @@ class StorageHarness(Harness):
 
     def copy_location(self, source: str, target: str) -> None:
         shutil.copytree(source, target)
+
+    # -- crash_reopen ----------------------------------------------------------------------
+
+    def writer_command(
+        self,
+        location: str,
+        cluster_key: uuid.UUID,
+        num_partitions: int,
+        partitions: list[int],
+        *,
+        batch: int = 5,
+        sessions: bool = False,
+    ) -> list[str]:
+        """The command of the writer process (override to run it elsewhere)."""
+        assert self.engine_ref, f"{self.name}: crash_reopen needs the harness's engine_ref"
+        command = [
+            sys.executable,
+            "-m",
+            "waltz_conformance.suites._storage_writer",
+            "--engine",
+            self.engine_ref,
+            "--location",
+            location,
+            "--cluster-key",
+            str(cluster_key),
+            "--num-partitions",
+            str(num_partitions),
+            "--options",
+            json.dumps(dict(self.options)),
+            "--batch",
+            str(batch),
+            "--partitions",
+            *(str(p) for p in partitions),
+        ]
+        if sessions:
+            command.append("--sessions")
+        return command
+
+    def kill_writer_midway(
+        self,
+        location: str,
+        cluster_key: uuid.UUID,
+        num_partitions: int,
+        partitions: list[int],
+        *,
+        target: int,
+        acked: dict[int, int],
+        batch: int = 5,
+        sessions: bool = False,
+    ) -> None:
+        """Run a writer process on the (closed) storage, let it acknowledge ``target``
+        appends (or session updates), then SIGKILL it while it writes.
+
+        ``acked`` gets the highest acknowledged id (or session id) per partition.
+        Blocking: call it through ``asyncio.to_thread``."""
+        command = self.writer_command(
+            location, cluster_key, num_partitions, partitions, batch=batch, sessions=sessions
+        )
+        _run_writer_and_kill(command, target, acked)
 
     # -- segments -------------------------------------------------------------------------
 
@@ -527,34 +587,22 @@ class StorageSuite:
     @requires("crash_reopen")
     async def test_kill_during_appends_loses_nothing_acknowledged(self, store: Store) -> None:
         harness = store.harness
-        assert harness.engine_ref, "crash_reopen needs the harness's engine_ref"
         engine = await store.open()
         for pid in (0, 1):
             await engine.add_partition(pid)
         await store.close()
         acked = {0: -1, 1: -1}
         for round_ in range(3):
-            command = [
-                sys.executable,
-                "-m",
-                "waltz_conformance.suites._storage_writer",
-                "--engine",
-                harness.engine_ref,
-                "--location",
+            await asyncio.to_thread(
+                harness.kill_writer_midway,
                 store.location,
-                "--cluster-key",
-                str(store.cluster_key),
-                "--num-partitions",
-                str(store.num_partitions),
-                "--options",
-                json.dumps(dict(harness.options)),
-                "--partitions",
-                "0",
-                "1",
-                "--batch",
-                str(1 + 4 * round_),
-            ]
-            await asyncio.to_thread(_run_writer_and_kill, command, 40 + 15 * round_, acked)
+                store.cluster_key,
+                store.num_partitions,
+                [0, 1],
+                target=40 + 15 * round_,
+                acked=acked,
+                batch=1 + 4 * round_,
+            )
             engine = await store.open()
             for pid in (0, 1):
                 part = engine.partition(pid)
@@ -566,32 +614,21 @@ class StorageSuite:
     @requires("crash_reopen")
     async def test_kill_during_session_info_updates(self, store: Store) -> None:
         harness = store.harness
-        assert harness.engine_ref, "crash_reopen needs the harness's engine_ref"
         engine = await store.open()
         for pid in (0, 1):
             await engine.add_partition(pid)
         await store.close()
         acked = {0: -1, 1: -1}
-        command = [
-            sys.executable,
-            "-m",
-            "waltz_conformance.suites._storage_writer",
-            "--engine",
-            harness.engine_ref,
-            "--location",
+        await asyncio.to_thread(
+            harness.kill_writer_midway,
             store.location,
-            "--cluster-key",
-            str(store.cluster_key),
-            "--num-partitions",
-            str(store.num_partitions),
-            "--options",
-            json.dumps(dict(harness.options)),
-            "--partitions",
-            "0",
-            "1",
-            "--sessions",
-        ]
-        await asyncio.to_thread(_run_writer_and_kill, command, 60, acked)
+            store.cluster_key,
+            store.num_partitions,
+            [0, 1],
+            target=60,
+            acked=acked,
+            sessions=True,
+        )
         engine = await store.open()
         for pid in (0, 1):
             info = engine.partition(pid).session_info()
