@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import zmq
 import zmq.asyncio
+import zmq.backend
 from zmq.utils.monitor import parse_monitor_message
 
 from waltz_api.contracts.transport import Connection, ConnectionHandler, Listener, Transport
@@ -52,6 +53,20 @@ ZAP_DOMAIN = "waltz"
 # messages drained from a socket per wake-up before yielding to the event loop
 DRAIN = 512
 _RETRY = (zmq.EAGAIN, zmq.EHOSTUNREACH)
+# the hot paths call pyzmq's Cython methods directly (the sugar layer's send adds ~1 us)
+_send = zmq.backend.Socket.send
+_recv = zmq.backend.Socket.recv
+_get = zmq.backend.Socket.get
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_SNDMORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_RCVMORE = int(zmq.RCVMORE)
+_pack_data = p.DATA_HEADER.pack
+_unpack_data = p.DATA_HEADER.unpack_from
+_HEADER = p.DATA_HEADER.size
+_DATA = p.KIND_DATA
+_BATCH = p.KIND_BATCH
+_SEQ_MASK = p.SEQ_MASK
+_BATCH_LIMIT = p.BATCH_LIMIT
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -64,20 +79,30 @@ class _Pump:
 
     The ZMQ_FD is edge-triggered and any operation on the socket (a send too) may
     consume its signal, so after sending, :meth:`poke` makes the loop look again.
+    ``handle`` gets each message (a DEALER) or ``handle_routed`` each identity and
+    body (a ROUTER).
     """
 
-    __slots__ = ("_fd", "_handle", "_loop", "_multipart", "_scheduled", "_socket", "closed")
+    __slots__ = (
+        "_fd",
+        "_handle",
+        "_handle_routed",
+        "_loop",
+        "_scheduled",
+        "_socket",
+        "closed",
+    )
 
     def __init__(
         self,
         socket: zmq.Socket[bytes],
-        handle: Callable[[Any], None],
-        multipart: bool,
+        handle: Callable[[bytes], None] | None = None,
+        handle_routed: Callable[[bytes, bytes], None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._socket = socket
         self._handle = handle
-        self._multipart = multipart
+        self._handle_routed = handle_routed
         self._scheduled = False
         self.closed = False
         self._fd: int = socket.getsockopt(zmq.FD)  # type: ignore[assignment]
@@ -94,13 +119,30 @@ class _Pump:
         if self.closed:
             return
         socket = self._socket
-        handle = self._handle
-        recv = socket.recv_multipart if self._multipart else socket.recv
+        recv = _recv
         try:
-            for _ in range(DRAIN):
-                handle(recv(zmq.NOBLOCK))
-                if self.closed:
-                    return
+            if self._handle_routed is not None:
+                routed = self._handle_routed
+                for _ in range(DRAIN):
+                    identity = recv(socket, _NOBLOCK)
+                    body = recv(socket, _NOBLOCK)  # a message's parts arrive together
+                    if _get(socket, _RCVMORE):
+                        extra = 0
+                        while _get(socket, _RCVMORE) and extra < 1000:
+                            recv(socket, _NOBLOCK)
+                            extra += 1
+                        log.warning(
+                            "dropped a multipart message (this transport sends single frames)"
+                        )
+                        continue
+                    routed(identity, body)
+                    if self.closed:
+                        return
+            else:
+                for _ in range(DRAIN):
+                    self._handle(recv(socket, _NOBLOCK))  # type: ignore[misc]
+                    if self.closed:
+                        return
         except zmq.Again:
             return
         except zmq.ZMQError as exc:
@@ -139,11 +181,13 @@ class _Wire:
 
     def _send_now(self, message: bytes) -> None:
         if self._identity is None:
-            self._shadow.send(message, zmq.NOBLOCK)
+            _send(self._shadow, message, _NOBLOCK)
         else:
-            self._shadow.send(self._identity, zmq.NOBLOCK | zmq.SNDMORE)
-            self._shadow.send(message, zmq.NOBLOCK)
-        self._pump.poke()
+            _send(self._shadow, self._identity, _NOBLOCK_SNDMORE)
+            _send(self._shadow, message, _NOBLOCK)
+        pump = self._pump
+        if not pump._scheduled:
+            pump.poke()
 
     def send(self, message: bytes) -> None:
         conn = self._conn
@@ -294,15 +338,15 @@ class ZmqConnection(Connection):
         if self._coalesce:
             self._out.append(frame)
             self._out_bytes += size
-            if self._out_bytes >= p.BATCH_LIMIT:
+            if self._out_bytes >= _BATCH_LIMIT:
                 self._flush()
             elif not self._flush_scheduled:
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
         else:
-            assert self._wire is not None
-            self._wire.send(p.DATA_HEADER.pack(p.KIND_DATA, self._seq_out) + frame)
-            self._seq_out = (self._seq_out + 1) & p.SEQ_MASK
+            seq = self._seq_out
+            self._seq_out = (seq + 1) & _SEQ_MASK
+            self._wire.send(_pack_data(_DATA, seq) + frame)  # type: ignore[union-attr]
 
     async def send_many(self, frames: list[bytes]) -> None:
         for frame in frames:
@@ -445,15 +489,6 @@ class ZmqConnection(Connection):
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _deliver(self, frame: bytes) -> None:
-        size = len(frame)
-        if size > self._max:
-            raise ProtocolError(
-                f"received a frame of {size} bytes, above max_frame_size {self._max}"
-            )
-        self._inbox.append(frame)
-        self._inbox_bytes += size
-
     def on_message(self, message: bytes) -> None:
         """One message from the peer (the reader calls this; never raises)."""
         self._heard = True
@@ -461,24 +496,33 @@ class ZmqConnection(Connection):
             return
         try:
             kind = message[0]
-            if kind in (p.KIND_DATA, p.KIND_BATCH):
-                p.require(len(message) >= p.DATA_HEADER.size, "truncated data header")
-                _, seq = p.DATA_HEADER.unpack_from(message)
+            if kind in (_DATA, _BATCH):
+                if len(message) < _HEADER:
+                    raise ProtocolError("truncated data header")
+                seq = _unpack_data(message)[1]
                 if seq != self._seq_in:
                     raise ProtocolError(
                         f"message {seq} arrived where {self._seq_in} was due: messages were lost "
                         "in transit (a frame above the receiver's max_frame_size, or a broken "
                         "link)"
                     )
-                self._seq_in = (seq + 1) & p.SEQ_MASK
-                if kind == p.KIND_DATA:
-                    self._deliver(message[p.DATA_HEADER.size :])
+                self._seq_in = (seq + 1) & _SEQ_MASK
+                inbox = self._inbox
+                if kind == _DATA:
+                    frame = message[_HEADER:]
+                    size = len(frame)
+                    if size > self._max:
+                        raise ProtocolError(
+                            f"received a frame of {size} bytes, above max_frame_size {self._max}"
+                        )
+                    inbox.append(frame)
+                    self._inbox_bytes += size
                 else:
                     for frame in p.unpack_batch(message, self._max):
-                        self._inbox.append(frame)
+                        inbox.append(frame)
                         self._inbox_bytes += len(frame)
                 if (
-                    len(self._inbox) > self._window_frames
+                    len(inbox) > self._window_frames
                     or self._inbox_bytes > self._window_bytes + self._max
                 ):
                     raise ProtocolError("the peer sent beyond its flow-control window")
@@ -564,13 +608,12 @@ class ClientConnection(ZmqConnection):
     # resolved by the listener's first answer (WELCOME, or CLOSE when it refuses)
     welcome: asyncio.Future[None] | None = None
 
-    def on_message(self, message: bytes) -> None:
+    def on_first_message(self, message: bytes) -> None:
+        """The listener's answer to the hello; every later message goes to on_message."""
+        self.pump._handle = self.on_message
         welcome = self.welcome
-        if welcome is None:
-            super().on_message(message)
-            return
         self.welcome = None
-        if welcome.done():
+        if welcome is None or welcome.done():
             return
         kind = message[:1]
         if kind == bytes([p.KIND_WELCOME]):
@@ -639,25 +682,18 @@ class ZmqListener(Listener):
         self._connections: dict[bytes, ServerConnection] = {}
         self._lineages: dict[tuple[str, str], ServerConnection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pump = _Pump(socket, self._on_parts, multipart=True)
+        self._pump = _Pump(socket, handle_routed=self._on_routed)
 
     @property
     def endpoint(self) -> str:
         return self._endpoint
 
-    def _on_parts(self, parts: list[bytes]) -> None:
-        if len(parts) == 2:
-            conn = self._connections.get(parts[0])
-            if conn is not None:
-                conn.on_message(parts[1])
-            else:
-                self._on_stranger(parts[0], parts[1])
+    def _on_routed(self, identity: bytes, body: bytes) -> None:
+        conn = self._connections.get(identity)
+        if conn is not None:
+            conn.on_message(body)
         else:
-            log.warning(
-                "%s: dropped a %d-part message (this transport sends single frames)",
-                self._endpoint,
-                len(parts),
-            )
+            self._on_stranger(identity, body)
 
     def _reply(self, identity: bytes, message: bytes) -> None:
         """Best effort, never queued: to a peer that has no connection here."""
@@ -968,7 +1004,7 @@ class ZmqTransport(Transport):
         conn.socket = socket
         conn.welcome = asyncio.get_running_loop().create_future()
         welcome = conn.welcome
-        conn.pump = _Pump(socket, conn.on_message, multipart=False)
+        conn.pump = _Pump(socket, handle=conn.on_first_message)
         conn._wire = _Wire(socket, conn.pump, None, conn, opts.hwm)
         conn._wire.send(
             p.control(

@@ -1,0 +1,435 @@
+"""The zmq transport beside bare pyzmq, with 100-byte payloads, in one run.
+
+Every case runs both ends in this process on one asyncio event loop over real
+loopback TCP sockets (the same conditions for bare pyzmq and for the
+transport), best of ``--repeat`` runs:
+
+1. One-way messages/s: a sender task sends N payloads, a receiver task takes
+   them; time until the last one arrived.
+   - bare pyzmq PUSH/PULL with asyncio sockets (``await send/recv`` per message)
+   - bare pyzmq PUSH/PULL "drained": plain sockets, the FD read from the loop and
+     drained without blocking (what the transport itself does: the fair ceiling)
+   - zmq transport, ``send`` without coalescing (one ZeroMQ message per frame)
+   - zmq transport, ``send`` with coalescing (frames of one loop iteration packed)
+   - zmq transport, ``send_many`` of 100 frames
+2. Pipelined request/response round trips/s: the client sends N requests,
+   at most WINDOW in flight, while it reads the replies; the server echoes each.
+   - bare pyzmq DEALER/ROUTER, asyncio sockets and drained, single-frame payloads
+   - zmq transport without and with coalescing
+3. Ping-pong latency (one request in flight): p50/p99 in microseconds.
+
+Also printed: peak RSS of the process. Figures only; never pass/fail.
+
+    .venv/bin/python bench/transport.py [--messages 200000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+import zmq
+import zmq.asyncio
+
+from waltz_api.contracts.transport import Connection
+from waltz_api.errors import ConnectionClosedError
+from waltz_transport_zmq import ZmqTransport
+
+PAYLOAD = b"p" * 100
+# requests in flight in the pipelined cases (a ROUTER drops replies beyond its HWM)
+WINDOW = 1000
+
+
+# -- bare pyzmq -----------------------------------------------------------------------
+
+
+async def bare_push_pull(n: int) -> float:
+    ctx = zmq.asyncio.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 10000)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 10000)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    await push.send(b"warm")
+    await pull.recv()
+    try:
+
+        async def sender() -> None:
+            for _ in range(n):
+                await push.send(PAYLOAD)
+
+        start = time.perf_counter()
+        task = asyncio.create_task(sender())
+        for _ in range(n):
+            await pull.recv()
+        elapsed = time.perf_counter() - start
+        await task
+        return n / elapsed
+    finally:
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
+
+
+class _Reader:
+    """The best a hand-written asyncio program gets from pyzmq, and what the transport
+    itself does: the socket's FD watched by the loop and drained without blocking (no
+    Future per message). The FD is edge-triggered and a send on the socket may consume
+    its signal, so a sender calls :meth:`poke` to make the loop look again."""
+
+    def __init__(self, socket: zmq.Socket[bytes], on_message: Callable[[], None]) -> None:
+        self.socket = socket
+        self.on_message = on_message
+        self.loop = asyncio.get_running_loop()
+        self.scheduled = False
+        self.fd = cast(int, socket.getsockopt(zmq.FD))
+        self.loop.add_reader(self.fd, self.readable)
+
+    def poke(self) -> None:
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.readable)
+
+    def readable(self) -> None:
+        self.scheduled = False
+        try:
+            for _ in range(512):
+                self.on_message()
+        except zmq.Again:
+            return
+        self.poke()
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+
+
+async def bare_push_pull_drained(n: int) -> float:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    count = -1  # the warm-up message
+    warm = asyncio.Event()
+
+    def on_message() -> None:
+        nonlocal count
+        pull.recv(zmq.NOBLOCK)
+        count += 1
+        if count == 0:
+            warm.set()
+        if count == n:
+            done.set_result(time.perf_counter())
+
+    reader = _Reader(pull, on_message)
+    try:
+        push.send(b"warm")
+        await asyncio.wait_for(warm.wait(), 10)
+        start = time.perf_counter()
+        for _ in range(n):
+            while True:
+                try:
+                    push.send(PAYLOAD, zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    await asyncio.sleep(0)
+        end = await asyncio.wait_for(done, 120)
+        return n / (end - start)
+    finally:
+        reader.close()
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
+
+
+async def bare_dealer_router_drained(n: int) -> float:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    loop = asyncio.get_running_loop()
+    window = asyncio.Semaphore(WINDOW)
+    done: asyncio.Future[float] = loop.create_future()
+    replies = -1  # the warm-up round trip
+    warm = asyncio.Event()
+
+    def on_request() -> None:
+        identity = router.recv(zmq.NOBLOCK)
+        body = router.recv(zmq.NOBLOCK)
+        router.send(identity, zmq.SNDMORE)
+        router.send(body)
+        server.poke()
+
+    def on_reply() -> None:
+        nonlocal replies
+        dealer.recv(zmq.NOBLOCK)
+        replies += 1
+        window.release()
+        if replies == 0:
+            warm.set()
+        if replies == n:
+            done.set_result(time.perf_counter())
+
+    server, client = _Reader(router, on_request), _Reader(dealer, on_reply)
+    try:
+        await window.acquire()
+        dealer.send(b"warm")
+        client.poke()
+        await asyncio.wait_for(warm.wait(), 10)
+        start = time.perf_counter()
+        for _ in range(n):
+            await window.acquire()
+            while True:
+                try:
+                    dealer.send(PAYLOAD, zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    await asyncio.sleep(0)
+            client.poke()
+        end = await asyncio.wait_for(done, 120)
+        return n / (end - start)
+    finally:
+        server.close()
+        client.close()
+        dealer.close(linger=0)
+        router.close(linger=0)
+        ctx.term()
+
+
+async def bare_dealer_router(n: int) -> float:
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.SNDHWM, 10000)
+    router.setsockopt(zmq.RCVHWM, 10000)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.SNDHWM, 10000)
+    dealer.setsockopt(zmq.RCVHWM, 10000)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+
+    async def serve() -> None:
+        while True:
+            identity, body = await router.recv_multipart()
+            await router.send_multipart([identity, body])
+
+    server = asyncio.create_task(serve())
+    await dealer.send(b"warm")
+    await dealer.recv()
+    window = asyncio.Semaphore(WINDOW)
+    try:
+
+        async def sender() -> None:
+            for _ in range(n):
+                await window.acquire()
+                await dealer.send(PAYLOAD)
+
+        start = time.perf_counter()
+        task = asyncio.create_task(sender())
+        for _ in range(n):
+            await dealer.recv()
+            window.release()
+        elapsed = time.perf_counter() - start
+        await task
+        return n / elapsed
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+        dealer.close(linger=0)
+        router.close(linger=0)
+        ctx.term()
+
+
+async def bare_ping_pong(n: int) -> list[float]:
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+
+    async def serve() -> None:
+        while True:
+            await router.send_multipart(await router.recv_multipart())
+
+    server = asyncio.create_task(serve())
+    try:
+        latencies = []
+        for _ in range(n):
+            start = time.perf_counter()
+            await dealer.send(PAYLOAD)
+            await dealer.recv()
+            latencies.append(time.perf_counter() - start)
+        return latencies
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+        dealer.close(linger=0)
+        router.close(linger=0)
+        ctx.term()
+
+
+# -- the zmq transport ------------------------------------------------------------------
+
+
+async def _echo(conn: Connection) -> None:
+    try:
+        while True:
+            await conn.send(await conn.recv())
+    except ConnectionClosedError:
+        return
+
+
+async def transport_one_way(n: int, coalesce: bool, batch: int = 0) -> float:
+    received = asyncio.get_running_loop().create_future()
+
+    async def sink(conn: Connection) -> None:
+        await conn.recv()  # warm-up
+        for _ in range(n):
+            await conn.recv()
+        received.set_result(time.perf_counter())
+
+    server, client = ZmqTransport({"coalesce": coalesce}), ZmqTransport({"coalesce": coalesce})
+    try:
+        listener = await server.listen("tcp://127.0.0.1:*", sink)
+        conn = await client.connect(listener.endpoint, timeout=10)
+        await conn.send(b"warm")
+        start = time.perf_counter()
+        if batch:
+            frames = [PAYLOAD] * batch
+            for _ in range(n // batch):
+                await conn.send_many(frames)
+        else:
+            for _ in range(n):
+                await conn.send(PAYLOAD)
+        end: float = await asyncio.wait_for(received, 120)
+        return n / (end - start)
+    finally:
+        await client.close()
+        await server.close()
+
+
+async def transport_round_trips(n: int, coalesce: bool) -> float:
+    server, client = ZmqTransport({"coalesce": coalesce}), ZmqTransport({"coalesce": coalesce})
+    try:
+        listener = await server.listen("tcp://127.0.0.1:*", _echo)
+        conn = await client.connect(listener.endpoint, timeout=10)
+        await conn.send(b"warm")
+        await conn.recv()
+        window = asyncio.Semaphore(WINDOW)
+
+        async def sender() -> None:
+            for _ in range(n):
+                await window.acquire()
+                await conn.send(PAYLOAD)
+
+        start = time.perf_counter()
+        task = asyncio.create_task(sender())
+        for _ in range(n):
+            await conn.recv()
+            window.release()
+        elapsed = time.perf_counter() - start
+        await task
+        return n / elapsed
+    finally:
+        await client.close()
+        await server.close()
+
+
+async def transport_ping_pong(n: int, coalesce: bool) -> list[float]:
+    server, client = ZmqTransport({"coalesce": coalesce}), ZmqTransport({"coalesce": coalesce})
+    try:
+        listener = await server.listen("tcp://127.0.0.1:*", _echo)
+        conn = await client.connect(listener.endpoint, timeout=10)
+        latencies = []
+        for _ in range(n):
+            start = time.perf_counter()
+            await conn.send(PAYLOAD)
+            await conn.recv()
+            latencies.append(time.perf_counter() - start)
+        return latencies
+    finally:
+        await client.close()
+        await server.close()
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+async def best(repeat: int, case: Callable[[], Awaitable[float]]) -> float:
+    return max([await case() for _ in range(repeat)])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(rows: list[tuple[str, float]], bare: float, drained: float) -> None:
+    print(f"  {'':44s} {'per second':>12s}  {'vs asyncio':>10s}  {'vs drained':>10s}")
+    for label, value in rows:
+        print(f"  {label:44s} {value:12,.0f}  {value / bare:10.0%}  {value / drained:10.0%}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pings", type=int, default=5000)
+    args = parser.parse_args()
+    n, r = args.messages, args.repeat
+    print(
+        f"100-byte payloads, {n} messages per run, best of {r}; pyzmq {zmq.__version__}, "
+        f"libzmq {zmq.zmq_version()}; both ends on one event loop over loopback TCP\n"
+    )
+
+    print("one-way messages/s")
+    bare = await best(r, lambda: bare_push_pull(n))
+    drained = await best(r, lambda: bare_push_pull_drained(n))
+    rows = [
+        ("bare pyzmq PUSH/PULL (asyncio sockets)", bare),
+        ("bare pyzmq PUSH/PULL (drained loop)", drained),
+        ("zmq transport send, no coalescing", await best(r, lambda: transport_one_way(n, False))),
+        ("zmq transport send, coalescing", await best(r, lambda: transport_one_way(n, True))),
+        ("zmq transport send_many(100)", await best(r, lambda: transport_one_way(n, True, 100))),
+    ]
+    report(rows, bare, drained)
+
+    print(f"\npipelined request/response round trips/s ({WINDOW} in flight)")
+    # pyzmq's asyncio ROUTER/DEALER is slow enough here that fewer messages suffice
+    bare = await best(r, lambda: bare_dealer_router(min(n, 20_000)))
+    drained = await best(r, lambda: bare_dealer_router_drained(n))
+    rows = [
+        ("bare pyzmq DEALER/ROUTER (asyncio sockets)", bare),
+        ("bare pyzmq DEALER/ROUTER (drained loop)", drained),
+        ("zmq transport, no coalescing", await best(r, lambda: transport_round_trips(n, False))),
+        ("zmq transport, coalescing", await best(r, lambda: transport_round_trips(n, True))),
+    ]
+    report(rows, bare, drained)
+
+    print("\nping-pong latency (one request in flight), microseconds")
+    cases: list[tuple[str, Callable[[], Awaitable[list[float]]]]] = [
+        ("bare pyzmq DEALER/ROUTER", lambda: bare_ping_pong(args.pings)),
+        ("zmq transport, no coalescing", lambda: transport_ping_pong(args.pings, False)),
+        ("zmq transport, coalescing", lambda: transport_ping_pong(args.pings, True)),
+    ]
+    for label, case in cases:
+        latencies = await case()
+        print(
+            f"  {label:40s} p50 {percentile(latencies, 0.5) * 1e6:8.1f}  "
+            f"p99 {percentile(latencies, 0.99) * 1e6:8.1f}  "
+            f"mean {statistics.fmean(latencies) * 1e6:8.1f}"
+        )
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\npeak RSS of this process: {peak:.0f} MiB")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
