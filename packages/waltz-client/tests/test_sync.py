@@ -139,3 +139,30 @@ def test_builder_validates_its_input() -> None:
     b.set_header(-(2**31)).set_data(bytearray(b"ab")).write_lock("a", 1).read_lock("a", 2)
     assert b.header == -(2**31) and b.data == b"ab" and len(b.locks) == 2
     assert b.lock_request().write and b.lock_request().read and not b.lock_request().append
+
+
+def test_blocking_calls_from_a_callback_are_refused(
+    remote: tuple[LoopThread, Cluster, ProtocolTestPeer],
+) -> None:
+    bg, cluster, peer = remote
+    refused: list[BaseException] = []
+    holder: list[WaltzClient] = []
+
+    class Reentrant(RecordingApp):
+        def apply_transaction(self, transaction: Transaction) -> None:
+            try:
+                holder[0].flush(0)  # would wait for the feed this thread is applying
+            except ClientError as exc:
+                refused.append(exc)
+            super().apply_transaction(transaction)
+
+    app = Reentrant()
+    config = cluster.config(transport="zmq", partitions=[0])
+    with WaltzClient(app, config, start_timeout=30) as client:
+        holder.append(client)
+        bg.run(mount(peer, 0, feed=[(0, 1)]))
+        deadline = time.monotonic() + 10
+        while app.hwm.get(0) != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert len(refused) == 1 and "from the client's own threads" in str(refused[0])

@@ -155,8 +155,12 @@ class TransactionContext(ABC):
         """The partition of this transaction, in ``range(num_partitions)``."""
 
     @abstractmethod
-    def execute(self, builder: TransactionBuilder) -> bool:
-        """Fill ``builder``; return False to drop the transaction (nothing is sent)."""
+    def execute(self, builder: TransactionBuilder) -> bool | Awaitable[bool]:
+        """Fill ``builder``; return False to drop the transaction (nothing is sent).
+
+        A plain method runs on the client's callback thread (with the read of the
+        client high-water mark, so no apply runs in between); an ``async def`` one
+        runs on the event loop, which saves a thread hop per attempt."""
 
     def on_completion(self, committed: bool) -> None:  # noqa: B027
         """Called once when done: True when committed, False when execute declined."""

@@ -101,6 +101,8 @@ R = TypeVar("R")
 M = TypeVar("M", bound=Message)
 INT32_MAX = 2**31 - 1
 _INBOX_SIZE = 4096
+_FEED_BATCH = 512
+CALLBACK_THREAD_PREFIX = "waltz-callbacks"
 
 
 @dataclass(frozen=True)
@@ -449,16 +451,100 @@ class _Partition:
     # -- the stream, in order ----------------------------------------------------------------------
 
     async def _work(self) -> None:
+        inbox = self.inbox
+        batchable = not inspect.iscoroutinefunction(self.client.callbacks.apply_transaction)
         while True:
-            channel, message = await self.inbox.get()
+            channel, message = await inbox.get()
             if channel is not self.channel:
                 continue  # a message of a replaced connection or an earlier assignment
             try:
-                await self._handle(message)
+                if batchable and isinstance(message, FeedData) and not inbox.empty():
+                    # consecutive feed items go to the callback thread in one hop
+                    run = [message]
+                    pending: tuple[_Channel, Message] | None = None
+                    while not inbox.empty() and len(run) < _FEED_BATCH:
+                        item = inbox.get_nowait()
+                        if item[0] is channel and isinstance(item[1], FeedData):
+                            run.append(item[1])
+                        else:
+                            pending = item
+                            break
+                    await self._on_feed_run(run)
+                    if pending is not None and pending[0] is self.channel:
+                        await self._handle(pending[1])
+                else:
+                    await self._handle(message)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("partition %d: failed to handle %s", self.id, message)
+
+    async def _on_feed_run(self, run: list[FeedData]) -> None:
+        """Feed items in order; runs of consecutive APPLY items are applied by plain
+        callbacks in one callback-thread hop (same outcome as one by one)."""
+        i = 0
+        while i < len(run):
+            first = run[i]
+            if (
+                self.mount.state not in (MountState.MOUNTING, MountState.MOUNTED)
+                or self.feed.classify(first.transaction_id) is not FeedAction.APPLY
+            ):
+                await self._on_feed(first)
+                i += 1
+                continue
+            j = i + 1
+            while j < len(run) and run[j].transaction_id == first.transaction_id + (j - i):
+                j += 1
+            await self._apply_run(run[i:j])
+            i = j
+
+    async def _apply_run(self, items: list[FeedData]) -> None:
+        client = self.client
+        resolutions = [self.monitor.on_feed(m.req_id, m.transaction_id) for m in items]
+        transactions = [
+            Transaction(
+                self.id,
+                m.transaction_id,
+                m.header,
+                m.req_id,
+                fetch=client._fetch_data,
+                blocking=client._blocking_runner,
+            )
+            for m in items
+        ]
+        apply = client.callbacks.apply_transaction
+
+        def apply_all() -> tuple[int, Exception | None]:
+            for k, transaction in enumerate(transactions):
+                try:
+                    apply(transaction)
+                except Exception as exc:
+                    return k, exc
+            return len(transactions), None
+
+        assert client._loop is not None and client._executor is not None
+        done, error = await client._loop.run_in_executor(client._executor, apply_all)
+        for k in range(done):
+            self._resolve(resolutions[k], applied=True)
+            self.feed.advance(items[k].transaction_id)
+        client.transactions_seen += done
+        if error is not None:
+            for k in range(done, len(items)):
+                self._resolve(resolutions[k], applied=False)  # committed, not applied
+            self._apply_failed(items[done].transaction_id, error)
+        if done:
+            self._advance_waiters()
+
+    def _apply_failed(self, transaction_id: int, exc: Exception) -> None:
+        log.warning(
+            "partition %d: apply_transaction(%d) failed: %r; the feed restarts from "
+            "the client high-water mark",
+            self.id,
+            transaction_id,
+            exc,
+        )
+        self.client._report(self.id, transaction_id, exc)
+        self._unmount_and_retry()
 
     async def _handle(self, message: Message) -> None:
         if isinstance(message, FeedData):
@@ -492,7 +578,6 @@ class _Partition:
             self._unmount_and_retry()
             return
         resolutions = self.monitor.on_feed(message.req_id, message.transaction_id)
-        applied = True
         if action is FeedAction.APPLY:
             client = self.client
             transaction = Transaction(
@@ -506,19 +591,10 @@ class _Partition:
             try:
                 await client._call_callback(client.callbacks.apply_transaction, transaction)
             except Exception as exc:
-                applied = False
-                log.warning(
-                    "partition %d: apply_transaction(%d) failed: %r; the feed restarts from "
-                    "the client high-water mark",
-                    self.id,
-                    message.transaction_id,
-                    exc,
-                )
-                client._report(self.id, message.transaction_id, exc)
-        self._resolve(resolutions, applied=applied and action is FeedAction.APPLY)
-        if not applied:
-            self._unmount_and_retry()
-            return
+                self._resolve(resolutions, applied=False)
+                self._apply_failed(message.transaction_id, exc)
+                return
+        self._resolve(resolutions, applied=action is FeedAction.APPLY)
         self.feed.advance(message.transaction_id)
         self.client.transactions_seen += 1
         self._advance_waiters()
@@ -787,7 +863,9 @@ class AsyncWaltzClient:
 
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="waltz-callbacks")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=CALLBACK_THREAD_PREFIX
+        )
         try:
             descriptor = get_registry().get("transport", self.config.transport)
             transport = descriptor.factory(dict(self.config.transport_options))
@@ -930,10 +1008,9 @@ class AsyncWaltzClient:
         p = partition.id
         while True:
             await partition.wait_mounted()
-            hwm = await self._call_callback(self.callbacks.client_high_water_mark, p)
-            builder = TransactionBuilder(p, hwm)
-            context.attempts += 1
-            if not await self._call_callback(context.execute, builder):
+            builder, go = await self._build(context, p)
+            hwm = builder.client_high_water_mark
+            if not go:
                 _hook(context.on_completion, False)
                 return False
             if not partition.mount.appends_allowed or partition.channel is None:
@@ -957,6 +1034,28 @@ class AsyncWaltzClient:
                 await partition.wait_retry(resolution.transaction_id)
             else:
                 await partition.wait_retry(None)
+
+    async def _build(self, context: TransactionContext, p: int) -> tuple[TransactionBuilder, bool]:
+        """Read the client high-water mark and execute the context (one callback-thread
+        hop when both are plain methods, so an apply never runs in between)."""
+        read_hwm = self.callbacks.client_high_water_mark
+
+        def checked(hwm: object) -> TransactionBuilder:
+            if isinstance(hwm, bool) or not isinstance(hwm, int):
+                raise ClientError(f"client_high_water_mark returned {hwm!r}, not an int")
+            context.attempts += 1
+            return TransactionBuilder(p, hwm)
+
+        if inspect.iscoroutinefunction(read_hwm) or inspect.iscoroutinefunction(context.execute):
+            builder = checked(await self._call_callback(read_hwm, p))
+            return builder, bool(await self._call_callback(context.execute, builder))
+
+        def build() -> tuple[TransactionBuilder, bool]:
+            builder = checked(read_hwm(p))
+            return builder, bool(context.execute(builder))
+
+        assert self._loop is not None and self._executor is not None
+        return await self._loop.run_in_executor(self._executor, build)
 
     # -- flush, high-water mark, data --------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from typing import Any, Self, TypeVar
 
 from waltz_api.errors import ClientError
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
-from waltz_client.client import AsyncWaltzClient, ClientConfig
+from waltz_client.client import CALLBACK_THREAD_PREFIX, AsyncWaltzClient, ClientConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,13 @@ class WaltzClient:
         if self._closed:
             coro.close()
             raise ClientError("the Waltz client is closed")
-        if threading.current_thread() is self._thread:
+        current = threading.current_thread()
+        if current is self._thread or current.name.startswith(CALLBACK_THREAD_PREFIX):
             coro.close()
             raise ClientError(
-                "a blocking WaltzClient method was called on the client's own loop thread "
-                "(from a hook); call it from another thread"
+                "a blocking WaltzClient method was called from the client's own threads (a "
+                "callback or hook): it would wait for the feed that thread is processing; "
+                "call it from another thread"
             )
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 

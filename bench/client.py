@@ -1,0 +1,293 @@
+"""The client's own cost: feed consumption and submissions, beside the raw protocol.
+
+There is no Waltz server here (it is not ready yet): the far end is a scripted
+*echo peer* on real ZeroMQ loopback sockets in the same process and loop. It
+streams FeedData on a mount and answers every AppendRequest at once with the
+FeedData that "commits" it, and every TransactionDataRequest with 100 bytes.
+So the figures are the client library's overhead (codec, transport, monitor,
+callbacks), an upper bound of what it can do with a real server.
+
+1. Feed consumption, transactions/s: headers only (plain callbacks on the
+   callback thread; async callbacks on the loop), and with data fetched lazily
+   per transaction (one RPC round trip each, then cached).
+2. Submit throughput through ``AsyncWaltzClient.submit`` (200 in flight per
+   partition), p50/p99 latency of one submit, beside the raw protocol (append
+   requests pipelined by hand over a ProtocolConnection, same window) in the
+   same run.
+Also printed: peak RSS. Figures only; never pass/fail.
+
+    .venv/bin/python bench/client.py [--feed 50000] [--submits 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.contracts.transport import Connection, Transport
+from waltz_api.errors import TransportError
+from waltz_api.messages import (
+    AppendRequest,
+    FeedData,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+    TransactionDataRequest,
+    TransactionDataResponse,
+)
+from waltz_api.plugins import get_registry
+from waltz_api.types import LockRequest, ReqId
+from waltz_api.wire import ProtocolConnection, Role, checksum, encode_feed_data
+from waltz_client import (
+    AsyncWaltzClient,
+    ClientConfig,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
+
+DATA = bytes(range(100))
+WINDOW = 200
+
+
+class EchoPeer:
+    """Scripted protocol peer: commits every append at once (not a server)."""
+
+    def __init__(self, feed_length: int) -> None:
+        self.transport: Transport = get_registry().get("transport", "zmq").factory({})
+        self.feed_length = feed_length
+        self.next_id = 0
+        self.endpoint = ""
+
+    async def start(self) -> None:
+        listener = await self.transport.listen("tcp://127.0.0.1:0", self._serve)
+        self.endpoint = listener.endpoint
+
+    async def _serve(self, conn: Connection) -> None:
+        proto = ProtocolConnection(Role.ACCEPTOR, sender="bench-echo-peer")
+        try:
+            proto.receive_frame(await conn.recv())
+            await conn.send(proto.send(proto.hello_response()))
+            while True:
+                message = proto.receive_frame(await conn.recv())
+                if isinstance(message, MountRequest):
+                    await self._mount(conn, proto, message)
+                elif isinstance(message, AppendRequest):
+                    tid = self.next_id
+                    self.next_id += 1
+                    await conn.send(proto.send(FeedData(message.req_id, tid, message.header)))
+                elif isinstance(message, TransactionDataRequest):
+                    await conn.send(
+                        proto.send(
+                            TransactionDataResponse(
+                                message.req_id, message.transaction_id, True, DATA, checksum(DATA)
+                            )
+                        )
+                    )
+        except TransportError:
+            return
+
+    async def _mount(self, conn: Connection, proto: ProtocolConnection, m: MountRequest) -> None:
+        start = m.client_high_water_mark + 1
+        other = ReqId(10**6, m.req_id.generation, m.req_id.partition_id, 1)
+        for chunk in range(start, self.feed_length, 1000):
+            end = min(chunk + 1000, self.feed_length)
+            await conn.send_many(encode_feed_data(FeedData(other, t, 0) for t in range(chunk, end)))
+        self.next_id = max(self.next_id, self.feed_length)
+        top = self.next_id - 1
+        await conn.send(proto.send(MountResponse(m.req_id, MountStatus.READY, top)))
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+class Counting(WaltzClientCallbacks):
+    def __init__(self, target: int, fetch: bool) -> None:
+        self.hwm = -1
+        self.target = target
+        self.fetch = fetch
+        self.done = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if self.fetch:
+            transaction.get_data()
+        self.hwm = transaction.transaction_id
+        if self.hwm >= self.target:
+            self.loop.call_soon_threadsafe(self.done.set)
+
+
+class AsyncCounting(Counting):
+    async def client_high_water_mark(self, partition_id: int) -> int:  # type: ignore[override]
+        return self.hwm
+
+    async def apply_transaction(self, transaction: Transaction) -> None:  # type: ignore[override]
+        if self.fetch:
+            await transaction.fetch_data()
+        self.hwm = transaction.transaction_id
+        if self.hwm >= self.target:
+            self.done.set()
+
+
+class Append(TransactionContext):
+    """A plain ``execute``: runs on the callback thread (one thread hop per attempt)."""
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_data(DATA)
+        return True
+
+
+class AsyncAppend(Append):
+    """An ``async def execute``: runs on the event loop."""
+
+    async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+        builder.set_data(DATA)
+        return True
+
+
+async def make_cluster(root: Path, endpoint: str) -> str:
+    uri = f"local://{root}?root=/bench"
+    coordination = coordination_from_uri(uri)
+    await coordination.start()
+    try:
+        metadata = ClusterMetadata(coordination)
+        await metadata.create_cluster(num_partitions=1, num_replicas=1, storage_nodes=["s:1"])
+        current = await metadata.partition_assignment(0)
+        await metadata.assign_partition(0, 1, endpoint, expected_version=current.version)
+    finally:
+        await coordination.close()
+    return uri
+
+
+async def feed_case(n: int, *, fetch: bool, use_async: bool) -> float:
+    peer = EchoPeer(n)
+    await peer.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = await make_cluster(Path(tmp), peer.endpoint)
+        callbacks = (AsyncCounting if use_async else Counting)(n - 1, fetch)
+        started = time.perf_counter()
+        async with AsyncWaltzClient(callbacks, ClientConfig(uri, transport="zmq")):
+            await asyncio.wait_for(callbacks.done.wait(), 600)
+            elapsed = time.perf_counter() - started
+    await peer.close()
+    return n / elapsed
+
+
+async def submit_case(n: int, context: type[Append]) -> tuple[float, list[float]]:
+    peer = EchoPeer(0)
+    await peer.start()
+    latencies: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = await make_cluster(Path(tmp), peer.endpoint)
+        callbacks = AsyncCounting(n - 1, False)
+        config = ClientConfig(uri, transport="zmq", max_concurrent_transactions=WINDOW)
+        async with AsyncWaltzClient(callbacks, config) as client:
+            loop = asyncio.get_running_loop()
+
+            async def one() -> None:
+                t0 = loop.time()
+                task = await client.enqueue(context())
+                task.add_done_callback(lambda _: latencies.append(loop.time() - t0))
+                tasks.append(task)
+
+            tasks: list[asyncio.Task[bool]] = []
+            started = time.perf_counter()
+            for _ in range(n):
+                await one()
+            await asyncio.gather(*tasks)
+            elapsed = time.perf_counter() - started
+    await peer.close()
+    return n / elapsed, latencies
+
+
+async def raw_case(n: int) -> float:
+    """The same appends without the client: hand-made requests, WINDOW in flight."""
+    peer = EchoPeer(0)
+    await peer.start()
+    transport: Transport = get_registry().get("transport", "zmq").factory({})
+    conn = await transport.connect(peer.endpoint)
+    proto = ProtocolConnection(Role.INITIATOR, sender="client:raw")
+    await conn.send(proto.start_handshake())
+    proto.receive_frame(await conn.recv())
+    await conn.send(proto.send(MountRequest(ReqId(1, 0, 0, 0), -1, 1)))
+    proto.receive_frame(await conn.recv())  # READY
+    credit = asyncio.Semaphore(WINDOW)
+    done = asyncio.Event()
+    received = 0
+
+    async def reader() -> None:
+        nonlocal received
+        while received < n:
+            proto.receive_frame(await conn.recv())
+            received += 1
+            credit.release()
+        done.set()
+
+    task = asyncio.get_running_loop().create_task(reader())
+    started = time.perf_counter()
+    for seq in range(1, n + 1):
+        await credit.acquire()
+        await conn.send(
+            proto.send(
+                AppendRequest(ReqId(1, 0, 0, seq), -1, LockRequest(), 0, DATA, checksum(DATA))
+            )
+        )
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    await task
+    await transport.close()
+    await peer.close()
+    return n / elapsed
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--feed", type=int, default=50000)
+    parser.add_argument("--data-feed", type=int, default=5000)
+    parser.add_argument("--submits", type=int, default=20000)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    print("feed consumption (scripted echo peer over zmq loopback, one process):")
+    rate = await feed_case(args.feed, fetch=False, use_async=False)
+    print(f"  headers only, plain callbacks (callback thread): {rate:10,.0f} tx/s")
+    rate = await feed_case(args.feed, fetch=False, use_async=True)
+    print(f"  headers only, async callbacks (event loop):      {rate:10,.0f} tx/s")
+    rate = await feed_case(args.data_feed, fetch=True, use_async=False)
+    print(f"  with data (lazy RPC per tx), plain callbacks:    {rate:10,.0f} tx/s")
+    rate = await feed_case(args.data_feed, fetch=True, use_async=True)
+    print(f"  with data (lazy RPC per tx), async callbacks:    {rate:10,.0f} tx/s")
+
+    print(f"submits, 100-byte data, {WINDOW} in flight:")
+    for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):
+        rate, latencies = await submit_case(args.submits, context)
+        print(
+            f"  AsyncWaltzClient.submit, {label}: {rate:8,.0f} tx/s   "
+            f"p50 {pct(latencies, 0.5):.2f} ms  p99 {pct(latencies, 0.99):.2f} ms"
+        )
+    rate = await raw_case(args.submits)
+    print(f"  raw protocol (no client):              {rate:8,.0f} tx/s")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS: {peak:.0f} MiB")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
