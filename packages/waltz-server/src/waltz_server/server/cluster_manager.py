@@ -273,8 +273,9 @@ class ClusterManager:
 
     @property
     def is_leader(self) -> bool:
-        """Whether this server last confirmed (by a fresh read) that it leads."""
-        return self._leader and self._registered
+        """Whether this server leads: it last confirmed so by a fresh read, and its session
+        is connected (a suspended leader makes no assignment)."""
+        return self._leader and self._registered and self._connected()
 
     @property
     def registered(self) -> bool:
