@@ -42,6 +42,7 @@ class ProtocolTestPeer:
     client's messages, answer them."""
 
     def __init__(self, *, transport: str = "memory", answer_data: bool = True) -> None:
+        self.transport_name = transport
         self.transport: Transport = get_registry().get("transport", transport).factory({})
         self.endpoint = (
             f"memory://waltz-client-protocol-peer-{next(_names)}"

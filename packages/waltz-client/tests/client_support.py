@@ -76,6 +76,16 @@ async def peer() -> AsyncIterator[ProtocolTestPeer]:
         await p.close()
 
 
+@pytest.fixture(params=["memory", "zmq"])
+async def any_peer(request: pytest.FixtureRequest) -> AsyncIterator[ProtocolTestPeer]:
+    """A protocol test peer on the ``memory`` transport, then on real ZeroMQ sockets."""
+    p = await ProtocolTestPeer(transport=request.param).start()
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
 @dataclass
 class RecordingApp(WaltzClientCallbacks):
     """An application keeping its state in memory: high-water marks and applied transactions."""

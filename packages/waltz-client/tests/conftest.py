@@ -7,6 +7,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from client_support import cluster, peer
+from client_support import any_peer, cluster, peer
 
-__all__ = ["cluster", "peer"]
+__all__ = ["any_peer", "cluster", "peer"]

@@ -19,6 +19,8 @@ from client_support import Cluster, Ctx, RecordingApp, mount, other
 from waltz_api.errors import ClientAheadError, ClientError, ServerError
 from waltz_api.messages import (
     AppendRequest,
+    ErrorCode,
+    ErrorResponse,
     FeedData,
     FlushRequest,
     FlushResponse,
@@ -28,8 +30,10 @@ from waltz_api.messages import (
     MountRequest,
     MountResponse,
     MountStatus,
+    RangeReadRequest,
+    RangeReadResponse,
 )
-from waltz_api.types import Lock, LockMode, ReqId
+from waltz_api.types import Lock, LockMode, Record, ReqId
 from waltz_api.wire import checksum
 from waltz_client import JSON, AsyncWaltzClient, Transaction, TransactionBuilder
 
@@ -59,12 +63,13 @@ async def wait_for(predicate: object, timeout: float = 10.0) -> None:
 
 
 async def test_mount_carries_ids_and_the_feed_is_applied_in_order_once(
-    cluster: Cluster, peer: ProtocolTestPeer
+    cluster: Cluster, any_peer: ProtocolTestPeer
 ) -> None:
+    peer = any_peer
     generation = await cluster.assign(0, peer)
     await cluster.assign(1, peer)
     app = RecordingApp(hwm={1: 4})
-    async with running(cluster, app) as client:
+    async with running(cluster, app, transport=peer.transport_name) as client:
         conn, request = await mount(peer, 0, feed=[(0, 10), (1, 11), (2, 12)])
         assert request.req_id.client_id == client.client_id >= 0
         assert request.req_id.generation == generation
@@ -153,11 +158,12 @@ async def test_an_older_pending_append_fails_when_a_newer_one_commits_and_is_ret
 
 
 async def test_reconnect_blocks_appends_until_the_mount_completes_then_fails_pending(
-    cluster: Cluster, peer: ProtocolTestPeer
+    cluster: Cluster, any_peer: ProtocolTestPeer
 ) -> None:
+    peer = any_peer
     await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with running(cluster, app, transport=peer.transport_name, partitions=[0]) as client:
         await mount(peer, 0, feed=[(0, 0)])
         ctx = Ctx()
         submitted = asyncio.ensure_future(client.submit(ctx))
@@ -201,11 +207,12 @@ async def test_a_pending_append_committed_before_the_mount_response_is_not_retri
 
 
 async def test_lock_failure_waits_for_the_failing_transaction_then_re_executes(
-    cluster: Cluster, peer: ProtocolTestPeer
+    cluster: Cluster, any_peer: ProtocolTestPeer
 ) -> None:
+    peer = any_peer
     await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with running(cluster, app, transport=peer.transport_name, partitions=[0]) as client:
         conn, _ = await mount(peer, 0, feed=[(0, 0), (1, 0), (2, 0), (3, 0)])
         await wait_for(lambda: app.hwm.get(0) == 3)
         ctx = Ctx()
@@ -450,3 +457,41 @@ async def test_a_data_fetch_the_server_cannot_answer_is_reported(
         assert isinstance(app.errors[0][2], ServerError)
         assert "no such transaction" in str(app.errors[0][2])
         assert app.applied == []
+
+
+async def test_an_append_refused_for_a_stale_generation_is_retried_after_a_new_mount(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        conn, _ = await mount(peer, 0)
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        await conn.send(ErrorResponse(append.req_id, ErrorCode.STALE_GENERATION, "moved"))
+        # the client re-reads the assignment (unchanged here) and mounts again first
+        conn, _ = await mount(peer, 0)
+        _, retried = await peer.expect(AppendRequest)
+        assert retried.req_id != append.req_id
+        await conn.send(FeedData(retried.req_id, 0, 7))
+        assert await asyncio.wait_for(submitted, 10) is True
+        assert ctx.attempts == 2
+
+
+async def test_range_read_over_rpc(cluster: Cluster, peer: ProtocolTestPeer) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]) as client:
+        await mount(peer, 0)
+        reading = asyncio.ensure_future(client.range_read(0, 3, max_records=2))
+        conn, request = await peer.expect(RangeReadRequest)
+        assert (request.start_transaction_id, request.max_records) == (3, 2)
+        records = tuple(Record(t, other(0, t), 0, b"d%d" % t, checksum(b"d%d" % t)) for t in (3, 4))
+        await conn.send(RangeReadResponse(request.req_id, 9, records))
+        hwm, got = await asyncio.wait_for(reading, 10)
+        assert hwm == 9 and [r.data for r in got] == [b"d3", b"d4"]
+        stream = next(
+            c for c in peer.connections if any(isinstance(m, MountRequest) for m in c.received)
+        )
+        assert conn is not stream  # RPC connection, not the stream

@@ -37,7 +37,7 @@ import inspect
 import itertools
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -257,7 +257,7 @@ class _Channel:
         for partition in list(self.partitions):
             partition.channel_lost(self)
         self.partitions.clear()
-        asyncio.get_running_loop().create_task(self.close())
+        self.client._spawn(self.close())
 
     async def close(self) -> None:
         self.closed = True
@@ -303,6 +303,7 @@ class _Partition:
         self._tasks: list[asyncio.Task[None]] = []
         self._delayed: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._failures = 0
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -385,7 +386,10 @@ class _Partition:
             else:
                 self.need_mount.set()
 
-        self._delayed = loop.call_later(self.client.config.retry_interval, fire)
+        # back off while mounts keep failing (an unreachable server, NOT_READY...)
+        delay = min(self.client.config.retry_interval * 2 ** min(self._failures, 8), 5.0)
+        self._failures += 1
+        self._delayed = loop.call_later(delay, fire)
 
     async def _refresh(self) -> None:
         try:
@@ -621,6 +625,7 @@ class _Partition:
         if decision is MountDecision.READY:
             self._resolve(self.monitor.fail_all())
             self.mounts += 1
+            self._failures = 0
             self.mounted.set()
             self._release_retries()
             log.info(
@@ -835,6 +840,7 @@ class AsyncWaltzClient:
         self._req_seq = itertools.count(1)
         self._watches: list[Watch] = []
         self._fetching: dict[tuple[int, int], asyncio.Future[bytes]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = -1
@@ -927,6 +933,9 @@ class AsyncWaltzClient:
         for channel in list(self._channels.values()):
             await channel.close()
         self._channels.clear()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         for future in self._fetching.values():
             if not future.done():
                 future.set_exception(ClientError("the Waltz client is closed"))
@@ -1188,6 +1197,11 @@ class AsyncWaltzClient:
             await channel.open()
             self._channels[endpoint] = channel
             return channel
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _channel_lost(self, channel: _Channel) -> None:
         if self._channels.get(channel.endpoint) is channel:
