@@ -37,6 +37,7 @@ from waltz_api.contracts.coordination import (
     Versioned,
     Watch,
 )
+from waltz_api.coordination_support import Notifier
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
@@ -46,7 +47,6 @@ from waltz_api.errors import (
     NotEmptyError,
     SessionLostError,
 )
-from waltz_coord_etcd._notify import Notifier
 from waltz_coord_etcd.gateway import (
     GRPC_NOT_FOUND,
     JSON,

@@ -30,6 +30,7 @@ from waltz_api.contracts.coordination import (
     Versioned,
     Watch,
 )
+from waltz_api.coordination_support import Notifier
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
@@ -38,7 +39,6 @@ from waltz_api.errors import (
     NodeExistsError,
     SessionLostError,
 )
-from waltz_coord_local._notify import Notifier
 from waltz_coord_local.store import LocalStore, NodeState, PollResult, SessionGone
 
 log = logging.getLogger(__name__)
