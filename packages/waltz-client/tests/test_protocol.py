@@ -405,14 +405,22 @@ async def test_execute_declining_or_raising(cluster: Cluster, peer: ProtocolTest
 async def test_close_fails_pending_submissions(cluster: Cluster, peer: ProtocolTestPeer) -> None:
     await cluster.assign(0, peer)
     app = RecordingApp()
-    client = AsyncWaltzClient(app, cluster.config(partitions=[0]))
+    client = AsyncWaltzClient(app, cluster.config(partitions=[0], max_concurrent_transactions=1))
     await client.start()
     await mount(peer, 0)
     submitted = asyncio.ensure_future(client.submit(Ctx()))
     await peer.expect(AppendRequest)
+    # a second submission waits for a slot (limit 1): closing releases it too
+    waiting = asyncio.ensure_future(client.submit(Ctx()))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
     await client.close()
     with pytest.raises(ClientError, match="closed"):
         await asyncio.wait_for(submitted, 10)
+    with pytest.raises(ClientError, match="closed"):
+        await asyncio.wait_for(waiting, 10)
+    with pytest.raises(ClientError, match="not running"):
+        await client.submit(Ctx())
 
 
 class AsyncApp(RecordingApp):

@@ -201,6 +201,8 @@ def test_concurrency_limit_is_fifo_and_hands_slots_over() -> None:
     assert limit.release() == "c"  # the slot passes to c directly
     assert limit.in_use == 2
     assert limit.cancel("d") and not limit.cancel("d")
+    assert not limit.try_acquire("e")
+    assert limit.drain() == ["e"] and limit.waiting == 0
     assert limit.release() is None and limit.release() is None
     assert limit.in_use == 0
     with pytest.raises(ClientError, match="without a slot"):

@@ -326,6 +326,7 @@ class _Partition:
             *self.outcomes.values(),
             *self.requests.values(),
             *self.retries.drain(),
+            *self.limit.drain(),
         ]
         for future in futures:
             if not future.done():
@@ -713,8 +714,10 @@ class _Partition:
         try:
             await future
         except BaseException:
-            if not self.limit.cancel(future):
+            if future.done() and not future.cancelled() and future.exception() is None:
                 self.release_slot()  # the slot was handed over as we were cancelled
+            else:
+                self.limit.cancel(future)
             raise
 
     def release_slot(self) -> None:

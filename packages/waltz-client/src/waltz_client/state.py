@@ -271,6 +271,12 @@ class ConcurrencyLimit(Generic[W]):
         self.in_use -= 1
         return None
 
+    def drain(self) -> list[W]:
+        """Every queued waiter, withdrawn (the client is closing)."""
+        waiters = list(self._waiters)
+        self._waiters.clear()
+        return waiters
+
     def cancel(self, waiter: W) -> bool:
         """Withdraw a queued waiter (True if it was queued)."""
         try:
