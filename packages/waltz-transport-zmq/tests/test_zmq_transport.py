@@ -161,3 +161,31 @@ def test_local_endpoints() -> None:
     assert not is_local_endpoint("tcp://0.0.0.0:5")
     assert not is_local_endpoint("tcp://*:5")
     assert not is_local_endpoint("tcp://example.com:5")
+
+
+async def test_frame_beyond_zmq_maxmsgsize_closes_only_that_connection() -> None:
+    """A frame far above the receiver's limit is dropped by libzmq itself (ZMQ_MAXMSGSIZE
+    cuts the TCP link); the sequence check turns the loss into a closed connection."""
+    server = ZmqTransport(
+        {"max_frame_size": 64 * 1024, "heartbeat_interval": 0.2, "heartbeat_timeout": 1.0}
+    )
+    client = ZmqTransport({"max_frame_size": 4 * 1024 * 1024})
+    try:
+        listener = await server.listen("tcp://127.0.0.1:*", echo)
+        victim = await client.connect(listener.endpoint, timeout=5)
+        bystander = await client.connect(listener.endpoint, timeout=5)
+        for conn in (victim, bystander):
+            await conn.send(b"hi")
+            assert await asyncio.wait_for(conn.recv(), 10) == b"hi"
+        await victim.send(b"z" * (1024 * 1024))
+        await victim.send(b"after the big one")
+        with pytest.raises(ConnectionClosedError):
+            async with asyncio.timeout(client.failure_detection_bound + 3):
+                got = await victim.recv()
+                pytest.fail(f"a frame arrived after a lost one: {got[:20]!r}")
+        for i in range(20):
+            await bystander.send(b"%d" % i)
+            assert await asyncio.wait_for(bystander.recv(), 10) == b"%d" % i
+    finally:
+        await client.close()
+        await server.close()

@@ -88,6 +88,7 @@ class _Pump:
         "_handle",
         "_handle_routed",
         "_loop",
+        "_routes",
         "_scheduled",
         "_socket",
         "closed",
@@ -98,11 +99,15 @@ class _Pump:
         socket: zmq.Socket[bytes],
         handle: Callable[[bytes], None] | None = None,
         handle_routed: Callable[[bytes, bytes], None] | None = None,
+        routes: dict[bytes, ServerConnection] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._socket = socket
         self._handle = handle
+        # a ROUTER: messages of known identities go straight to their connection,
+        # the others to handle_routed
         self._handle_routed = handle_routed
+        self._routes: dict[bytes, ServerConnection] = routes if routes is not None else {}
         self._scheduled = False
         self.closed = False
         self._fd: int = socket.getsockopt(zmq.FD)  # type: ignore[assignment]
@@ -122,7 +127,8 @@ class _Pump:
         recv = _recv
         try:
             if self._handle_routed is not None:
-                routed = self._handle_routed
+                stranger = self._handle_routed
+                routes = self._routes
                 for _ in range(DRAIN):
                     identity = recv(socket, _NOBLOCK)
                     body = recv(socket, _NOBLOCK)  # a message's parts arrive together
@@ -135,7 +141,11 @@ class _Pump:
                             "dropped a multipart message (this transport sends single frames)"
                         )
                         continue
-                    routed(identity, body)
+                    conn = routes.get(identity)
+                    if conn is not None:
+                        conn.on_message(body)
+                    else:
+                        stranger(identity, body)
                     if self.closed:
                         return
             else:
@@ -199,7 +209,12 @@ class _Wire:
             self._pending.append(message)
             return
         try:
-            self._send_now(message)
+            # _send_now, inlined: this is the hot path of every frame
+            if self._identity is None:
+                _send(self._shadow, message, _NOBLOCK)
+            else:
+                _send(self._shadow, self._identity, _NOBLOCK_SNDMORE)
+                _send(self._shadow, message, _NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno not in _RETRY:
                 conn._break(f"cannot send to the peer ({exc.strerror})")
@@ -209,6 +224,10 @@ class _Wire:
             # the wait if the peer is gone
             self._pending.append(message)
             self._backoff_task = asyncio.get_running_loop().create_task(self._drain())
+            return
+        pump = self._pump
+        if not pump._scheduled:
+            pump.poke()
 
     async def _drain(self) -> None:
         delay = 0.0005
@@ -682,18 +701,11 @@ class ZmqListener(Listener):
         self._connections: dict[bytes, ServerConnection] = {}
         self._lineages: dict[tuple[str, str], ServerConnection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pump = _Pump(socket, handle_routed=self._on_routed)
+        self._pump = _Pump(socket, handle_routed=self._on_stranger, routes=self._connections)
 
     @property
     def endpoint(self) -> str:
         return self._endpoint
-
-    def _on_routed(self, identity: bytes, body: bytes) -> None:
-        conn = self._connections.get(identity)
-        if conn is not None:
-            conn.on_message(body)
-        else:
-            self._on_stranger(identity, body)
 
     def _reply(self, identity: bytes, message: bytes) -> None:
         """Best effort, never queued: to a peer that has no connection here."""
