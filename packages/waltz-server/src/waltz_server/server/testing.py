@@ -4,6 +4,7 @@ protocol client (handshake, send, collect) over any Transport."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -103,6 +104,8 @@ class RawClient:
         self.conn = conn
         self.protocol = protocol
         self.received: list[Message] = []
+        self.counts: collections.Counter[type[Message]] = collections.Counter()
+        """Messages received so far by type (also those a caller removed from ``received``)."""
         self.closed = False
         self._event = asyncio.Event()
         self._reader = asyncio.create_task(self._read(), name=f"raw-client-{conn.connection_id}")
@@ -126,7 +129,9 @@ class RawClient:
     async def _read(self) -> None:
         try:
             while True:
-                self.received.append(self.protocol.receive_frame(await self.conn.recv()))
+                message = self.protocol.receive_frame(await self.conn.recv())
+                self.received.append(message)
+                self.counts[type(message)] += 1
                 self._notify()
         except (ConnectionClosedError, ProtocolError, WaltzError) as exc:
             log.debug("raw client: connection ends: %s", exc)
@@ -145,11 +150,12 @@ class RawClient:
         return [m for m in self.received if isinstance(m, kind)]
 
     async def wait(self, kind: type[M], count: int = 1, timeout: float = 30.0) -> list[M]:
-        """Until ``count`` messages of ``kind`` arrived (raises TimeoutError, or
-        ConnectionClosedError when the connection ended first)."""
+        """Until ``count`` messages of ``kind`` arrived in all (raises TimeoutError, or
+        ConnectionClosedError when the connection ended first); those still in
+        ``received``."""
 
         async def loop() -> None:
-            while len(self.of(kind)) < count:
+            while self.counts[kind] < count:
                 if self.closed:
                     raise ConnectionClosedError("the server closed the connection")
                 await self._event.wait()
