@@ -172,14 +172,15 @@ async def make_cluster(root: Path, endpoint: str) -> str:
     return uri
 
 
-async def feed_case(n: int, *, fetch: bool, use_async: bool) -> float:
+async def feed_case(n: int, *, fetch: bool, use_async: bool, prefetch: bool = False) -> float:
     peer = EchoPeer(n)
     await peer.start()
     with tempfile.TemporaryDirectory() as tmp:
         uri = await make_cluster(Path(tmp), peer.endpoint)
         callbacks = (AsyncCounting if use_async else Counting)(n - 1, fetch)
         started = time.perf_counter()
-        async with AsyncWaltzClient(callbacks, ClientConfig(uri, transport="zmq")):
+        config = ClientConfig(uri, transport="zmq", prefetch_data=prefetch)
+        async with AsyncWaltzClient(callbacks, config):
             await asyncio.wait_for(callbacks.done.wait(), 600)
             elapsed = time.perf_counter() - started
     await peer.close()
@@ -275,6 +276,8 @@ async def main() -> None:
     print(f"  with data (lazy RPC per tx), plain callbacks:    {rate:10,.0f} tx/s")
     rate = await feed_case(args.data_feed, fetch=True, use_async=True)
     print(f"  with data (lazy RPC per tx), async callbacks:    {rate:10,.0f} tx/s")
+    rate = await feed_case(args.feed, fetch=True, use_async=False, prefetch=True)
+    print(f"  with data, prefetch_data=True, plain callbacks:  {rate:10,.0f} tx/s")
 
     print(f"submits, 100-byte data, {WINDOW} in flight:")
     for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):

@@ -20,7 +20,7 @@ import asyncio
 import sqlite3
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +104,8 @@ def main() -> int:
     async def fetch(p: int, tid: int) -> bytes:
         return JSON.serialize({"amount": amount(p, tid)})
 
-    def blocking(make: Callable[[], Awaitable[bytes]]) -> bytes:
-        async def run() -> bytes:
-            return await make()
-
-        return loop.run_until_complete(run())
+    def blocking(p: int, tid: int) -> bytes:
+        return loop.run_until_complete(fetch(p, tid))
 
     n = int(count)
     slow = int(slow_ms) / 1000

@@ -32,6 +32,8 @@ from waltz_api.messages import (
     MountStatus,
     RangeReadRequest,
     RangeReadResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
 )
 from waltz_api.types import Lock, LockMode, Record, ReqId
 from waltz_api.wire import checksum
@@ -503,3 +505,26 @@ async def test_range_read_over_rpc(cluster: Cluster, peer: ProtocolTestPeer) -> 
             c for c in peer.connections if any(isinstance(m, MountRequest) for m in c.received)
         )
         assert conn is not stream  # RPC connection, not the stream
+
+
+async def test_prefetch_fetches_each_transaction_once_before_the_callbacks_ask(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp(fetch_data=True)
+    peer.answer_data = False  # the test answers, once every request is in
+    async with running(cluster, app, partitions=[0], prefetch_data=True) as client:
+        await mount(peer, 0, feed=[(t, 0) for t in range(10)])
+        # all ten requests are out before any answer: pipelined, not one per callback
+        requests = [await peer.expect(TransactionDataRequest) for _ in range(10)]
+        assert sorted(r.transaction_id for _, r in requests) == list(range(10))
+        assert app.applied == []
+        for conn, r in requests:
+            data = b"data-%d" % r.transaction_id
+            await conn.send(
+                TransactionDataResponse(r.req_id, r.transaction_id, True, data, checksum(data))
+            )
+        await wait_for(lambda: app.hwm.get(0) == 9)
+        assert [app.data[(0, t)] for t in range(10)] == [b"data-%d" % t for t in range(10)]
+        await peer.nothing_more(TransactionDataRequest, 0.2)  # the callbacks hit the cache
+        assert client.cache.hits >= 10

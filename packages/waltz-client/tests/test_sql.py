@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,12 +35,9 @@ def txn(p: int, tid: int, data: bytes = b"x") -> Transaction:
 
     loop = asyncio.new_event_loop()
 
-    def blocking(make: Callable[[], Awaitable[bytes]]) -> bytes:
-        async def run() -> bytes:
-            return await make()
-
+    def blocking(partition: int, transaction_id: int) -> bytes:
         try:
-            return loop.run_until_complete(run())
+            return loop.run_until_complete(fetch(partition, transaction_id))
         finally:
             loop.close()
 

@@ -203,7 +203,8 @@ class WaltzClientCallbacks(ABC):
 
 DataFetcher = Callable[[int, int], Awaitable[bytes]]
 """(partition_id, transaction_id) -> data: how a :class:`Transaction` loads its data."""
-BlockingRunner = Callable[[Callable[[], Awaitable[bytes]]], bytes]
+BlockingFetcher = Callable[[int, int], bytes]
+"""(partition_id, transaction_id) -> data, blocking: :meth:`Transaction.get_data` off the loop."""
 
 
 class Transaction:
@@ -223,7 +224,7 @@ class Transaction:
         req_id: ReqId,
         *,
         fetch: DataFetcher,
-        blocking: BlockingRunner | None = None,
+        blocking: BlockingFetcher | None = None,
     ) -> None:
         self.partition_id = partition_id
         self.transaction_id = transaction_id
@@ -263,7 +264,7 @@ class Transaction:
                 "Transaction.get_data() blocks, so it cannot run on the client's event loop; "
                 "use `await transaction.fetch_data()` in async callbacks"
             )
-        data = self._blocking(lambda: self._fetch(self.partition_id, self.transaction_id))
+        data = self._blocking(self.partition_id, self.transaction_id)
         return data if serializer is None else serializer.deserialize(data)
 
 

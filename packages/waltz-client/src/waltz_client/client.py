@@ -128,6 +128,9 @@ class ClientConfig:
     request_timeout: float = 30.0
     retry_interval: float = 0.2
     """Pause before mounting again after NOT_READY, a refusal or a lost connection."""
+    prefetch_data: bool = False
+    """Fetch the data of feed items that arrive together concurrently, before the
+    callbacks ask (for applications that read the data of most transactions)."""
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "request_timeout", "retry_interval"):
@@ -463,7 +466,7 @@ class _Partition:
             if channel is not self.channel:
                 continue  # a message of a replaced connection or an earlier assignment
             try:
-                if batchable and isinstance(message, FeedData) and not inbox.empty():
+                if isinstance(message, FeedData) and not inbox.empty():
                     # consecutive feed items go to the callback thread in one hop
                     run = [message]
                     pending: tuple[_Channel, Message] | None = None
@@ -474,7 +477,13 @@ class _Partition:
                         else:
                             pending = item
                             break
-                    await self._on_feed_run(run)
+                    if self.client.config.prefetch_data:
+                        await self._prefetch(run)
+                    if batchable:
+                        await self._on_feed_run(run)
+                    else:
+                        for item_message in run:
+                            await self._on_feed(item_message)
                     if pending is not None and pending[0] is self.channel:
                         await self._handle(pending[1])
                 else:
@@ -483,6 +492,16 @@ class _Partition:
                 raise
             except Exception:
                 log.exception("partition %d: failed to handle %s", self.id, message)
+
+    async def _prefetch(self, run: list[FeedData]) -> None:
+        """Fetch the data of a run of feed items concurrently (pipelined RPCs) into the
+        cache, so the callbacks' fetches hit it. Failures are left to the callbacks."""
+        position = self.feed.position
+        fetch = self.client._fetch_data
+        await asyncio.gather(
+            *(fetch(self.id, m.transaction_id) for m in run if m.transaction_id > position),
+            return_exceptions=True,
+        )
 
     async def _on_feed_run(self, run: list[FeedData]) -> None:
         """Feed items in order; runs of consecutive APPLY items are applied by plain
@@ -513,7 +532,7 @@ class _Partition:
                 m.header,
                 m.req_id,
                 fetch=client._fetch_data,
-                blocking=client._blocking_runner,
+                blocking=client._blocking_fetch,
             )
             for m in items
         ]
@@ -591,7 +610,7 @@ class _Partition:
                 message.header,
                 message.req_id,
                 fetch=client._fetch_data,
-                blocking=client._blocking_runner,
+                blocking=client._blocking_fetch,
             )
             try:
                 await client._call_callback(client.callbacks.apply_transaction, transaction)
@@ -844,6 +863,7 @@ class AsyncWaltzClient:
         self._watches: list[Watch] = []
         self._fetching: dict[tuple[int, int], asyncio.Future[bytes]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._cache_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = -1
@@ -1123,7 +1143,8 @@ class AsyncWaltzClient:
 
     async def _fetch_data(self, partition_id: int, transaction_id: int) -> bytes:
         key = (partition_id, transaction_id)
-        cached = self.cache.get(key)
+        with self._cache_lock:
+            cached = self.cache.get(key)
         if cached is not None:
             return cached
         inflight = self._fetching.get(key)
@@ -1144,7 +1165,8 @@ class AsyncWaltzClient:
                     f"the server could not read transaction {transaction_id} of partition "
                     f"{partition_id}: {response.error}"
                 )
-            self.cache.put(key, response.data)
+            with self._cache_lock:
+                self.cache.put(key, response.data)
             future.set_result(response.data)
             return response.data
         except BaseException as exc:
@@ -1221,20 +1243,20 @@ class AsyncWaltzClient:
         done: R = value
         return done
 
-    def _blocking_runner(self, make: Callable[[], Awaitable[bytes]]) -> bytes:
+    def _blocking_fetch(self, partition_id: int, transaction_id: int) -> bytes:
         if threading.get_ident() == self._loop_thread:
             raise ClientError(
                 "Transaction.get_data() blocks, so it cannot run on the client's event loop; "
                 "use `await transaction.fetch_data()` in async callbacks"
             )
+        with self._cache_lock:  # a cache hit needs no trip to the loop
+            cached = self.cache.get((partition_id, transaction_id))
+        if cached is not None:
+            return cached
         assert self._loop is not None
-
-        async def run() -> bytes:
-            return await make()
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(
-            self.config.request_timeout * 2
-        )
+        return asyncio.run_coroutine_threadsafe(
+            self._fetch_data(partition_id, transaction_id), self._loop
+        ).result(self.config.request_timeout * 2)
 
     def _report(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
         try:
