@@ -528,3 +528,27 @@ async def test_prefetch_fetches_each_transaction_once_before_the_callbacks_ask(
         assert [app.data[(0, t)] for t in range(10)] == [b"data-%d" % t for t in range(10)]
         await peer.nothing_more(TransactionDataRequest, 0.2)  # the callbacks hit the cache
         assert client.cache.hits >= 10
+
+
+async def test_a_lost_coordination_session_is_renewed_and_moves_are_still_followed(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    from waltz_coord_local.coordination import LocalCoordination
+
+    await cluster.assign(0, peer)
+    new_server = await ProtocolTestPeer().start()
+    try:
+        app = RecordingApp()
+        options = {"session_timeout": 1.5}
+        async with running(cluster, app, partitions=[0], coordination_options=options) as client:
+            await mount(peer, 0)
+            old = client._coordination
+            assert isinstance(old, LocalCoordination)
+            assert isinstance(cluster.coordination, LocalCoordination)
+            await cluster.coordination.expire_session_of(old.session_id)
+            await wait_for(lambda: client._coordination is not old, timeout=20)
+            generation = await cluster.assign(0, new_server, server_id=2)
+            _, request = await new_server.expect(MountRequest, timeout=20)
+            assert request.req_id.generation == generation
+    finally:
+        await new_server.close()

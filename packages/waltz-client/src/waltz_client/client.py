@@ -44,7 +44,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from waltz_api.cluster import NO_SERVER, ClusterMetadata, PartitionAssignment, coordination_from_uri
-from waltz_api.contracts.coordination import Coordination, Watch
+from waltz_api.contracts.coordination import Coordination, SessionState, Watch
 from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import (
     ClientAheadError,
@@ -928,12 +928,8 @@ class AsyncWaltzClient:
                 partition = _Partition(self, p)
                 self.partitions[p] = partition
                 partition.start()
-            for partition in self.partitions.values():
-                self._watches.append(
-                    await self._metadata.watch_partition_assignment(
-                        partition.id, partition.on_assignment
-                    )
-                )
+            await self._watch_assignments()
+            coordination.add_session_listener(self._on_session)
         except BaseException:
             await self.close()
             raise
@@ -957,6 +953,7 @@ class AsyncWaltzClient:
             await channel.close()
         self._channels.clear()
         for task in list(self._tasks):
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for future in self._fetching.values():
@@ -1222,6 +1219,58 @@ class AsyncWaltzClient:
             await channel.open()
             self._channels[endpoint] = channel
             return channel
+
+    async def _watch_assignments(self) -> None:
+        metadata = self.metadata
+        for partition in self.partitions.values():
+            self._watches.append(
+                await metadata.watch_partition_assignment(partition.id, partition.on_assignment)
+            )
+
+    def _on_session(self, state: SessionState) -> None:
+        if state is not SessionState.LOST or self.closing:
+            return
+        if not self._owns_coordination:
+            log.error(
+                "the coordination session of Waltz client %d was lost: partition moves are no "
+                "longer followed; the Coordination passed in ClientConfig must be replaced by "
+                "its owner (or pass a URI and the client reconnects by itself)",
+                self.client_id,
+            )
+            return
+        log.warning("coordination session lost; reconnecting to follow partition assignments")
+        self._spawn(self._reconnect_coordination())
+
+    async def _reconnect_coordination(self) -> None:
+        assert isinstance(self.config.coordination, str)
+        for watch in self._watches:
+            watch.cancel()
+        self._watches.clear()
+        if self._coordination is not None:
+            with contextlib.suppress(WaltzError):
+                await self._coordination.close()
+        delay = self.config.retry_interval
+        while not self.closing:
+            coordination = coordination_from_uri(
+                self.config.coordination, self.config.coordination_options
+            )
+            try:
+                await coordination.start()
+                self._coordination = coordination
+                self._metadata = ClusterMetadata(coordination)
+                await self._watch_assignments()
+                coordination.add_session_listener(self._on_session)
+                log.info("Waltz client %d: coordination session renewed", self.client_id)
+                return
+            except WaltzError as exc:
+                log.warning("cannot reconnect to coordination yet: %s", exc)
+                for watch in self._watches:
+                    watch.cancel()
+                self._watches.clear()
+                with contextlib.suppress(WaltzError):
+                    await coordination.close()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
