@@ -162,6 +162,9 @@ class Ctx(TransactionContext):
     def on_application(self, transaction_id: int) -> None:
         self.events.append(("application", transaction_id))
 
+    def on_expiration(self) -> None:
+        self.events.append(("expiration", None))
+
 
 def other(partition: int, n: int) -> ReqId:
     """The ReqId of a transaction another client submitted."""

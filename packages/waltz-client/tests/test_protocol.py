@@ -37,7 +37,13 @@ from waltz_api.messages import (
 )
 from waltz_api.types import Lock, LockMode, Record, ReqId
 from waltz_api.wire import checksum
-from waltz_client import JSON, AsyncWaltzClient, Transaction, TransactionBuilder
+from waltz_client import (
+    JSON,
+    AsyncWaltzClient,
+    Transaction,
+    TransactionBuilder,
+    TransactionExpiredError,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -552,3 +558,35 @@ async def test_a_lost_coordination_session_is_renewed_and_moves_are_still_follow
             assert request.req_id.generation == generation
     finally:
         await new_server.close()
+
+
+async def test_a_submission_expires_only_while_nothing_is_in_flight(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0], transaction_timeout=0.5) as client:
+        # partition 0 is served by nobody yet: the submission waits, then expires
+        ctx = Ctx()
+        with pytest.raises(TransactionExpiredError, match=r"not committed within 0\.5 s"):
+            await client.submit(ctx)
+        assert ctx.events == [("expiration", None)] and ctx.attempts == 0
+        await cluster.assign(0, peer)
+        conn, _ = await mount(peer, 0)
+        # a lock failure on a transaction the feed never reaches: expires while waiting
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        await conn.send(LockFailure(append.req_id, 50))
+        with pytest.raises(TransactionExpiredError):
+            await asyncio.wait_for(submitted, 10)
+        assert ctx.events == [("lock_failure", 50), ("expiration", None)]
+        # an append in flight is never expired: its outcome is awaited
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        await asyncio.sleep(0.8)
+        assert not submitted.done()
+        await conn.send(FeedData(append.req_id, 0, 7))
+        assert await asyncio.wait_for(submitted, 10) is True
+    with pytest.raises(ClientError, match="transaction_timeout"):
+        cluster.config(transaction_timeout=0)

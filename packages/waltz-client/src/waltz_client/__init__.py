@@ -13,7 +13,7 @@ from waltz_client.api import (
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz_client.client import AsyncWaltzClient, ClientConfig
+from waltz_client.client import AsyncWaltzClient, ClientConfig, TransactionExpiredError
 from waltz_client.sync import WaltzClient
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Transaction",
     "TransactionBuilder",
     "TransactionContext",
+    "TransactionExpiredError",
     "WaltzClient",
     "WaltzClientCallbacks",
 ]

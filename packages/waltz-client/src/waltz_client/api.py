@@ -172,6 +172,10 @@ class TransactionContext(ABC):
         """Called when an attempt was rejected by a lock check (a retry follows, once
         the application has applied transaction ``transaction_id``)."""
 
+    def on_expiration(self) -> None:  # noqa: B027
+        """Called when the context expired (``ClientConfig.transaction_timeout``)
+        before it could be committed; no retry follows."""
+
     def on_application(self, transaction_id: int) -> None:  # noqa: B027
         """Called after this context's committed transaction was handed to
         :meth:`WaltzClientCallbacks.apply_transaction` by this client."""

@@ -128,17 +128,36 @@ class ClientConfig:
     request_timeout: float = 30.0
     retry_interval: float = 0.2
     """Pause before mounting again after NOT_READY, a refusal or a lost connection."""
+    transaction_timeout: float | None = None
+    """Seconds a submission may wait to be (re)executed (partition unavailable,
+    retries) before it expires with :class:`TransactionExpiredError`; None: no limit."""
     prefetch_data: bool = False
     """Fetch the data of feed items that arrive together concurrently, before the
     callbacks ask (for applications that read the data of most transactions)."""
 
     def __post_init__(self) -> None:
+        if self.transaction_timeout is not None and (
+            not isinstance(self.transaction_timeout, int | float) or self.transaction_timeout <= 0
+        ):
+            raise ClientError(
+                "ClientConfig.transaction_timeout must be a positive number or None, "
+                f"got {self.transaction_timeout!r}"
+            )
         for name in ("connect_timeout", "request_timeout", "retry_interval"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise ClientError(f"ClientConfig.{name} must be a positive number, got {value!r}")
         ConcurrencyLimit[object](self.max_concurrent_transactions)
         TransactionDataCache[object](self.data_cache_bytes)
+
+
+class TransactionExpiredError(ClientError):
+    """A context was not committed within ``ClientConfig.transaction_timeout`` (it was
+    never left in flight: it expires only while waiting to be (re)executed)."""
+
+
+class _Expired(WaltzError):
+    """Internal: the deadline passed while waiting."""
 
 
 class _Lost(WaltzError):
@@ -1026,6 +1045,13 @@ class AsyncWaltzClient:
     async def _run(self, partition: _Partition, context: TransactionContext) -> bool:
         try:
             return await self._attempts(partition, context)
+        except _Expired as expired:
+            _hook(context.on_expiration)
+            raise TransactionExpiredError(
+                f"{type(context).__name__} expired: not committed within "
+                f"{self.config.transaction_timeout} s ({context.attempts} attempts); "
+                f"{expired}. Nothing of it is pending"
+            ) from None
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 _hook(context.on_exception, exc)
@@ -1033,10 +1059,25 @@ class AsyncWaltzClient:
         finally:
             partition.release_slot()
 
+    async def _before_deadline(self, waiting: Awaitable[None], deadline: float | None) -> None:
+        """Wait, but never past the context's deadline (only where nothing is in flight)."""
+        if deadline is None:
+            await waiting
+            return
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait_for(waiting, max(remaining, 0.0))
+        except TimeoutError:
+            raise _Expired(
+                "its partition was not writable (mounting, or waiting to retry)"
+            ) from None
+
     async def _attempts(self, partition: _Partition, context: TransactionContext) -> bool:
         p = partition.id
+        timeout = self.config.transaction_timeout
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         while True:
-            await partition.wait_mounted()
+            await self._before_deadline(partition.wait_mounted(), deadline)
             builder, go = await self._build(context, p)
             hwm = builder.client_high_water_mark
             if not go:
@@ -1060,9 +1101,11 @@ class AsyncWaltzClient:
                 return True
             if resolution.outcome is Outcome.LOCK_FAILED:
                 _hook(context.on_lock_failure, resolution.transaction_id)
-                await partition.wait_retry(resolution.transaction_id)
+                await self._before_deadline(
+                    partition.wait_retry(resolution.transaction_id), deadline
+                )
             else:
-                await partition.wait_retry(None)
+                await self._before_deadline(partition.wait_retry(None), deadline)
 
     async def _build(self, context: TransactionContext, p: int) -> tuple[TransactionBuilder, bool]:
         """Read the client high-water mark and execute the context (one callback-thread
