@@ -112,8 +112,10 @@ class _Reader:
 async def bare_push_pull_drained(n: int) -> float:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 10000)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 10000)
     push.connect(f"tcp://127.0.0.1:{port}")
     done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
     count = -1  # the warm-up message
@@ -152,8 +154,12 @@ async def bare_push_pull_drained(n: int) -> float:
 async def bare_dealer_router_drained(n: int) -> float:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.SNDHWM, 10000)
+    router.setsockopt(zmq.RCVHWM, 10000)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.SNDHWM, 10000)
+    dealer.setsockopt(zmq.RCVHWM, 10000)
     dealer.connect(f"tcp://127.0.0.1:{port}")
     loop = asyncio.get_running_loop()
     window = asyncio.Semaphore(WINDOW)
