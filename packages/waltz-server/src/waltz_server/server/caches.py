@@ -5,41 +5,62 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
-from waltz_api.types import RecordHeader
+from waltz_api.types import RecordHeader, ReqId
 
-HEADER_COST = 96
-"""Approximate bytes one cached RecordHeader takes (object, ReqId, slots)."""
+HEADER_COST = 112
+"""Approximate bytes one cached header takes (a tuple of six small ints)."""
+
+_Packed = tuple[int, int, int, int, int, int]
+
+
+def _pack(header: RecordHeader) -> _Packed:
+    r = header.req_id
+    return (
+        header.transaction_id,
+        r.client_id,
+        r.generation,
+        r.partition_id,
+        r.seq_num,
+        header.header,
+    )
+
+
+def _unpack(packed: _Packed) -> RecordHeader:
+    transaction_id, client_id, generation, partition_id, seq_num, header = packed
+    return RecordHeader(transaction_id, ReqId(client_id, generation, partition_id, seq_num), header)
 
 
 class FeedCache:
     """The most recent committed record headers, a contiguous id range, bounded in bytes.
 
     Feeds of clients near the head read from here; older positions fall back
-    to storage.
+    to storage. Headers are kept as tuples of ints, which the cyclic garbage
+    collector stops tracking: a cache of a million headers adds nothing to a
+    collection's pause.
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_headers = max(1, max_bytes // HEADER_COST)
-        self._headers: collections.deque[RecordHeader] = collections.deque()
+        self._headers: collections.deque[_Packed] = collections.deque()
         self.hits = 0
         self.misses = 0
 
     @property
     def first_id(self) -> int | None:
-        return self._headers[0].transaction_id if self._headers else None
+        return self._headers[0][0] if self._headers else None
 
     @property
     def last_id(self) -> int | None:
-        return self._headers[-1].transaction_id if self._headers else None
+        return self._headers[-1][0] if self._headers else None
 
     def __len__(self) -> int:
         return len(self._headers)
 
     def add(self, headers: Iterable[RecordHeader]) -> None:
         for header in headers:
-            if self._headers and header.transaction_id != self._headers[-1].transaction_id + 1:
+            if self._headers and header.transaction_id != self._headers[-1][0] + 1:
                 self._headers.clear()  # keep the range contiguous
-            self._headers.append(header)
+            self._headers.append(_pack(header))
             if len(self._headers) > self.max_headers:
                 self._headers.popleft()
 
@@ -49,13 +70,13 @@ class FeedCache:
     def get(self, start: int, max_count: int) -> list[RecordHeader]:
         """Headers from ``start`` when the cache holds ``start``, else []."""
         first = self.first_id
-        if first is None or start < first or start > self._headers[-1].transaction_id:
+        if first is None or start < first or start > self._headers[-1][0]:
             self.misses += 1
             return []
         self.hits += 1
         offset = start - first
         end = min(len(self._headers), offset + max_count)
-        return [self._headers[i] for i in range(offset, end)]
+        return [_unpack(self._headers[i]) for i in range(offset, end)]
 
 
 class DataCache:

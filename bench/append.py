@@ -1,0 +1,288 @@
+"""Benchmark of the whole write path: committed transactions/s and commit latency.
+
+Real processes: a ZooKeeper, three ``waltz storage`` nodes (fs engine, real
+fsync), one ``waltz server``, all over ZeroMQ on loopback; this process is the
+client (a raw protocol client: appends pipelined on one connection per
+partition, the commit observed in the feed). Prints figures; never a
+pass/fail test. Usage::
+
+    python bench/append.py [--seconds 5] [--window 1000] [--rate 5000]
+
+Runs, each for ``--seconds``:
+
+- 1 partition and 4 partitions, without and with a WRITE lock per transaction
+  (random among 100,000 entities, built on the latest high-water mark the
+  client saw), as fast as the window of outstanding appends allows;
+- 1 partition at a fixed ``--rate`` (transactions/s), for the latency at load.
+
+For each: committed transactions/s, p50/p99/max commit latency (append sent ->
+its FeedData received), lock failures, and the server's peak RSS (VmHWM).
+Data: 100 bytes per transaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import random
+import socket
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from waltz_api import wire
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.contracts.transport import Transport
+from waltz_api.messages import (
+    AppendRequest,
+    FeedData,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+)
+from waltz_api.plugins import get_registry
+from waltz_api.types import Lock, LockRequest, ReqId
+from waltz_conformance.servers.zookeeper import ZooKeeperServer
+from waltz_server.server.testing import RawClient, ServerProcess
+from waltz_server.storage_node.testing import StorageNodeProcess
+
+DATA = bytes(range(100))
+CHECKSUM = wire.checksum(DATA)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def peak_rss_mb(pid: int | None) -> float:
+    if pid is None:
+        return float("nan")
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclass
+class Lane:
+    """One partition's pipelined appender and feed reader."""
+
+    client: RawClient
+    partition: int
+    generation: int
+    client_id: int
+    locks: bool
+    rng: random.Random
+    sent_at: dict[ReqId, float] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+    committed: int = 0
+    lock_failures: int = 0
+    high_water_mark: int = -1
+    seen: int = 0
+    seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def request(self) -> AppendRequest:
+        rid = ReqId(self.client_id, self.generation, self.partition, next(self.seq))
+        locks = LockRequest()
+        if self.locks:
+            locks = LockRequest.from_locks([Lock("account", self.rng.randrange(100_000))])
+        self.sent_at[rid] = time.perf_counter()
+        return AppendRequest(rid, self.high_water_mark, locks, 0, DATA, CHECKSUM)
+
+    def consume(self) -> None:
+        now = time.perf_counter()
+        received = self.client.received
+        for message in received[self.seen :]:
+            if isinstance(message, FeedData):
+                self.high_water_mark = message.transaction_id
+                sent = self.sent_at.pop(message.req_id, None)
+                if sent is not None:
+                    self.latencies.append(now - sent)
+                    self.committed += 1
+            elif isinstance(message, LockFailure):
+                self.sent_at.pop(message.req_id, None)
+                self.lock_failures += 1
+        # keep memory flat over long runs
+        del received[:]
+        self.seen = 0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.sent_at)
+
+
+async def open_lanes(
+    transport: Transport, metadata: ClusterMetadata, partitions: int, locks: bool, tag: int
+) -> list[Lane]:
+    lanes = []
+    for partition in range(partitions):
+        owner = (await metadata.partition_assignment(partition)).value
+        client = await RawClient.connect(transport, owner.endpoint, f"bench:{tag}")
+        client_id = 1000 * tag + partition
+        # start the feed at the partition's current mark (no replay of earlier runs)
+        await client.send(HighWaterMarkRequest(ReqId(client_id, owner.generation, partition, 0)))
+        mark = (await client.wait(HighWaterMarkResponse, timeout=60))[0].transaction_id
+        await client.send(MountRequest(ReqId(client_id, owner.generation, partition, 1), mark, 1))
+        response = (await client.wait(MountResponse, timeout=60))[0]
+        lane = Lane(client, partition, owner.generation, client_id, locks, random.Random(tag))
+        assert response.status is MountStatus.READY, response
+        lane.high_water_mark = response.high_water_mark
+        client.received.clear()
+        lanes.append(lane)
+    return lanes
+
+
+async def drive(
+    lanes: list[Lane], seconds: float, window: int, rate: float | None
+) -> tuple[float, list[float], int]:
+    start = time.perf_counter()
+    deadline = start + seconds
+    sent = 0
+    while time.perf_counter() < deadline:
+        for lane in lanes:
+            lane.consume()
+        if rate is None:
+            for lane in lanes:
+                burst = [lane.request() for _ in range(max(0, window - lane.outstanding))]
+                for request in burst:
+                    await lane.client.send(request)
+        else:
+            due = int((time.perf_counter() - start) * rate) - sent
+            for i in range(due):
+                lane = lanes[i % len(lanes)]
+                await lane.client.send(lane.request())
+            sent += max(due, 0)
+        await lanes[0].client.changed(0.001)
+    # let the pipeline drain
+    drain_deadline = time.perf_counter() + 10
+    while any(lane.outstanding for lane in lanes) and time.perf_counter() < drain_deadline:
+        for lane in lanes:
+            lane.consume()
+        await asyncio.sleep(0.005)
+    elapsed = time.perf_counter() - start
+    committed = sum(lane.committed for lane in lanes)
+    latencies = [x for lane in lanes for x in lane.latencies]
+    failures = sum(lane.lock_failures for lane in lanes)
+    return committed / seconds if rate is None else committed / elapsed, latencies, failures
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def main(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="waltz-bench-append-"))
+    zookeeper = ZooKeeperServer(workdir / "zk")
+    zookeeper.start()
+    storage: list[StorageNodeProcess] = []
+    server: ServerProcess | None = None
+    transport: Transport = get_registry().get("transport", "zmq").factory({})
+    try:
+        uri = zookeeper.uri("/bench")
+        key = uuid.uuid4()
+        ports = [free_port() for _ in range(3)]
+        coordination = coordination_from_uri(uri)
+        await coordination.start()
+        metadata = ClusterMetadata(coordination)
+        await metadata.create_cluster(
+            num_partitions=4,
+            num_replicas=3,
+            storage_nodes=[f"127.0.0.1:{p}" for p in ports],
+            cluster_key=key,
+        )
+        for i, port in enumerate(ports):
+            config = workdir / f"storage{i}.toml"
+            config.write_text(
+                f'log_level = "WARNING"\n[storage]\ndata_dir = "{workdir / f"data{i}"}"\n'
+                f'engine = "fs"\ncluster_key = "{key}"\nnum_partitions = 4\n'
+                f'partitions = [0, 1, 2, 3]\n[transport]\nplugin = "zmq"\n'
+                f'endpoint = "tcp://127.0.0.1:{port}"\n'
+            )
+            node = StorageNodeProcess(config, f"tcp://127.0.0.1:{port}", workdir / f"s{i}.log")
+            node.start()
+            storage.append(node)
+        for node in storage:
+            await node.wait_ready(transport)
+        config = workdir / "server.toml"
+        config.write_text(
+            f'log_level = "WARNING"\n[coordination]\nuri = "{uri}"\n[transport]\n'
+            f'plugin = "zmq"\nendpoint = "tcp://127.0.0.1:{free_port()}"\n'
+            'storage_endpoint = "tcp://{}"\n'
+            "[server]\n" + "".join(f"{option}\n" for option in args.server_option)
+        )
+        server = ServerProcess(config, workdir / "server.log")
+        server.start()
+        for _ in range(600):
+            owners = [(await metadata.partition_assignment(p)).value for p in range(4)]
+            if all(o.server_id >= 0 for o in owners):
+                break
+            await asyncio.sleep(0.1)
+        print(
+            f"cluster: ZooKeeper, 3 storage nodes (fs, fsync), 1 server, zmq; data 100 B; "
+            f"window {args.window} outstanding appends per partition"
+        )
+        print(
+            f"{'run':<34} {'tx/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+            f"{'lock fail':>9} {'server RSS MB':>13}"
+        )
+        runs = [
+            ("1 partition, no locks", 1, False, None),
+            ("1 partition, WRITE lock", 1, True, None),
+            ("4 partitions, no locks", 4, False, None),
+            ("4 partitions, WRITE lock", 4, True, None),
+            (f"1 partition at {args.rate:.0f} tx/s", 1, False, args.rate),
+        ]
+        if args.only_rate:
+            runs = runs[-1:]
+        for tag, (name, partitions, locks, rate) in enumerate(runs):
+            lanes = await open_lanes(transport, metadata, partitions, locks, tag)
+            try:
+                throughput, latencies, failures = await drive(
+                    lanes, args.seconds, args.window, rate
+                )
+            finally:
+                for lane in lanes:
+                    await lane.client.close()
+            print(
+                f"{name:<34} {throughput:>9.0f} {pct(latencies, 0.5):>8.2f} "
+                f"{pct(latencies, 0.99):>8.2f} {max(latencies, default=0) * 1000:>8.2f} "
+                f"{failures:>9} {peak_rss_mb(server.pid):>13.1f}"
+            )
+
+        await coordination.close()
+    finally:
+        if server is not None:
+            server.kill()
+        for node in storage:
+            node.kill()
+        await transport.close()
+        zookeeper.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--window", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=5000.0)
+    parser.add_argument(
+        "--server-option",
+        action="append",
+        default=[],
+        help="a line of the server's [server] config section, e.g. 'data_cache_bytes = 1048576'",
+    )
+    parser.add_argument("--only-rate", action="store_true", help="run the fixed-rate run only")
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(main(parser.parse_args()))
