@@ -590,3 +590,32 @@ async def test_a_submission_expires_only_while_nothing_is_in_flight(
         assert await asyncio.wait_for(submitted, 10) is True
     with pytest.raises(ClientError, match="transaction_timeout"):
         cluster.config(transaction_timeout=0)
+
+
+async def test_an_unanswered_mount_is_sent_again(cluster: Cluster, peer: ProtocolTestPeer) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0], request_timeout=0.5):
+        _, first = await peer.expect(MountRequest)  # never answered
+        conn, second = await mount(peer, 0)
+        assert second.req_id != first.req_id
+        # a late answer to the first mount changes nothing
+        await conn.send(MountResponse(first.req_id, MountStatus.CLIENT_AHEAD, -1))
+        await conn.send(FeedData(OTHER, 0, 3))
+        await wait_for(lambda: app.hwm.get(0) == 0)
+        assert app.errors == []
+
+
+async def test_a_mount_streaming_a_long_catch_up_is_not_timed_out(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0], request_timeout=0.5):
+        conn, request = await peer.expect(MountRequest)
+        for t in range(6):  # 1.2 s of catch-up, longer than the timeout, progressing
+            await conn.send(FeedData(other(0, t + 1), t, 0))
+            await asyncio.sleep(0.2)
+        await conn.send(MountResponse(request.req_id, MountStatus.READY, 5))
+        await wait_for(lambda: app.hwm.get(0) == 5)
+        await peer.nothing_more(MountRequest, 0.6)

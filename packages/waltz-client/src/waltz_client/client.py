@@ -326,6 +326,8 @@ class _Partition:
         self._delayed: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._failures = 0
+        self._mount_timer: asyncio.TimerHandle | None = None
+        self._last_progress = 0.0
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -335,8 +337,9 @@ class _Partition:
         ]
 
     async def stop(self) -> None:
-        if self._delayed is not None:
-            self._delayed.cancel()
+        for timer in (self._delayed, self._mount_timer):
+            if timer is not None:
+                timer.cancel()
         tasks = [*self._tasks, *self._background]
         for task in tasks:
             task.cancel()
@@ -474,6 +477,30 @@ class _Partition:
                 await channel.send_stream(MountRequest(req_id, mount_from, channel.seq_num))
             except _Lost:
                 continue  # channel_lost() scheduled the next mount
+            if self._mount_timer is not None:
+                self._mount_timer.cancel()
+            self._mount_timer = asyncio.get_running_loop().call_later(
+                client.config.request_timeout, self._mount_timed_out, req_id
+            )
+
+    def _mount_timed_out(self, req_id: ReqId) -> None:
+        self._mount_timer = None
+        loop = asyncio.get_running_loop()
+        timeout = self.client.config.request_timeout
+        quiet = loop.time() - self._last_progress
+        if self.mount.state is MountState.MOUNTING and quiet < timeout:
+            # a long catch-up feed is streaming: the mount is alive, wait on
+            self._mount_timer = loop.call_later(timeout - quiet, self._mount_timed_out, req_id)
+            return
+        if self.mount.state is MountState.MOUNTING and self.mount.mount_req_id == req_id:
+            log.warning(
+                "partition %d: no answer to the mount from %s within %s s; mounting again",
+                self.id,
+                self.mount.endpoint,
+                self.client.config.request_timeout,
+            )
+            self.mount.unmount()
+            self._remount_later(refresh=True)
 
     # -- the stream, in order ----------------------------------------------------------------------
 
@@ -612,6 +639,8 @@ class _Partition:
         if action is FeedAction.DUPLICATE:
             return
         if action is FeedAction.GAP:
+            if self.mount.state is MountState.MOUNTING:
+                return  # the rest of an earlier feed on this connection: the mount restreams
             log.warning(
                 "partition %d: feed jumped from %d to %d; mounting again",
                 self.id,
@@ -648,6 +677,7 @@ class _Partition:
         self._remount_later()
 
     def _advance_waiters(self) -> None:
+        self._last_progress = asyncio.get_running_loop().time()
         self.advanced.set()
         self.advanced = asyncio.Event()
         self._release_retries()
