@@ -37,7 +37,7 @@ from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
 )
-from waltz_server.server.caches import DataCache, FeedCache
+from waltz_server.server.caches import HEADER_COST, DataCache, FeedCache
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.store import StoreConfig, StorePartition
 
@@ -101,7 +101,9 @@ async def env() -> AsyncIterator[tuple[Partition, dict[str, FakeStorageNode]]]:
     )
     partition = Partition(
         store=store,
-        config=PartitionConfig(lock_table="exact", feed_cache_bytes=96 * 50, data_cache_bytes=4096),
+        config=PartitionConfig(
+            lock_table="exact", feed_cache_bytes=HEADER_COST * 50, data_cache_bytes=4096
+        ),
     )
     await partition.start()
     await store.wait_ready(TIMEOUT)
@@ -320,7 +322,7 @@ async def test_recovery_resets_the_lock_table_conservatively(
 def test_caches_are_bounded_in_bytes() -> None:
     from waltz_api.types import RecordHeader
 
-    feed = FeedCache(96 * 10)
+    feed = FeedCache(HEADER_COST * 10)
     feed.add(RecordHeader(i, ReqId(1, 1, 0, i), 0) for i in range(25))
     assert len(feed) == 10 and feed.first_id == 15 and feed.last_id == 24
     assert [h.transaction_id for h in feed.get(20, 3)] == [20, 21, 22]
