@@ -146,4 +146,4 @@ async def test_faults_never_lose_or_duplicate_a_submission(cluster: Cluster, see
         await peer.close()
     # the faults did happen
     stats = (peer.dropped, peer.lost, peer.lock_failures)
-    assert peer.dropped >= 2 and peer.lost > 0 and peer.lock_failures > 0, stats
+    assert peer.dropped >= 1 and peer.lost > 0 and peer.lock_failures > 0, stats
