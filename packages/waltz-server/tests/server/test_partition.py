@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
@@ -336,3 +337,28 @@ def test_caches_are_bounded_in_bytes() -> None:
     assert data.get(9) is not None and data.get(0) is None
     data.put(99, bytes(5000), 0)  # larger than the whole cache: not kept
     assert data.get(99) is None
+
+
+async def test_flush_is_answered_busy_when_storage_cannot_recover(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    partition, nodes = env
+    partition.config = dataclasses.replace(partition.config, mount_timeout=0.3)
+    stream = Stream()
+    await partition.submit(append(data=b"kept"), stream)
+    assert await settle(partition, stream) == 0
+    # a majority of the storage nodes is gone: no session can recover
+    nodes["a:1"].crash()
+    nodes["b:1"].crash()
+    await partition.submit(append(data=b"stuck"), stream)
+    await partition.submit(FlushRequest(rid()), stream)
+    await stream.wait_for(lambda: bool(stream.of(ErrorResponse)))
+    busy = stream.of(ErrorResponse)[0]
+    assert busy.code is ErrorCode.SERVER_BUSY
+    assert not stream.of(FlushResponse)
+    # storage comes back: the partition recovers and the next flush is answered
+    nodes["a:1"].restart()
+    nodes["b:1"].restart()
+    partition.config = dataclasses.replace(partition.config, mount_timeout=20.0)
+    assert await settle(partition, stream) >= 0
+    assert partition.high_water_mark in (0, 1)

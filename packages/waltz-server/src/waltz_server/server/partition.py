@@ -83,6 +83,7 @@ class PartitionConfig:
     max_range_bytes: int = 16 * 1024 * 1024
     read_concurrency: int = 16
     mount_timeout: float = 60.0
+    """How long a mount or a flush waits for the partition's pending appends to settle."""
 
 
 def make_lock_table(name: str, high_water_mark: int, options: Mapping[str, Any]) -> LockTable:
@@ -343,9 +344,21 @@ class Partition:
         self, message: FlushRequest, stream: ClientStream, pending: list[asyncio.Future[int]]
     ) -> None:
         try:
-            high_water_mark = await self._settled(pending)
+            high_water_mark = await asyncio.wait_for(
+                self._settled(pending), self.config.mount_timeout
+            )
         except (StaleGenerationError, StoreSessionClosedError) as exc:
             stream.post(self._moved(message, exc))
+            return
+        except TimeoutError:
+            stream.post(
+                ErrorResponse(
+                    message.req_id,
+                    ErrorCode.SERVER_BUSY,
+                    f"partition {self.partition_id} did not settle its pending appends within "
+                    f"{self.config.mount_timeout}s (its storage is recovering); retry the flush",
+                )
+            )
             return
         stream.post(FlushResponse(message.req_id, high_water_mark))
 
