@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from fakes import FakeReplicaConnection, FakeStorageNode
@@ -36,7 +37,7 @@ class Cluster:
     ) -> FakeReplicaConnection:
         return await self.nodes[node].connect(partition_id, session_id)
 
-    def store(self, generation: int = 1, seed: int = 0, **config: int) -> StorePartition:
+    def store(self, generation: int = 1, seed: int = 0, **config: Any) -> StorePartition:
         return StorePartition(
             partition_id=P,
             generation=generation,
@@ -367,5 +368,22 @@ async def test_random_storage_crashes_never_lose_acknowledged(cluster: Cluster, 
         assert_no_fork(list(cluster.nodes.values()))
         assert acknowledged, "nothing was acknowledged: the test proved nothing"
         assert store.sessions_started >= 2, "no crash hit a session: the test proved nothing"
+    finally:
+        await store.close()
+
+
+async def test_a_storage_node_dying_while_idle_ends_the_session(cluster: Cluster) -> None:
+    store = cluster.store(idle_probe_interval=0.05)
+    await store.start()
+    try:
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 5, b"i")), TIMEOUT)
+        assert ids == list(range(5))
+        first = store.session
+        assert first is not None
+        cluster.nodes[B].crash()  # nothing is being written
+        await asyncio.wait_for(first.wait_done(), TIMEOUT)
+        assert first.error is not None
+        second = await store.wait_ready(TIMEOUT)
+        assert second is not first and second.low_water_mark == 4
     finally:
         await store.close()

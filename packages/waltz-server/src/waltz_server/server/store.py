@@ -54,6 +54,9 @@ class StoreConfig:
     catch_up_batch: int = 256
     checkpoint_interval: int = 250_000
     """A new session (so a short recovery) once this many transactions were written."""
+    idle_probe_interval: float = 2.0
+    """An idle replica is asked its max transaction id this often: a storage node that
+    died (or a session that was fenced) while nothing was written ends the session."""
     retry_initial: float = 0.05
     retry_max: float = 2.0
     drain_timeout: float = 10.0
@@ -341,7 +344,10 @@ class StoreSession:
         while not self._done.is_set():
             if next_id >= self.next_transaction_id:
                 event = self._appended
-                await event.wait()
+                try:
+                    await asyncio.wait_for(event.wait(), config.idle_probe_interval)
+                except TimeoutError:
+                    await self._probe(node, connection, next_id - 1)
                 continue
             if next_id < self._window_start:
                 source = self._healthy_replica(next_id, exclude=node)
@@ -374,6 +380,16 @@ class StoreSession:
             next_id += len(records)
             self._acked[node] = next_id - 1
             self._advance_commit()
+
+    async def _probe(self, node: str, connection: ReplicaConnection, expected: int) -> None:
+        """Check an idle replica: it must answer, and hold exactly what it acknowledged."""
+        found = await connection.max_transaction_id()
+        if found != expected:
+            raise StorageError(
+                f"replica {node} of partition {self.partition_id} holds up to {found}, "
+                f"but acknowledged {expected} in store session {self.session_id}: "
+                "its storage changed under the session"
+            )
 
     def _advance_commit(self) -> None:
         if len(self._acked) < self.quorum or not self._ready:
