@@ -59,6 +59,42 @@ class RealCluster:
     nodes: list[StorageNode]
     server: RunningServer
 
+    async def restart_server(self) -> None:
+        """Stop the server, start a new one on another port (the partition moves)."""
+        await self.server.stop()
+        self.server = await start_server(server_config(self.uri))
+        await wait_served(self.server, ClusterMetadata(self.coordination))
+
+
+def server_config(uri: str) -> ServerNodeConfig:
+    return config_from_mapping(
+        ServerNodeConfig,
+        {
+            "coordination": {"uri": uri},
+            "transport": {
+                "plugin": "zmq",
+                "endpoint": f"tcp://127.0.0.1:{free_ports(1)[0]}",
+                "storage_endpoint": "tcp://{}",
+            },
+            "http": {"enabled": False},
+        },
+    )
+
+
+async def wait_served(server: RunningServer, metadata: ClusterMetadata) -> None:
+    async with asyncio.timeout(60):
+        while True:
+            owner = (await metadata.partition_assignment(0)).value
+            held = server.server.partitions.get(0)
+            if (
+                owner.server_id == server.manager.server_id
+                and held is not None
+                and held.generation == owner.generation
+                and held.ready
+            ):
+                return
+            await asyncio.sleep(0.05)
+
 
 @pytest.fixture
 async def real_cluster(tmp_path: Path) -> AsyncIterator[RealCluster]:
@@ -73,6 +109,7 @@ async def real_cluster(tmp_path: Path) -> AsyncIterator[RealCluster]:
     )
     nodes: list[StorageNode] = []
     server: RunningServer | None = None
+    cluster: RealCluster | None = None
     try:
         for i, connect in enumerate(connects):
             engine = await FsStorageEngine.open(
@@ -83,29 +120,14 @@ async def real_cluster(tmp_path: Path) -> AsyncIterator[RealCluster]:
             node = StorageNode(engine, transport, f"tcp://{connect}")
             await node.start()
             nodes.append(node)
-        config = config_from_mapping(
-            ServerNodeConfig,
-            {
-                "coordination": {"uri": uri},
-                "transport": {
-                    "plugin": "zmq",
-                    "endpoint": f"tcp://127.0.0.1:{free_ports(1)[0]}",
-                    "storage_endpoint": "tcp://{}",
-                },
-                "http": {"enabled": False},
-            },
-        )
-        server = await start_server(config)
-        async with asyncio.timeout(60):
-            while True:
-                owner = (await metadata.partition_assignment(0)).value
-                held = server.server.partitions.get(0)
-                if owner.endpoint and held is not None and held.ready:
-                    break
-                await asyncio.sleep(0.05)
-        yield RealCluster(uri, coordination, nodes, server)
+        server = await start_server(server_config(uri))
+        await wait_served(server, metadata)
+        cluster = RealCluster(uri, coordination, nodes, server)
+        yield cluster
     finally:
-        if server is not None:
+        if cluster is not None:
+            await cluster.server.stop()
+        elif server is not None:
             await server.stop()
         for node in nodes:
             with contextlib.suppress(Exception):
@@ -181,6 +203,138 @@ async def test_counter_n_clients_m_increments_with_a_write_lock(real_cluster: Re
         assert all(ctx.attempts >= 1 for ctx in contexts)
         # concurrent increments conflicted and were retried after the feed caught up
         assert sum(ctx.lock_failures for ctx in contexts) > 0
+    finally:
+        for client in clients:
+            await client.close()
+
+
+class Bank(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.balance = 0
+        self.hwm = -1
+        self.history: list[int] = []
+
+    async def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm
+
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        change: dict[str, int] = await transaction.fetch_data(JSON)
+        self.balance += change["amount"]
+        self.history.append(self.balance)
+        self.hwm = transaction.transaction_id
+
+
+class Move(TransactionContext):
+    def __init__(self, bank: Bank, amount: int) -> None:
+        super().__init__()
+        self.bank = bank
+        self.amount = amount
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    async def execute(self, builder: TransactionBuilder) -> bool:
+        if self.bank.balance + self.amount < 0:
+            return False  # insufficient funds, on the state the transaction is built on
+        builder.set_data({"amount": self.amount}, JSON)
+        builder.write_lock("account", 1)
+        return True
+
+
+async def test_concurrent_withdrawals_never_make_a_balance_negative(
+    real_cluster: RealCluster,
+) -> None:
+    banks = [Bank() for _ in range(3)]
+    config = ClientConfig(real_cluster.uri, transport="zmq")
+    clients = [AsyncWaltzClient(bank, config) for bank in banks]
+    try:
+        for client in clients:
+            await client.start()
+        assert await clients[0].submit(Move(banks[0], 100)) is True
+        for client in clients:
+            await client.flush(0)
+
+        async def withdraw(client: AsyncWaltzClient, bank: Bank) -> list[bool]:
+            return [await client.submit(Move(bank, -30)) for _ in range(4)]
+
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(withdraw(c, b) for c, b in zip(clients, banks, strict=True))), 150
+        )
+        for client in clients:
+            await client.flush(0)
+        granted = sum(o.count(True) for o in outcomes)
+        assert granted == 3  # 100 covers three withdrawals of 30, never a fourth
+        for bank in banks:
+            assert bank.balance == 10
+            assert min(bank.history) >= 0
+    finally:
+        for client in clients:
+            await client.close()
+
+
+class Tagged(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.hwm = -1
+        self.tags: list[str] = []
+
+    async def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm
+
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        self.tags.append((await transaction.fetch_data(JSON))["tag"])
+        assert transaction.transaction_id == self.hwm + 1
+        self.hwm = transaction.transaction_id
+
+
+class Put(TransactionContext):
+    def __init__(self, tag: str) -> None:
+        super().__init__()
+        self.tag = tag
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    async def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_data({"tag": self.tag}, JSON)
+        return True
+
+
+async def test_a_server_restarted_under_load_loses_and_duplicates_nothing(
+    real_cluster: RealCluster,
+) -> None:
+    apps = [Tagged(), Tagged()]
+    config = ClientConfig(real_cluster.uri, transport="zmq", retry_interval=0.05)
+    clients = [AsyncWaltzClient(app, config) for app in apps]
+    per_client = 60
+    try:
+        for client in clients:
+            await client.start()
+        submissions = [
+            asyncio.ensure_future(client.submit(Put(f"c{i}-{k}")))
+            for i, client in enumerate(clients)
+            for k in range(per_client)
+        ]
+        async with asyncio.timeout(60):
+            while apps[0].hwm < 10:  # noqa: ASYNC110 - polls application state
+                await asyncio.sleep(0.005)
+        generation = await ClusterMetadata(real_cluster.coordination).partition_assignment(0)
+        in_flight = sum(not s.done() for s in submissions)
+        await real_cluster.restart_server()
+        moved = (await ClusterMetadata(real_cluster.coordination).partition_assignment(0)).value
+        assert moved.generation > generation.value.generation
+        results = await asyncio.wait_for(asyncio.gather(*submissions), 150)
+        assert results == [True] * len(submissions)
+        expected = sorted(f"c{i}-{k}" for i in range(len(clients)) for k in range(per_client))
+        for client, app in zip(clients, apps, strict=True):
+            top = await client.flush(0)
+            assert top == len(expected) - 1
+            assert sorted(app.tags) == expected  # nothing lost, nothing twice
+            partition = client.partitions[0]
+            assert (partition.mount.endpoint, partition.mount.generation) == (
+                moved.endpoint,
+                moved.generation,
+            )  # it follows the partition to the new server
+        assert in_flight > 0, "the restart was not under load"
     finally:
         for client in clients:
             await client.close()

@@ -103,6 +103,10 @@ INT32_MAX = 2**31 - 1
 _INBOX_SIZE = 4096
 _FEED_BATCH = 512
 CALLBACK_THREAD_PREFIX = "waltz-callbacks"
+_MOVED_CODES = frozenset(
+    {ErrorCode.PARTITION_NOT_ASSIGNED, ErrorCode.STALE_GENERATION, ErrorCode.SERVER_BUSY}
+)
+"""Refusals that mean "ask again (maybe elsewhere)": the request is retried."""
 
 
 @dataclass(frozen=True)
@@ -744,7 +748,7 @@ class _Partition:
             return
         if req_id in self.monitor:
             self._resolve(self.monitor.on_refused(req_id))
-            if message.code in (ErrorCode.PARTITION_NOT_ASSIGNED, ErrorCode.STALE_GENERATION):
+            if message.code in _MOVED_CODES:
                 self._unmount_and_refresh()
             return
         log.warning("partition %d: server error %s: %s", self.id, message.code.name, message)
@@ -1202,7 +1206,10 @@ class AsyncWaltzClient:
                     channel = await self._channel_for(partition.mount.endpoint)
                     req_id = self._next_req_id(partition.id, partition.mount.generation)
                     remaining = deadline - loop.time()
-                    return await channel.call(make(req_id), req_id, max(remaining, 0.001))
+                    response = await channel.call(make(req_id), req_id, max(remaining, 0.001))
+                    if not (isinstance(response, ErrorResponse) and response.code in _MOVED_CODES):
+                        return response
+                    log.debug("%s refused (%s), retrying", what, response.message)
                 except (_Lost, TransportError, TimeoutError) as exc:
                     log.debug("%s failed, retrying: %s", what, exc)
             if loop.time() >= deadline:
