@@ -354,15 +354,19 @@ class ZmqConnection(Connection):
             await self._wait_for_credit()
         self._sent_frames += 1
         self._sent_bytes += size
-        if self._coalesce:
+        if self._coalesce and self._flush_scheduled:
+            # a frame already left in this loop iteration: the later ones wait for the
+            # flush at the end of it, packed together
             self._out.append(frame)
             self._out_bytes += size
             if self._out_bytes >= _BATCH_LIMIT:
                 self._flush()
-            elif not self._flush_scheduled:
+        else:
+            if self._coalesce:
+                # the first frame of an iteration goes at once (no latency added to a lone
+                # request); the iteration's later frames coalesce
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
-        else:
             seq = self._seq_out
             self._seq_out = (seq + 1) & _SEQ_MASK
             self._wire.send(_pack_data(_DATA, seq) + frame)  # type: ignore[union-attr]
