@@ -431,10 +431,24 @@ class Partition:
                     continue
                 headers = self.feed_cache.get(next_id, batch)
                 if not headers:
-                    headers = await self._read_headers(next_id, batch)
+                    try:
+                        headers = await self._read_headers(next_id, batch)
+                    except StoreSessionClosedError:
+                        # the session ended under the read: the next one serves it
+                        await asyncio.sleep(0.05)
+                        continue
                 for header in headers:
                     await stream.send(FeedData(header.req_id, header.transaction_id, header.header))
                 next_id += len(headers)
+        except StaleGenerationError as exc:
+            # the partition moved: tell the client, which re-reads the assignment
+            stream.post(
+                ErrorResponse(
+                    ReqId(-1, self.generation, self.partition_id, -1),
+                    ErrorCode.STALE_GENERATION,
+                    f"partition {self.partition_id} is no longer served here: {exc}",
+                )
+            )
         except (WaltzError, ConnectionError) as exc:
             log.debug("partition %d: feed ends: %s", self.partition_id, exc)
 

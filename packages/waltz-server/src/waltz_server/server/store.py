@@ -294,8 +294,14 @@ class StoreSession:
                 size += len(record.data)
             return records
         source = self._healthy_replica(start)
-        if source is None:
-            raise self._closed_error(f"no replica holds transaction {start}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.drain_timeout
+        while source is None:
+            # right after recovery the replicas are joining the writers
+            if self._done.is_set() or loop.time() > deadline:
+                raise self._closed_error(f"no replica holds transaction {start}")
+            await self._wait_progress(0.1)
+            source = self._healthy_replica(start)
         records = await self._connections[source].read_records(start, count, max_bytes)
         return [r for r in records if r.transaction_id <= end]
 
@@ -333,6 +339,7 @@ class StoreSession:
             # join the writers; anything appended since recovery is caught up below
             self._acked[node] = resolved
             self._advance_commit()
+            self._wake()
             await self._write_loop(node, connection, resolved + 1)
         except asyncio.CancelledError:
             raise
