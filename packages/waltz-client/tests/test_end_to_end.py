@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
+import sqlite3
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -338,3 +341,58 @@ async def test_a_server_restarted_under_load_loses_and_duplicates_nothing(
     finally:
         for client in clients:
             await client.close()
+
+
+WORKER = Path(__file__).with_name("e2e_client_worker.py")
+
+
+def ledger_rows(database: Path) -> list[tuple[int, str]]:
+    try:
+        with sqlite3.connect(database, timeout=30) as conn:
+            return list(conn.execute("SELECT transaction_id, tag FROM ledger"))
+    except sqlite3.OperationalError:
+        return []  # not created yet
+
+
+async def test_a_client_process_killed_and_restarted_applies_every_transaction_once(
+    real_cluster: RealCluster, tmp_path: Path
+) -> None:
+    database = tmp_path / "app.db"
+
+    async def spawn(count: int, name: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(WORKER),
+            real_cluster.uri,
+            str(database),
+            str(count),
+            name,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+
+    first = await spawn(300, "first")
+    try:
+        async with asyncio.timeout(90):
+            while len(ledger_rows(database)) < 30:
+                assert first.returncode is None, await first.communicate()
+                await asyncio.sleep(0.02)
+        first.kill()  # SIGKILL, mid-way through its submissions
+        await first.wait()
+        assert first.returncode == -signal.SIGKILL
+        before = len(ledger_rows(database))
+        second = await spawn(20, "second")  # the same application, same database
+        out, err = await asyncio.wait_for(second.communicate(), 120)
+        assert second.returncode == 0, err.decode()[-3000:]
+    finally:
+        if first.returncode is None:
+            first.kill()
+            await first.wait()
+    top = int(out.decode().split(" done at ")[1])
+    rows = ledger_rows(database)
+    # every transaction of the log applied exactly once, in the database, across the crash
+    assert sorted(t for t, _ in rows) == list(range(top + 1))
+    tags = [tag for _, tag in rows]
+    assert len(set(tags)) == len(tags)
+    assert sum(tag.startswith("second-") for tag in tags) == 20
+    assert before < len(rows)
