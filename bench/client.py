@@ -14,15 +14,19 @@ callbacks), an upper bound of what it can do with a real server.
    partition), p50/p99 latency of one submit, beside the raw protocol (append
    requests pipelined by hand over a ProtocolConnection, same window) in the
    same run.
+3. With ``--real``: the same submit and feed cases against the real server in
+   this process (``local`` coordination, three StorageNodes on the fs engine with
+   real fsync, ZeroMQ loopback, the server's default hwm-array lock table).
 Also printed: peak RSS. Figures only; never pass/fail.
 
-    .venv/bin/python bench/client.py [--feed 50000] [--submits 20000]
+    .venv/bin/python bench/client.py [--feed 50000] [--submits 20000] [--real]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import resource
 import tempfile
@@ -214,44 +218,181 @@ async def submit_case(n: int, context: type[Append]) -> tuple[float, list[float]
     return n / elapsed, latencies
 
 
-async def raw_case(n: int) -> float:
-    """The same appends without the client: hand-made requests, WINDOW in flight."""
-    peer = EchoPeer(0)
-    await peer.start()
+async def raw_case(n: int, endpoint: str | None = None, generation: int = 0) -> float:
+    """The same appends without the client: hand-made requests, WINDOW in flight (to the
+    echo peer, or to ``endpoint``: the real server). Counted done when the feed carries
+    them (the hand-made client id is far from any allocated one)."""
+    peer = None
+    if endpoint is None:
+        peer = EchoPeer(0)
+        await peer.start()
+        endpoint = peer.endpoint
+    raw_id = 10**6
     transport: Transport = get_registry().get("transport", "zmq").factory({})
-    conn = await transport.connect(peer.endpoint)
-    proto = ProtocolConnection(Role.INITIATOR, sender="client:raw")
+    conn = await transport.connect(endpoint)
+    proto = ProtocolConnection(Role.INITIATOR, sender=f"client:{raw_id}")
     await conn.send(proto.start_handshake())
     proto.receive_frame(await conn.recv())
-    await conn.send(proto.send(MountRequest(ReqId(1, 0, 0, 0), -1, 1)))
-    proto.receive_frame(await conn.recv())  # READY
+    await conn.send(proto.send(MountRequest(ReqId(raw_id, generation, 0, 0), 10**9, 1)))
     credit = asyncio.Semaphore(WINDOW)
+    mounted = asyncio.Event()
     done = asyncio.Event()
     received = 0
 
     async def reader() -> None:
         nonlocal received
         while received < n:
-            proto.receive_frame(await conn.recv())
-            received += 1
-            credit.release()
+            message = proto.receive_frame(await conn.recv())
+            if isinstance(message, MountResponse):
+                if message.status is not MountStatus.READY:  # CLIENT_AHEAD: mount at the top
+                    await conn.send(
+                        proto.send(
+                            MountRequest(
+                                ReqId(raw_id, generation, 0, 1), message.high_water_mark, 1
+                            )
+                        )
+                    )
+                    continue
+                mounted.set()
+            elif isinstance(message, FeedData) and message.req_id.client_id == raw_id:
+                received += 1
+                credit.release()
         done.set()
 
     task = asyncio.get_running_loop().create_task(reader())
+    await mounted.wait()
     started = time.perf_counter()
-    for seq in range(1, n + 1):
+    for seq in range(2, n + 2):
         await credit.acquire()
         await conn.send(
             proto.send(
-                AppendRequest(ReqId(1, 0, 0, seq), -1, LockRequest(), 0, DATA, checksum(DATA))
+                AppendRequest(
+                    ReqId(raw_id, generation, 0, seq), -1, LockRequest(), 0, DATA, checksum(DATA)
+                )
             )
         )
     await done.wait()
     elapsed = time.perf_counter() - started
     await task
     await transport.close()
-    await peer.close()
+    if peer is not None:
+        await peer.close()
     return n / elapsed
+
+
+class RealCluster:
+    """An in-process cluster of real components (see the module docstring)."""
+
+    async def start(self, root: Path) -> str:
+        import socket
+        import uuid
+
+        from waltz_api.config import config_from_mapping
+        from waltz_server.server.config import ServerNodeConfig
+        from waltz_server.server.main import start_server
+        from waltz_server.storage_node import StorageNode
+        from waltz_storage_fs.engine import FsStorageEngine
+
+        def free_port() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port: int = s.getsockname()[1]
+                return port
+
+        self.uri = f"local://{root / 'coordination'}?root=/bench"
+        self.coordination = coordination_from_uri(self.uri)
+        await self.coordination.start()
+        key = uuid.uuid4()
+        connects = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        metadata = ClusterMetadata(self.coordination)
+        await metadata.create_cluster(
+            num_partitions=1, num_replicas=3, storage_nodes=connects, cluster_key=key
+        )
+        self.nodes = []
+        for i, connect in enumerate(connects):
+            engine = await FsStorageEngine.open(
+                str(root / f"storage-{i}"), cluster_key=key, num_partitions=1
+            )
+            await engine.add_partition(0)
+            node = StorageNode(
+                engine, get_registry().get("transport", "zmq").factory({}), f"tcp://{connect}"
+            )
+            await node.start()
+            self.nodes.append(node)
+        config = config_from_mapping(
+            ServerNodeConfig,
+            {
+                "coordination": {"uri": self.uri},
+                "transport": {
+                    "plugin": "zmq",
+                    "endpoint": f"tcp://127.0.0.1:{free_port()}",
+                    "storage_endpoint": "tcp://{}",
+                },
+                "http": {"enabled": False},
+                "log_level": "WARNING",
+            },
+        )
+        self.server = await start_server(config)
+        for _ in range(1200):
+            owner = (await metadata.partition_assignment(0)).value
+            held = self.server.server.partitions.get(0)
+            if owner.endpoint and held is not None and held.ready:
+                self.endpoint = owner.endpoint
+                return self.uri
+            await asyncio.sleep(0.05)
+        raise RuntimeError("the partition was never served")
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        for node in self.nodes:
+            await node.close()
+            await node.engine.close()
+        await self.coordination.close()
+
+
+async def real_cases(submits: int, feed: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = RealCluster()
+        uri = await cluster.start(Path(tmp))
+        try:
+            print("real server in this process (local coordination, 3 fs storage nodes, zmq):")
+            for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):
+                latencies: list[float] = []
+                callbacks = AsyncCounting(10**12, False)
+                config = ClientConfig(uri, transport="zmq", max_concurrent_transactions=WINDOW)
+                async with AsyncWaltzClient(callbacks, config) as client:
+                    loop = asyncio.get_running_loop()
+                    tasks: list[asyncio.Task[bool]] = []
+                    started = time.perf_counter()
+                    for _ in range(submits):
+                        t0 = loop.time()
+                        task = await client.enqueue(context())
+                        task.add_done_callback(functools.partial(_record, latencies, loop, t0))
+                        tasks.append(task)
+                    await asyncio.gather(*tasks)
+                    rate = submits / (time.perf_counter() - started)
+                print(
+                    f"  AsyncWaltzClient.submit, {label}: {rate:8,.0f} tx/s   "
+                    f"p50 {pct(latencies, 0.5):.2f} ms  p99 {pct(latencies, 0.99):.2f} ms"
+                )
+            owner = (await ClusterMetadata(cluster.coordination).partition_assignment(0)).value
+            rate = await raw_case(submits, owner.endpoint, owner.generation)
+            print(f"  raw protocol (no client):              {rate:8,.0f} tx/s")
+            top = 3 * submits - 1
+            for label, fetch in (("headers only", False), ("with data", True)):
+                callbacks = AsyncCounting(top, fetch)
+                config = ClientConfig(uri, transport="zmq", prefetch_data=fetch)
+                started = time.perf_counter()
+                async with AsyncWaltzClient(callbacks, config):
+                    await asyncio.wait_for(callbacks.done.wait(), 600)
+                    rate = (top + 1) / (time.perf_counter() - started)
+                print(f"  feed from the start, {label}: {rate:10,.0f} tx/s ({top + 1} tx)")
+        finally:
+            await cluster.stop()
+
+
+def _record(latencies: list[float], loop: asyncio.AbstractEventLoop, t0: float, _: object) -> None:
+    latencies.append(loop.time() - t0)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -264,6 +405,7 @@ async def main() -> None:
     parser.add_argument("--feed", type=int, default=50000)
     parser.add_argument("--data-feed", type=int, default=5000)
     parser.add_argument("--submits", type=int, default=20000)
+    parser.add_argument("--real", action="store_true", help="also against the real server")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -288,6 +430,8 @@ async def main() -> None:
         )
     rate = await raw_case(args.submits)
     print(f"  raw protocol (no client):              {rate:8,.0f} tx/s")
+    if args.real:
+        await real_cases(args.submits, args.feed)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS: {peak:.0f} MiB")
 
