@@ -38,6 +38,7 @@ from waltz_api.messages import (
 from waltz_api.plugins import get_registry
 from waltz_api.types import LockRequest, Record, ReqId
 from waltz_server.server.testing import RawClient, ServerProcess
+from waltz_server.storage_node import StorageClient
 from waltz_server.storage_node.testing import StorageNodeProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -354,3 +355,28 @@ async def test_kill_a_storage_node_and_a_server_while_appending(system: System) 
         assert set(log_ids) <= set(writer.sent)
     # partition 0 moved: its writer had to find the new owner
     assert writers[0].reconnects >= 1, "the server kill never reached the writer"
+    # invariant 3, on the disks: stop the servers, then every replica's log is a
+    # prefix of the longest (a huge session id reads anything; nobody writes after)
+    for server in system.servers:
+        server.terminate()
+    for partition in range(PARTITIONS):
+        logs = []
+        for node in system.storage:
+            storage = await StorageClient.connect(system.transport, node.endpoint)
+            try:
+                await storage.open(system.key, PARTITIONS)
+                log: list[Record] = []
+                while True:
+                    batch = await storage.records(10**9, partition, len(log), 1000)
+                    if not batch:
+                        break
+                    log.extend(batch)
+            finally:
+                await storage.close()
+            logs.append(log)
+        longest = max(logs, key=len)
+        for log in logs:
+            assert log == longest[: len(log)], "replicas forked"
+        # the committed log is on a majority of the disks
+        committed = len(writers[partition].feed)
+        assert sum(1 for log in logs if len(log) >= committed) >= 2
