@@ -387,3 +387,97 @@ async def test_a_storage_node_dying_while_idle_ends_the_session(cluster: Cluster
         assert second is not first and second.low_water_mark == 4
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_random_moves_between_generations_fence_the_old_owner(
+    cluster: Cluster, seed: int
+) -> None:
+    """The partition moves to a new owner (a new generation) at random moments while
+    both the current and the old owner keep appending, and storage nodes crash."""
+    rng = random.Random(1000 + seed)
+    for node in cluster.nodes.values():
+        node.append_delay = 0.0005
+    owners = [cluster.store(generation=1, seed=seed, idle_probe_interval=0.02)]
+    await owners[0].start()
+    acknowledged: dict[int, bytes] = {}
+    opened_at: dict[int, int] = {}  # generation -> low-water mark of its first session
+
+    moved = asyncio.Event()
+
+    async def writer(name: str) -> None:
+        for i in range(3000):
+            if moved.is_set() and i > 200:
+                break
+            if i % 10 == 0:
+                await asyncio.sleep(rng.uniform(0.0005, 0.003))  # spread over the moves
+            store = owners[-1] if name == "current" or len(owners) < 2 else owners[-2]
+            data = f"g{store.generation}-{name}-{i}".encode()
+            try:
+                _, future = await asyncio.wait_for(
+                    store.append(ReqId(9, store.generation, P, i), 0, data, wire.checksum(data)),
+                    0.5,
+                )
+            except (StoreSessionClosedError, StaleGenerationError, TimeoutError):
+                await asyncio.sleep(0.001)
+                continue
+
+            def done(f: asyncio.Future[int], data: bytes = data) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    acknowledged[f.result()] = data
+
+            future.add_done_callback(done)
+
+    async def mover() -> None:
+        for generation in range(2, 6):
+            await asyncio.sleep(rng.uniform(0.01, 0.05))
+            store = cluster.store(
+                generation=generation, seed=seed * 10 + generation, idle_probe_interval=0.02
+            )
+            owners.append(store)
+            await store.start()
+            session = await store.wait_ready(TIMEOUT)
+            opened_at.setdefault(generation, session.low_water_mark)
+            if rng.random() < 0.5:
+                victim = cluster.nodes[rng.choice(NODES)]
+                victim.crash()
+                await asyncio.sleep(rng.uniform(0.001, 0.01))
+                victim.restart()
+        moved.set()
+
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(writer("current"), writer("old"), mover()), TIMEOUT * 3
+        )
+        final = owners[-1]
+        await final.wait_ready(TIMEOUT)
+        hwm = final.high_water_mark
+        records: list[Record] = []
+        while len(records) <= hwm:
+            batch = await final.read_committed(len(records), 500, 1 << 20)
+            assert batch
+            records.extend(batch)
+        assert [r.transaction_id for r in records] == list(range(hwm + 1))
+        for transaction_id, data in acknowledged.items():
+            assert records[transaction_id].data == data, "an acknowledged transaction was lost"
+        # fencing: once generation g opened at mark L, nothing of an older generation
+        # was committed above L
+        for generation, mark in opened_at.items():
+            for record in records[mark + 1 :]:
+                written_by = int(record.data.split(b"-")[0][1:])
+                assert written_by >= generation, (generation, mark, record)
+        datas = [r.data for r in records]
+        assert len(datas) == len(set(datas))
+        assert_no_fork(list(cluster.nodes.values()))
+        # every old owner learns it was fenced (by a refused append or an idle probe)
+        for _ in range(200):
+            if all(o.stale is not None for o in owners[:-1]):
+                break
+            await asyncio.sleep(0.01)
+        assert all(isinstance(o.stale, StaleGenerationError) for o in owners[:-1])
+        assert final.stale is None
+        generations = {int(r.data.split(b"-")[0][1:]) for r in records}
+        assert len(generations) >= 3, f"too few owners wrote: {generations}"
+    finally:
+        for owner in owners:
+            await owner.close()
