@@ -54,3 +54,6 @@ main.add_command(keys_group)
 from waltz_server.cli.server import server_command  # noqa: E402
 
 main.add_command(server_command)
+from waltz_server.cli.dev import dev_command  # noqa: E402
+
+main.add_command(dev_command)

@@ -1,0 +1,504 @@
+"""``waltz dev``: a whole Waltz cluster on one machine, on the embedded default.
+
+Coordination: the ``local`` plugin (a SQLite file in the data directory).
+Transport: ZeroMQ over loopback TCP. Storage: the ``fs`` engine in the data
+directory. Three storage nodes (``waltz storage --config``) and one or more
+servers (``waltz server --config``) run as child processes with config files
+generated in the data directory; their logs go to ``DIR/logs/``.
+
+The first start creates the cluster (the ``waltz cluster create`` logic) and
+records its layout (cluster key, partitions, storage ports) in
+``DIR/waltz-dev.json``; a later start on the same directory reuses the
+cluster and its data. While it runs, ``DIR/waltz-dev.ready.json`` names the
+endpoints and the coordination URI a client needs.
+
+Children run in their own session (a Ctrl-C reaches the supervisor only, which
+stops the servers first, then the storage nodes, each by its pid) and, on
+Linux, receive SIGTERM should the supervisor die.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.errors import ConfigError, WaltzError
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "waltz-dev.json"
+READY_FILE = "waltz-dev.ready.json"
+PID_FILE = "waltz-dev.pid"
+COORDINATION_ROOT = "/waltz"
+STORAGE_READY = "storage node ready on"
+SERVER_READY = "ready on"
+SESSION_TIMEOUT = 5.0
+"""Seconds after which a crashed server's registration expires (local coordination)."""
+
+
+def coordination_uri(data_dir: str | os.PathLike[str]) -> str:
+    """The coordination URI of the dev cluster in ``data_dir``."""
+    return f"local://{Path(data_dir).resolve() / 'coordination'}?root={COORDINATION_ROOT}"
+
+
+def read_ready_file(data_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The endpoints of the dev cluster running in ``data_dir``, or None when none runs."""
+    path = Path(data_dir) / READY_FILE
+    try:
+        info: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not _alive(int(info.get("pid", -1))):
+        return None
+    return info
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the supervisor dies (Linux prctl)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(libc_name, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
+@dataclass
+class DevState:
+    """What a dev data directory keeps across restarts."""
+
+    cluster_key: str
+    partitions: int
+    storage_ports: list[int]
+    server_ports: list[int] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> DevState | None:
+        if not path.exists():
+            return None
+        try:
+            raw = json.loads(path.read_text())
+            return cls(
+                cluster_key=str(uuid.UUID(raw["cluster_key"])),
+                partitions=int(raw["partitions"]),
+                storage_ports=[int(p) for p in raw["storage_ports"]],
+                server_ports=[int(p) for p in raw.get("server_ports", [])],
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"{path} is not a waltz dev state file ({exc}); use another --data-dir or "
+                "delete that directory to start from scratch",
+                key="data_dir",
+            ) from None
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(tmp, path)
+
+
+class Child:
+    """One child process (a storage node or a server), stopped by its pid."""
+
+    def __init__(self, name: str, args: list[str], log_path: Path, ready_marker: str) -> None:
+        self.name = name
+        self.args = args
+        self.log_path = log_path
+        self.ready_marker = ready_marker
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "waltz_server.cli", *self.args],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, before exec
+            )
+        log.info("%s started (pid %d)", self.name, self.process.pid)
+
+    def output(self) -> str:
+        """This run's part of the child's log."""
+        with contextlib.suppress(OSError), self.log_path.open("rb") as f:
+            f.seek(self._log_start)
+            return f.read().decode(errors="replace")
+        return ""
+
+    async def wait_ready(self, deadline: float) -> None:
+        while self.ready_marker not in self.output():
+            if not self.running:
+                code = None if self.process is None else self.process.returncode
+                raise WaltzError(
+                    f"{self.name} exited with code {code} while starting; its log "
+                    f"({self.log_path}) ends with:\n{self.output()[-2000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise WaltzError(
+                    f"{self.name} not ready in time; see its log {self.log_path}:\n"
+                    f"{self.output()[-2000:]}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM, then SIGKILL when it does not end in ``timeout`` seconds; the exit code."""
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # polls the child's exit
+            if process.poll() is None:
+                log.warning(
+                    "%s (pid %d) did not stop in %ss: SIGKILL", self.name, process.pid, timeout
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+        return process.returncode
+
+
+class DevCluster:
+    """A dev cluster in ``data_dir``: ``await start()``, ``await wait(stop)``, ``await stop()``."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        servers: int = 1,
+        storage_nodes: int | None = None,
+        partitions: int | None = None,
+        session_timeout: float = SESSION_TIMEOUT,
+        start_timeout: float = 90.0,
+    ) -> None:
+        if servers < 1:
+            raise ConfigError("--servers must be at least 1", key="servers")
+        if storage_nodes is not None and storage_nodes < 1:
+            raise ConfigError("--storage-nodes must be at least 1", key="storage_nodes")
+        if partitions is not None and partitions < 1:
+            raise ConfigError("--partitions must be at least 1", key="partitions")
+        self.data_dir = Path(data_dir).resolve()
+        self.num_servers = servers
+        self._want_storage = storage_nodes
+        self._want_partitions = partitions
+        self.session_timeout = session_timeout
+        self.start_timeout = start_timeout
+        self.storage: list[Child] = []
+        self.servers: list[Child] = []
+        self.state: DevState | None = None
+        self.created = False
+        self._owns_pid_file = False
+        self._hosted: list[list[int]] = []
+
+    @property
+    def coordination_uri(self) -> str:
+        return coordination_uri(self.data_dir)
+
+    @property
+    def storage_endpoints(self) -> list[str]:
+        return (
+            [] if self.state is None else [f"tcp://127.0.0.1:{p}" for p in self.state.storage_ports]
+        )
+
+    @property
+    def server_endpoints(self) -> list[str]:
+        return (
+            [] if self.state is None else [f"tcp://127.0.0.1:{p}" for p in self.state.server_ports]
+        )
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.pid for c in [*self.servers, *self.storage] if c.pid is not None]
+
+    def info(self) -> dict[str, Any]:
+        """What a client (or a person) needs: the coordination URI and the endpoints."""
+        return {
+            "pid": os.getpid(),
+            "data_dir": str(self.data_dir),
+            "coordination": self.coordination_uri,
+            "transport": "zmq",
+            "cluster_key": None if self.state is None else self.state.cluster_key,
+            "partitions": None if self.state is None else self.state.partitions,
+            "servers": self.server_endpoints,
+            "storage_nodes": self.storage_endpoints,
+            "child_pids": self.pids,
+            "logs": str(self.data_dir / "logs"),
+            "created": self.created,
+        }
+
+    # -- start ---------------------------------------------------------------------------
+
+    def _claim_directory(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        pid_path = self.data_dir / PID_FILE
+        with contextlib.suppress(OSError, ValueError):
+            other = int(pid_path.read_text().strip())
+            if other != os.getpid() and _alive(other):
+                raise ConfigError(
+                    f"a waltz dev cluster (pid {other}) already runs in {self.data_dir}; stop it "
+                    "(Ctrl-C) or use another --data-dir",
+                    key="data_dir",
+                )
+        pid_path.write_text(f"{os.getpid()}\n")
+        self._owns_pid_file = True
+
+    def _load_state(self) -> DevState:
+        path = self.data_dir / STATE_FILE
+        state = DevState.load(path)
+        if state is None:
+            state = DevState(
+                cluster_key=str(uuid.uuid4()),
+                partitions=self._want_partitions or 1,
+                storage_ports=[free_port() for _ in range(self._want_storage or 3)],
+            )
+        else:
+            if self._want_partitions not in (None, state.partitions):
+                raise ConfigError(
+                    f"the dev cluster in {self.data_dir} has {state.partitions} partitions, not "
+                    f"{self._want_partitions}; leave --partitions out or use another --data-dir",
+                    key="partitions",
+                )
+            if self._want_storage not in (None, len(state.storage_ports)):
+                raise ConfigError(
+                    f"the dev cluster in {self.data_dir} has {len(state.storage_ports)} storage "
+                    f"nodes, not {self._want_storage}; leave --storage-nodes out or use another "
+                    "--data-dir",
+                    key="storage_nodes",
+                )
+            for port in state.storage_ports:
+                if not port_free(port):
+                    raise ConfigError(
+                        f"port {port} of a storage node of {self.data_dir} is in use (another "
+                        "waltz dev on this directory, or another program); free it and retry",
+                        key="data_dir",
+                    )
+        # Servers keep their ports when they are free (clients find them through the
+        # coordination service anyway).
+        ports = [p for p in state.server_ports if port_free(p)][: self.num_servers]
+        while len(ports) < self.num_servers:
+            port = free_port()
+            if port not in ports and port not in state.storage_ports:
+                ports.append(port)
+        state.server_ports = ports
+        state.save(path)
+        return state
+
+    async def _ensure_cluster(self, state: DevState) -> None:
+        (self.data_dir / "coordination").mkdir(exist_ok=True)
+        coordination = coordination_from_uri(self.coordination_uri)
+        await coordination.start()
+        try:
+            metadata = ClusterMetadata(coordination)
+            if await metadata.exists():
+                config = await metadata.config()
+                if str(config.cluster_key) != state.cluster_key:
+                    raise ConfigError(
+                        f"the coordination store in {self.data_dir} holds cluster "
+                        f"{config.cluster_key}, but {STATE_FILE} names {state.cluster_key}; "
+                        "use a fresh --data-dir",
+                        key="data_dir",
+                    )
+            else:
+                await metadata.create_cluster(
+                    num_partitions=state.partitions,
+                    num_replicas=min(3, len(state.storage_ports)),
+                    storage_nodes=[f"127.0.0.1:{p}" for p in state.storage_ports],
+                    cluster_key=uuid.UUID(state.cluster_key),
+                )
+                self.created = True
+                log.info("created cluster %s in %s", state.cluster_key, self.data_dir)
+            assignments = await metadata.replica_assignments()
+            self._hosted = [
+                list(assignments.partitions_of(f"127.0.0.1:{p}")) for p in state.storage_ports
+            ]
+        finally:
+            await coordination.close()
+
+    def _storage_config(self, index: int, state: DevState) -> Path:
+        path = self.data_dir / f"storage-{index}.toml"
+        lines = [
+            'log_level = "INFO"',
+            "[storage]",
+            f"data_dir = {json.dumps(str(self.data_dir / f'storage-{index}'))}",
+            'engine = "fs"',
+            f'cluster_key = "{state.cluster_key}"',
+            f"num_partitions = {state.partitions}",
+            f"partitions = {self._hosted[index]}",
+            "[transport]",
+            'plugin = "zmq"',
+            f'endpoint = "tcp://127.0.0.1:{state.storage_ports[index]}"',
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def _server_config(self, index: int, state: DevState) -> Path:
+        path = self.data_dir / f"server-{index}.toml"
+        lines = [
+            'log_level = "INFO"',
+            "[coordination]",
+            f"uri = {json.dumps(self.coordination_uri)}",
+            "[coordination.options]",
+            f"session_timeout = {self.session_timeout}",
+            "[transport]",
+            'plugin = "zmq"',
+            f'endpoint = "tcp://127.0.0.1:{state.server_ports[index]}"',
+            'storage_endpoint = "tcp://{}"',
+            "[server]",
+            'lock_table = "hwm-array"',
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    async def start(self) -> None:
+        """Create (first start) or reuse the cluster, start every child, wait until every
+        partition is served. On failure everything started is stopped again."""
+        self._claim_directory()
+        try:
+            state = self._load_state()
+            self.state = state
+            await self._ensure_cluster(state)
+            logs = self.data_dir / "logs"
+            self.storage = [
+                Child(
+                    f"storage node {i}",
+                    ["storage", "--config", str(self._storage_config(i, state))],
+                    logs / f"storage-{i}.log",
+                    STORAGE_READY,
+                )
+                for i in range(len(state.storage_ports))
+            ]
+            self.servers = [
+                Child(
+                    f"server {i}",
+                    ["server", "--config", str(self._server_config(i, state))],
+                    logs / f"server-{i}.log",
+                    SERVER_READY,
+                )
+                for i in range(self.num_servers)
+            ]
+            deadline = time.monotonic() + self.start_timeout
+            for child in self.storage:
+                child.start()
+            for child in self.storage:
+                await child.wait_ready(deadline)
+            for child in self.servers:
+                child.start()
+            for child in self.servers:
+                await child.wait_ready(deadline)
+            await self._wait_assigned(deadline)
+            self._write_ready_file()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_assigned(self, deadline: float) -> None:
+        """Until every partition is assigned to a live server of this cluster."""
+        coordination = coordination_from_uri(self.coordination_uri)
+        await coordination.start()
+        try:
+            metadata = ClusterMetadata(coordination)
+            while True:
+                live = {s.server_id for s in await metadata.servers()}
+                owners = [a.server_id for a in await metadata.partition_assignments()]
+                if owners and all(o in live for o in owners):
+                    return
+                for child in self.servers:
+                    if not child.running:
+                        raise WaltzError(f"{child.name} exited; see {child.log_path}")
+                if time.monotonic() > deadline:
+                    raise WaltzError(
+                        f"partitions not assigned after {self.start_timeout}s (owners {owners}, "
+                        f"live servers {sorted(live)}); see the logs in {self.data_dir / 'logs'}"
+                    )
+                await asyncio.sleep(0.1)
+        finally:
+            await coordination.close()
+
+    def _write_ready_file(self) -> None:
+        path = self.data_dir / READY_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.info(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    # -- run and stop --------------------------------------------------------------------
+
+    async def wait(self, stop: asyncio.Event) -> Child | None:
+        """Until ``stop`` is set (None) or a child exits on its own (that child)."""
+        while not stop.is_set():
+            for child in [*self.servers, *self.storage]:
+                if not child.running:
+                    return child
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+        return None
+
+    async def stop(self) -> None:
+        """Stop the servers, then the storage nodes (by pid); remove the ready file."""
+        if self._owns_pid_file:
+            with contextlib.suppress(OSError):
+                (self.data_dir / READY_FILE).unlink()
+        await asyncio.gather(*(child.stop() for child in self.servers))
+        await asyncio.gather(*(child.stop() for child in self.storage))
+        if self._owns_pid_file:
+            with contextlib.suppress(OSError):
+                (self.data_dir / PID_FILE).unlink()
+            self._owns_pid_file = False

@@ -1,0 +1,186 @@
+"""``waltz dev`` as a user runs it: a subprocess, a real client against it, SIGINT, restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from waltz_client import (
+    JSON,
+    AsyncWaltzClient,
+    ClientConfig,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
+from waltz_server.dev import READY_FILE, read_ready_file
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
+
+
+class Recorder(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.hwm = -1
+        self.values: list[str] = []
+
+    async def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm
+
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        self.values.append((await transaction.fetch_data(JSON))["v"])
+        self.hwm = transaction.transaction_id
+
+
+class Put(TransactionContext):
+    def __init__(self, value: str) -> None:
+        super().__init__()
+        self.value = value
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    async def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_data({"v": self.value}, JSON)
+        builder.write_lock("key", 1)
+        return True
+
+
+def run_waltz(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "waltz_server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Dev:
+    def __init__(self, data_dir: Path, log: Path, *args: str) -> None:
+        self.data_dir = data_dir
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "waltz_server.cli",
+                    "dev",
+                    "--data-dir",
+                    str(data_dir),
+                    *args,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.log = log
+
+    async def ready(self, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            info = read_ready_file(self.data_dir)
+            if info is not None and info["pid"] == self.process.pid:
+                return info
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, self.log.read_text()
+            await asyncio.sleep(0.1)
+
+    def interrupt(self) -> int:
+        os.kill(self.process.pid, signal.SIGINT)
+        return self.process.wait(timeout=60)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+async def append_and_read(uri: str, values: list[str]) -> list[str]:
+    """Append ``values`` with a fresh client (feed from the start); all values of the log."""
+    app = Recorder()
+    async with AsyncWaltzClient(app, ClientConfig(uri, transport="zmq")) as client:
+        for value in values:
+            assert await client.submit(Put(value)) is True
+        top = await client.flush(0)
+        assert top == app.hwm
+    return app.values
+
+
+async def test_dev_cluster_serves_a_client_stops_on_sigint_and_keeps_its_data(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "dev"
+    log = tmp_path / "dev.log"
+    dev = Dev(data_dir, log)
+    children: list[int] = []
+    try:
+        info = await dev.ready()
+        assert info["created"] is True
+        assert len(info["storage_nodes"]) == 3 and len(info["servers"]) == 1
+        children = info["child_pids"]
+        assert len(children) == 4 and all(alive(p) for p in children)
+        first = await asyncio.wait_for(append_and_read(info["coordination"], ["a", "b", "c"]), 60)
+        assert first == ["a", "b", "c"]
+
+        assert dev.interrupt() == 0
+        assert not [p for p in children if alive(p)], "children left running"
+        assert not (data_dir / READY_FILE).exists()
+        assert "waltz dev: stopped" in log.read_text()
+
+        dev = Dev(data_dir, log)
+        info = await dev.ready()
+        assert info["created"] is False  # the same cluster, reused
+        children = info["child_pids"]
+        values = await asyncio.wait_for(append_and_read(info["coordination"], ["d"]), 60)
+        assert values == ["a", "b", "c", "d"]  # the data survived the restart
+        assert dev.interrupt() == 0
+        assert not [p for p in children if alive(p)], "children left running"
+    finally:
+        dev.kill()
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_second_dev_on_the_same_directory_is_refused(tmp_path: Path) -> None:
+    data_dir = tmp_path / "dev"
+    dev = Dev(data_dir, tmp_path / "dev.log", "--partitions", "2", "--servers", "2")
+    children: list[int] = []
+    try:
+        info = await dev.ready()
+        children = info["child_pids"]
+        assert info["partitions"] == 2 and len(info["servers"]) == 2
+        second = await asyncio.to_thread(run_waltz, "dev", "--data-dir", str(data_dir))
+        assert second.returncode == 1
+        assert "already runs in" in second.stderr
+        assert json.loads((data_dir / READY_FILE).read_text())["pid"] == dev.process.pid
+        assert dev.interrupt() == 0
+        # a restart with another partition count is refused with one clear line
+        wrong = await asyncio.to_thread(
+            run_waltz, "dev", "--data-dir", str(data_dir), "--partitions", "3"
+        )
+        assert wrong.returncode == 1
+        assert "has 2 partitions, not 3" in wrong.stderr
+    finally:
+        dev.kill()
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
