@@ -38,7 +38,7 @@ from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
 )
-from waltz_server.server.caches import HEADER_COST, DataCache, FeedCache
+from waltz_server.server.caches import DATA_ENTRY_OVERHEAD, HEADER_COST, DataCache, FeedCache
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.store import StoreConfig, StorePartition
 
@@ -330,10 +330,10 @@ def test_caches_are_bounded_in_bytes() -> None:
     assert feed.get(3, 3) == []
     feed.add([RecordHeader(40, ReqId(1, 1, 0, 40), 0)])  # a gap: restart the range
     assert feed.first_id == 40
-    data = DataCache(1000)
+    data = DataCache(3 * (300 + DATA_ENTRY_OVERHEAD) + 10)
     for i in range(10):
         data.put(i, bytes(300), 0)
-    assert data.bytes <= 1000 and len(data) == 3
+    assert data.bytes <= data.max_bytes and len(data) == 3
     assert data.get(9) is not None and data.get(0) is None
     data.put(99, bytes(5000), 0)  # larger than the whole cache: not kept
     assert data.get(99) is None

@@ -7,8 +7,12 @@ from collections.abc import Iterable
 
 from waltz_api.types import RecordHeader, ReqId
 
-HEADER_COST = 112
-"""Approximate bytes one cached header takes (a tuple of six small ints)."""
+HEADER_COST = 160
+"""Bytes one cached header takes in memory (a tuple of six ints in a deque; measured)."""
+
+DATA_ENTRY_OVERHEAD = 230
+"""Bytes one data cache entry takes besides its data (bytes object, tuple, checksum int,
+ordered-dict slot; measured): the cache bounds its real memory, not just the payload."""
 
 _Packed = tuple[int, int, int, int, int, int]
 
@@ -80,7 +84,7 @@ class FeedCache:
 
 
 class DataCache:
-    """Transaction data by id, least recently used first out, bounded in bytes."""
+    """Transaction data by id, least recently used first out, bounded in bytes of memory."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -93,16 +97,17 @@ class DataCache:
         return len(self._data)
 
     def put(self, transaction_id: int, data: bytes, checksum: int) -> None:
-        if len(data) > self.max_bytes:
+        cost = len(data) + DATA_ENTRY_OVERHEAD
+        if cost > self.max_bytes:
             return
         previous = self._data.pop(transaction_id, None)
         if previous is not None:
-            self.bytes -= len(previous[0])
+            self.bytes -= len(previous[0]) + DATA_ENTRY_OVERHEAD
         self._data[transaction_id] = (data, checksum)
-        self.bytes += len(data)
+        self.bytes += cost
         while self.bytes > self.max_bytes:
             _, (evicted, _) = self._data.popitem(last=False)
-            self.bytes -= len(evicted)
+            self.bytes -= len(evicted) + DATA_ENTRY_OVERHEAD
 
     def get(self, transaction_id: int) -> tuple[bytes, int] | None:
         found = self._data.get(transaction_id)
@@ -116,4 +121,4 @@ class DataCache:
     def discard_above(self, transaction_id: int) -> None:
         """Forget ids above ``transaction_id`` (they were truncated by recovery)."""
         for key in [k for k in self._data if k > transaction_id]:
-            self.bytes -= len(self._data.pop(key)[0])
+            self.bytes -= len(self._data.pop(key)[0]) + DATA_ENTRY_OVERHEAD
