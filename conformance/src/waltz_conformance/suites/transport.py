@@ -580,6 +580,51 @@ class TransportSuite:
         await newest.send(b"B")
         await self.closed_within(new.recv, client.failure_detection_bound, "replaced recv")
 
+    @pytest.mark.timeout(60)
+    async def test_replacement_drops_the_undelivered_frames_of_the_replaced(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        """Frames of the old connection still queued at the listener (its handler had not
+        read them) are never delivered once the replacement's first frame was."""
+        server, client = transports(), transports()
+        replacement_seen = asyncio.Event()
+        old_delivered_after: list[bytes] = []
+        old_ended = asyncio.Event()
+        first_id: list[int] = []
+
+        async def handler(conn: Connection) -> None:
+            if not first_id:
+                first_id.append(conn.connection_id)
+                # the old connection's handler is slow: its frames wait in the transport
+                await replacement_seen.wait()
+                try:
+                    while True:
+                        old_delivered_after.append(await conn.recv())
+                except ConnectionClosedError:
+                    old_ended.set()
+                return
+            with contextlib.suppress(ConnectionClosedError):
+                while True:
+                    if (await conn.recv()).startswith(b"B"):
+                        replacement_seen.set()
+
+        listener = await server.listen(harness.endpoint(), handler)
+        old = await client.connect(listener.endpoint, replace_key="k")
+        for i in range(50):
+            await old.send(b"A%d" % i)
+        # the client closes the old connection itself first (its close reaches the
+        # listener before the replacement does): what it sent is still queued there
+        await old.close()
+        await asyncio.sleep(0.5)
+        new = await client.connect(listener.endpoint, replace_key="k")
+        await new.send(b"B0")
+        await asyncio.wait_for(replacement_seen.wait(), 10)
+        await asyncio.wait_for(old_ended.wait(), client.failure_detection_bound + SLACK)
+        assert old_delivered_after == [], (
+            f"{len(old_delivered_after)} frames of the replaced connection were delivered "
+            "after its replacement's first"
+        )
+
     # -- frame size --------------------------------------------------------------------------
 
     @pytest.mark.timeout(60)

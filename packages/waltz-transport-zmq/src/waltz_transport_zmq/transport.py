@@ -797,7 +797,9 @@ class ZmqListener(Listener):
         assert isinstance(conn, ServerConnection)
         if self._connections.get(conn.identity) is conn:
             del self._connections[conn.identity]
-        if conn.lineage is not None and self._lineages.get(conn.lineage) is conn:
+        # a connection the peer closed may still hold frames for its handler: it stays in
+        # its lineage until it is closed here, so a replacement still drops those frames
+        if conn._closed and conn.lineage is not None and self._lineages.get(conn.lineage) is conn:
             del self._lineages[conn.lineage]
 
     async def _run_handler(self, conn: ServerConnection) -> None:
