@@ -128,11 +128,18 @@ def test_options_are_validated() -> None:
     with pytest.raises(ConfigError, match="max_frame_size"):
         ZmqTransport({"max_frame_size": 0})
     with pytest.raises(ConfigError, match="coalesce"):
-        ZmqTransport({"coalesce": "yes"})
+        ZmqTransport({"coalesce": "sometimes"})
     with pytest.raises(ConfigError, match="security"):
         ZmqTransport({"security": "tls"})
     with pytest.raises(ConfigError, match="high_water_mark"):
         ZmqTransport({"window_frames": 100, "high_water_mark": 150})
+    # text, as environment overrides give it, is read as what it says
+    text = ZmqOptions.from_mapping(
+        {"heartbeat_timeout": "1.5", "coalesce": "false", "window_frames": "64"}
+    )
+    assert (text.heartbeat_timeout, text.coalesce, text.window_frames) == (1.5, False, 64)
+    with pytest.raises(ConfigError, match="window_frames"):
+        ZmqTransport({"window_frames": "many"})
     opts = ZmqOptions.from_mapping({})
     assert opts.failure_detection_bound <= 3.0
     assert opts.hwm > 2 * opts.window_frames

@@ -197,8 +197,25 @@ def is_local_endpoint(endpoint: str) -> bool:
         return False
 
 
+def _from_text(value: Any) -> Any:
+    """Options may come from text (environment overrides, KEY=VALUE flags): "2.5", "true"."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().lower()
+    if text in ("true", "yes", "on"):
+        return True
+    if text in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return value
+
+
 def _int(values: Mapping[str, Any], key: str, minimum: int) -> int:
-    value = values[key]
+    value = _from_text(values[key])
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(
             f"zmq transport option {key} must be an integer >= {minimum}, got {value!r}", key=key
@@ -207,7 +224,7 @@ def _int(values: Mapping[str, Any], key: str, minimum: int) -> int:
 
 
 def _float(values: Mapping[str, Any], key: str, minimum: float) -> float:
-    value = values[key]
+    value = _from_text(values[key])
     if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
         raise ConfigError(
             f"zmq transport option {key} must be a number of seconds >= {minimum}, got {value!r}",
@@ -217,7 +234,7 @@ def _float(values: Mapping[str, Any], key: str, minimum: float) -> float:
 
 
 def _bool(values: Mapping[str, Any], key: str) -> bool:
-    value = values[key]
+    value = _from_text(values[key])
     if not isinstance(value, bool):
         raise ConfigError(
             f"zmq transport option {key} must be true or false, got {value!r}", key=key
