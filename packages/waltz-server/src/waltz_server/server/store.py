@@ -465,6 +465,7 @@ class StorePartition:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._stale: StaleGenerationError | None = None
+        self._failure: BaseException | None = None
         self._ready = asyncio.Event()
         self._changed = asyncio.Event()
         self.high_water_mark = NO_TRANSACTION
@@ -499,6 +500,19 @@ class StorePartition:
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._manage(), name=f"store-{self.partition_id}")
+            self._task.add_done_callback(self._managed)
+
+    def _managed(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.error(
+            "partition %d: the store session manager failed: %r; the partition stops",
+            self.partition_id,
+            error,
+        )
+        self._failure = error
+        self._notify()
 
     async def close(self) -> None:
         self._closed = True
@@ -522,6 +536,10 @@ class StorePartition:
         while True:
             if self._stale is not None:
                 raise self._stale
+            if self._failure is not None:
+                raise StoreSessionClosedError(
+                    f"partition {self.partition_id} stopped: {self._failure!r}"
+                ) from self._failure
             if self._closed:
                 raise StoreSessionClosedError(f"partition {self.partition_id} is closed")
             session = self._session
@@ -596,7 +614,8 @@ class StorePartition:
                 self._stale = exc
                 self._notify()
                 return
-            except CoordinationError as exc:
+            except (CoordinationError, OSError) as exc:
+                # OSError includes TimeoutError: the service may come back
                 log.warning(
                     "partition %d: cannot start a store session: %s", self.partition_id, exc
                 )
@@ -617,7 +636,7 @@ class StorePartition:
             self._notify()
             try:
                 high_water_mark = await session.open()
-            except WaltzError as exc:
+            except (WaltzError, OSError) as exc:
                 log.info(
                     "partition %d: session %d failed to open: %s",
                     self.partition_id,
