@@ -1,0 +1,5 @@
+import sys
+
+from waltz_bank.demo import main
+
+sys.exit(main())

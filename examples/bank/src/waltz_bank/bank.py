@@ -1,0 +1,350 @@
+"""The bank: accounts in SQLite as a materialized view of the Waltz log.
+
+Every client (an application instance) keeps its own SQLite database, filled
+from the log exactly once by the SQL helper (`SqliteClientCallbacks`). The
+log holds one JSON operation per transaction:
+
+- ``deposit``  ``{account, amount}``: an APPEND lock on the account (it never
+  fails; it records the change so that whoever read the account before fails);
+- ``withdraw`` ``{account, amount}``: built only when the balance read from the
+  client's database covers it, with a WRITE lock on the account: if the account
+  changed after the state the check was made on, the server refuses the append
+  (lock failure) and the client re-executes it on fresh data;
+- ``transfer`` ``{source, target, amount}``: the balance check and WRITE lock on
+  the source, an APPEND lock on the target;
+- ``audit`` ``{accounts, total}``: the sum of a few balances, with a READ lock on
+  each: it commits only if none of them changed since the state it read, so the
+  log proves the total was true at that point.
+
+`verify` recomputes everything from the log alone and compares.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from waltz_client import (
+    JSON,
+    AsyncWaltzClient,
+    ClientConfig,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientCallbacks,
+)
+from waltz_client.sql import SqliteClientCallbacks
+
+PARTITION = 0
+LOCK_NAMESPACE = "account"
+
+
+class Accounts(SqliteClientCallbacks):
+    """One client's view: ``account(id, balance, min_balance)`` applied from the log."""
+
+    def __init__(self, database: str) -> None:
+        super().__init__(database)
+        self.connection().execute(
+            "CREATE TABLE IF NOT EXISTS account ("
+            "id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, min_balance INTEGER NOT NULL)"
+        )
+
+    def _add(self, connection: sqlite3.Connection, account: int, delta: int) -> None:
+        connection.execute(
+            "INSERT INTO account (id, balance, min_balance) VALUES (?, ?, min(0, ?)) "
+            "ON CONFLICT(id) DO UPDATE SET balance = balance + excluded.balance, "
+            "min_balance = min(min_balance, balance + excluded.balance)",
+            (account, delta, delta),
+        )
+
+    def apply(self, connection: sqlite3.Connection, transaction: Transaction) -> None:
+        op: dict[str, Any] = transaction.get_data(JSON)
+        kind = op["op"]
+        if kind == "deposit":
+            self._add(connection, op["account"], op["amount"])
+        elif kind == "withdraw":
+            self._add(connection, op["account"], -op["amount"])
+        elif kind == "transfer":
+            self._add(connection, op["source"], -op["amount"])
+            self._add(connection, op["target"], op["amount"])
+        # an audit changes nothing
+
+    def balance(self, account: int) -> int:
+        row = (
+            self.connection()
+            .execute("SELECT balance FROM account WHERE id = ?", (account,))
+            .fetchone()
+        )
+        return 0 if row is None else int(row[0])
+
+    def balances(self) -> dict[int, tuple[int, int]]:
+        """account -> (balance, lowest balance ever)."""
+        rows = self.connection().execute("SELECT id, balance, min_balance FROM account")
+        return {int(a): (int(b), int(m)) for a, b, m in rows}
+
+
+class Operation(TransactionContext):
+    """One bank operation, re-executed on fresh data after a lock failure."""
+
+    def __init__(self, accounts: Accounts, op: dict[str, Any]) -> None:
+        super().__init__()
+        self.accounts = accounts
+        self.op = op
+        self.lock_failures = 0
+
+    def partition_id(self, num_partitions: int) -> int:
+        return PARTITION
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        op = dict(self.op)
+        kind = op["op"]
+        if kind == "deposit":
+            builder.append_lock(LOCK_NAMESPACE, op["account"])
+        elif kind == "withdraw":
+            if self.accounts.balance(op["account"]) < op["amount"]:
+                return False  # insufficient funds: declined, nothing is sent
+            builder.write_lock(LOCK_NAMESPACE, op["account"])
+        elif kind == "transfer":
+            if self.accounts.balance(op["source"]) < op["amount"]:
+                return False
+            builder.write_lock(LOCK_NAMESPACE, op["source"])
+            builder.append_lock(LOCK_NAMESPACE, op["target"])
+        elif kind == "audit":
+            op["total"] = sum(self.accounts.balance(a) for a in op["accounts"])
+            for account in op["accounts"]:
+                builder.read_lock(LOCK_NAMESPACE, account)
+        builder.set_data(op, JSON)
+        return True
+
+    def on_lock_failure(self, transaction_id: int) -> None:
+        self.lock_failures += 1
+
+
+def random_operation(rng: random.Random, accounts: int, op_id: str) -> dict[str, Any]:
+    roll = rng.random()
+    if roll < 0.35:
+        return {"id": op_id, "op": "deposit", "account": rng.randrange(accounts),
+                "amount": rng.randint(1, 100)}  # fmt: skip
+    if roll < 0.65:
+        return {"id": op_id, "op": "withdraw", "account": rng.randrange(accounts),
+                "amount": rng.randint(1, 120)}  # fmt: skip
+    if roll < 0.92 and accounts > 1:
+        source, target = rng.sample(range(accounts), 2)
+        return {"id": op_id, "op": "transfer", "source": source, "target": target,
+                "amount": rng.randint(1, 120)}  # fmt: skip
+    chosen = sorted(rng.sample(range(accounts), min(3, accounts)))
+    return {"id": op_id, "op": "audit", "accounts": chosen}
+
+
+@dataclass
+class Stats:
+    run: str = ""
+    """This run's tag, the prefix of its operation ids."""
+    committed: dict[str, int] = field(default_factory=dict)
+    declined: int = 0
+    lock_failures: int = 0
+    committed_ids: set[str] = field(default_factory=set)
+    latencies: list[float] = field(default_factory=list)
+    lock = threading.Lock()
+
+    def record(self, op: Operation, committed: bool, latency: float) -> None:
+        with self.lock:
+            self.lock_failures += op.lock_failures
+            self.latencies.append(latency)
+            if committed:
+                kind = op.op["op"]
+                self.committed[kind] = self.committed.get(kind, 0) + 1
+                self.committed_ids.add(op.op["id"])
+            else:
+                self.declined += 1
+
+
+@dataclass
+class Replay:
+    """The bank recomputed from the log alone."""
+
+    balances: dict[int, int] = field(default_factory=dict)
+    lowest: dict[int, int] = field(default_factory=dict)
+    deposited: int = 0
+    withdrawn: int = 0
+    transferred: int = 0
+    audits: int = 0
+    bad_audits: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    transactions: int = 0
+
+    def _add(self, account: int, delta: int) -> None:
+        value = self.balances.get(account, 0) + delta
+        self.balances[account] = value
+        self.lowest[account] = min(self.lowest.get(account, 0), value)
+
+    def apply(self, op: dict[str, Any]) -> None:
+        self.transactions += 1
+        self.ids.append(op["id"])
+        kind = op["op"]
+        if kind == "deposit":
+            self.deposited += op["amount"]
+            self._add(op["account"], op["amount"])
+        elif kind == "withdraw":
+            self.withdrawn += op["amount"]
+            self._add(op["account"], -op["amount"])
+        elif kind == "transfer":
+            self.transferred += op["amount"]
+            self._add(op["source"], -op["amount"])
+            self._add(op["target"], op["amount"])
+        elif kind == "audit":
+            self.audits += 1
+            actual = sum(self.balances.get(a, 0) for a in op["accounts"])
+            if actual != op["total"]:
+                self.bad_audits.append(f"{op['id']}: recorded {op['total']}, log says {actual}")
+
+
+class LogReader(WaltzClientCallbacks):
+    """Reads the whole log from transaction 0 into a Replay (no database)."""
+
+    def __init__(self) -> None:
+        self.replay = Replay()
+        self.hwm = -1
+
+    async def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm
+
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        self.replay.apply(await transaction.fetch_data(JSON))
+        self.hwm = transaction.transaction_id
+
+
+@dataclass
+class Report:
+    replay: Replay
+    stats: Stats
+    high_water_mark: int
+    elapsed: float
+    views: list[dict[int, tuple[int, int]]]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+async def read_log(uri: str) -> tuple[Replay, int]:
+    reader = LogReader()
+    config = ClientConfig(uri, transport="zmq", prefetch_data=True)
+    async with AsyncWaltzClient(reader, config) as client:
+        top = await client.flush(PARTITION)
+        # flush answers once every append is decided and the feed reached the mark
+        return reader.replay, top
+
+
+def check(
+    replay: Replay, top: int, stats: Stats, views: list[dict[int, tuple[int, int]]]
+) -> list[str]:
+    problems: list[str] = []
+    run_ids = [i for i in replay.ids if i.startswith(f"{stats.run}-")]
+    if replay.transactions != top + 1:
+        problems.append(f"read {replay.transactions} transactions, the log has {top + 1}")
+    if len(set(replay.ids)) != len(replay.ids):
+        problems.append("an operation is in the log twice")
+    if set(run_ids) != stats.committed_ids:
+        problems.append(
+            f"the log and the committed operations differ: {len(set(run_ids))} of this run in "
+            f"the log, {len(stats.committed_ids)} committed"
+        )
+    total = sum(replay.balances.values())
+    if total != replay.deposited - replay.withdrawn:
+        problems.append(
+            f"money is not conserved: balances sum to {total}, deposits - withdrawals = "
+            f"{replay.deposited - replay.withdrawn}"
+        )
+    negative = {a: m for a, m in replay.lowest.items() if m < 0}
+    if negative:
+        problems.append(f"balances went negative in the log: {negative}")
+    problems.extend(f"audit {a}" for a in replay.bad_audits)
+    expected = {a: (b, replay.lowest[a]) for a, b in replay.balances.items()}
+    for i, view in enumerate(views):
+        if view != expected:
+            problems.append(f"client {i}'s database differs from the log")
+    return problems
+
+
+def run_bank(
+    uri: str,
+    work_dir: str,
+    *,
+    clients: int = 8,
+    operations: int = 50,
+    accounts: int = 10,
+    in_flight: int = 4,
+    seed: int = 7,
+    progress: Callable[[int], None] | None = None,
+    timeout: float = 120.0,
+) -> Report:
+    """``clients`` threads, each an application instance with its own SQLite view and
+    WaltzClient, submit ``operations`` random operations each (``in_flight`` at a time);
+    then the log is read back and everything is checked."""
+    import asyncio
+    import concurrent.futures
+    import os
+
+    stats = Stats(run=os.urandom(4).hex())
+    instances = [Accounts(os.path.join(work_dir, f"client-{i}.db")) for i in range(clients)]
+    config = ClientConfig(uri, transport="zmq", max_concurrent_transactions=in_flight)
+    started = time.monotonic()
+    errors: list[BaseException] = []
+    waltz_clients: list[WaltzClient] = []
+
+    def run_client(index: int, client: WaltzClient) -> None:
+        rng = random.Random(seed * 1000 + index)
+        pending: list[tuple[Operation, float, concurrent.futures.Future[bool]]] = []
+
+        def settle(entry: tuple[Operation, float, concurrent.futures.Future[bool]]) -> None:
+            op, t0, future = entry
+            committed = future.result(timeout=timeout)
+            stats.record(op, committed, time.monotonic() - t0)
+            if progress is not None:
+                progress(1)
+
+        for k in range(operations):
+            op = Operation(
+                instances[index], random_operation(rng, accounts, f"{stats.run}-c{index}-{k}")
+            )
+            pending.append((op, time.monotonic(), client.submit(op, timeout=timeout)))
+            if len(pending) >= in_flight:
+                settle(pending.pop(0))
+        for entry in pending:
+            settle(entry)
+
+    try:
+        for instance in instances:
+            waltz_clients.append(WaltzClient(instance, config))
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            futures = [pool.submit(run_client, i, c) for i, c in enumerate(waltz_clients)]
+            for future in futures:
+                try:
+                    future.result(timeout=timeout * 2)
+                except BaseException as exc:  # reported after every client stopped
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
+        top = -1
+        for client in waltz_clients:
+            top = max(top, client.flush(PARTITION, timeout=timeout))
+    finally:
+        for client in waltz_clients:
+            client.close()
+    elapsed = time.monotonic() - started
+    replay, log_top = asyncio.run(asyncio.wait_for(read_log(uri), timeout))
+    views = [instance.balances() for instance in instances]
+    for instance in instances:
+        instance.close()
+    problems = check(replay, log_top, stats, views)
+    if log_top != top:
+        problems.append(f"the clients flushed to {top}, the log ends at {log_top}")
+    return Report(replay, stats, log_top, elapsed, views, problems)

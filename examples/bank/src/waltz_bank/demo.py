@@ -1,0 +1,176 @@
+"""``python -m waltz_bank``: the bank demo, end to end, with a progress bar and a table.
+
+Without ``--coordination`` it starts a ``waltz dev`` cluster (a child process) in
+a temporary directory, runs the bank against it and stops it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from waltz_api.errors import WaltzError
+from waltz_bank.bank import Report, run_bank
+from waltz_server.dev import read_ready_file
+
+
+@contextlib.contextmanager
+def dev_cluster(
+    data_dir: Path, console: Console, timeout: float = 120.0
+) -> Iterator[dict[str, Any]]:
+    """A ``waltz dev`` child process on ``data_dir``; yields its ready info, stops it by pid."""
+    log_path = data_dir / "waltz-dev.out"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C reaches the demo, which stops it in order
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        with console.status("starting a waltz dev cluster (3 storage nodes, 1 server) ..."):
+            while True:
+                info = read_ready_file(data_dir)
+                if info is not None and info.get("pid") == process.pid:
+                    break
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise WaltzError(
+                        f"waltz dev did not start: {log_path.read_text(errors='replace')[-2000:]}"
+                    )
+                time.sleep(0.1)
+        yield info
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+def render(report: Report, console: Console) -> None:
+    replay, stats = report.replay, report.stats
+    table = Table(title="Accounts (recomputed from the log; every client's SQLite view agrees)")
+    table.add_column("account", justify="right")
+    table.add_column("balance", justify="right")
+    table.add_column("lowest ever", justify="right")
+    for account in sorted(replay.balances):
+        table.add_row(str(account), str(replay.balances[account]), str(replay.lowest[account]))
+    table.add_section()
+    table.add_row("total", str(sum(replay.balances.values())), "")
+    console.print(table)
+
+    latencies = sorted(stats.latencies) or [0.0]
+    committed = sum(stats.committed.values())
+    summary = Table(show_header=False, title="Run")
+    summary.add_column(justify="left")
+    summary.add_column(justify="right")
+    rows = [
+        ("transactions in the log", str(report.high_water_mark + 1)),
+        ("committed this run", str(committed)),
+        *((f"  {kind}", str(n)) for kind, n in sorted(stats.committed.items())),
+        ("declined (insufficient funds)", str(stats.declined)),
+        ("lock failures, re-executed on fresh data", str(stats.lock_failures)),
+        ("deposited - withdrawn", f"{replay.deposited} - {replay.withdrawn}"),
+        ("moved by transfers", str(replay.transferred)),
+        ("elapsed", f"{report.elapsed:.1f} s ({committed / max(report.elapsed, 1e-9):.0f} tx/s)"),
+        ("latency p50 / p99", f"{_pct(latencies, 0.5):.0f} / {_pct(latencies, 0.99):.0f} ms"),
+    ]
+    for name, value in rows:
+        summary.add_row(name, value)
+    console.print(summary)
+    if report.ok:
+        console.print(
+            "[bold green]OK[/]: balances are exact (sum = deposits - withdrawals, transfers "
+            "conserve money), none ever went negative, every audit held, each committed "
+            "operation is in the log once, and every client's database equals the log."
+        )
+    else:
+        for problem in report.problems:
+            console.print(f"[bold red]FAILED[/]: {problem}")
+
+
+def _pct(values: list[float], q: float) -> float:
+    return 1000 * values[min(len(values) - 1, int(q * len(values)))]
+
+
+def run(args: argparse.Namespace, console: Console) -> Report:
+    with contextlib.ExitStack() as stack:
+        uri = args.coordination
+        if uri is None:
+            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="waltz-bank-")))
+            info = stack.enter_context(dev_cluster(base / "cluster", console))
+            uri = info["coordination"]
+            console.print(f"waltz dev cluster ready: {uri}")
+            work = base / "clients"
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="waltz-bank-")))
+        work.mkdir(exist_ok=True)
+        total = args.clients * args.operations
+        console.print(
+            f"{args.clients} clients x {args.operations} random operations on "
+            f"{args.accounts} accounts (deposit, withdraw, transfer, audit)"
+        )
+        with Progress(
+            TextColumn("[bold]bank"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            task = progress.add_task("operations", total=total)
+            report = run_bank(
+                uri,
+                str(work),
+                clients=args.clients,
+                operations=args.operations,
+                accounts=args.accounts,
+                seed=args.seed,
+                progress=lambda n: progress.advance(task, n),
+            )
+        render(report, console)
+        return report
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="waltz-bank", description=__doc__)
+    parser.add_argument("--coordination", help="a running cluster (default: start waltz dev)")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients (threads)")
+    parser.add_argument("--operations", type=int, default=100, help="operations per client")
+    parser.add_argument("--accounts", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    if min(args.clients, args.operations, args.accounts) < 1:
+        parser.error("--clients, --operations and --accounts must be at least 1")
+    console = Console()
+    try:
+        report = run(args, console)
+    except WaltzError as exc:
+        console.print(f"[bold red]error[/]: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
