@@ -1,0 +1,26 @@
+# The README's first command: `make demo`. `make test` runs every test (tox).
+PYTHON ?= python3
+VENV ?= .venv
+DEMO_ARGS ?=
+UV := $(shell command -v uv 2>/dev/null)
+
+.PHONY: demo test
+
+# Creates $(VENV) (uv if installed, else python -m venv) and installs the workspace
+# into it, then runs the bank demo against a `waltz dev` cluster it starts in a
+# temporary directory and stops at the end.
+demo: $(VENV)/.waltz-installed
+	$(VENV)/bin/python -m waltz_bank $(DEMO_ARGS)
+
+$(VENV)/.waltz-installed: requirements/workspace.txt
+ifdef UV
+	test -x $(VENV)/bin/python || $(UV) venv --python 3.11 $(VENV)
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -q -r requirements/workspace.txt
+else
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q -r requirements/workspace.txt
+endif
+	touch $@
+
+test:
+	tox
