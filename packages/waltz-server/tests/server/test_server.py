@@ -32,7 +32,7 @@ from waltz_api.messages import (
 from waltz_api.types import Lock, LockRequest, ReqId
 from waltz_conformance.reference.transport import MemoryTransport
 from waltz_server.server import testing
-from waltz_server.server.server import WaltzServer
+from waltz_server.server.server import ServerConfig, WaltzServer
 
 pytestmark = pytest.mark.timeout(120)
 M = TypeVar("M", bound=Message)
@@ -55,8 +55,10 @@ async def cluster() -> AsyncIterator[InProcessCluster]:
         await made.close()
 
 
-async def start_server(cluster: InProcessCluster, name: str = "s1") -> WaltzServer:
-    transport = MemoryTransport({})
+async def start_server(
+    cluster: InProcessCluster, name: str = "s1", config: ServerConfig | None = None
+) -> WaltzServer:
+    transport = MemoryTransport({"buffer_bytes": 64 * 1024})
     cluster.extra.append(transport)
     server = WaltzServer(
         transport=transport,
@@ -64,6 +66,7 @@ async def start_server(cluster: InProcessCluster, name: str = "s1") -> WaltzServ
         coordination=cluster.coordination,
         connector=cluster.connector,
         name=name,
+        config=config,
     )
     await server.start()
     return server
@@ -186,3 +189,39 @@ async def test_partition_moves_to_a_new_server_and_the_old_one_is_fenced(
     finally:
         await old.close()
         await new.close()
+
+
+async def test_a_client_that_does_not_read_never_grows_server_memory(
+    cluster: InProcessCluster,
+) -> None:
+    server = await start_server(cluster, "bp", ServerConfig(outbox_frames=50))
+    try:
+        await server.add_partition(0, 1, cluster.replica_nodes)
+        await server.partitions[0].store.wait_ready(TIMEOUT)
+        # a reader mounts, then stops reading its connection altogether
+        small = MemoryTransport({"buffer_bytes": 4096})  # the stalled client's socket buffer
+        cluster.extra.append(small)
+        stalled_conn = await small.connect(server.endpoint)
+        protocol = wire.ProtocolConnection(wire.Role.INITIATOR, sender="client:8")
+        await stalled_conn.send(protocol.start_handshake())
+        protocol.receive_frame(await stalled_conn.recv())
+        await stalled_conn.send(protocol.send(MountRequest(ReqId(8, 1, 0, 1), -1, 1)))
+        writer = await RawClient.connect(cluster.client_transport, server.endpoint, "client:1")
+        for i in range(3000):
+            await writer.send(append(writer, 1, b"%04d" % i + bytes(200)))
+            if i % 500 == 0:
+                await asyncio.sleep(0)
+        await writer.send(FlushRequest(writer.rid(1)))
+        # the writer is not held back by the stalled reader
+        assert (await writer.wait(FlushResponse))[0].transaction_id == 2999
+        connections = list(server.connections)
+        assert connections
+        for connection in connections:
+            assert connection.queued_frames <= 2 * 50  # the outbox bound holds
+        # the stalled reader's feed waits instead of queueing 3000 FeedData
+        feed_tasks = list(server.partitions[0]._feeds.values())
+        assert feed_tasks and not all(t.done() for t in feed_tasks)
+        await writer.close()
+        await stalled_conn.close()
+    finally:
+        await server.close()

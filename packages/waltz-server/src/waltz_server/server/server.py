@@ -81,6 +81,7 @@ class ClientConnection:
         self.limit = limit
         self.limit_bytes = limit_bytes
         self._bytes = 0
+        self._in_flight = 0
         self._frames: collections.deque[bytes] = collections.deque()
         self._room = asyncio.Event()
         self._room.set()
@@ -91,6 +92,12 @@ class ClientConnection:
     @property
     def closed(self) -> bool:
         return self._closed or self.conn.closed
+
+    @property
+    def queued_frames(self) -> int:
+        """Frames this connection holds: queued, and being handed to the transport
+        (at most twice the outbox bound)."""
+        return len(self._frames) + self._in_flight
 
     @property
     def peer(self) -> str:
@@ -149,7 +156,9 @@ class ClientConnection:
                 self._frames.clear()
                 self._bytes = 0
                 self._room.set()
+                self._in_flight = len(batch)
                 await self.conn.send_many(batch)
+                self._in_flight = 0
         except TransportError as exc:
             log.debug("client %s: writer ends: %s", self.peer, exc)
         finally:
@@ -193,6 +202,11 @@ class WaltzServer:
         self._listener: Listener | None = None
         self._connections: set[ClientConnection] = set()
         self._partition_lock = asyncio.Lock()
+
+    @property
+    def connections(self) -> list[ClientConnection]:
+        """The open client connections."""
+        return list(self._connections)
 
     @property
     def endpoint(self) -> str:
