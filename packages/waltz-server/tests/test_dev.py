@@ -184,3 +184,48 @@ async def test_a_second_dev_on_the_same_directory_is_refused(tmp_path: Path) -> 
         for pid in children:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -> None:
+    dev = Dev(tmp_path / "dev", tmp_path / "dev.log", "--partitions", "2")
+    children: list[int] = []
+    try:
+        info = await dev.ready()
+        children = info["child_pids"]
+        uri = ["--coordination", info["coordination"]]
+
+        async def waltz(*args: str) -> subprocess.CompletedProcess[str]:
+            return await asyncio.to_thread(run_waltz, "client", *args)
+
+        empty = await waltz("high-water-mark", *uri, "--partition", "1")
+        assert (empty.returncode, empty.stdout) == (0, "-1\n"), empty.stderr
+        appended = await waltz(
+            "append", *uri, "--partition", "1", "--data", "hello", "--data", "wörld",
+            "--header", "7", "--write-lock", "key:1",
+        )  # fmt: skip
+        assert appended.returncode == 0, appended.stderr
+        assert appended.stdout.splitlines() == [
+            "appended transaction 0 to partition 1",
+            "appended transaction 1 to partition 1",
+        ]
+        hwm = await waltz("high-water-mark", *uri, "--partition", "1")
+        assert hwm.stdout == "1\n"
+        other = await waltz("high-water-mark", *uri, "--partition", "0")
+        assert other.stdout == "-1\n"  # partitions are separate logs
+        tail = await waltz("tail", *uri, "--partition", "1")
+        assert tail.returncode == 0, tail.stderr
+        assert tail.stdout.splitlines() == ["0\t7\thello", "1\t7\twörld"]
+        part = await waltz("tail", *uri, "--partition", "1", "--from", "1", "--no-data")
+        assert part.stdout.splitlines() == ["1\t7"]
+        beyond = await waltz("tail", *uri, "--partition", "1", "--from", "5")
+        assert beyond.returncode == 1 and "beyond the end of partition 1" in beyond.stderr
+        missing = await waltz("high-water-mark", *uri, "--partition", "2")
+        assert missing.returncode == 1 and "partition" in missing.stderr.splitlines()[-1]
+        bad = await waltz("append", *uri, "--data", "x", "--read-lock", "nolockid")
+        assert bad.returncode == 1 and "NAME:ID" in bad.stderr
+        assert dev.interrupt() == 0
+    finally:
+        dev.kill()
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -57,3 +57,6 @@ main.add_command(server_command)
 from waltz_server.cli.dev import dev_command  # noqa: E402
 
 main.add_command(dev_command)
+from waltz_server.cli.client import client_group  # noqa: E402
+
+main.add_command(client_group)

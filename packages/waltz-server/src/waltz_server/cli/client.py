@@ -1,0 +1,276 @@
+"""``waltz client``: append to, tail, and ask the high-water mark of a partition.
+
+A real Waltz client (``waltz_client.AsyncWaltzClient``) against a running
+cluster, found through its coordination service (``--coordination`` or
+``WALTZ_COORDINATION``)::
+
+    waltz client append --coordination URI --partition 0 --data hello --data world
+    printf 'a\\nb\\n' | waltz client append --coordination URI --partition 0
+    waltz client tail --coordination URI --partition 0 [--from 10] [--follow]
+    waltz client high-water-mark --coordination URI --partition 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from waltz_api.errors import ClientAheadError, ConfigError, WaltzError
+
+if TYPE_CHECKING:
+    from waltz_client import (
+        AsyncWaltzClient,
+        Transaction,
+        TransactionBuilder,
+    )
+
+T = TypeVar("T")
+
+COORDINATION_HELP = "Coordination service URI of the cluster (e.g. from `waltz dev`)."
+
+
+def _coordination_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
+    )(f)
+
+
+def _partition_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--partition", type=click.IntRange(min=0), default=0, show_default=True)(f)
+
+
+def _transport_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--transport", default="zmq", show_default=True, help="Transport plugin.")(
+        f
+    )
+
+
+def _lock(spec: str, option: str) -> tuple[str, int]:
+    name, sep, lock_id = spec.rpartition(":")
+    try:
+        if not sep or not name:
+            raise ValueError(spec)
+        return name, int(lock_id)
+    except ValueError:
+        raise ConfigError(
+            f"{option} takes NAME:ID (e.g. account:7), got {spec!r}", key=option
+        ) from None
+
+
+def _run(
+    uri: str,
+    transport: str,
+    partition: int,
+    *,
+    start_hwm: int,
+    work: Callable[[AsyncWaltzClient, Any], Awaitable[T]],
+    on_transaction: Callable[[Transaction], Awaitable[None]] | None = None,
+) -> T:
+    """Start a client mounted on ``partition`` only (its feed from ``start_hwm``), run
+    ``work(client, callbacks)``, close the client."""
+    try:
+        from waltz_client import AsyncWaltzClient, ClientConfig, WaltzClientCallbacks
+    except ImportError as exc:  # pragma: no cover - the workspace installs it
+        raise WaltzError(f"`waltz client` needs the waltz-client package ({exc})") from exc
+
+    class Callbacks(WaltzClientCallbacks):
+        def __init__(self) -> None:
+            self.hwm = start_hwm
+            self.error: BaseException | None = None
+            self.progress = asyncio.Event()
+
+        async def client_high_water_mark(self, partition_id: int) -> int:
+            return self.hwm
+
+        async def apply_transaction(self, transaction: Transaction) -> None:
+            if on_transaction is not None:
+                await on_transaction(transaction)
+            self.hwm = transaction.transaction_id
+            self.progress.set()
+
+        def uncaught_exception(
+            self, partition_id: int, transaction_id: int, exception: BaseException
+        ) -> None:
+            self.error = exception
+            self.progress.set()
+
+    async def main() -> T:
+        callbacks = Callbacks()
+        config = ClientConfig(uri, transport=transport, partitions=[partition])
+        client = AsyncWaltzClient(callbacks, config)
+        await client.start()
+        try:
+            if partition >= client.num_partitions:
+                raise ConfigError(
+                    f"partition {partition} does not exist: the cluster has "
+                    f"{client.num_partitions} (0 to {client.num_partitions - 1})",
+                    key="partition",
+                )
+            return await work(client, callbacks)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+@click.group("client")
+def client_group() -> None:
+    """A client of a running cluster: append, tail, high-water-mark."""
+
+
+@client_group.command("append")
+@_coordination_option
+@_partition_option
+@_transport_option
+@click.option(
+    "--data",
+    "data",
+    multiple=True,
+    help="A transaction's data (UTF-8); repeat for several. Default: one per line of stdin.",
+)
+@click.option("--header", type=int, default=0, show_default=True, help="32-bit header.")
+@click.option("--write-lock", multiple=True, metavar="NAME:ID", help="A WRITE lock; repeatable.")
+@click.option("--read-lock", multiple=True, metavar="NAME:ID", help="A READ lock; repeatable.")
+@click.option("--append-lock", multiple=True, metavar="NAME:ID", help="An APPEND lock.")
+def append_command(  # noqa: PLR0917 - click passes options by name
+    uri: str,
+    partition: int,
+    transport: str,
+    data: tuple[str, ...],
+    header: int,
+    write_lock: tuple[str, ...],
+    read_lock: tuple[str, ...],
+    append_lock: tuple[str, ...],
+) -> None:
+    """Append transactions and print the id each was committed at."""
+    from waltz_client import TransactionContext
+
+    locks = (
+        [("write", *_lock(s, "--write-lock")) for s in write_lock]
+        + [("read", *_lock(s, "--read-lock")) for s in read_lock]
+        + [("append", *_lock(s, "--append-lock")) for s in append_lock]
+    )
+    items = list(data) if data else [line.rstrip("\n") for line in sys.stdin]
+    if not items:
+        raise ConfigError("nothing to append: give --data TEXT or lines on stdin", key="data")
+
+    class Append(TransactionContext):
+        def __init__(self, payload: bytes) -> None:
+            super().__init__()
+            self.payload = payload
+            self.transaction_id = -1
+
+        def partition_id(self, num_partitions: int) -> int:
+            return partition
+
+        async def execute(self, builder: TransactionBuilder) -> bool:
+            builder.set_header(header).set_data(self.payload)
+            for mode, name, lock_id in locks:
+                getattr(builder, f"{mode}_lock")(name, lock_id)
+            return True
+
+        def on_application(self, transaction_id: int) -> None:
+            self.transaction_id = transaction_id
+
+    async def work(client: AsyncWaltzClient, callbacks: Any) -> list[int]:
+        ids = []
+        for item in items:
+            context = Append(item.encode())
+            if not await client.submit(context):
+                raise WaltzError(f"the append of {item!r} was not committed")
+            ids.append(context.transaction_id)
+        return ids
+
+    for transaction_id in _run(uri, transport, partition, start_hwm=-1, work=work):
+        click.echo(f"appended transaction {transaction_id} to partition {partition}")
+
+
+@client_group.command("tail")
+@_coordination_option
+@_partition_option
+@_transport_option
+@click.option("--from", "start", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most N.")
+@click.option("--follow", is_flag=True, help="Keep printing new transactions until Ctrl-C.")
+@click.option("--no-data", is_flag=True, help="Print ids and headers only (no data fetch).")
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to catch up.")
+def tail_command(  # noqa: PLR0917 - click passes options by name
+    uri: str,
+    partition: int,
+    transport: str,
+    start: int,
+    limit: int | None,
+    follow: bool,
+    no_data: bool,
+    timeout: float,
+) -> None:
+    """Print the partition's transactions (id, header, data) from --from on."""
+    printed = [0]
+    done = asyncio.Event()
+
+    async def show(transaction: Transaction) -> None:
+        if done.is_set():
+            return
+        line = f"{transaction.transaction_id}\t{transaction.header}"
+        if not no_data:
+            raw = await transaction.fetch_data()
+            line += "\t" + raw.decode("utf-8", errors="backslashreplace")
+        click.echo(line)
+        printed[0] += 1
+        if limit is not None and printed[0] >= limit:
+            done.set()
+
+    async def work(client: AsyncWaltzClient, callbacks: Any) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if follow:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop.set)
+        try:
+            top = -1 if follow else await client.high_water_mark(partition)
+            deadline = loop.time() + timeout
+            while not done.is_set() and not stop.is_set():
+                if callbacks.error is not None:
+                    if isinstance(callbacks.error, ClientAheadError):
+                        raise WaltzError(
+                            f"--from {start} is beyond the end of partition {partition}"
+                        )
+                    raise WaltzError(f"the feed failed: {callbacks.error}")
+                if not follow and callbacks.hwm >= top:
+                    return
+                if not follow and loop.time() > deadline:
+                    raise WaltzError(f"not caught up to transaction {top} in {timeout}s")
+                callbacks.progress.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(callbacks.progress.wait(), 0.2)
+        finally:
+            if follow:
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(signum)
+
+    try:
+        _run(uri, transport, partition, start_hwm=start - 1, work=work, on_transaction=show)
+    except ClientAheadError:
+        raise WaltzError(
+            f"--from {start} is beyond the end of partition {partition} (see "
+            "`waltz client high-water-mark`)"
+        ) from None
+
+
+@client_group.command("high-water-mark")
+@_coordination_option
+@_partition_option
+@_transport_option
+def high_water_mark_command(uri: str, partition: int, transport: str) -> None:
+    """Print the partition's high-water mark (the last committed id; -1 when empty)."""
+
+    async def work(client: AsyncWaltzClient, callbacks: Any) -> int:
+        return await client.high_water_mark(partition)
+
+    click.echo(str(_run(uri, transport, partition, start_hwm=-1, work=work)))
