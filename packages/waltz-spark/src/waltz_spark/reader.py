@@ -1,0 +1,287 @@
+"""A small synchronous reader of committed records: what Spark executors run.
+
+:class:`LogReader` connects to a partition's server through the transport plugin,
+does the Hello handshake and sends :class:`~waltz_api.messages.RangeReadRequest`
+in a loop (one in flight), following the partition when its server moved
+(re-reads the assignment in coordination). It needs no mount and no feed, so it
+costs one connection per server. Blocking: it runs its own asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from waltz_api import wire
+from waltz_api.cluster import ClusterMetadata, PartitionAssignment, coordination_from_uri
+from waltz_api.contracts.coordination import Coordination
+from waltz_api.contracts.transport import Connection, Transport
+from waltz_api.errors import ConfigError, ServerError, TransportError, WaltzError
+from waltz_api.messages import (
+    ErrorCode,
+    ErrorResponse,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    Message,
+    RangeReadRequest,
+    RangeReadResponse,
+)
+from waltz_api.plugins import get_registry
+from waltz_api.types import Record, ReqId
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+READER_CLIENT_ID = -2
+"""The client id of range reads (never a mounted client: reads need no client id)."""
+
+_RETRY_CODES = frozenset(
+    {ErrorCode.PARTITION_NOT_ASSIGNED, ErrorCode.STALE_GENERATION, ErrorCode.SERVER_BUSY}
+)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a partition is served (as the driver saw it when planning)."""
+
+    endpoint: str
+    generation: int
+
+
+class LogReader:
+    """Blocking reads of committed records and high-water marks.
+
+    ::
+
+        with LogReader("zk://127.0.0.1:2181/waltz") as reader:
+            top = reader.high_water_mark(0)
+            for records in reader.read(0, 0, top + 1):
+                ...
+    """
+
+    def __init__(
+        self,
+        coordination: str,
+        *,
+        transport: str = "zmq",
+        transport_options: dict[str, Any] | None = None,
+        timeout: float = 60.0,
+        retry_interval: float = 0.2,
+    ) -> None:
+        if not coordination:
+            raise ConfigError(
+                "the Waltz coordination URI is missing: pass the `coordination` option "
+                "(e.g. zk://127.0.0.1:2181/waltz or local:///var/lib/waltz?root=/waltz)",
+                key="coordination",
+            )
+        self.uri = coordination
+        self.transport_name = transport
+        self.transport_options = dict(transport_options or {})
+        self.timeout = timeout
+        self.retry_interval = retry_interval
+        self._runner = asyncio.Runner()
+        self._transport: Transport | None = None
+        self._coordination: Coordination | None = None
+        self._metadata: ClusterMetadata | None = None
+        self._connections: dict[str, tuple[Connection, wire.ProtocolConnection]] = {}
+        self._known: dict[int, Endpoint] = {}
+        self._seq = itertools.count(1)
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._runner.run(self._aclose())
+        finally:
+            self._runner.close()
+
+    async def _aclose(self) -> None:
+        for conn, _ in self._connections.values():
+            try:
+                await conn.close()
+            except WaltzError as exc:
+                log.debug("closing %s: %s", conn.peer, exc)
+        self._connections.clear()
+        if self._transport is not None:
+            await self._transport.close()
+        if self._coordination is not None:
+            await self._coordination.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise ServerError("the Waltz log reader is closed")
+        return self._runner.run(coro)
+
+    # -- cluster ----------------------------------------------------------------------------
+
+    async def _meta(self) -> ClusterMetadata:
+        if self._metadata is None:
+            coordination = coordination_from_uri(self.uri)
+            await coordination.start()
+            self._coordination = coordination
+            self._metadata = ClusterMetadata(coordination)
+        return self._metadata
+
+    def num_partitions(self) -> int:
+        async def read() -> int:
+            return (await (await self._meta()).config()).num_partitions
+
+        return self._run(read())
+
+    def locate(self, partition_id: int) -> Endpoint:
+        """The partition's current server (from coordination)."""
+        return self._run(self._locate(partition_id))
+
+    async def _locate(self, partition_id: int) -> Endpoint:
+        assignment: PartitionAssignment = (
+            await (await self._meta()).partition_assignment(partition_id)
+        ).value
+        found = Endpoint(assignment.endpoint, assignment.generation)
+        self._known[partition_id] = found
+        return found
+
+    def prime(self, partition_id: int, endpoint: Endpoint) -> None:
+        """Use ``endpoint`` for the partition without asking coordination (a planned split)."""
+        self._known.setdefault(partition_id, endpoint)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def _connection(self, endpoint: str) -> tuple[Connection, wire.ProtocolConnection]:
+        found = self._connections.get(endpoint)
+        if found is not None and not found[0].closed:
+            return found
+        if self._transport is None:
+            self._transport = (
+                get_registry().get("transport", self.transport_name).factory(self.transport_options)
+            )
+        transport = self._transport
+        conn = await transport.connect(endpoint, timeout=min(self.timeout, 10.0))
+        protocol = wire.ProtocolConnection(
+            wire.Role.INITIATOR, sender="spark-reader", max_frame_size=transport.max_frame_size
+        )
+        try:
+            await conn.send(protocol.start_handshake())
+            protocol.receive_frame(await asyncio.wait_for(conn.recv(), self.timeout))
+        except BaseException:
+            await conn.close()
+            raise
+        self._connections[endpoint] = (conn, protocol)
+        return conn, protocol
+
+    async def _call(self, partition_id: int, make: Any) -> Message:
+        """Send one request to the partition's server and wait for its answer, retrying
+        (bounded by ``timeout``) when the partition moved or the connection broke."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            where = self._known.get(partition_id)
+            if where is None or not where.endpoint:
+                where = await self._locate(partition_id)
+            problem = f"partition {partition_id} has no server"
+            if where.endpoint:
+                req_id = ReqId(READER_CLIENT_ID, where.generation, partition_id, next(self._seq))
+                try:
+                    conn, protocol = await self._connection(where.endpoint)
+                    await conn.send(protocol.send(make(req_id)))
+                    remaining = max(deadline - loop.time(), 0.001)
+                    while True:
+                        reply = protocol.receive_frame(
+                            await asyncio.wait_for(conn.recv(), remaining)
+                        )
+                        if getattr(reply, "req_id", None) == req_id:
+                            break
+                    if not (isinstance(reply, ErrorResponse) and reply.code in _RETRY_CODES):
+                        return reply
+                    problem = f"{reply.code.name}: {reply.message}"
+                except (TransportError, TimeoutError) as exc:
+                    problem = f"{type(exc).__name__}: {exc}"
+                    dropped = self._connections.pop(where.endpoint, None)
+                    if dropped is not None:
+                        await dropped[0].close()
+            self._known.pop(partition_id, None)
+            if loop.time() >= deadline:
+                raise ServerError(
+                    f"partition {partition_id}: no answer within {self.timeout} s after "
+                    f"{attempt} attempts (last: {problem}); check that its server is running"
+                )
+            log.debug("partition %d: retrying (%s)", partition_id, problem)
+            await asyncio.sleep(self.retry_interval)
+
+    def high_water_mark(self, partition_id: int) -> int:
+        """The partition's committed high-water mark (-1: empty)."""
+        return self._run(self._high_water_mark(partition_id))
+
+    async def _high_water_mark(self, partition_id: int) -> int:
+        reply = await self._call(partition_id, HighWaterMarkRequest)
+        if not isinstance(reply, HighWaterMarkResponse):
+            raise ServerError(f"partition {partition_id}: unexpected answer {reply!r}")
+        return reply.transaction_id
+
+    def high_water_marks(self, partitions: Sequence[int]) -> dict[int, int]:
+        async def read() -> dict[int, int]:
+            return {p: await self._high_water_mark(p) for p in partitions}
+
+        return self._run(read())
+
+    def read(
+        self,
+        partition_id: int,
+        start: int,
+        end: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> Iterator[tuple[Record, ...]]:
+        """Committed records ``start <= transaction_id < end`` in order, in chunks.
+
+        Raises ServerError when a record of the range is not committed (``end`` above
+        the high-water mark + 1)."""
+        position = start
+        while position < end:
+            count = min(max_records, end - position)
+            reply = self._run(
+                self._call(
+                    partition_id,
+                    lambda req, at=position, n=count: RangeReadRequest(req, at, n, max_bytes),
+                )
+            )
+            if isinstance(reply, ErrorResponse):
+                raise ServerError(
+                    f"partition {partition_id}: range read from {position} refused: "
+                    f"{reply.code.name}: {reply.message}"
+                )
+            if not isinstance(reply, RangeReadResponse):
+                raise ServerError(f"partition {partition_id}: unexpected answer {reply!r}")
+            records = reply.records
+            if not records:
+                raise ServerError(
+                    f"partition {partition_id}: transactions {position}..{end - 1} are not "
+                    f"committed (high-water mark {reply.high_water_mark})"
+                )
+            if records[0].transaction_id != position:
+                raise ServerError(
+                    f"partition {partition_id}: asked for {position}, got "
+                    f"{records[0].transaction_id}"
+                )
+            if records[-1].transaction_id >= end:
+                records = tuple(r for r in records if r.transaction_id < end)
+            position = records[-1].transaction_id + 1
+            yield records

@@ -1,0 +1,49 @@
+"""Shared by the module: a real Waltz cluster and a real local Spark session (local[2],
+loopback)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from waltz_spark.testing import BackgroundCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundCluster]:
+    running = BackgroundCluster(tmp_path_factory.mktemp("waltz"))
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import waltz_spark
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("waltz-spark-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    try:
+        waltz_spark.register(session)
+        yield session
+    finally:
+        session.stop()
