@@ -331,6 +331,7 @@ class _Partition:
         self._background: set[asyncio.Task[None]] = set()
         self._failures = 0
         self._mount_timer: asyncio.TimerHandle | None = None
+        self.reassigned = asyncio.Event()
         self._last_progress = 0.0
 
     def start(self) -> None:
@@ -380,10 +381,30 @@ class _Partition:
             )
             self._detach(before)
             self.mounted.clear()
+            self.reassigned.set()  # wakes connection attempts to the previous server
+            self.reassigned = asyncio.Event()
             self.need_mount.set()
         elif self.mount.state is MountState.UNASSIGNED:
             self._detach(before)
             self.mounted.clear()
+
+    async def connect(self, endpoint: str) -> _Channel:
+        """The channel to ``endpoint``; gives up (_Lost) as soon as the partition is
+        reassigned, since a connection attempt to a dead server can take the whole
+        connect timeout."""
+        changed = self.reassigned
+        connecting = asyncio.ensure_future(self.client._channel_for(endpoint))
+        waiting = asyncio.ensure_future(changed.wait())
+        try:
+            await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, WaltzError):
+                await connecting
+            raise _Lost(f"partition {self.id} moved while connecting to {endpoint}")
+        return connecting.result()
 
     def _detach(self, channel: _Channel | None) -> None:
         if channel is not None:
@@ -417,7 +438,8 @@ class _Partition:
                 self.need_mount.set()
 
         # back off while mounts keep failing (an unreachable server, NOT_READY...)
-        delay = min(self.client.config.retry_interval * 2 ** min(self._failures, 8), 5.0)
+        interval = self.client.config.retry_interval
+        delay = min(interval * 2 ** min(self._failures, 8), max(interval, 1.0))
         self._failures += 1
         self._delayed = loop.call_later(delay, fire)
 
@@ -442,7 +464,12 @@ class _Partition:
             endpoint = self.mount.endpoint
             generation = self.mount.generation
             try:
-                channel = await client._channel_for(endpoint)
+                try:
+                    channel = await self.connect(endpoint)
+                except _Lost:
+                    if self.mount.endpoint != endpoint or self.mount.generation != generation:
+                        continue  # reassigned meanwhile: need_mount is set
+                    raise
                 app_hwm = await client._call_callback(
                     client.callbacks.client_high_water_mark, self.id
                 )
@@ -1203,7 +1230,7 @@ class AsyncWaltzClient:
             partition.check_usable()
             if partition.mount.endpoint:
                 try:
-                    channel = await self._channel_for(partition.mount.endpoint)
+                    channel = await partition.connect(partition.mount.endpoint)
                     req_id = self._next_req_id(partition.id, partition.mount.generation)
                     remaining = deadline - loop.time()
                     response = await channel.call(make(req_id), req_id, max(remaining, 0.001))
