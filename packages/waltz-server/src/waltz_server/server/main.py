@@ -13,8 +13,6 @@ import asyncio
 import logging
 import os
 import random
-import signal
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,9 +27,10 @@ from waltz_api.contracts.coordination import (
     Watch,
 )
 from waltz_api.contracts.transport import Transport
-from waltz_api.errors import ConfigError, CoordinationError, PluginError, WaltzError
+from waltz_api.errors import ConfigError, CoordinationError, PluginError
 from waltz_api.plugins import get_registry
 from waltz_server.observability import Check, HttpEndpoint, ServerMetrics
+from waltz_server.process import run_until_signalled
 from waltz_server.server.cluster_manager import (
     ClusterManager,
     PartitionEvent,
@@ -245,34 +244,7 @@ async def serve(config: ServerNodeConfig, stop: asyncio.Event) -> None:
         await running.stop()
 
 
-async def _serve_until_signalled(config: ServerNodeConfig) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await serve(config, stop)
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-
-
-def configure_logging(level: str) -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-    root.setLevel(level)
-
-
 def run_from_config(path: str | os.PathLike[str] | None) -> None:
     """Load the config and run the server until SIGINT or SIGTERM."""
     config = load_server_config(path)
-    configure_logging(config.log_level)
-    try:
-        asyncio.run(_serve_until_signalled(config))
-    except WaltzError:
-        raise
-    except OSError as exc:
-        raise WaltzError(f"server failed: {exc}") from exc
+    run_until_signalled(lambda stop: serve(config, stop), log_level=config.log_level, what="server")

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
-import sys
 import typing
 
 from waltz_api.contracts.storage import StorageEngine
@@ -16,10 +14,10 @@ from waltz_api.errors import (
     ConfigError,
     PluginError,
     StorageError,
-    WaltzError,
 )
 from waltz_api.plugins import get_registry
 from waltz_server.observability import HttpEndpoint
+from waltz_server.process import run_until_signalled
 from waltz_server.storage_node.config import StorageNodeConfig, load_storage_config
 from waltz_server.storage_node.http import metrics_for, storage_node_endpoint
 from waltz_server.storage_node.node import StorageNode
@@ -130,27 +128,6 @@ async def serve(config: StorageNodeConfig, stop: asyncio.Event) -> None:
         await node.transport.close()
 
 
-async def _serve_until_signalled(config: StorageNodeConfig) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await serve(config, stop)
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-
-
-def configure_logging(level: str) -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-    root.setLevel(level)
-
-
 def run_from_config(path: str | os.PathLike[str] | None) -> None:
     """Load the config, run the storage node until SIGINT or SIGTERM, and stop cleanly.
 
@@ -159,10 +136,6 @@ def run_from_config(path: str | os.PathLike[str] | None) -> None:
     cannot be opened or the endpoint bound.
     """
     config = load_storage_config(path)
-    configure_logging(config.log_level)
-    try:
-        asyncio.run(_serve_until_signalled(config))
-    except WaltzError:
-        raise
-    except OSError as exc:
-        raise WaltzError(f"storage node failed: {exc}") from exc
+    run_until_signalled(
+        lambda stop: serve(config, stop), log_level=config.log_level, what="storage node"
+    )
