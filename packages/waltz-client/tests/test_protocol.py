@@ -619,3 +619,18 @@ async def test_a_mount_streaming_a_long_catch_up_is_not_timed_out(
         await conn.send(MountResponse(request.req_id, MountStatus.READY, 5))
         await wait_for(lambda: app.hwm.get(0) == 5)
         await peer.nothing_more(MountRequest, 0.6)
+
+
+async def test_a_feed_ended_by_a_move_makes_the_client_mount_again(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    await cluster.assign(0, peer)
+    app = RecordingApp()
+    async with running(cluster, app, partitions=[0]):
+        conn, first = await mount(peer, 0, feed=[(0, 0)])
+        # what a server sends when the partition leaves it (no request of ours)
+        await conn.send(
+            ErrorResponse(ReqId(-1, 1, 0, -1), ErrorCode.STALE_GENERATION, "moved away")
+        )
+        _, again = await peer.expect(MountRequest)
+        assert again.req_id != first.req_id and again.client_high_water_mark == 0

@@ -778,6 +778,11 @@ class _Partition:
             if message.code in _MOVED_CODES:
                 self._unmount_and_refresh()
             return
+        if message.code in _MOVED_CODES and self.mount.state is MountState.MOUNTED:
+            # not about a request of ours: the server says the partition left it
+            log.info("partition %d: %s; re-reading the assignment", self.id, message.message)
+            self._unmount_and_refresh()
+            return
         log.warning("partition %d: server error %s: %s", self.id, message.code.name, message)
 
     def _unmount_and_refresh(self) -> None:
