@@ -1,0 +1,931 @@
+"""The system conformance suite: a whole cluster (N storage nodes, M servers) built from
+a plugin combination (coordination, transport, storage engine, lock table), checked
+against the safety invariants of DESIGN.md section 5 through the raw client protocol.
+
+A combination is run by subclassing :class:`SystemSuite` and providing a
+class-scoped ``harness`` fixture (one cluster serves every test of the class;
+the tests leave it running and healthy), e.g. at module level::
+
+    @pytest_asyncio.fixture(scope="class", loop_scope="class")
+    async def harness(tmp_path_factory):
+        harness = SystemHarness(name="mine", coordination_uri=..., transport="zmq",
+                                storage_engine="fs", processes=True,
+                                workdir=tmp_path_factory.mktemp("mine"))
+        await harness.start()
+        yield harness
+        await harness.close()
+
+    class TestMine(SystemSuite):
+        pass
+
+With ``processes=True`` every storage node and server is a real child process
+(``waltz storage`` / ``waltz server``), killed with SIGKILL and restarted by
+pid, and the harness declares the capability ``"processes"``. Otherwise they
+run in the test's event loop: a storage node "crash" drops its transport
+without a goodbye, a server "kill" stops its tasks.
+
+The suite needs the Waltz server package (``waltz_server``): it is the system
+under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import re
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from waltz_api import wire
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.contracts.coordination import Coordination
+from waltz_api.contracts.transport import Transport
+from waltz_api.errors import SessionFencedError, StorageError, WaltzError
+from waltz_api.messages import (
+    AppendRequest,
+    ErrorCode,
+    ErrorResponse,
+    FeedData,
+    FlushRequest,
+    FlushResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+    RangeReadRequest,
+    RangeReadResponse,
+)
+from waltz_api.plugins import get_registry
+from waltz_api.types import Lock, LockMode, LockRequest, Record, ReqId
+from waltz_conformance.harness import Harness, skip_unless_capable
+from waltz_server.server.testing import RawClient, ServerProcess
+from waltz_server.storage_node.client import StorageClient
+from waltz_server.storage_node.testing import StorageNodeProcess, make_record
+
+log = logging.getLogger(__name__)
+
+PROCESSES = "processes"
+"""Capability: storage nodes and servers are real processes (kill -9, restart by pid)."""
+
+TIMEOUT = 90.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _toml(config: dict[str, Any]) -> str:
+    """A TOML document of ``config`` (tables of str, int, float, bool, lists and tables)."""
+
+    def value(item: Any) -> str:
+        if isinstance(item, bool):
+            return "true" if item else "false"
+        if isinstance(item, int | float):
+            return repr(item)
+        if isinstance(item, str):
+            return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(item, list):
+            return "[" + ", ".join(value(v) for v in item) + "]"
+        raise TypeError(f"cannot write {item!r} as TOML")
+
+    lines: list[str] = []
+
+    def table(prefix: str, mapping: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in mapping.items() if not isinstance(v, dict)}
+        tables = {k: v for k, v in mapping.items() if isinstance(v, dict)}
+        if prefix:
+            lines.append(f"[{prefix}]")
+        lines.extend(f"{k} = {value(v)}" for k, v in scalars.items())
+        for key, sub in tables.items():
+            table(f"{prefix}.{key}" if prefix else key, sub)
+
+    table("", config)
+    return "\n".join(lines) + "\n"
+
+
+class _Member:
+    """One storage node or server of the harness, in a process or in the loop."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def kill(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+
+@dataclass
+class _StorageProcess(_Member):
+    process: StorageNodeProcess
+    transport: Transport
+
+    async def start(self) -> None:
+        self.process.start()
+        await self.process.wait_ready(self.transport, timeout=60)
+
+    async def kill(self) -> None:
+        self.process.kill()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.process is not None and self.process.process.poll() is None
+
+
+@dataclass
+class _StorageInLoop(_Member):
+    config: dict[str, Any]
+    node: Any = None
+
+    async def start(self) -> None:
+        from waltz_server.storage_node.config import load_storage_config
+        from waltz_server.storage_node.main import start_node
+
+        self.node = await start_node(load_storage_config(None, overrides=self.config))
+
+    async def kill(self) -> None:
+        if self.node is None:
+            return
+        node, self.node = self.node, None
+        crash = getattr(node.transport, "simulate_crash", None)
+        if crash is not None:
+            crash()
+        await node.close()
+        await node.transport.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.node is not None
+
+
+@dataclass
+class _ServerProcess(_Member):
+    process: ServerProcess
+
+    async def start(self) -> None:
+        self.process.start()
+        await self.process.wait_ready(timeout=60)
+
+    async def kill(self) -> None:
+        self.process.kill()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.running
+
+    def server_id(self) -> int | None:
+        found = re.findall(r"server (\d+) ready on", self.process.output())
+        return int(found[-1]) if found and self.alive else None
+
+
+@dataclass
+class _ServerInLoop(_Member):
+    config: dict[str, Any]
+    running: Any = None
+
+    async def start(self) -> None:
+        from waltz_server.server.config import load_server_config
+        from waltz_server.server.main import start_server
+
+        self.running = await start_server(load_server_config(None, overrides=self.config))
+
+    async def kill(self) -> None:
+        if self.running is not None:
+            running, self.running = self.running, None
+            await running.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self.running is not None
+
+    def server_id(self) -> int | None:
+        return None if self.running is None else int(self.running.manager.server_id)
+
+
+@dataclass
+class SystemHarness(Harness):
+    """A cluster of ``num_storage_nodes`` storage nodes and ``num_servers`` servers."""
+
+    coordination_uri: str = ""
+    transport: str = "memory"
+    storage_engine: str = "memory"
+    lock_table: str = "hwm-array"
+    processes: bool = False
+    workdir: Path | None = None
+    num_storage_nodes: int = 3
+    num_servers: int = 2
+    num_partitions: int = 2
+    session_timeout: float = 4.0
+    cluster_key: uuid.UUID = field(default_factory=uuid.uuid4)
+    client_transport: Transport | None = None
+    metadata: ClusterMetadata | None = None
+    storage_nodes: list[str] = field(default_factory=list)
+    """Each storage node's host:port name in the cluster metadata."""
+    storage: list[_Member] = field(default_factory=list)
+    servers: list[_Member] = field(default_factory=list)
+    _coordination: Coordination | None = None
+    _locations: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.processes:
+            self.capabilities = self.capabilities | {PROCESSES}
+            if self.workdir is None:
+                raise ValueError("a harness of real processes needs a workdir")
+
+    def storage_endpoint(self, index: int) -> str:
+        scheme = "memory" if self.transport == "memory" else "tcp"
+        return f"{scheme}://{self.storage_nodes[index]}"
+
+    def _server_endpoint(self, index: int) -> str:
+        if self.transport == "memory":
+            return f"memory://server-{self.cluster_key.hex[:8]}-{index}"
+        return f"tcp://127.0.0.1:{_free_port()}"
+
+    async def start(self) -> None:
+        tag = self.cluster_key.hex[:8]
+        if self.transport == "memory":
+            self.storage_nodes = [f"sn-{tag}-{i}:{5500 + i}" for i in range(self.num_storage_nodes)]
+        else:
+            self.storage_nodes = [
+                f"127.0.0.1:{_free_port()}" for _ in range(self.num_storage_nodes)
+            ]
+        options = {"session_timeout": self.session_timeout}
+        self._coordination = coordination_from_uri(self.coordination_uri, options)
+        await self._coordination.start()
+        self.metadata = ClusterMetadata(self._coordination)
+        await self.metadata.create_cluster(
+            num_partitions=self.num_partitions,
+            num_replicas=self.num_storage_nodes,
+            storage_nodes=self.storage_nodes,
+            cluster_key=self.cluster_key,
+        )
+        self.client_transport = get_registry().get("transport", self.transport).factory({})
+        assert self.client_transport is not None
+        for i in range(self.num_storage_nodes):
+            data_dir = str(self.workdir / f"data{i}") if self.workdir else f"system-{tag}-{i}"
+            self._locations.append(data_dir)
+            config: dict[str, Any] = {
+                "log_level": "INFO",
+                "storage": {
+                    "data_dir": data_dir,
+                    "engine": self.storage_engine,
+                    "cluster_key": str(self.cluster_key),
+                    "num_partitions": self.num_partitions,
+                    "partitions": list(range(self.num_partitions)),
+                },
+                "transport": {"plugin": self.transport, "endpoint": self.storage_endpoint(i)},
+            }
+            if self.processes:
+                assert self.workdir is not None
+                path = self.workdir / f"storage{i}.toml"
+                path.write_text(_toml(config))
+                process = StorageNodeProcess(
+                    path, self.storage_endpoint(i), self.workdir / f"storage{i}.log"
+                )
+                self.storage.append(_StorageProcess(process, self.client_transport))
+            else:
+                self.storage.append(_StorageInLoop(config))
+        scheme = "memory" if self.transport == "memory" else "tcp"
+        for i in range(self.num_servers):
+            config = {
+                "log_level": "INFO",
+                "coordination": {"uri": self.coordination_uri, "options": options},
+                "transport": {
+                    "plugin": self.transport,
+                    "endpoint": self._server_endpoint(i),
+                    "storage_endpoint": f"{scheme}://{{}}",
+                },
+                "server": {"lock_table": self.lock_table},
+            }
+            if self.processes:
+                assert self.workdir is not None
+                path = self.workdir / f"server{i}.toml"
+                path.write_text(_toml(config))
+                self.servers.append(
+                    _ServerProcess(ServerProcess(path, self.workdir / f"server{i}.log"))
+                )
+            else:
+                self.servers.append(_ServerInLoop(config))
+        try:
+            for member in [*self.storage, *self.servers]:
+                await member.start()
+            await self.wait_assigned()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Stop every member (by pid for processes), also after a failed start."""
+        for member in [*self.servers, *self.storage]:
+            with contextlib.suppress(Exception):
+                await member.kill()
+        if self.client_transport is not None:
+            await self.client_transport.close()
+        if self._coordination is not None:
+            await self._coordination.close()
+        if self.storage_engine == "memory":
+            from waltz_conformance.reference.storage import forget
+
+            for location in self._locations:
+                forget(location)
+
+    # -- the cluster's state --------------------------------------------------------
+
+    async def owner(self, partition: int) -> tuple[int, str, int]:
+        """The partition's owner: (server id, endpoint, generation); id -1 if none."""
+        assert self.metadata is not None
+        owner = (await self.metadata.partition_assignment(partition)).value
+        return owner.server_id, owner.endpoint, owner.generation
+
+    async def session_id(self, partition: int) -> int:
+        """The partition's current store session id (from the coordination service)."""
+        assert self.metadata is not None
+        return (await self.metadata.store_metadata(partition)).value.session_id
+
+    async def wait_assigned(self, timeout: float = TIMEOUT) -> None:
+        async def assigned() -> bool:
+            owners = [(await self.owner(p))[0] for p in range(self.num_partitions)]
+            return all(owner >= 0 for owner in owners)
+
+        await wait_for(assigned, timeout, "every partition to be assigned")
+
+    def server_index(self, server_id: int) -> int:
+        for index, member in enumerate(self.servers):
+            assert isinstance(member, _ServerProcess | _ServerInLoop)
+            if member.server_id() == server_id:
+                return index
+        raise AssertionError(f"no running server has id {server_id}")
+
+    # -- faults ---------------------------------------------------------------------
+
+    async def kill_storage_node(self, index: int) -> None:
+        await self.storage[index].kill()
+
+    async def restart_storage_node(self, index: int) -> None:
+        await self.storage[index].start()
+
+    async def kill_server(self, index: int) -> None:
+        await self.servers[index].kill()
+
+    async def restart_server(self, index: int) -> None:
+        await self.servers[index].start()
+
+    # -- clients --------------------------------------------------------------------
+
+    async def storage_client(self, index: int) -> StorageClient:
+        assert self.client_transport is not None
+        client = await StorageClient.connect(
+            self.client_transport, self.storage_endpoint(index), sender="conformance", timeout=10
+        )
+        try:
+            await client.open(self.cluster_key, self.num_partitions)
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def replica_log(self, index: int, partition: int) -> list[Record]:
+        """Every record on one storage node's replica of ``partition``, read with the
+        partition's current store session id (reads fence too: never a newer id)."""
+        for _ in range(20):
+            session = await self.session_id(partition)
+            client = await self.storage_client(index)
+            try:
+                records: list[Record] = []
+                while True:
+                    batch = await client.records(session, partition, len(records), 1000)
+                    if not batch:
+                        return records
+                    records.extend(batch)
+            except SessionFencedError:
+                await asyncio.sleep(0.2)  # a newer session began meanwhile: read again
+            finally:
+                await client.close()
+        raise AssertionError(f"could not read replica {index} of partition {partition}")
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+_client_ids = itertools.count(1000)
+
+
+class PartitionClient:
+    """A raw protocol client mounted on the current owner of one partition."""
+
+    def __init__(self, harness: SystemHarness, partition: int, client_id: int) -> None:
+        self.harness = harness
+        self.partition = partition
+        self.client_id = client_id
+        self.raw: RawClient | None = None
+        self.generation = -1
+        self._seq = itertools.count(1)
+        self._net = itertools.count(1)
+
+    @classmethod
+    async def connect(
+        cls, harness: SystemHarness, partition: int, client_hwm: int = -1
+    ) -> PartitionClient:
+        client = cls(harness, partition, next(_client_ids))
+        await client.mount(client_hwm)
+        return client
+
+    async def mount(self, client_hwm: int) -> None:
+        assert self.harness.client_transport is not None
+        server_id, endpoint, generation = await self.harness.owner(self.partition)
+        if server_id < 0:
+            raise WaltzError(f"partition {self.partition} has no owner")
+        self.raw = await RawClient.connect(
+            self.harness.client_transport, endpoint, f"client:{self.client_id}", timeout=10
+        )
+        self.generation = generation
+        await self.raw.send(MountRequest(self.rid(), client_hwm, next(self._net)))
+        response = (await self.raw.wait(MountResponse, timeout=TIMEOUT))[0]
+        if response.status is not MountStatus.READY:
+            raise WaltzError(f"mount answered {response.status.name}")
+
+    def rid(self, generation: int | None = None) -> ReqId:
+        generation = self.generation if generation is None else generation
+        return ReqId(self.client_id, generation, self.partition, next(self._seq))
+
+    async def append(
+        self,
+        data: bytes,
+        client_hwm: int,
+        locks: Sequence[Lock] = (),
+        generation: int | None = None,
+    ) -> ReqId:
+        assert self.raw is not None
+        rid = self.rid(generation)
+        request = AppendRequest(
+            rid, client_hwm, LockRequest.from_locks(locks), 0, data, wire.checksum(data)
+        )
+        await self.raw.send(request)
+        return rid
+
+    async def flush(self) -> int:
+        """The partition's high-water mark once every earlier append is decided."""
+        assert self.raw is not None
+        count = self.raw.counts[FlushResponse]
+        await self.raw.send(FlushRequest(self.rid()))
+        return (await self.raw.wait(FlushResponse, count + 1, timeout=TIMEOUT))[-1].transaction_id
+
+    def lock_failures(self) -> dict[ReqId, int]:
+        assert self.raw is not None
+        return {f.req_id: f.transaction_id for f in self.raw.of(LockFailure)}
+
+    def errors(self) -> list[ErrorResponse]:
+        assert self.raw is not None
+        return self.raw.of(ErrorResponse)
+
+    async def feed_until(self, transaction_id: int) -> list[FeedData]:
+        """The feed received so far, once it reached ``transaction_id``."""
+        assert self.raw is not None
+        for _ in range(int(TIMEOUT / 0.05)):
+            feed = self.raw.of(FeedData)
+            if feed and feed[-1].transaction_id >= transaction_id:
+                return feed
+            if transaction_id < 0:
+                return feed
+            await self.raw.changed(0.05)
+        raise AssertionError(f"the feed never reached transaction {transaction_id}")
+
+    async def committed(self, rid: ReqId, hwm: int) -> int | None:
+        """The transaction id ``rid`` committed as (None if it did not), from the feed."""
+        for data in await self.feed_until(hwm):
+            if data.req_id == rid:
+                return data.transaction_id
+        return None
+
+    async def close(self) -> None:
+        if self.raw is not None:
+            await self.raw.close()
+
+
+async def read_log(harness: SystemHarness, partition: int) -> list[Record]:
+    """The committed log of ``partition``, in bulk from its current owner."""
+    assert harness.client_transport is not None
+    _, endpoint, generation = await harness.owner(partition)
+    client = await RawClient.connect(harness.client_transport, endpoint, "checker")
+    try:
+        records: list[Record] = []
+        for _ in range(100_000):
+            request = RangeReadRequest(
+                ReqId(999, generation, partition, len(records)), len(records), 500, 1 << 20
+            )
+            count = client.counts[RangeReadResponse]
+            await client.send(request)
+            response = (await client.wait(RangeReadResponse, count + 1, timeout=TIMEOUT))[-1]
+            records.extend(response.records)
+            if not response.records or len(records) > response.high_water_mark:
+                break
+        return records
+    finally:
+        await client.close()
+
+
+@dataclass
+class Writer:
+    """Appends to one partition at its current owner, reconnecting after faults.
+
+    A transaction counts as acknowledged once the feed delivered it to its writer
+    (the commit notification of Waltz)."""
+
+    harness: SystemHarness
+    partition: int
+    client_id: int = field(default_factory=lambda: next(_client_ids))
+    sent: dict[ReqId, bytes] = field(default_factory=dict)
+    feed: list[ReqId] = field(default_factory=list)
+    """The feed of the partition, in order: feed[i] is transaction i's request id."""
+    reconnects: int = 0
+    reasons: list[str] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _net: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def acknowledged(self) -> set[ReqId]:
+        return {r for r in self.feed if r.client_id == self.client_id}
+
+    def _consume(self, client: RawClient) -> None:
+        messages = list(client.received)
+        client.received.clear()
+        for message in messages:
+            if isinstance(message, FeedData):
+                assert message.transaction_id == len(self.feed), "the feed skipped or repeated"
+                self.feed.append(message.req_id)
+            elif isinstance(message, ErrorResponse):
+                raise WaltzError(f"server refused: {message.code.name} {message.message}")
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            client: RawClient | None = None
+            try:
+                server_id, endpoint, generation = await self.harness.owner(self.partition)
+                if server_id < 0:
+                    await asyncio.sleep(0.2)
+                    continue
+                assert self.harness.client_transport is not None
+                client = await RawClient.connect(
+                    self.harness.client_transport, endpoint, f"client:{self.client_id}", timeout=5
+                )
+                await client.send(
+                    MountRequest(self.rid(generation), len(self.feed) - 1, next(self._net))
+                )
+                response = (await client.wait(MountResponse, timeout=30))[0]
+                if response.status is not MountStatus.READY:
+                    raise WaltzError(f"mount answered {response.status.name}")
+                self._consume(client)
+                while not self.stop.is_set():
+                    for _ in range(20):
+                        rid = self.rid(generation)
+                        data = f"p{self.partition}-c{self.client_id}-{rid.seq_num}".encode()
+                        self.sent[rid] = data
+                        await client.send(
+                            AppendRequest(rid, -1, LockRequest(), 1, data, wire.checksum(data))
+                        )
+                    flushes = client.counts[FlushResponse]
+                    await client.send(FlushRequest(self.rid(generation)))
+                    await client.wait(FlushResponse, flushes + 1, timeout=30)
+                    self._consume(client)
+                await self._drain(client, generation)
+            except (WaltzError, TimeoutError, OSError) as exc:
+                self.reconnects += 1
+                self.reasons.append(f"{type(exc).__name__}: {exc}"[:200])
+                await asyncio.sleep(0.3)
+                if self.reconnects > 200:
+                    raise AssertionError(f"writer {self.partition} keeps failing: {exc}") from exc
+            finally:
+                if client is not None:
+                    await client.close()
+
+    async def _drain(self, client: RawClient, generation: int) -> None:
+        """Until the feed delivered everything the partition committed."""
+        flushes = client.counts[FlushResponse]
+        await client.send(FlushRequest(self.rid(generation)))
+        mark = (await client.wait(FlushResponse, flushes + 1, timeout=30))[-1].transaction_id
+        for _ in range(600):
+            self._consume(client)
+            if len(self.feed) - 1 >= mark:
+                return
+            await client.changed(0.05)
+        raise AssertionError("the feed never reached the flushed high-water mark")
+
+    def rid(self, generation: int) -> ReqId:
+        return ReqId(self.client_id, generation, self.partition, next(self._seq))
+
+
+class Writers:
+    """A writer per partition, run as tasks; ``progress`` waits for acknowledgements."""
+
+    def __init__(self, harness: SystemHarness) -> None:
+        self.harness = harness
+        self.writers = [Writer(harness, p) for p in range(harness.num_partitions)]
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(w.run()) for w in self.writers]
+
+    async def progress(self, count: int, timeout: float, what: str) -> None:
+        targets = [len(w.acknowledged) + count for w in self.writers]
+
+        async def reached() -> bool:
+            for task in self.tasks:
+                if task.done():
+                    task.result()
+            return all(len(w.acknowledged) >= t for w, t in zip(self.writers, targets, strict=True))
+
+        try:
+            await wait_for(reached, timeout, what)
+        except AssertionError as exc:
+            state = [(w.partition, len(w.acknowledged), w.reasons[-3:]) for w in self.writers]
+            raise AssertionError(f"{exc}: {state}") from None
+
+    async def stop(self) -> None:
+        for writer in self.writers:
+            writer.stop.set()
+        results = await asyncio.wait_for(
+            asyncio.gather(*self.tasks, return_exceptions=True), TIMEOUT
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def check_invariants(harness: SystemHarness, writers: Sequence[Writer]) -> None:
+    """Invariants 1, 2, 3 and 6 for the writers' partitions, from the owner's log and
+    from every live replica's storage."""
+    for writer in writers:
+        records = await read_log(harness, writer.partition)
+        assert [r.transaction_id for r in records] == list(range(len(records))), "ids not dense"
+        log_ids = [r.req_id for r in records]
+        # 6: the feed is exactly the committed log, in order
+        assert writer.feed == log_ids[: len(writer.feed)]
+        # 2: no submission committed twice
+        assert len(set(log_ids)) == len(log_ids), "a submission committed twice"
+        # 1: every acknowledged transaction is there with its data
+        by_id = {r.req_id: r.data for r in records}
+        for rid in writer.acknowledged:
+            assert by_id.get(rid) == writer.sent[rid], f"acknowledged {rid} lost"
+        # nothing of this writer appears that it did not submit
+        mine = {r for r in log_ids if r.client_id == writer.client_id}
+        assert mine <= set(writer.sent), "a transaction nobody submitted"
+        await check_no_fork(harness, writer.partition, committed=len(writer.feed))
+
+
+async def check_no_fork(harness: SystemHarness, partition: int, committed: int) -> None:
+    """3: every live replica's log is a prefix of the longest (lagging replicas catch up
+    later), and the committed prefix is on a majority."""
+    logs = [
+        await harness.replica_log(i, partition)
+        for i, member in enumerate(harness.storage)
+        if member.alive
+    ]
+    longest = max(logs, key=len)
+    for replica in logs:
+        assert replica == longest[: len(replica)], "replicas forked"
+    assert sum(1 for replica in logs if len(replica) >= committed) > harness.num_storage_nodes // 2
+
+
+async def fenced_everywhere(harness: SystemHarness, partition: int, old_session: int) -> None:
+    """Every storage node refuses a write of store session ``old_session``; waits
+    (bounded) for replicas the new session has not reached yet."""
+    for index in range(harness.num_storage_nodes):
+
+        async def refuses(index: int = index) -> bool:
+            client = await harness.storage_client(index)
+            try:
+                # a no-op if accepted (nothing lies beyond a huge id): a safe probe
+                await client.truncate(old_session, partition, 10**12)
+                return False
+            except SessionFencedError:
+                return True
+            except StorageError:
+                return False
+            finally:
+                await client.close()
+
+        await wait_for(refuses, TIMEOUT, f"storage node {index} to fence session {old_session}")
+        client = await harness.storage_client(index)
+        try:
+            with pytest.raises(SessionFencedError):
+                await client.append(old_session, partition, [make_record(partition, 10**6)])
+        finally:
+            await client.close()
+
+
+class SystemSuite:
+    """Tests against one cluster (the class-scoped ``harness`` fixture); they run in
+    order and each leaves the cluster serving every partition."""
+
+    pytestmark = pytest.mark.asyncio(loop_scope="class")
+
+    @pytest.fixture(autouse=True)
+    def _capabilities(self, request: pytest.FixtureRequest, harness: SystemHarness) -> None:
+        skip_unless_capable(request, harness)
+
+    # -- 6: the feed ---------------------------------------------------------------
+
+    async def test_feed_delivers_every_committed_transaction_once_in_order(
+        self, harness: SystemHarness
+    ) -> None:
+        writer = await PartitionClient.connect(harness, 0)
+        try:
+            start = await writer.flush()
+            sent = [await writer.append(b"feed-%d" % i, -1) for i in range(30)]
+            end = await writer.flush()
+            assert end == start + 30
+            for from_hwm in (start, start + 10, -1):
+                reader = await PartitionClient.connect(harness, 0, client_hwm=from_hwm)
+                try:
+                    feed = await reader.feed_until(end)
+                    ids = [f.transaction_id for f in feed]
+                    assert ids == list(range(from_hwm + 1, end + 1)), f"from {from_hwm}"
+                    assert [f.req_id for f in feed[-30 + max(0, from_hwm - start) :]] == sent[
+                        max(0, from_hwm - start) :
+                    ]
+                finally:
+                    await reader.close()
+            log = await read_log(harness, 0)
+            assert [r.req_id for r in log[start + 1 : end + 1]] == sent
+            assert [r.data for r in log[start + 1 : end + 1]] == [b"feed-%d" % i for i in range(30)]
+        finally:
+            await writer.close()
+
+    # -- 5: locking ----------------------------------------------------------------
+
+    async def test_overlapping_write_locks_on_the_same_hwm_exactly_one_commits(
+        self, harness: SystemHarness
+    ) -> None:
+        first = await PartitionClient.connect(harness, 0)
+        second = await PartitionClient.connect(harness, 0)
+        try:
+            hwm = await first.flush()
+            for round_ in range(5):
+                name = f"account-{uuid.uuid4().hex[:6]}"
+                a = await first.append(b"a", hwm, [Lock(name, round_), Lock("other-a", round_)])
+                b = await second.append(b"b", hwm, [Lock(name, round_), Lock("other-b", round_)])
+                new_hwm = max(await first.flush(), await second.flush())
+                committed = {rid: await first.committed(rid, new_hwm) for rid in (a, b)}
+                winners = [rid for rid, tid in committed.items() if tid is not None]
+                assert len(winners) == 1, f"round {round_}: {committed}"
+                loser = b if winners[0] == a else a
+                failures = (first if loser == a else second).lock_failures()
+                assert failures.get(loser) == committed[winners[0]], "LockFailure id"
+                hwm = new_hwm
+        finally:
+            await first.close()
+            await second.close()
+
+    async def test_read_lock_fails_after_the_entity_changed(self, harness: SystemHarness) -> None:
+        client = await PartitionClient.connect(harness, 1)
+        try:
+            before = await client.flush()
+            entity = Lock(f"item-{uuid.uuid4().hex[:6]}", 7)
+            read = Lock(entity.name, entity.id, LockMode.READ)
+            changed = await client.append(b"change", before, [entity])
+            hwm = await client.flush()
+            changed_at = await client.committed(changed, hwm)
+            assert changed_at == hwm
+            stale = await client.append(b"stale-read", before, [read])
+            fresh = await client.append(b"fresh-read", changed_at, [read])
+            hwm = await client.flush()
+            assert await client.committed(stale, hwm) is None
+            assert client.lock_failures().get(stale) == changed_at
+            assert await client.committed(fresh, hwm) == changed_at + 1
+        finally:
+            await client.close()
+
+    async def test_append_locks_never_fail_but_fail_later_read_and_write_checks(
+        self, harness: SystemHarness
+    ) -> None:
+        client = await PartitionClient.connect(harness, 1)
+        try:
+            before = await client.flush()
+            name = f"log-{uuid.uuid4().hex[:6]}"
+            appended = [
+                await client.append(b"app-%d" % i, before, [Lock(name, 1, LockMode.APPEND)])
+                for i in range(3)
+            ]
+            hwm = await client.flush()
+            ids = [await client.committed(rid, hwm) for rid in appended]
+            assert ids == [before + 1, before + 2, before + 3]
+            last = before + 3
+            write = await client.append(b"w", before, [Lock(name, 1)])
+            read = await client.append(b"r", last - 1, [Lock(name, 1, LockMode.READ)])
+            read_ok = await client.append(b"r-ok", last, [Lock(name, 1, LockMode.READ)])
+            hwm = await client.flush()
+            failures = client.lock_failures()
+            assert failures.get(write) == last and failures.get(read) == last
+            assert await client.committed(read_ok, hwm) == last + 1
+        finally:
+            await client.close()
+
+    # -- 4: fencing by generation --------------------------------------------------
+
+    async def test_an_append_with_a_stale_generation_is_refused(
+        self, harness: SystemHarness
+    ) -> None:
+        client = await PartitionClient.connect(harness, 0)
+        try:
+            before = await client.flush()
+            await client.append(b"stale", -1, generation=client.generation - 1)
+            assert await client.flush() == before
+            errors = client.errors()
+            assert [e.code for e in errors] == [ErrorCode.STALE_GENERATION]
+            assert not any(r.data == b"stale" for r in await read_log(harness, 0))
+        finally:
+            await client.close()
+
+    # -- 1, 3: faults while appending ------------------------------------------------
+
+    async def test_a_storage_node_killed_while_appending_loses_nothing_acknowledged(
+        self, harness: SystemHarness
+    ) -> None:
+        writers = Writers(harness)
+        writers.start()
+        victim = harness.num_storage_nodes - 1
+        try:
+            await writers.progress(50, TIMEOUT, "first acknowledgements")
+            await harness.kill_storage_node(victim)
+            await writers.progress(100, TIMEOUT, "progress with a minority of storage down")
+            await writers.stop()
+        except BaseException:
+            await writers.cancel()
+            raise
+        finally:
+            if not harness.storage[victim].alive:
+                await harness.restart_storage_node(victim)
+        await check_invariants(harness, writers.writers)
+
+    async def test_a_server_killed_while_appending_moves_its_partitions_and_is_fenced(
+        self, harness: SystemHarness
+    ) -> None:
+        writers = Writers(harness)
+        writers.start()
+        victim = -1
+        try:
+            await writers.progress(50, TIMEOUT, "first acknowledgements")
+            server_id, _, generation = await harness.owner(0)
+            old_session = await harness.session_id(0)
+            victim = harness.server_index(server_id)
+            await harness.kill_server(victim)
+
+            async def moved() -> bool:
+                new_id, _, new_generation = await harness.owner(0)
+                return new_id not in (server_id, -1) and new_generation > generation
+
+            await wait_for(moved, TIMEOUT, "partition 0 to move")
+            await writers.progress(100, TIMEOUT, "progress after the server died")
+            assert await harness.session_id(0) > old_session
+            await writers.stop()
+        except BaseException:
+            await writers.cancel()
+            raise
+        finally:
+            if victim >= 0 and not harness.servers[victim].alive:
+                await harness.restart_server(victim)
+        assert writers.writers[0].reconnects >= 1, "the server kill never reached the writer"
+        await check_invariants(harness, writers.writers)
+        # 4: the old session can write on no storage node, also after they restart
+        await fenced_everywhere(harness, 0, old_session)
+        for index in range(harness.num_storage_nodes):
+            await harness.kill_storage_node(index)
+            await harness.restart_storage_node(index)
+        await fenced_everywhere(harness, 0, old_session)
+        # and the cluster serves again, with everything acknowledged still there
+        after = Writers(harness)
+        after.start()
+        try:
+            await after.progress(20, TIMEOUT, "progress after the storage restarts")
+            await after.stop()
+        except BaseException:
+            await after.cancel()
+            raise
+        await check_invariants(harness, [*writers.writers, *after.writers])

@@ -1,0 +1,96 @@
+"""The system suite against the built-in combinations: the in-process ``memory`` one
+(memory coordination, transport and storage engine; real StorageNode and server
+objects in the test's loop), and real processes for {zk, etcd, local} x zmq x fs.
+
+One cluster per class (the class-scoped ``harness`` fixture below reads the
+combination from the class)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from waltz_conformance.suites.system import PROCESSES, SystemHarness, SystemSuite
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def coordination_uri(request: pytest.FixtureRequest, kind: str, workdir: Path) -> str:
+    root = f"/waltz-{uuid.uuid4().hex[:8]}"
+    if kind == "zk":
+        uri: str = request.getfixturevalue("zookeeper_server").uri(root)
+        return uri
+    if kind == "etcd":
+        uri = request.getfixturevalue("etcd_cluster").uri(root)
+        return uri
+    directory = workdir / "coordination"
+    directory.mkdir()
+    return f"local://{directory}?root={root}"
+
+
+@pytest_asyncio.fixture(scope="class", loop_scope="class")
+async def harness(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[SystemHarness]:
+    coordination: str = request.cls.coordination
+    if coordination == "memory":
+        made = SystemHarness(
+            name="memory",
+            coordination_uri=f"memory://system-{uuid.uuid4().hex[:8]}/waltz",
+            transport="memory",
+            storage_engine="memory",
+            session_timeout=2.0,
+        )
+    else:
+        workdir = tmp_path_factory.mktemp(f"system-{coordination}")
+        made = SystemHarness(
+            name=f"{coordination}-zmq-fs",
+            coordination_uri=coordination_uri(request, coordination, workdir),
+            transport="zmq",
+            storage_engine="fs",
+            processes=True,
+            workdir=workdir,
+        )
+    await made.start()
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+class TestMemorySystem(SystemSuite):
+    coordination = "memory"
+
+
+@pytest.mark.system
+@pytest.mark.slow
+class TestZooKeeperProcesses(SystemSuite):
+    """ZooKeeper, 3 `waltz storage` (fs) and 2 `waltz server` processes over zmq."""
+
+    coordination = "zk"
+
+
+@pytest.mark.system
+@pytest.mark.slow
+class TestEtcdProcesses(SystemSuite):
+    """etcd (3 members), 3 `waltz storage` (fs) and 2 `waltz server` processes over zmq."""
+
+    coordination = "etcd"
+
+
+@pytest.mark.system
+@pytest.mark.slow
+class TestLocalProcesses(SystemSuite):
+    """The embedded local coordination, 3 `waltz storage` (fs), 2 `waltz server`, zmq."""
+
+    coordination = "local"
+
+
+def test_a_process_harness_declares_processes(tmp_path: Path) -> None:
+    made = SystemHarness(name="p", processes=True, workdir=tmp_path)
+    assert PROCESSES in made.capabilities
+    assert PROCESSES not in SystemHarness(name="m").capabilities
