@@ -179,6 +179,20 @@ async def test_a_second_dev_on_the_same_directory_is_refused(tmp_path: Path) -> 
         )
         assert wrong.returncode == 1
         assert "has 2 partitions, not 3" in wrong.stderr
+        # a supervisor killed with SIGKILL takes its children with it (Linux), and the
+        # directory starts again (its ports are free despite connections in TIME_WAIT)
+        dev = Dev(data_dir, tmp_path / "dev.log")
+        children = (await dev.ready())["child_pids"]
+        dev.kill()
+        deadline = time.monotonic() + 30
+        while [p for p in children if alive(p)] and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        assert not [p for p in children if alive(p)], "children outlived a killed waltz dev"
+        dev = Dev(data_dir, tmp_path / "dev.log")
+        info = await dev.ready()
+        children = info["child_pids"]
+        assert info["created"] is False and info["partitions"] == 2
+        assert dev.interrupt() == 0
     finally:
         dev.kill()
         for pid in children:
@@ -217,6 +231,23 @@ async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -
         assert tail.stdout.splitlines() == ["0\t7\thello", "1\t7\twörld"]
         part = await waltz("tail", *uri, "--partition", "1", "--from", "1", "--no-data")
         assert part.stdout.splitlines() == ["1\t7"]
+        follow = subprocess.Popen(  # noqa: ASYNC220 - a child the test talks to
+            [sys.executable, "-m", "waltz_server.cli", "client", "tail", *uri, "--partition",
+             "1", "--from", "1", "--follow"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            more = await waltz("append", *uri, "--partition", "1", "--data", "late")
+            assert more.returncode == 0, more.stderr
+            await asyncio.sleep(2)  # the follower prints what arrives, then Ctrl-C
+            follow.send_signal(signal.SIGINT)
+            out, err = await asyncio.to_thread(follow.communicate, timeout=60)
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+                follow.wait(timeout=30)
+        assert follow.returncode == 0, err
+        assert out.splitlines() == ["1\t7\twörld", "2\t0\tlate"]
         beyond = await waltz("tail", *uri, "--partition", "1", "--from", "5")
         assert beyond.returncode == 1 and "beyond the end of partition 1" in beyond.stderr
         missing = await waltz("high-water-mark", *uri, "--partition", "2")

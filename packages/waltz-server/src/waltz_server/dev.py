@@ -76,7 +76,10 @@ def free_port() -> int:
 
 
 def port_free(port: int) -> bool:
+    """Whether a listener could bind ``port`` (connections of a previous run in TIME_WAIT
+    do not count: ZeroMQ binds with SO_REUSEADDR too)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
