@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -91,6 +92,7 @@ class LogReader:
         self._connections: dict[str, tuple[Connection, wire.ProtocolConnection]] = {}
         self._known: dict[int, Endpoint] = {}
         self._seq = itertools.count(1)
+        self._stash: dict[ReqId, Message] = {}
         self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -126,7 +128,15 @@ class LogReader:
         if self._closed:
             coro.close()
             raise ServerError("the Waltz log reader is closed")
-        return self._runner.run(coro)
+        box: list[T] = []
+
+        async def run() -> None:
+            # the result is kept off the task: asyncio may repr a finished task, and the
+            # repr of a large RangeReadResponse costs more than reading it
+            box.append(await coro)
+
+        self._runner.run(run())
+        return box[0]
 
     # -- cluster ----------------------------------------------------------------------------
 
@@ -249,18 +259,26 @@ class LogReader:
         *,
         max_records: int = 10_000,
         max_bytes: int = 16 * 1024 * 1024,
+        depth: int = 3,
     ) -> Iterator[tuple[Record, ...]]:
         """Committed records ``start <= transaction_id < end`` in order, in chunks.
 
+        Up to ``depth`` range reads are in flight (the next chunks are asked for while
+        one is decoded); a short chunk (``max_bytes``) discards the ones asked ahead.
         Raises ServerError when a record of the range is not committed (``end`` above
         the high-water mark + 1)."""
         position = start
+        ahead: deque[tuple[ReqId, int, int]] = deque()
         while position < end:
-            count = min(max_records, end - position)
             reply = self._run(
-                self._call(
+                self._next_chunk(
                     partition_id,
-                    lambda req, at=position, n=count: RangeReadRequest(req, at, n, max_bytes),
+                    position=position,
+                    end=end,
+                    max_records=max_records,
+                    max_bytes=max_bytes,
+                    depth=depth,
+                    ahead=ahead,
                 )
             )
             if isinstance(reply, ErrorResponse):
@@ -284,4 +302,76 @@ class LogReader:
             if records[-1].transaction_id >= end:
                 records = tuple(r for r in records if r.transaction_id < end)
             position = records[-1].transaction_id + 1
+            if ahead and ahead[0][1] != position:
+                ahead.clear()  # a short chunk: what was asked ahead starts elsewhere
             yield records
+
+    async def _next_chunk(
+        self,
+        partition_id: int,
+        *,
+        position: int,
+        end: int,
+        max_records: int,
+        max_bytes: int,
+        depth: int,
+        ahead: deque[tuple[ReqId, int, int]],
+    ) -> Message:
+        where = self._known.get(partition_id)
+        try:
+            if where is None or not where.endpoint:
+                raise _Fallback
+            conn, protocol = await self._connection(where.endpoint)
+            next_at = ahead[-1][1] + ahead[-1][2] if ahead else position
+            while len(ahead) < max(depth, 1) and next_at < end:
+                count = min(max_records, end - next_at)
+                req_id = ReqId(READER_CLIENT_ID, where.generation, partition_id, next(self._seq))
+                await conn.send(protocol.send(RangeReadRequest(req_id, next_at, count, max_bytes)))
+                ahead.append((req_id, next_at, count))
+                next_at += count
+            wanted, at, _ = ahead.popleft()
+            if at != position:
+                raise _Fallback
+            reply = await self._reply(conn, protocol, wanted, {r for r, _, _ in ahead})
+            if isinstance(reply, ErrorResponse) and reply.code in _RETRY_CODES:
+                raise _Fallback
+            return reply
+        except (_Fallback, TransportError, TimeoutError) as exc:
+            log.debug("partition %d: range read pipeline restarts: %r", partition_id, exc)
+            ahead.clear()
+            self._stash.clear()
+            if where is not None and where.endpoint:
+                dropped = self._connections.pop(where.endpoint, None)
+                if dropped is not None:
+                    await dropped[0].close()
+            self._known.pop(partition_id, None)
+            count = min(max_records, end - position)
+            return await self._call(
+                partition_id, lambda req: RangeReadRequest(req, position, count, max_bytes)
+            )
+
+    async def _reply(
+        self,
+        conn: Connection,
+        protocol: wire.ProtocolConnection,
+        wanted: ReqId,
+        later: set[ReqId],
+    ) -> Message:
+        """The answer to ``wanted`` (answers to ``later`` requests are kept for later;
+        answers to abandoned requests are dropped)."""
+        found = self._stash.pop(wanted, None)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while found is None:
+            remaining = max(deadline - loop.time(), 0.001)
+            reply = protocol.receive_frame(await asyncio.wait_for(conn.recv(), remaining))
+            req_id = getattr(reply, "req_id", None)
+            if req_id == wanted:
+                found = reply
+            elif req_id in later:
+                self._stash[req_id] = reply
+        return found
+
+
+class _Fallback(Exception):
+    """The pipelined path cannot go on: one request through the retrying path."""
