@@ -4,6 +4,7 @@ loopback)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -46,4 +47,20 @@ def spark() -> Iterator[Any]:
         waltz_spark.register(session)
         yield session
     finally:
+        from pyspark import SparkContext
+
+        gateway = SparkContext._gateway
         session.stop()
+        # the JVM this session started: stopped by its pid (py4j leaves it to exit)
+        proc = getattr(gateway, "proc", None)
+        if gateway is not None:
+            gateway.shutdown()
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
