@@ -308,6 +308,7 @@ def run_bank(
     config = ClientConfig(uri, transport="zmq", max_concurrent_transactions=in_flight)
     errors: list[BaseException] = []
     waltz_clients: list[WaltzClient] = []
+    interrupted = threading.Event()
 
     def run_client(index: int, client: WaltzClient) -> None:
         rng = random.Random(seed * 1000 + index)
@@ -321,6 +322,8 @@ def run_bank(
                 progress(1)
 
         for k in range(operations):
+            if interrupted.is_set():
+                break
             op = Operation(
                 instances[index], random_operation(rng, accounts, f"{stats.run}-c{index}-{k}")
             )
@@ -339,6 +342,9 @@ def run_bank(
             for future in futures:
                 try:
                     future.result(timeout=timeout * 2)
+                except KeyboardInterrupt:
+                    interrupted.set()  # the clients stop after their current operations
+                    raise
                 except BaseException as exc:  # reported after every client stopped
                     errors.append(exc)
         if errors:
