@@ -17,6 +17,8 @@ ifdef UV
 	test -x $(VENV)/bin/python || $(UV) venv --python 3.11 $(VENV)
 	VIRTUAL_ENV=$(VENV) $(UV) pip install -q -r requirements/workspace.txt
 else
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "make demo needs Python 3.11+: install uv, or run make demo PYTHON=python3.11"; exit 1; }
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q -r requirements/workspace.txt
 endif
