@@ -236,7 +236,8 @@ class SystemHarness(Harness):
     """Each storage node's host:port name in the cluster metadata."""
     storage: list[_Member] = field(default_factory=list)
     servers: list[_Member] = field(default_factory=list)
-    _coordination: Coordination | None = None
+    coordination: Coordination | None = None
+    """The harness's own client of the coordination service."""
     _locations: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -264,9 +265,9 @@ class SystemHarness(Harness):
                 f"127.0.0.1:{_free_port()}" for _ in range(self.num_storage_nodes)
             ]
         options = {"session_timeout": self.session_timeout}
-        self._coordination = coordination_from_uri(self.coordination_uri, options)
-        await self._coordination.start()
-        self.metadata = ClusterMetadata(self._coordination)
+        self.coordination = coordination_from_uri(self.coordination_uri, options)
+        await self.coordination.start()
+        self.metadata = ClusterMetadata(self.coordination)
         await self.metadata.create_cluster(
             num_partitions=self.num_partitions,
             num_replicas=self.num_storage_nodes,
@@ -335,8 +336,8 @@ class SystemHarness(Harness):
                 await member.kill()
         if self.client_transport is not None:
             await self.client_transport.close()
-        if self._coordination is not None:
-            await self._coordination.close()
+        if self.coordination is not None:
+            await self.coordination.close()
         if self.storage_engine == "memory":
             from waltz_conformance.reference.storage import forget
 
@@ -863,6 +864,41 @@ class SystemSuite:
         finally:
             await client.close()
 
+    async def test_a_forced_new_store_session_fences_the_running_one(
+        self, harness: SystemHarness
+    ) -> None:
+        """Another writer takes the next store session id (by compare-and-set, as a new
+        owner would) and reaches every storage node: the running session's writes fail
+        everywhere; its server notices, starts a newer session, and loses nothing."""
+        from waltz_server.server.store_metadata import begin_store_session
+
+        writers = Writers(harness)
+        writers.start()
+        try:
+            await writers.progress(30, TIMEOUT, "first acknowledgements")
+            _, _, generation = await harness.owner(0)
+            old_session = await harness.session_id(0)
+            assert harness.coordination is not None
+            forced = (await begin_store_session(harness.coordination, 0, generation)).value
+            assert forced.session_id > old_session
+            for index in range(harness.num_storage_nodes):
+                client = await harness.storage_client(index)
+                # any request of a newer session fences the older ones (fenced itself
+                # when the server's next session reached this node first)
+                try:
+                    with contextlib.suppress(SessionFencedError):
+                        await client.max_transaction_id(forced.session_id, 0)
+                finally:
+                    await client.close()
+            await fenced_everywhere(harness, 0, old_session)
+            await writers.progress(50, TIMEOUT, "progress after the forced session")
+            assert await harness.session_id(0) > forced.session_id
+            await writers.stop()
+        except BaseException:
+            await writers.cancel()
+            raise
+        await check_invariants(harness, writers.writers)
+
     # -- 1, 3: faults while appending ------------------------------------------------
 
     async def test_a_storage_node_killed_while_appending_loses_nothing_acknowledged(
@@ -887,11 +923,16 @@ class SystemSuite:
     async def test_a_server_killed_while_appending_moves_its_partitions_and_is_fenced(
         self, harness: SystemHarness
     ) -> None:
+        """A storage node is down when the owner of partition 0 dies: the new owner
+        recovers from the remaining majority, and the node rejoins afterwards."""
         writers = Writers(harness)
         writers.start()
         victim = -1
+        down = 1
         try:
             await writers.progress(50, TIMEOUT, "first acknowledgements")
+            await harness.kill_storage_node(down)
+            await writers.progress(50, TIMEOUT, "progress without a storage node")
             server_id, _, generation = await harness.owner(0)
             old_session = await harness.session_id(0)
             victim = harness.server_index(server_id)
@@ -902,6 +943,7 @@ class SystemSuite:
                 return new_id not in (server_id, -1) and new_generation > generation
 
             await wait_for(moved, TIMEOUT, "partition 0 to move")
+            await harness.restart_storage_node(down)
             await writers.progress(100, TIMEOUT, "progress after the server died")
             assert await harness.session_id(0) > old_session
             await writers.stop()
@@ -909,6 +951,8 @@ class SystemSuite:
             await writers.cancel()
             raise
         finally:
+            if not harness.storage[down].alive:
+                await harness.restart_storage_node(down)
             if victim >= 0 and not harness.servers[victim].alive:
                 await harness.restart_server(victim)
         assert writers.writers[0].reconnects >= 1, "the server kill never reached the writer"
