@@ -55,9 +55,11 @@ class Put(TransactionContext):
         return True
 
 
-def run_waltz(*args: str) -> subprocess.CompletedProcess[str]:
+def run_waltz(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "waltz_server.cli", *args],
+        cwd=cwd,
+        env={k: v for k, v in os.environ.items() if k != "WALTZ_COORDINATION"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -201,7 +203,7 @@ async def test_a_second_dev_on_the_same_directory_is_refused(tmp_path: Path) -> 
 
 
 async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -> None:
-    dev = Dev(tmp_path / "dev", tmp_path / "dev.log", "--partitions", "2")
+    dev = Dev(tmp_path / ".waltz-dev", tmp_path / "dev.log", "--partitions", "2")
     children: list[int] = []
     try:
         info = await dev.ready()
@@ -226,7 +228,10 @@ async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -
         assert hwm.stdout == "1\n"
         other = await waltz("high-water-mark", *uri, "--partition", "0")
         assert other.stdout == "-1\n"  # partitions are separate logs
-        tail = await waltz("tail", *uri, "--partition", "1")
+        # without --coordination: the waltz dev running in ./.waltz-dev
+        tail = await asyncio.to_thread(
+            run_waltz, "client", "tail", "--partition", "1", cwd=tmp_path
+        )
         assert tail.returncode == 0, tail.stderr
         assert tail.stdout.splitlines() == ["0\t7\thello", "1\t7\twörld"]
         part = await waltz("tail", *uri, "--partition", "1", "--from", "1", "--no-data")
@@ -252,6 +257,10 @@ async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -
         assert beyond.returncode == 1 and "beyond the end of partition 1" in beyond.stderr
         missing = await waltz("high-water-mark", *uri, "--partition", "2")
         assert missing.returncode == 1 and "partition" in missing.stderr.splitlines()[-1]
+        nowhere = await asyncio.to_thread(
+            run_waltz, "client", "high-water-mark", cwd=tmp_path / ".waltz-dev"
+        )
+        assert nowhere.returncode == 1 and "give --coordination URI" in nowhere.stderr
         bad = await waltz("append", *uri, "--data", "x", "--read-lock", "nolockid")
         assert bad.returncode == 1 and "NAME:ID" in bad.stderr
         assert dev.interrupt() == 0

@@ -33,11 +33,34 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 COORDINATION_HELP = "Coordination service URI of the cluster (e.g. from `waltz dev`)."
+DEFAULT_DEV_DIR = ".waltz-dev"
+
+
+def _default_coordination(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """No --coordination: the ``waltz dev`` cluster running in ./.waltz-dev, if any."""
+    if value:
+        return value
+    from waltz_server.dev import read_ready_file
+
+    info = read_ready_file(DEFAULT_DEV_DIR)
+    if info is None:
+        raise ConfigError(
+            "give --coordination URI (or set WALTZ_COORDINATION), or start `waltz dev` in "
+            "this directory",
+            key="coordination",
+        )
+    uri: str = info["coordination"]
+    return uri
 
 
 def _coordination_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
+        "--coordination",
+        "uri",
+        default=None,
+        envvar="WALTZ_COORDINATION",
+        callback=_default_coordination,
+        help=COORDINATION_HELP + " Default: the `waltz dev` running in ./.waltz-dev.",
     )(f)
 
 
