@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringContains
 
-from waltz_api.errors import ConfigError
+from waltz_api.errors import ConfigError, ServerError
 from waltz_api.types import Record
 from waltz_spark import LogReader
 from waltz_spark.datasource import Settings, WaltzPushdownReader
@@ -129,6 +129,23 @@ def test_pushed_filters_shrink_the_plan(cluster: BackgroundCluster, seeded: list
         Settings.of({})
 
 
+def test_the_reader_pipeline_survives_short_chunks(
+    cluster: BackgroundCluster, seeded: list
+) -> None:
+    """Chunks cut by max_bytes are shorter than asked: the reads asked ahead are dropped."""
+    with LogReader(cluster.uri) as log:
+        top = log.high_water_mark(1)
+        chunks = list(log.read(1, 3, top + 1, max_records=37, max_bytes=100, depth=4))
+        with pytest.raises(ServerError, match="not committed"):
+            list(log.read(1, 0, top + 5))
+    assert any(len(c) < 37 for c in chunks[:-1])
+    ids = [r.transaction_id for c in chunks for r in c]
+    assert ids == list(range(3, top + 1))
+    assert [(1, r.transaction_id, r.data) for c in chunks for r in c] == [
+        (r[0], r[1], r[7]) for r in log_rows(cluster.uri) if r[0] == 1 and 3 <= r[1] <= top
+    ]
+
+
 def test_streaming_restart_is_exactly_once(
     spark: Any, cluster: BackgroundCluster, seeded: list, tmp_path: Path
 ) -> None:
@@ -202,3 +219,50 @@ def test_a_lock_failure_row_is_reported(spark: Any, cluster: BackgroundCluster) 
         "onLockFailure", "ignore"
     ).mode("append").save()
     assert 7004 not in [r.header for r in reader(spark, cluster.uri, partitions="0").collect()]
+
+
+def test_bank_report_balances_equal_the_operations(
+    spark: Any, cluster: BackgroundCluster, tmp_path: Path
+) -> None:
+    import json
+    import random
+
+    from waltz_spark.jobs import bank_report
+
+    rng = random.Random(5)
+    ops: list[dict[str, Any]] = []
+    for i in range(60):
+        kind = ["deposit", "withdraw", "transfer", "audit"][i % 4]
+        if kind == "transfer":
+            ops.append({"id": i, "op": kind, "source": rng.randrange(5), "target": 5 + i % 3,
+                        "amount": rng.randint(1, 50)})  # fmt: skip
+        elif kind == "audit":
+            ops.append({"id": i, "op": kind, "accounts": [0, 1], "total": 0})
+        else:
+            ops.append({"id": i, "op": kind, "account": rng.randrange(8),
+                        "amount": rng.randint(1, 50)})  # fmt: skip
+    append(cluster.uri, [(i % PARTITIONS, 9000 + i, json.dumps(op).encode()) for i, op in
+                         enumerate(ops)])  # fmt: skip
+    expected: dict[int, int] = {}
+    for op in ops:
+        if op["op"] == "deposit":
+            expected[op["account"]] = expected.get(op["account"], 0) + op["amount"]
+        elif op["op"] == "withdraw":
+            expected[op["account"]] = expected.get(op["account"], 0) - op["amount"]
+        elif op["op"] == "transfer":
+            expected[op["source"]] = expected.get(op["source"], 0) - op["amount"]
+            expected[op["target"]] = expected.get(op["target"], 0) + op["amount"]
+    figures = bank_report(spark, cluster.uri, tmp_path / "report")
+    balances = {
+        r["account"]: r["balance"]
+        for r in spark.read.parquet(str(tmp_path / "report" / "balances")).collect()
+    }
+    assert balances == expected
+    summary = {
+        r["op"]: (r["count"], r["amount"])
+        for r in spark.read.parquet(str(tmp_path / "report" / "summary")).collect()
+    }
+    assert summary["audit"] == (15, 0)
+    assert summary["deposit"] == (15, sum(o["amount"] for o in ops if o["op"] == "deposit"))
+    assert figures["operations"] == {"deposit": 15, "withdraw": 15, "transfer": 15, "audit": 15}
+    assert figures["total_balance"] == sum(expected.values())

@@ -60,3 +60,6 @@ main.add_command(dev_command)
 from waltz_server.cli.client import client_group  # noqa: E402
 
 main.add_command(client_group)
+from waltz_server.cli.spark import spark_group  # noqa: E402
+
+main.add_command(spark_group)
