@@ -174,6 +174,9 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, before exec
+                # the generated config is the whole truth: no WALTZ_* override of the user's
+                # shell (e.g. WALTZ_COORDINATION, meant for the client commands) reaches it
+                env={k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")},
             )
         log.info("%s started (pid %d)", self.name, self.process.pid)
 
