@@ -97,6 +97,7 @@ def main() -> None:
                 .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.ui.enabled", "false")
                 .config("spark.driver.memory", "2g")
+                .config("spark.ui.showConsoleProgress", "false")
                 .getOrCreate()
             )
             try:
