@@ -65,7 +65,7 @@ from waltz_api.messages import (
 )
 from waltz_api.plugins import get_registry
 from waltz_api.types import Lock, LockMode, LockRequest, Record, ReqId
-from waltz_conformance.harness import Harness, skip_unless_capable
+from waltz_conformance.harness import Harness, requires, skip_unless_capable
 from waltz_server.server.testing import RawClient, ServerProcess
 from waltz_server.storage_node.client import StorageClient
 from waltz_server.storage_node.testing import StorageNodeProcess, make_record
@@ -918,6 +918,34 @@ class SystemSuite:
         finally:
             if not harness.storage[victim].alive:
                 await harness.restart_storage_node(victim)
+        await check_invariants(harness, writers.writers)
+
+    @requires(PROCESSES)
+    async def test_every_storage_node_killed_at_once_keeps_every_acknowledged_transaction(
+        self, harness: SystemHarness
+    ) -> None:
+        """kill -9 of all storage nodes while appending (a power cut): acknowledged means
+        on a majority's disk, so all of it is there after the restart."""
+        writers = Writers(harness)
+        writers.start()
+        try:
+            await writers.progress(50, TIMEOUT, "first acknowledgements")
+            for index in range(harness.num_storage_nodes):
+                await harness.kill_storage_node(index)
+            acknowledged = [set(w.acknowledged) for w in writers.writers]
+            for index in range(harness.num_storage_nodes):
+                await harness.restart_storage_node(index)
+            await writers.progress(50, TIMEOUT, "progress after the restart")
+            await writers.stop()
+        except BaseException:
+            await writers.cancel()
+            raise
+        finally:
+            for index, member in enumerate(harness.storage):
+                if not member.alive:
+                    await harness.restart_storage_node(index)
+        for writer, before in zip(writers.writers, acknowledged, strict=True):
+            assert before <= writer.acknowledged
         await check_invariants(harness, writers.writers)
 
     async def test_a_server_killed_while_appending_moves_its_partitions_and_is_fenced(
