@@ -225,3 +225,42 @@ async def test_a_client_that_does_not_read_never_grows_server_memory(
         await stalled_conn.close()
     finally:
         await server.close()
+
+
+async def test_reads_on_a_partition_not_yet_recovered_wait_for_its_real_mark(
+    cluster: InProcessCluster,
+) -> None:
+    """Before its first recovery a partition's mark is unknown: a high-water mark or a
+    range read is answered once recovered, never with -1 (an empty partition)."""
+    first = await start_server(cluster, "first")
+    try:
+        await first.add_partition(0, 1, cluster.replica_nodes)
+        await first.partitions[0].store.wait_ready(TIMEOUT)
+        client = await RawClient.connect(cluster.client_transport, first.endpoint, "client:1")
+        for i in range(10):
+            await client.send(append(client, 1, b"t%d" % i))
+        await client.send(FlushRequest(client.rid(1)))
+        assert (await client.wait(FlushResponse))[0].transaction_id == 9
+        await client.close()
+    finally:
+        await first.close()
+    # a majority of the storage is down: the next owner cannot recover yet
+    for node in cluster.nodes[:2]:
+        await node.crash()
+    second = await start_server(cluster, "second")
+    try:
+        await second.add_partition(0, 2, cluster.replica_nodes)
+        reader = await RawClient.connect(cluster.client_transport, second.endpoint, "client:2")
+        await reader.send(HighWaterMarkRequest(reader.rid(2, 0, 2)))
+        await reader.send(RangeReadRequest(reader.rid(2, 0, 2), 0, 100, 1 << 20))
+        await asyncio.sleep(0.5)
+        assert not reader.of(HighWaterMarkResponse) and not reader.of(RangeReadResponse)
+        for node in cluster.nodes[:2]:
+            await node.start()
+        assert (await reader.wait(HighWaterMarkResponse))[0].transaction_id == 9
+        ranged = (await reader.wait(RangeReadResponse))[0]
+        assert ranged.high_water_mark == 9
+        assert [r.data for r in ranged.records] == [b"t%d" % i for i in range(10)]
+        await reader.close()
+    finally:
+        await second.close()

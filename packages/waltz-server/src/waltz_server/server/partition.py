@@ -238,7 +238,10 @@ class Partition:
         elif isinstance(message, FeedRequest):
             self._start_feed(stream, message.req_id, message.client_high_water_mark, None)
         elif isinstance(message, HighWaterMarkRequest):
-            stream.post(HighWaterMarkResponse(message.req_id, self.high_water_mark))
+            if self.ready:
+                stream.post(HighWaterMarkResponse(message.req_id, self.high_water_mark))
+            else:
+                self._spawn(self._answer_high_water_mark(message, stream), "hwm")
         elif isinstance(message, TransactionDataRequest | RangeReadRequest):
             await self._reads.acquire()
             self._spawn(self._read(message, stream), f"read-{self.partition_id}")
@@ -467,17 +470,53 @@ class Partition:
             else:
                 count = max(0, min(message.max_records, self.config.max_range_records))
                 size = max(1, min(message.max_bytes, self.config.max_range_bytes))
-                high_water_mark = self.high_water_mark
+                high_water_mark = await self._recovered_high_water_mark()
                 records: list[Record] = []
                 if message.start_transaction_id <= high_water_mark and count:
                     records = await self.store.read_committed(
                         message.start_transaction_id, count, size
                     )
                 stream.post(RangeReadResponse(message.req_id, high_water_mark, tuple(records)))
+        except TimeoutError:
+            stream.post(
+                ErrorResponse(
+                    message.req_id,
+                    ErrorCode.SERVER_BUSY,
+                    f"partition {self.partition_id} did not recover within "
+                    f"{self.config.mount_timeout}s; retry the read",
+                )
+            )
         except WaltzError as exc:
             stream.post(ErrorResponse(message.req_id, ErrorCode.GENERIC, str(exc)))
         finally:
             self._reads.release()
+
+    async def _recovered_high_water_mark(self) -> int:
+        """The high-water mark once the partition is recovered: before its first
+        recovery it is unknown (-1 would tell a reader the partition is empty)."""
+        if not self.ready:
+            await self.store.wait_ready(self.config.mount_timeout)
+        return self.high_water_mark
+
+    async def _answer_high_water_mark(
+        self, message: HighWaterMarkRequest, stream: ClientStream
+    ) -> None:
+        try:
+            high_water_mark = await self._recovered_high_water_mark()
+        except TimeoutError:
+            stream.post(
+                ErrorResponse(
+                    message.req_id,
+                    ErrorCode.SERVER_BUSY,
+                    f"partition {self.partition_id} did not recover within "
+                    f"{self.config.mount_timeout}s; retry",
+                )
+            )
+            return
+        except WaltzError as exc:
+            stream.post(ErrorResponse(message.req_id, ErrorCode.GENERIC, str(exc)))
+            return
+        stream.post(HighWaterMarkResponse(message.req_id, high_water_mark))
 
     async def _transaction_data(self, message: TransactionDataRequest) -> TransactionDataResponse:
         transaction_id = message.transaction_id
