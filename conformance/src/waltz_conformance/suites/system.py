@@ -525,19 +525,39 @@ class PartitionClient:
 
 
 async def read_log(harness: SystemHarness, partition: int) -> list[Record]:
-    """The committed log of ``partition``, in bulk from its current owner."""
+    """The committed log of ``partition``, in bulk from its current owner (asked again
+    when the partition moves meanwhile)."""
+    failures: list[str] = []
+    for _ in range(20):
+        try:
+            return await _read_log_once(harness, partition)
+        except (WaltzError, TimeoutError, OSError) as exc:
+            failures.append(f"{type(exc).__name__}: {exc}"[:200])
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"could not read the log of partition {partition}: {failures[-3:]}")
+
+
+async def _read_log_once(harness: SystemHarness, partition: int) -> list[Record]:
     assert harness.client_transport is not None
     _, endpoint, generation = await harness.owner(partition)
     client = await RawClient.connect(harness.client_transport, endpoint, "checker")
     try:
         records: list[Record] = []
+        loop = asyncio.get_running_loop()
         for _ in range(100_000):
             request = RangeReadRequest(
                 ReqId(999, generation, partition, len(records)), len(records), 500, 1 << 20
             )
-            count = client.counts[RangeReadResponse]
+            count, errors = client.counts[RangeReadResponse], client.counts[ErrorResponse]
             await client.send(request)
-            response = (await client.wait(RangeReadResponse, count + 1, timeout=TIMEOUT))[-1]
+            deadline = loop.time() + TIMEOUT
+            while client.counts[RangeReadResponse] == count:
+                if client.counts[ErrorResponse] > errors:
+                    raise WaltzError(f"range read refused: {client.of(ErrorResponse)[-1]}")
+                if client.closed or loop.time() > deadline:
+                    raise WaltzError("no answer to a range read")
+                await client.changed(0.1)
+            response = client.of(RangeReadResponse)[-1]
             records.extend(response.records)
             if not response.records or len(records) > response.high_water_mark:
                 break
