@@ -404,7 +404,11 @@ class WaltzStreamReader(DataSourceStreamReader):
             reader = self._log()
             return {str(p): self.settings.start - 1 for p in self.settings.chosen(reader)}
 
-    def latestOffset(self) -> dict[str, int]:
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, int]:
+        """The committed high-water marks (Spark 4.2+ passes ``start`` and a read limit;
+        the source has no admission control: every micro-batch reads all available)."""
         marks = self._marks()
         if self.settings.end is not None:
             marks = {p: min(m, self.settings.end - 1) for p, m in marks.items()}
