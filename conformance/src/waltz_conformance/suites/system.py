@@ -22,7 +22,8 @@ With ``processes=True`` every storage node and server is a real child process
 (``waltz storage`` / ``waltz server``), killed with SIGKILL and restarted by
 pid, and the harness declares the capability ``"processes"``. Otherwise they
 run in the test's event loop: a storage node "crash" drops its transport
-without a goodbye, a server "kill" stops its tasks.
+without a goodbye, a server "kill" drops its connections the same way and
+stops its tasks (a graceful deregistration, so its partitions move at once).
 
 The suite needs the Waltz server package (``waltz_server``): it is the system
 under test.
@@ -205,6 +206,11 @@ class _ServerInLoop(_Member):
     async def kill(self) -> None:
         if self.running is not None:
             running, self.running = self.running, None
+            # its connections drop without a goodbye, then its tasks stop (and its
+            # registration goes: partitions move without waiting for the session timeout)
+            crash = getattr(running.transport, "simulate_crash", None)
+            if crash is not None:
+                crash()
             await running.stop()
 
     @property
