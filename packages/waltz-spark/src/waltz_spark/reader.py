@@ -13,13 +13,12 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from waltz_api import wire
 from waltz_api.cluster import ClusterMetadata, PartitionAssignment, coordination_from_uri
-from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import ConfigError, ServerError, TransportError, WaltzError
 from waltz_api.messages import (
@@ -87,8 +86,7 @@ class LogReader:
         self.retry_interval = retry_interval
         self._runner = asyncio.Runner()
         self._transport: Transport | None = None
-        self._coordination: Coordination | None = None
-        self._metadata: ClusterMetadata | None = None
+        self._num_partitions: int | None = None
         self._connections: dict[str, tuple[Connection, wire.ProtocolConnection]] = {}
         self._known: dict[int, Endpoint] = {}
         self._seq = itertools.count(1)
@@ -121,8 +119,6 @@ class LogReader:
         self._connections.clear()
         if self._transport is not None:
             await self._transport.close()
-        if self._coordination is not None:
-            await self._coordination.close()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
@@ -140,28 +136,34 @@ class LogReader:
 
     # -- cluster ----------------------------------------------------------------------------
 
-    async def _meta(self) -> ClusterMetadata:
-        if self._metadata is None:
-            coordination = coordination_from_uri(self.uri)
-            await coordination.start()
-            self._coordination = coordination
-            self._metadata = ClusterMetadata(coordination)
-        return self._metadata
+    async def _ask(self, question: Callable[[ClusterMetadata], Awaitable[T]]) -> T:
+        """One coordination session per question: a blocking reader's loop does not run
+        between calls, so a session kept open would expire unseen."""
+        coordination = coordination_from_uri(self.uri)
+        await coordination.start()
+        try:
+            return await question(ClusterMetadata(coordination))
+        finally:
+            await coordination.close()
 
     def num_partitions(self) -> int:
-        async def read() -> int:
-            return (await (await self._meta()).config()).num_partitions
+        if self._num_partitions is None:
 
-        return self._run(read())
+            async def count(metadata: ClusterMetadata) -> int:
+                return (await metadata.config()).num_partitions
+
+            self._num_partitions = self._run(self._ask(count))
+        return self._num_partitions
 
     def locate(self, partition_id: int) -> Endpoint:
         """The partition's current server (from coordination)."""
         return self._run(self._locate(partition_id))
 
     async def _locate(self, partition_id: int) -> Endpoint:
-        assignment: PartitionAssignment = (
-            await (await self._meta()).partition_assignment(partition_id)
-        ).value
+        async def owner(metadata: ClusterMetadata) -> PartitionAssignment:
+            return (await metadata.partition_assignment(partition_id)).value
+
+        assignment = await self._ask(owner)
         found = Endpoint(assignment.endpoint, assignment.generation)
         self._known[partition_id] = found
         return found
