@@ -39,6 +39,7 @@ import re
 import shutil
 import socket
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,18 +118,21 @@ def _toml(config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class _Member:
+class _Member(ABC):
     """One storage node or server of the harness, in a process or in the loop."""
 
+    @abstractmethod
     async def start(self) -> None:
-        raise NotImplementedError
+        """Start (or restart) the member."""
 
+    @abstractmethod
     async def kill(self) -> None:
-        raise NotImplementedError
+        """Stop it abruptly (kill -9 for a process)."""
 
     @property
+    @abstractmethod
     def alive(self) -> bool:
-        raise NotImplementedError
+        """True while it runs."""
 
 
 @dataclass
