@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from waltz_conformance.suites.system import PROCESSES, SystemHarness, SystemSuite
+from waltz_conformance.suites.system import PROCESSES, VOTER_SWEEP, SystemHarness, SystemSuite
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -37,6 +37,9 @@ async def harness(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[SystemHarness]:
     coordination: str = request.cls.coordination
+    # The 1/2/4/5-voter sweep runs in-process and on ZooKeeper; the voting it checks
+    # does not depend on the coordination plugin, and each process sweep costs a minute.
+    capabilities = {VOTER_SWEEP} if coordination in ("memory", "zk") else set()
     if coordination == "memory":
         made = SystemHarness(
             name="memory",
@@ -44,6 +47,7 @@ async def harness(
             transport="memory",
             storage_engine="memory",
             session_timeout=2.0,
+            capabilities=frozenset(capabilities),
         )
     else:
         workdir = tmp_path_factory.mktemp(f"system-{coordination}")
@@ -54,6 +58,7 @@ async def harness(
             storage_engine="fs",
             processes=True,
             workdir=workdir,
+            capabilities=frozenset(capabilities),
         )
     await made.start()
     try:

@@ -78,6 +78,11 @@ log = logging.getLogger(__name__)
 PROCESSES = "processes"
 """Capability: storage nodes and servers are real processes (kill -9, restart by pid)."""
 
+VOTER_SWEEP = "voter_sweep"
+"""Capability: the harness may build extra clusters of 1, 2, 4 and 5 storage nodes
+(about a minute with real processes). The voting logic does not depend on the
+plugin combination, so a suite run may declare it for one combination only."""
+
 TIMEOUT = 90.0
 RANGE_READ_TIMEOUT = 15.0
 
@@ -1105,6 +1110,7 @@ class SystemSuite:
     # (replicas added, removed and replaced, and exact vote counts over preloaded
     # logs, are covered by waltz-server's fake-node tests)
 
+    @requires(VOTER_SWEEP)
     async def test_one_to_five_voters_recover_without_losing_anything(
         self, harness: SystemHarness
     ) -> None:
