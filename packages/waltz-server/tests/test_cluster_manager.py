@@ -4,6 +4,7 @@ memory reference coordination and on a real ZooKeeper (sessions expired for real
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import random
@@ -27,7 +28,7 @@ from waltz_api.cluster import (
     coordination_from_uri,
 )
 from waltz_api.contracts.coordination import Coordination, SessionState
-from waltz_api.errors import ClusterNotFoundError, ConfigError
+from waltz_api.errors import BadVersionError, ClusterNotFoundError, ConfigError
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
 from waltz_conformance.suites.coordination import eventually
 from waltz_server.observability import ServerMetrics, new_registry
@@ -321,6 +322,9 @@ async def test_three_servers_share_and_generations_bump_only_on_moves(backend: B
     await backend.create(7)
     a = await backend.manager("a")
     await wait_converged(backend, [a], 7)
+    # Read what a was told (its gains): events coalesce, so a partition gained and lost
+    # before the consumer looked would yield nothing at all.
+    assert sorted(e.partition_id for e in drain(a)) == list(range(7))
     b = await backend.manager("b")
     before = await assignments(backend)
     after = await wait_converged(backend, [a, b], 7)
@@ -734,3 +738,124 @@ async def test_random_membership_changes_keep_the_invariants(seed: int) -> None:
         for manager in backend.managers:
             await manager.stop()
         await admin_client.close()
+
+
+# -- bounded, coalescing events -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_partition_events_coalesce_and_stay_bounded(seed: int) -> None:
+    """Thousands of random gains and losses with a consumer that reads now and then: never
+    more than two pending events per partition; every event the consumer reads is valid
+    for what it was told before (a loss ends exactly the gain it got, with the reason of
+    the first loss since); once drained, it holds exactly what the manager holds."""
+    from waltz_server.server.cluster_manager import PartitionEvents
+
+    rng = random.Random(seed)
+    partitions = 16
+    events = PartitionEvents()
+    held: dict[int, tuple[int, int]] = {}
+    generation = dict.fromkeys(range(partitions), 0)
+    told: dict[int, tuple[int, int]] = {}
+    first_loss: dict[int, LossReason] = {}  # the first loss since the consumer's last gain
+
+    def consume(limit: int) -> None:
+        for _ in range(limit):
+            if events.empty():
+                return
+            event = events.get_nowait()
+            p = event.partition_id
+            if isinstance(event, PartitionLost):
+                assert told.pop(p) == (event.generation, event.server_id)
+                assert event.reason is first_loss.pop(p)
+            else:
+                assert p not in told and held[p] == (event.generation, event.server_id)
+                told[p] = (event.generation, event.server_id)
+
+    for _ in range(5000):
+        p = rng.randrange(partitions)
+        if p in held:
+            reason = rng.choice(list(LossReason))
+            gen, sid = held.pop(p)
+            events.put(PartitionLost(p, gen, sid, reason))
+            if p in told:
+                first_loss.setdefault(p, reason)
+        else:
+            generation[p] += 1
+            held[p] = (generation[p], rng.choice([1, 2]))
+            events.put(PartitionGained(p, *held[p]))
+        # A gain straight after a loss of the same holding ends the old holding for good.
+        if p in told and held.get(p) == told[p]:
+            first_loss.pop(p, None)
+        assert events.qsize() <= 2 * partitions
+        if rng.random() < 0.05:
+            consume(rng.randrange(1, 6))
+    consume(10 * partitions)
+    assert events.empty() and told == held
+    assert events.peak <= 2 * partitions
+    with pytest.raises(asyncio.QueueEmpty):
+        events.get_nowait()
+
+
+@pytest.mark.parametrize("backend", ["local"], indirect=True)
+async def test_assignment_burst_is_coalesced(backend: Backend) -> None:
+    """Hundreds of assignment changes while one server's consumer does not read and
+    another's is blocked in its handler: what waits stays within two events per
+    partition, and once read, both hold exactly the final assignment."""
+    partitions = 6
+    await backend.create(partitions)
+    a = await backend.manager("a")  # the leader; nobody reads its events
+    await wait_converged(backend, [a], partitions)
+    release = asyncio.Event()
+    b_view: dict[int, int] = {}
+    b_seen: list[PartitionEvent] = []
+
+    async def blocked(event: PartitionEvent) -> None:
+        await release.wait()
+        b_seen.append(event)
+        if isinstance(event, PartitionGained):
+            assert event.partition_id not in b_view
+            b_view[event.partition_id] = event.generation
+        else:
+            assert b_view.pop(event.partition_id) == event.generation
+
+    b = ClusterManager(backend.factory, "tcp://127.0.0.1/b", on_event=blocked)
+    backend.managers.append(b)
+    await b.start()
+    await wait_converged(backend, [a, b], partitions)
+    # The burst: the partitions are thrown to a server that does not exist, over and over;
+    # the leader gives each back at once (a generation bump per write).
+    writes = 0
+    for round_ in range(25):
+        for p in range(partitions):
+            stored = await backend.admin.partition_assignment(p)
+            with contextlib.suppress(BadVersionError):
+                await backend.admin.assign_partition(
+                    p, 10_000 + round_, "tcp://nowhere", expected_version=stored.version
+                )
+                writes += 1
+            assert a.events.qsize() <= 2 * partitions and b.events.qsize() <= 2 * partitions
+    assert writes >= partitions * 10
+    final = await wait_converged(backend, [a, b], partitions)
+    assert any(s.generation > 20 for s in final.values())
+    assert a.events.peak <= 2 * partitions and b.events.peak <= 2 * partitions
+    # a reads now: the net effect per partition, at most a loss and a gain.
+    a_view: dict[int, int] = {}
+    per_partition: dict[int, int] = {}
+    for event in drain(a):
+        per_partition[event.partition_id] = per_partition.get(event.partition_id, 0) + 1
+        if isinstance(event, PartitionGained):
+            a_view[event.partition_id] = event.generation
+        else:
+            a_view.pop(event.partition_id, None)
+    assert max(per_partition.values()) <= 2
+    assert (
+        a_view
+        == a.owned
+        == {p: s.generation for p, s in final.items() if s.server_id == a.server_id}
+    )
+    # b's handler goes on: it ends up with exactly what b holds, in few events.
+    release.set()
+    await eventually(lambda: b_view == b.owned, CONVERGE, "b's handler catches up")
+    assert b_view == {p: s.generation for p, s in final.items() if s.server_id == b.server_id}
+    assert len(b_seen) <= 4 * partitions

@@ -13,8 +13,10 @@ Every server runs one :class:`ClusterManager`. It
   bumps the partition's generation; a partition is written only when it moves;
 - watches every partition's assignment and tells its owner what it gained
   (:class:`PartitionGained`, with the generation) and lost
-  (:class:`PartitionLost`), in order, through an ``asyncio.Queue``
-  (:attr:`ClusterManager.events`) or an async callback (``on_event``).
+  (:class:`PartitionLost`), in order, through a bounded, coalescing
+  :class:`PartitionEvents` (:attr:`ClusterManager.events`: at most two pending
+  events per partition, however fast the assignment churns) or an async
+  callback (``on_event``).
 
 Session-state rules (:class:`waltz_api.contracts.coordination.SessionState`):
 
@@ -38,9 +40,8 @@ import contextlib
 import enum
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from waltz_api.cluster import (
     NO_SERVER,
@@ -96,6 +97,109 @@ class PartitionLost:
 PartitionEvent = PartitionGained | PartitionLost
 EventHandler = Callable[[PartitionEvent], Awaitable[None]]
 CoordinationFactory = Callable[[], Coordination]
+
+
+class PartitionEvents:
+    """A manager's gains and losses for its consumer: bounded, coalescing, in order.
+
+    Not a queue of every change: it keeps what the manager holds and what the
+    consumer has been told it holds (partition -> generation and server id), and
+    hands out the events that take the consumer from the second to the first.
+    A partition that changes many times before the consumer looks yields at most
+    two events (the loss of what the consumer was told, the gain of what is held
+    now), so its size is at most twice the number of partitions however long the
+    consumer is away or however fast the assignment churns.
+
+    Order: every pending loss comes before every pending gain (closing early and
+    opening late are both safe), each in the order the partitions first changed;
+    for one partition a :class:`PartitionLost` always ends the
+    :class:`PartitionGained` the consumer got before it, at that generation, with
+    the reason of the first loss since.
+
+    The consumer side mirrors ``asyncio.Queue``: :meth:`get`, :meth:`get_nowait`
+    (``asyncio.QueueEmpty`` when nothing is pending), :meth:`empty`, :meth:`qsize`.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[int, int]] = {}  # partition -> (generation, server id)
+        self._told: dict[int, tuple[int, int]] = {}
+        self._losses: dict[int, LossReason] = {}  # insertion-ordered: the order of change
+        self._gains: dict[int, None] = {}
+        self._reasons: dict[int, LossReason] = {}
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self.peak = 0
+        """The most events ever pending at once (for tests and figures)."""
+
+    def put(self, event: PartitionEvent) -> None:
+        """Record a change of what the manager holds (never blocks, never grows past
+        two entries per partition)."""
+        partition = event.partition_id
+        if isinstance(event, PartitionGained):
+            self._held[partition] = (event.generation, event.server_id)
+        else:
+            self._held.pop(partition, None)
+            if partition in self._told:
+                self._reasons.setdefault(partition, event.reason)
+        self._refresh(partition)
+        self.peak = max(self.peak, self.qsize())
+        self._wakeup.set()
+
+    def _refresh(self, partition: int) -> None:
+        told, held = self._told.get(partition), self._held.get(partition)
+        if told is not None and told != held:
+            self._losses.setdefault(partition, self._reasons.get(partition, LossReason.MOVED))
+        else:
+            self._losses.pop(partition, None)
+            self._reasons.pop(partition, None)
+        if held is not None and told != held:
+            self._gains.setdefault(partition, None)
+        else:
+            self._gains.pop(partition, None)
+
+    def qsize(self) -> int:
+        """How many events are pending (at most twice the number of partitions)."""
+        return len(self._losses) + len(self._gains)
+
+    def empty(self) -> bool:
+        return not self._losses and not self._gains
+
+    def get_nowait(self) -> PartitionEvent:
+        """The next event; ``asyncio.QueueEmpty`` when none is pending."""
+        if self._losses:
+            partition = next(iter(self._losses))
+            del self._losses[partition]
+            generation, server_id = self._told.pop(partition)
+            reason = self._reasons.pop(partition, LossReason.MOVED)
+            self._refresh(partition)
+            return PartitionLost(partition, generation, server_id, reason)
+        if self._gains:
+            partition = next(iter(self._gains))
+            del self._gains[partition]
+            self._told[partition] = held = self._held[partition]
+            return PartitionGained(partition, held[0], held[1])
+        raise asyncio.QueueEmpty
+
+    async def get(self) -> PartitionEvent:
+        """Wait for the next event."""
+        while self.empty():
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self.get_nowait()
+
+    async def next_or_none(self) -> PartitionEvent | None:
+        """The next event, or None once :meth:`close` was called and nothing is pending."""
+        while self.empty():
+            if self._closed:
+                return None
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self.get_nowait()
+
+    def close(self) -> None:
+        """No more changes come: :meth:`next_or_none` returns None once drained."""
+        self._closed = True
+        self._wakeup.set()
 
 
 # -- the assignment -----------------------------------------------------------------------------
@@ -221,9 +325,9 @@ class ClusterManager:
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
         self._settle_delay = settle_delay
-        self.events: asyncio.Queue[PartitionEvent] = asyncio.Queue()
-        """Gains and losses in order (unless ``on_event`` consumes them). Its length is
-        bounded by twice the number of partitions per assignment change."""
+        self.events = PartitionEvents()
+        """Gains and losses in order (unless ``on_event`` consumes them), coalesced: at
+        most two pending events per partition, however fast the assignment changes."""
 
         self._client: Coordination | None = None
         self._meta: ClusterMetadata | None = None
@@ -237,10 +341,10 @@ class ClusterManager:
         self._live_ids: list[int] = []
         self._watches: list[Watch] = []
         self._rebalance = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._leader_task: asyncio.Task[None] | None = None
         self._dispatch_task: asyncio.Task[None] | None = None
         self._reregister_task: asyncio.Task[None] | None = None
+        self._resync_task: asyncio.Task[None] | None = None
         self._started = False
         self._stopped = False
         self.registrations = 0
@@ -315,15 +419,18 @@ class ClusterManager:
         self._leader = False
         self._cancel_watches()
         self._drop_all(LossReason.STOPPED)
-        tasks = [t for t in (self._leader_task, self._reregister_task) if t is not None]
-        tasks.extend(self._tasks)
+        tasks = [
+            t
+            for t in (self._leader_task, self._reregister_task, self._resync_task)
+            if t is not None
+        ]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
         if self._dispatch_task is not None:
-            self.events.put_nowait(_STOP)
+            self.events.close()
             try:
                 await asyncio.wait_for(asyncio.shield(self._dispatch_task), drain_timeout)
             except (TimeoutError, asyncio.CancelledError):
@@ -437,7 +544,10 @@ class ClusterManager:
             log.info(
                 "server %d: coordination reconnected; re-reading the assignment", self._server_id
             )
-            self._spawn(self._resync(epoch))
+            # One re-read at a time: a flapping connection restarts it, never piles them up.
+            if self._resync_task is not None:
+                self._resync_task.cancel()
+            self._resync_task = asyncio.create_task(self._resync(epoch), name="cluster-resync")
         elif state is SessionState.LOST:
             self._on_lost()
 
@@ -529,20 +639,15 @@ class ClusterManager:
         log.info("server %d: %s", event.server_id, event)
         if self._metrics is not None:
             self._metrics.partitions_owned.set(len(self._owned))
-        self.events.put_nowait(event)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.events.put(event)
 
     async def _dispatch(self) -> None:
         handler = self._on_event
         if handler is None:
             return
         while True:
-            event = await self.events.get()
-            if event is _STOP:
+            event = await self.events.next_or_none()
+            if event is None:
                 return
             try:
                 await handler(event)
@@ -616,6 +721,3 @@ class ClusterManager:
                 self._metrics.assignment_changes.inc()
             if self._on_leader_write is not None:
                 self._on_leader_write(stored.value)
-
-
-_STOP: Any = object()
