@@ -98,6 +98,11 @@ class ReplicaAssignments:
 
     num_replicas: int
     storage: Mapping[str, tuple[int, ...]]
+    groups: Mapping[str, int] = field(default_factory=dict)
+    """The group of each storage node (0 when not set): a placement hint for operators."""
+
+    def group_of(self, storage_node: str) -> int:
+        return int(self.groups.get(storage_node, 0))
 
     def partitions_of(self, storage_node: str) -> tuple[int, ...]:
         return tuple(self.storage.get(storage_node, ()))
@@ -222,6 +227,9 @@ def encode_replica_assignments(assignments: ReplicaAssignments) -> bytes:
         {
             "replicas": assignments.num_replicas,
             "storage": {node: list(parts) for node, parts in sorted(assignments.storage.items())},
+            "groups": {
+                node: group for node, group in sorted(assignments.groups.items()) if group != 0
+            },
         },
     )
 
@@ -233,6 +241,7 @@ def decode_replica_assignments(
     return ReplicaAssignments(
         int(doc["replicas"]),
         {str(node): tuple(int(p) for p in parts) for node, parts in doc["storage"].items()},
+        {str(node): int(group) for node, group in dict(doc.get("groups", {})).items()},
     )
 
 
@@ -502,6 +511,183 @@ class ClusterMetadata:
         found = await self._require(REPLICA_ASSIGNMENT_PATH)
         return decode_replica_assignments(found.value)
 
+    async def watch_replica_assignments(
+        self, callback: Callable[[ReplicaAssignments | None], Awaitable[None] | None]
+    ) -> Watch:
+        """Call ``callback`` with the replica assignments now and after every change."""
+
+        def on_value(value: Versioned | None) -> Awaitable[None] | None:
+            return callback(None if value is None else decode_replica_assignments(value.value))
+
+        return await self.coordination.watch(REPLICA_ASSIGNMENT_PATH, on_value)
+
+    # -- membership changes (compare-and-set on /store/assignment) ------------------------------
+
+    async def _change_assignments(
+        self,
+        change: Callable[[ReplicaAssignments], ReplicaAssignments | None],
+        *,
+        max_attempts: int = DEFAULT_CAS_ATTEMPTS,
+    ) -> ReplicaAssignments:
+        """Read the assignments, apply ``change`` and CAS, retrying on a concurrent change
+        (bounded). ``change`` returns None when there is nothing to do (idempotent
+        calls), or raises to refuse."""
+        for _ in range(max_attempts):
+            found = await self._require(REPLICA_ASSIGNMENT_PATH)
+            current = decode_replica_assignments(found.value)
+            new = change(current)
+            if new is None:
+                return current
+            try:
+                await self.coordination.set(
+                    REPLICA_ASSIGNMENT_PATH,
+                    encode_replica_assignments(new),
+                    expected_version=found.version,
+                )
+            except BadVersionError:
+                continue
+            return new
+        raise CoordinationError(
+            f"the replica assignments kept changing: no compare-and-set succeeded in "
+            f"{max_attempts} attempts; try again"
+        )
+
+    async def add_storage_node(self, connect: str, group: int = 0) -> ReplicaAssignments:
+        """Make a storage node (``host:port``) known to the cluster, holding no replica
+        yet (give it some with :meth:`add_replica`). Adding a node that is already
+        known in the same group does nothing; in another group it is refused."""
+        node = validate_storage_node(connect)
+        if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+            raise ConfigError(
+                f"storage node group must be a non-negative integer, got {group!r}", key="group"
+            )
+        await self.config()
+
+        def change(current: ReplicaAssignments) -> ReplicaAssignments | None:
+            if node in current.storage:
+                if current.group_of(node) == group:
+                    return None
+                raise ConfigError(
+                    f"storage node {node} is already in group {current.group_of(node)}, "
+                    f"not {group}; remove it first to move it to another group",
+                    key="group",
+                )
+            groups = dict(current.groups)
+            if group:
+                groups[node] = group
+            return replace(current, storage={**current.storage, node: ()}, groups=groups)
+
+        added = await self._change_assignments(change)
+        log.info("storage node %s (group %d) is part of the cluster", node, group)
+        return added
+
+    async def remove_storage_node(self, connect: str, *, force: bool = False) -> ReplicaAssignments:
+        """Forget a storage node. Refused while it still holds replicas, unless
+        ``force``: then its replicas are dropped too, but never the last replica of
+        a partition (move that one first with :meth:`add_replica`/:meth:`remove_replica`)."""
+        node = validate_storage_node(connect)
+
+        def change(current: ReplicaAssignments) -> ReplicaAssignments | None:
+            if node not in current.storage:
+                raise ConfigError(
+                    f"storage node {node} is not part of the cluster (known: "
+                    f"{', '.join(sorted(current.storage)) or 'none'})",
+                    key="storage",
+                )
+            held = current.partitions_of(node)
+            if held and not force:
+                raise ConfigError(
+                    f"storage node {node} still holds replicas of partitions "
+                    f"{list(held)}; move them to other nodes first (add_replica, then "
+                    "remove_replica), or force the removal",
+                    key="storage",
+                )
+            alone = [p for p in held if current.replicas_of(p) == [node]]
+            if alone:
+                raise ConfigError(
+                    f"storage node {node} holds the only replica of partitions {alone}; "
+                    "add a replica on another node first (even a forced removal keeps "
+                    "at least one replica per partition)",
+                    key="storage",
+                )
+            storage = {n: p for n, p in current.storage.items() if n != node}
+            groups = {n: g for n, g in current.groups.items() if n != node}
+            return replace(current, storage=storage, groups=groups)
+
+        removed = await self._change_assignments(change)
+        log.info("storage node %s removed from the cluster", node)
+        return removed
+
+    async def _check_partition(self, partition_id: int) -> None:
+        config = await self.config()
+        if (
+            isinstance(partition_id, bool)
+            or not isinstance(partition_id, int)
+            or not 0 <= partition_id < config.num_partitions
+        ):
+            raise ConfigError(
+                f"partition {partition_id!r} does not exist: the cluster has partitions "
+                f"0..{config.num_partitions - 1}",
+                key="partition",
+            )
+
+    async def add_replica(self, partition_id: int, storage_node: str) -> ReplicaAssignments:
+        """Place a replica of ``partition_id`` on ``storage_node`` (a node known through
+        :meth:`add_storage_node`). The partition's owner starts a new store session
+        over the new replica set; the new replica is caught up in the background and
+        counts toward the quorum once caught up. Adding a replica the node already
+        holds does nothing."""
+        node = validate_storage_node(storage_node)
+        await self._check_partition(partition_id)
+
+        def change(current: ReplicaAssignments) -> ReplicaAssignments | None:
+            if node not in current.storage:
+                raise ConfigError(
+                    f"storage node {node} is not part of the cluster; add it first "
+                    "(add_storage_node / `waltz cluster add-storage-node`)",
+                    key="storage",
+                )
+            held = current.partitions_of(node)
+            if partition_id in held:
+                return None
+            storage = dict(current.storage)
+            storage[node] = tuple(sorted((*held, partition_id)))
+            return replace(current, storage=storage)
+
+        added = await self._change_assignments(change)
+        log.info("partition %d: replica added on %s", partition_id, node)
+        return added
+
+    async def remove_replica(self, partition_id: int, storage_node: str) -> ReplicaAssignments:
+        """Drop the replica of ``partition_id`` on ``storage_node``: the partition's
+        owner starts a new store session without it and no longer writes it (its
+        data stays on the node). Refused for a replica the node does not hold and
+        for the partition's last replica."""
+        node = validate_storage_node(storage_node)
+        await self._check_partition(partition_id)
+
+        def change(current: ReplicaAssignments) -> ReplicaAssignments | None:
+            holders = current.replicas_of(partition_id)
+            if node not in holders:
+                raise ConfigError(
+                    f"storage node {node} holds no replica of partition {partition_id} "
+                    f"(its replicas: {', '.join(holders) or 'none'})",
+                    key="storage",
+                )
+            if len(holders) <= 1:
+                raise ConfigError(
+                    f"{node} holds the last replica of partition {partition_id}; add "
+                    "another replica first (a partition keeps at least one)",
+                    key="storage",
+                )
+            storage = dict(current.storage)
+            storage[node] = tuple(p for p in current.partitions_of(node) if p != partition_id)
+            return replace(current, storage=storage)
+
+        removed = await self._change_assignments(change)
+        log.info("partition %d: replica on %s removed", partition_id, node)
+        return removed
+
     async def _require(self, path: str) -> Versioned:
         found = await self.coordination.get(path)
         if found is None:
@@ -703,6 +889,7 @@ class ClusterMetadata:
             "partitions": config.num_partitions,
             "replicas": config.num_replicas,
             "storage": {n: list(p) for n, p in sorted(assignments.storage.items())},
+            "groups": {n: assignments.group_of(n) for n in sorted(assignments.storage)},
             "servers": [
                 {"server_id": s.server_id, "endpoint": s.endpoint} for s in await self.servers()
             ],
