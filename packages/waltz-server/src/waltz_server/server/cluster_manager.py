@@ -5,6 +5,10 @@ Every server runs one :class:`ClusterManager`. It
 - registers the server (an ephemeral ``/servers/<id>`` entry carrying its
   endpoint and preferred partitions; a fresh id at every registration, so a
   server that comes back is a new member and its old partitions have moved);
+- watches the operators' preferred partition overrides
+  (:mod:`waltz_server.server.preferred`, per endpoint, persistent): an override
+  replaces the preferences a server registered, and a change makes the leader
+  recompute the assignment;
 - watches the live servers: the live server with the lowest id is the leader;
   the leader computes the assignment (:func:`compute_assignment`: preferred
   partitions to the live server preferring them, the rest balanced, as few
@@ -59,6 +63,7 @@ from waltz_api.errors import (
     WaltzError,
 )
 from waltz_server.observability import ServerMetrics
+from waltz_server.server.preferred import Overrides, PreferredPartitionStore, apply_overrides
 
 log = logging.getLogger(__name__)
 
@@ -479,6 +484,11 @@ class ClusterManager:
             self._watches.append(
                 await meta.watch_server_ids(lambda ids: self._on_server_ids(epoch, ids))
             )
+            self._watches.append(
+                await PreferredPartitionStore(client).watch(
+                    lambda overrides: self._on_overrides(epoch, overrides)
+                )
+            )
             for partition in range(config.num_partitions):
                 self._watches.append(
                     await meta.watch_partition_assignment(
@@ -582,6 +592,16 @@ class ClusterManager:
             return
         self._rebalance.set()
 
+    def _on_overrides(self, epoch: int, overrides: Overrides) -> None:
+        if epoch != self._epoch:
+            return
+        log.info(
+            "server %d: preferred partition overrides now %s",
+            self._server_id,
+            dict(overrides) or "none",
+        )
+        self._rebalance.set()  # the leader re-reads them
+
     def _on_assignment(self, epoch: int, partition: int, value: PartitionAssignment | None) -> None:
         if epoch != self._epoch or value is None:
             return
@@ -612,21 +632,35 @@ class ClusterManager:
             self._emit(PartitionGained(partition, seen.generation, self._server_id))
 
     async def _resync(self, epoch: int) -> None:
-        """After a reconnection: re-read every assignment (a fresh read), then reconcile."""
+        """After a reconnection: re-read every assignment (a fresh read), then reconcile.
+
+        A read that fails (the connection may drop again) is retried with back-off while
+        this registration lives and the session is connected; the leader is asked to
+        decide again in any case (it reads everything afresh itself)."""
         meta = self._meta
         if meta is None:
             return
-        for partition in range(self._num_partitions):
-            try:
-                found = await meta.partition_assignment(partition)
-            except WaltzError as exc:
-                log.info("re-reading the assignment failed: %s", exc)
-                return
-            if epoch != self._epoch:
-                return
-            self._observe(partition, found.value)
-            self._reconcile(partition)
-        self._rebalance.set()
+        delay = self._retry_delay
+        try:
+            partition = 0
+            while partition < self._num_partitions:
+                if epoch != self._epoch or self._stopped or not self._connected():
+                    return
+                try:
+                    found = await meta.partition_assignment(partition)
+                except WaltzError as exc:
+                    log.info("re-reading the assignment failed (%s); retrying", exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._max_retry_delay)
+                    continue
+                if epoch != self._epoch:
+                    return
+                self._observe(partition, found.value)
+                self._reconcile(partition)
+                partition += 1
+        finally:
+            if epoch == self._epoch:
+                self._rebalance.set()
 
     def _drop_all(self, reason: LossReason) -> None:
         owned, self._owned = self._owned, {}
@@ -693,6 +727,9 @@ class ClusterManager:
         if not self._leader:
             log.info("server %d leads the cluster (%d live servers)", my_id, len(servers))
         self._leader = True
+        # The operators' overrides replace the registered (config) preferences per endpoint.
+        overrides = await PreferredPartitionStore(meta.coordination).read()
+        servers = apply_overrides(servers, overrides.endpoints)
         current: dict[int, Stored[PartitionAssignment]] = {}
         for partition in range(self._num_partitions):
             current[partition] = await meta.partition_assignment(partition)
