@@ -1,0 +1,259 @@
+"""The docs match the code: generated tables and CLI reference are current, every
+config key is documented with its default, every command, metric, link and
+config example in the docs exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from waltz_api.config import config_from_mapping, describe
+from waltz_api.errors import ConfigError
+from waltz_server import docs_gen
+from waltz_server.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+DOCS = ROOT / "docs"
+MARKDOWN = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def _section(text: str, name: str) -> str:
+    begin = docs_gen.BEGIN.format(name=name)
+    start = text.index(begin) + len(begin)
+    return text[start : text.index(docs_gen.END, start)]
+
+
+def test_generated_docs_are_current() -> None:
+    stale = [
+        str(path.relative_to(ROOT))
+        for path, text in docs_gen.generated_files(ROOT).items()
+        if not path.exists() or path.read_text(encoding="utf-8") != text
+    ]
+    assert not stale, f"run `python -m waltz_server.docs_gen` to update {stale}"
+
+
+def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    operators = (DOCS / "operators.md").read_text(encoding="utf-8")
+    (tmp_path / "docs" / "operators.md").write_text(operators, encoding="utf-8")
+    (tmp_path / "docs" / "cli.md").write_text("# outdated\n", encoding="utf-8")
+    assert docs_gen.main(["--root", str(tmp_path), "--check"]) == 1
+    assert (tmp_path / "docs" / "cli.md").read_text(encoding="utf-8") == "# outdated\n"
+    assert docs_gen.main(["--root", str(tmp_path)]) == 0
+    assert docs_gen.main(["--root", str(tmp_path), "--check"]) == 0
+    assert (tmp_path / "docs" / "cli.md").read_text(encoding="utf-8") == docs_gen.cli_markdown()
+
+
+@pytest.mark.parametrize(
+    ("section", "schema_path"),
+    [
+        ("server-config", "waltz_server.server.config:ServerNodeConfig"),
+        ("storage-config", "waltz_server.storage_node.config:StorageNodeConfig"),
+        ("client-config", "waltz_client:ClientConfig"),
+    ],
+)
+def test_every_config_key_is_in_operators_md_with_its_default(
+    section: str, schema_path: str
+) -> None:
+    module, _, name = schema_path.partition(":")
+    schema = getattr(__import__(module, fromlist=[name]), name)
+    text = _section((DOCS / "operators.md").read_text(encoding="utf-8"), section)
+    rows = {_cells(line)[0]: line for line in text.splitlines() if line.startswith("| `")}
+    keys = describe(schema)
+    assert len(keys) == len(rows), sorted(set(rows) - {f"`{k}`" for k, *_ in keys})
+    for key, _type, default, _help in keys:
+        line = rows.get(f"`{key}`")
+        assert line is not None, f"config key {key} of {name} is missing from operators.md"
+        field = _field(schema, key)
+        required = (
+            field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        )
+        cell = _cells(line)[2]
+        assert cell == docs_gen.format_default(default, required=required), (key, cell)
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+
+def _field(schema: Any, key: str) -> dataclasses.Field[Any]:
+    import typing
+
+    *sections, last = key.split(".")
+    for part in sections:
+        schema = typing.get_type_hints(schema)[part]
+    return {f.name: f for f in dataclasses.fields(schema)}[last]
+
+
+def test_plugin_option_defaults_are_the_plugins_own() -> None:
+    from waltz_coord_etcd.coordination import EtcdCoordination
+    from waltz_server.locktables import HwmArrayLockTable
+    from waltz_storage_fs.engine import FsOptions
+    from waltz_transport_zmq.options import ZmqOptions
+
+    etcd = {row.key: row.default for row in docs_gen.etcd_rows()}
+    client = EtcdCoordination("etcd://127.0.0.1:2379/docs")  # not started: no connection
+    assert client._gateway.connect_timeout == etcd["connect_timeout"]
+    fs = {row.key: row.default for row in docs_gen.fs_rows()}
+    assert dataclasses.asdict(FsOptions.from_mapping({})) == fs
+    zmq = ZmqOptions.from_mapping({})
+    for row in docs_gen.zmq_rows():
+        if not row.key.startswith("curve_"):
+            assert getattr(zmq, row.key) == row.default, row.key
+    (size,) = docs_gen.hwm_array_rows()
+    assert HwmArrayLockTable().size == size.default
+
+
+@dataclasses.dataclass
+class _Section:
+    documented: int = dataclasses.field(default=1, metadata={"help": "has help"})
+    bare: int = 2
+
+
+@dataclasses.dataclass
+class _Schema:
+    section: _Section = dataclasses.field(default_factory=_Section)
+
+
+def test_a_key_without_help_is_refused() -> None:
+    Schema = _Schema
+    with pytest.raises(ConfigError, match=r"'section\.bare'.*no help"):
+        docs_gen.schema_rows(Schema)
+    rows = docs_gen.schema_rows(Schema, {"section.bare": "explained here"})
+    assert [(r.key, r.default, r.meaning) for r in rows] == [
+        ("section.documented", 1, "has help"),
+        ("section.bare", 2, "explained here"),
+    ]
+
+
+def test_a_missing_region_is_refused() -> None:
+    with pytest.raises(ConfigError, match="server-config"):
+        docs_gen.fill_sections("# no markers", {"server-config": lambda: "x\n"})
+    text = f"a\n{docs_gen.BEGIN.format(name='t')}\nold\n{docs_gen.END}\nb"
+    assert docs_gen.fill_sections(text, {"t": lambda: "new\n"}) == text.replace("old", "new")
+
+
+def test_every_command_has_a_section_in_cli_md() -> None:
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^#+ `(waltz[^`]*)`$", text, re.MULTILINE)
+    assert headings == docs_gen.command_names(main)
+    assert {"waltz cluster create", "waltz storage list", "waltz client tail"} <= set(headings)
+
+
+def _code_blocks(
+    text: str, languages: tuple[str, ...] = ("", "sh", "bash", "console")
+) -> list[str]:
+    blocks = re.findall(r"^```([a-z]*)\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+    return [body for language, body in blocks if language in languages]
+
+
+def _resolve(words: list[str]) -> str | None:
+    """The command path ``words`` names, or None when a word is no subcommand."""
+    command: click.Command = main
+    path = ["waltz"]
+    for word in words:
+        if word.startswith("-") or not isinstance(command, click.Group):
+            break
+        if word not in command.commands:
+            return None
+        command = command.commands[word]
+        path.append(word)
+    if isinstance(command, click.Group) and not command.invoke_without_command:
+        return None
+    return " ".join(path)
+
+
+def test_every_waltz_command_in_the_docs_exists() -> None:
+    seen = set()
+    for path in MARKDOWN:
+        if path.name == "cli.md":
+            continue  # generated from the command tree itself
+        for block in _code_blocks(path.read_text(encoding="utf-8")):
+            for line in block.splitlines():
+                match = re.match(r"^\s*(?:\$ )?(?:\S*/)?waltz((?: [a-z][a-z-|]*)+)", line)
+                if match is None:
+                    continue
+                words = match.group(1).split()
+                for choice in words[-1].split("|") if "|" in words[-1] else [words[-1]]:
+                    named = _resolve([*words[:-1], choice])
+                    assert named is not None, f"{path.name}: `{line.strip()}` is no waltz command"
+                    seen.add(named)
+    assert {"waltz cluster create", "waltz storage", "waltz server", "waltz dev"} <= seen
+
+
+def _metric_families() -> set[str]:
+    from waltz_server.observability import ServerMetrics, StorageNodeMetrics
+
+    names = set()
+    for metrics in (ServerMetrics(), StorageNodeMetrics()):
+        for family in metrics.registry.collect():
+            if family.name.startswith("waltz_"):
+                suffix = "_total" if family.type == "counter" else ""
+                names.add(family.name + suffix)
+    return names
+
+
+def _is_python_name(name: str, text: str) -> bool:
+    """A package (waltz_storage_fs), a module path or a hook (waltz_storage_engines)."""
+    from waltz_api import hookspecs
+
+    return (
+        importlib.util.find_spec(name) is not None
+        or hasattr(hookspecs.WaltzHookSpecs, name)
+        or re.search(re.escape(name) + r"[./]", text) is not None
+    )
+
+
+def test_every_metric_is_documented_and_every_documented_metric_exists() -> None:
+    families = _metric_families()
+    assert "waltz_server_high_water_mark" in families
+    observability = (DOCS / "observability.md").read_text(encoding="utf-8")
+    assert not [f for f in families if f"`{f}`" not in observability]
+    for path in MARKDOWN:
+        text = path.read_text(encoding="utf-8")
+        named = {
+            name
+            for name in re.findall(r"\bwaltz_(?:server|storage|cluster)_[a-z0-9_]+\b", text)
+            if not _is_python_name(name, text)
+        }
+        assert named <= families, f"{path.name} names unknown metrics {sorted(named - families)}"
+
+
+def test_every_relative_link_resolves() -> None:
+    for path in MARKDOWN:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
+
+
+def test_the_readme_links_every_doc() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    missing = [p.name for p in DOCS.glob("*.md") if f"(docs/{p.name})" not in readme]
+    assert not missing, f"README.md does not link {missing}"
+
+
+def test_full_config_examples_in_the_docs_are_valid() -> None:
+    from waltz_server.server.config import ServerNodeConfig
+    from waltz_server.storage_node.config import StorageNodeConfig
+
+    checked = 0
+    for path in MARKDOWN:
+        for block in _code_blocks(path.read_text(encoding="utf-8"), ("toml",)):
+            raw = tomllib.loads(block)
+            if "transport" not in raw:
+                continue
+            schema = ServerNodeConfig if "coordination" in raw else StorageNodeConfig
+            try:
+                config_from_mapping(schema, raw)
+            except ConfigError as exc:
+                pytest.fail(f"{path.name}: a {schema.__name__} example is invalid: {exc}")
+            checked += 1
+    assert checked >= 4
