@@ -62,6 +62,9 @@ async def test_an_added_replica_is_caught_up_and_joins_the_metadata(cluster: Clu
     for name in NODES:
         preload(cluster.nodes[name], 6, 3, 2)
     cluster.nodes["d:1"] = FakeStorageNode("d:1")  # added: empty, not in the metadata
+    cluster_meta = ClusterMetadata(cluster.coordination)
+    await cluster_meta.add_storage_node("d:1")
+    await cluster_meta.add_replica(P, "d:1")
     store = cluster.store()
     await store.start()
     try:
@@ -82,7 +85,8 @@ async def test_a_removed_replica_leaves_the_metadata(cluster: Cluster) -> None:
     await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
     for name in NODES:
         preload(cluster.nodes[name], 6, 3, 2)
-    removed = cluster.nodes.pop(C)
+    removed = cluster.nodes[C]
+    await ClusterMetadata(cluster.coordination).remove_replica(P, C)
     store = cluster.store()
     await store.start()
     try:
@@ -197,3 +201,45 @@ async def test_one_to_five_voters_recover_the_majority_mark() -> None:
         finally:
             await store.close()
             await coordination.close()
+
+
+async def test_a_membership_change_while_writing_starts_a_session_over_the_new_set(
+    cluster: Cluster,
+) -> None:
+    """The running partition follows the replica assignments: a replica added while
+    appends go on is caught up and written; a removed one is no longer written."""
+    meta = ClusterMetadata(cluster.coordination)
+    store = cluster.store()
+    await store.start()
+    try:
+        first = await store.wait_ready(TIMEOUT)
+        assert await asyncio.wait_for(
+            asyncio.gather(*await append_many(store, 20, b"a")), TIMEOUT
+        ) == list(range(20))
+        cluster.nodes["d:1"] = FakeStorageNode("d:1")
+        await meta.add_storage_node("d:1")
+        await meta.add_replica(P, "d:1")
+        for _ in range(500):
+            if store.ready and store.session is not first and "d:1" in store.replica_nodes:
+                break
+            await asyncio.sleep(0.01)
+        assert store.replica_nodes == [A, B, C, "d:1"]
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 5, b"b")), TIMEOUT)
+        assert ids == list(range(20, 25))
+        await settle(cluster, 25)
+        second = await store.wait_ready(TIMEOUT)
+        assert second.quorum == 3
+        await meta.remove_replica(P, A)
+        for _ in range(500):
+            if store.ready and store.session is not second and A not in store.replica_nodes:
+                break
+            await asyncio.sleep(0.01)
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 5, b"c")), TIMEOUT)
+        assert ids == list(range(25, 30))
+        await settle(cluster, 30, [B, C, "d:1"])
+        assert len(cluster.nodes[A].log(P)) == 25  # no longer written
+        assert_no_fork(list(cluster.nodes.values()))
+        stored = (await meta.store_metadata(P)).value
+        assert [r.replica_id.storage_node for r in stored.replicas] == [B, C, "d:1"]
+    finally:
+        await store.close()

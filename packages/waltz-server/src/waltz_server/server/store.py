@@ -9,6 +9,14 @@ when a quorum of replicas has acknowledged it. A replica that falls behind the
 window catches up from a healthy replica's storage. A replica that fails
 ends the session (by design it cannot rejoin; the next session's recovery
 brings it back); a fenced session (a newer one exists) ends too.
+
+Membership: each session runs over the partition's replicas as the replica
+assignments in coordination name them when it starts (``waltz_api.cluster``,
+``/store/assignment``). The partition watches the assignments; a change of its
+replica set drains the running session and starts a new one over the new set.
+A new replica is caught up from a healthy one by the new session's recovery,
+in the background, and counts toward the quorum only once caught up; a removed
+replica is no longer written (its data stays on its node).
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from waltz_api.contracts.coordination import Coordination
+from waltz_api.cluster import ClusterMetadata, ReplicaAssignments
+from waltz_api.contracts.coordination import Coordination, Watch
 from waltz_api.errors import (
+    ClusterNotFoundError,
     CoordinationError,
     SessionFencedError,
     StaleGenerationError,
@@ -468,6 +478,8 @@ class StorePartition:
         self._failure: BaseException | None = None
         self._ready = asyncio.Event()
         self._changed = asyncio.Event()
+        self._watch: Watch | None = None
+        self._membership_changed = False
         self.high_water_mark = NO_TRANSACTION
         self.sessions_started = 0
 
@@ -517,6 +529,9 @@ class StorePartition:
     async def close(self) -> None:
         self._closed = True
         self._ready.clear()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -602,10 +617,49 @@ class StorePartition:
         if session is not None and session.checkpoint_reached:
             self._notify()
 
+    # -- membership -------------------------------------------------------------------
+
+    def _on_assignments(self, assignments: ReplicaAssignments | None) -> None:
+        if assignments is None or self._closed:
+            return
+        replicas = assignments.replicas_of(self.partition_id)
+        if replicas and replicas != self._replica_nodes and not self._membership_changed:
+            log.info(
+                "partition %d: replica assignment changed (%s -> %s): a new store session follows",
+                self.partition_id,
+                ",".join(self._replica_nodes),
+                ",".join(replicas),
+            )
+            self._membership_changed = True
+            self._notify()
+
+    async def _follow_replicas(self) -> None:
+        """Watch the replica assignments (once), and take the current replica set for
+        the session about to start. A cluster without assignments (a partition store
+        used on its own) keeps the replicas it was given."""
+        cluster = ClusterMetadata(self._coordination)
+        self._membership_changed = False
+        try:
+            assignments = await cluster.replica_assignments()
+        except ClusterNotFoundError:
+            return
+        replicas = assignments.replicas_of(self.partition_id)
+        if replicas and replicas != self._replica_nodes:
+            log.info(
+                "partition %d: replicas %s (were %s)",
+                self.partition_id,
+                ",".join(replicas),
+                ",".join(self._replica_nodes),
+            )
+            self._replica_nodes = replicas
+        if self._watch is None:
+            self._watch = await cluster.watch_replica_assignments(self._on_assignments)
+
     async def _manage(self) -> None:
         delay = self._config.retry_initial
         while not self._closed:
             try:
+                await self._follow_replicas()
                 metadata = await begin_store_session(
                     self._coordination, self.partition_id, self.generation
                 )
@@ -653,7 +707,9 @@ class StorePartition:
                 self._on_recovered(high_water_mark)
             self._ready.set()
             self._notify()
-            while not session.done and not session.checkpoint_reached:
+            while (
+                not session.done and not session.checkpoint_reached and not self._membership_changed
+            ):
                 event = self._changed
                 done = asyncio.ensure_future(session.wait_done())
                 changed = asyncio.ensure_future(event.wait())
@@ -665,6 +721,13 @@ class StorePartition:
             if session.checkpoint_reached and not session.done:
                 log.info(
                     "partition %d: checkpoint interval reached in session %d, starting a new one",
+                    self.partition_id,
+                    session.session_id,
+                )
+                await session.drain(self._config.drain_timeout)
+            elif self._membership_changed and not session.done:
+                log.info(
+                    "partition %d: ending store session %d for the new replica set",
                     self.partition_id,
                     session.session_id,
                 )
