@@ -163,11 +163,14 @@ VECTORS = Path(__file__).parent / "data" / "wire_v1_vectors.txt"
 
 
 def decodes_or_protocol_error(frame: bytes) -> Message | None:
-    """Decode ``frame``; a ProtocolError is fine, any other exception fails the test."""
+    """Decode ``frame``; a ProtocolError is fine, any other exception fails the test.
+    The frame decoded with ``record_blocks=True`` agrees (see blocks_agree)."""
     try:
         message = wire.decode(frame)
-    except ProtocolError:
+    except ProtocolError as exc:
+        blocks_agree(frame, None, exc)
         return None
+    blocks_agree(frame, message, None)
     # whatever decodes is a well-formed message that encodes back to the same frame
     # (Hello and HelloResponse are decoded whatever their version byte)
     reencoded = wire.encode(message)
@@ -557,6 +560,37 @@ def test_encode_refuses_values_outside_their_wire_type(message: Message) -> None
 def test_encode_refuses_non_messages() -> None:
     with pytest.raises(TypeError, match=r"not a waltz_api\.messages message"):
         wire.encode(ReqId(1, 2, 3, 4))  # type: ignore[arg-type]
+
+
+def blocks_agree(frame: bytes, eager: Message | None, error: ProtocolError | None) -> None:
+    """``record_blocks=True`` refuses only frames the eager decoder refuses, and accepts
+    those it refuses only for a checksum; a block whose checksums fail raises
+    ChecksumError when checked or read; a block re-encodes to the same frame."""
+    blocks = frame[:1] in (bytes([RangeReadResponse.TYPE]), bytes([RecordListResponse.TYPE]))
+    try:
+        lazy = wire.decode(frame, record_blocks=True)
+    except ChecksumError:
+        assert not blocks, "a block decode checked a checksum"
+        assert isinstance(error, ChecksumError)
+        return
+    except ProtocolError:
+        # a malformed structure (the eager decoder may have met a bad checksum first)
+        assert eager is None and error is not None
+        return
+    records = getattr(lazy, "records", None)
+    if eager is None:
+        assert isinstance(error, ChecksumError)
+        assert isinstance(records, wire.RecordBlock)
+        with pytest.raises(ChecksumError):
+            records.check()
+        with pytest.raises(ChecksumError):
+            records.records()
+        return
+    assert lazy == eager
+    if isinstance(records, wire.RecordBlock):
+        assert wire.encode(lazy) == frame
+        assert records.offsets() == records.check()
+        assert records.records() == eager.records  # type: ignore[attr-defined]
 
 
 # -- fuzz ------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -172,12 +173,16 @@ class RangeReadRequest(Message):
 
 @dataclass(frozen=True, slots=True)
 class RangeReadResponse(Message):
-    """Consecutive committed records from the requested start (possibly empty)."""
+    """Consecutive committed records from the requested start (possibly empty).
+
+    ``records`` is a tuple, or a :class:`waltz_api.wire.RecordBlock` (the records still
+    in their wire form) when the frame was decoded with ``record_blocks=True`` or the
+    server forwards a storage node's block; both are sequences of records."""
 
     TYPE: ClassVar[int] = 23
     req_id: ReqId
     high_water_mark: int
-    records: tuple[Record, ...]
+    records: Sequence[Record]
 
 
 class ErrorCode(enum.IntEnum):
@@ -353,11 +358,13 @@ class RecordListRequest(Message):
 
 @dataclass(frozen=True, slots=True)
 class RecordListResponse(Message):
+    """``records``: a tuple, or a :class:`waltz_api.wire.RecordBlock` (see RangeReadResponse)."""
+
     TYPE: ClassVar[int] = 65
     session_id: int
     seq_num: int
     partition_id: int
-    records: tuple[Record, ...]
+    records: Sequence[Record]
 
 
 @dataclass(frozen=True, slots=True)

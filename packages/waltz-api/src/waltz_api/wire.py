@@ -112,7 +112,7 @@ import struct
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import crc32c as _crc32c_module
 
@@ -174,6 +174,7 @@ __all__ = [
     "ConnectionState",
     "FrameBuffer",
     "ProtocolConnection",
+    "RecordBlock",
     "Role",
     "checksum",
     "decode",
@@ -462,7 +463,10 @@ def _record_parts(records: Iterable[Record]) -> list[bytes]:
 
 
 def encode_records(records: Iterable[Record]) -> bytes:
-    """The wire form of ``records`` back to back (one join): the tail of a record list."""
+    """The wire form of ``records`` back to back (one join): the tail of a record list.
+    A :class:`RecordBlock` is that already (its bytes are used as they are)."""
+    if type(records) is RecordBlock:
+        return records.raw
     return b"".join(_record_parts(records))
 
 
@@ -530,6 +534,195 @@ def _decode_records(
     return tuple(records), offset
 
 
+# -- record blocks ----------------------------------------------------------------------------
+
+_TXID: Final = struct.Struct(">q")
+_DATA_LEN: Final = struct.Struct(">I")
+_CRC_LEN: Final = struct.Struct(">II")
+_DATA_LEN_AT: Final = RECORD_FIXED_SIZE - 4
+_CRC_AT: Final = RECORD_FIXED_SIZE - 8
+
+
+class RecordBlock(Sequence[Record]):
+    """Records in their wire form, back to back (the tail of a record list), as one block.
+
+    A range read moves records from a storage node's disk through the server to a
+    reader: the storage node builds the block straight from its segment files, the
+    server forwards it as it came (no :class:`~waltz_api.types.Record` is built on the
+    way) and the reader decodes it once. A block is a ``Sequence[Record]``: indexing or
+    iterating decodes it (once; the records are kept) and verifies every record's
+    CRC-32C. :meth:`check` verifies the checksums without building records.
+
+    Built by :meth:`of` (from records), by a storage engine (``read_block``), or by
+    :func:`decode` with ``record_blocks=True`` (RangeReadResponse and
+    RecordListResponse), which checks the block's structure (every record within the
+    frame) but leaves the checksums to whoever reads the records. ``raw`` must hold
+    exactly ``count`` well-formed records; the constructor trusts its caller (use
+    :meth:`parse` for bytes from elsewhere).
+    """
+
+    __slots__ = ("_records", "raw", "record_count")
+
+    def __init__(self, count: int, raw: bytes) -> None:
+        self.record_count = count
+        """How many records ``raw`` holds."""
+        self.raw = raw
+        self._records: tuple[Record, ...] | None = None
+
+    @classmethod
+    def of(cls, records: Iterable[Record]) -> RecordBlock:
+        """The block of ``records`` (encoded once)."""
+        if type(records) is RecordBlock:
+            return records
+        chosen = records if isinstance(records, Sequence) else tuple(records)
+        try:
+            raw = b"".join(_record_parts(chosen))
+        except _ENCODE_ERRORS as exc:
+            raise ProtocolError(f"cannot encode a record: {exc}") from exc
+        return cls(len(chosen), raw)
+
+    @classmethod
+    def parse(cls, count: int, raw: bytes, what: str = "record block") -> RecordBlock:
+        """A block of ``count`` records in ``raw``; raises :class:`ProtocolError` when
+        ``raw`` does not hold exactly that many records (checksums are not checked)."""
+        block, used = _decode_block(raw, 0, count, len(raw), what)
+        if used != len(raw):
+            raise _trailing(what, used, len(raw))
+        return block
+
+    @property
+    def first_transaction_id(self) -> int | None:
+        """The first record's transaction id (None: an empty block)."""
+        return _TXID.unpack_from(self.raw, 0)[0] if self.record_count else None
+
+    def offsets(self) -> list[int]:
+        """Where each record starts in ``raw``, and ``len(raw)`` last (``count + 1`` values)."""
+        raw = self.raw
+        unpack = _DATA_LEN.unpack_from
+        at = 0
+        starts = [0] * (self.record_count + 1)
+        for i in range(self.record_count):
+            at += RECORD_FIXED_SIZE + unpack(raw, at + _DATA_LEN_AT)[0]
+            starts[i + 1] = at
+        return starts
+
+    def check(self, first_transaction_id: int | None = None) -> list[int]:
+        """Verify every record's data checksum (and, given ``first_transaction_id``, that
+        the ids are dense from it) without building records; returns :meth:`offsets`.
+
+        Raises :class:`ChecksumError` for a corrupt record, :class:`ProtocolError` for
+        ids out of sequence."""
+        if self._records is not None:
+            decoded = self._records  # checked when decoded
+            if first_transaction_id is not None:
+                _check_dense(decoded, first_transaction_id)
+            return self.offsets()
+        raw = self.raw
+        view = memoryview(raw)
+        unpack = _CRC_LEN.unpack_from
+        crc32c = _crc32c
+        at = 0
+        starts = [0] * (self.record_count + 1)
+        for i in range(self.record_count):
+            crc, length = unpack(raw, at + _CRC_AT)
+            start = at + RECORD_FIXED_SIZE
+            at = start + length
+            if crc32c(view[start:at]) != crc:
+                txid = _TXID.unpack_from(raw, starts[i])[0]
+                raise _bad_checksum(
+                    "record in a block", f" (transaction {txid})", crc, crc32c(view[start:at])
+                )
+            starts[i + 1] = at
+        if first_transaction_id is not None and self.record_count:
+            last = _TXID.unpack_from(raw, starts[-2])[0]
+            first = _TXID.unpack_from(raw, 0)[0]
+            if first != first_transaction_id or last != first + self.record_count - 1:
+                _check_dense(self.records(), first_transaction_id)
+        return starts
+
+    def cut(self, count: int) -> RecordBlock:
+        """The block of the first ``count`` records (at a record boundary)."""
+        if count >= self.record_count:
+            return self
+        if count <= 0:
+            return RecordBlock(0, b"")
+        unpack = _DATA_LEN.unpack_from
+        at = 0
+        for _ in range(count):
+            at += RECORD_FIXED_SIZE + unpack(self.raw, at + _DATA_LEN_AT)[0]
+        return RecordBlock(count, self.raw[:at])
+
+    def records(self) -> tuple[Record, ...]:
+        """The decoded records (every checksum verified; decoded once)."""
+        if self._records is None:
+            decoded, used = _decode_records(
+                self.raw, 0, self.record_count, len(self.raw), "record block"
+            )
+            if used != len(self.raw):
+                raise _trailing("record block", used, len(self.raw))
+            self._records = decoded
+        return self._records
+
+    def __len__(self) -> int:
+        return self.record_count
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Record, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Record | tuple[Record, ...]:
+        return self.records()[index]
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordBlock):
+            return self.record_count == other.record_count and self.raw == other.raw
+        if isinstance(other, (tuple, list)):
+            return len(other) == self.record_count and self.records() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.records())
+
+    def __repr__(self) -> str:
+        # short: an asyncio task or a log line may repr a response holding a large block
+        first = self.first_transaction_id
+        where = f", first transaction {first}" if first is not None else ""
+        return f"RecordBlock({self.record_count} records, {len(self.raw)} bytes{where})"
+
+
+def _check_dense(records: Sequence[Record], first: int) -> None:
+    for i, record in enumerate(records):
+        if record.transaction_id != first + i:
+            raise ProtocolError(
+                f"a record block holds transaction {record.transaction_id} where "
+                f"{first + i} was expected (the records must be dense from {first})"
+            )
+
+
+def _decode_block(
+    frame: bytes, offset: int, count: int, end: int, what: str
+) -> tuple[RecordBlock, int]:
+    """The ``count`` records at ``offset`` as a block: every record is checked to lie
+    within the frame; the checksums are left to the block's reader."""
+    if count * RECORD_FIXED_SIZE > end - offset:
+        raise _truncated(f"{what} with {count} records", offset + count * RECORD_FIXED_SIZE, end)
+    unpack = _DATA_LEN.unpack_from
+    at = offset
+    limit = end - RECORD_FIXED_SIZE
+    for _ in range(count):
+        if at > limit:
+            raise _truncated(f"record in a {what}", at + RECORD_FIXED_SIZE, end)
+        at += RECORD_FIXED_SIZE + unpack(frame, at + _DATA_LEN_AT)[0]
+    if at > end:
+        raise _truncated(f"data of a record in a {what}", at, end)
+    return RecordBlock(count, frame[offset:at]), at
+
+
 def _decode_headers(
     frame: bytes, offset: int, count: int, end: int, what: str
 ) -> tuple[tuple[RecordHeader, ...], int]:
@@ -589,7 +782,8 @@ class _Generated:
     source: str
 
 
-def _generate(cls: type[Message], schema: tuple[_Field, ...]) -> _Generated:
+def _generate(cls: type[Message], schema: tuple[_Field, ...], blocks: bool = False) -> _Generated:
+    """``blocks``: decode ``records`` fields as :class:`RecordBlock` (checksums unchecked)."""
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     if [f.name for f in schema] != names:
         raise TypeError(
@@ -613,6 +807,7 @@ def _generate(cls: type[Message], schema: tuple[_Field, ...]) -> _Generated:
         "_encode_optional_record": _encode_optional_record,
         "_encode_optional_header": _encode_optional_header,
         "_decode_records": _decode_records,
+        "_decode_block": _decode_block,
         "_decode_headers": _decode_headers,
         "_decode_optional_record": _decode_optional_record,
         "_decode_optional_header": _decode_optional_header,
@@ -763,7 +958,7 @@ def _generate(cls: type[Message], schema: tuple[_Field, ...]) -> _Generated:
                 tails.append(f"_encode_optional_header(c_{name})")
             unpacked.append(f"n_{name}")
             function = {
-                "records": "_decode_records",
+                "records": "_decode_block" if blocks else "_decode_records",
                 "headers": "_decode_headers",
                 "opt_record": "_decode_optional_record",
                 "opt_header": "_decode_optional_header",
@@ -835,6 +1030,9 @@ _missing = set(ALL_MESSAGES) - set(_GENERATED)
 if _missing:  # pragma: no cover - a message added without its wire schema
     raise TypeError(f"no wire schema for {sorted(c.__name__ for c in _missing)}")
 
+_BLOCK_MESSAGES: Final = (RangeReadResponse, RecordListResponse)
+"""The messages that :func:`decode` with ``record_blocks=True`` returns with a RecordBlock."""
+
 _ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
     cls: g.encoder for cls, g in _GENERATED.items()
 }
@@ -845,6 +1043,9 @@ for _cls, _gen in _GENERATED.items():
         raise TypeError(f"wire type code {_cls.TYPE} is used twice ({_cls.__name__})")
     _DECODERS[_cls.TYPE] = _gen.decoder
     _NAMES[_cls.TYPE] = _cls.__name__
+_BLOCK_DECODERS: Final[list[Callable[[bytes, int], Message] | None]] = list(_DECODERS)
+for _cls in _BLOCK_MESSAGES:
+    _BLOCK_DECODERS[_cls.TYPE] = _generate(_cls, _SCHEMAS[_cls], blocks=True).decoder
 
 _ENCODE_ERRORS: Final = (
     struct.error,
@@ -900,13 +1101,21 @@ def _frame_too_large(size: int, max_frame_size: int) -> FrameTooLargeError:
 
 
 def decode(
-    frame: bytes | bytearray | memoryview, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    frame: bytes | bytearray | memoryview,
+    *,
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    record_blocks: bool = False,
 ) -> Message:
     """The message in one frame.
 
     Raises :class:`ProtocolError` (or its subclasses :class:`ChecksumError`,
     :class:`FrameTooLargeError`) for anything but a well-formed frame of a supported
     version; never another exception for a byte string.
+
+    ``record_blocks``: the records of a RangeReadResponse or RecordListResponse come as
+    a :class:`RecordBlock` (no Record is built): the frame's structure is checked here,
+    the records' checksums when the block is read (:meth:`RecordBlock.check`, or
+    decoding its records, raise :class:`ChecksumError`).
     """
     if type(frame) is not bytes:
         if not isinstance(frame, (bytes, bytearray, memoryview)):
@@ -924,7 +1133,7 @@ def decode(
             "the peer sent a malformed frame, close the connection"
         )
     type_code = frame[0]
-    decoder = _DECODERS[type_code]
+    decoder = (_BLOCK_DECODERS if record_blocks else _DECODERS)[type_code]
     if decoder is None:
         raise ProtocolError(
             f"unknown message type {type_code}; the peer speaks another protocol or sent a "
@@ -1140,7 +1349,10 @@ class ProtocolConnection:
         sender: str = "",
         versions: Sequence[int] = SUPPORTED_VERSIONS,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        record_blocks: bool = False,
     ) -> None:
+        """``record_blocks``: received record lists come as :class:`RecordBlock`
+        (see :func:`decode`)."""
         unsupported = [v for v in versions if v not in SUPPORTED_VERSIONS]
         if not versions or unsupported:
             raise ValueError(
@@ -1150,6 +1362,7 @@ class ProtocolConnection:
         self.sender = sender
         self.versions: tuple[int, ...] = tuple(sorted(set(versions)))
         self.max_frame_size = max_frame_size
+        self.record_blocks = record_blocks
         self.version: int | None = None
         """The negotiated version, once known."""
         self.peer: str | None = None
@@ -1233,7 +1446,9 @@ class ProtocolConnection:
         """The message in a received frame, checked against the connection state."""
         self._check_not_failed()
         try:
-            message = decode(frame, max_frame_size=self.max_frame_size)
+            message = decode(
+                frame, max_frame_size=self.max_frame_size, record_blocks=self.record_blocks
+            )
         except ProtocolError as exc:
             raise self._fail(exc) from None
         state = self.state
