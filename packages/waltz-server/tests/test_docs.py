@@ -257,3 +257,118 @@ def test_full_config_examples_in_the_docs_are_valid() -> None:
                 pytest.fail(f"{path.name}: a {schema.__name__} example is invalid: {exc}")
             checked += 1
     assert checked >= 4
+
+
+def _command(path: str) -> click.Command:
+    command: click.Command = main
+    for word in path.split()[1:]:
+        assert isinstance(command, click.Group)
+        command = command.commands[word]
+    return command
+
+
+def _shell_lines(block: str) -> list[str]:
+    """The block's lines with backslash continuations joined."""
+    return block.replace("\\\n", " ").splitlines()
+
+
+def test_every_option_of_a_waltz_command_in_the_docs_exists() -> None:
+    checked = 0
+    for path in MARKDOWN:
+        if path.name == "cli.md":
+            continue
+        for block in _code_blocks(path.read_text(encoding="utf-8")):
+            for line in _shell_lines(block):
+                match = re.match(r"^\s*(?:\$ )?(?:\S*/)?waltz((?: [a-z][a-z-|]*)+)(.*)$", line)
+                if match is None:
+                    continue
+                words = match.group(1).split()
+                code = line.split("#", 1)[0] if " #" in line else line
+                options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", code))
+                for choice in words[-1].split("|"):
+                    named = _resolve([*words[:-1], choice])
+                    assert named is not None
+                    known = {
+                        opt
+                        for param in _command(named).params
+                        for opt in [
+                            *getattr(param, "opts", []),
+                            *getattr(param, "secondary_opts", []),
+                        ]
+                    } | {"--help"}
+                    unknown = options - known
+                    assert not unknown, f"{path.name}: `{line.strip()}`: no option {unknown}"
+                    checked += 1
+    assert checked >= 20
+
+
+def _python_blocks() -> list[tuple[Path, str]]:
+    return [
+        (path, block)
+        for path in MARKDOWN
+        for block in _code_blocks(path.read_text(encoding="utf-8"), ("python",))
+    ]
+
+
+def test_every_name_imported_and_every_keyword_passed_in_the_docs_exists() -> None:
+    import ast
+    import importlib
+    import inspect
+
+    checked = 0
+    for path, block in _python_blocks():
+        flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        tree = compile(block, str(path), "exec", flags=flags)
+        imported: dict[str, Any] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                root = node.module.split(".")[0]
+                if importlib.util.find_spec(root) is None:
+                    continue  # the docs' imaginary plugin (waltz_storage_s3)
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name), (
+                        f"{path.name}: {node.module} has no {alias.name}"
+                    )
+                    imported[alias.asname or alias.name] = getattr(module, alias.name)
+                    checked += 1
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            target = imported.get(node.func.id)
+            keywords = [k.arg for k in node.keywords if k.arg is not None]
+            if target is None or not keywords or not callable(target):
+                continue
+            try:
+                signature = inspect.signature(target)
+            except (TypeError, ValueError):
+                continue
+            try:
+                signature.bind_partial(**dict.fromkeys(keywords))
+            except TypeError as exc:
+                pytest.fail(f"{path.name}: {node.func.id}({', '.join(keywords)}=...): {exc}")
+            checked += 1
+    assert checked >= 20
+
+
+OTHER_VARIABLES = {"WALTZ_COORDINATION", "WALTZ_DISABLE_PLUGIN_AUTOLOAD"}
+
+
+def test_every_environment_variable_in_the_docs_is_a_config_key() -> None:
+    from waltz_server.server.config import ServerNodeConfig
+    from waltz_server.storage_node.config import StorageNodeConfig
+
+    keys = {
+        key: type_ for s in (ServerNodeConfig, StorageNodeConfig) for key, type_, *_ in describe(s)
+    }
+    named = set()
+    for path in MARKDOWN:
+        for variable in re.findall(r"\bWALTZ_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text()):
+            if variable in OTHER_VARIABLES or variable == "WALTZ_SECTION__KEY":
+                continue
+            key = variable.removeprefix("WALTZ_").lower().replace("__", ".")
+            section = key.rsplit(".", 1)[0]
+            valid = key in keys or keys.get(section) == "dict"  # an options table entry
+            assert valid, f"{path.name}: {variable} names no config key"
+            named.add(variable)
+    assert {"WALTZ_SERVER__LOCK_TABLE", "WALTZ_STORAGE__DATA_DIR"} <= named

@@ -6,7 +6,8 @@ and raises :class:`~waltz_api.errors.ConfigError` naming the bad key.
 
 Environment names: ``WALTZ_<KEY>`` for a top-level key and
 ``WALTZ_<SECTION>__<KEY>`` (double underscore) inside a section, upper-case:
-``WALTZ_STORAGE__SEGMENT_SIZE=1048576`` sets ``[storage] segment_size``.
+``WALTZ_STORAGE__DATA_DIR=/mnt/waltz`` sets ``[storage] data_dir``, and inside an options
+table ``WALTZ_STORAGE__OPTIONS__SEGMENT_SIZE=1048576`` sets ``[storage.options] segment_size``.
 
 Environment values are text read as the field's type (``WALTZ_DEBUG=yes``,
 ``WALTZ_TIMEOUT=1.5``; for ``str | None`` the text stays a string). A list key
