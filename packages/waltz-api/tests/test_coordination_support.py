@@ -118,3 +118,44 @@ async def test_session_tracker_lost_is_final_and_close_silences() -> None:
     assert not other.set_state(SessionState.LOST)
     await asyncio.sleep(0.01)
     assert heard == []
+
+
+async def test_session_tracker_inline_delivers_before_set_state_returns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The asyncio-native plugins' mode: a tracker created LOST (not started) begins
+    once, every listener has run when set_state returns (a listener that raises does not
+    stop the others), LOST is final, and close(final=...) changes the state silently."""
+    tracker = SessionStateTracker(
+        None, SessionState.LOST, inline=True, describe=lambda: "test session 7"
+    )
+    order: list[str] = []
+
+    def failing(state: SessionState) -> None:
+        order.append(f"failing:{state.value}")
+        raise RuntimeError("a listener bug")
+
+    tracker.add_listener(failing)
+    tracker.add_listener(lambda state: order.append(f"second:{state.value}"))
+    assert tracker.lost
+    with caplog.at_level(logging.INFO, logger="waltz_api.coordination_support"):
+        assert tracker.set_state(SessionState.CONNECTED), "a session not started begins"
+        assert order == ["failing:connected", "second:connected"]  # already, no await
+        assert tracker.set_state(SessionState.SUSPENDED)
+        assert not tracker.set_state(SessionState.SUSPENDED)
+        assert tracker.set_state(SessionState.LOST)
+        assert not tracker.set_state(SessionState.CONNECTED), "LOST is final once begun"
+    assert order[2:] == ["failing:suspended", "second:suspended", "failing:lost", "second:lost"]
+    assert "test session 7: connected -> suspended" in caplog.text
+    assert "a listener bug" in caplog.text
+    await tracker.wait_idle()  # nothing queued: returns at once
+
+    closed = SessionStateTracker(None, SessionState.LOST, inline=True)
+    heard: list[SessionState] = []
+    closed.add_listener(heard.append)
+    assert closed.set_state(SessionState.CONNECTED)
+    closed.close(final=SessionState.LOST)
+    assert closed.state is SessionState.LOST and heard == [SessionState.CONNECTED]
+    assert not closed.set_state(SessionState.CONNECTED)
+    with pytest.raises(TypeError, match="needs the loop"):
+        SessionStateTracker(None)

@@ -122,19 +122,44 @@ class DeliveryWatch(Watch):
 class SessionStateTracker:
     """The session state of one client and its listeners.
 
-    :meth:`set_state` may be called from any thread; listeners are called on
-    the loop, in order, once per actual change. LOST is final: later states
-    are ignored. After :meth:`close` nothing is delivered.
+    Two ways to deliver, chosen once:
+
+    - from a client library's threads (the default): :meth:`set_state` may be
+      called from any thread; listeners are called on ``loop``, in order, once
+      per actual change, soon after (``call_soon_threadsafe``);
+    - ``inline=True``, for asyncio-native plugins whose state changes happen on
+      the event loop: :meth:`set_state` (called on the loop) calls the listeners
+      before it returns, so whatever a listener does (a server dropping its
+      partitions on LOST) happens before anything else runs on the loop.
+
+    LOST is final once the session has begun: later states are ignored. A
+    tracker created LOST (a client not started yet) leaves LOST once, when its
+    session begins. After :meth:`close` nothing is delivered. With ``describe``
+    (a name, or a function returning one, such as ``"etcd session 1f"``) every
+    change is logged at INFO. A listener that raises is logged; the others still
+    run.
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, initial: SessionState = SessionState.CONNECTED
+        self,
+        loop: asyncio.AbstractEventLoop | None = None,
+        initial: SessionState = SessionState.CONNECTED,
+        *,
+        inline: bool = False,
+        describe: str | Callable[[], str] | None = None,
     ) -> None:
         self._state = initial
+        self._begun = initial is not SessionState.LOST
         self._listeners: list[SessionListener] = []
-        self._delivery: LoopDelivery[SessionState] = LoopDelivery(
-            loop, self._notify, coalesce=False, name="session-listener"
-        )
+        self._inline = inline
+        self._describe = describe
+        self._delivery: LoopDelivery[SessionState] | None = None
+        if not inline:
+            if loop is None:
+                raise TypeError("a SessionStateTracker delivering on a loop needs the loop")
+            self._delivery = LoopDelivery(
+                loop, self._notify, coalesce=False, name="session-listener"
+            )
         self._closed = False
         self._lock = threading.Lock()
 
@@ -152,11 +177,19 @@ class SessionStateTracker:
     def set_state(self, state: SessionState) -> bool:
         """Record a new state; returns False when ignored (unchanged, after LOST, closed)."""
         with self._lock:
-            if self._closed or self._state is SessionState.LOST or state is self._state:
+            if self._closed or state is self._state:
                 return False
-            self._state = state
-            self._delivery.push(state)
-            return True
+            if self._state is SessionState.LOST and self._begun:
+                return False
+            previous, self._state, self._begun = self._state, state, True
+            if self._delivery is not None:
+                self._delivery.push(state)
+        if self._describe is not None:
+            name = self._describe if isinstance(self._describe, str) else self._describe()
+            log.info("%s: %s -> %s", name, previous.value, state.value)
+        if self._inline:
+            self._notify(state)
+        return True
 
     def _notify(self, state: SessionState) -> None:
         for listener in list(self._listeners):
@@ -165,13 +198,20 @@ class SessionStateTracker:
             except Exception:
                 log.exception("session listener %r failed on %s", listener, state.value)
 
-    def close(self) -> None:
+    def close(self, *, final: SessionState | None = None) -> None:
+        """Deliver nothing more (idempotent). With ``final`` the state becomes that,
+        silently (a client closed on purpose reports LOST without notifying)."""
         with self._lock:
             self._closed = True
-            self._delivery.stop()
+            if final is not None:
+                self._state = final
+            if self._delivery is not None:
+                self._delivery.stop()
 
     async def wait_idle(self) -> None:
-        await self._delivery.wait_idle()
+        """Wait until every change so far reached the listeners (at once when inline)."""
+        if self._delivery is not None:
+            await self._delivery.wait_idle()
 
 
 # -- ordered, coalescing delivery of watch states (for plugins that poll or stream) --

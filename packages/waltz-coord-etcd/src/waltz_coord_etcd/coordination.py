@@ -37,7 +37,7 @@ from waltz_api.contracts.coordination import (
     Versioned,
     Watch,
 )
-from waltz_api.coordination_support import Notifier
+from waltz_api.coordination_support import Notifier, SessionStateTracker
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
@@ -184,8 +184,13 @@ class EtcdCoordination(Coordination):
             connect_timeout=connect_timeout,
         )
         self._root = self.target.root
-        self._state = SessionState.LOST
-        self._listeners: list[SessionListener] = []
+        # Not started yet: LOST until the session begins; listeners are called inline.
+        self._session = SessionStateTracker(
+            None,
+            SessionState.LOST,
+            inline=True,
+            describe=lambda: f"etcd session {self._lease_id:x}",
+        )
         self._lease_id = 0
         self._ttl = max(1, math.ceil(self._session_timeout))
         self._last_renewal = 0.0
@@ -211,7 +216,7 @@ class EtcdCoordination(Coordination):
             await self._gateway.close()
             raise
         self._started = True
-        self._set_state(SessionState.CONNECTED)
+        self._session.set_state(SessionState.CONNECTED)
         self._keepalive_task = asyncio.get_running_loop().create_task(
             self._keepalive_loop(), name="waltz-etcd-keepalive"
         )
@@ -233,7 +238,7 @@ class EtcdCoordination(Coordination):
         for watch in list(self._watches):
             watch.cancel()
             await watch.wait_closed()
-        if self._started and self._lease_id and self._state is not SessionState.LOST:
+        if self._started and self._lease_id and self._session.state is not SessionState.LOST:
             try:
                 await self._gateway.call(
                     "lease/revoke", {"ID": str(self._lease_id)}, idempotent=True, timeout=3.0
@@ -247,11 +252,11 @@ class EtcdCoordination(Coordination):
                     self._ttl,
                 )
         await self._gateway.close()
-        self._state = SessionState.LOST  # closed on purpose: no LOST notification
+        self._session.close(final=SessionState.LOST)  # closed on purpose: no notification
 
     @property
     def session_state(self) -> SessionState:
-        return self._state
+        return self._session.state
 
     @property
     def session_id(self) -> int:
@@ -263,18 +268,7 @@ class EtcdCoordination(Coordination):
         return self._ttl
 
     def add_session_listener(self, listener: SessionListener) -> None:
-        self._listeners.append(listener)
-
-    def _set_state(self, state: SessionState) -> None:
-        if state is self._state:
-            return
-        log.info("etcd session %x: %s -> %s", self._lease_id, self._state.value, state.value)
-        self._state = state
-        for listener in list(self._listeners):
-            try:
-                listener(state)
-            except Exception:
-                log.exception("coordination session listener raised")
+        self._session.add_listener(listener)
 
     async def _grant_lease(self) -> None:
         loop = asyncio.get_running_loop()
@@ -294,14 +288,14 @@ class EtcdCoordination(Coordination):
 
         A LOST client stays lost (the contract): its watches stop and every
         later operation raises SessionLostError; the owner starts a new client."""
-        if self._closing or self._state is SessionState.LOST:
+        if self._closing or self._session.state is SessionState.LOST:
             return
         log.warning(
             "etcd session (lease %x) is lost (%s); its ephemeral entries are gone",
             self._lease_id,
             reason,
         )
-        self._set_state(SessionState.LOST)
+        self._session.set_state(SessionState.LOST)
         for watch in list(self._watches):
             watch.cancel()
         if revoke:
@@ -332,7 +326,7 @@ class EtcdCoordination(Coordination):
     async def _keepalive_loop(self) -> None:
         loop = asyncio.get_running_loop()
         lease = self._lease_id
-        while not self._closing and self._state is not SessionState.LOST:
+        while not self._closing and self._session.state is not SessionState.LOST:
             # Renew often (cheap: no raft write) so an unreachable cluster shows as
             # SUSPENDED within seconds even with a long TTL.
             await asyncio.sleep(min(self._ttl / 3, 1.0))
@@ -348,8 +342,8 @@ class EtcdCoordination(Coordination):
                 if not isinstance(exc, CoordinationError):
                     log.exception("etcd keepalive of lease %x failed unexpectedly", lease)
                 log.debug("etcd keepalive of lease %x failed: %s", lease, exc)
-                if self._state is SessionState.CONNECTED:
-                    self._set_state(SessionState.SUSPENDED)
+                if self._session.state is SessionState.CONNECTED:
+                    self._session.set_state(SessionState.SUSPENDED)
                 if loop.time() - self._last_renewal > self._ttl:
                     self._lose_session(
                         f"not renewed for more than its TTL of {self._ttl}s", revoke=True
@@ -359,7 +353,7 @@ class EtcdCoordination(Coordination):
                 self._lose_session("etcd no longer knows the lease")
             else:
                 self._last_renewal = sent
-                self._set_state(SessionState.CONNECTED)
+                self._session.set_state(SessionState.CONNECTED)
 
     # -- keys ----------------------------------------------------------------------
 
@@ -375,7 +369,7 @@ class EtcdCoordination(Coordination):
             raise CoordinationError(
                 "the etcd coordination client is not started or was closed; start a new one"
             )
-        if self._state is SessionState.LOST:
+        if self._session.state is SessionState.LOST:
             raise SessionLostError(
                 f"the etcd session (lease {self._lease_id:x}) was lost and its ephemeral "
                 "entries are gone; close this client and start a new one"

@@ -30,7 +30,7 @@ from waltz_api.contracts.coordination import (
     Versioned,
     Watch,
 )
-from waltz_api.coordination_support import Notifier
+from waltz_api.coordination_support import Notifier, SessionStateTracker
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
@@ -178,8 +178,13 @@ class LocalCoordination(Coordination):
         self._busy_timeout = _positive(options, "busy_timeout", DEFAULT_BUSY_TIMEOUT)
         self._executor: ThreadPoolExecutor | None = None
         self._store: LocalStore | None = None
-        self._state = SessionState.LOST
-        self._listeners: list[SessionListener] = []
+        # Not started yet: LOST until the session begins; listeners are called inline.
+        self._session = SessionStateTracker(
+            None,
+            SessionState.LOST,
+            inline=True,
+            describe=lambda: f"local session {self._session_id}",
+        )
         self._session_id = 0
         self._started = False
         self._closing = False
@@ -228,7 +233,7 @@ class LocalCoordination(Coordination):
             raise CoordinationError(
                 "the local coordination client is not started or was closed; start a new one"
             )
-        if self._state is SessionState.LOST:
+        if self._session.state is SessionState.LOST:
             raise SessionLostError(
                 f"the local coordination session {self._session_id} was lost and its "
                 "ephemeral entries are gone; close this client and start a new one"
@@ -261,7 +266,7 @@ class LocalCoordination(Coordination):
             _clients_by_file.setdefault(self.db_path, weakref.WeakSet()).add(self)
         self._last_heartbeat = loop.time()
         self._started = True
-        self._set_state(SessionState.CONNECTED)
+        self._session.set_state(SessionState.CONNECTED)
         self._heartbeat_task = loop.create_task(
             self._heartbeat_loop(), name="waltz-local-coord-heartbeat"
         )
@@ -289,7 +294,7 @@ class LocalCoordination(Coordination):
                 await watch.notifier.wait_closed()
         store = self._store
         if store is not None:
-            if self._state is not SessionState.LOST:
+            if self._session.state is not SessionState.LOST:
                 try:
                     await self._run(store.end_session)
                     self._written()
@@ -305,46 +310,35 @@ class LocalCoordination(Coordination):
                 await self._run(store.close)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
-        self._state = SessionState.LOST  # closed on purpose: no LOST notification
+        self._session.close(final=SessionState.LOST)  # closed on purpose: no notification
 
     @property
     def session_state(self) -> SessionState:
-        return self._state
+        return self._session.state
 
     @property
     def session_id(self) -> int:
         return self._session_id
 
     def add_session_listener(self, listener: SessionListener) -> None:
-        self._listeners.append(listener)
-
-    def _set_state(self, state: SessionState) -> None:
-        if state is self._state:
-            return
-        log.info("local session %d: %s -> %s", self._session_id, self._state.value, state.value)
-        self._state = state
-        for listener in list(self._listeners):
-            try:
-                listener(state)
-            except Exception:
-                log.exception("coordination session listener raised")
+        self._session.add_listener(listener)
 
     def _lose_session(self, reason: str) -> None:
-        if self._closing or self._state is SessionState.LOST:
+        if self._closing or self._session.state is SessionState.LOST:
             return
         log.warning(
             "local coordination session %d is lost (%s); its ephemeral entries are gone",
             self._session_id,
             reason,
         )
-        self._set_state(SessionState.LOST)
+        self._session.set_state(SessionState.LOST)
         for watch in list(self._watches):
             watch.cancel()
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()
         interval = min(self._session_timeout / 3, 2.0)
-        while not self._closing and self._state is not SessionState.LOST:
+        while not self._closing and self._session.state is not SessionState.LOST:
             await asyncio.sleep(interval)
             store = self._store
             if store is None:
@@ -354,8 +348,8 @@ class LocalCoordination(Coordination):
                 alive = await self._run(store.heartbeat, self._session_timeout)
             except Exception as exc:  # any failure to heartbeat counts, never ends the loop
                 log.warning("local coordination heartbeat failed: %s", exc)
-                if self._state is SessionState.CONNECTED:
-                    self._set_state(SessionState.SUSPENDED)
+                if self._session.state is SessionState.CONNECTED:
+                    self._session.set_state(SessionState.SUSPENDED)
                 if loop.time() - self._last_heartbeat > self._session_timeout:
                     self._lose_session("no heartbeat for longer than the session timeout")
                 continue
@@ -363,7 +357,7 @@ class LocalCoordination(Coordination):
                 self._lose_session("it expired before this heartbeat")
                 return
             self._last_heartbeat = sent
-            self._set_state(SessionState.CONNECTED)
+            self._session.set_state(SessionState.CONNECTED)
 
     # -- operations ---------------------------------------------------------------------
 
@@ -480,7 +474,7 @@ class LocalCoordination(Coordination):
                 pass
             self._wake.clear()
             store = self._store
-            if store is None or self._state is SessionState.LOST:
+            if store is None or self._session.state is SessionState.LOST:
                 return
             watches = list(self._watches)
             data = {w.full_path for w in watches if w.kind == "data"}
