@@ -63,3 +63,6 @@ main.add_command(client_group)
 from waltz_server.cli.spark import spark_group  # noqa: E402
 
 main.add_command(spark_group)
+from waltz_server.cli.perf import perf_group  # noqa: E402
+
+main.add_command(perf_group)

@@ -1,0 +1,257 @@
+"""``waltz perf producers|consumers`` as a user runs them, against a real ``waltz dev``
+cluster (child processes: 3 fs storage nodes, a server, ZeroMQ, local coordination)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from waltz_server.cli import main
+from waltz_server.cli.perf.engine import latency_summary, percentile
+from waltz_server.dev import read_ready_file
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
+
+
+def waltz_process(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The real entry point in a child process."""
+    return subprocess.run(
+        [sys.executable, "-m", "waltz_server.cli", *args],
+        env={k: v for k, v in os.environ.items() if k != "WALTZ_COORDINATION"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def waltz(*args: str) -> Ran:
+    """The same command line in this process (saves an interpreter start per command)."""
+    result = CliRunner().invoke(main, list(args), env={"WALTZ_COORDINATION": None})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `waltz dev` with 2 partitions; its coordination URI."""
+    base = tmp_path_factory.mktemp("perf")
+    data_dir, log = base / "dev", base / "dev.log"
+    with log.open("ab") as out:
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir),
+             "--partitions", "2"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            info = read_ready_file(data_dir)
+            if info is not None and info["pid"] == dev.pid:
+                break
+            assert dev.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        children = info["child_pids"]
+        yield str(info["coordination"])
+        dev.send_signal(signal.SIGINT)
+        assert dev.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait(timeout=30)
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def high_water_marks(uri: str) -> dict[int, int]:
+    """Read independently of `waltz perf`: `waltz client high-water-mark`."""
+    marks = {}
+    for p in (0, 1):
+        done = waltz("client", "high-water-mark", "--coordination", uri, "--partition", str(p))
+        assert done.returncode == 0, done.stderr
+        marks[p] = int(done.stdout)
+    return marks
+
+
+def perf_json(*args: str) -> dict[str, Any]:
+    done = waltz("perf", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    summary: dict[str, Any] = json.loads(done.stdout)
+    return summary
+
+
+def check_latency(latency: dict[str, float] | None, samples: int) -> None:
+    assert latency is not None
+    assert latency["samples"] == samples
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    assert latency["mean_ms"] <= latency["max_ms"]
+    assert latency["max_ms"] < 120_000  # within the run
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 1.0) == 100.0
+    assert percentile([7.0], 0.99) == 7.0
+    summary = latency_summary([0.002, 0.001, 0.003])
+    assert summary == {
+        "p50_ms": 2.0, "p99_ms": 3.0, "max_ms": 3.0, "mean_ms": 2.0, "samples": 3,
+    }  # fmt: skip
+    assert latency_summary([]) is None
+
+
+def test_producers_commit_exactly_n_and_report_sane_figures(cluster: str) -> None:
+    before = high_water_marks(cluster)
+    n, size = 301, 100
+    summary = perf_json(
+        "producers", "--coordination", cluster, "-n", str(n), "--producers", "2",
+        "--in-flight", "8", "--size", str(size),
+    )  # fmt: skip
+    after = high_water_marks(cluster)
+    assert summary["command"] == "producers"
+    assert summary["transactions"] == summary["requested"] == n
+    assert summary["errors"] == 0 and summary["first_error"] is None
+    # the log holds exactly what was committed, round-robin over the two partitions
+    assert after[0] - before[0] == 151 and after[1] - before[1] == 150
+    assert summary["high_water_marks"] == {
+        "before": {str(p): v for p, v in before.items()},
+        "after": {str(p): v for p, v in after.items()},
+    }
+    check_latency(summary["latency"], n)
+    elapsed = summary["elapsed_s"]
+    assert elapsed > 0
+    assert summary["tx_per_s"] == pytest.approx(n / elapsed, rel=0.02)
+    assert summary["mb_per_s"] == pytest.approx(n * size / 1e6 / elapsed, rel=0.02)
+    assert summary["lock_failures"] == 0  # no --lock-pool: nothing to fail
+    assert summary["retries_per_tx"] == pytest.approx(summary["retries"] / n)
+    assert summary["producers"] == 2 and summary["partitions"] == [0, 1]
+
+    # the human summary: a table on stdout, no progress bar without a terminal
+    table = waltz_process(
+        "perf", "producers", "--coordination", cluster, "-n", "20", "--partitions", "1"
+    )
+    assert table.returncode == 0, table.stderr
+    for row in ("transactions committed", "20 of 20", "tx/s", "MB/s", "commit latency p99",
+                "retries per transaction", "lock failures", "p1: "):  # fmt: skip
+        assert row in table.stdout
+    assert "p0: " not in table.stdout  # --partitions 1 only
+    assert table.stderr == ""
+    assert high_water_marks(cluster)[1] == after[1] + 20
+
+
+def test_a_tiny_lock_pool_makes_concurrent_producers_fail_and_retry(cluster: str) -> None:
+    before = high_water_marks(cluster)
+    n = 120
+    summary = perf_json(
+        "producers", "--coordination", cluster, "-n", str(n), "--producers", "3",
+        "--in-flight", "4", "--lock-pool", "1", "--partitions", "0", "--size", "16",
+    )  # fmt: skip
+    after = high_water_marks(cluster)
+    assert summary["transactions"] == n and summary["errors"] == 0
+    assert after[0] - before[0] == n and after[1] == before[1]
+    # 12 concurrent submissions on one WRITE lock: most attempts fail the check
+    assert summary["lock_failures"] > 0
+    assert summary["retries"] >= summary["lock_failures"]
+    assert summary["retries_per_tx"] == pytest.approx(summary["retries"] / n)
+    assert summary["retries_per_tx"] > 0
+    check_latency(summary["latency"], n)
+
+
+def test_consumers_read_n_each_and_measure_delivery_when_producing(cluster: str) -> None:
+    before = high_water_marks(cluster)
+    n, size = 200, 64
+    produced = perf_json(
+        "consumers", "--coordination", cluster, "-n", str(n), "--consumers", "2", "--produce",
+        "--size", str(size),
+    )  # fmt: skip
+    after = high_water_marks(cluster)
+    assert sum(after.values()) - sum(before.values()) == n
+    assert produced["per_consumer"] == [n, n] and produced["transactions"] == 2 * n
+    assert produced["bytes"] == 2 * n * size
+    assert produced["positions"] == {
+        "after": {str(p): v for p, v in before.items()},
+        "until": {str(p): v for p, v in after.items()},
+    }
+    check_latency(produced["delivery_latency"], 2 * n)  # every delivery, both consumers
+    assert produced["produced"]["transactions"] == n and produced["produced"]["errors"] == 0
+    assert produced["tx_per_s"] == pytest.approx(2 * n / produced["elapsed_s"], rel=0.02)
+    assert produced["feed_errors"] == []
+
+    # without --produce: the last n committed, each consumer reads them all
+    read = perf_json("consumers", "--coordination", cluster, "-n", str(n), "--consumers", "3")
+    assert read["per_consumer"] == [n, n, n]
+    assert read["positions"]["until"] == {str(p): v for p, v in after.items()}
+    assert read["positions"]["after"] == {str(p): v - n // 2 for p, v in after.items()}
+    assert read["bytes"] == 3 * n * size  # the data of what --produce wrote
+    assert read["delivery_latency"] is None  # old transactions: their age is no latency
+    assert read["mb_per_s"] == pytest.approx(3 * n * size / 1e6 / read["elapsed_s"], rel=0.02)
+
+    headers = waltz("perf", "consumers", "--coordination", cluster, "-n", "50", "--no-data")
+    assert headers.returncode == 0, headers.stderr
+    assert "50 (1 consumers x 50)" in headers.stdout
+    assert "not fetched" in headers.stdout and "not measured" in headers.stdout
+
+    too_many = waltz("perf", "consumers", "--coordination", cluster, "-n", "100000000")
+    assert too_many.returncode == 1
+    assert too_many.stderr.count("\n") == 1 and "needed" in too_many.stderr
+    assert "--produce" in too_many.stderr
+
+
+def test_errors_are_one_clear_line(tmp_path: Path) -> None:
+    nowhere = f"local://{tmp_path / 'none'}?root=/waltz"
+    missing = waltz_process("perf", "producers", "--coordination", nowhere, "-n", "5")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: no Waltz cluster") and missing.stderr.count("\n") == 1
+
+    # a cluster whose server is not running: fails after --timeout, one line
+    (tmp_path / "idle").mkdir()
+    idle = f"local://{tmp_path / 'idle'}?root=/waltz"
+    created = waltz(
+        "cluster", "create", "--coordination", idle, "--partitions", "1", "--replicas", "1",
+        "--storage", "127.0.0.1:1",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    started = time.monotonic()
+    down = waltz("perf", "consumers", "--coordination", idle, "-n", "5", "--produce",
+                 "--timeout", "2")  # fmt: skip
+    assert down.returncode == 1
+    assert down.stderr.startswith("error: ") and down.stderr.count("\n") == 1
+    assert "within 2 s (--timeout)" in down.stderr
+    assert time.monotonic() - started < 30
+
+    bad = waltz("perf", "producers", "--coordination", idle, "--partitions", "1-x")
+    assert bad.returncode == 1 and "--partitions takes" in bad.stderr
+    zero = waltz("perf", "producers", "--coordination", idle, "-n", "0")
+    assert zero.returncode == 2 and "--transactions" in zero.stderr
+    assert waltz("perf", "producers", "--help").returncode == 0
