@@ -372,3 +372,24 @@ def test_every_environment_variable_in_the_docs_is_a_config_key() -> None:
             assert valid, f"{path.name}: {variable} names no config key"
             named.add(variable)
     assert {"WALTZ_SERVER__LOCK_TABLE", "WALTZ_STORAGE__DATA_DIR"} <= named
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_anchor_of_a_link_names_a_heading() -> None:
+    checked = 0
+    for path in MARKDOWN:
+        text = path.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+            linked = (path.parent / target) if target else path
+            if linked.suffix != ".md":
+                continue
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), re.MULTILINE)
+            slugs = {_slug(h) for h in headings}
+            assert anchor in slugs, f"{path.name}: no heading {anchor!r} in {linked.name}"
+            checked += 1
+    assert checked >= 3
