@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from waltz_api import wire
 from waltz_api.errors import CorruptionError, PartitionClosedError, StorageError
 from waltz_conformance.suites.storage import assert_log, make_record
 from waltz_storage_fs import format as fmt
@@ -240,6 +241,32 @@ async def test_read_budget_spans_segments(opener: Opener) -> None:
     assert [r.transaction_id for r in got] == [boundary - 1, boundary]
     got = await part.read_records(boundary - 1, 10, max_bytes=150)
     assert [r.transaction_id for r in got] == [boundary - 1]
+    for start in range(13):
+        for budget in (1, 150, 200, 450, 10_000):
+            expected = await part.read_records(start, 10, max_bytes=budget)
+            block = await part.read_block(start, 10, max_bytes=budget)
+            assert block.records() == tuple(expected)
+            assert block.raw == wire.encode_records(expected)
+
+
+@pytest.mark.parametrize("where", ["data", "head", "trailer"])
+async def test_read_block_verifies_the_stored_checksums(opener: Opener, where: str) -> None:
+    engine = await opener()
+    part = await engine.add_partition(0)
+    await part.append([make_record(t, data=bytes([65 + t]) * 50) for t in range(5)])
+    first = tools.segment_firsts(opener.directory / "0")[0]
+    path = opener.directory / "0" / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
+    size = fmt.RECORD_OVERHEAD + 50
+    record_2 = fmt.HEADER_SIZE + 2 * size
+    at = {"data": record_2 + 40, "head": record_2 + 20, "trailer": record_2 + size - 1}[where]
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0x10
+    path.write_bytes(bytes(raw))
+    assert (await part.read_block(0, 2)).records() == tuple(await part.read_records(0, 2))
+    with pytest.raises(CorruptionError, match="transaction 2"):
+        await part.read_block(0, 5)
+    with pytest.raises(CorruptionError, match="transaction 2"):
+        await part.read_records(0, 5)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -282,6 +309,7 @@ async def test_random_operations_match_a_model(opener: Opener, seed: int) -> Non
             got = await part.read_records(start, rng.randrange(1, 20))
             assert [r.data for r in got] == model[start : start + len(got)]
             assert [r.transaction_id for r in got] == list(range(start, start + len(got)))
+            assert (await part.read_block(start, len(got))).records() == tuple(got)
     await engine.close()
     engine = await opener(**options)
     part = engine.partition(3)

@@ -22,10 +22,10 @@ import shutil
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import crc32c
 
@@ -39,6 +39,7 @@ from waltz_api.errors import (
     StorageError,
 )
 from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, SessionInfo
+from waltz_api.wire import RecordBlock
 from waltz_storage_fs import format as fmt
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,11 @@ class _View:
 
 
 _EMPTY_VIEW = _View((), NO_TRANSACTION)
+
+_T = TypeVar("_T")
+_BLOCK_HEAD = struct.Struct(">q20xiI")  # a stored record's id, data length, data crc
+_WIRE_FIXED = fmt.RECORD_HEAD.size  # 36: the stored head, as long as the wire's
+_SPLIT_HEAD = struct.Struct(">28s4s4s")  # id + ReqId + header, length, data crc
 
 
 _DATA, _INDEX = 0, 1
@@ -730,6 +736,17 @@ class FsStoragePartition(StoragePartition):
         records = await self._read(start, max_records, 8 * 1024 * 1024, headers=True)
         return [r.record_header for r in records]
 
+    async def read_block(
+        self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
+    ) -> RecordBlock:
+        self._check_open()
+        view = self._view
+        if start < 0 or start > view.max_txid or max_records <= 0:
+            return RecordBlock(0, b"")
+        return await self._engine.run_read(
+            lambda: self._read_block_now(view, start, max_records, max_bytes)
+        )
+
     async def _read(
         self, start: int, max_records: int, max_bytes: int, *, headers: bool
     ) -> list[Record]:
@@ -745,14 +762,93 @@ class FsStoragePartition(StoragePartition):
         self, view: _View, start: int, max_records: int, max_bytes: int, headers: bool
     ) -> list[Record]:
         out: list[Record] = []
+        for seg, txid, buf, lo, offsets, k in self._spans(
+            view, start, max_records, max_bytes, headers
+        ):
+            mv = memoryview(buf)
+            for i in range(k):
+                try:
+                    record, end = fmt.decode_record(mv, offsets[i] - lo)
+                except fmt.RecordFormatError as exc:
+                    raise CorruptionError(
+                        f"partition {self.partition_id}: transaction {txid + i} is corrupt "
+                        f"({exc}) in segment {seg.first} at offset {offsets[i]}"
+                    ) from exc
+                if record.transaction_id != txid + i or end != offsets[i + 1] - lo:
+                    raise CorruptionError(
+                        f"partition {self.partition_id}: the record at offset {offsets[i]} of "
+                        f"segment {seg.first} is not transaction {txid + i}"
+                    )
+                out.append(record)
+        return out
+
+    def _read_block_now(
+        self, view: _View, start: int, max_records: int, max_bytes: int
+    ) -> RecordBlock:
+        """The records as a wire block, built from the stored bytes: each record's
+        checksums (of its stored head and of its data) and id are verified, then its
+        bytes are rearranged to the wire layout (no Record is built)."""
+        parts: list[bytes] = []
+        append = parts.append
+        unpack = _BLOCK_HEAD.unpack_from
+        split = _SPLIT_HEAD.unpack_from
+        unpack_crc = fmt.RECORD_CRC.unpack_from
+        crc = crc32c.crc32c
+        count = 0
+        # (bytes slices: cheaper than memoryview slices for pieces this small)
+        for seg, txid, buf, lo, offsets, k in self._spans(
+            view, start, max_records, max_bytes, False
+        ):
+            for i in range(k):
+                a = offsets[i] - lo
+                b = offsets[i + 1] - lo
+                found, length, data_crc = unpack(buf, a)
+                d = a + _WIRE_FIXED
+                e = b - 4
+                head = buf[a:d]
+                if found != txid + i or d + length != e or crc(head) != unpack_crc(buf, e)[0]:
+                    self._corrupt(buf[a:b], txid + i, seg.first, offsets[i])
+                data = buf[d:e]
+                if crc(data) != data_crc:
+                    self._corrupt(buf[a:b], txid + i, seg.first, offsets[i])
+                # stored: id, ReqId, header, length, crc, data, head crc
+                # wire:   id, ReqId, header, crc, length, data
+                ids, stored_length, stored_crc = split(head)
+                append(ids)
+                append(stored_crc)
+                append(stored_length)
+                append(data)
+            count += k
+        return RecordBlock(count, b"".join(parts))
+
+    def _corrupt(self, raw: bytes, txid: int, segment: int, offset: int) -> NoReturn:
+        try:
+            record, _ = fmt.decode_record(raw, 0)
+        except fmt.RecordFormatError as exc:
+            raise CorruptionError(
+                f"partition {self.partition_id}: transaction {txid} is corrupt "
+                f"({exc}) in segment {segment} at offset {offset}"
+            ) from exc
+        raise CorruptionError(
+            f"partition {self.partition_id}: the record at offset {offset} of "
+            f"segment {segment} is not transaction {txid} (it holds {record.transaction_id})"
+        )
+
+    def _spans(
+        self, view: _View, start: int, max_records: int, max_bytes: int, headers: bool
+    ) -> Iterator[tuple[_SegView, int, bytes, int, list[int], int]]:
+        """The stored bytes of the records to read, one span per segment:
+        ``(segment, first id, bytes, file offset of the bytes, record offsets, count)``;
+        the index's offsets are checked, the records are not."""
         firsts = [s.first for s in view.segments]
         txid = start
+        taken = 0
         budget = max_bytes  # data bytes still allowed (records), span bytes per pread (headers)
         span_cap = 8 * 1024 * 1024
-        while len(out) < max_records and txid <= view.max_txid:
+        while taken < max_records and txid <= view.max_txid:
             seg = view.segments[bisect.bisect_right(firsts, txid) - 1]
             rel = txid - seg.first
-            n = min(max_records - len(out), seg.count - rel)
+            n = min(max_records - taken, seg.count - rel)
             want = n + 1 if rel + n < seg.count else n
             raw = os.pread(
                 seg.index_fd,
@@ -772,7 +868,7 @@ class FsStoragePartition(StoragePartition):
             data_bytes = 0
             while k < n:
                 span = offsets[k + 1] - offsets[k]
-                if out or k:
+                if taken or k:
                     if headers and offsets[k + 1] - offsets[0] > span_cap:
                         break
                     if not headers and data_bytes + span - fmt.RECORD_OVERHEAD > budget:
@@ -794,27 +890,13 @@ class FsStoragePartition(StoragePartition):
                 raise CorruptionError(
                     f"partition {self.partition_id}: segment {seg.first} is shorter than its index"
                 )
-            mv = memoryview(buf)
-            for i in range(k):
-                try:
-                    record, end = fmt.decode_record(mv, offsets[i] - lo)
-                except fmt.RecordFormatError as exc:
-                    raise CorruptionError(
-                        f"partition {self.partition_id}: transaction {txid + i} is corrupt "
-                        f"({exc}) in segment {seg.first} at offset {offsets[i]}"
-                    ) from exc
-                if record.transaction_id != txid + i or end != offsets[i + 1] - lo:
-                    raise CorruptionError(
-                        f"partition {self.partition_id}: the record at offset {offsets[i]} of "
-                        f"segment {seg.first} is not transaction {txid + i}"
-                    )
-                out.append(record)
+            yield seg, txid, buf, lo, offsets, k
+            taken += k
             txid += k
             if not headers:
                 budget -= data_bytes
             if k < n:
                 break
-        return out
 
 
 # -- the control file ---------------------------------------------------------------------
@@ -1021,7 +1103,7 @@ class FsStorageEngine(StorageEngine):
         self.committer().submit(_Job(future, action=action))
         await asyncio.shield(future)
 
-    async def run_read(self, fn: Callable[[], list[Record]]) -> list[Record]:
+    async def run_read(self, fn: Callable[[], _T]) -> _T:
         if self._closed:
             raise StorageError("the storage engine is closed")
         return await self._loop.run_in_executor(self._readers, fn)

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from waltz_api.types import Record, RecordHeader, SessionInfo
+from waltz_api.wire import RecordBlock
 
 
 class StoragePartition(ABC):
@@ -84,6 +85,15 @@ class StoragePartition(ABC):
     @abstractmethod
     async def read_headers(self, start: int, max_records: int) -> list[RecordHeader]:
         """Consecutive record headers from ``start``, at most ``max_records``."""
+
+    async def read_block(
+        self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
+    ) -> RecordBlock:
+        """:meth:`read_records` as one :class:`~waltz_api.wire.RecordBlock` (the records
+        in their wire form): what a range read sends on. An engine overrides it to build
+        the block straight from its stored bytes (each record's stored checksums
+        verified, as ``read_records`` does); this default encodes ``read_records``."""
+        return RecordBlock.of(await self.read_records(start, max_records, max_bytes))
 
 
 class StorageEngine(ABC):

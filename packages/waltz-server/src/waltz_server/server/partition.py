@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from waltz_api.contracts.locktable import LockTable
-from waltz_api.errors import StaleGenerationError, StoreSessionClosedError, WaltzError
+from waltz_api.errors import (
+    StaleGenerationError,
+    StorageError,
+    StoreSessionClosedError,
+    WaltzError,
+)
 from waltz_api.messages import (
     AppendRequest,
     ErrorCode,
@@ -49,6 +54,7 @@ from waltz_api.messages import (
 )
 from waltz_api.plugins import get_registry
 from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, ReqId
+from waltz_api.wire import RecordBlock
 from waltz_server.observability import ServerMetrics
 from waltz_server.server.caches import DataCache, FeedCache
 from waltz_server.server.store import StorePartition
@@ -471,12 +477,23 @@ class Partition:
                 count = max(0, min(message.max_records, self.config.max_range_records))
                 size = max(1, min(message.max_bytes, self.config.max_range_bytes))
                 high_water_mark = await self._recovered_high_water_mark()
-                records: list[Record] = []
-                if message.start_transaction_id <= high_water_mark and count:
-                    records = await self.store.read_committed(
-                        message.start_transaction_id, count, size
+                start = message.start_transaction_id
+                records: Sequence[Record] = ()
+                if start <= high_water_mark and count:
+                    # from a replica: its storage node's block, forwarded as it came (the
+                    # reader checks the checksums); never past the high-water mark
+                    records = await self.store.read_committed_block(
+                        start, min(count, high_water_mark - start + 1), size
                     )
-                stream.post(RangeReadResponse(message.req_id, high_water_mark, tuple(records)))
+                    first = _first_transaction_id(records)
+                    if first is not None and first != start:
+                        raise StorageError(
+                            f"partition {self.partition_id}: a replica answered a read from "
+                            f"{start} with records from {first}"
+                        )
+                if not isinstance(records, RecordBlock):
+                    records = tuple(records)
+                stream.post(RangeReadResponse(message.req_id, high_water_mark, records))
         except TimeoutError:
             stream.post(
                 ErrorResponse(
@@ -541,6 +558,12 @@ class Partition:
             self.data_cache.put(transaction_id, *cached)
         data, checksum = cached
         return TransactionDataResponse(message.req_id, transaction_id, True, data, checksum)
+
+
+def _first_transaction_id(records: Sequence[Record]) -> int | None:
+    if isinstance(records, RecordBlock):
+        return records.first_transaction_id
+    return records[0].transaction_id if records else None
 
 
 def _consume(future: asyncio.Future[int]) -> None:

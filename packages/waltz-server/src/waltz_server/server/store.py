@@ -315,6 +315,36 @@ class StoreSession:
         records = await self._connections[source].read_records(start, count, max_bytes)
         return [r for r in records if r.transaction_id <= end]
 
+    async def read_committed_block(
+        self, start: int, max_records: int, max_bytes: int
+    ) -> Sequence[Record]:
+        """:meth:`read_committed` for a range read: records read from a replica come as
+        its storage node sent them (a RecordBlock, nothing decoded) when the connection
+        can (``read_block``); the block never goes past the high-water mark."""
+        end = self.high_water_mark
+        if start > end or max_records <= 0:
+            return []
+        count = min(max_records, end - start + 1)
+        if start >= self._window_start:
+            return await self.read_committed(start, count, max_bytes)
+        source = self._healthy_replica(start)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.drain_timeout
+        while source is None:
+            if self._done.is_set() or loop.time() > deadline:
+                raise self._closed_error(f"no replica holds transaction {start}")
+            await self._wait_progress(0.1)
+            source = self._healthy_replica(start)
+        connection = self._connections[source]
+        read_block = getattr(connection, "read_block", None)
+        if read_block is None:
+            return await self.read_committed(start, count, max_bytes)
+        block: Sequence[Record] = await read_block(start, count, max_bytes)
+        if len(block) > count:
+            cut = getattr(block, "cut", None)
+            block = cut(count) if cut is not None else block[:count]
+        return block
+
     def _healthy_replica(self, transaction_id: int, exclude: str | None = None) -> str | None:
         candidates = [
             node
@@ -603,6 +633,20 @@ class StorePartition:
             session = await self.wait_ready()
             try:
                 return await session.read_committed(start, max_records, max_bytes)
+            except StoreSessionClosedError:
+                if not session.done:
+                    raise
+            except (TransportError, StorageError) as exc:
+                session.fail(exc)
+
+    async def read_committed_block(
+        self, start: int, max_records: int, max_bytes: int
+    ) -> Sequence[Record]:
+        """:meth:`read_committed` for a range read (see StoreSession.read_committed_block)."""
+        while True:
+            session = await self.wait_ready()
+            try:
+                return await session.read_committed_block(start, max_records, max_bytes)
             except StoreSessionClosedError:
                 if not session.done:
                     raise

@@ -395,12 +395,11 @@ class PartitionWorker:
                     f"max_bytes must be non-negative, got {request.max_bytes}"
                 )
             max_bytes = min(request.max_bytes, self._max_bytes)
-            records = (
-                await partition.read_records(request.transaction_id, count, max_bytes)
-                if count
-                else []
-            )
-            return RecordListResponse(s, q, p, tuple(records))
+            if not count:
+                return RecordListResponse(s, q, p, ())
+            # the records as the wire carries them, built from the stored bytes
+            block = await partition.read_block(request.transaction_id, count, max_bytes)
+            return RecordListResponse(s, q, p, block)
         raise StorageRequestError(f"{type(request).__name__} is not a partition request")
 
     def _list_size(self, max_records: int) -> int:
