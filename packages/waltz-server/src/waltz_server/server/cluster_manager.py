@@ -128,9 +128,10 @@ class PartitionEvents:
     def __init__(self) -> None:
         self._held: dict[int, tuple[int, int]] = {}  # partition -> (generation, server id)
         self._told: dict[int, tuple[int, int]] = {}
-        self._losses: dict[int, LossReason] = {}  # insertion-ordered: the order of change
+        # Insertion-ordered: the order in which the partitions first changed.
+        self._losses: dict[int, None] = {}
         self._gains: dict[int, None] = {}
-        self._reasons: dict[int, LossReason] = {}
+        self._reasons: dict[int, LossReason] = {}  # the first loss since the consumer's gain
         self._wakeup = asyncio.Event()
         self._closed = False
         self.peak = 0
@@ -153,7 +154,7 @@ class PartitionEvents:
     def _refresh(self, partition: int) -> None:
         told, held = self._told.get(partition), self._held.get(partition)
         if told is not None and told != held:
-            self._losses.setdefault(partition, self._reasons.get(partition, LossReason.MOVED))
+            self._losses.setdefault(partition, None)
         else:
             self._losses.pop(partition, None)
             self._reasons.pop(partition, None)
