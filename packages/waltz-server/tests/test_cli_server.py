@@ -269,15 +269,22 @@ async def test_override_replaces_the_config(servers: Servers) -> None:
         "add-preferred-partition", "--endpoint", "tcp://127.0.0.1/c", "--partition", "1"
     )
     assert "1, 2 (now)" in out
+    # Preferring 2 elsewhere (b: no server there yet) notes that c's config prefers it.
+    out = await servers.cli(
+        "add-preferred-partition", "--endpoint", "tcp://127.0.0.1/b", "--partition", "2"
+    )
+    assert "also preferred at tcp://127.0.0.1/c" in out
+    await servers.cli("reset-preferred-partitions", "--endpoint", "tcp://127.0.0.1/b")
     await eventually(lambda: set(c.owned) == {1, 2}, CONVERGE, "c holds 1 and 2")
     # Removing 2 leaves the override [1]: c's config (2) no longer applies, so when a
     # prefers 2 it gets it (were c's config still counted, c's lower id would win).
     await servers.cli(
         "remove-preferred-partition", "--endpoint", "tcp://127.0.0.1/c", "--partition", "2"
     )
-    await servers.cli(
+    out = await servers.cli(
         "add-preferred-partition", "--endpoint", "tcp://127.0.0.1/a", "--partition", "2"
     )
+    assert "also preferred" not in out  # c's config preference no longer applies
     await eventually(lambda: 2 in a.owned and 1 in c.owned, CONVERGE, "2 moves to a")
     prefs = json.loads(await servers.cli("list-preferred-partitions", "--json"))["preferred"]
     by_endpoint = {r["endpoint"]: r for r in prefs}

@@ -81,6 +81,8 @@ class _Target:
     live: list[ServerInfo]
     """The live registrations at the endpoint (usually one; none when it is down)."""
     overrides: Overrides
+    servers: list[ServerInfo]
+    """Every live server (as registered)."""
 
 
 async def _resolve(meta: ClusterMetadata, server_id: int | None, endpoint: str | None) -> _Target:
@@ -100,7 +102,8 @@ async def _resolve(meta: ClusterMetadata, server_id: int | None, endpoint: str |
     assert endpoint is not None
     endpoint = validate_endpoint(endpoint)
     overrides = (await PreferredPartitionStore(meta.coordination).read()).endpoints
-    return _Target(endpoint, [s for s in servers if s.endpoint == endpoint], overrides)
+    live = [s for s in servers if s.endpoint == endpoint]
+    return _Target(endpoint, live, overrides, servers)
 
 
 def _configured(target: _Target) -> tuple[int, ...]:
@@ -250,10 +253,12 @@ def _report(
     click.echo(f"preferred partitions of {target.endpoint}: {shown} ({verb})")
     if not target.live:
         click.echo("no live server at this endpoint: it applies when one registers there")
+    # Elsewhere: in other endpoints' overrides, or in the config of live servers there.
+    preferring = dict(target.overrides)
+    for server in apply_overrides(target.servers, target.overrides):
+        preferring.setdefault(server.endpoint, server.preferred_partitions)
     others = sorted(
-        e
-        for e, parts in target.overrides.items()
-        if e != target.endpoint and set(asked) & set(parts)
+        e for e, parts in preferring.items() if e != target.endpoint and set(asked) & set(parts)
     )
     if others:
         click.echo(
