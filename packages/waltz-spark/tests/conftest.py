@@ -1,5 +1,5 @@
-"""Shared by the module: a real Waltz cluster and a real local Spark session (local[2],
-loopback)."""
+"""Shared: a real Waltz cluster per test module and one real local Spark session
+(local[2], loopback) for the run."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundClus
         running.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    """One Spark JVM for the whole run (starting one takes seconds)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -16,6 +16,11 @@ log holds one JSON operation per transaction:
   each: it commits only if none of them changed since the state it read, so the
   log proves the total was true at that point.
 
+Every operation also carries ``id`` (unique per operation: an application-level
+key) and ``ts``: when it was built, in milliseconds since the Unix epoch (UTC).
+Records written before ``ts`` existed have none; readers treat it as optional
+(``waltz_spark.jobs`` counts them under an unknown day).
+
 `verify` recomputes everything from the log alone and compares.
 """
 
@@ -43,6 +48,12 @@ from waltz_client.sql import SqliteClientCallbacks
 
 PARTITION = 0
 LOCK_NAMESPACE = "account"
+DAY_MS = 86_400_000
+
+
+def now_ms() -> int:
+    """The current time in milliseconds since the Unix epoch (UTC): an operation's ``ts``."""
+    return time.time_ns() // 1_000_000
 
 
 class Accounts(SqliteClientCallbacks):
@@ -113,6 +124,7 @@ class Operation(TransactionContext):
 
     def execute(self, builder: TransactionBuilder) -> bool:
         op = dict(self.op)
+        op.setdefault("ts", now_ms())  # re-executions keep a given (simulated) time
         kind = op["op"]
         if kind == "deposit":
             builder.append_lock(LOCK_NAMESPACE, op["account"])
@@ -295,10 +307,15 @@ def run_bank(
     seed: int = 7,
     progress: Callable[[int], None] | None = None,
     timeout: float = 120.0,
+    history_days: int = 0,
 ) -> Report:
     """``clients`` threads, each an application instance with its own SQLite view and
     WaltzClient, submit ``operations`` random operations each (``in_flight`` at a time);
-    then the log is read back and everything is checked."""
+    then the log is read back and everything is checked.
+
+    ``history_days`` > 0 simulates a history: operation ``k`` of each client is stamped
+    (``ts``) ``history_days * (1 - k / operations)`` days before now instead of now, so
+    the daily report (``waltz spark bank-report``) has several days to show."""
     import asyncio
     import concurrent.futures
     import os
@@ -324,9 +341,10 @@ def run_bank(
         for k in range(operations):
             if interrupted.is_set():
                 break
-            op = Operation(
-                instances[index], random_operation(rng, accounts, f"{stats.run}-c{index}-{k}")
-            )
+            fields = random_operation(rng, accounts, f"{stats.run}-c{index}-{k}")
+            if history_days > 0:
+                fields["ts"] = now_ms() - round(history_days * DAY_MS * (1 - k / operations))
+            op = Operation(instances[index], fields)
             pending.append((op, time.monotonic(), client.submit(op, timeout=timeout)))
             if len(pending) >= in_flight:
                 settle(pending.pop(0))

@@ -143,6 +143,7 @@ def run(args: argparse.Namespace, console: Console) -> Report:
                 operations=args.operations,
                 accounts=args.accounts,
                 seed=args.seed,
+                history_days=args.history_days,
                 progress=lambda n: progress.advance(task, n),
             )
         render(report, console)
@@ -157,9 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operations", type=int, default=100, help="operations per client")
     parser.add_argument("--accounts", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--history-days",
+        type=int,
+        default=0,
+        help="stamp the operations over the last N days (a simulated history for the "
+        "daily report of `waltz spark bank-report`; default: now)",
+    )
     args = parser.parse_args(argv)
     if min(args.clients, args.operations, args.accounts) < 1:
         parser.error("--clients, --operations and --accounts must be at least 1")
+    if args.history_days < 0:
+        parser.error("--history-days must be 0 or more")
     console = Console()
     try:
         report = run(args, console)

@@ -16,7 +16,9 @@ Options (all strings, as Spark passes them):
 - ``transport``: the transport plugin (default ``zmq``).
 - ``filterPushdown``: ``false`` to use a reader without ``pushFilters`` (when the session
   does not set ``spark.sql.python.filterPushdown.enabled``).
-- streaming: ``startingOffsets`` = ``earliest`` (default) or ``latest``.
+- streaming: ``startingOffsets`` = ``earliest`` (default) or ``latest``;
+  ``maxTransactionsPerTrigger``: at most this many transactions per micro-batch, over
+  all partitions (default: no limit, every micro-batch reads all that is committed).
 - write: ``onLockFailure`` = ``error`` (default: the job fails after the other rows
   were appended, with an error listing the rejected rows) or ``ignore``; ``timeout``
   seconds for each row (default 120).
@@ -57,6 +59,7 @@ from pyspark.sql.types import (
 
 from waltz_api.errors import ConfigError, LockFailureError
 from waltz_api.types import Lock, LockMode, Record
+from waltz_spark.blocks import block_to_batch
 from waltz_spark.reader import Endpoint, LogReader
 
 log = logging.getLogger(__name__)
@@ -302,16 +305,16 @@ def records_to_batch(partition: int, records: Sequence[Record]) -> pa.RecordBatc
 
 
 def read_split(coordination: str, transport: str, split: Split) -> Iterator[pa.RecordBatch]:
-    """The committed records of ``split`` as Arrow record batches (runs on executors)."""
+    """The committed records of ``split`` as Arrow record batches (runs on executors):
+    each range read's block (checksums and ids verified) cut into columns with numpy,
+    no Python object per row."""
     with LogReader(coordination, transport=transport) as reader:
         if split.endpoint:
             reader.prime(split.partition, Endpoint(split.endpoint, split.generation))
-        for records in reader.read(split.partition, split.start, split.end):
-            chosen = records
-            if split.ids is not None:
-                chosen = tuple(r for r in records if r.transaction_id in split.ids)
-            if chosen:
-                yield records_to_batch(split.partition, chosen)
+        for block, offsets in reader.read_blocks(split.partition, split.start, split.end):
+            batch = block_to_batch(split.partition, block, offsets, ARROW_SCHEMA, split.ids)
+            if batch.num_rows:
+                yield batch
 
 
 class WaltzBatchReader(DataSourceReader):
@@ -357,6 +360,22 @@ def _offsets(marks: dict[int, int]) -> dict[str, int]:
     return {str(p): mark for p, mark in sorted(marks.items())}
 
 
+def admit(base: Mapping[str, int], marks: Mapping[str, int], limit: int) -> dict[str, int]:
+    """The end offset of a micro-batch starting after ``base`` that reads at most
+    ``limit`` transactions of those up to ``marks``: a max-min fair share per partition
+    (a partition with less available gives its unused share to the others), and at
+    least one transaction when any is available."""
+    available = {p: max(0, int(m) - int(base.get(p, -1))) for p, m in marks.items()}
+    end = {p: int(base.get(p, -1)) for p in marks}
+    budget = limit
+    waiting = sorted((n, p) for p, n in available.items() if n > 0)
+    for i, (n, p) in enumerate(waiting):
+        take = min(n, budget // (len(waiting) - i))
+        end[p] += take
+        budget -= take
+    return {p: max(end[p], int(base.get(p, -1))) for p in sorted(end, key=int)}
+
+
 class WaltzStreamReader(DataSourceStreamReader):
     """Micro-batches of committed transactions.
 
@@ -364,16 +383,34 @@ class WaltzStreamReader(DataSourceStreamReader):
     partitions' committed high-water marks when the micro-batch was planned. A
     micro-batch covers, per partition, ``start + 1 .. end`` (ids above the previous
     offset, up to the new one), so a restart from the checkpoint's offsets reads
-    each transaction exactly once."""
+    each transaction exactly once.
 
-    def __init__(self, settings: Settings, starting: str) -> None:
+    Admission control (``maxTransactionsPerTrigger``): PySpark 4.1's Python stream
+    reader gets no read limit from Spark (``latestOffset()`` has no arguments), so the
+    reader applies its own: the next end offset is at most the limit past the end of
+    the last micro-batch it planned. It learns that end from Spark's calls:
+    ``partitions(start, end)`` (every micro-batch, including one re-run after a
+    restart) and, on a restart, Spark's ``setLatestSeenOffset``, which calls
+    ``partitions(latest, latest)`` before the first ``latestOffset``; before any of
+    them (a new query) the stream stands at its initial offset."""
+
+    def __init__(self, settings: Settings, starting: str, limit: int | None = None) -> None:
         if starting not in ("earliest", "latest"):
             raise ConfigError(
                 f"option 'startingOffsets' is 'earliest' or 'latest', got {starting!r}",
                 key="startingOffsets",
             )
+        if limit is not None and limit < 1:
+            raise ConfigError(
+                f"option 'maxTransactionsPerTrigger' must be >= 1, got {limit}",
+                key="maxTransactionsPerTrigger",
+            )
         self.settings = settings
         self.starting = starting
+        self.limit = limit
+        self.planned: dict[str, int] | None = None
+        """The end offset of the last micro-batch planned (None: none yet)."""
+        self._initial: dict[str, int] | None = None
         self._reader: LogReader | None = None
         self._lock = threading.Lock()
 
@@ -398,23 +435,38 @@ class WaltzStreamReader(DataSourceStreamReader):
             return reader.high_water_marks(self.settings.chosen(reader))
 
     def initialOffset(self) -> dict[str, int]:
-        if self.starting == "latest":
-            return _offsets(self._marks())
-        with self._lock:
-            reader = self._log()
-            return {str(p): self.settings.start - 1 for p in self.settings.chosen(reader)}
+        """Where a new query starts (computed once: Spark 4.1 asks for the latest offset
+        of a new query's first micro-batch before its initial offset)."""
+        if self._initial is None:
+            if self.starting == "latest":
+                self._initial = _offsets(self._marks())
+            else:
+                with self._lock:
+                    reader = self._log()
+                    self._initial = {
+                        str(p): self.settings.start - 1 for p in self.settings.chosen(reader)
+                    }
+        return dict(self._initial)
 
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, int]:
-        """The committed high-water marks (Spark 4.2+ passes ``start`` and a read limit;
-        the source has no admission control: every micro-batch reads all available)."""
+        """The committed high-water marks, capped by ``maxTransactionsPerTrigger`` past
+        the last planned end (Spark 4.2+ would pass ``start``; 4.1 passes nothing)."""
         marks = self._marks()
         if self.settings.end is not None:
             marks = {p: min(m, self.settings.end - 1) for p, m in marks.items()}
-        return _offsets(marks)
+        latest = _offsets(marks)
+        if self.limit is None:
+            return latest
+        base = start if start is not None else self.planned
+        if base is None:  # a new query: its first micro-batch starts at the initial offset
+            base = self.initialOffset()
+        base_ints = {str(p): int(v) for p, v in base.items()}
+        return admit(base_ints, latest, self.limit)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        self.planned = {str(p): int(top) for p, top in end.items()}
         ranges = {int(p): (int(start.get(p, -1)) + 1, int(top) + 1) for p, top in end.items()}
         with self._lock:
             return plan_splits(self._log(), ranges, self.settings.split)
@@ -554,7 +606,11 @@ class WaltzDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         settings = Settings.of(dict(self.options))
-        return WaltzStreamReader(settings, self.options.get("startingOffsets", "earliest"))
+        options = {key.lower(): value for key, value in dict(self.options).items()}
+        limit = _int_option(options, "maxtransactionspertrigger", None)
+        return WaltzStreamReader(
+            settings, options.get("startingoffsets", "earliest") or "earliest", limit
+        )
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
