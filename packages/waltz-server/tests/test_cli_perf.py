@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -186,6 +187,53 @@ def test_a_tiny_lock_pool_makes_concurrent_producers_fail_and_retry(cluster: str
     assert summary["retries_per_tx"] == pytest.approx(summary["retries"] / n, rel=1e-3)
     assert summary["retries_per_tx"] > 0
     check_latency(summary["latency"], n)
+
+
+def run_on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """Run `waltz` with stderr on a pseudo-terminal: (exit code, stdout, terminal output)."""
+    controller, terminal = pty.openpty()
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "waltz_server.cli", *args],
+            stdout=subprocess.PIPE, stderr=terminal, stdin=subprocess.DEVNULL,
+            env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+        )  # fmt: skip
+        os.close(terminal)
+        terminal = -1
+        seen = bytearray()
+        try:
+            while True:
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            out = child.stdout.read().decode() if child.stdout else ""
+            return child.wait(timeout=60), out, seen.decode(errors="replace")
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=30)
+            if child.stdout:
+                child.stdout.close()
+    finally:
+        os.close(controller)
+        if terminal >= 0:
+            os.close(terminal)
+
+
+def test_the_progress_bar_shows_on_a_terminal_only(cluster: str) -> None:
+    args = ("perf", "producers", "--coordination", cluster, "-n", "60", "--lock-pool", "2")
+    code, out, shown = run_on_a_terminal(*args)
+    assert code == 0, shown
+    assert "produced" in shown and "60/60" in shown and "lock failures" in shown
+    assert "tx/s" in shown
+    assert "transactions committed" in out  # the summary stays on stdout
+    code, out, shown = run_on_a_terminal(*args, "--no-progress")
+    assert code == 0, shown
+    assert "produced" not in shown and "transactions committed" in out
 
 
 def test_rate_limits_the_producers(cluster: str) -> None:

@@ -204,7 +204,7 @@ def _rows_consumers(summary: dict[str, Any]) -> Iterator[tuple[str, str]]:
     data = f"{summary['mb_per_s']:,.3f} MB/s" if summary["data_fetched"] else "not fetched"
     yield "data", data
     if latency is None:
-        yield "delivery latency", "not measured (needs --produce, and data fetched)"
+        yield "delivery latency", "not measured (needs --produce, data fetched, --size >= 12)"
     else:
         yield "delivery latency p50", _ms(latency, "p50_ms")
         yield "delivery latency p99", _ms(latency, "p99_ms")
