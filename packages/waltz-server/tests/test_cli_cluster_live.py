@@ -137,6 +137,28 @@ def test_show_and_verify_a_healthy_running_cluster(live: Live) -> None:
     assert report["replica_progress"][1]["high_water_mark"] == hwm
 
 
+def test_storage_admin_commands_on_the_live_nodes(live: Live) -> None:
+    append(live, 1, "for-storage")
+    hwm = high_water_mark(live, 1)
+    for node in live.nodes:
+        endpoint = ["--endpoint", f"tcp://{node}"]
+        rows = as_json(waltz("storage", "list", *endpoint, "--json"))
+        by_id = {row["partition_id"]: row for row in rows}
+        assert sorted(by_id) == [0, 1] and by_id[1]["max_transaction_id"] == hwm
+        assert by_id[1]["available"] is True and by_id[1]["session_info"]["session_id"] >= 0
+        max_id = waltz("storage", "max-transaction-id", "1", *endpoint)
+        assert max_id.exit_code == 0 and max_id.stdout.strip() == str(hwm)
+        stats = as_json(waltz("storage", "stats", *endpoint))
+        counters = {row["partition_id"]: row for row in stats["partitions"]}
+        assert counters[1]["records_appended"] >= 1
+    node = ["--endpoint", f"tcp://{live.nodes[0]}"]
+    assert "out of range" in one_error_line(waltz("storage", "max-transaction-id", "7", *node))
+    wrong_key = waltz(
+        "storage", "availability", "1", "unavailable", *node, "--cluster-key", str(uuid.uuid4())
+    )
+    assert "does not match" in one_error_line(wrong_key)
+
+
 def kinds(report: dict[str, Any], severity: str = "problems") -> set[tuple[str, str]]:
     return {(f["kind"], f["subject"]) for f in report[severity]}
 

@@ -6,7 +6,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from waltz_conformance.suites.storage import make_record
 from waltz_server.cli import main
@@ -68,3 +68,61 @@ def test_storage_config_errors_are_reported(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["storage", "--config", str(config)])
     assert result.exit_code == 1, result.output
     assert "error: " in result.output
+
+
+def _one_error_line(result: Result) -> str:
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_offline_tools_on_missing_or_foreign_files(tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = tmp_path / "nothing"
+    assert "no such control file" in _one_error_line(
+        runner.invoke(main, ["storage", "verify", str(missing)])
+    )
+    assert "no such segment file" in _one_error_line(
+        runner.invoke(main, ["storage", "dump-segment", str(missing / "0.seg")])
+    )
+    foreign = tmp_path / "foreign.seg"
+    foreign.write_bytes(b"this is not a segment file at all" * 4)
+    foreign_dump = runner.invoke(main, ["storage", "dump-segment", str(foreign)])
+    assert "not a Waltz segment file" in _one_error_line(foreign_dump)
+    assert "scan stopped: the segment header" in foreign_dump.stdout
+    ctl = tmp_path / "waltz-storage.ctl"
+    ctl.write_bytes(b"\0" * 10)
+    line = _one_error_line(runner.invoke(main, ["storage", "dump-control-file", str(ctl)]))
+    assert "control file" in line
+
+
+def test_dump_segment_limit_and_data(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _make_storage(data)
+    seg = data / "1" / "0000000000000000000.seg"
+    result = CliRunner().invoke(
+        main, ["storage", "dump-segment", str(seg), "--limit", "2", "--data"]
+    )
+    assert result.exit_code == 0, result.output
+    shown = [line for line in result.stdout.splitlines() if " offset=" in line]
+    assert len(shown) == 2 and all(" data=" in line for line in shown)
+    assert shown[0].startswith("0 offset=") and shown[1].startswith("1 offset=")
+    assert "records: 5, valid bytes" in result.stdout  # counted to the end
+
+
+def test_admin_commands_without_a_node(tmp_path: Path) -> None:
+    runner = CliRunner()
+    down = runner.invoke(
+        main, ["storage", "list", "--endpoint", "tcp://127.0.0.1:1", "--timeout", "0.5"]
+    )
+    assert "no answer from tcp://127.0.0.1:1" in _one_error_line(down)
+    assert "does not exist" in _one_error_line(
+        runner.invoke(main, ["storage", "max-transaction-id", "0", "--config", str(tmp_path / "x")])
+    )
+    nowhere = runner.invoke(main, ["storage", "stats"])
+    assert nowhere.exit_code == 2 and "--endpoint" in nowhere.stderr
+    keyless = runner.invoke(
+        main, ["storage", "add-partition", "1", "--endpoint", "tcp://127.0.0.1:1"]
+    )
+    assert keyless.exit_code == 2 and "--cluster-key" in keyless.stderr

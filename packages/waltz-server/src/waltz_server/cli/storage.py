@@ -58,11 +58,19 @@ def verify_command(directory: str) -> None:
 @click.option("--data", "show_data", is_flag=True, help="Also print each record's data (hex).")
 @click.option("--limit", type=int, default=None, help="Print at most this many records.")
 def dump_segment_command(segment: str, show_data: bool, limit: int | None) -> None:
-    """Print a segment data file (.seg): its header and every valid record."""
+    """Print a segment data file (.seg): its header and every valid record.
+
+    Exits 1 when the file has no valid segment header (not a segment file)."""
     from waltz_storage_fs import tools
 
+    header = False
     for line in tools.format_segment(segment, show_data=show_data, limit=limit):
+        header = header or line.startswith("header: ")
         click.echo(line)
+    if not header:
+        raise WaltzError(
+            f"{segment}: not a Waltz segment file (its header is short or fails its checksum)"
+        )
 
 
 @storage_group.command("dump-control-file")
