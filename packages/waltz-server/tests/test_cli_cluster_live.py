@@ -151,10 +151,10 @@ def test_storage_admin_commands_on_the_live_nodes(live: Live) -> None:
         stats = as_json(waltz("storage", "stats", *endpoint))
         counters = {row["partition_id"]: row for row in stats["partitions"]}
         assert counters[1]["records_appended"] >= 1
-    node = ["--endpoint", f"tcp://{live.nodes[0]}"]
-    assert "out of range" in one_error_line(waltz("storage", "max-transaction-id", "7", *node))
+    first = ["--endpoint", f"tcp://{live.nodes[0]}"]
+    assert "out of range" in one_error_line(waltz("storage", "max-transaction-id", "7", *first))
     wrong_key = waltz(
-        "storage", "availability", "1", "unavailable", *node, "--cluster-key", str(uuid.uuid4())
+        "storage", "availability", "1", "unavailable", *first, "--cluster-key", str(uuid.uuid4())
     )
     assert "does not match" in one_error_line(wrong_key)
 
