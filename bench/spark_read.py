@@ -9,25 +9,55 @@ A real cluster in this process (local coordination, 3 fs storage nodes, ZeroMQ, 
 server); the log is written straight to the storage engines before the server starts
 (``--transactions`` in all, spread over the partitions). Then, in the same run:
 
-- the storage engine's raw range read (``read_records`` of 10000, in process);
-- the wire: :class:`waltz_spark.LogReader` (RangeReadRequest loop) from this process;
+- the storage engine's raw range read (``read_records`` of 10000, in process), and
+  ``read_block`` (the same records as one wire block, what a range read sends on);
+- the wire: :class:`waltz_spark.LogReader` (RangeReadRequest loop, 3 in flight) from
+  this process: ``read`` (records decoded) and ``read_blocks`` + the Arrow conversion
+  an executor does (``waltz_spark.blocks``);
 - Spark: ``spark.read.format("waltz")`` on ``--master``, a full scan
   (``count`` and the sum of the data lengths, so every column is produced),
   after a warm-up read of the first splits;
 - peak RSS of this process (the driver; executors are Python workers of Spark).
+
+Each in-process figure also gives the CPU seconds this process spent (the storage
+nodes, the server and the reader share it; the machine's load average is printed too,
+as other work on a shared machine slows every wall-clock figure).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+
+class _Took:
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.cpu = 0.0
+
+    def rate(self, count: int) -> str:
+        return (
+            f"{count / self.wall:12,.0f} records/s  ({self.wall:.2f} s, "
+            f"{self.cpu / max(count, 1) * 1e6:.1f} us CPU of this process per record)"
+        )
+
+
+@contextlib.contextmanager
+def measure() -> Iterator[_Took]:
+    took = _Took()
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield took
+    took.wall = time.perf_counter() - wall
+    took.cpu = time.process_time() - cpu
 
 
 def main() -> None:
@@ -37,6 +67,7 @@ def main() -> None:
     parser.add_argument("--data-size", type=int, default=100)
     parser.add_argument("--split", type=int, default=250_000)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--repeat", type=int, default=2, help="Spark scans to time")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -44,6 +75,8 @@ def main() -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
     from waltz_spark import LogReader, register
+    from waltz_spark.blocks import block_to_batch
+    from waltz_spark.datasource import ARROW_SCHEMA
     from waltz_spark.testing import BackgroundCluster
 
     per_partition = args.transactions // args.partitions
@@ -59,33 +92,45 @@ def main() -> None:
             f"written and served in {time.perf_counter() - began:.1f} s"
         )
         try:
+            print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
             # the storage engine, in process
-            async def raw() -> int:
+            async def raw(blocks: bool) -> int:
                 engine = cluster.nodes[0].engine
                 count = 0
                 for p in range(args.partitions):
                     stored = engine.partition(p)
                     at = 0
                     while at < per_partition:
-                        records = await stored.read_records(at, 10_000)
-                        count += len(records)
-                        at += len(records)
+                        if blocks:
+                            n = len(await stored.read_block(at, 10_000))
+                        else:
+                            n = len(await stored.read_records(at, 10_000))
+                        count += n
+                        at += n
                 return count
 
-            began = time.perf_counter()
-            count = cluster.run(raw(), timeout=600)
-            seconds = time.perf_counter() - began
-            print(f"storage engine read_records: {count / seconds:12,.0f} records/s")
+            for blocks in (False, True):
+                with measure() as took:
+                    count = cluster.run(raw(blocks), timeout=600)
+                name = "read_block  " if blocks else "read_records"
+                print(f"storage engine {name}:            {took.rate(count)}")
 
             # the wire, one reader in this process
-            began = time.perf_counter()
-            count = 0
-            with LogReader(cluster.uri) as reader:
-                for p in range(args.partitions):
-                    for records in reader.read(p, 0, per_partition):
-                        count += len(records)
-            seconds = time.perf_counter() - began
-            print(f"LogReader (range read, 1 conn): {count / seconds:12,.0f} records/s")
+            with measure() as took:
+                count = 0
+                with LogReader(cluster.uri) as reader:
+                    for p in range(args.partitions):
+                        for records in reader.read(p, 0, per_partition):
+                            count += len(records)
+            print(f"LogReader.read (records):               {took.rate(count)}")
+            with measure() as took:
+                count = 0
+                with LogReader(cluster.uri) as reader:
+                    for p in range(args.partitions):
+                        for block, offsets in reader.read_blocks(p, 0, per_partition):
+                            count += block_to_batch(p, block, offsets, ARROW_SCHEMA).num_rows
+            print(f"LogReader.read_blocks + Arrow batches:  {took.rate(count)}")
 
             from pyspark.sql import DataFrame, SparkSession
             from pyspark.sql import functions as F
@@ -113,18 +158,19 @@ def main() -> None:
 
                 warm = load().where(f"transaction_id < {min(20_000, per_partition)}")
                 warm.count()
-                df = load()
-                began = time.perf_counter()
-                row = df.agg(
-                    F.count("*").alias("rows"), F.sum(F.length("data")).alias("bytes")
-                ).collect()[0]
-                seconds = time.perf_counter() - began
-                assert row["rows"] == total, row
-                print(
-                    f"Spark {args.master} scan: {row['rows']} rows, {row['bytes']} data bytes in "
-                    f"{seconds:.1f} s: {row['rows'] / seconds:12,.0f} rows/s "
-                    f"(goal 200,000 rows/s)"
-                )
+                for _ in range(args.repeat):
+                    df = load()
+                    began = time.perf_counter()
+                    row = df.agg(
+                        F.count("*").alias("rows"), F.sum(F.length("data")).alias("bytes")
+                    ).collect()[0]
+                    seconds = time.perf_counter() - began
+                    assert row["rows"] == total, row
+                    print(
+                        f"Spark {args.master} scan: {row['rows']} rows, {row['bytes']} data "
+                        f"bytes in {seconds:.1f} s: {row['rows'] / seconds:12,.0f} rows/s "
+                        f"(goal 200,000 rows/s; load average {os.getloadavg()[0]:.1f})"
+                    )
             finally:
                 spark.stop()
         finally:
