@@ -57,8 +57,9 @@ def test_create_show_and_refuse(service_uri: str) -> None:
     assert created.returncode == 0, created.stderr
     assert key in created.stdout
 
-    shown = _waltz("cluster", "show", "--coordination", uri, "--json")
-    assert shown.returncode == 0, shown.stderr
+    # the rest in-process (each process pays the plugins' import)
+    shown = CliRunner().invoke(main, ["cluster", "show", "--coordination", uri, "--json"])
+    assert shown.exit_code == 0, shown.output
     summary = json.loads(shown.stdout)
     assert summary["cluster_key"] == key
     assert summary["partitions"] == 3 and summary["replicas"] == 2
@@ -69,18 +70,21 @@ def test_create_show_and_refuse(service_uri: str) -> None:
     human = CliRunner().invoke(main, ["cluster", "show", "--coordination", uri])
     assert human.exit_code == 0 and f"cluster key: {key}" in human.output
 
-    again = _waltz(
-        "cluster",
-        "create",
-        "--coordination",
-        uri,
-        "--partitions",
-        "5",
-        "--replicas",
-        "1",
-        *NODES,
+    again = CliRunner().invoke(
+        main,
+        [
+            "cluster",
+            "create",
+            "--coordination",
+            uri,
+            "--partitions",
+            "5",
+            "--replicas",
+            "1",
+            *NODES,
+        ],
     )
-    assert again.returncode == 1
+    assert again.exit_code == 1
     assert "already exists" in again.stderr and key in again.stderr
     assert "Traceback" not in again.stderr
     still = CliRunner().invoke(main, ["cluster", "show", "--coordination", uri, "--json"])
@@ -195,3 +199,28 @@ def test_delete_then_create_again_in_process() -> None:
     assert gone.exit_code == 1 and "waltz cluster create" in gone.output
     again = runner.invoke(main, [*create, "--storage", "127.0.0.1:7002"])
     assert again.exit_code == 0, again.output
+
+
+def test_create_again_with_the_same_key_and_shape_does_nothing() -> None:
+    runner = CliRunner()
+    uri = f"memory://cli-again-{uuid.uuid4().hex[:8]}/waltz"
+    key = str(uuid.uuid4())
+    create = ["cluster", "create", "--coordination", uri, "--storage", "127.0.0.1:7001"]
+    first = runner.invoke(
+        main, [*create, "--partitions", "2", "--replicas", "1", "--cluster-key", key]
+    )
+    assert first.exit_code == 0 and f"created cluster {key}" in first.stdout
+    again = runner.invoke(
+        main, [*create, "--partitions", "2", "--replicas", "1", "--cluster-key", key]
+    )
+    assert again.exit_code == 0, again.output
+    assert f"cluster {key} exists already" in again.stdout and "nothing to do" in again.stdout
+    for different in (
+        ["--partitions", "3", "--replicas", "1", "--cluster-key", key],
+        ["--partitions", "2", "--replicas", "1", "--cluster-key", str(uuid.uuid4())],
+        ["--partitions", "2", "--replicas", "1"],  # a new random key: another cluster
+    ):
+        refused = runner.invoke(main, [*create, *different])
+        assert refused.exit_code == 1, refused.output
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith("error: a cluster already exists") and key in line

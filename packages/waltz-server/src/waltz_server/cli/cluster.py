@@ -31,7 +31,13 @@ from waltz_api.cluster import (
     validate_storage_node,
 )
 from waltz_api.contracts.transport import Transport
-from waltz_api.errors import ConfigError, PluginError, WaltzError
+from waltz_api.errors import (
+    ClusterExistsError,
+    ClusterNotFoundError,
+    ConfigError,
+    PluginError,
+    WaltzError,
+)
 
 T = TypeVar("T")
 
@@ -183,20 +189,43 @@ def create_cluster(
     storage_nodes: tuple[str, ...],
     cluster_key: uuid.UUID | None,
 ) -> None:
-    """Write a new cluster's metadata. Refused (exit 1) when the root holds one already."""
+    """Write a new cluster's metadata. Refused (exit 1) when the root holds another
+    cluster; a re-run with the same --cluster-key, partitions and replicas does nothing."""
     nodes = [n.strip() for arg in storage_nodes for n in arg.split(",") if n.strip()]
     if not nodes:
         raise ConfigError("give at least one storage node with --storage HOST:PORT", key="storage")
 
-    async def work(meta: ClusterMetadata) -> ClusterConfig:
-        return await meta.create_cluster(
-            num_partitions=partitions,
-            num_replicas=replicas,
-            storage_nodes=nodes,
-            cluster_key=cluster_key,
-        )
+    async def work(meta: ClusterMetadata) -> tuple[ClusterConfig, bool]:
+        try:
+            created = await meta.create_cluster(
+                num_partitions=partitions,
+                num_replicas=replicas,
+                storage_nodes=nodes,
+                cluster_key=cluster_key,
+            )
+        except ClusterExistsError:
+            if cluster_key is None:
+                raise
+            try:
+                existing = await meta.config()
+            except ClusterNotFoundError:  # its creation did not complete
+                raise ClusterExistsError(
+                    f"the creation of a cluster at this root did not complete; delete it "
+                    f"(`waltz cluster delete --cluster-key {cluster_key}`) and create it again"
+                ) from None
+            if existing != ClusterConfig(cluster_key, partitions, replicas):
+                raise
+            return existing, False
+        return created, True
 
-    config = _run_with_metadata(uri, work)
+    config, created = _run_with_metadata(uri, work)
+    if not created:
+        click.echo(
+            f"cluster {config.cluster_key} exists already with {config.num_partitions} "
+            f"partitions and {config.num_replicas} replicas at {uri}; nothing to do "
+            "(`waltz cluster show` lists its storage nodes)"
+        )
+        return
     click.echo(
         f"created cluster {config.cluster_key}: {config.num_partitions} partitions, "
         f"{config.num_replicas} replicas on {len(nodes)} storage nodes at {uri}"
