@@ -64,7 +64,7 @@ def alive(pid: int) -> bool:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A `waltz dev` with 2 partitions; its coordination URI."""
     base = tmp_path_factory.mktemp("perf")
-    data_dir, log = base / "dev", base / "dev.log"
+    data_dir, log = base / ".waltz-dev", base / "dev.log"  # the default `waltz dev` dir
     with log.open("ab") as out:
         dev = subprocess.Popen(
             [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir),
@@ -234,6 +234,20 @@ def test_the_progress_bar_shows_on_a_terminal_only(cluster: str) -> None:
     code, out, shown = run_on_a_terminal(*args, "--no-progress")
     assert code == 0, shown
     assert "produced" not in shown and "transactions committed" in out
+
+
+def test_without_coordination_the_dev_cluster_in_this_directory_is_used(
+    cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev_dir = Path(cluster.removeprefix("local://").split("?")[0]).parent
+    monkeypatch.chdir(dev_dir.parent)
+    before = high_water_marks(cluster)
+    summary = perf_json("producers", "-n", "10", "--partitions", "0")
+    assert summary["transactions"] == 10
+    assert high_water_marks(cluster)[0] == before[0] + 10
+    monkeypatch.chdir(dev_dir)  # no ./.waltz-dev here: one clear line
+    lost = waltz("perf", "consumers", "-n", "10")
+    assert lost.returncode == 1 and "give --coordination URI" in lost.stderr
 
 
 def test_rate_limits_the_producers(cluster: str) -> None:
