@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import logging
 import re
 import sys
@@ -420,8 +421,8 @@ def fill_sections(text: str, sections: Mapping[str, Callable[[], str]] = SECTION
 
 
 def _help_text(command: click.Command) -> str:
-    text = command.help or command.short_help or ""
-    lines = [line for line in text.strip().splitlines() if line.strip() != "\b"]
+    text = inspect.cleandoc(command.help or command.short_help or "")
+    lines = [line for line in text.splitlines() if line.strip() != "\b"]
     return "\n".join(line.rstrip() for line in lines)
 
 
