@@ -402,6 +402,10 @@ def test_add_storage_node_checks_the_node(live: Live) -> None:
     try:
         report = as_json(waltz("cluster", "verify", *uri, "--timeout", "0.5", "--json"))
         assert ("unreachable", f"storage node {down}") in kinds(report)
+        # a replica needs its node up (to host the partition): refused, nothing changed
+        line = one_error_line(waltz("cluster", "add-replica", *uri, "0", down, "--timeout", "0.5"))
+        assert "no answer" in line or "did not answer" in line
+        assert as_json(waltz("cluster", "show", *uri, "--json"))["storage"][down] == []
     finally:
         removed = waltz("cluster", "remove-storage-node", *uri, down)
         assert removed.exit_code == 0, removed.output

@@ -424,7 +424,7 @@ async def _host_partition(
                     raise ConfigError(
                         f"storage node {node} ({endpoint}) belongs to cluster "
                         f"{info.get('cluster_key')}, not {config.cluster_key}; start it with "
-                        "this cluster's key (or pass --no-check to skip this check)",
+                        "this cluster's key",
                         key="storage",
                     )
                 if int(info.get("num_partitions", -1)) != config.num_partitions:
@@ -438,7 +438,7 @@ async def _host_partition(
     except TimeoutError:
         raise WaltzError(
             f"storage node {node} ({endpoint}) did not answer within {reach.timeout * 3:.0f} s; "
-            "is it running (or pass --no-check)?"
+            "is it running?"
         ) from None
 
 
@@ -516,7 +516,6 @@ def _partition_argument(func: Callable[..., Any]) -> Callable[..., Any]:
 )
 @_partition_argument
 @_storage_node_argument
-@_check_option
 @click.option(
     "--wait",
     "wait_seconds",
@@ -532,13 +531,13 @@ def add_replica(
     uri: str,
     partition: int,
     storage_node: str,
-    check: bool,
     wait_seconds: float | None,
     reach: Reach,
 ) -> None:
     """Place a replica of PARTITION on the storage node HOST:PORT (a member: see
-    add-storage-node). The node is told to host the partition first; the partition's
-    owner then catches the replica up in the background. Adding it again does nothing."""
+    add-storage-node), which must be running: it is checked (this cluster's key) and told
+    to host the partition first; the partition's owner then catches the replica up in
+    the background. Adding it again does nothing."""
     node = validate_storage_node(storage_node)
 
     async def work(meta: ClusterMetadata, transport: Transport) -> None:
@@ -557,8 +556,9 @@ def add_replica(
                 "`waltz cluster add-storage-node`",
                 key="storage",
             )
-        if check:
-            await _host_partition(meta, transport, reach, node, partition)
+        # always: a replica whose node does not host the partition would refuse the
+        # owner's requests (the node must be up to receive a replica)
+        await _host_partition(meta, transport, reach, node, partition)
         await meta.add_replica(partition, node)
         if partition not in before.partitions_of(node):
             click.echo(f"partition {partition}: replica added on {node}")
