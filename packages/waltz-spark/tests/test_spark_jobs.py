@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from waltz_bank.bank import DAY_MS, run_bank
@@ -28,6 +29,12 @@ OLD_OPS = [  # written before operations had a timestamp
     {"id": "old-2", "op": "deposit", "account": 2, "amount": 300},
     {"id": "old-3", "op": "transfer", "source": 1, "target": 3, "amount": 50},
 ]
+
+
+def parquet(path: Path) -> list[dict[str, Any]]:
+    """A Parquet output's rows (read with pyarrow: no Spark job)."""
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows
 
 
 def bank_log(uri: str) -> list[tuple[int, int, dict[str, Any] | None]]:
@@ -146,14 +153,15 @@ def test_bank_report_command(spark: Any, bank: BackgroundCluster, tmp_path: Path
     log = bank_log(bank.uri)
     expected = expected_from(log)
 
-    balances = {r["account"]: r for r in spark.read.parquet(str(out / "balances")).collect()}
+    balances = {r["account"]: r for r in parquet(out / "balances")}
     assert {a: r["balance"] for a, r in balances.items()} == expected["balances"]
     assert figures["total_balance"] == sum(expected["balances"].values())
-    summary = {r["op"]: (r["count"], r["amount"]) for r in
-               spark.read.parquet(str(out / "summary")).collect()}  # fmt: skip
+    assert figures["accounts"] == len(expected["balances"])
+    assert figures["operations"] == {op: n for op, (n, _) in expected["summary"].items()}
+    summary = {r["op"]: (r["count"], r["amount"]) for r in parquet(out / "summary")}
     assert summary == expected["summary"]
 
-    daily = {r["day"]: r.asDict() for r in spark.read.parquet(str(out / "daily")).collect()}
+    daily = {r["day"]: r for r in parquet(out / "daily")}
     assert set(daily) == set(expected["daily"])
     assert None in daily and daily[None]["operations"] == len(OLD_OPS)  # old records
     assert len([d for d in daily if d is not None]) >= 3  # the simulated history
@@ -169,8 +177,7 @@ def test_bank_report_command(spark: Any, bank: BackgroundCluster, tmp_path: Path
         kinds = ("deposits", "withdrawals", "transfers", "audits")
         assert sum(row[k] for k in kinds) == row["operations"]
     assert sum(r["net_flow"] for r in daily.values()) == sum(expected["balances"].values())
-    positions = {r["partition"]: r["high_water_mark"] for r in
-                 spark.read.parquet(str(out / "positions")).collect()}  # fmt: skip
+    positions = {r["partition"]: r["high_water_mark"] for r in parquet(out / "positions")}
     assert positions == {p: max(t for q, t, _ in log if q == p) for p in (0, 1)}
 
     chart = out / "daily_volume.svg"

@@ -306,22 +306,20 @@ def bank_report(
             table.coalesce(1).sortWithinPartitions(key).write.mode("overwrite").parquet(
                 f"{target}/{name}"
             )
-        # the figures from what was written
-        totals = (
-            spark.read.parquet(f"{target}/balances")
-            .agg(F.count("*").alias("accounts"), F.sum("balance").alias("total"))
-            .collect()[0]
-        )
+        # the figures from what was written (the daily table is small and has them all
+        # but the number of accounts: sum of the net flows = sum of the balances)
+        accounts = spark.read.parquet(f"{target}/balances").count()
         days = [r.asDict() for r in spark.read.parquet(f"{target}/daily").collect()]
         if chart is None and local is not None:
             chart = local / CHART
         drawn = None if chart is None else str(render_daily_chart(days, chart))
+        kinds = (("deposit", "deposits"), ("withdraw", "withdrawals"),
+                 ("transfer", "transfers"), ("audit", "audits"))  # fmt: skip
+        operations = {op: sum(int(d[column]) for d in days) for op, column in kinds}
         figures = {
-            "accounts": totals["accounts"],
-            "total_balance": totals["total"] or 0,
-            "operations": {
-                r["op"]: r["count"] for r in spark.read.parquet(f"{target}/summary").collect()
-            },
+            "accounts": accounts,
+            "total_balance": sum(int(d["net_flow"]) for d in days),
+            "operations": {op: n for op, n in operations.items() if n},
             "days": sum(1 for d in days if d["day"] is not None),
             "undated_operations": sum(d["operations"] for d in days if d["day"] is None),
             "chart": drawn,
@@ -401,17 +399,25 @@ class BankStreamSink:
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        ops = parse_operations(batch).cache()
-        try:
-            marks = (
+        ops = parse_operations(batch)
+        kind = F.lit
+        # the three aggregations as one Spark job (a micro-batch is small: re-reading it
+        # in each branch is cheaper than caching it)
+        changes = (
+            balances_of(ops)
+            .withColumn("kind", kind("balance"))
+            .unionByName(summary_of(ops).withColumn("kind", kind("summary")), True)
+            .unionByName(
                 ops.groupBy("partition")
                 .agg(F.max("transaction_id").alias("hwm"), F.count("*").alias("n"))
-                .collect()
+                .withColumn("kind", kind("position")),
+                True,
             )
-            balances = [r.asDict() for r in balances_of(ops).collect()] if marks else []
-            summary = [r.asDict() for r in summary_of(ops).collect()] if marks else []
-        finally:
-            ops.unpersist()
+            .collect()
+        )
+        balances = [r.asDict() for r in changes if r["kind"] == "balance"]
+        summary = [r.asDict() for r in changes if r["kind"] == "summary"]
+        marks = [r for r in changes if r["kind"] == "position"]
         size = sum(int(r["n"]) for r in marks)
         operations = sum(int(r["count"]) for r in summary)
         db = self._connect()
