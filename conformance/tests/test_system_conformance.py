@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from waltz_conformance.suites.system import PROCESSES, VOTER_SWEEP, SystemHarness, SystemSuite
+from waltz_conformance.suites.system import (
+    PROCESSES,
+    RECOVERY_CASES,
+    VOTER_SWEEP,
+    SystemHarness,
+    SystemSuite,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -37,9 +43,11 @@ async def harness(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[SystemHarness]:
     coordination: str = request.cls.coordination
-    # The 1/2/4/5-voter sweep runs in-process and on ZooKeeper; the voting it checks
-    # does not depend on the coordination plugin, and each process sweep costs a minute.
-    capabilities = {VOTER_SWEEP} if coordination in ("memory", "zk") else set()
+    # The 1/2/4/5-voter sweep and the expensive recovery cases run in-process and on
+    # ZooKeeper: the recovery they check does not depend on the coordination plugin,
+    # and with processes they cost minutes per combination. etcd and local run the
+    # representative rest and skip these visibly.
+    capabilities = {VOTER_SWEEP, RECOVERY_CASES} if coordination in ("memory", "zk") else set()
     if coordination == "memory":
         made = SystemHarness(
             name="memory",
