@@ -250,6 +250,29 @@ def test_without_coordination_the_dev_cluster_in_this_directory_is_used(
     assert lost.returncode == 1 and "give --coordination URI" in lost.stderr
 
 
+def test_ctrl_c_says_how_far_the_run_got(cluster: str) -> None:
+    before = high_water_marks(cluster)[0]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "waltz_server.cli", "perf", "producers", "--coordination",
+         cluster, "-n", "10000000", "--partitions", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while high_water_marks(cluster)[0] < before + 50:  # producing
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+    assert child.returncode == 130, err
+    assert err.startswith("interrupted: ") and "transactions committed in" in err
+    assert err.count("\n") == 1 and out == ""
+
+
 def test_rate_limits_the_producers(cluster: str) -> None:
     n, rate = 30, 40.0
     summary = perf_json(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -141,14 +142,28 @@ def perf_group() -> None:
     """Load a running cluster and measure it (progress bar on stderr, summary on stdout)."""
 
 
-def _run_with_meter(work: Callable[[Meter], Awaitable[dict[str, Any]]], progress: bool) -> Any:
+def _run_with_meter(
+    work: Callable[[Meter], Awaitable[dict[str, Any]]],
+    progress: bool,
+    tallies: list[Any],
+    what: str,
+) -> Any:
+    """Run ``work``; on Ctrl-C say how far it got (``tallies``) and exit 130."""
     engine = _engine()
 
     async def main() -> dict[str, Any]:
         with engine.Meter(progress) as meter:
             return await work(meter)
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        done = sum(t.done for t in tallies)
+        starts = [t.started for t in tallies if t.started is not None]
+        elapsed = time.monotonic() - min(starts) if starts else 0.0
+        rate = f", {done / elapsed:,.0f} tx/s" if elapsed > 0 else ""
+        click.echo(f"interrupted: {done:,} transactions {what} in {elapsed:.2f} s{rate}", err=True)
+        raise SystemExit(130) from None
 
 
 def _finish(summary: dict[str, Any], as_json: bool, render: Callable[[], None]) -> None:
@@ -311,7 +326,7 @@ def producers_command(  # noqa: PLR0917 - click passes options by name
         meter.update("produced", tally, f"{tally.lock_failures:,} lock failures")
         return raw
 
-    raw = _run_with_meter(work, not no_progress)
+    raw = _run_with_meter(work, not no_progress, [tally], "committed")
     summary = perf.producer_summary(spec, tally, raw)
     _finish(summary, as_json, lambda: _render("waltz perf producers", _rows_producers(summary)))
 
@@ -407,6 +422,6 @@ def consumers_command(  # noqa: PLR0917 - click passes options by name
         result: dict[str, Any] = await perf.consume(target, spec, tallies, produced, meter)
         return result
 
-    raw = _run_with_meter(work, not no_progress)
+    raw = _run_with_meter(work, not no_progress, tallies, "delivered")
     summary = perf.consumer_summary(spec, tallies, produced, raw)
     _finish(summary, as_json, lambda: _render("waltz perf consumers", _rows_consumers(summary)))
