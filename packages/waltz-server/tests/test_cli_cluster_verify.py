@@ -226,6 +226,22 @@ def test_a_replica_behind_is_a_note_and_a_missing_quorum_a_problem() -> None:
     assert _found(_facts(marks=(10, 10), maxes=(11, 10, 10))) == {(PROBLEM, "ahead")}
 
 
+def test_a_replica_left_out_of_the_store_session_is_a_note() -> None:
+    facts = _facts()
+    store = facts.store[0]
+    behind = ReplicaState(ReplicaId(0, NODES[2]), 1, 8)
+    facts.store[0] = facts.store_after[0] = store.with_replica(behind)
+    (finding,) = check(facts)
+    assert (finding.severity, finding.kind, finding.subject) == (
+        NOTE,
+        "not-in-session",
+        "partition 0",
+    )
+    assert f"replica on {NODES[2]} is not part of store session 3" in finding.message
+    (row,) = replica_progress(facts)
+    assert [r["in_store_session"] for r in row["replicas"]] == [True, True, False]
+
+
 def test_session_and_low_water_mark_inconsistencies() -> None:
     assert _found(_facts(sessions=(3, 3, 4))) == {(PROBLEM, "session")}
     facts = _facts()

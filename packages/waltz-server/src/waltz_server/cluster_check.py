@@ -402,6 +402,16 @@ def _check_store_metadata(found: _Findings, facts: ClusterFacts) -> None:
             continue
         in_store = {r.replica_id.storage_node for r in store.replicas}
         assigned = set(facts.assignments.replicas_of(partition_id))
+        for replica in store.replicas:
+            node = replica.replica_id.storage_node
+            if node in assigned and replica.session_id < store.session_id:
+                found.note(
+                    "not-in-session",
+                    subject,
+                    f"replica on {node} is not part of store session {store.session_id} (last "
+                    f"in session {replica.session_id}: it was offline or behind when the "
+                    "session started; a later session takes it back)",
+                )
         if in_store != assigned:
             changes = [f"add {n}" for n in sorted(assigned - in_store)]
             changes += [f"drop {n}" for n in sorted(in_store - assigned)]
