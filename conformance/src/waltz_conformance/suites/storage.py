@@ -49,6 +49,7 @@ import crc32c
 import pytest
 import pytest_asyncio
 
+from waltz_api import wire
 from waltz_api.contracts.storage import StorageEngine
 from waltz_api.errors import (
     ChecksumError,
@@ -344,6 +345,22 @@ class StorageSuite:
         assert [r.transaction_id for r in got] == [3]
         got = await part.read_records(5, 10, max_bytes=10_000)
         assert [r.transaction_id for r in got] == [5, 6, 7, 8, 9]
+
+    async def test_read_block_is_read_records_in_wire_form(self, store: Store) -> None:
+        """``read_block`` (what a range read sends on) holds exactly the records
+        ``read_records`` returns, with the same budgets, in the wire's record layout."""
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        await part.append([make_record(t, data=bytes([t]) * (t * 37 % 150)) for t in range(12)])
+        for start in (0, 3, 11, 12, 40):
+            for count, budget in ((5, 16 * 1024 * 1024), (100, 16 * 1024 * 1024), (10, 200)):
+                expected = await part.read_records(start, count, budget)
+                block = await part.read_block(start, count, budget)
+                assert isinstance(block, wire.RecordBlock)
+                assert block.raw == wire.encode_records(expected)
+                assert len(block) == len(expected)
+                assert block.check(start) == block.offsets()
+        assert len(await part.read_block(0, 0)) == 0
 
     async def test_append_must_continue_the_log(self, store: Store) -> None:
         engine = await store.open()
