@@ -60,3 +60,27 @@ def test_the_demo_command_runs_end_to_end(
     assert main(["--clients", "2", "--operations", "10", "--accounts", "3"]) == 0
     out = capsys.readouterr().out
     assert "OK" in out and "total" in out
+
+
+def test_an_operation_carries_its_build_time_in_utc_milliseconds(tmp_path: Path) -> None:
+    import json
+    import time
+
+    from waltz_bank.bank import Accounts, Operation
+
+    from waltz_client.api import TransactionBuilder
+
+    accounts = Accounts(str(tmp_path / "view.db"))
+    try:
+        before = time.time_ns() // 1_000_000
+        builder = TransactionBuilder(0, -1)
+        op = {"id": "t-1", "op": "deposit", "account": 3, "amount": 5}
+        assert Operation(accounts, op).execute(builder)
+        stamped = json.loads(builder.data)
+        assert before <= stamped["ts"] <= time.time_ns() // 1_000_000
+        assert "ts" not in op  # the context's operation is not changed
+        given = TransactionBuilder(0, -1)  # a simulated time is kept
+        assert Operation(accounts, {**op, "ts": 86_400_000}).execute(given)
+        assert json.loads(given.data)["ts"] == 86_400_000
+    finally:
+        accounts.close()

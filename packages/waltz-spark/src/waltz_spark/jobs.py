@@ -200,8 +200,8 @@ def render_daily_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path
     """A self-contained SVG stacked bar chart: per day (rows with a ``day``), the
     deposited, withdrawn and transferred amounts. No plotting dependency."""
     dated = sorted((r for r in rows if r.get("day") is not None), key=lambda r: r["day"])
-    width, height = max(480, 120 + 48 * len(dated)), 360
-    left, right, top, bottom = 70, 20, 40, 80
+    width, height = max(480, 120 + 48 * len(dated)), 390
+    left, right, top, bottom = 70, 20, 40, 110
     plot_w, plot_h = width - left - right, height - top - bottom
     highest = max((sum(int(r[name] or 0) for name, _ in SERIES) for r in dated), default=0)
     step = _nice_step(highest or 1)
@@ -592,7 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stream.add_argument("--trigger-seconds", type=float, default=1.0)
     stream.add_argument("--max-transactions-per-trigger", type=int)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    for name in ("waltz_spark", __name__):  # __main__ under python -m or spark-submit
+        logging.getLogger(name).setLevel(logging.INFO)
     spark, created = spark_session(f"waltz-{args.command}", args.master)
     try:
         if args.command == "bank-report":
