@@ -15,6 +15,7 @@ import waltz_storage_sqlite
 import waltz_storage_sqlite.plugin
 from waltz_storage_sqlite.engine import SqliteStorageEngine
 
+from waltz_api.contracts.storage import StorageEngine
 from waltz_api.errors import StorageError
 from waltz_api.hookspecs import PluginKind
 from waltz_api.plugins import get_registry
@@ -106,3 +107,15 @@ async def test_group_commit_batches_concurrent_appends(tmp_path: Path) -> None:
             assert await parts[pid].read_record(19) == make_record(19, pid)
     finally:
         await engine.close()
+
+
+async def test_another_engines_directory_is_refused(tmp_path: Path) -> None:
+    """Switching a storage node's engine to sqlite on an fs data dir must not start afresh."""
+    fs_class = get_registry().get(PluginKind.STORAGE, "fs").factory
+    assert isinstance(fs_class, type) and issubclass(fs_class, StorageEngine)
+    key = uuid.uuid4()
+    fs_engine = await fs_class.open(str(tmp_path / "data"), cluster_key=key, num_partitions=2)
+    await fs_engine.close()
+    with pytest.raises(StorageError, match="not a Waltz SQLite storage"):
+        await SqliteStorageEngine.open(str(tmp_path / "data"), cluster_key=key, num_partitions=2)
+    assert not (tmp_path / "data" / "waltz-storage.sqlite3").exists()

@@ -207,7 +207,10 @@ class _Writer(threading.Thread):
             for job in group:
                 job.error = failure
         for job in group:
-            job.loop.call_soon_threadsafe(_finish, job)
+            try:
+                job.loop.call_soon_threadsafe(_finish, job)
+            except RuntimeError:  # its event loop is closed: nobody waits for it
+                logger.warning("sqlite storage: a change committed after its loop closed")
 
 
 def _finish(job: _Job) -> None:
@@ -565,9 +568,17 @@ class SqliteStorageEngine(StorageEngine):
             )
         if num_partitions < 1:
             raise StorageError(f"number of partitions must be >= 1, not {num_partitions}")
+        temporary = path.with_name(path.name + ".creating")
+        if directory.exists():
+            others = sorted(p.name for p in directory.iterdir() if p != temporary)
+            if others:
+                raise StorageError(
+                    f"{directory} holds files ({', '.join(others[:5])}) but no {DB_FILE_NAME}: "
+                    "it is not a Waltz SQLite storage (perhaps another engine's); choose an "
+                    "empty or new directory"
+                )
         directory.mkdir(parents=True, exist_ok=True)
         # built under a temporary name and renamed: a crash never leaves a half-made storage
-        temporary = path.with_name(path.name + ".creating")
         temporary.unlink(missing_ok=True)
         connection = sqlite3.connect(temporary, isolation_level=None)
         try:
