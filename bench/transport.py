@@ -27,35 +27,108 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import resource
 import statistics
 import time
-from collections.abc import Awaitable, Callable
-from typing import cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 import zmq
 import zmq.asyncio
 
-from waltz_api.contracts.transport import Connection
+from waltz_api.contracts.transport import Connection, ConnectionHandler
 from waltz_api.errors import ConnectionClosedError
 from waltz_transport_zmq import ZmqTransport
 
 PAYLOAD = b"p" * 100
 # requests in flight in the pipelined cases (a ROUTER drops replies beyond its HWM)
 WINDOW = 1000
+HWM = 10000
+
+Send = Callable[[bytes], Awaitable[object]]
+Receive = Callable[[], Awaitable[object]]
+_Socket = TypeVar("_Socket", bound="zmq.Socket[Any]")
+
+
+# -- the measurements, alike for bare pyzmq and the transport ----------------------------
+
+
+async def pipelined(n: int, send: Send, receive: Receive) -> float:
+    """Round trips/s: a task sends ``n`` requests, at most WINDOW in flight, while this
+    one reads the replies."""
+    window = asyncio.Semaphore(WINDOW)
+
+    async def sender() -> None:
+        for _ in range(n):
+            await window.acquire()
+            await send(PAYLOAD)
+
+    start = time.perf_counter()
+    task = asyncio.create_task(sender())
+    for _ in range(n):
+        await receive()
+        window.release()
+    elapsed = time.perf_counter() - start
+    await task
+    return n / elapsed
+
+
+async def ping_pong(n: int, send: Send, receive: Receive) -> list[float]:
+    """The latency of each of ``n`` round trips, one at a time."""
+    latencies = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await send(PAYLOAD)
+        await receive()
+        latencies.append(time.perf_counter() - start)
+    return latencies
 
 
 # -- bare pyzmq -----------------------------------------------------------------------
 
 
-async def bare_push_pull(n: int) -> float:
-    ctx = zmq.asyncio.Context()
+def _push_pull(ctx: zmq.Context[_Socket]) -> tuple[_Socket, _Socket]:
+    """A PULL socket on a free loopback port and a PUSH socket connected to it."""
     pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.RCVHWM, 10000)
+    pull.setsockopt(zmq.RCVHWM, HWM)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 10000)
+    push.setsockopt(zmq.SNDHWM, HWM)
     push.connect(f"tcp://127.0.0.1:{port}")
+    return pull, push
+
+
+def _router_dealer(ctx: zmq.Context[_Socket], hwm: bool = True) -> tuple[_Socket, _Socket]:
+    """A ROUTER socket on a free loopback port and a DEALER socket connected to it (with
+    ``hwm``, both with HWM messages queued each way, else the default)."""
+    router = ctx.socket(zmq.ROUTER)
+    if hwm:
+        router.setsockopt(zmq.SNDHWM, HWM)
+        router.setsockopt(zmq.RCVHWM, HWM)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    if hwm:
+        dealer.setsockopt(zmq.SNDHWM, HWM)
+        dealer.setsockopt(zmq.RCVHWM, HWM)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    return router, dealer
+
+
+def _close(ctx: zmq.Context[_Socket], *sockets: _Socket) -> None:
+    for socket in sockets:
+        socket.close(linger=0)
+    ctx.term()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def bare_push_pull(n: int) -> float:
+    ctx = zmq.asyncio.Context()
+    pull, push = _push_pull(ctx)
     await push.send(b"warm")
     await pull.recv()
     try:
@@ -72,9 +145,7 @@ async def bare_push_pull(n: int) -> float:
         await task
         return n / elapsed
     finally:
-        push.close(linger=0)
-        pull.close(linger=0)
-        ctx.term()
+        _close(ctx, push, pull)
 
 
 class _Reader:
@@ -111,12 +182,7 @@ class _Reader:
 
 async def bare_push_pull_drained(n: int) -> float:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.RCVHWM, 10000)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 10000)
-    push.connect(f"tcp://127.0.0.1:{port}")
+    pull, push = _push_pull(ctx)
     done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
     count = -1  # the warm-up message
     warm = asyncio.Event()
@@ -146,21 +212,12 @@ async def bare_push_pull_drained(n: int) -> float:
         return n / (end - start)
     finally:
         reader.close()
-        push.close(linger=0)
-        pull.close(linger=0)
-        ctx.term()
+        _close(ctx, push, pull)
 
 
 async def bare_dealer_router_drained(n: int) -> float:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.SNDHWM, 10000)
-    router.setsockopt(zmq.RCVHWM, 10000)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.SNDHWM, 10000)
-    dealer.setsockopt(zmq.RCVHWM, 10000)
-    dealer.connect(f"tcp://127.0.0.1:{port}")
+    router, dealer = _router_dealer(ctx)
     loop = asyncio.get_running_loop()
     window = asyncio.Semaphore(WINDOW)
     done: asyncio.Future[float] = loop.create_future()
@@ -205,21 +262,12 @@ async def bare_dealer_router_drained(n: int) -> float:
     finally:
         server.close()
         client.close()
-        dealer.close(linger=0)
-        router.close(linger=0)
-        ctx.term()
+        _close(ctx, dealer, router)
 
 
 async def bare_dealer_router(n: int) -> float:
     ctx = zmq.asyncio.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.SNDHWM, 10000)
-    router.setsockopt(zmq.RCVHWM, 10000)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.SNDHWM, 10000)
-    dealer.setsockopt(zmq.RCVHWM, 10000)
-    dealer.connect(f"tcp://127.0.0.1:{port}")
+    router, dealer = _router_dealer(ctx)
 
     async def serve() -> None:
         while True:
@@ -229,36 +277,16 @@ async def bare_dealer_router(n: int) -> float:
     server = asyncio.create_task(serve())
     await dealer.send(b"warm")
     await dealer.recv()
-    window = asyncio.Semaphore(WINDOW)
     try:
-
-        async def sender() -> None:
-            for _ in range(n):
-                await window.acquire()
-                await dealer.send(PAYLOAD)
-
-        start = time.perf_counter()
-        task = asyncio.create_task(sender())
-        for _ in range(n):
-            await dealer.recv()
-            window.release()
-        elapsed = time.perf_counter() - start
-        await task
-        return n / elapsed
+        return await pipelined(n, dealer.send, dealer.recv)
     finally:
-        server.cancel()
-        await asyncio.gather(server, return_exceptions=True)
-        dealer.close(linger=0)
-        router.close(linger=0)
-        ctx.term()
+        await _cancel(server)
+        _close(ctx, dealer, router)
 
 
 async def bare_ping_pong(n: int) -> list[float]:
     ctx = zmq.asyncio.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(f"tcp://127.0.0.1:{port}")
+    router, dealer = _router_dealer(ctx, hwm=False)
 
     async def serve() -> None:
         while True:
@@ -266,19 +294,10 @@ async def bare_ping_pong(n: int) -> list[float]:
 
     server = asyncio.create_task(serve())
     try:
-        latencies = []
-        for _ in range(n):
-            start = time.perf_counter()
-            await dealer.send(PAYLOAD)
-            await dealer.recv()
-            latencies.append(time.perf_counter() - start)
-        return latencies
+        return await ping_pong(n, dealer.send, dealer.recv)
     finally:
-        server.cancel()
-        await asyncio.gather(server, return_exceptions=True)
-        dealer.close(linger=0)
-        router.close(linger=0)
-        ctx.term()
+        await _cancel(server)
+        _close(ctx, dealer, router)
 
 
 # -- the zmq transport ------------------------------------------------------------------
@@ -292,6 +311,20 @@ async def _echo(conn: Connection) -> None:
         return
 
 
+@contextlib.asynccontextmanager
+async def _transport_connection(
+    coalesce: bool, handler: ConnectionHandler
+) -> AsyncIterator[Connection]:
+    """A client transport's connection to a server transport that runs ``handler``."""
+    server, client = ZmqTransport({"coalesce": coalesce}), ZmqTransport({"coalesce": coalesce})
+    try:
+        listener = await server.listen("tcp://127.0.0.1:*", handler)
+        yield await client.connect(listener.endpoint, timeout=10)
+    finally:
+        await client.close()
+        await server.close()
+
+
 async def transport_one_way(n: int, coalesce: bool, batch: int = 0) -> float:
     received = asyncio.get_running_loop().create_future()
 
@@ -301,10 +334,7 @@ async def transport_one_way(n: int, coalesce: bool, batch: int = 0) -> float:
             await conn.recv()
         received.set_result(time.perf_counter())
 
-    server, client = ZmqTransport({"coalesce": coalesce}), ZmqTransport({"coalesce": coalesce})
-    try:
-        listener = await server.listen("tcp://127.0.0.1:*", sink)
-        conn = await client.connect(listener.endpoint, timeout=10)
+    async with _transport_connection(coalesce, sink) as conn:
         await conn.send(b"warm")
         start = time.perf_counter()
         if batch:
@@ -316,53 +346,18 @@ async def transport_one_way(n: int, coalesce: bool, batch: int = 0) -> float:
                 await conn.send(PAYLOAD)
         end: float = await asyncio.wait_for(received, 120)
         return n / (end - start)
-    finally:
-        await client.close()
-        await server.close()
 
 
 async def transport_round_trips(n: int, coalesce: bool) -> float:
-    server, client = ZmqTransport({"coalesce": coalesce}), ZmqTransport({"coalesce": coalesce})
-    try:
-        listener = await server.listen("tcp://127.0.0.1:*", _echo)
-        conn = await client.connect(listener.endpoint, timeout=10)
+    async with _transport_connection(coalesce, _echo) as conn:
         await conn.send(b"warm")
         await conn.recv()
-        window = asyncio.Semaphore(WINDOW)
-
-        async def sender() -> None:
-            for _ in range(n):
-                await window.acquire()
-                await conn.send(PAYLOAD)
-
-        start = time.perf_counter()
-        task = asyncio.create_task(sender())
-        for _ in range(n):
-            await conn.recv()
-            window.release()
-        elapsed = time.perf_counter() - start
-        await task
-        return n / elapsed
-    finally:
-        await client.close()
-        await server.close()
+        return await pipelined(n, conn.send, conn.recv)
 
 
 async def transport_ping_pong(n: int, coalesce: bool) -> list[float]:
-    server, client = ZmqTransport({"coalesce": coalesce}), ZmqTransport({"coalesce": coalesce})
-    try:
-        listener = await server.listen("tcp://127.0.0.1:*", _echo)
-        conn = await client.connect(listener.endpoint, timeout=10)
-        latencies = []
-        for _ in range(n):
-            start = time.perf_counter()
-            await conn.send(PAYLOAD)
-            await conn.recv()
-            latencies.append(time.perf_counter() - start)
-        return latencies
-    finally:
-        await client.close()
-        await server.close()
+    async with _transport_connection(coalesce, _echo) as conn:
+        return await ping_pong(n, conn.send, conn.recv)
 
 
 # -- the run ------------------------------------------------------------------------------
