@@ -63,6 +63,19 @@ async def running(
         await client.close()
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    cluster: Cluster, peer: ProtocolTestPeer, app: RecordingApp, **config: object
+) -> AsyncIterator[AsyncWaltzClient]:
+    """The running client of ``app`` for partition 0, which ``peer`` serves (on its
+    transport)."""
+    await cluster.assign(0, peer)
+    async with running(
+        cluster, app, transport=peer.transport_name, partitions=[0], **config
+    ) as client:
+        yield client
+
+
 async def wait_for(predicate: object, timeout: float = 10.0) -> None:
     assert callable(predicate)
     async with asyncio.timeout(timeout):
@@ -101,9 +114,8 @@ async def test_mount_carries_ids_and_the_feed_is_applied_in_order_once(
 async def test_submit_sends_the_built_transaction_and_resolves_on_its_feed_item(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp(hwm={0: 5}, fetch_data=True)
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         conn, _ = await mount(peer, 0, hwm=5)
 
         def build(builder: TransactionBuilder) -> bool:
@@ -142,9 +154,8 @@ async def test_submit_sends_the_built_transaction_and_resolves_on_its_feed_item(
 async def test_an_older_pending_append_fails_when_a_newer_one_commits_and_is_retried(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         conn, _ = await mount(peer, 0)
         first, second = Ctx(header=1), Ctx(header=2)
         s1 = asyncio.ensure_future(client.submit(first))
@@ -169,9 +180,8 @@ async def test_reconnect_blocks_appends_until_the_mount_completes_then_fails_pen
     cluster: Cluster, any_peer: ProtocolTestPeer
 ) -> None:
     peer = any_peer
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, transport=peer.transport_name, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         await mount(peer, 0, feed=[(0, 0)])
         ctx = Ctx()
         submitted = asyncio.ensure_future(client.submit(ctx))
@@ -196,9 +206,8 @@ async def test_reconnect_blocks_appends_until_the_mount_completes_then_fails_pen
 async def test_a_pending_append_committed_before_the_mount_response_is_not_retried(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         await mount(peer, 0)
         ctx = Ctx()
         submitted = asyncio.ensure_future(client.submit(ctx))
@@ -218,9 +227,8 @@ async def test_lock_failure_waits_for_the_failing_transaction_then_re_executes(
     cluster: Cluster, any_peer: ProtocolTestPeer
 ) -> None:
     peer = any_peer
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, transport=peer.transport_name, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         conn, _ = await mount(peer, 0, feed=[(0, 0), (1, 0), (2, 0), (3, 0)])
         await wait_for(lambda: app.hwm.get(0) == 3)
         ctx = Ctx()
@@ -244,9 +252,8 @@ async def test_lock_failure_waits_for_the_failing_transaction_then_re_executes(
 async def test_client_ahead_is_reported_and_fails_submissions(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp(hwm={0: 10})
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         ctx = Ctx()
         submitted = asyncio.ensure_future(client.submit(ctx))
         await mount(peer, 0, hwm=3, status=MountStatus.CLIENT_AHEAD)
@@ -260,9 +267,8 @@ async def test_client_ahead_is_reported_and_fails_submissions(
 
 
 async def test_not_ready_is_retried_until_ready(cluster: Cluster, peer: ProtocolTestPeer) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         _, first = await mount(peer, 0, status=MountStatus.NOT_READY)
         _, second = await mount(peer, 0)
         assert second.req_id != first.req_id
@@ -279,11 +285,10 @@ async def test_not_ready_is_retried_until_ready(cluster: Cluster, peer: Protocol
 async def test_reassignment_moves_the_partition_to_the_new_server_and_generation(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     new_server = await ProtocolTestPeer().start()
     try:
         app = RecordingApp()
-        async with running(cluster, app, partitions=[0]) as client:
+        async with serving(cluster, peer, app) as client:
             conn, _ = await mount(peer, 0, feed=[(0, 0)])
             ctx = Ctx()
             submitted = asyncio.ensure_future(client.submit(ctx))
@@ -307,9 +312,8 @@ async def test_reassignment_moves_the_partition_to_the_new_server_and_generation
 
 
 async def test_flush_and_high_water_mark(cluster: Cluster, peer: ProtocolTestPeer) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         conn, _ = await mount(peer, 0, feed=[(0, 0)])
         hwm = asyncio.ensure_future(client.high_water_mark(0))
         _, request = await peer.expect(HighWaterMarkRequest)
@@ -329,19 +333,13 @@ async def test_flush_and_high_water_mark(cluster: Cluster, peer: ProtocolTestPee
 async def test_a_failing_apply_is_reported_and_the_feed_restarts_from_the_application(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp(fail_once={1})
-    async with running(cluster, app, partitions=[0]):
-        conn, _ = await mount(peer, 0, feed=[(0, 0), (1, 1), (2, 2)])
+    async with serving(cluster, peer, app):
+        await mount(peer, 0, feed=[(0, 0), (1, 1), (2, 2)])
         # apply(1) failed: reported, then a new mount from the application's mark
-        _, request = await peer.expect(MountRequest)
+        _, request = await mount(peer, 0, feed=[(1, 1), (2, 2)])
         assert request.client_high_water_mark == 0
         assert app.errors[0][:2] == (0, 1)
-        await conn.send(
-            FeedData(other(0, 2), 1, 1),
-            FeedData(other(0, 3), 2, 2),
-            MountResponse(request.req_id, MountStatus.READY, 2),
-        )
         await wait_for(lambda: app.hwm.get(0) == 2)
         assert [t for _, t, _ in app.applied] == [0, 1, 2]
 
@@ -349,18 +347,12 @@ async def test_a_failing_apply_is_reported_and_the_feed_restarts_from_the_applic
 async def test_a_gap_in_the_feed_makes_the_client_mount_again(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]):
+    async with serving(cluster, peer, app):
         conn, _ = await mount(peer, 0, feed=[(0, 0)])
         await conn.send(FeedData(OTHER, 2, 0))  # 1 is missing
-        _, request = await peer.expect(MountRequest)
+        _, request = await mount(peer, 0, feed=[(1, 0), (2, 0)])
         assert request.client_high_water_mark == 0
-        await conn.send(
-            FeedData(other(0, 1), 1, 0),
-            FeedData(other(0, 2), 2, 0),
-            MountResponse(request.req_id, MountStatus.READY, 2),
-        )
         await wait_for(lambda: app.hwm.get(0) == 2)
         assert [t for _, t, _ in app.applied] == [0, 1, 2]
 
@@ -368,9 +360,8 @@ async def test_a_gap_in_the_feed_makes_the_client_mount_again(
 async def test_back_pressure_limits_transactions_in_flight_per_partition(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0], max_concurrent_transactions=2) as client:
+    async with serving(cluster, peer, app, max_concurrent_transactions=2) as client:
         conn, _ = await mount(peer, 0)
         tasks = [await client.enqueue(Ctx(header=1)), await client.enqueue(Ctx(header=2))]
         third = asyncio.ensure_future(client.enqueue(Ctx(header=3)))
@@ -388,9 +379,8 @@ async def test_back_pressure_limits_transactions_in_flight_per_partition(
 
 
 async def test_execute_declining_or_raising(cluster: Cluster, peer: ProtocolTestPeer) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         await mount(peer, 0)
         declined = Ctx(build=lambda b: False)
         assert await client.submit(declined) is False
@@ -449,11 +439,10 @@ class AsyncApp(RecordingApp):
 async def test_async_callbacks_fetch_data_on_the_loop(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = AsyncApp(hwm={0: 1})
     peer.data[(0, 2)] = JSON.serialize({"n": 2})
     peer.data[(0, 3)] = JSON.serialize({"n": 3})
-    async with running(cluster, app, partitions=[0]):
+    async with serving(cluster, peer, app):
         _, request = await mount(peer, 0, feed=[(2, 0), (3, 0)])
         assert request.client_high_water_mark == 1
         await wait_for(lambda: app.hwm.get(0) == 3)
@@ -464,9 +453,8 @@ async def test_async_callbacks_fetch_data_on_the_loop(
 async def test_a_data_fetch_the_server_cannot_answer_is_reported(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp(fetch_data=True)
-    async with running(cluster, app, partitions=[0]):
+    async with serving(cluster, peer, app):
         await mount(peer, 0, feed=[(0, 0)])  # the peer has no data for transaction 0
         _, again = await peer.expect(MountRequest)  # apply failed: reported, feed restarted
         assert again.client_high_water_mark == -1
@@ -478,9 +466,8 @@ async def test_a_data_fetch_the_server_cannot_answer_is_reported(
 async def test_an_append_refused_for_a_stale_generation_is_retried_after_a_new_mount(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         conn, _ = await mount(peer, 0)
         ctx = Ctx()
         submitted = asyncio.ensure_future(client.submit(ctx))
@@ -496,9 +483,8 @@ async def test_an_append_refused_for_a_stale_generation_is_retried_after_a_new_m
 
 
 async def test_range_read_over_rpc(cluster: Cluster, peer: ProtocolTestPeer) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]) as client:
+    async with serving(cluster, peer, app) as client:
         await mount(peer, 0)
         reading = asyncio.ensure_future(client.range_read(0, 3, max_records=2))
         conn, request = await peer.expect(RangeReadRequest)
@@ -516,10 +502,9 @@ async def test_range_read_over_rpc(cluster: Cluster, peer: ProtocolTestPeer) -> 
 async def test_prefetch_fetches_each_transaction_once_before_the_callbacks_ask(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp(fetch_data=True)
     peer.answer_data = False  # the test answers, once every request is in
-    async with running(cluster, app, partitions=[0], prefetch_data=True) as client:
+    async with serving(cluster, peer, app, prefetch_data=True) as client:
         await mount(peer, 0, feed=[(t, 0) for t in range(10)])
         # all ten requests are out before any answer: pipelined, not one per callback
         requests = [await peer.expect(TransactionDataRequest) for _ in range(10)]
@@ -541,12 +526,11 @@ async def test_a_lost_coordination_session_is_renewed_and_moves_are_still_follow
 ) -> None:
     from waltz_coord_local.coordination import LocalCoordination
 
-    await cluster.assign(0, peer)
     new_server = await ProtocolTestPeer().start()
     try:
         app = RecordingApp()
         options = {"session_timeout": 1.5}
-        async with running(cluster, app, partitions=[0], coordination_options=options) as client:
+        async with serving(cluster, peer, app, coordination_options=options) as client:
             await mount(peer, 0)
             old = client._coordination
             assert isinstance(old, LocalCoordination)
@@ -593,9 +577,8 @@ async def test_a_submission_expires_only_while_nothing_is_in_flight(
 
 
 async def test_an_unanswered_mount_is_sent_again(cluster: Cluster, peer: ProtocolTestPeer) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0], request_timeout=0.5):
+    async with serving(cluster, peer, app, request_timeout=0.5):
         _, first = await peer.expect(MountRequest)  # never answered
         conn, second = await mount(peer, 0)
         assert second.req_id != first.req_id
@@ -609,9 +592,8 @@ async def test_an_unanswered_mount_is_sent_again(cluster: Cluster, peer: Protoco
 async def test_a_mount_streaming_a_long_catch_up_is_not_timed_out(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0], request_timeout=0.5):
+    async with serving(cluster, peer, app, request_timeout=0.5):
         conn, request = await peer.expect(MountRequest)
         for t in range(6):  # 1.2 s of catch-up, longer than the timeout, progressing
             await conn.send(FeedData(other(0, t + 1), t, 0))
@@ -624,9 +606,8 @@ async def test_a_mount_streaming_a_long_catch_up_is_not_timed_out(
 async def test_a_feed_ended_by_a_move_makes_the_client_mount_again(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
-    await cluster.assign(0, peer)
     app = RecordingApp()
-    async with running(cluster, app, partitions=[0]):
+    async with serving(cluster, peer, app):
         conn, first = await mount(peer, 0, feed=[(0, 0)])
         # what a server sends when the partition leaves it (no request of ours)
         await conn.send(
