@@ -168,7 +168,7 @@ def test_verify_finds_nodes_of_another_cluster_an_unreachable_node_and_no_server
 ) -> None:
     ghost = f"127.0.0.1:{free_port()}"
     uri = create_root(live, "other", partitions=2, key=None, nodes=[*live.nodes, ghost])
-    result = waltz("cluster", "verify", "--coordination", uri, "--timeout", "1", "--json")
+    result = waltz("cluster", "verify", "--coordination", uri, "--timeout", "2", "--json")
     assert result.exit_code == 1
     report = as_json(result)
     assert report["ok"] is False
@@ -177,7 +177,7 @@ def test_verify_finds_nodes_of_another_cluster_an_unreachable_node_and_no_server
         assert ("cluster-key", f"storage node {node}") in found
     assert ("unreachable", f"storage node {ghost}") in found
     assert ("no-servers", "cluster") in found
-    human = waltz("cluster", "verify", "--coordination", uri, "--timeout", "1")
+    human = waltz("cluster", "verify", "--coordination", uri, "--timeout", "2")
     assert human.exit_code == 1
     assert f"PROBLEM: storage node {live.nodes[0]}: was opened with cluster key {live.key}" in (
         human.stdout
