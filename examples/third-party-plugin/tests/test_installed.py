@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -119,3 +120,55 @@ async def test_another_engines_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="not a Waltz SQLite storage"):
         await SqliteStorageEngine.open(str(tmp_path / "data"), cluster_key=key, num_partitions=2)
     assert not (tmp_path / "data" / "waltz-storage.sqlite3").exists()
+
+
+async def test_a_waltz_storage_process_runs_on_it(tmp_path: Path) -> None:
+    """``waltz storage --config`` with ``engine = "sqlite"`` loads the plugin from the wheel,
+    creates its database and hosts the configured partitions; stopped by its pid."""
+    key = uuid.uuid4()
+    data_dir = tmp_path / "data"
+    config = tmp_path / "storage.toml"
+    config.write_text(
+        "[storage]\n"
+        f'data_dir = "{data_dir}"\n'
+        'engine = "sqlite"\n'
+        f'cluster_key = "{key}"\n'
+        "num_partitions = 3\n"
+        "partitions = [0, 2]\n"
+        "[transport]\n"
+        'plugin = "memory"\n'
+        f'endpoint = "memory://sqlite-node-{key.hex[:8]}"\n'
+        "[http]\n"
+        "enabled = false\n"
+    )
+    log_path = tmp_path / "storage.log"
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "waltz"),
+            "storage",
+            "--config",
+            str(config),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        for _ in range(600):  # at most 60 s
+            if "storage node ready on" in log_path.read_text() or process.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert "storage node ready on" in log_path.read_text(), log_path.read_text()
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            process.kill()
+            await asyncio.wait_for(process.wait(), 30)
+    assert process.returncode == 0, log_path.read_text()
+    engine = await SqliteStorageEngine.open(str(data_dir), cluster_key=key, num_partitions=3)
+    try:
+        assert engine.partition_ids() == [0, 2]
+    finally:
+        await engine.close()
