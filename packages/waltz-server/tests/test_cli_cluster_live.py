@@ -320,6 +320,8 @@ def test_add_a_storage_node_and_a_replica_that_catches_up_then_remove_them(
     assert "already in group 1" in one_error_line(other_group)
     shown = as_json(waltz("cluster", "show", *uri, "--json"))
     assert shown["storage"][new] == [] and shown["groups"][new] == 1
+    human = waltz("cluster", "show", *uri)
+    assert f"  {new} (group 1): partitions (none)" in human.stdout.splitlines()
     notes = as_json(waltz("cluster", "verify", *uri, "--json"))
     assert notes["ok"] is True and ("idle-node", f"storage node {new}") in kinds(notes, "notes")
 
