@@ -40,7 +40,12 @@ from waltz_api.contracts.coordination import (
     Watch,
     join_path,
 )
-from waltz_api.coordination_support import DeliveryWatch, LoopDelivery, SessionStateTracker
+from waltz_api.coordination_support import (
+    DeliveryWatch,
+    LoopDelivery,
+    SessionStateTracker,
+    rooted_path,
+)
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
@@ -336,9 +341,7 @@ class MemoryCoordination(Coordination):
         return self._service
 
     def _full(self, path: str) -> str:
-        if not path.startswith("/"):
-            raise CoordinationError(f"coordination paths are absolute ('/a/b'), got {path!r}")
-        return join_path(self._root, path)
+        return rooted_path(self._root, path)
 
     def _check(self) -> int:
         if self._closed:

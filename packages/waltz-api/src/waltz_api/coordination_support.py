@@ -15,7 +15,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from waltz_api.contracts.coordination import SessionListener, SessionState, Watch
+from waltz_api.contracts.coordination import SessionListener, SessionState, Watch, join_path
+from waltz_api.errors import CoordinationError
 
 log = logging.getLogger(__name__)
 
@@ -296,3 +297,12 @@ class Notifier(Generic[T]):
     async def wait_closed(self) -> None:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+def rooted_path(root: str, path: str) -> str:
+    """The contract's ``path`` under a client's ``root``, normalised by
+    :func:`~waltz_api.contracts.coordination.join_path`: ``rooted_path("/waltz", "/a/b")``
+    is ``"/waltz/a/b"``. The contract's paths are absolute: a relative one is refused."""
+    if not path.startswith("/"):
+        raise CoordinationError(f"coordination paths are absolute ('/a/b'), got {path!r}")
+    return join_path(root, path)

@@ -52,7 +52,12 @@ from waltz_api.contracts.coordination import (
     Watch,
     join_path,
 )
-from waltz_api.coordination_support import DeliveryWatch, LoopDelivery, SessionStateTracker
+from waltz_api.coordination_support import (
+    DeliveryWatch,
+    LoopDelivery,
+    SessionStateTracker,
+    rooted_path,
+)
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
@@ -245,9 +250,7 @@ class ZooKeeperCoordination(Coordination):
         return self._client
 
     def _full(self, path: str) -> str:
-        if not path.startswith("/"):
-            raise CoordinationError(f"coordination paths are absolute ('/a/b'), got {path!r}")
-        return join_path(self.root, path)
+        return rooted_path(self.root, path)
 
     def _check(self) -> KazooClient:
         if self._closed:
