@@ -447,6 +447,21 @@ class SystemHarness(Harness):
         else:
             shutil.rmtree(location, ignore_errors=True)
 
+    def backup_storage(self, index: int) -> Path:
+        """Copy a killed storage node's data directory (an offline backup); requires
+        ``processes`` (real files)."""
+        assert self.processes and self.workdir is not None, "backups need real files"
+        assert not self.storage[index].alive, "back up a killed storage node only"
+        backup = self.workdir / f"backup{index}-{uuid.uuid4().hex[:6]}"
+        shutil.copytree(self._locations[index], backup)
+        return backup
+
+    def restore_storage(self, index: int, backup: Path) -> None:
+        """Replace a killed storage node's data directory with ``backup``."""
+        assert not self.storage[index].alive, "restore a killed storage node only"
+        shutil.rmtree(self._locations[index], ignore_errors=True)
+        shutil.copytree(backup, self._locations[index])
+
     async def kill_server(self, index: int) -> None:
         await self.servers[index].kill()
 
@@ -515,12 +530,17 @@ class SystemHarness(Harness):
         return client
 
     async def replica_log(self, index: int, partition: int) -> list[Record]:
-        """Every record on one storage node's replica of ``partition``, read with the
-        partition's current store session id (reads fence too: never a newer id)."""
+        """Every record on one storage node's replica of ``partition``.
+
+        Read with the session id the replica itself holds, never a newer one: every
+        storage request fences, so a checker's read with the current session id would
+        record it on a replica that session has not recovered yet, and the
+        recovery would then take a replica restored from an old backup for one
+        that took part in the session (the detection compares session ids)."""
         for _ in range(20):
-            session = await self.session_id(partition)
             client = await self.storage_client(index)
             try:
+                session = await _held_session(client, partition)
                 records: list[Record] = []
                 while True:
                     batch = await client.records(session, partition, len(records), 1000)
@@ -528,10 +548,20 @@ class SystemHarness(Harness):
                         return records
                     records.extend(batch)
             except SessionFencedError:
-                await asyncio.sleep(0.2)  # a newer session began meanwhile: read again
+                await asyncio.sleep(0.2)  # a newer session reached it meanwhile: read again
             finally:
                 await client.close()
         raise AssertionError(f"could not read replica {index} of partition {partition}")
+
+
+async def _held_session(client: StorageClient, partition: int) -> int:
+    """The store session id a replica holds (asked with session 0, which every replica
+    past its first session refuses, naming its own; 0 when it holds none above 0)."""
+    try:
+        await client.max_transaction_id(0, partition)
+    except SessionFencedError as exc:
+        return exc.highest_session_id
+    return 0
 
 
 async def _start_all(members: Sequence[_Member]) -> None:
@@ -1425,6 +1455,38 @@ class SystemSuite:
             finally:
                 await client.close()
             assert info.low_water_mark == len(committed[0]) - 1, f"replica {index}: {info}"
+
+    @requires(PROCESSES, RECOVERY_CASES)
+    async def test_a_replica_restored_from_an_older_backup_is_truncated_and_caught_up(
+        self, harness: SystemHarness
+    ) -> None:
+        """Inconsistent storage: a storage node's data is restored from an older backup
+        (taken while it was down, so it may hold records the cluster never committed,
+        and lacks everything since). The storage is older than the metadata says: it
+        is truncated to its own low-water mark before anything reads it, and caught
+        up; every read returns the committed records."""
+        writers = Writers(harness)
+        writers.start()
+        restored = 0
+        try:
+            await writers.progress(30, TIMEOUT, "first acknowledgements")
+            await harness.kill_storage_node(restored)
+            backup = harness.backup_storage(restored)
+            await harness.restart_storage_node(restored)
+            await writers.progress(50, TIMEOUT, "progress after the backup")
+            await harness.kill_storage_node(restored)
+            harness.restore_storage(restored, backup)
+            await harness.restart_storage_node(restored)
+            await writers.progress(50, TIMEOUT, "progress after the restore")
+            await writers.stop()
+        except BaseException:
+            await writers.cancel()
+            raise
+        finally:
+            if not harness.storage[restored].alive:
+                await harness.restart_storage_node(restored)
+        await check_invariants(harness, writers.writers)
+        await check_replicas_converge(harness, range(harness.num_partitions))
 
     # -- replicas added, removed, replaced (membership changes) -------------------------
 
