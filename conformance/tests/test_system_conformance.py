@@ -18,6 +18,7 @@ from waltz_conformance.suites.system import (
     PROCESSES,
     RECOVERY_CASES,
     VOTER_SWEEP,
+    LockingSuite,
     SystemHarness,
     SystemSuite,
 )
@@ -55,6 +56,7 @@ async def harness(
             transport="memory",
             storage_engine="memory",
             session_timeout=2.0,
+            lock_table=getattr(request.cls, "lock_table", "hwm-array"),
             capabilities=frozenset(capabilities),
         )
     else:
@@ -77,6 +79,13 @@ async def harness(
 
 class TestMemorySystem(SystemSuite):
     coordination = "memory"
+
+
+class TestMemoryExactLockTable(LockingSuite):
+    """The feed and locking tests once more with the ``exact`` lock table (in-process)."""
+
+    coordination = "memory"
+    lock_table = "exact"
 
 
 @pytest.mark.system

@@ -989,9 +989,9 @@ async def fenced_everywhere(harness: SystemHarness, partition: int, old_session:
             await client.close()
 
 
-class SystemSuite:
-    """Tests against one cluster (the class-scoped ``harness`` fixture); they run in
-    order and each leaves the cluster serving every partition."""
+class LockingSuite:
+    """The feed and locking tests alone (cheap: no fault), e.g. to run them once more
+    with another lock table plugin. :class:`SystemSuite` includes them."""
 
     pytestmark = pytest.mark.asyncio(loop_scope="class")
 
@@ -1095,6 +1095,11 @@ class SystemSuite:
             assert await client.committed(read_ok, hwm) == last + 1
         finally:
             await client.close()
+
+
+class SystemSuite(LockingSuite):
+    """Tests against one cluster (the class-scoped ``harness`` fixture); they run in
+    order and each leaves the cluster serving every partition."""
 
     # -- 4: fencing by generation --------------------------------------------------
 
