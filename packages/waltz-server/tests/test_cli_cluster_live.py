@@ -297,6 +297,20 @@ def fourth_node(live: Live) -> Iterator[str]:
         asyncio.run(child.stop())
 
 
+def records_on_disk(storage_dir: Path, partition: int = 0) -> list[tuple[int, str]]:
+    """(transaction id, the rest of its `waltz storage dump-segment` line but the offset)
+    of every record in a storage directory's segments of ``partition``."""
+    records = []
+    for segment in sorted((storage_dir / str(partition)).glob("*.seg")):
+        dumped = waltz("storage", "dump-segment", str(segment))
+        assert dumped.exit_code == 0, dumped.output
+        for line in dumped.stdout.splitlines():
+            words = line.split()
+            if len(words) > 2 and words[1].startswith("offset="):
+                records.append((int(words[0]), " ".join(words[2:])))
+    return records
+
+
 def wait_for(what: str, condition: Any, timeout: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -350,6 +364,10 @@ def test_add_a_storage_node_and_a_replica_that_catches_up_then_remove_them(
     report = as_json(waltz("cluster", "verify", *uri, "--json"))
     assert report["ok"] is True, report["problems"]
     assert ("replica-count", "partition 0") in kinds(report, "notes")
+    # the copy is the log itself: the same ids, headers, request ids and checksums
+    copied = records_on_disk(live.data_dir / "storage-extra")
+    assert [r[0] for r in copied] == list(range(after + 1))
+    assert copied == records_on_disk(live.data_dir / "storage-0")
     same = waltz("cluster", "add-replica", *uri, "0", new)
     assert same.exit_code == 0 and "holds a replica already" in same.stdout
 
