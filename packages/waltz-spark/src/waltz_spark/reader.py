@@ -268,11 +268,21 @@ class LogReader:
         depth: int = 3,
     ) -> Iterator[tuple[Record, ...]]:
         """Committed records ``start <= transaction_id < end`` in order, in chunks
-        (see :meth:`read_blocks`; each chunk decoded to records)."""
-        for block, _ in self.read_blocks(
+        (see :meth:`read_blocks`; each chunk decoded to records, every checksum and id
+        verified)."""
+        position = start
+        for block in self._blocks(
             partition_id, start, end, max_records=max_records, max_bytes=max_bytes, depth=depth
         ):
-            yield block.records()
+            records = block.records()
+            for i, record in enumerate(records):
+                if record.transaction_id != position + i:
+                    raise ServerError(
+                        f"partition {partition_id}: transaction {record.transaction_id} "
+                        f"where {position + i} was expected"
+                    )
+            position += len(records)
+            yield records
 
     def read_blocks(
         self,
@@ -293,6 +303,24 @@ class LogReader:
         one is checked); a short chunk (``max_bytes``) discards the ones asked ahead.
         Raises ServerError when a record of the range is not committed (``end`` above
         the high-water mark + 1), and ProtocolError (ChecksumError) for a corrupt record."""
+        position = start
+        for block in self._blocks(
+            partition_id, start, end, max_records=max_records, max_bytes=max_bytes, depth=depth
+        ):
+            yield block, block.check(position)
+            position += len(block)
+
+    def _blocks(
+        self,
+        partition_id: int,
+        start: int,
+        end: int,
+        *,
+        max_records: int,
+        max_bytes: int,
+        depth: int,
+    ) -> Iterator[wire.RecordBlock]:
+        """The range's chunks as received (cut at ``end``; first ids checked)."""
         position = start
         ahead: deque[tuple[ReqId, int, int]] = deque()
         while position < end:
@@ -327,11 +355,10 @@ class LogReader:
                 )
             if position + len(block) > end:
                 block = block.cut(end - position)
-            offsets = block.check(position)
             position += len(block)
             if ahead and ahead[0][1] != position:
                 ahead.clear()  # a short chunk: what was asked ahead starts elsewhere
-            yield block, offsets
+            yield block
 
     async def _next_chunk(
         self,
