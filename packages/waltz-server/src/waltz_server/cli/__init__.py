@@ -2,7 +2,8 @@
 
 Each area lives in its own module and is added below with ``main.add_command``.
 Errors: a WaltzError ends the command with one clear line on stderr and exit
-code 1 (2 for usage errors, as click does).
+code 1; a usage error (unknown option, missing argument, bad value) is one line
+too, naming the ``--help`` to read, with exit code 2 as click gives it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,28 @@ import click
 from waltz_api.errors import WaltzError
 
 
+def _usage_error(exc: click.UsageError) -> click.exceptions.Exit:
+    """Print a usage error as one line (click prints usage, a hint and the error)."""
+    where = exc.ctx.command_path if exc.ctx is not None else "waltz"
+    click.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
+    return click.exceptions.Exit(exc.exit_code)
+
+
 class WaltzGroup(click.Group):
-    """A click group that turns a WaltzError into one line and exit code 1."""
+    """A click group that turns a WaltzError into one line and exit code 1, and a
+    usage error anywhere below it into one line and exit code 2."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise _usage_error(exc) from exc
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -25,6 +46,8 @@ class WaltzGroup(click.Group):
         except WaltzError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(1)
+        except click.UsageError as exc:
+            raise _usage_error(exc) from exc
 
 
 @click.group(cls=WaltzGroup)
