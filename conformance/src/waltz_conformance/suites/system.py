@@ -40,7 +40,7 @@ import shutil
 import socket
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -566,7 +566,13 @@ async def _held_session(client: StorageClient, partition: int) -> int:
 
 async def _start_all(members: Sequence[_Member]) -> None:
     """Start ``members`` concurrently; every start is awaited even when one fails."""
-    results = await asyncio.gather(*(m.start() for m in members), return_exceptions=True)
+    await _gather_all(m.start() for m in members)
+
+
+async def _gather_all(work: Iterable[Awaitable[None]]) -> None:
+    """Await ``work`` concurrently; every one is awaited even when one fails, then the
+    first failure is raised."""
+    results = await asyncio.gather(*work, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
@@ -1186,8 +1192,7 @@ class SystemSuite(LockingSuite):
             for index in range(harness.num_storage_nodes):
                 await harness.kill_storage_node(index)
             acknowledged = [set(w.acknowledged) for w in writers.writers]
-            for index in range(harness.num_storage_nodes):
-                await harness.restart_storage_node(index)
+            await _start_all(harness.storage[: harness.num_storage_nodes])
             await writers.progress(50, TIMEOUT, "progress after the restart")
             await writers.stop()
         except BaseException:
@@ -1242,7 +1247,7 @@ class SystemSuite(LockingSuite):
         await fenced_everywhere(harness, 0, old_session)
         for index in range(harness.num_storage_nodes):
             await harness.kill_storage_node(index)
-            await harness.restart_storage_node(index)
+        await _start_all(harness.storage[: harness.num_storage_nodes])
         await fenced_everywhere(harness, 0, old_session)
         # and the cluster serves again, with everything acknowledged still there
         after = Writers(harness)
@@ -1266,35 +1271,9 @@ class SystemSuite(LockingSuite):
         """Clusters of 1, 2, 4 and 5 storage nodes (one server, one partition): voters killed
         while appending force recoveries; with a majority left it resolves at once,
         otherwise it waits for them; nothing acknowledged is lost, replicas converge."""
-        for count in (1, 2, 4, 5):  # 3: the suite's own cluster, in the tests below
-            cluster = harness.sibling(
-                f"voters{count}", num_storage_nodes=count, num_servers=1, num_partitions=1
-            )
-            await cluster.start()
-            try:
-                writers = Writers(cluster)
-                writers.start()
-                killed = list(range(max(1, (count - 1) // 2)))
-                try:
-                    await writers.progress(20, TIMEOUT, f"{count} voters: acknowledgements")
-                    for index in killed:
-                        await cluster.kill_storage_node(index)
-                    if len(killed) <= (count - 1) // 2:
-                        await writers.progress(20, TIMEOUT, f"{count} voters: with a minority down")
-                    for index in killed:
-                        await cluster.restart_storage_node(index)
-                    await writers.progress(20, TIMEOUT, f"{count} voters: every voter back")
-                    await writers.stop()
-                except BaseException:
-                    await writers.cancel()
-                    raise
-                for index in killed:
-                    if not cluster.storage[index].alive:
-                        await cluster.restart_storage_node(index)
-                await check_invariants(cluster, writers.writers)
-                await check_replicas_converge(cluster, [0])
-            finally:
-                await cluster.close()
+        # 3: the suite's own cluster, in the tests below. The clusters run
+        # concurrently: most of each one's time is waiting (fault detection, retries).
+        await _gather_all(_voters(harness, count) for count in (1, 2, 4, 5))
 
     @requires(RECOVERY_CASES)
     async def test_recovery_waits_while_undecidable_then_resolves(
@@ -1599,6 +1578,36 @@ class SystemSuite(LockingSuite):
             await _restore_replica(harness, old)
             await _retire_added(harness, added)
         await check_replicas_converge(harness, partitions)
+
+
+async def _voters(harness: SystemHarness, count: int) -> None:
+    """One cluster of ``count`` storage nodes (one server, one partition): voters killed
+    while appending, then back; nothing acknowledged lost, the replicas converge."""
+    cluster = harness.sibling(
+        f"voters{count}", num_storage_nodes=count, num_servers=1, num_partitions=1
+    )
+    await cluster.start()
+    try:
+        writers = Writers(cluster)
+        writers.start()
+        killed = list(range(max(1, (count - 1) // 2)))
+        try:
+            await writers.progress(20, TIMEOUT, f"{count} voters: acknowledgements")
+            for index in killed:
+                await cluster.kill_storage_node(index)
+            if len(killed) <= (count - 1) // 2:
+                await writers.progress(20, TIMEOUT, f"{count} voters: with a minority down")
+            await _start_all([cluster.storage[index] for index in killed])
+            await writers.progress(20, TIMEOUT, f"{count} voters: every voter back")
+            await writers.stop()
+        except BaseException:
+            await writers.cancel()
+            raise
+        await _start_all([cluster.storage[i] for i in killed if not cluster.storage[i].alive])
+        await check_invariants(cluster, writers.writers)
+        await check_replicas_converge(cluster, [0])
+    finally:
+        await cluster.close()
 
 
 async def _restore_replica(harness: SystemHarness, index: int) -> None:
