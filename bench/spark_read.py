@@ -51,6 +51,41 @@ class _Took:
         )
 
 
+def _process_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process and of its live descendants, by kind (Linux
+    /proc): "this process" (the cluster and the Spark driver), "JVM", "Python workers"
+    (Spark's executors, reused between tasks)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+        names[pid] = name
+    me = os.getpid()
+    totals = {"this process": 0.0, "JVM": 0.0, "Python workers": 0.0}
+    for pid, seconds in cpu.items():
+        at, depth = pid, 0
+        while at not in (me, 0, 1) and depth < 20:
+            at, depth = parents.get(at, 0), depth + 1
+        if pid == me:
+            totals["this process"] += seconds
+        elif at == me:
+            totals["JVM" if names[pid] == "java" else "Python workers"] += seconds
+    return totals
+
+
 @contextlib.contextmanager
 def measure() -> Iterator[_Took]:
     took = _Took()
@@ -160,17 +195,21 @@ def main() -> None:
                 warm.count()
                 for _ in range(args.repeat):
                     df = load()
+                    before = _process_cpu()
                     began = time.perf_counter()
                     row = df.agg(
                         F.count("*").alias("rows"), F.sum(F.length("data")).alias("bytes")
                     ).collect()[0]
                     seconds = time.perf_counter() - began
+                    after = _process_cpu()
                     assert row["rows"] == total, row
                     print(
                         f"Spark {args.master} scan: {row['rows']} rows, {row['bytes']} data "
                         f"bytes in {seconds:.1f} s: {row['rows'] / seconds:12,.0f} rows/s "
                         f"(goal 200,000 rows/s; load average {os.getloadavg()[0]:.1f})"
                     )
+                    spent = ", ".join(f"{k} {after[k] - before[k]:.1f} s" for k in after)
+                    print(f"  CPU during the scan: {spent}")
             finally:
                 spark.stop()
         finally:

@@ -17,6 +17,7 @@ import bisect
 import concurrent.futures
 import fcntl
 import logging
+import operator
 import os
 import shutil
 import struct
@@ -866,6 +867,9 @@ class FsStoragePartition(StoragePartition):
             # how many records fit the byte budget (the very first one always does)
             k = 0
             data_bytes = 0
+            whole = offsets[n] - offsets[0]
+            if (whole <= span_cap) if headers else (whole - n * fmt.RECORD_OVERHEAD <= budget):
+                k, data_bytes = n, whole - n * fmt.RECORD_OVERHEAD  # all of them (fast path)
             while k < n:
                 span = offsets[k + 1] - offsets[k]
                 if taken or k:
@@ -878,8 +882,8 @@ class FsStoragePartition(StoragePartition):
             if k == 0:
                 break
             lo, hi = offsets[0], offsets[k]
-            if not fmt.HEADER_SIZE <= lo < hi <= seg.end or any(
-                offsets[i] >= offsets[i + 1] for i in range(k)
+            if not fmt.HEADER_SIZE <= lo < hi <= seg.end or not all(
+                map(operator.lt, offsets[:k], offsets[1 : k + 1])
             ):
                 raise CorruptionError(
                     f"partition {self.partition_id}: the index of segment {seg.first} has "
