@@ -1305,7 +1305,7 @@ class AsyncWaltzClient:
             raise ServerError(f"range read refused: {response.code.name}: {response.message}")
         if not isinstance(response, RangeReadResponse):
             raise ServerError(f"unexpected answer to a range read: {response}")
-        return response.high_water_mark, response.records
+        return response.high_water_mark, tuple(response.records)  # (a tuple: no copy)
 
     # -- internals ---------------------------------------------------------------------------------
 
