@@ -36,6 +36,7 @@ def test_a_block_is_its_records(first: int, datas: list[bytes]) -> None:
     assert list(block) == list(records)
     assert block.records() == records
     assert block.first_transaction_id == (first if records else None)
+    assert block.last_transaction_id == (first + len(records) - 1 if records else None)
     assert block.check(first) == block.offsets()
     assert block.offsets()[-1] == len(block.raw)
     assert len(block.offsets()) == len(records) + 1
@@ -59,6 +60,8 @@ def test_a_block_travels_as_the_same_frame(datas: list[bytes], storage: bool) ->
     assert wire.encode(as_block) == frame
     lazy = wire.decode(frame, record_blocks=True)
     assert isinstance(lazy.records, wire.RecordBlock)  # type: ignore[attr-defined]
+    expected_last = records[-1].transaction_id if records else None
+    assert lazy.records.last_transaction_id == expected_last  # type: ignore[attr-defined]
     assert lazy == message == wire.decode(frame)
     assert wire.encode(lazy) == frame  # forwarded as it came
 

@@ -45,6 +45,13 @@ Composite values, always inline:
 ``checksum`` is the CRC-32C of the accompanying ``data`` (``u32``); the decoder
 verifies it for AppendRequest, TransactionDataResponse and every Record.
 
+Record blocks: a ``record*`` list may be held as a :class:`RecordBlock`, its records
+still in their wire form (the bytes are the same). Range reads use them end to end: a
+storage engine builds the block from its stored bytes, the storage node sends it, the
+server forwards it without decoding, and the reader verifies the checksums once
+(:func:`decode` with ``record_blocks=True`` checks the block's structure and leaves
+the checksums to :meth:`RecordBlock.check` or to decoding its records).
+
 Messages (``type``: fields, in wire order; fixed part first)::
 
     1  Hello                    versions:u32 count, sender:u32 len | versions (u8 each), sender
@@ -560,13 +567,14 @@ class RecordBlock(Sequence[Record]):
     :meth:`parse` for bytes from elsewhere).
     """
 
-    __slots__ = ("_records", "raw", "record_count")
+    __slots__ = ("_last_at", "_records", "raw", "record_count")
 
     def __init__(self, count: int, raw: bytes) -> None:
         self.record_count = count
         """How many records ``raw`` holds."""
         self.raw = raw
         self._records: tuple[Record, ...] | None = None
+        self._last_at = -1  # where the last record starts, once known
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> RecordBlock:
@@ -593,6 +601,15 @@ class RecordBlock(Sequence[Record]):
     def first_transaction_id(self) -> int | None:
         """The first record's transaction id (None: an empty block)."""
         return _TXID.unpack_from(self.raw, 0)[0] if self.record_count else None
+
+    @property
+    def last_transaction_id(self) -> int | None:
+        """The last record's transaction id (None: an empty block)."""
+        if not self.record_count:
+            return None
+        if self._last_at < 0:
+            self._last_at = self.offsets()[-2]
+        return _TXID.unpack_from(self.raw, self._last_at)[0]  # type: ignore[no-any-return]
 
     def offsets(self) -> list[int]:
         """Where each record starts in ``raw``, and ``len(raw)`` last (``count + 1`` values)."""
@@ -713,15 +730,18 @@ def _decode_block(
     if count * RECORD_FIXED_SIZE > end - offset:
         raise _truncated(f"{what} with {count} records", offset + count * RECORD_FIXED_SIZE, end)
     unpack = _DATA_LEN.unpack_from
-    at = offset
+    at = last = offset
     limit = end - RECORD_FIXED_SIZE
     for _ in range(count):
         if at > limit:
             raise _truncated(f"record in a {what}", at + RECORD_FIXED_SIZE, end)
+        last = at
         at += RECORD_FIXED_SIZE + unpack(frame, at + _DATA_LEN_AT)[0]
     if at > end:
         raise _truncated(f"data of a record in a {what}", at, end)
-    return RecordBlock(count, frame[offset:at]), at
+    block = RecordBlock(count, frame[offset:at])
+    block._last_at = last - offset
+    return block, at
 
 
 def _decode_headers(

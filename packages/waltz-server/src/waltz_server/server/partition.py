@@ -485,11 +485,12 @@ class Partition:
                     records = await self.store.read_committed_block(
                         start, min(count, high_water_mark - start + 1), size
                     )
-                    first = _first_transaction_id(records)
-                    if first is not None and first != start:
+                    first, last = _id_range(records)
+                    if first is not None and (first != start or last != start + len(records) - 1):
                         raise StorageError(
-                            f"partition {self.partition_id}: a replica answered a read from "
-                            f"{start} with records from {first}"
+                            f"partition {self.partition_id}: a replica answered a read of "
+                            f"{len(records)} records from {start} with transactions "
+                            f"{first}..{last}"
                         )
                 if not isinstance(records, RecordBlock):
                     records = tuple(records)
@@ -560,10 +561,13 @@ class Partition:
         return TransactionDataResponse(message.req_id, transaction_id, True, data, checksum)
 
 
-def _first_transaction_id(records: Sequence[Record]) -> int | None:
+def _id_range(records: Sequence[Record]) -> tuple[int | None, int | None]:
+    """The first and last transaction ids of ``records`` (a block is not decoded)."""
     if isinstance(records, RecordBlock):
-        return records.first_transaction_id
-    return records[0].transaction_id if records else None
+        return records.first_transaction_id, records.last_transaction_id
+    if not records:
+        return None, None
+    return records[0].transaction_id, records[-1].transaction_id
 
 
 def _consume(future: asyncio.Future[int]) -> None:
