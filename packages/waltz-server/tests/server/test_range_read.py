@@ -12,6 +12,8 @@ from cluster_fixture import InProcessCluster
 from waltz_api import wire
 from waltz_api.messages import (
     AppendRequest,
+    ErrorCode,
+    ErrorResponse,
     FlushRequest,
     FlushResponse,
     RangeReadRequest,
@@ -99,6 +101,52 @@ async def test_a_range_read_from_storage_forwards_the_block_cut_at_the_mark(
         await client.send(RangeReadRequest(ReqId(1, 1, 0, next(seq)), 10, 100, 1))
         small = (await client.wait(RangeReadResponse, len(reads) + 1, timeout=TIMEOUT))[-1]
         assert [r.transaction_id for r in small.records] == [10]
+        await client.close()
+    finally:
+        await server.close()
+
+
+async def test_a_block_with_other_ids_than_asked_is_refused(
+    cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transport = MemoryTransport({"buffer_bytes": 1 << 20})
+    cluster.extra.append(transport)
+    server = WaltzServer(
+        transport=transport,
+        endpoint=f"memory://range-ids-{cluster.key.hex[:8]}",
+        coordination=cluster.coordination,
+        connector=cluster.connector,
+        name="range-ids",
+    )
+    await server.start()
+    try:
+        await server.add_partition(0, 1, cluster.replica_nodes)
+        await server.partitions[0].store.wait_ready(TIMEOUT)
+        client = await testing.RawClient.connect(transport, server.endpoint, "client:1")
+        for i in range(20):
+            data = b"%d" % i
+            rid = ReqId(1, 1, 0, i + 1)
+            await client.send(AppendRequest(rid, -1, LockRequest(), 0, data, wire.checksum(data)))
+        await client.send(FlushRequest(ReqId(1, 1, 0, 100)))
+        assert (await client.wait(FlushResponse, timeout=TIMEOUT))[0].transaction_id == 19
+
+        def shifted(first: int, count: int) -> wire.RecordBlock:
+            ids = [first + i for i in range(count)]
+            ids[-1] += 1  # a gap before the last one
+            return wire.RecordBlock.of(
+                [Record(t, ReqId(1, 1, 0, t), 0, b"x", wire.checksum(b"x")) for t in ids]
+            )
+
+        async def wrong(store: StorePartition, start: int, count: int, size: int) -> object:
+            return shifted(start, count)
+
+        monkeypatch.setattr(StorePartition, "read_committed_block", wrong)
+        await client.send(RangeReadRequest(ReqId(1, 1, 0, 101), 5, 4, 1 << 20))
+        refused = (await client.wait(ErrorResponse, timeout=TIMEOUT))[0]
+        assert refused.req_id.seq_num == 101
+        assert refused.code is ErrorCode.GENERIC
+        assert "transactions 5..9" in refused.message
+        assert not client.of(RangeReadResponse)
         await client.close()
     finally:
         await server.close()
