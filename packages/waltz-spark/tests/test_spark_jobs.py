@@ -37,6 +37,14 @@ def parquet(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def json_line(output: str) -> dict[str, Any]:
+    """The figures a command prints as one JSON line (other lines: logging)."""
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, output
+    figures: dict[str, Any] = json.loads(lines[0])
+    return figures
+
+
 def bank_log(uri: str) -> list[tuple[int, int, dict[str, Any] | None]]:
     """(partition, transaction id, the bank operation or None) of the whole log."""
     out: list[tuple[int, int, dict[str, Any] | None]] = []
@@ -96,11 +104,11 @@ def bank(cluster: BackgroundCluster, tmp_path_factory: pytest.TempPathFactory) -
     """The real bank over three simulated days, old operations without ``ts`` and a
     transaction that is not a bank operation."""
     append(cluster.uri, [(0, 0, json.dumps(op).encode()) for op in OLD_OPS])
-    append(cluster.uri, [(1, 0, b"not a bank operation")])
     work = tmp_path_factory.mktemp("bank")
     report = run_bank(cluster.uri, str(work), clients=2, operations=30, accounts=5,
                       history_days=3)  # fmt: skip
     assert report.problems == []
+    append(cluster.uri, [(1, 0, b"not a bank operation")])  # (the bank reads only JSON)
     return cluster
 
 
@@ -149,7 +157,7 @@ def test_bank_report_command(spark: Any, bank: BackgroundCluster, tmp_path: Path
         waltz, ["spark", "bank-report", "--coordination", bank.uri, "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
-    figures = json.loads(result.output.splitlines()[0])
+    figures = json_line(result.output)
     log = bank_log(bank.uri)
     expected = expected_from(log)
 
@@ -238,7 +246,7 @@ def test_bank_stream_is_exactly_once_across_a_restart(
     assert after["balances"][7]["balance"] == sum(op["amount"] for op in more)
     ids = [b for b, _ in after["batches"]]
     assert ids == list(range(len(ids))) and len(ids) > len(before["batches"])
-    assert json.loads(second.output.splitlines()[0])["micro_batches"] == len(ids)
+    assert json_line(second.output)["micro_batches"] == len(ids)
 
     # a micro-batch Spark re-runs after a crash is not applied twice
     sink = BankStreamSink(database, checkpoint)

@@ -373,7 +373,7 @@ class BankStreamSink:
             for statement in _TABLES:
                 db.execute(statement)
             row = db.execute("SELECT value FROM meta WHERE key = 'checkpoint'").fetchone()
-            applied = db.execute("SELECT count(*) FROM batches").fetchone()[0]
+            applied = db.execute("SELECT max(batch_id) FROM batches").fetchone()[0]
             if row is not None and row[0] != checkpoint:
                 raise ConfigError(
                     f"database {self.database} holds the state of the stream with checkpoint "
@@ -381,13 +381,19 @@ class BankStreamSink:
                     key="checkpoint",
                 )
             local = _local_path(checkpoint)
-            if applied and local is not None and not any((local / "commits").glob("[0-9]*")):
-                raise ConfigError(
-                    f"database {self.database} already applied {applied} micro-batch(es) but "
-                    f"checkpoint {checkpoint} has none: it was lost or replaced; start over "
-                    "with a new database (the stream re-reads the log from the start)",
-                    key="checkpoint",
-                )
+            if applied is not None and local is not None:
+                # Spark logs a micro-batch's offsets before running it: a checkpoint
+                # that has not reached the last batch applied is not this stream's
+                planned = [int(f.name) for f in (local / "offsets").glob("*") if f.name.isdigit()]
+                if not planned or max(planned) < applied:
+                    raise ConfigError(
+                        f"database {self.database} applied micro-batches up to {applied} but "
+                        f"checkpoint {checkpoint} only reached "
+                        f"{max(planned) if planned else 'none'}: it was lost or replaced; "
+                        "start over with a new database (the stream re-reads the log from "
+                        "the start)",
+                        key="checkpoint",
+                    )
             db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('checkpoint', ?)", (checkpoint,)
             )
@@ -399,22 +405,24 @@ class BankStreamSink:
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        ops = parse_operations(batch)
-        kind = F.lit
-        # the three aggregations as one Spark job (a micro-batch is small: re-reading it
-        # in each branch is cheaper than caching it)
-        changes = (
-            balances_of(ops)
-            .withColumn("kind", kind("balance"))
-            .unionByName(summary_of(ops).withColumn("kind", kind("summary")), True)
-            .unionByName(
-                ops.groupBy("partition")
-                .agg(F.max("transaction_id").alias("hwm"), F.count("*").alias("n"))
-                .withColumn("kind", kind("position")),
-                True,
+        # the three aggregations as one Spark job over the micro-batch read once (cached:
+        # the read tasks are the expensive part)
+        ops = parse_operations(batch).persist()
+        try:
+            changes = (
+                balances_of(ops)
+                .withColumn("kind", F.lit("balance"))
+                .unionByName(summary_of(ops).withColumn("kind", F.lit("summary")), True)
+                .unionByName(
+                    ops.groupBy("partition")
+                    .agg(F.max("transaction_id").alias("hwm"), F.count("*").alias("n"))
+                    .withColumn("kind", F.lit("position")),
+                    True,
+                )
+                .collect()
             )
-            .collect()
-        )
+        finally:
+            ops.unpersist()
         balances = [r.asDict() for r in changes if r["kind"] == "balance"]
         summary = [r.asDict() for r in changes if r["kind"] == "summary"]
         marks = [r for r in changes if r["kind"] == "position"]
