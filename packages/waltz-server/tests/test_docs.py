@@ -393,3 +393,18 @@ def test_every_anchor_of_a_link_names_a_heading() -> None:
             assert anchor in slugs, f"{path.name}: no heading {anchor!r} in {linked.name}"
             checked += 1
     assert checked >= 3
+
+
+def test_the_readme_two_commands_match_the_makefile_and_tox() -> None:
+    import configparser
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^demo:", makefile, re.MULTILINE) and "```\nmake demo\n```" in readme
+    assert "```\ntox\n```" in readme
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    envs = [e.strip() for e in tox["tox"]["env_list"].split(",")]
+    assert "unit" in envs
+    missing = [env for env in envs if f"`{env}`" not in readme]
+    assert not missing, f"README.md does not describe the tox envs {missing}"
