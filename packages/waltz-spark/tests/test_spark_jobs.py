@@ -298,3 +298,21 @@ def test_row_key_locks_make_a_retried_write_append_nothing(
         written = [r.data for chunk in log.read(0, mark + 1, top + 1) for r in chunk
                    if r.header == 4242]  # fmt: skip
     assert sorted(written) == sorted(f"payload-{i}".encode() for i in range(12))
+
+
+def test_the_spark_submit_entry(
+    spark: Any, bank: BackgroundCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``waltz_spark/jobs.py`` as spark-submit runs it (here in process, on the active
+    session): the stream from a new checkpoint, once, prints its figures."""
+    from waltz_spark.jobs import main
+
+    argv = ["bank-stream", "--coordination", bank.uri, "--database", str(tmp_path / "s.db"),
+            "--checkpoint", str(tmp_path / "ckpt"), "--once"]  # fmt: skip
+    assert main(argv) == 0
+    figures = json_line(capsys.readouterr().out)
+    expected = expected_from(bank_log(bank.uri))
+    assert figures["total_balance"] == sum(expected["balances"].values())
+    assert figures["operations"] == {op: n for op, (n, _) in expected["summary"].items()}
+    with pytest.raises(SystemExit):
+        main(["bank-report", "--coordination", bank.uri])  # --out is required
