@@ -209,6 +209,14 @@ def test_the_chart_without_dated_operations(tmp_path: Path) -> None:
                               tmp_path / "c.svg")  # fmt: skip
     root = ET.parse(path).getroot()
     assert "no dated operations" in "".join(root.itertext())
+    year = [{"day": dt.date(2026, 1, 1) + dt.timedelta(days=d), "deposited": d, "withdrawn": 1,
+             "transferred": 2} for d in range(365)]  # fmt: skip
+    big = ET.parse(render_daily_chart(year, tmp_path / "year.svg")).getroot()
+    assert int(big.get("width", "0")) <= 1800  # a year stays a readable picture
+    svg = "{http://www.w3.org/2000/svg}"
+    labels = [t for t in big.iter(f"{svg}text") if "2026-" in (t.text or "")]
+    assert 0 < len(labels) <= 40 and labels[0].text == "2026-01-01"
+    assert len([e for e in big.iter(f"{svg}rect") if e.get("class")]) == 3 * 365
 
 
 def test_bank_stream_is_exactly_once_across_a_restart(

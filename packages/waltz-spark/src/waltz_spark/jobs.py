@@ -200,7 +200,8 @@ def render_daily_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path
     """A self-contained SVG stacked bar chart: per day (rows with a ``day``), the
     deposited, withdrawn and transferred amounts. No plotting dependency."""
     dated = sorted((r for r in rows if r.get("day") is not None), key=lambda r: r["day"])
-    width, height = max(480, 120 + 48 * len(dated)), 390
+    width, height = max(480, min(1800, 120 + 48 * len(dated))), 390
+    label_every = max(1, -(-len(dated) // 40))  # at most 40 day labels
     left, right, top, bottom = 70, 20, 40, 110
     plot_w, plot_h = width - left - right, height - top - bottom
     highest = max((sum(int(r[name] or 0) for name, _ in SERIES) for r in dated), default=0)
@@ -232,6 +233,8 @@ def render_daily_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path
                 f'height="{h:.1f}" fill="{color}"><title>{escape(str(row["day"]))} {name}: '
                 f"{int(row[name] or 0)}</title></rect>"
             )
+        if i % label_every:
+            continue
         label_x, label_y = x + bar / 2, top + plot_h + 14
         parts.append(
             f'<text x="{label_x:.1f}" y="{label_y}" text-anchor="end" '
