@@ -200,3 +200,33 @@ async def test_new_generation_fences_the_old_server_on_every_storage_node(
         log = await node.log()
         assert not any(r.data.startswith(b"late") for r in log)
         assert [r.data for r in log[20:25]] == [f"new-{i}".encode() for i in range(5)]
+
+
+async def test_a_replica_refusing_every_request_does_not_stall_the_partition(
+    cluster: Cluster,
+) -> None:
+    """A replica whose partition is unavailable (every request refused) is left out of
+    the store session and retried there, while the two others commit; once it is
+    available again it is caught up, all without ending the session."""
+    refusing = cluster.nodes[2].node
+    assert refusing is not None
+    refusing.worker_of(P).available = False
+    store = cluster.store()
+    await store.start()
+    first = await asyncio.wait_for(asyncio.gather(*await submit(store, "one", 100)), TIMEOUT)
+    assert first == list(range(100))
+    assert store.sessions_started == 1, "a refusing replica ended store sessions"
+    session = store.session
+    assert session is not None and sorted(session.writable_replicas) == sorted(
+        n.connect for n in cluster.nodes[:2]
+    )
+    refusing.worker_of(P).available = True
+    second = await asyncio.wait_for(asyncio.gather(*await submit(store, "two", 20)), TIMEOUT)
+    hwm = max(second)
+    for _ in range(500):
+        if len(await cluster.nodes[2].log()) == hwm + 1:
+            break
+        await asyncio.sleep(0.01)
+    logs = [await n.log() for n in cluster.nodes]
+    assert logs[0] == logs[1] == logs[2], "the refusing replica was not caught up"
+    assert store.sessions_started == 1

@@ -200,6 +200,17 @@ class RecoveryManager:
         assert self._resolved is not None
         return self._resolved
 
+    def forget(self, node: str, connection: ReplicaConnection) -> None:
+        """The replica on ``node`` failed during its recovery through ``connection``:
+        it no longer counts (as a voter or as a source to catch others up) until it
+        recovers again. What it already contributed to a decided closing mark stays:
+        its log was real when it voted."""
+        state = self._states.get(node)
+        if state is not None and state.connection is connection:
+            del self._states[node]
+            self._recovered.discard(node)
+            self._notify()
+
     def _usher_for(self, me: _Recovering) -> _Recovering | None:
         best: _Recovering | None = None
         for other in self._states.values():

@@ -370,12 +370,10 @@ class StoreSession:
 
     async def _run_replica(self, node: str) -> None:
         try:
-            connection = await self._connect(node)
-            if self._done.is_set():
-                await connection.close()
+            joined = await self._join(node)
+            if joined is None:
                 return
-            self._connections[node] = connection
-            resolved = await self.recovery.recover(node, connection)
+            connection, resolved = joined
             # join the writers; anything appended since recovery is caught up below
             self._acked[node] = resolved
             self._advance_commit()
@@ -385,6 +383,45 @@ class StoreSession:
             raise
         except Exception as exc:
             self.fail(exc)
+
+    async def _join(self, node: str) -> tuple[ReplicaConnection, int] | None:
+        """Connect to ``node`` and recover its replica; ``None`` if the session ended.
+
+        A replica that refuses to join (its partition unavailable or not hosted, a
+        storage error, a broken connection) is left out of this session and tried
+        again with back-off: the others commit as long as they are a quorum, and
+        ending the session would only meet the same replica in the next one. A
+        fenced replica (a newer session exists) ends the session. Once a replica
+        has joined the writers, losing it ends the session (a new one is forced
+        whenever a storage node leaves)."""
+        delay = self._config.retry_initial
+        while not self._done.is_set():
+            connection = await self._connect(node)
+            if self._done.is_set():
+                await connection.close()
+                return None
+            self._connections[node] = connection
+            try:
+                return connection, await self.recovery.recover(node, connection)
+            except (StorageError, TransportError, OSError) as exc:
+                if isinstance(exc, SessionFencedError) or self._done.is_set():
+                    raise
+                log.warning(
+                    "partition %d session %d: replica %s left out, retrying: %s: %s",
+                    self.partition_id,
+                    self.session_id,
+                    node,
+                    type(exc).__name__,
+                    exc,
+                )
+            self.recovery.forget(node, connection)
+            if self._connections.get(node) is connection:
+                del self._connections[node]
+            with contextlib.suppress(WaltzError, OSError):
+                await connection.close()
+            await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
+            delay = min(delay * 2, self._config.retry_max)
+        return None
 
     async def _write_loop(self, node: str, connection: ReplicaConnection, next_id: int) -> None:
         config = self._config
