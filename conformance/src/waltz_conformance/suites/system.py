@@ -712,11 +712,16 @@ async def _read_log_once(harness: SystemHarness, partition: int) -> list[Record]
             # bounded well below TIMEOUT: a read sent to an owner that just lost the
             # partition is not answered, and the retry asks the new owner
             deadline = loop.time() + RANGE_READ_TIMEOUT
+            next_check = loop.time() + 1.0
             while client.counts[RangeReadResponse] == count:
                 if client.counts[ErrorResponse] > errors:
                     raise WaltzError(f"range read refused: {client.of(ErrorResponse)[-1]}")
                 if client.closed or loop.time() > deadline:
                     raise WaltzError("no answer to a range read")
+                if loop.time() > next_check:  # moved meanwhile: ask the new owner now
+                    next_check = loop.time() + 1.0
+                    if (await harness.owner(partition))[2] != generation:
+                        raise WaltzError(f"partition {partition} moved during a range read")
                 await client.changed(0.1)
             response = client.of(RangeReadResponse)[-1]
             records.extend(response.records)
