@@ -1445,6 +1445,47 @@ class SystemSuite(LockingSuite):
                 await client.close()
             assert info.low_water_mark == len(committed[0]) - 1, f"replica {index}: {info}"
 
+    @requires(RECOVERY_CASES)
+    async def test_a_voter_killed_during_the_new_owners_recovery_loses_nothing(
+        self, harness: SystemHarness
+    ) -> None:
+        """The owner of partition 0 dies while appending, and storage node 0 (a voter
+        that may hold records nobody acknowledged) dies as soon as the partition moved
+        (while the new owner recovers, or just after): recovery completes with the
+        remaining majority; node 0 comes back, is
+        truncated to the resolved mark and caught up; nothing acknowledged is lost."""
+        writers = Writers(harness)
+        writers.start()
+        victim = -1
+        voter = 0
+        try:
+            await writers.progress(30, TIMEOUT, "first acknowledgements")
+            server_id, _, generation = await harness.owner(0)
+            victim = harness.server_index(server_id)
+            await harness.kill_server(victim)
+
+            async def moved() -> bool:
+                new_id, _, new_generation = await harness.owner(0)
+                return new_id not in (server_id, -1) and new_generation > generation
+
+            await wait_for(moved, TIMEOUT, "partition 0 to move")
+            await harness.kill_storage_node(voter)
+            await writers.progress(30, TIMEOUT, "progress without the voter")
+            await harness.restart_storage_node(voter)
+            await writers.progress(30, TIMEOUT, "progress with the voter back")
+            await writers.stop()
+            await check_invariants(harness, writers.writers)
+            await check_replicas_converge(harness, range(harness.num_partitions))
+        except BaseException:
+            await writers.cancel()
+            raise
+        finally:
+            if not harness.storage[voter].alive:
+                await harness.restart_storage_node(voter)
+            if victim >= 0 and not harness.servers[victim].alive:
+                await harness.restart_server(victim)
+        await harness.wait_assigned()
+
     @requires(PROCESSES, RECOVERY_CASES)
     async def test_a_replica_restored_from_an_older_backup_is_truncated_and_caught_up(
         self, harness: SystemHarness
