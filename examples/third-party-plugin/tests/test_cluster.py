@@ -5,19 +5,13 @@ SQLite database) and two servers run in the test's event loop over the
 in-memory reference coordination and transport of ``waltz-conformance``,
 and the shared :class:`SystemSuite` checks the design's safety invariants on
 them: the feed, the locks, storage nodes and servers killed while appending,
-fencing.
-
-The suite's expensive recovery cases (capability ``recovery_cases``: an
+fencing, and the recovery cases (capability ``recovery_cases``: an
 undecidable recovery, a recovery after a failed one, a wiped replica,
-idempotency, replicas added, removed and replaced) check the server's
-recovery, which the suite runs for its built-in combinations; here they are
-declared, and so run, with ``WALTZ_FULL_SYSTEM_SUITE=1`` (otherwise each is
-skipped with that reason). They add about 30 s.
+idempotency, replicas added, removed and replaced; about 15 s more).
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 
@@ -27,8 +21,6 @@ import pytest_asyncio
 from waltz_conformance.suites.system import RECOVERY_CASES, SystemHarness, SystemSuite
 
 pytestmark = pytest.mark.timeout(600)
-
-FULL = os.environ.get("WALTZ_FULL_SYSTEM_SUITE", "") not in ("", "0")
 
 
 @pytest_asyncio.fixture(scope="class", loop_scope="class")
@@ -40,7 +32,7 @@ async def harness(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sys
         storage_engine="sqlite",
         workdir=tmp_path_factory.mktemp("cluster"),
         session_timeout=2.0,
-        capabilities=frozenset({RECOVERY_CASES} if FULL else ()),
+        capabilities=frozenset({RECOVERY_CASES}),
     )
     await made.start()
     try:
