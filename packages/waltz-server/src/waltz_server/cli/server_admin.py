@@ -17,16 +17,17 @@ metadata in the coordination service; none needs a server process to answer.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from waltz_api.cluster import ClusterMetadata, ServerInfo, coordination_from_uri
+from waltz_api.cluster import ClusterMetadata, ServerInfo
 from waltz_api.errors import ConfigError
+from waltz_server.cli.cluster import COORDINATION_HELP
+from waltz_server.cli.cluster import _run_with_metadata as _run
 from waltz_server.server.preferred import (
     Overrides,
     PreferredPartitionStore,
@@ -34,24 +35,6 @@ from waltz_server.server.preferred import (
     validate_endpoint,
     validate_partitions,
 )
-
-T = TypeVar("T")
-
-COORDINATION_HELP = (
-    "Coordination service URI, e.g. zk://127.0.0.1:2181/waltz (the scheme chooses the plugin)."
-)
-
-
-def _run(uri: str, work: Callable[[ClusterMetadata], Awaitable[T]]) -> T:
-    async def run() -> T:
-        coordination = coordination_from_uri(uri)
-        await coordination.start()
-        try:
-            return await work(ClusterMetadata(coordination))
-        finally:
-            await coordination.close()
-
-    return asyncio.run(run())
 
 
 def _coordination_option(f: Callable[..., Any]) -> Callable[..., Any]:
