@@ -26,8 +26,9 @@ import collections
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from waltz_api.cluster import ClusterMetadata, ReplicaAssignments
 from waltz_api.contracts.coordination import Coordination, Watch
@@ -48,6 +49,8 @@ from waltz_server.server.store_metadata import VersionedMetadata, begin_store_se
 from waltz_server.server.voting import quorum_of
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -303,15 +306,7 @@ class StoreSession:
                 records.append(record)
                 size += len(record.data)
             return records
-        source = self._healthy_replica(start)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.drain_timeout
-        while source is None:
-            # right after recovery the replicas are joining the writers
-            if self._done.is_set() or loop.time() > deadline:
-                raise self._closed_error(f"no replica holds transaction {start}")
-            await self._wait_progress(0.1)
-            source = self._healthy_replica(start)
+        source = await self._read_source(start)
         records = await self._connections[source].read_records(start, count, max_bytes)
         return [r for r in records if r.transaction_id <= end]
 
@@ -327,15 +322,7 @@ class StoreSession:
         count = min(max_records, end - start + 1)
         if start >= self._window_start:
             return await self.read_committed(start, count, max_bytes)
-        source = self._healthy_replica(start)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.drain_timeout
-        while source is None:
-            if self._done.is_set() or loop.time() > deadline:
-                raise self._closed_error(f"no replica holds transaction {start}")
-            await self._wait_progress(0.1)
-            source = self._healthy_replica(start)
-        connection = self._connections[source]
+        connection = self._connections[await self._read_source(start)]
         read_block = getattr(connection, "read_block", None)
         if read_block is None:
             return await self.read_committed(start, count, max_bytes)
@@ -344,6 +331,19 @@ class StoreSession:
             cut = getattr(block, "cut", None)
             block = cut(count) if cut is not None else block[:count]
         return block
+
+    async def _read_source(self, start: int) -> str:
+        """A writing replica holding ``start``; right after recovery the replicas are
+        still joining the writers, so wait for one (up to the drain timeout)."""
+        source = self._healthy_replica(start)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.drain_timeout
+        while source is None:
+            if self._done.is_set() or loop.time() > deadline:
+                raise self._closed_error(f"no replica holds transaction {start}")
+            await self._wait_progress(0.1)
+            source = self._healthy_replica(start)
+        return source
 
     def _healthy_replica(self, transaction_id: int, exclude: str | None = None) -> str | None:
         candidates = [
@@ -666,24 +666,23 @@ class StorePartition:
     async def read_committed(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
         """Committed records from ``start`` (from memory or a healthy replica); a replica
         failing during the read ends the session, and the read is retried on the next."""
-        while True:
-            session = await self.wait_ready()
-            try:
-                return await session.read_committed(start, max_records, max_bytes)
-            except StoreSessionClosedError:
-                if not session.done:
-                    raise
-            except (TransportError, StorageError) as exc:
-                session.fail(exc)
+        return await self._read_retrying(
+            lambda session: session.read_committed(start, max_records, max_bytes)
+        )
 
     async def read_committed_block(
         self, start: int, max_records: int, max_bytes: int
     ) -> Sequence[Record]:
         """:meth:`read_committed` for a range read (see StoreSession.read_committed_block)."""
+        return await self._read_retrying(
+            lambda session: session.read_committed_block(start, max_records, max_bytes)
+        )
+
+    async def _read_retrying(self, read: Callable[[StoreSession], Awaitable[R]]) -> R:
         while True:
             session = await self.wait_ready()
             try:
-                return await session.read_committed_block(start, max_records, max_bytes)
+                return await read(session)
             except StoreSessionClosedError:
                 if not session.done:
                     raise
