@@ -201,6 +201,10 @@ class ErrorCode(enum.IntEnum):
     BAD_REQUEST = 10
     NOT_OPEN = 11
     SERVER_BUSY = 12
+    NOT_COMMITTED = 13
+    """An append that was given a transaction id in a store session that ended before a
+    quorum of replicas acknowledged it, and that the next session's recovery left out of
+    the log: it is decided, not committed (never committed later). Re-execute it."""
 
 
 @dataclass(frozen=True, slots=True)
