@@ -1,0 +1,168 @@
+"""One server as the client sees it: a stream connection and an RPC connection.
+
+:class:`Channel` opens both with the Hello handshake; its *network sequence
+number* increases with every channel the client creates (a MountRequest carries
+it, so a server can drop messages of an older connection). It routes stream
+messages to their partition's inbox (:class:`~waltz_client.partition.Partition`
+processes them in order) and matches RPC answers to their callers by ReqId.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from waltz_api.contracts.transport import Connection
+from waltz_api.errors import (
+    ConnectionClosedError,
+    ProtocolError,
+    TransportError,
+    WaltzError,
+)
+from waltz_api.messages import (
+    Message,
+)
+from waltz_api.types import ReqId
+from waltz_api.wire import ProtocolConnection, Role
+
+if TYPE_CHECKING:
+    from waltz_client.client import AsyncWaltzClient
+    from waltz_client.partition import Partition
+
+log = logging.getLogger(__name__)
+
+
+class ChannelLost(WaltzError):
+    """A request's connection broke before its answer came (retried)."""
+
+
+class Channel:
+    def __init__(self, client: AsyncWaltzClient, endpoint: str, seq_num: int) -> None:
+        self.client = client
+        self.endpoint = endpoint
+        self.seq_num = seq_num
+        self.stream: Connection | None = None
+        self.rpc: Connection | None = None
+        self._stream_proto: ProtocolConnection | None = None
+        self._rpc_proto: ProtocolConnection | None = None
+        self.rpc_waiters: dict[ReqId, asyncio.Future[Message]] = {}
+        self.partitions: set[Partition] = set()
+        self.closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _connect(self, kind: str) -> tuple[Connection, ProtocolConnection]:
+        client = self.client
+        conn = await client.transport.connect(
+            self.endpoint,
+            timeout=client.config.connect_timeout,
+            replace_key=f"waltz-client-{client.client_id}-{kind}",
+        )
+        try:
+            proto = ProtocolConnection(Role.INITIATOR, sender=f"client:{client.client_id}")
+            await conn.send(proto.start_handshake())
+            frame = await asyncio.wait_for(conn.recv(), client.config.connect_timeout)
+            proto.receive_frame(frame)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn, proto
+
+    async def open(self) -> None:
+        self.stream, self._stream_proto = await self._connect("stream")
+        try:
+            self.rpc, self._rpc_proto = await self._connect("rpc")
+        except BaseException:
+            await self.stream.close()
+            raise
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._read_stream(), name=f"waltz-client-stream-{self.endpoint}"),
+            loop.create_task(self._read_rpc(), name=f"waltz-client-rpc-{self.endpoint}"),
+        ]
+
+    async def send_stream(self, message: Message) -> None:
+        if self.closed or self.stream is None or self._stream_proto is None:
+            raise ChannelLost(f"the stream connection to {self.endpoint} is closed")
+        try:
+            await self.stream.send(self._stream_proto.send(message))
+        except (TransportError, ProtocolError) as exc:
+            self.lost(exc)
+            raise ChannelLost(f"the stream connection to {self.endpoint} broke: {exc}") from exc
+
+    async def call(self, message: Message, req_id: ReqId, timeout: float) -> Message:
+        if self.closed or self.rpc is None or self._rpc_proto is None:
+            raise ChannelLost(f"the RPC connection to {self.endpoint} is closed")
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.rpc_waiters[req_id] = future
+        try:
+            try:
+                await self.rpc.send(self._rpc_proto.send(message))
+            except (TransportError, ProtocolError) as exc:
+                self.lost(exc)
+                raise ChannelLost(f"the RPC connection to {self.endpoint} broke: {exc}") from exc
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self.rpc_waiters.pop(req_id, None)
+
+    async def _read_stream(self) -> None:
+        assert self.stream is not None and self._stream_proto is not None
+        try:
+            while True:
+                message = self._stream_proto.receive_frame(await self.stream.recv())
+                req_id: ReqId | None = getattr(message, "req_id", None)
+                partition = (
+                    None if req_id is None else self.client.partitions.get(req_id.partition_id)
+                )
+                if partition is None:
+                    log.warning("dropping %s for a partition this client does not mount", message)
+                    continue
+                await partition.inbox.put((self, message))
+        except (TransportError, ProtocolError) as exc:
+            self.lost(exc)
+
+    async def _read_rpc(self) -> None:
+        assert self.rpc is not None and self._rpc_proto is not None
+        try:
+            while True:
+                message = self._rpc_proto.receive_frame(await self.rpc.recv())
+                req_id = getattr(message, "req_id", None)
+                future = self.rpc_waiters.get(req_id) if isinstance(req_id, ReqId) else None
+                if future is None or future.done():
+                    log.debug("dropping unexpected RPC answer %s", type(message).__name__)
+                    continue
+                future.set_result(message)
+        except (TransportError, ProtocolError) as exc:
+            self.lost(exc)
+
+    def lost(self, reason: BaseException | str) -> None:
+        """Close the channel after a failure; its partitions mount again elsewhere/anew."""
+        if self.closed:
+            return
+        self.closed = True
+        if not isinstance(reason, ConnectionClosedError) or not self.client.closing:
+            log.warning("connection to server %s lost: %s", self.endpoint, reason)
+        for future in self.rpc_waiters.values():
+            if not future.done():
+                future.set_exception(ChannelLost(f"the connection to {self.endpoint} broke"))
+        self.client._channel_lost(self)
+        for partition in list(self.partitions):
+            partition.channel_lost(self)
+        self.partitions.clear()
+        self.client._spawn(self.close())
+
+    async def close(self) -> None:
+        self.closed = True
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        for conn in (self.stream, self.rpc):
+            if conn is not None:
+                with contextlib.suppress(WaltzError, OSError):
+                    await conn.close()
+        for task in self._tasks:
+            if task is not current:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task

@@ -1,0 +1,668 @@
+"""One partition as the client sees it: mounting, the feed, appends' outcomes.
+
+:class:`Partition` holds the partition's mount sequencing, transaction monitor,
+feed position, retry queue and concurrency limit (the pure machines of
+:mod:`waltz_client.state`) and turns their decisions into I/O: a worker task
+processes the partition's stream messages strictly in order, a second one
+(re)mounts it whenever its assignment or connection changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from waltz_api.cluster import NO_SERVER, PartitionAssignment
+from waltz_api.errors import (
+    ClientAheadError,
+    ClientError,
+    ProtocolError,
+    ServerError,
+    TransportError,
+    WaltzError,
+)
+from waltz_api.messages import (
+    ErrorCode,
+    ErrorResponse,
+    FeedData,
+    FlushResponse,
+    HighWaterMarkResponse,
+    LockFailure,
+    Message,
+    MountRequest,
+    MountResponse,
+)
+from waltz_api.types import NO_TRANSACTION, ReqId
+from waltz_client.api import (
+    Transaction,
+    TransactionContext,
+)
+from waltz_client.channel import Channel, ChannelLost
+from waltz_client.state import (
+    ConcurrencyLimit,
+    FeedAction,
+    FeedTracker,
+    MountDecision,
+    MountSequencer,
+    MountState,
+    Outcome,
+    Resolution,
+    RetryQueue,
+    TransactionMonitor,
+)
+
+if TYPE_CHECKING:
+    from waltz_client.client import AsyncWaltzClient
+
+log = logging.getLogger(__name__)
+
+_INBOX_SIZE = 4096
+_FEED_BATCH = 512
+MOVED_CODES = frozenset(
+    {ErrorCode.PARTITION_NOT_ASSIGNED, ErrorCode.STALE_GENERATION, ErrorCode.SERVER_BUSY}
+)
+"""Refusals that mean "ask again (maybe elsewhere)": the request is retried."""
+
+
+class Partition:
+    def __init__(self, client: AsyncWaltzClient, partition_id: int) -> None:
+        self.client = client
+        self.id = partition_id
+        self.mount = MountSequencer()
+        self.monitor = TransactionMonitor()
+        self.feed = FeedTracker()
+        self.retries: RetryQueue[asyncio.Future[None]] = RetryQueue()
+        self.limit: ConcurrencyLimit[asyncio.Future[None]] = ConcurrencyLimit(
+            client.config.max_concurrent_transactions
+        )
+        self.outcomes: dict[ReqId, asyncio.Future[Resolution]] = {}
+        self.committed_by: dict[ReqId, TransactionContext] = {}
+        self.requests: dict[ReqId, asyncio.Future[Message]] = {}
+        self.channel: Channel | None = None
+        self.inbox: asyncio.Queue[tuple[Channel, Message]] = asyncio.Queue(_INBOX_SIZE)
+        self.mounted = asyncio.Event()
+        self.need_mount = asyncio.Event()
+        self.advanced = asyncio.Event()
+        self.failure: WaltzError | None = None
+        self.mounts = 0
+        """Mounts completed (READY) so far."""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._delayed: asyncio.TimerHandle | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._failures = 0
+        self._mount_timer: asyncio.TimerHandle | None = None
+        self.reassigned = asyncio.Event()
+        self._last_progress = 0.0
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._maintain(), name=f"waltz-client-mount-{self.id}"),
+            loop.create_task(self._work(), name=f"waltz-client-feed-{self.id}"),
+        ]
+
+    async def stop(self) -> None:
+        for timer in (self._delayed, self._mount_timer):
+            if timer is not None:
+                timer.cancel()
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        closed = ClientError("the Waltz client is closed")
+        futures: list[asyncio.Future[Any]] = [
+            *self.outcomes.values(),
+            *self.requests.values(),
+            *self.retries.drain(),
+            *self.limit.drain(),
+        ]
+        for future in futures:
+            if not future.done():
+                future.set_exception(closed)
+        self.outcomes.clear()
+        self.requests.clear()
+        self.mounted.set()  # wake waiters; they see the client closed
+
+    # -- assignment and mounting -------------------------------------------------------------------
+
+    def on_assignment(self, assignment: PartitionAssignment | None) -> None:
+        if assignment is None:
+            return
+        endpoint = assignment.endpoint if assignment.server_id != NO_SERVER else ""
+        before = self.channel
+        if self.mount.on_assignment(endpoint, assignment.generation):
+            log.info(
+                "partition %d assigned to %s (generation %d): mounting",
+                self.id,
+                endpoint,
+                assignment.generation,
+            )
+            self._detach(before)
+            self.mounted.clear()
+            self.reassigned.set()  # wakes connection attempts to the previous server
+            self.reassigned = asyncio.Event()
+            self.need_mount.set()
+        elif self.mount.state is MountState.UNASSIGNED:
+            self._detach(before)
+            self.mounted.clear()
+
+    async def connect(self, endpoint: str) -> Channel:
+        """The channel to ``endpoint``; gives up (ChannelLost) as soon as the partition is
+        reassigned, since a connection attempt to a dead server can take the whole
+        connect timeout."""
+        changed = self.reassigned
+        connecting = asyncio.ensure_future(self.client._channel_for(endpoint))
+        waiting = asyncio.ensure_future(changed.wait())
+        try:
+            await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, WaltzError):
+                await connecting
+            raise ChannelLost(f"partition {self.id} moved while connecting to {endpoint}")
+        return connecting.result()
+
+    def _detach(self, channel: Channel | None) -> None:
+        if channel is not None:
+            channel.partitions.discard(self)
+        self.channel = None
+        for future in self.requests.values():
+            if not future.done():
+                future.set_exception(ChannelLost("the partition moved"))
+
+    def channel_lost(self, channel: Channel) -> None:
+        if channel is not self.channel:
+            return
+        self._detach(channel)
+        self.mounted.clear()
+        if self.mount.on_disconnect():
+            self._remount_later()
+
+    def _remount_later(self, *, refresh: bool = False) -> None:
+        """Mount again after the retry interval (re-reading the assignment first)."""
+        if self.client.closing or self._delayed is not None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._delayed = None
+            if refresh:
+                task = loop.create_task(self._refresh())
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            else:
+                self.need_mount.set()
+
+        # back off while mounts keep failing (an unreachable server, NOT_READY...)
+        interval = self.client.config.retry_interval
+        delay = min(interval * 2 ** min(self._failures, 8), max(interval, 1.0))
+        self._failures += 1
+        self._delayed = loop.call_later(delay, fire)
+
+    async def _refresh(self) -> None:
+        try:
+            stored = await self.client.metadata.partition_assignment(self.id)
+        except WaltzError as exc:
+            log.warning("cannot read partition %d's assignment: %s", self.id, exc)
+            self._remount_later(refresh=True)
+            return
+        self.on_assignment(stored.value)
+        if self.mount.state is MountState.UNMOUNTED:
+            self.need_mount.set()
+
+    async def _maintain(self) -> None:
+        client = self.client
+        while not client.closing:
+            await self.need_mount.wait()
+            self.need_mount.clear()
+            if self.mount.state is not MountState.UNMOUNTED:
+                continue
+            endpoint = self.mount.endpoint
+            generation = self.mount.generation
+            try:
+                try:
+                    channel = await self.connect(endpoint)
+                except ChannelLost:
+                    if self.mount.endpoint != endpoint or self.mount.generation != generation:
+                        continue  # reassigned meanwhile: need_mount is set
+                    raise
+                app_hwm = await client._call_callback(
+                    client.callbacks.client_high_water_mark, self.id
+                )
+            except (TransportError, ProtocolError, ChannelLost) as exc:
+                log.warning("partition %d: cannot reach %s: %s", self.id, endpoint, exc)
+                self._remount_later(refresh=True)
+                continue
+            except Exception as exc:
+                log.exception("partition %d: client_high_water_mark failed", self.id)
+                client._report(self.id, NO_TRANSACTION, exc)
+                self._remount_later()
+                continue
+            if (
+                self.mount.state is not MountState.UNMOUNTED
+                or self.mount.endpoint != endpoint
+                or self.mount.generation != generation
+            ):
+                self.need_mount.set()  # the assignment changed meanwhile
+                continue
+            if not isinstance(app_hwm, int) or isinstance(app_hwm, bool):
+                client._report(
+                    self.id,
+                    NO_TRANSACTION,
+                    ClientError(f"client_high_water_mark returned {app_hwm!r}, not an int"),
+                )
+                self._remount_later()
+                continue
+            mount_from = self.feed.start_mount(app_hwm)
+            req_id = client._next_req_id(self.id, generation)
+            self.mount.begin_mount(req_id, channel.seq_num)
+            if self.channel is not channel:
+                self._detach(self.channel)
+            self.channel = channel
+            channel.partitions.add(self)
+            try:
+                await channel.send_stream(MountRequest(req_id, mount_from, channel.seq_num))
+            except ChannelLost:
+                continue  # channel_lost() scheduled the next mount
+            if self._mount_timer is not None:
+                self._mount_timer.cancel()
+            self._mount_timer = asyncio.get_running_loop().call_later(
+                client.config.request_timeout, self._mount_timed_out, req_id
+            )
+
+    def _mount_timed_out(self, req_id: ReqId) -> None:
+        self._mount_timer = None
+        loop = asyncio.get_running_loop()
+        timeout = self.client.config.request_timeout
+        quiet = loop.time() - self._last_progress
+        if self.mount.state is MountState.MOUNTING and quiet < timeout:
+            # a long catch-up feed is streaming: the mount is alive, wait on
+            self._mount_timer = loop.call_later(timeout - quiet, self._mount_timed_out, req_id)
+            return
+        if self.mount.state is MountState.MOUNTING and self.mount.mount_req_id == req_id:
+            log.warning(
+                "partition %d: no answer to the mount from %s within %s s; mounting again",
+                self.id,
+                self.mount.endpoint,
+                self.client.config.request_timeout,
+            )
+            self.mount.unmount()
+            self._remount_later(refresh=True)
+
+    # -- the stream, in order ----------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        inbox = self.inbox
+        batchable = not inspect.iscoroutinefunction(self.client.callbacks.apply_transaction)
+        while True:
+            channel, message = await inbox.get()
+            if channel is not self.channel:
+                continue  # a message of a replaced connection or an earlier assignment
+            try:
+                if isinstance(message, FeedData) and not inbox.empty():
+                    # consecutive feed items go to the callback thread in one hop
+                    run = [message]
+                    pending: tuple[Channel, Message] | None = None
+                    while not inbox.empty() and len(run) < _FEED_BATCH:
+                        item = inbox.get_nowait()
+                        if item[0] is channel and isinstance(item[1], FeedData):
+                            run.append(item[1])
+                        else:
+                            pending = item
+                            break
+                    if self.client.config.prefetch_data:
+                        await self._prefetch(run)
+                    if batchable:
+                        await self._on_feed_run(run)
+                    else:
+                        for item_message in run:
+                            await self._on_feed(item_message)
+                    if pending is not None and pending[0] is self.channel:
+                        await self._handle(pending[1])
+                else:
+                    await self._handle(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("partition %d: failed to handle %s", self.id, message)
+
+    async def _prefetch(self, run: list[FeedData]) -> None:
+        """Fetch the data of a run of feed items concurrently (pipelined RPCs) into the
+        cache, so the callbacks' fetches hit it. Failures are left to the callbacks."""
+        position = self.feed.position
+        fetch = self.client._fetch_data
+        await asyncio.gather(
+            *(fetch(self.id, m.transaction_id) for m in run if m.transaction_id > position),
+            return_exceptions=True,
+        )
+
+    async def _on_feed_run(self, run: list[FeedData]) -> None:
+        """Feed items in order; runs of consecutive APPLY items are applied by plain
+        callbacks in one callback-thread hop (same outcome as one by one)."""
+        i = 0
+        while i < len(run):
+            first = run[i]
+            if (
+                self.mount.state not in (MountState.MOUNTING, MountState.MOUNTED)
+                or self.feed.classify(first.transaction_id) is not FeedAction.APPLY
+            ):
+                await self._on_feed(first)
+                i += 1
+                continue
+            j = i + 1
+            while j < len(run) and run[j].transaction_id == first.transaction_id + (j - i):
+                j += 1
+            await self._apply_run(run[i:j])
+            i = j
+
+    async def _apply_run(self, items: list[FeedData]) -> None:
+        client = self.client
+        resolutions = [self.monitor.on_feed(m.req_id, m.transaction_id) for m in items]
+        transactions = [
+            Transaction(
+                self.id,
+                m.transaction_id,
+                m.header,
+                m.req_id,
+                fetch=client._fetch_data,
+                blocking=client._blocking_fetch,
+            )
+            for m in items
+        ]
+        apply = client.callbacks.apply_transaction
+
+        def apply_all() -> tuple[int, Exception | None]:
+            for k, transaction in enumerate(transactions):
+                try:
+                    apply(transaction)
+                except Exception as exc:
+                    return k, exc
+            return len(transactions), None
+
+        assert client._loop is not None and client._executor is not None
+        done, error = await client._loop.run_in_executor(client._executor, apply_all)
+        for k in range(done):
+            self._resolve(resolutions[k], applied=True)
+            self.feed.advance(items[k].transaction_id)
+        client.transactions_seen += done
+        if error is not None:
+            for k in range(done, len(items)):
+                self._resolve(resolutions[k], applied=False)  # committed, not applied
+            self._apply_failed(items[done].transaction_id, error)
+        if done:
+            self._advance_waiters()
+
+    def _apply_failed(self, transaction_id: int, exc: Exception) -> None:
+        log.warning(
+            "partition %d: apply_transaction(%d) failed: %r; the feed restarts from "
+            "the client high-water mark",
+            self.id,
+            transaction_id,
+            exc,
+        )
+        self.client._report(self.id, transaction_id, exc)
+        self._unmount_and_retry()
+
+    async def _handle(self, message: Message) -> None:
+        if isinstance(message, FeedData):
+            await self._on_feed(message)
+        elif isinstance(message, MountResponse):
+            self._on_mount_response(message)
+        elif isinstance(message, LockFailure):
+            self._resolve(self.monitor.on_lock_failure(message.req_id, message.transaction_id))
+        elif isinstance(message, ErrorResponse):
+            self._on_error(message)
+        elif isinstance(message, FlushResponse | HighWaterMarkResponse):
+            future = self.requests.pop(message.req_id, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        else:
+            log.warning("partition %d: unexpected %s on the stream", self.id, message)
+
+    async def _on_feed(self, message: FeedData) -> None:
+        if self.mount.state not in (MountState.MOUNTING, MountState.MOUNTED):
+            return
+        action = self.feed.classify(message.transaction_id)
+        if action is FeedAction.DUPLICATE:
+            return
+        if action is FeedAction.GAP:
+            if self.mount.state is MountState.MOUNTING:
+                return  # the rest of an earlier feed on this connection: the mount restreams
+            log.warning(
+                "partition %d: feed jumped from %d to %d; mounting again",
+                self.id,
+                self.feed.position,
+                message.transaction_id,
+            )
+            self._unmount_and_retry()
+            return
+        resolutions = self.monitor.on_feed(message.req_id, message.transaction_id)
+        if action is FeedAction.APPLY:
+            client = self.client
+            transaction = Transaction(
+                self.id,
+                message.transaction_id,
+                message.header,
+                message.req_id,
+                fetch=client._fetch_data,
+                blocking=client._blocking_fetch,
+            )
+            try:
+                await client._call_callback(client.callbacks.apply_transaction, transaction)
+            except Exception as exc:
+                self._resolve(resolutions, applied=False)
+                self._apply_failed(message.transaction_id, exc)
+                return
+        self._resolve(resolutions, applied=action is FeedAction.APPLY)
+        self.feed.advance(message.transaction_id)
+        self.client.transactions_seen += 1
+        self._advance_waiters()
+
+    def _unmount_and_retry(self) -> None:
+        self.mount.unmount()
+        self.mounted.clear()
+        self._remount_later()
+
+    def _advance_waiters(self) -> None:
+        self._last_progress = asyncio.get_running_loop().time()
+        self.advanced.set()
+        self.advanced = asyncio.Event()
+        self._release_retries()
+
+    def _release_retries(self) -> None:
+        for future in self.retries.release(
+            self.feed.position, appends_allowed=self.mount.appends_allowed
+        ):
+            if not future.done():
+                future.set_result(None)
+
+    def _on_mount_response(self, message: MountResponse) -> None:
+        decision = self.mount.on_mount_response(message.req_id, message.status)
+        if decision is MountDecision.READY:
+            self._resolve(self.monitor.fail_all())
+            self.mounts += 1
+            self._failures = 0
+            self.mounted.set()
+            self._release_retries()
+            log.info(
+                "partition %d mounted at %s (server high-water mark %d)",
+                self.id,
+                self.mount.endpoint,
+                message.high_water_mark,
+            )
+        elif decision is MountDecision.RETRY:
+            self._remount_later(refresh=True)
+        elif decision is MountDecision.CLIENT_AHEAD:
+            error = ClientAheadError(
+                f"partition {self.id}: the client high-water mark {self.feed.position} is "
+                f"beyond the partition's high-water mark {message.high_water_mark}; the "
+                "application's database belongs to another cluster, or the log lost data. "
+                "Check the client's database and the cluster it points to"
+            )
+            self._fail_partition(error)
+
+    def _fail_partition(self, error: WaltzError) -> None:
+        log.error("%s", error)
+        self.failure = error
+        self.client._report(self.id, NO_TRANSACTION, error)
+        for future in self.outcomes.values():
+            if not future.done():
+                future.set_exception(error)
+        self.outcomes.clear()
+        others: list[asyncio.Future[Any]] = [*self.requests.values(), *self.retries.drain()]
+        for future in others:
+            if not future.done():
+                future.set_exception(error)
+        self.requests.clear()
+        self.mounted.set()
+
+    def _on_error(self, message: ErrorResponse) -> None:
+        req_id = message.req_id
+        if req_id == self.mount.mount_req_id:
+            log.warning("partition %d: mount refused: %s", self.id, message.message)
+            if self.mount.on_mount_refused(req_id) is MountDecision.RETRY:
+                self.mounted.clear()
+                self._remount_later(refresh=True)
+            return
+        future = self.requests.pop(req_id, None)
+        if future is not None:
+            if not future.done():
+                future.set_exception(ChannelLost(f"{message.code.name}: {message.message}"))
+            return
+        if req_id in self.monitor:
+            self._resolve(self.monitor.on_refused(req_id))
+            if message.code in MOVED_CODES:
+                self._unmount_and_refresh()
+            return
+        if message.code in MOVED_CODES and self.mount.state is MountState.MOUNTED:
+            # not about a request of ours: the server says the partition left it
+            log.info("partition %d: %s; re-reading the assignment", self.id, message.message)
+            self._unmount_and_refresh()
+            return
+        log.warning("partition %d: server error %s: %s", self.id, message.code.name, message)
+
+    def _unmount_and_refresh(self) -> None:
+        self.mount.unmount()
+        self.mounted.clear()
+        self._remount_later(refresh=True)
+
+    def _resolve(self, resolutions: list[Resolution], *, applied: bool = False) -> None:
+        for resolution in resolutions:
+            future = self.outcomes.pop(resolution.req_id, None)
+            if future is None or future.done():
+                continue
+            if resolution.outcome is Outcome.COMMITTED and applied:
+                context = self.committed_by.get(resolution.req_id)
+                if context is not None:
+                    call_hook(context.on_application, resolution.transaction_id)
+            future.set_result(resolution)
+        for resolution in resolutions:
+            self.committed_by.pop(resolution.req_id, None)
+
+    # -- used by submissions -----------------------------------------------------------------------
+
+    def check_usable(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if self.client.closing:
+            raise ClientError("the Waltz client is closed")
+
+    async def acquire_slot(self) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.limit.try_acquire(future):
+            return
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release_slot()  # the slot was handed over as we were cancelled
+            else:
+                self.limit.cancel(future)
+            raise
+
+    def release_slot(self) -> None:
+        waiter = self.limit.release()
+        while waiter is not None and waiter.done():  # cancelled while queued
+            waiter = self.limit.release()
+        if waiter is not None:
+            waiter.set_result(None)
+
+    async def wait_mounted(self) -> None:
+        while True:
+            self.check_usable()
+            if self.mount.appends_allowed:
+                return
+            await self.mounted.wait()
+
+    async def wait_retry(self, wait_for: int | None) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.retries.add(future, wait_for)
+        self._release_retries()
+        await future
+
+    def register(self, req_id: ReqId, context: TransactionContext) -> asyncio.Future[Resolution]:
+        future: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
+        self.monitor.register(req_id)
+        self.outcomes[req_id] = future
+        self.committed_by[req_id] = context
+        return future
+
+    async def request(self, make: Callable[[ReqId], Message], timeout: float) -> Message:
+        """A stream request answered by one message (flush, high-water mark); retried
+        on a new connection until ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise ServerError(
+                    f"partition {self.id}: no answer from the server within {timeout} s; "
+                    "is the partition's server up?"
+                )
+            try:
+                await asyncio.wait_for(self.wait_mounted(), remaining)
+                channel = self.channel
+                if channel is None:
+                    continue
+                req_id = self.client._next_req_id(self.id, self.mount.generation)
+                future: asyncio.Future[Message] = loop.create_future()
+                self.requests[req_id] = future
+                try:
+                    await channel.send_stream(make(req_id))
+                    return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
+                finally:
+                    self.requests.pop(req_id, None)
+            except ChannelLost:
+                await asyncio.sleep(self.client.config.retry_interval)
+            except TimeoutError:
+                continue
+
+    async def wait_position(self, transaction_id: int, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.feed.position < transaction_id:
+            self.check_usable()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise ServerError(
+                    f"partition {self.id}: the feed did not reach transaction {transaction_id} "
+                    f"within {timeout} s (at {self.feed.position})"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.advanced.wait(), remaining)
+
+
+def call_hook(fn: Callable[..., Any], *args: Any) -> None:
+    """Call an application hook; its exception is logged, never breaks the client."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("transaction context hook %s raised", getattr(fn, "__name__", fn))
