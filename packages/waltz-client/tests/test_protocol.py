@@ -140,10 +140,17 @@ async def test_submit_sends_the_built_transaction_and_resolves_on_its_feed_item(
         assert await asyncio.wait_for(submitted, 10) is True
         assert ctx.events == [("application", 6), ("completion", True)]
         assert app.applied == [(0, 6, -3)]
-        # the data was fetched lazily over the RPC connection, once; then cached
+        # the client's own append is in its cache: applying it asks the server nothing
         assert app.data[(0, 6)] == append.data
-        assert len(peer.data_requests) == 1
-        assert peer.data_requests[0].transaction_id == 6
+        assert peer.data_requests == []
+        # another client's transaction: fetched lazily over the RPC connection, once;
+        # then cached
+        peer.data[(0, 7)] = b"theirs"
+        await conn.send(FeedData(OTHER, 7, 0))
+        await wait_for(lambda: app.hwm.get(0) == 7)
+        assert app.data[(0, 7)] == b"theirs"
+        assert [r.transaction_id for r in peer.data_requests] == [7]
+        assert await client._fetch_data(0, 7) == b"theirs"
         assert await client._fetch_data(0, 6) == append.data
         assert len(peer.data_requests) == 1
         # appends travel on the stream connection, data requests on the RPC one

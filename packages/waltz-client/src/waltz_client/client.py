@@ -33,6 +33,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import random
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from waltz_api.backoff import Backoff
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.contracts.coordination import Coordination, SessionState, Watch
 from waltz_api.contracts.transport import Transport
@@ -70,7 +72,7 @@ from waltz_client.api import (
     WaltzClientCallbacks,
 )
 from waltz_client.channel import Channel, ChannelLost
-from waltz_client.partition import MOVED_CODES, Partition, call_hook
+from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition, call_hook
 from waltz_client.state import (
     ConcurrencyLimit,
     Outcome,
@@ -83,6 +85,8 @@ R = TypeVar("R")
 M = TypeVar("M", bound=Message)
 INT32_MAX = 2**31 - 1
 CALLBACK_THREAD_PREFIX = "waltz-callbacks"
+_MAX_COORDINATION_DELAY = 5.0
+"""The longest pause between two attempts to renew a lost coordination session."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,13 @@ class AsyncWaltzClient:
     order; ``async def`` ones run on the loop.
     """
 
-    def __init__(self, callbacks: WaltzClientCallbacks, config: ClientConfig) -> None:
+    def __init__(
+        self,
+        callbacks: WaltzClientCallbacks,
+        config: ClientConfig,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
         if not isinstance(callbacks, WaltzClientCallbacks):
             raise ClientError(
                 f"callbacks must be a WaltzClientCallbacks, got {type(callbacks).__name__}"
@@ -186,6 +196,8 @@ class AsyncWaltzClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = -1
         self._started = False
+        self.rng = rng or random.Random()
+        """The jitter of every retry's back-off (inject a seeded one to replay a run)."""
 
     # -- life cycle --------------------------------------------------------------------------------
 
@@ -386,8 +398,8 @@ class AsyncWaltzClient:
                 continue  # a mount started while executing: build again after it
             channel = partition.channel
             req_id = self._next_req_id(p, partition.mount.generation)
-            outcome = partition.register(req_id, context)
             data = builder.data
+            outcome = partition.register(req_id, context, data)
             with contextlib.suppress(ChannelLost):  # the next mount fails it; then a retry
                 await channel.send_stream(
                     AppendRequest(
@@ -464,6 +476,7 @@ class AsyncWaltzClient:
         loop = asyncio.get_running_loop()
         timeout = self.config.request_timeout
         deadline = loop.time() + timeout
+        backoff = self.retry_backoff()
         while True:
             partition.check_usable()
             if partition.mount.endpoint:
@@ -481,7 +494,7 @@ class AsyncWaltzClient:
                 raise ServerError(
                     f"{what}: no answer from partition {partition.id}'s server within {timeout} s"
                 )
-            await asyncio.sleep(self.config.retry_interval)
+            await backoff.sleep()
 
     async def _fetch_data(self, partition_id: int, transaction_id: int) -> bytes:
         key = (partition_id, transaction_id)
@@ -507,8 +520,7 @@ class AsyncWaltzClient:
                     f"the server could not read transaction {transaction_id} of partition "
                     f"{partition_id}: {response.error}"
                 )
-            with self._cache_lock:
-                self.cache.put(key, response.data)
+            self._cache_put(partition_id, transaction_id, response.data)
             future.set_result(response.data)
             return response.data
         except BaseException as exc:
@@ -594,7 +606,7 @@ class AsyncWaltzClient:
         if self._coordination is not None:
             with contextlib.suppress(WaltzError):
                 await self._coordination.close()
-        delay = self.config.retry_interval
+        backoff = Backoff(self.config.retry_interval, _MAX_COORDINATION_DELAY, self.rng)
         while not self.closing:
             coordination = coordination_from_uri(
                 self.config.coordination, self.config.coordination_options
@@ -614,8 +626,16 @@ class AsyncWaltzClient:
                 self._watches.clear()
                 with contextlib.suppress(WaltzError):
                     await coordination.close()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            await backoff.sleep()
+
+    def retry_backoff(self) -> Backoff:
+        """The pacing of one request's retries: from ``retry_interval`` up to 1 s."""
+        interval = self.config.retry_interval
+        return Backoff(interval, max(interval, MAX_RETRY_DELAY), self.rng)
+
+    def _cache_put(self, partition_id: int, transaction_id: int, data: bytes) -> None:
+        with self._cache_lock:
+            self.cache.put((partition_id, transaction_id), data)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -14,8 +14,10 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from waltz_api.backoff import Backoff
 from waltz_api.cluster import NO_SERVER, PartitionAssignment
 from waltz_api.errors import (
     ClientAheadError,
@@ -66,6 +68,17 @@ MOVED_CODES = frozenset(
     {ErrorCode.PARTITION_NOT_ASSIGNED, ErrorCode.STALE_GENERATION, ErrorCode.SERVER_BUSY}
 )
 """Refusals that mean "ask again (maybe elsewhere)": the request is retried."""
+MAX_RETRY_DELAY = 1.0
+"""The longest pause between two attempts of a mount or a request (back-off cap)."""
+
+
+@dataclass(slots=True)
+class _Append:
+    """An append of ours sent to the partition and not yet decided."""
+
+    outcome: asyncio.Future[Resolution]
+    context: TransactionContext
+    data: bytes
 
 
 class Partition:
@@ -79,8 +92,7 @@ class Partition:
         self.limit: ConcurrencyLimit[asyncio.Future[None]] = ConcurrencyLimit(
             client.config.max_concurrent_transactions
         )
-        self.outcomes: dict[ReqId, asyncio.Future[Resolution]] = {}
-        self.committed_by: dict[ReqId, TransactionContext] = {}
+        self.appends: dict[ReqId, _Append] = {}
         self.requests: dict[ReqId, asyncio.Future[Message]] = {}
         self.channel: Channel | None = None
         self.inbox: asyncio.Queue[tuple[Channel, Message]] = asyncio.Queue(_INBOX_SIZE)
@@ -93,7 +105,9 @@ class Partition:
         self._tasks: list[asyncio.Task[None]] = []
         self._delayed: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
-        self._failures = 0
+        interval = client.config.retry_interval
+        self._mount_backoff = Backoff(interval, max(interval, MAX_RETRY_DELAY), client.rng)
+        """Paces mounts while they keep failing (an unreachable server, NOT_READY...)."""
         self._mount_timer: asyncio.TimerHandle | None = None
         self.reassigned = asyncio.Event()
         self._last_progress = 0.0
@@ -117,7 +131,7 @@ class Partition:
                 await task
         closed = ClientError("the Waltz client is closed")
         futures: list[asyncio.Future[Any]] = [
-            *self.outcomes.values(),
+            *(append.outcome for append in self.appends.values()),
             *self.requests.values(),
             *self.retries.drain(),
             *self.limit.drain(),
@@ -125,7 +139,7 @@ class Partition:
         for future in futures:
             if not future.done():
                 future.set_exception(closed)
-        self.outcomes.clear()
+        self.appends.clear()
         self.requests.clear()
         self.mounted.set()  # wake waiters; they see the client closed
 
@@ -201,11 +215,7 @@ class Partition:
             else:
                 self.need_mount.set()
 
-        # back off while mounts keep failing (an unreachable server, NOT_READY...)
-        interval = self.client.config.retry_interval
-        delay = min(interval * 2 ** min(self._failures, 8), max(interval, 1.0))
-        self._failures += 1
-        self._delayed = loop.call_later(delay, fire)
+        self._delayed = loop.call_later(self._mount_backoff.next_delay(), fire)
 
     async def _refresh(self) -> None:
         try:
@@ -365,7 +375,8 @@ class Partition:
 
     async def _apply_run(self, items: list[FeedData]) -> None:
         client = self.client
-        resolutions = [self.monitor.on_feed(m.req_id, m.transaction_id) for m in items]
+        monitor = self.monitor
+        resolutions = [self._decided(monitor.on_feed(m.req_id, m.transaction_id)) for m in items]
         transactions = [
             Transaction(
                 self.id,
@@ -444,7 +455,7 @@ class Partition:
             )
             self._unmount_and_retry()
             return
-        resolutions = self.monitor.on_feed(message.req_id, message.transaction_id)
+        resolutions = self._decided(self.monitor.on_feed(message.req_id, message.transaction_id))
         if action is FeedAction.APPLY:
             client = self.client
             transaction = Transaction(
@@ -489,7 +500,7 @@ class Partition:
         if decision is MountDecision.READY:
             self._resolve(self.monitor.fail_all())
             self.mounts += 1
-            self._failures = 0
+            self._mount_backoff.reset()
             self.mounted.set()
             self._release_retries()
             log.info(
@@ -513,10 +524,10 @@ class Partition:
         log.error("%s", error)
         self.failure = error
         self.client._report(self.id, NO_TRANSACTION, error)
-        for future in self.outcomes.values():
-            if not future.done():
-                future.set_exception(error)
-        self.outcomes.clear()
+        for append in self.appends.values():
+            if not append.outcome.done():
+                append.outcome.set_exception(error)
+        self.appends.clear()
         others: list[asyncio.Future[Any]] = [*self.requests.values(), *self.retries.drain()]
         for future in others:
             if not future.done():
@@ -554,18 +565,24 @@ class Partition:
         self.mounted.clear()
         self._remount_later(refresh=True)
 
+    def _decided(self, resolutions: list[Resolution]) -> list[Resolution]:
+        """The feed carried appends of ours: their data goes into the client's cache
+        (an application reading it is not sent to the server for what it just sent)."""
+        for resolution in resolutions:
+            if resolution.outcome is Outcome.COMMITTED:
+                append = self.appends.get(resolution.req_id)
+                if append is not None:
+                    self.client._cache_put(self.id, resolution.transaction_id, append.data)
+        return resolutions
+
     def _resolve(self, resolutions: list[Resolution], *, applied: bool = False) -> None:
         for resolution in resolutions:
-            future = self.outcomes.pop(resolution.req_id, None)
-            if future is None or future.done():
+            append = self.appends.pop(resolution.req_id, None)
+            if append is None or append.outcome.done():
                 continue
             if resolution.outcome is Outcome.COMMITTED and applied:
-                context = self.committed_by.get(resolution.req_id)
-                if context is not None:
-                    call_hook(context.on_application, resolution.transaction_id)
-            future.set_result(resolution)
-        for resolution in resolutions:
-            self.committed_by.pop(resolution.req_id, None)
+                call_hook(append.context.on_application, resolution.transaction_id)
+            append.outcome.set_result(resolution)
 
     # -- used by submissions -----------------------------------------------------------------------
 
@@ -608,11 +625,12 @@ class Partition:
         self._release_retries()
         await future
 
-    def register(self, req_id: ReqId, context: TransactionContext) -> asyncio.Future[Resolution]:
+    def register(
+        self, req_id: ReqId, context: TransactionContext, data: bytes
+    ) -> asyncio.Future[Resolution]:
         future: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
         self.monitor.register(req_id)
-        self.outcomes[req_id] = future
-        self.committed_by[req_id] = context
+        self.appends[req_id] = _Append(future, context, data)
         return future
 
     async def request(self, make: Callable[[ReqId], Message], timeout: float) -> Message:
@@ -620,6 +638,7 @@ class Partition:
         on a new connection until ``timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        backoff = self.client.retry_backoff()
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -641,7 +660,7 @@ class Partition:
                 finally:
                     self.requests.pop(req_id, None)
             except ChannelLost:
-                await asyncio.sleep(self.client.config.retry_interval)
+                await backoff.sleep()
             except TimeoutError:
                 continue
 

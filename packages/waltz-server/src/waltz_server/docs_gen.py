@@ -178,8 +178,8 @@ CLIENT_MEANINGS = {
     "connect_timeout": "seconds to connect to a server",
     "request_timeout": "seconds to wait for an answer (a mount is re-sent after it; a data "
     "request fails after it)",
-    "retry_interval": "seconds before mounting again after NOT_READY, a refusal or a lost "
-    "connection (doubling up to 5 s while mounts fail)",
+    "retry_interval": "seconds before mounting or asking again after NOT_READY, a refusal or "
+    "a lost connection (doubling up to 1 s, with jitter, while attempts fail)",
     "transaction_timeout": "seconds a submission may wait to be (re)executed before it "
     "expires with `TransactionExpiredError`; unset: no limit",
     "prefetch_data": "fetch the data of feed items arriving together, pipelined, before the "
