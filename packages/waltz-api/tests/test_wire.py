@@ -55,7 +55,7 @@ DATA = st.binary(max_size=300)
 TEXT = st.text(max_size=40)
 
 REQ_IDS = st.builds(ReqId, I32, I32, I32, I32)
-SESSION_INFOS = st.builds(SessionInfo, I64, I64, I64)
+SESSION_INFOS = st.builds(SessionInfo, I64, I64, I64, I64)
 LOCK_REQUESTS = st.builds(
     LockRequest,
     st.lists(U64, max_size=3).map(tuple),
@@ -140,7 +140,7 @@ def sample_messages() -> list[Message]:
                 "u32": 0,
                 "bool": True,
                 "reqid": ReqId(1, 2, 3, 4),
-                "session_info": SessionInfo(9, 8, 7),
+                "session_info": SessionInfo(9, 8, 7, 6),
                 "uuid": uuid.UUID(int=12345),
                 "bytes": data,
                 "str": "héllo",

@@ -170,11 +170,11 @@ async def test_every_request_type(fx: NodeFixture) -> None:
         await c.set_low_water_mark(s, p, 1)
     # a replica behind the cluster: local low-water mark = its own max id
     await c.set_low_water_mark(s, p, 7)
-    assert await c.last_session_info(s, p) == SessionInfo(1, 7, 2)
+    assert await c.last_session_info(s, p) == SessionInfo(1, 7, 2, 1)
     await c.truncate(s, p, -1)
     assert await c.max_transaction_id(s, p) == -1
     await c.set_low_water_mark(s, p, -1)
-    assert await c.last_session_info(s, p) == SessionInfo(1, -1, -1)
+    assert await c.last_session_info(s, p) == SessionInfo(1, -1, -1, 1)
 
 
 async def test_bad_arguments_are_refused_clearly(fx: NodeFixture) -> None:
@@ -234,7 +234,7 @@ async def test_fencing_by_store_session(fx: NodeFixture) -> None:
     await new.truncate(7, p, 0)
     await new.set_low_water_mark(7, p, 0)
     await new.append(7, p, [make_record(p, 1)])
-    assert await new.last_session_info(7, p) == SessionInfo(7, 0, 0)
+    assert await new.last_session_info(7, p) == SessionInfo(7, 0, 0, 7)
     # the fence is per partition: session 5 still owns partition 2
     await old.append(5, 2, [make_record(2, 0)])
     # and an old session cannot sneak back on a new connection
@@ -320,7 +320,7 @@ async def test_admin_commands(fx: NodeFixture) -> None:
     listed = {p.partition_id: p for p in await admin.list_partitions()}
     assert sorted(listed) == [0, 1, 2, 3]
     assert listed[0].max_transaction_id == 2
-    assert listed[0].session_info == SessionInfo(4, 2, 2)
+    assert listed[0].session_info == SessionInfo(4, 2, 2, 4)
     assert listed[1].max_transaction_id == -1 and listed[1].available
     assert await admin.max_transaction_id(0) == 2
 
@@ -482,7 +482,7 @@ async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFi
             await replica.append([make_record(3, 4)])
         await newer.truncate(1)
         await newer.set_low_water_mark(1)
-        assert await newer.last_session_info() == SessionInfo(6, 1, 1)
+        assert await newer.last_session_info() == SessionInfo(6, 1, 1, 6)
     finally:
         await replica.close()
         await newer.close()

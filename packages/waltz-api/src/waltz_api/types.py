@@ -19,6 +19,13 @@ NO_TRANSACTION = -1
 UNRESOLVED = -1
 """A replica's closing high-water mark before recovery resolved it (ReplicaState.UNRESOLVED)."""
 
+NO_SESSION = -1
+"""A session id field that holds no session (``SessionInfo`` of a new partition)."""
+
+LOST_SESSION = -2
+"""``SessionInfo.low_water_mark_session_id`` of a replica whose storage lost records it had
+acknowledged (found by the engine's start-up recovery): no session vouches for its marks."""
+
 _LOCK_KEY = struct.Struct(">q")
 
 
@@ -164,11 +171,22 @@ class SessionInfo:
     - ``local_low_water_mark``: the highest valid transaction id in this
       storage when that session started (below ``low_water_mark`` when the
       replica was behind).
+    - ``low_water_mark_session_id``: the store session whose low-water-mark write
+      (SetLowWaterMark) recorded the two marks, kept apart from the fence
+      ``session_id`` (which any request of a newer session raises). A storage
+      restored from a backup shows an older one than the partition's metadata
+      says it completed, even after a later session raised its fence and died.
+      :data:`NO_SESSION` when unknown (never written, or an engine or a format
+      that does not keep it: recovery then compares ``session_id``, the original's
+      rule); :data:`LOST_SESSION` when the engine's start-up recovery found that
+      records it had acknowledged may be lost (a damaged tail it moved aside):
+      the replica is then treated like one restored from a backup.
     """
 
     session_id: int = -1
     low_water_mark: int = NO_TRANSACTION
     local_low_water_mark: int = NO_TRANSACTION
+    low_water_mark_session_id: int = -1
 
 
 @dataclass(frozen=True, slots=True)

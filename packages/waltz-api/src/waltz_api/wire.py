@@ -35,7 +35,8 @@ malformed. Variable fields:
 Composite values, always inline:
 
 - ``ReqId`` = ``i32 client_id, i32 generation, i32 partition_id, i32 seq_num`` (16 bytes).
-- ``SessionInfo`` = ``i64 session_id, i64 low_water_mark, i64 local_low_water_mark``.
+- ``SessionInfo`` = ``i64 session_id, i64 low_water_mark, i64 local_low_water_mark,
+  i64 low_water_mark_session_id``.
 - ``UUID`` = 16 bytes (RFC 4122 byte order).
 - ``RecordHeader`` = ``i64 transaction_id, ReqId, i32 header`` (28 bytes).
 - ``Record`` = ``i64 transaction_id, ReqId, i32 header, u32 checksum, u32 data_len``
@@ -385,7 +386,13 @@ _expect_fields(ReqId, ("client_id", "generation", "partition_id", "seq_num"))
 _expect_fields(LockRequest, ("read", "write", "append"))
 _expect_fields(Record, ("transaction_id", "req_id", "header", "data", "checksum"))
 _expect_fields(RecordHeader, ("transaction_id", "req_id", "header"))
-_expect_fields(SessionInfo, ("session_id", "low_water_mark", "local_low_water_mark"))
+_SESSION_INFO_FIELDS: Final = (
+    "session_id",
+    "low_water_mark",
+    "local_low_water_mark",
+    "low_water_mark_session_id",
+)
+_expect_fields(SessionInfo, _SESSION_INFO_FIELDS)
 
 _make_req_id: Final = _make_constructor(ReqId)
 _REQ_ID_FIELDS: Final = tuple(f.name for f in fields(ReqId))
@@ -891,13 +898,11 @@ def _generate(cls: type[Message], schema: tuple[_Field, ...], blocks: bool = Fal
             ]
             values.append(f"v_{name}")
         elif kind == "session_info":
-            enc_fmt += "qqq"
-            dec_fmt += "qqq"
+            enc_fmt += "qqqq"
+            dec_fmt += "qqqq"
             pre.append(f"    s_{name} = {src}")
-            args += [
-                f"s_{name}.{a}" for a in ("session_id", "low_water_mark", "local_low_water_mark")
-            ]
-            parts = [f"s{i}_{name}" for i in range(3)]
+            args += [f"s_{name}.{a}" for a in _SESSION_INFO_FIELDS]
+            parts = [f"s{i}_{name}" for i in range(len(_SESSION_INFO_FIELDS))]
             unpacked += parts
             values.append(f"_make_session_info({', '.join(parts)})")
         elif kind == "uuid":

@@ -4,7 +4,8 @@ Commands (``command``: arguments -> result):
 
 - ``info``: {} -> {cluster_key, num_partitions, endpoint, partitions: [ids]}
 - ``list``: {} -> {partitions: [{partition_id, max_transaction_id, session_info:
-  {session_id, low_water_mark, local_low_water_mark}, available, error}]}
+  {session_id, low_water_mark, local_low_water_mark, low_water_mark_session_id}, available,
+  error}]}
 - ``max_transaction_id``: {partition_id} -> {partition_id, max_transaction_id}
 - ``add_partition``: {partition_id, cluster_key} -> {partition_id}
 - ``remove_partition``: {partition_id, cluster_key} -> {partition_id}  (deletes its data)
@@ -86,6 +87,7 @@ async def _list(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
                 "session_id": info.session_id,
                 "low_water_mark": info.low_water_mark,
                 "local_low_water_mark": info.local_low_water_mark,
+                "low_water_mark_session_id": info.low_water_mark_session_id,
             }
         except StorageError as exc:
             row["error"] = str(exc)

@@ -404,6 +404,7 @@ class StorageAdminClient:
                         session.get("session_id", -1),
                         session.get("low_water_mark", -1),
                         session.get("local_low_water_mark", -1),
+                        session.get("low_water_mark_session_id", -1),
                     ),
                     max_transaction_id=(
                         row["max_transaction_id"] if row["max_transaction_id"] is not None else -2

@@ -21,12 +21,12 @@ Last session info
 ``LastSessionInfo`` answers the session info as it was when the request
 arrived, before the request's own session id was recorded: a new session's
 recovery (whose first request to a replica is this one) sees the previous
-session's id and marks, as the original storage reported them, and can tell
-a storage older than the metadata (restored from a backup:
-``session_id < ReplicaState.session_id``). Known limit: because the fence is
-the stored ``session_id``, a session that reached this replica and died
-before its SetLowWaterMark leaves its id there, and a later recovery sees that
-id with the marks of the session before it.
+session's id and marks, as the original storage reported them. The marks
+carry the session that wrote them (``low_water_mark_session_id``), kept apart
+from the fence: a session that reached this replica and died before its
+SetLowWaterMark raises the fence only, so a storage restored from a backup
+still shows an older low-water-mark session than the partition's metadata
+says it completed, and recovery detects it.
 
 Low-water mark
 --------------
@@ -34,7 +34,7 @@ Low-water mark
 server's recovery truncated the dirty tail). As in the original, the
 partition's max transaction id must not exceed ``lwm`` (truncate first: the
 request is refused otherwise); the stored info becomes ``(session, lwm,
-local_lwm = max transaction id at that moment)``. The local low-water mark is
+local_lwm = max transaction id at that moment, lwm session = session)``. The local low-water mark is
 below ``lwm`` when this replica is behind and must catch up.
 
 Appends are pipelined: consecutive append requests of the same session waiting
@@ -45,6 +45,7 @@ batch (one flush), each still answered on its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -317,10 +318,9 @@ class PartitionWorker:
                 info.session_id,
             )
         if session_id > info.session_id:
-            # Durable before anything of the new session is acted on.
-            await partition.set_session_info(
-                SessionInfo(session_id, info.low_water_mark, info.local_low_water_mark)
-            )
+            # Durable before anything of the new session is acted on; the marks, and
+            # the session that wrote them, stay as they are.
+            await partition.set_session_info(dataclasses.replace(info, session_id=session_id))
             if self.metrics is not None and info.session_id >= 0:
                 self.metrics.session_fenced(self.partition_id)
             log.info(
@@ -372,7 +372,7 @@ class PartitionWorker:
                     f"low-water mark {request.low_water_mark} is below the max transaction id "
                     f"{max_id} of partition {p}: truncate the dirty transactions first"
                 )
-            await partition.set_session_info(SessionInfo(s, request.low_water_mark, max_id))
+            await partition.set_session_info(SessionInfo(s, request.low_water_mark, max_id, s))
             return SuccessResponse(s, q, p)
         if isinstance(request, StorageAppendRequest):
             if request.records:
