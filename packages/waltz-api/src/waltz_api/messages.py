@@ -394,6 +394,43 @@ class FailureResponse(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class MissingRangeRequest(Message):
+    """Which records the replica's storage lost to damage (and must get back from a peer)."""
+
+    TYPE: ClassVar[int] = 68
+    session_id: int
+    seq_num: int
+    partition_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class MissingRangeResponse(Message):
+    """The lowest range ``first..last`` (inclusive) of transaction ids at or below the
+    replica's max transaction id that its storage lost to damage found at start-up (the
+    damaged files were moved aside): reads there fail until a RepairRequest fills it.
+    ``-1, -1`` when the log has no hole."""
+
+    TYPE: ClassVar[int] = 69
+    session_id: int
+    seq_num: int
+    partition_id: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class RepairRequest(Message):
+    """Records copied from a healthy replica into the lowest missing range: dense, from
+    its first missing id, not past its end. Answered SuccessResponse once durable."""
+
+    TYPE: ClassVar[int] = 70
+    session_id: int
+    seq_num: int
+    partition_id: int
+    records: tuple[Record, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StorageAdminRequest(Message):
     """Administration of a storage node (list/add/remove partitions, availability...).
 
@@ -453,6 +490,9 @@ SERVER_STORAGE_MESSAGES: tuple[type[Message], ...] = (
     RecordListResponse,
     SuccessResponse,
     FailureResponse,
+    MissingRangeRequest,
+    MissingRangeResponse,
+    RepairRequest,
     StorageAdminRequest,
     StorageAdminResponse,
 )

@@ -95,6 +95,9 @@ Server-storage messages begin with ``S`` = ``session_id:i64, seq_num:i64, partit
     65 RecordListResponse       S, records:u32 count | Record*
     66 SuccessResponse          S
     67 FailureResponse          S, code:u8, message_len:u32, highest_session_id:i64 | message
+    68 MissingRangeRequest      S
+    69 MissingRangeResponse     S, first:i64, last:i64
+    70 RepairRequest            S, records:u32 count | Record*
     80 StorageAdminRequest      seq_num:i64, command_len:u32, arguments_len:u32
                                 | command, arguments
     81 StorageAdminResponse     seq_num:i64, success:bool, result_len:u32, error_len:u32
@@ -150,6 +153,8 @@ from waltz_api.messages import (
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     Message,
+    MissingRangeRequest,
+    MissingRangeResponse,
     MountRequest,
     MountResponse,
     MountStatus,
@@ -163,6 +168,7 @@ from waltz_api.messages import (
     RecordListResponse,
     RecordRequest,
     RecordResponse,
+    RepairRequest,
     SetLowWaterMarkRequest,
     StorageAdminRequest,
     StorageAdminResponse,
@@ -322,6 +328,9 @@ _SCHEMAS: Final[dict[type[Message], tuple[_Field, ...]]] = {
         _f("message", "str"),
         _f("highest_session_id", "i64"),
     ),
+    MissingRangeRequest: _S,
+    MissingRangeResponse: (*_S, _f("first", "i64"), _f("last", "i64")),
+    RepairRequest: (*_S, _f("records", "records")),
     StorageAdminRequest: (
         _f("seq_num", "i64"),
         _f("command", "str"),
