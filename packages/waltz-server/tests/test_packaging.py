@@ -1,0 +1,112 @@
+"""Every distribution's metadata: license, authors, URLs, classifiers, README,
+sibling pins to the same release and bounded third-party ranges.
+
+Read from the pyproject.toml files (what the wheels are built from); the `dist`
+tox environment checks the built wheels themselves.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PROJECTS = sorted(
+    [
+        *ROOT.glob("packages/*/pyproject.toml"),
+        ROOT / "conformance" / "pyproject.toml",
+        *ROOT.glob("examples/*/pyproject.toml"),
+    ]
+)
+REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*(\[[^\]]*\])?\s*(.*)$")
+
+
+def _project(path: Path) -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))["project"]
+    return project
+
+
+def _requirements(project: dict[str, Any]) -> list[str]:
+    found = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        found.extend(extra)
+    return found
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [str(p.parent.relative_to(ROOT)) for p in paths]
+
+
+def test_every_distribution_is_found() -> None:
+    names = {_project(p)["name"] for p in PROJECTS}
+    assert {"waltz-api", "waltz-server", "waltz-client", "waltz-conformance"} <= names
+    assert len(PROJECTS) >= 12
+
+
+def test_the_license_is_apache_2() -> None:
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text
+    assert "Version 2.0, January 2004" in text
+
+
+@pytest.mark.parametrize("path", PROJECTS, ids=_ids(PROJECTS))
+def test_metadata(path: Path) -> None:
+    project = _project(path)
+    name = project["name"]
+    assert project["license"] == "Apache-2.0", name
+    # hatchling puts LICENSE* of the project directory into the wheel and sdist
+    assert (path.parent / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes(), name
+    assert project["authors"], name
+    urls = project["urls"]
+    assert {"Homepage", "Documentation", "Source", "Changelog"} <= set(urls), name
+    classifiers = project["classifiers"]
+    assert any(c.startswith("Development Status ::") for c in classifiers), name
+    assert "Programming Language :: Python :: 3.11" in classifiers, name
+    # PEP 639: a license expression and a license classifier must not both be given
+    assert not any(c.startswith("License ::") for c in classifiers), name
+    build = tomllib.loads(path.read_text(encoding="utf-8"))["build-system"]["requires"]
+    assert any(r.startswith("hatchling>=1.27") for r in build), (name, build)
+
+
+@pytest.mark.parametrize("path", PROJECTS, ids=_ids(PROJECTS))
+def test_readme_says_what_it_is_how_to_install_and_where_the_docs_are(path: Path) -> None:
+    project = _project(path)
+    assert project.get("readme") == "README.md", project["name"]
+    readme = (path.parent / "README.md").read_text(encoding="utf-8")
+    assert readme.startswith("# "), path
+    assert len(readme) > 600, f"{path.parent}: a README of {len(readme)} characters"
+    if path.parent.parent.name == "packages" or path.parent.name == "conformance":
+        assert f"pip install {project['name']}" in readme or (
+            f"pip install '{project['name']}" in readme
+        ), f"{path.parent}/README.md has no install line for {project['name']}"
+        assert "/docs" in readme, f"{path.parent}/README.md links no documentation"
+
+
+def test_one_release_for_every_distribution() -> None:
+    versions = {_project(p)["name"]: _project(p)["version"] for p in PROJECTS}
+    assert len(set(versions.values())) == 1, versions
+
+
+@pytest.mark.parametrize("path", PROJECTS, ids=_ids(PROJECTS))
+def test_siblings_pinned_to_the_release_and_third_parties_bounded(path: Path) -> None:
+    project = _project(path)
+    major, minor, _ = project["version"].split(".", 2)
+    sibling_pin = f"== {major}.{minor}.*"
+    for requirement in _requirements(project):
+        match = REQUIREMENT.match(requirement)
+        assert match is not None, requirement
+        name, _extras, spec = match.groups()
+        if name.startswith("waltz-"):
+            assert spec.strip() == sibling_pin, (
+                f"{project['name']}: sibling {requirement!r} must be pinned '{sibling_pin}' "
+                f"(every Waltz distribution of a release is released together)"
+            )
+        else:
+            assert ">=" in spec and "<" in spec.replace("<=", ""), (
+                f"{project['name']}: {requirement!r} needs a lower and an upper bound "
+                f"(the range the tests ran on)"
+            )
