@@ -33,6 +33,7 @@ _INT32 = (-(2**31), 2**31 - 1)
 class _PartitionState:
     records: list[Record] = field(default_factory=list)
     info: SessionInfo = field(default_factory=SessionInfo)
+    available: bool = True
 
 
 @dataclass
@@ -73,6 +74,13 @@ class MemoryStoragePartition(StoragePartition):
 
     async def set_session_info(self, info: SessionInfo) -> None:
         self._check().info = info
+        await asyncio.sleep(0)
+
+    def available(self) -> bool:
+        return self._check().available
+
+    async def set_available(self, available: bool) -> None:
+        self._check().available = available
         await asyncio.sleep(0)
 
     async def append(self, records: Sequence[Record]) -> None:

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from waltz_api.errors import StorageAppendError, StorageError
 from waltz_api.types import Record, RecordHeader, SessionInfo
 from waltz_api.wire import RecordBlock
 
@@ -19,11 +20,20 @@ class StoragePartition(ABC):
     truncated away from the end and re-appended (by recovery), never changed
     in the middle.
 
-    Durability: when ``append``, ``truncate`` or ``set_session_info``
+    Durability: when ``append``, ``truncate``, ``repair`` or ``set_session_info``
     returns, the change is on stable storage (for a disk engine: fdatasync'd)
     and survives a crash at any later byte. A crash during the call leaves
-    either the old or the new state of each record, and start-up recovery
-    drops a torn or corrupt tail (never a record before it).
+    either the old or the new state of each record.
+
+    Start-up recovery never deletes what it cannot prove to be a torn tail of
+    the last write that was not yet flushed (such a tail was never
+    acknowledged). Anything else it cannot read back is moved aside (a disk
+    engine quarantines the files) and reported: records lost below intact ones
+    as :meth:`missing_ranges` (repaired from a peer with :meth:`repair`), a
+    lost tail by ``session_info().low_water_mark_session_id ==
+    LOST_SESSION`` (see :class:`~waltz_api.types.SessionInfo`). A record is
+    never served changed: it reads back byte-identical or raises
+    :class:`~waltz_api.errors.CorruptionError` naming it.
 
     Concurrency: calls for one partition are issued by one task at a time
     (the storage node serialises them); an engine may still batch concurrent
@@ -62,6 +72,36 @@ class StoragePartition(ABC):
 
         Truncating at or above ``max_transaction_id()`` is a no-op; ``-1``
         empties the log."""
+
+    def missing_ranges(self) -> list[tuple[int, int]]:
+        """Ranges ``(first, last)`` (inclusive, ascending) of transaction ids at or below
+        :meth:`max_transaction_id` that start-up recovery found lost to damage, with
+        intact records after them: reading one raises CorruptionError naming it until
+        :meth:`repair` fills it. A truncation below a range drops it. Empty for an intact
+        log (this default: an engine that declares no ``repair`` capability)."""
+        return []
+
+    async def repair(self, records: Sequence[Record]) -> None:
+        """Fill the lowest missing range with ``records`` copied from a healthy replica:
+        dense, from the range's first id, not past its last (checked as ``append``
+        checks); durable on return. Raises StorageAppendError (nothing stored) when they
+        do not fit the lowest range, or when there is none (this default)."""
+        raise StorageAppendError(
+            f"partition {self.partition_id} has no missing range to repair; nothing was stored"
+        )
+
+    def available(self) -> bool:
+        """Whether the partition is available to servers, as an administrator last set it
+        with :meth:`set_available` (``True`` until then); kept across a reopen."""
+        return True
+
+    async def set_available(self, available: bool) -> None:
+        """Record the administrator's availability of the partition, durably. This default
+        raises StorageError: the engine does not keep it (the storage node then keeps it
+        until it restarts)."""
+        raise StorageError(
+            f"this storage engine does not keep partition {self.partition_id}'s availability"
+        )
 
     @abstractmethod
     async def read_record(self, transaction_id: int) -> Record | None:
@@ -119,7 +159,8 @@ class StorageEngine(ABC):
         ``options`` are engine-specific (the ``fs`` engine: ``segment_size``,
         ``index_checkpoint_interval``, ``read_threads``); an unknown option is
         a StorageError. A partition that fails recovery stays closed without
-        failing the open; a damaged storage-wide header fails it."""
+        failing the open; a damaged storage-wide header fails it (nothing is
+        changed then)."""
 
     @property
     @abstractmethod

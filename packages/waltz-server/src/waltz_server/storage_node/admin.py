@@ -4,33 +4,38 @@ Commands (``command``: arguments -> result):
 
 - ``info``: {} -> {cluster_key, num_partitions, endpoint, partitions: [ids]}
 - ``list``: {} -> {partitions: [{partition_id, max_transaction_id, session_info:
-  {session_id, low_water_mark, local_low_water_mark, low_water_mark_session_id}, available,
-  error}]}
+  {session_id, low_water_mark, local_low_water_mark, low_water_mark_session_id},
+  missing_ranges: [[first, last]] (lost to damage, to repair from a peer), available, error}]}
 - ``max_transaction_id``: {partition_id} -> {partition_id, max_transaction_id}
 - ``add_partition``: {partition_id, cluster_key} -> {partition_id}
 - ``remove_partition``: {partition_id, cluster_key} -> {partition_id}  (deletes its data)
-- ``set_availability``: {partition_id, available, cluster_key} -> {partition_id, available}
+- ``set_availability``: {partition_id, available, cluster_key} -> {partition_id, available,
+  persisted}
 - ``stats``: {} -> {partitions: [{partition_id, queued, requests, append_requests,
   engine_appends, records_appended, fenced}]} (counters since the node started)
 
 Mutating commands carry the cluster key, so a tool pointed at the wrong node
-or cluster changes nothing. Availability is the node's runtime state: an
-unavailable partition refuses every storage request (``PARTITION_CLOSED``)
-until marked available again; a restart makes every partition available.
+or cluster changes nothing. An unavailable partition refuses every storage
+request (``PARTITION_CLOSED``) until marked available again; the engine keeps
+the choice across restarts (``persisted`` is false for an engine that cannot:
+then a restart makes the partition available).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from waltz_api.errors import ClusterKeyMismatchError, StorageError
+from waltz_api.errors import ClusterKeyMismatchError, PartitionClosedError, StorageError
 from waltz_server.storage_node.failures import StorageRequestError
 
 if TYPE_CHECKING:
     from waltz_server.storage_node.node import StorageNode
+
+log = logging.getLogger(__name__)
 
 AdminCommand = Callable[["StorageNode", dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -77,12 +82,14 @@ async def _list(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
             "available": worker.available if worker is not None else False,
             "max_transaction_id": None,
             "session_info": None,
+            "missing_ranges": [],
             "error": None,
         }
         try:
             partition = node.engine.partition(partition_id)
             info = partition.session_info()
             row["max_transaction_id"] = partition.max_transaction_id()
+            row["missing_ranges"] = [list(r) for r in partition.missing_ranges()]
             row["session_info"] = {
                 "session_id": info.session_id,
                 "low_water_mark": info.low_water_mark,
@@ -123,13 +130,27 @@ async def _set_availability(node: StorageNode, arguments: dict[str, Any]) -> dic
     if not isinstance(available, bool):
         raise StorageRequestError(f"available must be true or false, got {available!r}")
     worker = node.worker_of(partition_id)
+    persisted = True
 
     async def apply() -> None:
+        nonlocal persisted
+        try:
+            await node.engine.partition(partition_id).set_available(available)
+        except PartitionClosedError:
+            raise
+        except StorageError as exc:
+            persisted = False
+            log.warning(
+                "partition %d: availability %s holds until the node restarts only: %s",
+                partition_id,
+                available,
+                exc,
+            )
         worker.available = available
 
     # In the partition's order: requests queued before this are served as before.
     await worker.run_in_order(apply)
-    return {"partition_id": partition_id, "available": available}
+    return {"partition_id": partition_id, "available": available, "persisted": persisted}
 
 
 async def _stats(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -43,6 +43,8 @@ from waltz_api.messages import (
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     Message,
+    MissingRangeRequest,
+    MissingRangeResponse,
     RecordHeaderListRequest,
     RecordHeaderListResponse,
     RecordHeaderRequest,
@@ -51,6 +53,7 @@ from waltz_api.messages import (
     RecordListResponse,
     RecordRequest,
     RecordResponse,
+    RepairRequest,
     SetLowWaterMarkRequest,
     StorageAdminRequest,
     StorageAdminResponse,
@@ -279,6 +282,21 @@ class StorageClient:
             SuccessResponse,
         )
 
+    async def missing_range(self, session_id: int, partition_id: int) -> tuple[int, int] | None:
+        """The lowest range of the replica's log lost to damage (``None``: none)."""
+        response = await self._call(
+            MissingRangeRequest(session_id, self.next_seq_num(), partition_id),
+            MissingRangeResponse,
+        )
+        return None if response.first < 0 else (response.first, response.last)
+
+    async def repair(self, session_id: int, partition_id: int, records: Sequence[Record]) -> None:
+        """Fill (the start of) the lowest missing range with records copied from a peer."""
+        await self._call(
+            RepairRequest(session_id, self.next_seq_num(), partition_id, tuple(records)),
+            SuccessResponse,
+        )
+
     async def record_header(
         self, session_id: int, partition_id: int, transaction_id: int
     ) -> RecordHeader | None:
@@ -482,6 +500,12 @@ class StorageReplica:
 
     async def append(self, records: Sequence[Record]) -> None:
         await self.client.append(self.session_id, self.partition_id, records)
+
+    async def missing_range(self) -> tuple[int, int] | None:
+        return await self.client.missing_range(self.session_id, self.partition_id)
+
+    async def repair(self, records: Sequence[Record]) -> None:
+        await self.client.repair(self.session_id, self.partition_id, records)
 
     async def read_records(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
         return await self.client.records(

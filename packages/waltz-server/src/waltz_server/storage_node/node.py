@@ -231,6 +231,17 @@ class StorageNode:
                 max_response_bytes=self._max_response_bytes,
                 metrics=self.metrics,
             )
+            # an administrator's choice, kept by the engine across restarts (a partition
+            # that failed recovery refuses requests anyway)
+            with contextlib.suppress(StorageError):
+                worker.available = self.engine.partition(partition_id).available()
+            if not worker.available:
+                log.warning(
+                    "partition %d is marked unavailable (by an administrator); it refuses "
+                    "requests until `waltz storage availability %d available`",
+                    partition_id,
+                    partition_id,
+                )
             worker.start()
             self._workers[partition_id] = worker
         return worker

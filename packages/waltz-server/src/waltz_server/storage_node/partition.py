@@ -34,8 +34,20 @@ Low-water mark
 server's recovery truncated the dirty tail). As in the original, the
 partition's max transaction id must not exceed ``lwm`` (truncate first: the
 request is refused otherwise); the stored info becomes ``(session, lwm,
-local_lwm = max transaction id at that moment, lwm session = session)``. The local low-water mark is
-below ``lwm`` when this replica is behind and must catch up.
+local_lwm = max transaction id at that moment, lwm session = session)``. The
+local low-water mark is below ``lwm`` when this replica is behind and must catch
+up.
+
+Damage and repair
+-----------------
+A partition whose storage lost records to damage below intact ones (found by
+the engine's start-up recovery, the damaged files moved aside) answers
+``MissingRange`` with the lowest such range; reads there fail (CORRUPTION,
+naming the record) until ``Repair`` requests fill it with records copied from
+a healthy replica. ``SetLowWaterMark`` is refused while a range is missing: the
+local low-water mark would vouch for records this replica does not hold. A
+lost tail (the engine could not tell how much it lost) shows as
+``low_water_mark_session_id == LOST_SESSION`` in the session info.
 
 Appends are pipelined: consecutive append requests of the same session waiting
 in the queue whose ids continue each other are handed to the engine as one
@@ -67,6 +79,8 @@ from waltz_api.messages import (
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     Message,
+    MissingRangeRequest,
+    MissingRangeResponse,
     RecordHeaderListRequest,
     RecordHeaderListResponse,
     RecordHeaderRequest,
@@ -75,6 +89,7 @@ from waltz_api.messages import (
     RecordListResponse,
     RecordRequest,
     RecordResponse,
+    RepairRequest,
     SetLowWaterMarkRequest,
     StorageAppendRequest,
     SuccessResponse,
@@ -101,6 +116,8 @@ PARTITION_REQUESTS: tuple[type[Message], ...] = (
     RecordRequest,
     RecordHeaderListRequest,
     RecordListRequest,
+    MissingRangeRequest,
+    RepairRequest,
 )
 
 
@@ -372,11 +389,35 @@ class PartitionWorker:
                     f"low-water mark {request.low_water_mark} is below the max transaction id "
                     f"{max_id} of partition {p}: truncate the dirty transactions first"
                 )
+            missing = partition.missing_ranges()
+            if missing:
+                # the local low-water mark would vouch for records this replica lacks
+                first, last = missing[0]
+                raise StorageRequestError(
+                    f"partition {p} lacks transactions {first}..{last} (lost to damage found "
+                    "at start-up, the files moved aside): repair them from a peer "
+                    "(RepairRequest) or truncate below them before a session starts here"
+                )
             await partition.set_session_info(SessionInfo(s, request.low_water_mark, max_id, s))
             return SuccessResponse(s, q, p)
         if isinstance(request, StorageAppendRequest):
             if request.records:
                 await self._engine_append(partition, list(request.records))
+            return SuccessResponse(s, q, p)
+        if isinstance(request, MissingRangeRequest):
+            missing = partition.missing_ranges()
+            first, last = missing[0] if missing else (-1, -1)
+            return MissingRangeResponse(s, q, p, first, last)
+        if isinstance(request, RepairRequest):
+            if request.records:
+                await partition.repair(list(request.records))
+                log.info(
+                    "partition %d: repaired transactions %d..%d from a peer (session %d)",
+                    p,
+                    request.records[0].transaction_id,
+                    request.records[-1].transaction_id,
+                    s,
+                )
             return SuccessResponse(s, q, p)
         if isinstance(request, RecordHeaderRequest):
             return RecordHeaderResponse(
