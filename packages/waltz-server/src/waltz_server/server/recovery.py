@@ -10,6 +10,11 @@ decided, each replica truncates its dirty tail, records the new session's
 low-water mark, and catches up to the mark. When a quorum of the current
 replicas is clean, the replica states are written to the partition store
 metadata by compare-and-set, and the session may write.
+
+Damaged storage: a replica whose log misses a range (its engine moved damaged
+files aside, with intact records after them) has the range copied from a peer
+before it votes; one whose storage lost records it may have acknowledged (a
+backup restored, a damaged tail: ``ReplicaPlan.suspect``) counts as offline.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class _Recovering:
     mark: int
     voting: bool
     new: bool
+    suspect: bool = False
 
 
 class RecoveryManager:
@@ -129,7 +135,9 @@ class RecoveryManager:
             storage_session_id=info.session_id,
             storage_low_water_mark=info.low_water_mark,
             max_transaction_id=max_id,
+            storage_low_water_mark_session_id=info.low_water_mark_session_id,
         )
+        max_id = await self._repair_missing(node, connection, plan.mark_after(max_id), max_id)
         mark = max_id
         if plan.truncate_to is not None and max_id > plan.truncate_to:
             await connection.truncate(plan.truncate_to)
@@ -146,7 +154,7 @@ class RecoveryManager:
         self._check()
         if not plan.voting:
             self._clean.add(node)
-        me = _Recovering(node, connection, mark, plan.voting, plan.new)
+        me = _Recovering(node, connection, mark, plan.voting, plan.new, plan.suspect)
         self._states[node] = me
         self._evaluate()
         self._notify()
@@ -200,6 +208,73 @@ class RecoveryManager:
         assert self._resolved is not None
         return self._resolved
 
+    async def _repair_missing(
+        self, node: str, connection: ReplicaConnection, keep: int, max_id: int
+    ) -> int:
+        """Copy what the replica's storage lost to damage (its missing ranges at or below
+        ``keep``, what its plan keeps) from a replica recovering beside it, whose records
+        there agree (the committed prefix, or the same session's). Until it is whole the
+        replica is not in the vote: it does not vote beyond a hole. Returns its log end
+        (lower when a missing range above the decided closing mark was truncated away)."""
+        missing_range = getattr(connection, "missing_range", None)
+        repair = getattr(connection, "repair", None)
+        if missing_range is None or repair is None:
+            return max_id  # a connection that cannot report damage has none to report
+        while True:
+            self._check()
+            missing = await missing_range()
+            if missing is None or missing[0] > keep:
+                return max_id
+            first, last = missing[0], min(missing[1], keep)
+            resolved = self._resolved
+            if resolved is not None and first > resolved:
+                # in the last session's dirty tail: truncated away whatever it held
+                await connection.truncate(resolved)
+                return min(max_id, resolved)
+            usher = max(
+                (s for s in self._states.values() if s.node != node and s.mark >= last),
+                key=lambda s: s.mark,
+                default=None,
+            )
+            if usher is None:
+                log.info(
+                    "partition %d session %d: replica %s lacks %d..%d (damaged storage); "
+                    "waiting for a replica holding them",
+                    self.partition_id,
+                    self.session_id,
+                    node,
+                    first,
+                    last,
+                )
+                await self._wait_change()
+                continue
+            log.warning(
+                "partition %d session %d: repairing replica %s: transactions %d..%d, lost "
+                "to damage, copied from %s",
+                self.partition_id,
+                self.session_id,
+                node,
+                first,
+                last,
+                usher.node,
+            )
+            next_id = first
+            while next_id <= last:
+                records = await usher.connection.read_records(
+                    next_id, min(self._catch_up_batch, last - next_id + 1), self._catch_up_bytes
+                )
+                self._check()
+                if not records:
+                    break  # the usher was truncated meanwhile: choose again
+                if records[0].transaction_id != next_id:
+                    raise StorageError(
+                        f"replica {usher.node} returned records from "
+                        f"{records[0].transaction_id}, asked from {next_id}"
+                    )
+                records = [r for r in records if r.transaction_id <= last]
+                await repair(records)
+                next_id += len(records)
+
     def forget(self, node: str, connection: ReplicaConnection) -> None:
         """The replica on ``node`` failed during its recovery through ``connection``:
         it no longer counts (as a voter or as a source to catch others up) until it
@@ -225,7 +300,8 @@ class RecoveryManager:
     def _evaluate(self) -> None:
         if self._resolved is not None:
             return
-        known = [s for s in self._states.values() if not s.new]
+        # a suspect replica may have held anything: it counts as offline
+        known = [s for s in self._states.values() if not s.new and not s.suspect]
         voters = [s.mark for s in known if s.voting]
         if not voters:
             return  # only replicas that are behind: wait for a voter

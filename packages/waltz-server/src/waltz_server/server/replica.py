@@ -11,6 +11,11 @@ when the node is unreachable or the connection broke; StorageError for any
 other refusal. A connection is safe for concurrent calls from several tasks
 (a recovering replica reads from another replica while that one appends); the
 storage node serves one partition's requests in arrival order.
+
+Optional calls (recovery uses them when a connection has them): ``missing_range()
+-> tuple[int, int] | None``, the lowest range of the replica's log its storage
+lost to damage, and ``repair(records)``, records copied from a healthy replica
+into it (the storage client's StorageReplica has both).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from waltz_api.errors import WaltzError
-from waltz_api.types import NO_TRANSACTION, UNRESOLVED
+from waltz_api.types import LOST_SESSION, NO_SESSION, NO_TRANSACTION, UNRESOLVED
 
 
 class Outcome(enum.Enum):
@@ -120,11 +120,15 @@ class ReplicaPlan:
       the last session, and so may hold its uncommitted tail, votes).
     - ``new``: the replica is not in the last session's metadata; it neither
       votes nor counts towards that session's quorum, and catches up.
+    - ``suspect``: its storage lost records it may have acknowledged (restored
+      from a backup, or a damaged tail its engine moved aside): it counts as an
+      offline replica in the vote (it may have held anything), and catches up.
     """
 
     truncate_to: int | None
     voting: bool
     new: bool = False
+    suspect: bool = False
 
     def mark_after(self, max_transaction_id: int) -> int:
         """The replica's log end once the plan's truncation is done."""
@@ -142,21 +146,26 @@ def plan_replica(
     storage_session_id: int,
     storage_low_water_mark: int,
     max_transaction_id: int,
+    storage_low_water_mark_session_id: int = NO_SESSION,
 ) -> ReplicaPlan:
     """Decide a replica's first recovery step (spec: Recovery Procedure, step 5).
 
     ``known``: the replica has a ReplicaState in the partition store metadata
     (``state_*``); ``metadata_empty``: the metadata has no replica at all (a
     brand-new partition, where every replica starts as a voter). The storage
-    side reports its last session info (``storage_*``) and log end.
+    side reports its last session info (``storage_*``: the fence session id, the
+    low-water mark and the session that wrote it) and log end.
     """
     if not known and not metadata_empty:
         # added to the partition: only its committed prefix is trustworthy
         return ReplicaPlan(truncate_to=storage_low_water_mark, voting=False, new=True)
-    if known and storage_session_id < state_session_id:
+    if known and storage_older_than_metadata(
+        state_session_id, storage_session_id, storage_low_water_mark_session_id
+    ):
         # the storage is older than the metadata says (restored from a backup,
-        # replaced disk): keep what it knows is clean and catch up
-        return ReplicaPlan(truncate_to=storage_low_water_mark, voting=False)
+        # replaced disk, a damaged tail moved aside): keep what it knows is clean and
+        # catch up; what it lost may have counted in a quorum, so it counts as offline
+        return ReplicaPlan(truncate_to=storage_low_water_mark, voting=False, suspect=True)
     if known and state_closing_high_water_mark != UNRESOLVED:
         # it missed the end of its last session; the closing mark was resolved without it
         return ReplicaPlan(truncate_to=state_closing_high_water_mark, voting=False)
@@ -164,3 +173,18 @@ def plan_replica(
         # clean but behind the last session's start: it must catch up before it counts
         return ReplicaPlan(truncate_to=None, voting=False)
     return ReplicaPlan(truncate_to=None, voting=True)
+
+
+def storage_older_than_metadata(
+    state_session_id: int, storage_session_id: int, storage_low_water_mark_session_id: int
+) -> bool:
+    """Whether a replica's storage is older than its ReplicaState says: the metadata
+    records it clean in ``state_session_id``, but its low-water marks were written by an
+    older session (or its engine found it lost records: LOST_SESSION). A storage that
+    does not keep the marks' session (NO_SESSION) is judged by its fence session id, as
+    the original did (a session that raised the fence and died then hides a restore)."""
+    if storage_low_water_mark_session_id == LOST_SESSION:
+        return True
+    if storage_low_water_mark_session_id == NO_SESSION:
+        return storage_session_id < state_session_id
+    return storage_low_water_mark_session_id < state_session_id
