@@ -1,0 +1,107 @@
+"""The checkers of the safety invariants (DESIGN.md section 5) on a system harness:
+from the owner's committed log, every live replica's storage, and the writers' feeds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from waltz_api.errors import SessionFencedError, StorageError
+from waltz_api.types import Record
+from waltz_conformance.suites.system.clients import read_log
+from waltz_conformance.suites.system.harness import TIMEOUT, SystemHarness, wait_for
+from waltz_conformance.suites.system.load import Writer
+from waltz_server.storage_node.testing import make_record
+
+
+async def check_invariants(harness: SystemHarness, writers: Sequence[Writer]) -> None:
+    """Invariants 1, 2, 3 and 6 for the writers' partitions, from the owner's log and
+    from every live replica's storage."""
+    for writer in writers:
+        records = await read_log(harness, writer.partition)
+        assert [r.transaction_id for r in records] == list(range(len(records))), "ids not dense"
+        log_ids = [r.req_id for r in records]
+        # 6: the feed is exactly the committed log, in order
+        assert writer.feed == log_ids[writer.first : writer.last + 1]
+        # 2: no submission committed twice
+        assert len(set(log_ids)) == len(log_ids), "a submission committed twice"
+        # 1: every acknowledged transaction is there with its data
+        by_id = {r.req_id: r.data for r in records}
+        for rid in writer.acknowledged:
+            assert by_id.get(rid) == writer.sent[rid], f"acknowledged {rid} lost"
+        # nothing of this writer appears that it did not submit
+        mine = {r for r in log_ids if r.client_id == writer.client_id}
+        assert mine <= set(writer.sent), "a transaction nobody submitted"
+        await check_no_fork(harness, writer.partition, committed=writer.last + 1)
+
+
+async def check_no_fork(harness: SystemHarness, partition: int, committed: int) -> None:
+    """3: every live replica's log is a prefix of the longest (lagging replicas catch up
+    later), and the committed prefix is on a majority of the assigned replicas."""
+    replicas = await harness.replica_indexes(partition)
+    logs = [await harness.replica_log(i, partition) for i in replicas if harness.storage[i].alive]
+    longest = max(logs, key=len)
+    for replica in logs:
+        assert replica == longest[: len(replica)], "replicas forked"
+    assert sum(1 for replica in logs if len(replica) >= committed) > len(replicas) // 2
+
+
+async def check_replicas_converge(harness: SystemHarness, partitions: Sequence[int]) -> None:
+    """Once writes stopped: every live replica of each partition ends exactly equal to
+    the committed log (identical committed prefixes, no dirty record beyond the
+    resolved high-water mark on any replica), waiting (bounded) for catch-up."""
+    for partition in partitions:
+        committed = await read_log(harness, partition)
+        replicas = await harness.replica_indexes(partition)
+        lengths: dict[int, int] = {}
+
+        async def equal(
+            partition: int = partition,
+            committed: list[Record] = committed,
+            lengths: dict[int, int] = lengths,
+            replicas: list[int] = replicas,
+        ) -> bool:
+            same = True
+            for index in replicas:
+                if not harness.storage[index].alive:
+                    continue
+                replica = await harness.replica_log(index, partition)
+                lengths[index] = len(replica)
+                assert replica[: len(committed)] == committed[: len(replica)], (
+                    f"replica {index} of partition {partition} differs from the committed log"
+                )
+                same = same and replica == committed
+            return same
+
+        try:
+            await wait_for(equal, TIMEOUT, f"the replicas of partition {partition} to converge")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: committed {len(committed)}, replicas {lengths}") from None
+
+
+async def fenced_everywhere(harness: SystemHarness, partition: int, old_session: int) -> None:
+    """Every storage node refuses a write of store session ``old_session``; waits
+    (bounded) for replicas the new session has not reached yet."""
+    for index in range(harness.num_storage_nodes):
+
+        async def refuses(index: int = index) -> bool:
+            client = await harness.storage_client(index)
+            try:
+                # a no-op if accepted (nothing lies beyond a huge id): a safe probe
+                await client.truncate(old_session, partition, 10**12)
+                return False
+            except SessionFencedError:
+                return True
+            except StorageError:
+                return False
+            finally:
+                await client.close()
+
+        await wait_for(refuses, TIMEOUT, f"storage node {index} to fence session {old_session}")
+        client = await harness.storage_client(index)
+        try:
+            with pytest.raises(SessionFencedError):
+                await client.append(old_session, partition, [make_record(partition, 10**6)])
+        finally:
+            await client.close()

@@ -1,0 +1,439 @@
+"""The system harness: one cluster of a plugin combination (coordination, transport,
+storage engine, lock table), its faults (kill and restart members, wipe, back up and
+restore storage), its membership changes, and reads of its state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.contracts.coordination import Coordination
+from waltz_api.contracts.transport import Transport
+from waltz_api.errors import SessionFencedError
+from waltz_api.plugins import get_registry
+from waltz_api.types import Record
+from waltz_conformance.harness import Harness
+from waltz_conformance.suites.system.members import (
+    Member,
+    ServerInLoop,
+    ServerProcessMember,
+    StorageInLoop,
+    StorageProcessMember,
+    toml_document,
+)
+from waltz_server.server.testing import ServerProcess
+from waltz_server.storage_node.client import StorageClient
+from waltz_server.storage_node.testing import StorageNodeProcess
+
+log = logging.getLogger(__name__)
+
+PROCESSES = "processes"
+"""Capability: storage nodes and servers are real processes (kill -9, restart by pid)."""
+
+VOTER_SWEEP = "voter_sweep"
+"""Capability: the harness may build extra clusters of 1, 2, 4 and 5 storage nodes
+(about a minute with real processes). The voting logic does not depend on the
+plugin combination, so a suite run may declare it for one combination only."""
+
+RECOVERY_CASES = "recovery_cases"
+"""Capability: run the expensive recovery cases (undecidable wait, recovery after a
+failed recovery, a wiped replica, idempotency, replicas added, removed and replaced;
+about half a minute each with real processes). They exercise the server's recovery,
+which does not depend on the plugin combination: a suite run may declare this for the
+in-process combination and one combination of processes, and the others run the
+representative rest (feed, locking, fencing, faults while appending)."""
+
+TIMEOUT = 90.0
+RANGE_READ_TIMEOUT = 15.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class SystemHarness(Harness):
+    """A cluster of ``num_storage_nodes`` storage nodes and ``num_servers`` servers."""
+
+    coordination_uri: str = ""
+    transport: str = "memory"
+    storage_engine: str = "memory"
+    lock_table: str = "hwm-array"
+    processes: bool = False
+    workdir: Path | None = None
+    num_storage_nodes: int = 3
+    num_servers: int = 2
+    num_partitions: int = 2
+    session_timeout: float = 4.0
+    cluster_key: uuid.UUID = field(default_factory=uuid.uuid4)
+    client_transport: Transport | None = None
+    metadata: ClusterMetadata | None = None
+    storage_nodes: list[str] = field(default_factory=list)
+    """Each storage node's host:port name in the cluster metadata."""
+    storage: list[Member] = field(default_factory=list)
+    servers: list[Member] = field(default_factory=list)
+    coordination: Coordination | None = None
+    """The harness's own client of the coordination service."""
+    retired: set[int] = field(default_factory=set)
+    """Storage nodes (indexes) removed from the cluster: :meth:`heal` leaves them down."""
+    _locations: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.processes:
+            self.capabilities = self.capabilities | {PROCESSES}
+            if self.workdir is None:
+                raise ValueError("a harness of real processes needs a workdir")
+
+    def storage_endpoint(self, index: int) -> str:
+        scheme = "memory" if self.transport == "memory" else "tcp"
+        return f"{scheme}://{self.storage_nodes[index]}"
+
+    def _server_endpoint(self, index: int) -> str:
+        if self.transport == "memory":
+            return f"memory://server-{self.cluster_key.hex[:8]}-{index}"
+        return f"tcp://127.0.0.1:{_free_port()}"
+
+    def _storage_name(self, index: int) -> str:
+        if self.transport == "memory":
+            return f"sn-{self.cluster_key.hex[:8]}-{index}:{5500 + index}"
+        return f"127.0.0.1:{_free_port()}"
+
+    def _make_storage(self, index: int) -> Member:
+        """The member for storage node ``index`` (its name already in ``storage_nodes``)."""
+        tag = self.cluster_key.hex[:8]
+        data_dir = str(self.workdir / f"data{index}") if self.workdir else f"system-{tag}-{index}"
+        self._locations.append(data_dir)
+        config: dict[str, Any] = {
+            "log_level": "INFO",
+            "storage": {
+                "data_dir": data_dir,
+                "engine": self.storage_engine,
+                "cluster_key": str(self.cluster_key),
+                "num_partitions": self.num_partitions,
+                "partitions": list(range(self.num_partitions)),
+            },
+            "transport": {"plugin": self.transport, "endpoint": self.storage_endpoint(index)},
+        }
+        if self.processes:
+            assert self.workdir is not None and self.client_transport is not None
+            path = self.workdir / f"storage{index}.toml"
+            path.write_text(toml_document(config))
+            process = StorageNodeProcess(
+                path, self.storage_endpoint(index), self.workdir / f"storage{index}.log"
+            )
+            return StorageProcessMember(process, self.client_transport)
+        return StorageInLoop(config)
+
+    async def start(self) -> None:
+        self.storage_nodes = [self._storage_name(i) for i in range(self.num_storage_nodes)]
+        options = {"session_timeout": self.session_timeout}
+        self.coordination = coordination_from_uri(self.coordination_uri, options)
+        await self.coordination.start()
+        self.metadata = ClusterMetadata(self.coordination)
+        await self.metadata.create_cluster(
+            num_partitions=self.num_partitions,
+            num_replicas=self.num_storage_nodes,
+            storage_nodes=self.storage_nodes,
+            cluster_key=self.cluster_key,
+        )
+        self.client_transport = get_registry().get("transport", self.transport).factory({})
+        assert self.client_transport is not None
+        for i in range(self.num_storage_nodes):
+            self.storage.append(self._make_storage(i))
+        scheme = "memory" if self.transport == "memory" else "tcp"
+        for i in range(self.num_servers):
+            config = {
+                "log_level": "INFO",
+                "coordination": {"uri": self.coordination_uri, "options": options},
+                "transport": {
+                    "plugin": self.transport,
+                    "endpoint": self._server_endpoint(i),
+                    "storage_endpoint": f"{scheme}://{{}}",
+                },
+                "server": {"lock_table": self.lock_table},
+            }
+            if self.processes:
+                assert self.workdir is not None
+                path = self.workdir / f"server{i}.toml"
+                path.write_text(toml_document(config))
+                self.servers.append(
+                    ServerProcessMember(ServerProcess(path, self.workdir / f"server{i}.log"))
+                )
+            else:
+                self.servers.append(ServerInLoop(config))
+        try:
+            # processes start in parallel (each is a Python interpreter's start-up)
+            await start_all(self.storage)
+            await start_all(self.servers)
+            await self.wait_assigned()
+        except BaseException:
+            await self.close()
+            raise
+
+    def sibling(self, suffix: str, **changes: Any) -> SystemHarness:
+        """A new, not yet started cluster of the same plugin combination (its own
+        coordination root and cluster key), e.g. with another number of storage nodes."""
+        workdir = None
+        if self.workdir is not None:
+            workdir = self.workdir / suffix
+            workdir.mkdir()
+        settings: dict[str, Any] = {
+            "name": f"{self.name}-{suffix}",
+            "coordination_uri": f"{self.coordination_uri}-{suffix}",
+            "transport": self.transport,
+            "storage_engine": self.storage_engine,
+            "lock_table": self.lock_table,
+            "processes": self.processes,
+            "workdir": workdir,
+            "num_storage_nodes": self.num_storage_nodes,
+            "num_servers": self.num_servers,
+            "num_partitions": self.num_partitions,
+            "session_timeout": self.session_timeout,
+        }
+        settings.update(changes)
+        return SystemHarness(**settings)
+
+    async def close(self) -> None:
+        """Stop every member (by pid for processes), also after a failed start."""
+        for member in [*self.servers, *self.storage]:
+            with contextlib.suppress(Exception):
+                await member.kill()
+        if self.client_transport is not None:
+            await self.client_transport.close()
+        if self.coordination is not None:
+            await self.coordination.close()
+        if self.storage_engine == "memory":
+            from waltz_conformance.reference.storage import forget
+
+            for location in self._locations:
+                forget(location)
+
+    # -- the cluster's state --------------------------------------------------------
+
+    async def owner(self, partition: int) -> tuple[int, str, int]:
+        """The partition's owner: (server id, endpoint, generation); id -1 if none."""
+        assert self.metadata is not None
+        owner = (await self.metadata.partition_assignment(partition)).value
+        return owner.server_id, owner.endpoint, owner.generation
+
+    async def session_id(self, partition: int) -> int:
+        """The partition's current store session id (from the coordination service)."""
+        assert self.metadata is not None
+        return (await self.metadata.store_metadata(partition)).value.session_id
+
+    async def wait_assigned(self, timeout: float = TIMEOUT) -> None:
+        async def assigned() -> bool:
+            owners = [(await self.owner(p))[0] for p in range(self.num_partitions)]
+            return all(owner >= 0 for owner in owners)
+
+        await wait_for(assigned, timeout, "every partition to be assigned")
+
+    def server_index(self, server_id: int) -> int:
+        for index, member in enumerate(self.servers):
+            assert isinstance(member, ServerProcessMember | ServerInLoop)
+            if member.server_id() == server_id:
+                return index
+        raise AssertionError(f"no running server has id {server_id}")
+
+    # -- faults ---------------------------------------------------------------------
+
+    async def kill_storage_node(self, index: int) -> None:
+        await self.storage[index].kill()
+
+    async def restart_storage_node(self, index: int) -> None:
+        await self.storage[index].start()
+
+    def wipe_storage(self, index: int) -> None:
+        """Lose everything a killed storage node stored (its disk replaced)."""
+        assert not self.storage[index].alive, "wipe a killed storage node only"
+        location = self._locations[index]
+        if self.storage_engine == "memory":
+            from waltz_conformance.reference.storage import forget
+
+            forget(location)
+        else:
+            shutil.rmtree(location, ignore_errors=True)
+
+    def backup_storage(self, index: int) -> Path:
+        """Copy a killed storage node's data directory (an offline backup); requires
+        ``processes`` (real files)."""
+        assert self.processes and self.workdir is not None, "backups need real files"
+        assert not self.storage[index].alive, "back up a killed storage node only"
+        backup = self.workdir / f"backup{index}-{uuid.uuid4().hex[:6]}"
+        shutil.copytree(self._locations[index], backup)
+        return backup
+
+    def restore_storage(self, index: int, backup: Path) -> None:
+        """Replace a killed storage node's data directory with ``backup``."""
+        assert not self.storage[index].alive, "restore a killed storage node only"
+        shutil.rmtree(self._locations[index], ignore_errors=True)
+        shutil.copytree(backup, self._locations[index])
+
+    async def kill_server(self, index: int) -> None:
+        await self.servers[index].kill()
+
+    async def restart_server(self, index: int) -> None:
+        await self.servers[index].start()
+
+    async def kill_owner(self, partition: int) -> int:
+        """Kill the server owning ``partition`` and wait (bounded) until the partition
+        moved to another server with a newer generation; returns the killed server's
+        index (:meth:`heal` restarts it)."""
+        server_id, _, generation = await self.owner(partition)
+        victim = self.server_index(server_id)
+        await self.kill_server(victim)
+        await self.wait_moved(partition, server_id, generation)
+        return victim
+
+    async def wait_moved(
+        self, partition: int, server_id: int, generation: int, timeout: float = TIMEOUT
+    ) -> None:
+        """Until ``partition`` is owned by a server other than ``server_id`` with a
+        generation above ``generation``."""
+
+        async def moved() -> bool:
+            new_id, _, new_generation = await self.owner(partition)
+            return new_id not in (server_id, -1) and new_generation > generation
+
+        await wait_for(moved, timeout, f"partition {partition} to move")
+
+    async def heal(self) -> None:
+        """Restart every killed storage node (except those removed from the cluster) and
+        every killed server, concurrently."""
+        await start_all(
+            [m for i, m in enumerate(self.storage) if not m.alive and i not in self.retired]
+        )
+        await start_all([m for m in self.servers if not m.alive])
+
+    # -- membership changes ---------------------------------------------------------
+
+    async def add_storage_node(self) -> int:
+        """Start one more (empty) storage node and make it known to the cluster, holding
+        no replica yet; returns its index (beyond the first ``num_storage_nodes``)."""
+        assert self.metadata is not None
+        index = len(self.storage)
+        self.storage_nodes.append(self._storage_name(index))
+        member = self._make_storage(index)
+        self.storage.append(member)
+        await member.start()
+        await self.metadata.add_storage_node(self.storage_nodes[index])
+        return index
+
+    async def add_replica(self, partition: int, index: int) -> None:
+        assert self.metadata is not None
+        await self.metadata.add_replica(partition, self.storage_nodes[index])
+
+    async def remove_replica(self, partition: int, index: int) -> None:
+        assert self.metadata is not None
+        await self.metadata.remove_replica(partition, self.storage_nodes[index])
+
+    async def remove_storage_node(self, index: int) -> None:
+        """Forget an added storage node (holding no replica any more) and stop it."""
+        assert self.metadata is not None
+        await self.metadata.remove_storage_node(self.storage_nodes[index])
+        self.retired.add(index)
+        await self.storage[index].kill()
+
+    async def replica_indexes(self, partition: int) -> list[int]:
+        """The storage nodes (indexes) holding ``partition`` in the replica assignments."""
+        assert self.metadata is not None
+        names = (await self.metadata.replica_assignments()).replicas_of(partition)
+        return [self.storage_nodes.index(name) for name in names]
+
+    async def wait_replica_set(self, partition: int, timeout: float = TIMEOUT) -> None:
+        """Until a store session over the assigned replica set of ``partition`` has
+        started (its replica states in the store metadata name exactly those nodes)."""
+        assert self.metadata is not None
+        metadata = self.metadata
+
+        async def follows() -> bool:
+            wanted = sorted(self.storage_nodes[i] for i in await self.replica_indexes(partition))
+            stored = (await metadata.store_metadata(partition)).value
+            return sorted(r.replica_id.storage_node for r in stored.replicas) == wanted
+
+        await wait_for(follows, timeout, f"a store session over the new replicas of {partition}")
+
+    # -- clients --------------------------------------------------------------------
+
+    async def storage_client(self, index: int) -> StorageClient:
+        assert self.client_transport is not None
+        client = await StorageClient.connect(
+            self.client_transport, self.storage_endpoint(index), sender="conformance", timeout=10
+        )
+        try:
+            await client.open(self.cluster_key, self.num_partitions)
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def replica_log(self, index: int, partition: int) -> list[Record]:
+        """Every record on one storage node's replica of ``partition``.
+
+        Read with the session id the replica itself holds, never a newer one: every
+        storage request fences, so a checker's read with the current session id would
+        record it on a replica that session has not recovered yet, and the
+        recovery would then take a replica restored from an old backup for one
+        that took part in the session (the detection compares session ids)."""
+        for _ in range(20):
+            client = await self.storage_client(index)
+            try:
+                session = await _held_session(client, partition)
+                records: list[Record] = []
+                while True:
+                    batch = await client.records(session, partition, len(records), 1000)
+                    if not batch:
+                        return records
+                    records.extend(batch)
+            except SessionFencedError:
+                await asyncio.sleep(0.2)  # a newer session reached it meanwhile: read again
+            finally:
+                await client.close()
+        raise AssertionError(f"could not read replica {index} of partition {partition}")
+
+
+async def _held_session(client: StorageClient, partition: int) -> int:
+    """The store session id a replica holds (asked with session 0, which every replica
+    past its first session refuses, naming its own; 0 when it holds none above 0)."""
+    try:
+        await client.max_transaction_id(0, partition)
+    except SessionFencedError as exc:
+        return exc.highest_session_id
+    return 0
+
+
+async def start_all(members: Sequence[Member]) -> None:
+    """Start ``members`` concurrently; every start is awaited even when one fails."""
+    await gather_all(m.start() for m in members)
+
+
+async def gather_all(work: Iterable[Awaitable[None]]) -> None:
+    """Await ``work`` concurrently; every one is awaited even when one fails, then the
+    first failure is raised."""
+    results = await asyncio.gather(*work, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
