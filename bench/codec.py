@@ -130,8 +130,8 @@ def main() -> None:
         setattr_(message, "checksum", append.checksum)
         return message
 
-    make_req_id = wire._make_req_id
-    make_append = wire._make_constructor(AppendRequest)
+    make_req_id = wire.construct.make_req_id
+    make_append = wire.construct.make_constructor(AppendRequest)
 
     def via_slot_descriptors() -> object:
         return make_append(make_req_id(*rid_fields), *values)

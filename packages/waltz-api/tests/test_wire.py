@@ -102,7 +102,7 @@ def message_strategy(cls: type[Message]) -> st.SearchStrategy[Message]:
     @st.composite
     def build(draw: st.DrawFn) -> Message:
         values: dict[str, Any] = {}
-        for field in wire._SCHEMAS[cls]:
+        for field in wire.schema.SCHEMAS[cls]:
             if field.kind == "enum":
                 assert field.enum_type is not None
                 values[field.name] = draw(st.sampled_from(list(field.enum_type)))
@@ -132,7 +132,7 @@ def sample_messages() -> list[Message]:
     messages = []
     for cls in ALL_MESSAGES:
         values: dict[str, Any] = {}
-        for field in wire._SCHEMAS[cls]:
+        for field in wire.schema.SCHEMAS[cls]:
             values[field.name] = {
                 "i32": 7,
                 "i64": 1 << 40,
@@ -618,7 +618,7 @@ def test_fuzz_mutated_valid_frames(message: Message, data: st.DataObject) -> Non
     decodes_or_protocol_error(bytes(frame))
 
 
-@pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: wire._NAMES[f[0]])
+@pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: wire.codec.NAMES[f[0]])
 def test_every_truncation_and_extension_of_a_valid_frame_is_refused(frame: bytes) -> None:
     for end in range(len(frame)):
         with pytest.raises(ProtocolError):
@@ -628,7 +628,7 @@ def test_every_truncation_and_extension_of_a_valid_frame_is_refused(frame: bytes
             wire.decode(frame + extra)
 
 
-@pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: wire._NAMES[f[0]])
+@pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: wire.codec.NAMES[f[0]])
 def test_every_bit_flip_of_a_valid_frame(frame: bytes) -> None:
     original = wire.decode(frame)
     for bit in range(len(frame) * 8):
@@ -867,3 +867,21 @@ if __name__ == "__main__":
     lines += ["# The messages are tests/test_wire.py sample_messages()."]
     lines += [f"{m.TYPE} {type(m).__name__} {wire.encode(m).hex()}" for m in sample_messages()]
     VECTORS.write_text("\n".join(lines) + "\n")
+
+
+def test_a_schema_field_of_an_unknown_kind_is_refused() -> None:
+    with pytest.raises(TypeError, match="unknown wire field kind 'i33'"):
+        wire.schema.Field("header", "i33")
+
+
+def test_the_generated_decoder_is_the_one_the_codec_docstring_shows() -> None:
+    source = wire.codec.layout_source(FeedData)
+    for line in (
+        "    if n != 30:",
+        "    r0_req_id, r1_req_id, r2_req_id, r3_req_id, v_transaction_id, v_header, "
+        "= _unpack(f, 2)",
+        "    v_req_id = _new(_ReqId)",
+        "    _set_header(m, v_header)",
+    ):
+        assert line in source.splitlines()
+        assert line.strip() in (wire.codec.__doc__ or "")
