@@ -22,6 +22,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -272,10 +273,16 @@ class _Committer(threading.Thread):
                 return exc
             return None
 
+        started = time.perf_counter()
         if len(syncs) == 1:
-            return [sync(syncs[0][1], syncs[0][2])]
-        futures = [self._sync_pool.submit(sync, kind, fd) for _, kind, fd in syncs]
-        return [f.result() for f in futures]
+            errors = [sync(syncs[0][1], syncs[0][2])]
+        else:
+            futures = [self._sync_pool.submit(sync, kind, fd) for _, kind, fd in syncs]
+            errors = [f.result() for f in futures]
+        observer = self._engine.fsync_observer
+        if observer is not None and syncs:
+            observer(time.perf_counter() - started)
+        return errors
 
     def _finish(self, results: list[tuple[_Job, BaseException | None]]) -> None:
         if results:
@@ -1017,6 +1024,9 @@ class FsStorageEngine(StorageEngine):
         self._committer.start()
         self._readers = readers
         self._closed = False
+        self.fsync_observer: Callable[[float], None] | None = None
+        """Called (on the committer thread) with the seconds of each group commit's
+        flush to disk alone; the storage node's metrics set it."""
 
     @classmethod
     async def open(
