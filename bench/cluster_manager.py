@@ -28,8 +28,6 @@ import statistics
 import time
 import uuid
 
-import aiohttp
-
 from waltz_api.cluster import ClusterMetadata, ServerInfo
 from waltz_api.contracts.coordination import Coordination
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
@@ -39,6 +37,7 @@ from waltz_server.observability import (
     HttpEndpoint,
     ServerMetrics,
     StorageNodeMetrics,
+    http_get,
     new_registry,
 )
 from waltz_server.server.cluster_manager import ClusterManager, compute_assignment
@@ -157,11 +156,10 @@ async def bench_scrape(scrapes: int) -> None:
         for r in range(3):
             metrics.set_replica_lag(p, f"127.0.0.1:70{r:02d}", 0)
     latencies: list[float] = []
-    async with HttpEndpoint(metrics.registry) as http, aiohttp.ClientSession() as session:
+    async with HttpEndpoint(metrics.registry) as http:
         for _ in range(scrapes):
             started = time.perf_counter()
-            async with session.get(f"{http.url}/metrics") as response:
-                body = await response.read()
+            body = (await http_get(f"{http.url}/metrics")).body
             latencies.append(time.perf_counter() - started)
     latencies.sort()
     p50 = statistics.median(latencies) * 1e3

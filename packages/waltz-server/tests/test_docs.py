@@ -189,15 +189,9 @@ def test_every_waltz_command_in_the_docs_exists() -> None:
 
 
 def _metric_families() -> set[str]:
-    from waltz_server.observability import ServerMetrics, StorageNodeMetrics
+    from waltz_server.observability import exported_families
 
-    names = set()
-    for metrics in (ServerMetrics(), StorageNodeMetrics()):
-        for family in metrics.registry.collect():
-            if family.name.startswith("waltz_"):
-                suffix = "_total" if family.type == "counter" else ""
-                names.add(family.name + suffix)
-    return names
+    return set(exported_families())
 
 
 def _is_python_name(name: str, text: str) -> bool:

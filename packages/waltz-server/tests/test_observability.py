@@ -1,4 +1,4 @@
-"""Health and metrics over real HTTP (aiohttp client, 127.0.0.1): the endpoint itself, and
+"""Health and metrics over real HTTP (127.0.0.1): the endpoint itself, and
 a storage node serving it (in-process through ``serve`` and as a real ``waltz storage``
 process) whose metrics follow its appends."""
 
@@ -10,7 +10,6 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,9 +18,11 @@ from waltz_api.errors import ConfigError, SessionFencedError
 from waltz_api.plugins import get_registry
 from waltz_server.observability import (
     Check,
+    FeedPosition,
     HttpEndpoint,
     ServerMetrics,
     StorageNodeMetrics,
+    http_get,
     new_registry,
 )
 from waltz_server.storage_node import StorageClient
@@ -43,9 +44,18 @@ def _free_port() -> int:
 
 
 async def _get(url: str) -> tuple[int, str, str]:
-    timeout = aiohttp.ClientTimeout(total=20)
-    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
-        return response.status, response.headers.get("Content-Type", ""), await response.text()
+    reply = await http_get(url, timeout=20)
+    return reply.status, reply.content_type, reply.body
+
+
+async def _raw(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 20)
+    writer.close()
+    await writer.wait_closed()
+    return answer
 
 
 def _value(text: str, name: str, **labels: str) -> float:
@@ -81,8 +91,11 @@ async def test_metrics_and_health_over_http() -> None:
             "waltz_server_commit_latency_seconds",
             "waltz_server_lock_failures",
             "waltz_server_high_water_mark",
-            "waltz_server_replica_lag",
+            "waltz_server_replica_lag_transactions",
             "waltz_server_recoveries",
+            "waltz_server_requests",
+            "waltz_server_errors",
+            "waltz_build_info",
             "process_resident_memory_bytes",
         ):
             assert f"# TYPE {family}" in body, family
@@ -97,12 +110,19 @@ async def test_metrics_and_health_over_http() -> None:
         metrics.append_failed(0, "generation")
         _, _, body = await _get(f"{http.url}/metrics")
         assert _value(body, "waltz_server_appended_transactions_total", partition="0") == 7
-        assert _value(body, "waltz_server_commit_latency_seconds_count") == 2
-        assert _value(body, "waltz_server_commit_latency_seconds_bucket", le="0.005") == 1
+        latency = "waltz_server_commit_latency_seconds"
+        assert _value(body, f"{latency}_count", partition="0") == 2
+        assert _value(body, f"{latency}_bucket", partition="0", le="0.005") == 1
         assert _value(body, "waltz_server_lock_failures_total", partition="1") == 1
         assert _value(body, "waltz_server_high_water_mark", partition="0") == 6
         assert (
-            _value(body, "waltz_server_replica_lag", partition="0", replica="127.0.0.1:7001") == 3
+            _value(
+                body,
+                "waltz_server_replica_lag_transactions",
+                partition="0",
+                replica="127.0.0.1:7001",
+            )
+            == 3
         )
         assert _value(body, "waltz_server_recoveries_total", partition="0") == 1
         assert (
@@ -121,10 +141,69 @@ async def test_metrics_and_health_over_http() -> None:
         status, _, body = await _get(f"{http.url}/health")
         assert status == 503 and '"status": "failing"' in body
         assert "1 of 3" in body and "RuntimeError: disk on fire" in body
+        status, _, body = await _get(f"{http.url}/readyz")
+        assert status == 503 and "RuntimeError: disk on fire" in body
+        status, _, body = await _get(f"{http.url}/livez")
+        assert status == 200 and '"status": "ok"' in body
         status, _, _ = await _get(f"{http.url}/nothing")
         assert status == 404
-    with pytest.raises(aiohttp.ClientError):
+        answer = await _raw(http.port, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 405 ")
+        answer = await _raw(http.port, b"HEAD /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\n")
+        answer = await _raw(http.port, b"GET /" + b"x" * 9000 + b" HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        # a client that sends nothing does not keep the endpoint from answering others
+        _, idle = await asyncio.open_connection("127.0.0.1", http.port)
+        assert (await _get(f"{http.url}/livez"))[0] == 200
+        idle.close()
+    with pytest.raises(OSError):
         await _get(f"{http.url}/health")
+
+
+async def test_build_info_and_no_created_series() -> None:
+    metrics = ServerMetrics()
+    metrics.committed(0, 1, latency=0.001)
+    metrics.request("AppendRequest")
+    metrics.error("stale_generation")
+    async with HttpEndpoint(metrics.registry) as http:
+        _, _, body = await _get(f"{http.url}/metrics")
+    assert "_created" not in body
+    build = [
+        s
+        for f in text_string_to_metric_families(body)
+        for s in f.samples
+        if s.name == "waltz_build_info"
+    ]
+    assert len(build) == 1 and build[0].value == 1
+    assert build[0].labels["role"] == "server" and build[0].labels["version"]
+    assert _value(body, "waltz_server_requests_total", kind="AppendRequest") == 1
+    assert _value(body, "waltz_server_errors_total", kind="stale_generation") == 1
+
+
+async def test_connected_clients_and_feed_lag_are_read_when_scraped() -> None:
+    metrics = ServerMetrics(new_registry(process_metrics=False))
+    feeds = [FeedPosition(0, "client:1", 7, 10), FeedPosition(1, "client:2", 5, 5)]
+    connected = {"n": 2}
+    metrics.watch_clients(lambda: connected["n"], lambda: feeds)
+    async with HttpEndpoint(metrics.registry) as http:
+        _, _, body = await _get(f"{http.url}/metrics")
+        lag = "waltz_server_feed_lag_transactions"
+        assert _value(body, lag, partition="0", client="client:1") == 3
+        assert _value(body, lag, partition="1", client="client:2") == 0
+        assert _value(body, "waltz_server_connected_clients") == 2
+        feeds.pop(0)
+        connected["n"] = 1
+        _, _, body = await _get(f"{http.url}/metrics")
+        assert 'client="client:1"' not in body
+        assert _value(body, "waltz_server_connected_clients") == 1
+
+        def broken() -> int:
+            raise RuntimeError("gone")
+
+        metrics.watch_clients(broken, lambda: feeds)  # a failing callback: logged, no data
+        status, _, body = await _get(f"{http.url}/metrics")
+        assert status == 200 and "waltz_server_high_water_mark" in body
 
 
 async def test_two_registries_in_one_process_are_independent() -> None:
@@ -205,7 +284,7 @@ async def _wait_healthy(url: str, timeout: float = 60) -> str:
             status, _, body = await _get(f"{url}/health")
             if status == 200:
                 return body
-        except aiohttp.ClientError:
+        except OSError:
             pass
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"{url}/health did not answer 200 within {timeout}s")
@@ -234,8 +313,24 @@ async def _appends_move_the_metrics(url: str, transport: Transport, endpoint: st
     assert _value(after, "waltz_storage_appended_records_total", partition="1") == 3
     batches = _value(after, "waltz_storage_append_batches_total", partition="0")
     assert 1 <= batches <= 5
-    assert _value(after, "waltz_storage_fsync_latency_seconds_count") == batches + 1
+    append = "waltz_storage_append_latency_seconds"
+    assert _value(after, f"{append}_count", partition="0") == batches
+    # fsync alone: one per group commit (the appends and the session's write), each
+    # shorter than the append (write and fsync) it belongs to
+    fsyncs = _value(after, "waltz_storage_fsync_latency_seconds_count")
+    assert fsyncs >= 1
     assert _value(after, "waltz_storage_fsync_latency_seconds_sum") > 0
+    assert _value(after, "waltz_storage_fsync_latency_seconds_sum") < (
+        _value(after, f"{append}_sum", partition="0")
+        + _value(after, f"{append}_sum", partition="1")
+    )
+    assert _value(after, "waltz_storage_max_transaction_id", partition="0") == 4
+    assert _value(after, "waltz_storage_max_transaction_id", partition="1") == 2
+    assert _value(after, "waltz_storage_partition_available", partition="0") == 1
+    assert _value(after, "waltz_storage_disk_used_bytes") > data_bytes
+    free = _value(after, "waltz_storage_filesystem_free_bytes")
+    assert 0 < free <= _value(after, "waltz_storage_filesystem_size_bytes")
+    assert "waltz_build_info{" in after and 'role="storage"' in after
     assert _value(after, "waltz_storage_sessions_fenced_total", partition="0") == 1
     assert _value(after, "waltz_storage_fenced_requests_total", partition="0") == 1
 
@@ -250,11 +345,12 @@ async def test_storage_node_serves_health_and_metrics(tmp_path: Path, zmq: Trans
     try:
         body = await _wait_healthy(url)
         assert '"transport"' in body and "listening on" in body and "2 hosted" in body
+        assert '"caught_up"' in body
         await _appends_move_the_metrics(url, zmq, endpoint)
     finally:
         stop.set()
         await asyncio.wait_for(node, 30)
-    with pytest.raises(aiohttp.ClientError):
+    with pytest.raises(OSError):
         await _get(f"{url}/health")
 
 

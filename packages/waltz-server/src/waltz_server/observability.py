@@ -4,39 +4,58 @@ Each process owns one :class:`prometheus_client.CollectorRegistry` (never the
 global one, so several servers or storage nodes can run in one process, as
 tests do) holding its metric families (:class:`ServerMetrics`,
 :class:`StorageNodeMetrics`), and serves it with an :class:`HttpEndpoint`
-(aiohttp, on the process's event loop):
+(a small HTTP/1.1 server on the process's event loop, standard library only):
 
 - ``GET /metrics``: the Prometheus text exposition of the registry.
-- ``GET /health``: JSON ``{"status": "ok" | "failing", "checks": {name:
-  {"ok": bool, "detail": str}}}`` from the checks the process supplies
-  (plain or async callables returning a :class:`Check`); HTTP 200 when every
-  check passes, 503 otherwise. A check that raises or takes longer than
-  ``check_timeout`` counts as failing, with the reason in ``detail``.
+- ``GET /livez``: 200 while the process's event loop answers (a supervisor
+  restarts a process that stops answering); the liveness checks, if any.
+- ``GET /readyz``: 200 when the process does its job: a server is registered
+  with the coordination service and every partition it owns has recovered
+  (so it owns, or can take, partitions); a storage node serves its endpoint,
+  every hosted partition is available and holds at least what its store
+  session's recovery committed. 503 otherwise.
+- ``GET /health``: the same as ``/readyz`` (kept for older probes).
+
+Each check endpoint answers JSON ``{"status": "ok" | "failing", "checks":
+{name: {"ok": bool, "detail": str}}}`` from the checks the process supplies
+(plain or async callables returning a :class:`Check`). A check that raises or
+takes longer than ``check_timeout`` counts as failing, with the reason in
+``detail``.
+
+Values computed when scraped (consumer lag, connected clients, disk usage)
+come from :class:`ScrapeCollector` callbacks, so the hot paths pay nothing
+for them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
+import platform
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
+from urllib.parse import urlsplit
 
-from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
-from waltz_api.errors import ConfigError
+from waltz_api.errors import ConfigError, WaltzError
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +77,97 @@ LATENCY_BUCKETS = (
 """Seconds: from a fast fsync (half a millisecond) to a stalled disk."""
 
 
-def new_registry(*, process_metrics: bool = True) -> CollectorRegistry:
-    """A registry of its own, with the process collector (memory, CPU, open files)."""
+# Counters expose `_total` only: the `_created` twin of every series (a timestamp
+# per label set) doubles what a scrape stores and no dashboard here uses it.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def waltz_version() -> str:
+    """The installed waltz-server version (``unknown`` when not installed as a package)."""
+    try:
+        return metadata.version("waltz-server")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def new_registry(*, process_metrics: bool = True, role: str = "") -> CollectorRegistry:
+    """A registry of its own, with the process collector (memory, CPU, open files) and
+    ``waltz_build_info`` (1, labelled with the version, Python and the process's role)."""
     registry = CollectorRegistry(auto_describe=True)
     if process_metrics:
         ProcessCollector(registry=registry)
+    Gauge(
+        "waltz_build_info",
+        "Always 1; the labels say which Waltz runs (version, Python, role)",
+        ["version", "python_version", "role"],
+        registry=registry,
+    ).labels(waltz_version(), platform.python_version(), role).set(1)
     return registry
 
 
+class ScrapeCollector(Collector):
+    """Gauges computed when the registry is scraped, by ``collect_fn``.
+
+    ``collect_fn`` returns ``(name, help, labels, samples)`` tuples, ``samples``
+    being ``(label values, value)`` pairs. A failing callback is logged and
+    yields nothing (a scrape never fails because of it)."""
+
+    def __init__(
+        self,
+        describe: Iterable[tuple[str, str, tuple[str, ...]]],
+        collect_fn: Callable[[], Iterable[tuple[str, Iterable[tuple[tuple[str, ...], float]]]]],
+    ) -> None:
+        self._families = {name: (help_text, labels) for name, help_text, labels in describe}
+        self._collect_fn = collect_fn
+
+    def describe(self) -> Iterator[Metric]:
+        for name, (help_text, labels) in self._families.items():
+            yield GaugeMetricFamily(name, help_text, labels=list(labels))
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            name: GaugeMetricFamily(name, help_text, labels=list(labels))
+            for name, (help_text, labels) in self._families.items()
+        }
+        try:
+            for name, samples in self._collect_fn():
+                family = families[name]
+                for label_values, value in samples:
+                    family.add_metric(list(label_values), value)
+        except Exception:
+            log.exception("computing metrics for a scrape failed")
+        yield from families.values()
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+SERVER_SCRAPED = (
+    ("waltz_server_connected_clients", "Client connections open now (handshake done)", ()),
+    (
+        "waltz_server_feed_lag_transactions",
+        "A connected client's feed position behind the partition's high-water mark, as "
+        "this server sees it (transactions)",
+        ("partition", "client"),
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FeedPosition:
+    """A client's feed on a partition: the last transaction id it was sent (or the
+    high-water mark it mounted with) and the partition's high-water mark now."""
+
+    partition_id: int
+    client: str
+    position: int
+    high_water_mark: int
+
+
 class ServerMetrics:
-    """The metric families of a Waltz server (partitions, store sessions, cluster)."""
+    """The metric families of a Waltz server (partitions, store sessions, clients)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else new_registry()
+        self.registry = registry if registry is not None else new_registry(role="server")
         r = self.registry
         self.appends = Counter(
             "waltz_server_appended_transactions",
@@ -87,6 +184,7 @@ class ServerMetrics:
         self.commit_latency = Histogram(
             "waltz_server_commit_latency_seconds",
             "Time from receiving an append request to its commit at a majority of replicas",
+            ["partition"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -103,7 +201,7 @@ class ServerMetrics:
             registry=r,
         )
         self.replica_lag = Gauge(
-            "waltz_server_replica_lag",
+            "waltz_server_replica_lag_transactions",
             "Transactions a replica is behind the partition's high-water mark",
             ["partition", "replica"],
             registry=r,
@@ -122,7 +220,23 @@ class ServerMetrics:
             "Partition assignment writes made by this server as the leader (generation bumps)",
             registry=r,
         )
+        self.requests = Counter(
+            "waltz_server_requests",
+            "Client requests received, by kind (the message type: AppendRequest, ...)",
+            ["kind"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "waltz_server_errors",
+            "Error answers sent to clients, by kind (the error code: partition_not_assigned, "
+            "stale_generation, ...)",
+            ["kind"],
+            registry=r,
+        )
         self._appends: dict[int, Counter] = {}  # labelled children, for the hot path
+        self._latency: dict[int, Histogram] = {}
+        self._requests: dict[str, Counter] = {}
+        self._scraped: ScrapeCollector | None = None
 
     def committed(self, partition_id: int, count: int, latency: float | None = None) -> None:
         """``count`` transactions committed; ``latency`` seconds for the request (if known)."""
@@ -131,7 +245,24 @@ class ServerMetrics:
             child = self._appends[partition_id] = self.appends.labels(str(partition_id))
         child.inc(count)
         if latency is not None:
-            self.commit_latency.observe(latency)
+            self.observe_commit_latency(partition_id, latency)
+
+    def observe_commit_latency(self, partition_id: int, seconds: float) -> None:
+        child = self._latency.get(partition_id)
+        if child is None:
+            child = self._latency[partition_id] = self.commit_latency.labels(str(partition_id))
+        child.observe(seconds)
+
+    def request(self, kind: str) -> None:
+        """A client request of type ``kind`` received."""
+        child = self._requests.get(kind)
+        if child is None:
+            child = self._requests[kind] = self.requests.labels(kind)
+        child.inc()
+
+    def error(self, kind: str) -> None:
+        """An error answer of ``kind`` (a fixed word, never free text) sent."""
+        self.errors.labels(kind).inc()
 
     def lock_failed(self, partition_id: int) -> None:
         self.lock_failures.labels(str(partition_id)).inc()
@@ -159,12 +290,91 @@ class ServerMetrics:
             with suppress(KeyError):
                 self.replica_lag.remove(label, replica)
 
+    def watch_clients(
+        self, connected: Callable[[], int], feeds: Callable[[], Iterable[FeedPosition]]
+    ) -> None:
+        """Report connected clients and each one's feed lag, read when scraped."""
+
+        def collect() -> Iterator[tuple[str, list[tuple[tuple[str, ...], float]]]]:
+            yield "waltz_server_connected_clients", [((), float(connected()))]
+            yield (
+                "waltz_server_feed_lag_transactions",
+                [
+                    (
+                        (str(f.partition_id), f.client),
+                        float(max(f.high_water_mark - f.position, 0)),
+                    )
+                    for f in feeds()
+                ],
+            )
+
+        self._watch(ScrapeCollector(SERVER_SCRAPED, collect))
+
+    def _watch(self, collector: ScrapeCollector) -> None:
+        """Register ``collector`` in place of the one registered before (a new watch
+        replaces the old)."""
+        if self._scraped is not None:
+            self.registry.unregister(self._scraped)
+        self.registry.register(collector)
+        self._scraped = collector
+
+
+# -- the storage node ----------------------------------------------------------------------------
+
+STORAGE_SCRAPED = (
+    (
+        "waltz_storage_disk_used_bytes",
+        "Bytes of the files under the storage node's data directory",
+        (),
+    ),
+    (
+        "waltz_storage_filesystem_free_bytes",
+        "Free bytes (for an unprivileged user) of the file system holding the data directory",
+        (),
+    ),
+    (
+        "waltz_storage_filesystem_size_bytes",
+        "Size in bytes of the file system holding the data directory",
+        (),
+    ),
+    (
+        "waltz_storage_max_transaction_id",
+        "The highest transaction id a hosted partition holds",
+        ("partition",),
+    ),
+    (
+        "waltz_storage_low_water_mark",
+        "The committed mark the partition's current store session recovered to",
+        ("partition",),
+    ),
+    (
+        "waltz_storage_partition_available",
+        "1 when the hosted partition is available, 0 when an operator marked it unavailable",
+        ("partition",),
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    partition_id: int
+    max_transaction_id: int
+    low_water_mark: int
+    available: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DiskUsage:
+    used_bytes: int
+    free_bytes: int
+    size_bytes: int
+
 
 class StorageNodeMetrics:
     """The metric families of a storage node."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else new_registry()
+        self.registry = registry if registry is not None else new_registry(role="storage")
         r = self.registry
         self.appended_records = Counter(
             "waltz_storage_appended_records",
@@ -180,13 +390,22 @@ class StorageNodeMetrics:
         )
         self.append_batches = Counter(
             "waltz_storage_append_batches",
-            "Engine appends (one write and fsync each; queued requests are merged)",
+            "Engine appends (queued requests are merged; one write and flush each)",
             ["partition"],
+            registry=r,
+        )
+        self.append_latency = Histogram(
+            "waltz_storage_append_latency_seconds",
+            "Time of one durable engine append as the storage node sees it (queueing in the "
+            "engine, write and fsync), per batch",
+            ["partition"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.fsync_latency = Histogram(
             "waltz_storage_fsync_latency_seconds",
-            "Time of one durable engine append (write and fsync), per batch",
+            "Time of the engine's flush to disk alone (fdatasync of one group commit's files); "
+            "reported by engines that can (the fs engine)",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -202,7 +421,8 @@ class StorageNodeMetrics:
             ["partition"],
             registry=r,
         )
-        self._append_children: dict[int, tuple[Counter, Counter, Counter]] = {}
+        self._append_children: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
+        self._scraped: ScrapeCollector | None = None
 
     def appended(self, partition_id: int, records: int, data_bytes: int, seconds: float) -> None:
         children = self._append_children.get(partition_id)
@@ -212,10 +432,15 @@ class StorageNodeMetrics:
                 self.appended_records.labels(label),
                 self.appended_bytes.labels(label),
                 self.append_batches.labels(label),
+                self.append_latency.labels(label),
             )
         children[0].inc(records)
         children[1].inc(data_bytes)
         children[2].inc()
+        children[3].observe(seconds)
+
+    def observe_fsync(self, seconds: float) -> None:
+        """One flush of the engine (thread-safe: engines call it from their own threads)."""
         self.fsync_latency.observe(seconds)
 
     def fenced_request(self, partition_id: int) -> None:
@@ -230,6 +455,32 @@ class StorageNodeMetrics:
         started = time.perf_counter()
         yield
         self.appended(partition_id, records, data_bytes, time.perf_counter() - started)
+
+    def watch_storage(
+        self, disk: Callable[[], DiskUsage], partitions: Callable[[], Iterable[PartitionState]]
+    ) -> None:
+        """Report disk usage and each hosted partition's marks, read when scraped."""
+
+        def collect() -> Iterator[tuple[str, list[tuple[tuple[str, ...], float]]]]:
+            usage = disk()
+            yield "waltz_storage_disk_used_bytes", [((), float(usage.used_bytes))]
+            yield "waltz_storage_filesystem_free_bytes", [((), float(usage.free_bytes))]
+            yield "waltz_storage_filesystem_size_bytes", [((), float(usage.size_bytes))]
+            states = list(partitions())
+            for name, attribute in (
+                ("waltz_storage_max_transaction_id", "max_transaction_id"),
+                ("waltz_storage_low_water_mark", "low_water_mark"),
+                ("waltz_storage_partition_available", "available"),
+            ):
+                yield (
+                    name,
+                    [((str(s.partition_id),), float(getattr(s, attribute))) for s in states],
+                )
+
+        if self._scraped is not None:
+            self.registry.unregister(self._scraped)
+        self._scraped = ScrapeCollector(STORAGE_SCRAPED, collect)
+        self.registry.register(self._scraped)
 
 
 # -- health -------------------------------------------------------------------------------------
@@ -286,8 +537,18 @@ def validate_http_address(host: str, port: int, key: str = "http") -> None:
         )
 
 
+MAX_REQUEST_HEAD = 8192
+"""Bytes of a request line and headers accepted (a probe's are a few hundred)."""
+REQUEST_TIMEOUT = 10.0
+"""Seconds a client has to send its request."""
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS[503] = "Service Unavailable"
+
+
 class HttpEndpoint:
-    """Serves ``/health`` and ``/metrics`` on ``host:port`` (port 0 picks a free one)."""
+    """Serves ``/metrics``, ``/livez``, ``/readyz`` and ``/health`` on ``host:port``
+    (port 0 picks a free one): HTTP/1.1, one request per connection, GET and HEAD."""
 
     def __init__(
         self,
@@ -296,23 +557,28 @@ class HttpEndpoint:
         host: str = "127.0.0.1",
         port: int = 0,
         checks: Mapping[str, HealthCheck] | None = None,
+        live_checks: Mapping[str, HealthCheck] | None = None,
         check_timeout: float = 5.0,
         config_key: str = "http",
     ) -> None:
+        """``checks``: what ``/readyz`` (and ``/health``) runs; ``live_checks``: what
+        ``/livez`` runs (none by default: answering proves the loop is alive)."""
         validate_http_address(host, port, config_key)
         self.registry = registry
         self.host = host
         self.requested_port = port
         self.checks: dict[str, HealthCheck] = dict(checks or {})
+        self.live_checks: dict[str, HealthCheck] = dict(live_checks or {})
         self.check_timeout = check_timeout
         self._config_key = config_key
-        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
         self._port: int | None = None
 
     @property
     def port(self) -> int:
         if self._port is None:
-            raise RuntimeError("the HTTP endpoint is not started")
+            raise WaltzError("the HTTP endpoint is not started")
         return self._port
 
     @property
@@ -321,33 +587,35 @@ class HttpEndpoint:
         return f"http://{host}:{self.port}"
 
     def add_check(self, name: str, check: HealthCheck) -> None:
+        """A readiness check (``/readyz``, ``/health``)."""
         self.checks[name] = check
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.requested_port, reuse_address=True)
         try:
-            await site.start()
+            server = await asyncio.start_server(
+                self._handle, self.host, self.requested_port, reuse_address=True
+            )
         except OSError as exc:
-            await runner.cleanup()
             raise ConfigError(
                 f"cannot serve health and metrics on {self.host}:{self.requested_port}: "
                 f"{exc.strerror or exc}; choose another '{self._config_key}.port' or "
                 f"'{self._config_key}.host'",
                 f"{self._config_key}.port",
             ) from exc
-        self._runner = runner
-        self._port = _bound_port(runner, self.requested_port)
-        log.info("health and metrics on %s (/health, /metrics)", self.url)
+        self._server = server
+        self._port = int(server.sockets[0].getsockname()[1])
+        log.info("health and metrics on %s (/livez, /readyz, /metrics)", self.url)
 
     async def close(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        with suppress(TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), 5)
 
     async def __aenter__(self) -> HttpEndpoint:
         await self.start()
@@ -356,19 +624,126 @@ class HttpEndpoint:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _health(self, request: web.Request) -> web.Response:
-        ok, results = await run_checks(self.checks, self.check_timeout)
-        return web.json_response(
-            {"status": "ok" if ok else "failing", "checks": results}, status=200 if ok else 503
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                return
+            if len(head) > MAX_REQUEST_HEAD:
+                await _reply(writer, 400, "text/plain; charset=utf-8", b"request too large\n")
+                return
+            method, path = _request_line(head)
+            if method not in ("GET", "HEAD"):
+                status, ctype, body = 405, "text/plain; charset=utf-8", b"GET or HEAD only\n"
+            else:
+                status, ctype, body = await self._route(path)
+            await _reply(writer, status, ctype, b"" if method == "HEAD" else body, len(body))
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            with suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1)
+            if task is not None:
+                self._handlers.discard(task)
+
+    async def _route(self, path: str) -> tuple[int, str, bytes]:
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        if path in ("/readyz", "/health"):
+            return await self._checks(self.checks)
+        if path == "/livez":
+            return await self._checks(self.live_checks)
+        return 404, "text/plain; charset=utf-8", b"not found: try /metrics, /livez, /readyz\n"
+
+    async def _checks(self, checks: Mapping[str, HealthCheck]) -> tuple[int, str, bytes]:
+        ok, results = await run_checks(checks, self.check_timeout)
+        body = json.dumps({"status": "ok" if ok else "failing", "checks": results}).encode()
+        return (200 if ok else 503), "application/json", body
+
+
+def _request_line(head: bytes) -> tuple[str, str]:
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = line.split(" ")
+    if len(parts) != 3:
+        return "", ""
+    return parts[0].upper(), urlsplit(parts[1]).path
+
+
+async def _reply(
+    writer: asyncio.StreamWriter,
+    status: int,
+    content_type: str,
+    body: bytes,
+    length: int | None = None,
+) -> None:
+    reason = _REASONS.get(status, "")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode("latin-1")
+    writer.write(head + body)
+    await writer.drain()
+
+
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    status: int
+    content_type: str
+    body: str
+
+
+async def http_get(url: str, timeout: float = 10.0) -> HttpReply:
+    """GET ``url`` (``http://host:port/path``, as served by :class:`HttpEndpoint`).
+
+    Raises OSError (ConnectionRefusedError, ...) or TimeoutError when it cannot."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+        raise ValueError(f"not an http://host:port/ URL: {url!r}")
+
+    async def get() -> HttpReply:
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        try:
+            host = parts.netloc
+            request = f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {host}\r\n"
+            writer.write((request + "Connection: close\r\n\r\n").encode("latin-1"))
+            await writer.drain()
+            raw = await reader.read()
+        finally:
+            writer.close()
+            with suppress(Exception):
+                await writer.wait_closed()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status_parts = lines[0].split(" ", 2)
+        if len(status_parts) < 2 or not status_parts[1].isdigit():
+            raise ConnectionError(f"{url}: not an HTTP answer")
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])
+        }
+        return HttpReply(
+            int(status_parts[1]), headers.get("content-type", ""), body.decode("utf-8", "replace")
         )
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return await asyncio.wait_for(get(), timeout)
 
 
-def _bound_port(runner: web.AppRunner, requested: int) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return requested
+def exported_families() -> dict[str, str]:
+    """Every ``waltz_*`` metric family a server or a storage node exports, with its type
+    (``counter`` names with their ``_total``), for docs, dashboards and alert rules."""
+    server = ServerMetrics(new_registry(process_metrics=False, role="server"))
+    server.watch_clients(lambda: 0, list)
+    storage = StorageNodeMetrics(new_registry(process_metrics=False, role="storage"))
+    storage.watch_storage(lambda: DiskUsage(0, 0, 0), list)
+    found: dict[str, str] = {}
+    for metrics in (server, storage):
+        for family in metrics.registry.collect():
+            if family.name.startswith("waltz_"):
+                suffix = "_total" if family.type == "counter" else ""
+                found[family.name + suffix] = family.type
+    return found

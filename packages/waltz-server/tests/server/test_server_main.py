@@ -7,7 +7,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from cluster_fixture import InProcessCluster
 from test_server import RawClient
@@ -16,8 +15,17 @@ from waltz_api import wire
 from waltz_api.cluster import ClusterMetadata
 from waltz_api.config import config_from_mapping
 from waltz_api.errors import ConfigError
-from waltz_api.messages import AppendRequest, FlushRequest, FlushResponse
+from waltz_api.messages import (
+    AppendRequest,
+    ErrorResponse,
+    FeedData,
+    FlushRequest,
+    FlushResponse,
+    MountRequest,
+    MountResponse,
+)
 from waltz_api.types import LockRequest, ReqId
+from waltz_server.observability import http_get
 from waltz_server.server.config import ServerNodeConfig, load_server_config
 from waltz_server.server.main import RunningServer, start_server
 
@@ -118,18 +126,44 @@ async def test_two_servers_share_the_partitions_and_survive_one_leaving(
         assert marks == {p: 9 for p in range(PARTITIONS)}
         # health and metrics of the first server
         assert first.http is not None
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"{first.http.url}/health") as response:
-                assert response.status == 200
-                assert (await response.json())["status"] == "ok"
-            async with http.get(f"{first.http.url}/metrics") as response:
-                text = await response.text()
+        ready = await http_get(f"{first.http.url}/readyz")
+        assert ready.status == 200 and '"status": "ok"' in ready.body
+        assert (await http_get(f"{first.http.url}/livez")).status == 200
+        text = (await http_get(f"{first.http.url}/metrics")).body
         for partition in held[first.manager.server_id]:
             assert (
                 f'waltz_server_appended_transactions_total{{partition="{partition}"}} 10.0' in text
             )
             assert f'waltz_server_high_water_mark{{partition="{partition}"}} 9.0' in text
-        assert "waltz_server_commit_latency_seconds_count 20.0" in text
+            assert (
+                f'waltz_server_commit_latency_seconds_count{{partition="{partition}"}} 10.0' in text
+            )
+        assert 'waltz_server_requests_total{kind="AppendRequest"} 20.0' in text
+        assert 'waltz_server_requests_total{kind="FlushRequest"} 2.0' in text
+        assert "waltz_build_info{" in text and 'role="server"' in text
+        assert "_created" not in text
+        # a consumer: connected, its feed caught up (lag 0), seen by the server
+        partition = held[first.manager.server_id][0]
+        generation = first.server.partitions[partition].generation
+        consumer = await RawClient.connect(
+            made.client_transport, first.server.endpoint, "client:77"
+        )
+        try:
+            await consumer.send(MountRequest(ReqId(77, generation, partition, 0), 4, 1))
+            await consumer.wait(MountResponse)
+            assert len(await consumer.wait(FeedData, 5)) == 5
+            elsewhere = held[second.manager.server_id][0]
+            await consumer.send(FlushRequest(ReqId(77, generation, elsewhere, 1)))
+            await consumer.wait(ErrorResponse)
+            text = (await http_get(f"{first.http.url}/metrics")).body
+            assert "waltz_server_connected_clients 1.0" in text
+            lag = (
+                f'waltz_server_feed_lag_transactions{{client="client:77",partition="{partition}"}}'
+            )
+            assert f"{lag} 0.0" in text
+            assert 'waltz_server_errors_total{kind="partition_not_assigned"} 1.0' in text
+        finally:
+            await consumer.close()
         generations = {
             p: (await meta.partition_assignment(p)).value.generation for p in range(PARTITIONS)
         }

@@ -21,7 +21,7 @@ Example::
     [server.lock_table_options]
     size = 30000
 
-    [http]                                 # /health and Prometheus /metrics
+    [http]                                 # /livez, /readyz and Prometheus /metrics
     enabled = true
     port = 9600
 

@@ -29,7 +29,7 @@ from waltz_api.contracts.coordination import (
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, CoordinationError, PluginError
 from waltz_api.plugins import get_registry
-from waltz_server.observability import Check, HttpEndpoint, ServerMetrics
+from waltz_server.observability import Check, FeedPosition, HttpEndpoint, ServerMetrics
 from waltz_server.process import run_until_signalled
 from waltz_server.server.cluster_manager import (
     ClusterManager,
@@ -122,9 +122,30 @@ class RunningServer:
             await self.http.close()
 
 
+def feed_positions(server: WaltzServer) -> list[FeedPosition]:
+    """Every connected client's feed position on each partition served and ready here
+    (the furthest behind when a client name has several connections)."""
+    furthest: dict[tuple[int, str], FeedPosition] = {}
+    for connection in server.connections:
+        for partition_id, position in list(connection.feed_positions.items()):
+            partition = server.partitions.get(partition_id)
+            if partition is None or not partition.ready:
+                continue
+            found = FeedPosition(partition_id, connection.peer, position, partition.high_water_mark)
+            key = (partition_id, connection.peer)
+            if key not in furthest or found.position < furthest[key].position:
+                furthest[key] = found
+    return list(furthest.values())
+
+
 def server_endpoint(running: RunningServer, host: str, port: int) -> HttpEndpoint:
-    """An (unstarted) /health and /metrics endpoint for ``running``."""
+    """An (unstarted) /livez, /readyz and /metrics endpoint for ``running``.
+
+    Ready: registered with the coordination service (so the leader can assign it
+    partitions) and every partition it owns recovered and serving."""
     metrics = running.server.metrics or ServerMetrics()
+    server = running.server
+    metrics.watch_clients(lambda: len(server.connections), lambda: feed_positions(server))
 
     def registered() -> Check:
         manager = running.manager

@@ -203,7 +203,7 @@ class Partition:
             received = self._received_at
             while received and received[0][0] <= high_water_mark:
                 _, at = received.popleft()
-                metrics.commit_latency.observe(now - at)
+                metrics.observe_commit_latency(self.partition_id, now - at)
             metrics.committed(self.partition_id, len(records))
             metrics.set_high_water_mark(self.partition_id, high_water_mark)
             if now - self._lag_updated >= 1.0:

@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import logging
 import random
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ from waltz_api.errors import (
 from waltz_api.messages import (
     ErrorCode,
     ErrorResponse,
+    FeedData,
+    FeedRequest,
     Message,
     MountRequest,
     MountResponse,
@@ -74,8 +77,13 @@ class ClientConnection:
         protocol: wire.ProtocolConnection,
         limit: int,
         limit_bytes: int = 8 * 1024 * 1024,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.id = next(self._ids)
+        self.metrics = metrics
+        self.feed_positions: dict[int, int] = {}
+        """Partition -> the last transaction id this client's feed was sent (or the
+        high-water mark it mounted with): its feed lag, seen from here."""
         self.conn = conn
         self.protocol = protocol
         self.limit = limit
@@ -104,6 +112,12 @@ class ClientConnection:
         return self.protocol.peer or self.conn.peer
 
     def _frame(self, message: Message) -> bytes:
+        kind = type(message)
+        if kind is FeedData:
+            feed = typing.cast(FeedData, message)
+            self.feed_positions[feed.req_id.partition_id] = feed.transaction_id
+        elif kind is ErrorResponse and self.metrics is not None:
+            self.metrics.error(typing.cast(ErrorResponse, message).code.name.lower())
         return self.protocol.send(message)
 
     async def send(self, message: Message) -> None:
@@ -278,7 +292,7 @@ class WaltzServer:
         if protocol is None:
             return
         client = ClientConnection(
-            conn, protocol, self.config.outbox_frames, self.config.outbox_bytes
+            conn, protocol, self.config.outbox_frames, self.config.outbox_bytes, self.metrics
         )
         self._connections.add(client)
         try:
@@ -326,6 +340,8 @@ class WaltzServer:
         return protocol
 
     async def _dispatch(self, message: Message, client: ClientConnection) -> None:
+        if self.metrics is not None:
+            self.metrics.request(type(message).__name__)
         req_id: ReqId | None = getattr(message, "req_id", None)
         if req_id is None:
             client.post(
@@ -350,4 +366,6 @@ class WaltzServer:
                     )
                 )
             return
+        if isinstance(message, (MountRequest, FeedRequest)):
+            client.feed_positions[req_id.partition_id] = message.client_high_water_mark
         await partition.submit(message, client)

@@ -131,11 +131,11 @@ class TransportSection:
 class HttpSection:
     """The health (``/health``) and Prometheus metrics (``/metrics``) endpoint."""
 
-    enabled: bool = field(default=False, metadata={"help": "serve /health and /metrics"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address of /health and /metrics"})
+    enabled: bool = field(default=False, metadata={"help": "serve /livez, /readyz and /metrics"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address of the HTTP endpoint"})
     port: int = field(
         default=0,
-        metadata={"min": 0, "max": 65535, "help": "port of /health and /metrics (0: any free)"},
+        metadata={"min": 0, "max": 65535, "help": "port of the HTTP endpoint (0: any free)"},
     )
 
     def __post_init__(self) -> None:

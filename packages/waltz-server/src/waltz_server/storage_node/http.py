@@ -1,15 +1,33 @@
 """The storage node's health and metrics endpoint (config section ``[http]``).
 
 ``/metrics`` serves the node's :class:`~waltz_server.observability.StorageNodeMetrics`
-(appended records and bytes, engine appends, fsync latency, fenced requests
-and sessions, process memory and CPU); ``/health`` checks that the node
-serves its transport endpoint and that no hosted partition is marked
-unavailable.
+(appended records and bytes, engine appends and their latency per partition,
+fsync latency, fenced requests and sessions, disk usage and free space, each
+hosted partition's marks, process memory and CPU).
+
+``/livez`` answers while the node's event loop does. ``/readyz`` (and
+``/health``) checks that the node is opened and caught up: it serves its
+transport endpoint, no hosted partition is marked unavailable, and every
+hosted partition holds at least the records its current store session
+recovered to (its low-water mark). A replica still behind within a running
+session is visible only to the partition's server
+(``waltz_server_replica_lag_transactions``): a rolling restart waits for both.
 """
 
 from __future__ import annotations
 
-from waltz_server.observability import Check, HttpEndpoint, StorageNodeMetrics
+import os
+import shutil
+from pathlib import Path
+
+from waltz_api.errors import WaltzError
+from waltz_server.observability import (
+    Check,
+    DiskUsage,
+    HttpEndpoint,
+    PartitionState,
+    StorageNodeMetrics,
+)
 from waltz_server.storage_node.config import HttpSection
 from waltz_server.storage_node.node import StorageNode
 
@@ -19,10 +37,44 @@ def metrics_for(section: HttpSection) -> StorageNodeMetrics | None:
     return StorageNodeMetrics() if section.enabled else None
 
 
-def storage_node_endpoint(section: HttpSection, node: StorageNode) -> HttpEndpoint:
-    """An (unstarted) endpoint serving ``node``'s metrics and health checks."""
+def disk_usage(data_dir: str | os.PathLike[str]) -> DiskUsage:
+    """Bytes of the files under ``data_dir``, and its file system's free and total bytes."""
+    root = Path(data_dir)
+    used = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            try:
+                used += os.lstat(os.path.join(directory, name)).st_size
+            except FileNotFoundError:  # removed while we walked (a truncation, a remove)
+                continue
+    fs = shutil.disk_usage(root)
+    return DiskUsage(used, fs.free, fs.total)
+
+
+def partition_states(node: StorageNode) -> list[PartitionState]:
+    """Each hosted partition's marks, from the engine."""
+    states = []
+    for partition_id, worker in sorted(node.hosted_workers().items()):
+        try:
+            partition = node.engine.partition(partition_id)
+            info = partition.session_info()
+            highest = partition.max_transaction_id()
+        except WaltzError:
+            continue  # removed or closed meanwhile
+        states.append(PartitionState(partition_id, highest, info.low_water_mark, worker.available))
+    return states
+
+
+def storage_node_endpoint(
+    section: HttpSection, node: StorageNode, data_dir: str | os.PathLike[str] | None = None
+) -> HttpEndpoint:
+    """An (unstarted) endpoint serving ``node``'s metrics and health checks
+    (disk usage of ``data_dir`` when given)."""
     metrics = node.metrics if node.metrics is not None else StorageNodeMetrics()
     node.metrics = metrics
+    if data_dir is not None:
+        directory = data_dir
+        metrics.watch_storage(lambda: disk_usage(directory), lambda: partition_states(node))
 
     def transport() -> Check:
         if not node.serving:
@@ -37,9 +89,20 @@ def storage_node_endpoint(section: HttpSection, node: StorageNode) -> HttpEndpoi
             return Check(False, f"{detail}; marked unavailable: {unavailable}")
         return Check(True, detail)
 
+    def caught_up() -> Check:
+        behind = [
+            f"{s.partition_id} (holds {s.max_transaction_id}, session recovered to "
+            f"{s.low_water_mark})"
+            for s in partition_states(node)
+            if s.max_transaction_id < s.low_water_mark
+        ]
+        if behind:
+            return Check(False, "behind its store session: " + ", ".join(behind))
+        return Check(True, "every hosted partition holds its session's recovered records")
+
     return HttpEndpoint(
         metrics.registry,
         host=section.host,
         port=section.port,
-        checks={"transport": transport, "partitions": partitions},
+        checks={"transport": transport, "partitions": partitions, "caught_up": caught_up},
     )

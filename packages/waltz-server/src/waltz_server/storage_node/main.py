@@ -90,6 +90,10 @@ async def start_node(config: StorageNodeConfig) -> StorageNode:
     except BaseException:
         await engine.close()
         raise
+    metrics = metrics_for(config.http)
+    if metrics is not None and hasattr(engine, "fsync_observer"):
+        # engines that can time their flush alone report it (the fs engine does)
+        engine.fsync_observer = metrics.observe_fsync
     node = StorageNode(
         engine,
         transport,
@@ -98,7 +102,7 @@ async def start_node(config: StorageNodeConfig) -> StorageNode:
         queue_bytes=config.storage.queue_bytes,
         max_append_batch_records=config.storage.max_append_batch_records,
         max_list_records=config.storage.max_list_records,
-        metrics=metrics_for(config.http),
+        metrics=metrics,
     )
     try:
         await node.start()
@@ -115,7 +119,7 @@ async def serve(config: StorageNodeConfig, stop: asyncio.Event) -> None:
     http: HttpEndpoint | None = None
     try:
         if config.http.enabled:
-            http = storage_node_endpoint(config.http, node)
+            http = storage_node_endpoint(config.http, node, config.storage.data_dir)
             await http.start()
         # A supervisor (or a test) waiting for the node reads this line on stderr.
         log.info("storage node ready on %s (pid %d)", node.endpoint, os.getpid())
