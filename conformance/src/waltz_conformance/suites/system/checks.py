@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from waltz_api.errors import SessionFencedError, StorageError
+from waltz_api.errors import SessionFencedError, StorageError, TransportError
 from waltz_api.types import Record
 from waltz_conformance.suites.system.clients import read_log
 from waltz_conformance.suites.system.harness import TIMEOUT, SystemHarness, wait_for
@@ -86,14 +86,17 @@ async def fenced_everywhere(harness: SystemHarness, partition: int, old_session:
     for index in range(harness.num_storage_nodes):
 
         async def refuses(index: int = index) -> bool:
-            client = await harness.storage_client(index)
+            try:
+                client = await harness.storage_client(index)
+            except (StorageError, TransportError, TimeoutError, OSError):
+                return False  # restarting: ask again
             try:
                 # a no-op if accepted (nothing lies beyond a huge id): a safe probe
                 await client.truncate(old_session, partition, 10**12)
                 return False
             except SessionFencedError:
                 return True
-            except StorageError:
+            except (StorageError, TransportError):
                 return False
             finally:
                 await client.close()

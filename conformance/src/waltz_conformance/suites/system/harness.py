@@ -18,7 +18,7 @@ from typing import Any
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Transport
-from waltz_api.errors import SessionFencedError
+from waltz_api.errors import SessionFencedError, StorageError, TransportError
 from waltz_api.plugins import get_registry
 from waltz_api.types import Record
 from waltz_conformance.harness import Harness
@@ -387,9 +387,21 @@ class SystemHarness(Harness):
         storage request fences, so a checker's read with the current session id would
         record it on a replica that session has not recovered yet, and the
         recovery would then take a replica restored from an old backup for one
-        that took part in the session (the detection compares session ids)."""
-        for _ in range(20):
-            client = await self.storage_client(index)
+        that took part in the session (the detection compares session ids).
+
+        Read again (until TIMEOUT) when a newer session reached the replica meanwhile,
+        and when the node restarted or did not answer during the read: a restarted
+        listener answers the previous connection "unknown connection"."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT
+        failure = "no attempt"
+        while loop.time() < deadline:
+            try:
+                client = await self.storage_client(index)
+            except (StorageError, TransportError, TimeoutError, OSError) as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(0.2)
+                continue
             try:
                 session = await _held_session(client, partition)
                 records: list[Record] = []
@@ -398,11 +410,16 @@ class SystemHarness(Harness):
                     if not batch:
                         return records
                     records.extend(batch)
-            except SessionFencedError:
-                await asyncio.sleep(0.2)  # a newer session reached it meanwhile: read again
+            except (StorageError, TransportError, TimeoutError, OSError) as exc:
+                # fenced by a newer session, or the node restarted or did not answer
+                failure = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(0.2)
             finally:
                 await client.close()
-        raise AssertionError(f"could not read replica {index} of partition {partition}")
+        raise AssertionError(
+            f"could not read replica {index} of partition {partition} within {TIMEOUT:.0f}s "
+            f"(last: {failure})"
+        )
 
 
 async def _held_session(client: StorageClient, partition: int) -> int:

@@ -28,6 +28,7 @@ from waltz_conformance.suites.system.harness import (
     SystemHarness,
     gather_all,
     start_all,
+    wait_for,
 )
 from waltz_conformance.suites.system.load import under_load
 
@@ -362,7 +363,14 @@ class SystemSuite(LockingSuite):
                 await harness.kill_storage_node(2)
                 await harness.restart_storage_node(2)
             assert [await read_log(harness, p) for p in partitions] == committed
-            assert await harness.session_id(0) > old_session
+
+            # the owner notices a storage node left at its next idle probe: wait for that
+            async def new_session(old_session: int = old_session) -> bool:
+                return await harness.session_id(0) > old_session
+
+            await wait_for(
+                new_session, TIMEOUT, f"a store session of partition 0 after {old_session}"
+            )
             for p in partitions:
                 assert [
                     await harness.replica_log(i, p) for i in range(harness.num_storage_nodes)
