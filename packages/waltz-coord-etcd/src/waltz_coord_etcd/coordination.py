@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from waltz_api.backoff import Backoff
 from waltz_api.contracts.coordination import (
     ChildrenCallback,
     Coordination,
@@ -199,7 +200,7 @@ class EtcdCoordination(Coordination):
         self._watches: set[_EtcdWatch] = set()
         self._started = False
         self._closing = False
-        # Backoff jitter only; injectable (options["random"]) for simulations.
+        # Back-off jitter only; injectable (options["random"]) for simulations.
         self._random: random.Random = options.get("random") or random.Random()
 
     # -- session -----------------------------------------------------------------
@@ -653,7 +654,7 @@ class EtcdCoordination(Coordination):
         resync: Callable[[], Any],
     ) -> None:
         next_revision = start_revision
-        backoff = 0.05
+        retry = Backoff(0.05, 1.0, self._random)
         while not self._closing:
             request: JSON = {"key": b64(key), "start_revision": str(next_revision)}
             if range_end is not None:
@@ -666,7 +667,7 @@ class EtcdCoordination(Coordination):
                     # require-leader metadata), so we resume on a healthy member.
                     headers={"Grpc-Metadata-hasleader": "true"},
                 ):
-                    backoff = 0.05
+                    retry.reset()
                     if int(message.get("compact_revision", 0)) > 0:
                         log.warning("etcd watch on %r fell behind a compaction; re-reading", key)
                         next_revision = int(await resync()) + 1
@@ -685,8 +686,7 @@ class EtcdCoordination(Coordination):
                 log.debug("etcd watch stream on %r broke (%s); resuming", key, exc)
             except Exception:  # never let a watch die silently: log, then resume
                 log.exception("etcd watch stream on %r failed unexpectedly; resuming", key)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            await retry.sleep()
 
 
 def _cmp(key: bytes, target: str, result: str, **field: str) -> JSON:
