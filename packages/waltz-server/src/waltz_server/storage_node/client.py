@@ -23,7 +23,6 @@ import itertools
 import json
 import logging
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -62,6 +61,7 @@ from waltz_api.messages import (
     SuccessResponse,
     TruncateRequest,
 )
+from waltz_api.outbox import Outbox
 from waltz_api.types import PartitionInfo, Record, RecordHeader, SessionInfo
 from waltz_server.storage_node.failures import error_from_failure
 
@@ -81,11 +81,12 @@ class StorageClient:
         self.version = protocol.version
         self._seq = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Message]] = {}
-        self._outgoing: deque[bytes] = deque()
-        self._wakeup = asyncio.Event()
         self._failure: WaltzError | None = None
+        # unbounded: what is in flight is bounded by the callers (one per request)
+        self._outbox = Outbox(
+            conn, protocol.send, on_failure=self._fail, name=f"storage-client-w-{conn.peer}"
+        )
         self._reader = asyncio.create_task(self._read(), name=f"storage-client-{conn.peer}")
-        self._writer = asyncio.create_task(self._write(), name=f"storage-client-w-{conn.peer}")
 
     @classmethod
     async def connect(
@@ -146,9 +147,11 @@ class StorageClient:
             raise ValueError(f"a request with seq_num {seq_num} is already pending")
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[seq_num] = future
-        self._outgoing.append(self.protocol.send(message))
-        self._wakeup.set()
         try:
+            if not self._outbox.post(message):
+                raise self._failure or ConnectionClosedError(
+                    f"connection to {self.conn.peer} is closed"
+                )
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise StorageError(
@@ -167,19 +170,6 @@ class StorageClient:
                 f"expected {expected.__name__} from the storage node, got {type(response).__name__}"
             )
         return response
-
-    async def _write(self) -> None:
-        try:
-            while self._failure is None:
-                if not self._outgoing:
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                    continue
-                batch = list(self._outgoing)
-                self._outgoing.clear()
-                await self.conn.send_many(batch)
-        except WaltzError as exc:
-            self._fail(exc)
 
     async def _read(self) -> None:
         try:
@@ -217,7 +207,7 @@ class StorageClient:
                 if isinstance(exc, ConnectionClosedError | ProtocolError)
                 else ConnectionClosedError(f"connection to {self.conn.peer} failed: {exc}")
             )
-        self._wakeup.set()
+        self._outbox.abort()
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(self._failure)
@@ -228,11 +218,10 @@ class StorageClient:
         )
         with contextlib.suppress(TransportError):
             await self.conn.close()
-        for task in (self._reader, self._writer):
-            task.cancel()
-        for task in (self._reader, self._writer):
-            with contextlib.suppress(BaseException):
-                await task
+        self._reader.cancel()
+        await self._outbox.close()
+        with contextlib.suppress(BaseException):
+            await self._reader
 
     async def __aenter__(self) -> StorageClient:
         return self

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from waltz_api import wire
@@ -46,6 +45,7 @@ from waltz_api.messages import (
     StorageOpenRequest,
     SuccessResponse,
 )
+from waltz_api.outbox import Outbox
 from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
 from waltz_server.storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
 
@@ -58,33 +58,20 @@ OUTBOX_FRAMES = 4096
 """Responses queued per connection before a partition worker waits for the peer to read."""
 
 
-class _Outbox:
-    """A connection's outgoing frames, sent in order by one writer task (bounded)."""
+def _outbox(conn: Connection, protocol: wire.ProtocolConnection) -> Outbox:
+    """The connection's outbox of responses (bounded: a partition worker waits while
+    the peer does not read)."""
 
-    def __init__(
-        self, conn: Connection, protocol: wire.ProtocolConnection, limit: int | None = None
-    ) -> None:
-        limit = OUTBOX_FRAMES if limit is None else limit
-        self.conn = conn
-        self.protocol = protocol
-        self.frames: deque[bytes] = deque()
-        self.limit = limit
-        self.space = asyncio.Semaphore(limit)
-        self.wakeup = asyncio.Event()
-        self.closing = False
-        self.dead = False
-        self.task = asyncio.create_task(self._write(), name=f"storage-out-{conn.connection_id}")
-
-    def _encode(self, message: Message) -> bytes:
-        if self.protocol.state is not wire.ConnectionState.OPEN:
+    def encode(message: Message) -> bytes:
+        if protocol.state is not wire.ConnectionState.OPEN:
             # the peer broke the protocol: this is the last frame, telling it why
-            return wire.encode(message, max_frame_size=self.protocol.max_frame_size)
+            return wire.encode(message, max_frame_size=protocol.max_frame_size)
         try:
-            return self.protocol.send(message)
+            return protocol.send(message)
         except ProtocolError as exc:
             # e.g. one record larger than a frame: the request still gets an answer
-            log.error("cannot send %s to %s: %s", type(message).__name__, self.conn.peer, exc)
-            return self.protocol.send(
+            log.error("cannot send %s to %s: %s", type(message).__name__, conn.peer, exc)
+            return protocol.send(
                 FailureResponse(
                     getattr(message, "session_id", -1),
                     getattr(message, "seq_num", -1),
@@ -94,49 +81,7 @@ class _Outbox:
                 )
             )
 
-    async def put(self, message: Message) -> None:
-        """Queue a response (waits while the peer is not reading: back pressure)."""
-        if self.dead or self.closing or self.conn.closed:
-            raise ConnectionClosedError(f"connection to {self.conn.peer} is closed")
-        frame = self._encode(message)
-        await self.space.acquire()
-        if self.dead:
-            raise ConnectionClosedError(f"connection to {self.conn.peer} is closed")
-        self.frames.append(frame)
-        self.wakeup.set()
-
-    async def _write(self) -> None:
-        try:
-            while True:
-                if not self.frames:
-                    if self.closing:
-                        return
-                    self.wakeup.clear()
-                    await self.wakeup.wait()
-                    continue
-                batch = list(self.frames)
-                self.frames.clear()
-                for _ in batch:
-                    self.space.release()
-                await self.conn.send_many(batch)
-        except (TransportError, ProtocolError) as exc:
-            log.debug("connection %s: writer ends: %s", self.conn.peer, exc)
-        finally:
-            # Nobody will drain this outbox again: wake every waiting sender.
-            self.dead = True
-            self.frames.clear()
-            for _ in range(self.limit):
-                self.space.release()
-
-    async def flush_and_stop(self, timeout: float) -> None:
-        self.closing = True
-        self.wakeup.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.task), timeout)
-        except (TimeoutError, asyncio.CancelledError):
-            self.task.cancel()
-            with contextlib.suppress(BaseException):
-                await self.task
+    return Outbox(conn, encode, max_frames=OUTBOX_FRAMES, name=f"storage-out-{conn.connection_id}")
 
 
 class StorageNode:
@@ -293,13 +238,13 @@ class StorageNode:
 
     async def _serve(self, conn: Connection) -> None:
         self._connections.add(conn)
-        outbox: _Outbox | None = None
+        outbox: Outbox | None = None
         tasks: set[asyncio.Task[None]] = set()
         try:
             protocol = await self._handshake(conn)
             if protocol is None:
                 return
-            outbox = _Outbox(conn, protocol)
+            outbox = _outbox(conn, protocol)
             await self._read_loop(conn, protocol, outbox, tasks)
         except ConnectionClosedError:
             log.debug("connection %s closed by the peer", conn.peer)
@@ -357,7 +302,7 @@ class StorageNode:
         self,
         conn: Connection,
         protocol: wire.ProtocolConnection,
-        outbox: _Outbox,
+        outbox: Outbox,
         tasks: set[asyncio.Task[None]],
     ) -> None:
         opened = False
@@ -420,7 +365,7 @@ class StorageNode:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _open(self, request: StorageOpenRequest, outbox: _Outbox) -> bool:
+    async def _open(self, request: StorageOpenRequest, outbox: Outbox) -> bool:
         try:
             self.engine.check_cluster_key(request.cluster_key, request.num_partitions)
         except ClusterKeyMismatchError as exc:
@@ -430,7 +375,7 @@ class StorageNode:
         await outbox.put(SuccessResponse(request.session_id, request.seq_num, request.partition_id))
         return True
 
-    async def _admin(self, request: StorageAdminRequest, outbox: _Outbox) -> None:
+    async def _admin(self, request: StorageAdminRequest, outbox: Outbox) -> None:
         from waltz_server.storage_node.admin import run_admin_command
 
         try:

@@ -1,0 +1,164 @@
+"""A connection's outgoing messages, sent in order by one writer task: the one outbox.
+
+Senders queue messages (encoded at once, so an unencodable message fails its sender,
+not the connection); the writer takes everything queued as one batch and hands it to
+the transport in one ``send_many``, so a burst costs one wake-up and one write.
+
+Bounds: at most ``max_frames`` frames and ``max_bytes`` bytes wait in the queue (frames
+already handed to the transport do not count; one frame is always accepted when the
+queue is empty). :meth:`Outbox.put` waits for room (back pressure on the sender);
+:meth:`Outbox.post` never waits and answers False when it queued nothing (the caller
+decides what a full queue means: a server closes a client that does not read).
+
+The writer ends when the outbox is aborted or closed, after :meth:`Outbox.flush_and_stop`
+has sent everything queued, or when the transport fails (``on_failure`` is then called
+with the error); every sender waiting for room is then woken and raises
+:class:`~waltz_api.errors.ConnectionClosedError`. The outbox never closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from waltz_api.contracts.transport import Connection
+from waltz_api.errors import ConnectionClosedError, WaltzError
+from waltz_api.messages import Message
+
+log = logging.getLogger(__name__)
+
+
+class Outbox:
+    """The outgoing queue and writer task of one connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        encode: Callable[[Message], bytes],
+        *,
+        max_frames: int | None = None,
+        max_bytes: int | None = None,
+        on_failure: Callable[[WaltzError], None] | None = None,
+        name: str = "",
+    ) -> None:
+        """``encode``: a message's frame (e.g. ``ProtocolConnection.send``); ``None``
+        bounds: unbounded (the caller bounds what it queues)."""
+        self.conn = conn
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self.failure: WaltzError | None = None
+        """The transport error the writer ended with (None: it did not fail)."""
+        self._encode = encode
+        self._on_failure = on_failure
+        self._frames: deque[bytes] = deque()
+        self._bytes = 0
+        self._in_flight = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._wakeup = asyncio.Event()
+        self._draining = False
+        self._ended = False
+        self.task = asyncio.create_task(self._write(), name=name or f"outbox-{conn.connection_id}")
+
+    @property
+    def closed(self) -> bool:
+        """True once the outbox takes no more messages."""
+        return self._ended or self._draining or self.conn.closed
+
+    @property
+    def queued_frames(self) -> int:
+        """Frames queued and being handed to the transport (at most twice the bound)."""
+        return len(self._frames) + self._in_flight
+
+    def full(self) -> bool:
+        frames = self._frames
+        return bool(frames) and (
+            (self.max_frames is not None and len(frames) >= self.max_frames)
+            or (self.max_bytes is not None and self._bytes >= self.max_bytes)
+        )
+
+    def _closed_error(self) -> ConnectionClosedError:
+        return ConnectionClosedError(f"connection to {self.conn.peer} is closed")
+
+    async def put(self, message: Message) -> None:
+        """Queue ``message``, waiting while the queue is full (the peer is not reading).
+
+        Raises ConnectionClosedError when the outbox is closed (also while waiting), and
+        whatever ``encode`` raises for a message that cannot be sent."""
+        if self.closed:
+            raise self._closed_error()
+        frame = self._encode(message)
+        while self.full():
+            self._room.clear()
+            await self._room.wait()
+            if self._ended:
+                raise self._closed_error()
+        self._append(frame)
+
+    def post(self, message: Message) -> bool:
+        """Queue ``message`` without waiting; False (nothing queued) when the outbox is
+        closed or full."""
+        if self.closed or self.full():
+            return False
+        self._append(self._encode(message))
+        return True
+
+    def _append(self, frame: bytes) -> None:
+        self._frames.append(frame)
+        self._bytes += len(frame)
+        self._wakeup.set()
+
+    async def _write(self) -> None:
+        try:
+            while not self._ended:
+                if not self._frames:
+                    if self._draining:
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                batch = list(self._frames)
+                self._frames.clear()
+                self._bytes = 0
+                self._room.set()
+                self._in_flight = len(batch)
+                await self.conn.send_many(batch)
+                self._in_flight = 0
+        except WaltzError as exc:
+            log.debug("connection %s: writer ends: %s", self.conn.peer, exc)
+            self.failure = exc
+            if self._on_failure is not None:
+                self._on_failure(exc)
+        finally:
+            # nobody will drain this outbox again: wake every waiting sender
+            self._ended = True
+            self._frames.clear()
+            self._bytes = 0
+            self._room.set()
+
+    def abort(self) -> None:
+        """Stop now; what is still queued is dropped."""
+        self._ended = True
+        self._wakeup.set()
+        self._room.set()
+
+    async def flush_and_stop(self, timeout: float) -> None:
+        """Send everything queued, then stop (cancelled after ``timeout`` seconds)."""
+        self._draining = True
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+
+    async def close(self) -> None:
+        """Abort and wait for the writer to end."""
+        self.abort()
+        self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await self.task

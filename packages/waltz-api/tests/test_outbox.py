@@ -1,0 +1,165 @@
+"""The outbox: order, batching, bounds and back pressure, ends and failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from waltz_api.contracts.transport import Connection
+from waltz_api.errors import ConnectionClosedError, TransportError, WaltzError
+from waltz_api.messages import FlushRequest, Message
+from waltz_api.outbox import Outbox
+from waltz_api.types import ReqId
+
+
+class _Conn(Connection):
+    """A connection that records each ``send_many`` batch; ``gate`` holds sends back
+    (a peer that does not read) and ``broken`` makes the next send fail."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[bytes]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.broken = False
+        self.entered = 0
+        """How many ``send_many`` calls began."""
+        self._closed = False
+
+    @property
+    def connection_id(self) -> int:
+        return 1
+
+    @property
+    def peer(self) -> str:
+        return "peer"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def send(self, frame: bytes) -> None:
+        await self.send_many([frame])
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        self.entered += 1
+        await self.gate.wait()
+        if self.broken:
+            raise TransportError("the peer went away")
+        self.batches.append(frames)
+
+    async def recv(self) -> bytes:  # pragma: no cover - not used
+        raise ConnectionClosedError("send only")
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+def _message(seq: int) -> Message:
+    return FlushRequest(ReqId(1, 1, 0, seq))
+
+
+def _encode(message: Message) -> bytes:
+    assert isinstance(message, FlushRequest)
+    return b"%d" % message.req_id.seq_num
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(5000):
+        if check():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never {what}")
+
+
+async def test_messages_go_out_in_order_and_a_burst_in_one_batch() -> None:
+    conn = _Conn()
+    outbox = Outbox(conn, _encode)
+    for seq in range(5):
+        await outbox.put(_message(seq))
+    assert outbox.post(_message(5))
+    await outbox.flush_and_stop(timeout=5)
+    assert [f for batch in conn.batches for f in batch] == [b"%d" % i for i in range(6)]
+    assert len(conn.batches) == 1
+    assert outbox.closed
+
+
+async def test_put_waits_while_full_and_post_refuses() -> None:
+    conn = _Conn()
+    conn.gate.clear()  # the peer does not read
+    outbox = Outbox(conn, _encode, max_frames=2)
+    await outbox.put(_message(0))
+    await _until(lambda: conn.entered == 1, "took the first")
+    assert outbox.queued_frames == 1 and not outbox.full()
+    await outbox.put(_message(1))
+    await outbox.put(_message(2))
+    assert outbox.full()
+    assert not outbox.post(_message(3))
+    waiting = asyncio.create_task(outbox.put(_message(4)))
+    await asyncio.sleep(0.01)
+    assert not waiting.done(), "put did not wait for room"
+    conn.gate.set()
+    await asyncio.wait_for(waiting, 5)
+    await outbox.flush_and_stop(timeout=5)
+    assert [f for batch in conn.batches for f in batch] == [b"0", b"1", b"2", b"4"]
+
+
+async def test_a_byte_bound_also_fills_the_queue() -> None:
+    conn = _Conn()
+    conn.gate.clear()
+    outbox = Outbox(conn, _encode, max_bytes=3)
+    await outbox.put(_message(0))
+    await _until(lambda: conn.entered == 1, "took the first")
+    assert outbox.post(_message(10))
+    assert outbox.post(_message(11))  # 4 bytes queued now
+    assert not outbox.post(_message(12))
+    await outbox.close()
+
+
+async def test_a_transport_failure_ends_it_and_wakes_waiting_senders() -> None:
+    conn = _Conn()
+    conn.gate.clear()
+    failures: list[WaltzError] = []
+    outbox = Outbox(conn, _encode, max_frames=1, on_failure=failures.append)
+    await outbox.put(_message(0))
+    await _until(lambda: conn.entered == 1, "took the first")
+    await outbox.put(_message(1))
+    waiting = asyncio.create_task(outbox.put(_message(2)))
+    await asyncio.sleep(0.01)
+    conn.broken = True
+    conn.gate.set()
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(outbox.task, 5)
+    assert [type(f) for f in failures] == [TransportError]
+    assert outbox.failure is failures[0]
+    assert outbox.closed and not outbox.post(_message(3))
+    with pytest.raises(ConnectionClosedError):
+        await outbox.put(_message(4))
+    assert not conn.closed, "the outbox never closes the connection"
+
+
+async def test_abort_drops_what_is_queued() -> None:
+    conn = _Conn()
+    conn.gate.clear()
+    outbox = Outbox(conn, _encode)
+    await outbox.put(_message(0))
+    await _until(lambda: conn.entered == 1, "took the first")
+    await outbox.put(_message(1))
+    outbox.abort()
+    conn.gate.set()
+    await asyncio.wait_for(outbox.task, 5)
+    assert conn.batches == [[b"0"]]
+
+
+async def test_an_unencodable_message_fails_its_sender_not_the_outbox() -> None:
+    def encode(message: Message) -> bytes:
+        raise ValueError("too large")
+
+    conn = _Conn()
+    outbox = Outbox(conn, encode)
+    with pytest.raises(ValueError, match="too large"):
+        await outbox.put(_message(0))
+    assert not outbox.closed
+    await outbox.close()
