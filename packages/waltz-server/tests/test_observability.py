@@ -5,7 +5,10 @@ process) whose metrics follow its appends."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +28,7 @@ from waltz_server.observability import (
     http_get,
     new_registry,
 )
+from waltz_server.process import JsonFormatter
 from waltz_server.storage_node import StorageClient
 from waltz_server.storage_node.config import load_storage_config
 from waltz_server.storage_node.main import serve
@@ -243,11 +247,14 @@ async def test_bad_addresses_get_a_clear_error(tmp_path: Path) -> None:
 # -- a storage node serving it ------------------------------------------------------------------
 
 
-def _storage_config(tmp_path: Path, endpoint: str, http_port: int) -> Path:
+def _storage_config(
+    tmp_path: Path, endpoint: str, http_port: int, log_format: str = "text"
+) -> Path:
     path = tmp_path / "storage.toml"
     path.write_text(
         "\n".join(
             [
+                f'log_format = "{log_format}"',
                 "[storage]",
                 f'data_dir = "{tmp_path / "data"}"',
                 'engine = "fs"',
@@ -369,10 +376,14 @@ async def test_storage_node_with_a_taken_http_port_stops_with_a_clear_error(
 
 
 async def test_storage_node_process_serves_metrics(tmp_path: Path, zmq: Transport) -> None:
+    """A real `waltz storage` process with JSON logs: metrics over HTTP, and on SIGTERM
+    a clean exit whose every stderr line is one JSON object."""
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
     http_port = _free_port()
     node = StorageNodeProcess(
-        _storage_config(tmp_path, endpoint, http_port), endpoint, tmp_path / "node.log"
+        _storage_config(tmp_path, endpoint, http_port, log_format="json"),
+        endpoint,
+        tmp_path / "node.log",
     )
     node.start()
     try:
@@ -380,5 +391,33 @@ async def test_storage_node_process_serves_metrics(tmp_path: Path, zmq: Transpor
         url = f"http://127.0.0.1:{http_port}"
         await _wait_healthy(url)
         await _appends_move_the_metrics(url, zmq, endpoint)
+        assert node.terminate(timeout=30) == 0
     finally:
         node.kill()
+    entries = [json.loads(line) for line in node.output().splitlines() if line.strip()]
+    assert entries and all({"time", "level", "logger", "message", "pid"} <= set(e) for e in entries)
+    assert any("storage node ready on" in e["message"] for e in entries)
+    fenced = [e for e in entries if "session 2 supersedes" in e["message"]]
+    assert fenced and fenced[0]["partition"] == 0 and fenced[0]["session"] == 2
+    assert entries[-1]["message"] == "storage node stopped"
+
+
+def test_json_log_lines_carry_partition_and_session_fields() -> None:
+    formatter = JsonFormatter()
+
+    def line(message: str, *args: object, **extra: object) -> dict[str, object]:
+        record = logging.LogRecord("waltz.x", logging.INFO, __file__, 1, message, args, None)
+        record.__dict__.update(extra)
+        entry: dict[str, object] = json.loads(formatter.format(record))
+        return entry
+
+    entry = line("partition %d: store session %d open at high-water mark %d", 3, 7, 99)
+    assert entry["partition"] == 3 and entry["session"] == 7 and entry["level"] == "INFO"
+    assert entry["message"] == "partition 3: store session 7 open at high-water mark 99"
+    assert "partition" not in line("server %d ready", 1)
+    assert line("partition 3 moved", partition=5)["partition"] == 5
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("w", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert "ValueError: boom" in json.loads(formatter.format(record))["exception"]

@@ -3,6 +3,7 @@
 Example::
 
     log_level = "INFO"
+    log_format = "text"                    # or "json": one object per line
 
     [coordination]
     uri = "zk://127.0.0.1:2181/waltz"     # or etcd://..., local:///path
@@ -158,6 +159,13 @@ class ServerNodeConfig:
     server: ServerSection = field(default_factory=ServerSection)
     http: HttpSection = field(default_factory=HttpSection)
     log_level: str = field(default="INFO", metadata={"choices": LOG_LEVELS, "help": "log level"})
+    log_format: str = field(
+        default="text",
+        metadata={
+            "choices": ("text", "json"),
+            "help": "log lines on stderr: text, or json (one object per line)",
+        },
+    )
 
 
 def load_server_config(

@@ -268,4 +268,9 @@ async def serve(config: ServerNodeConfig, stop: asyncio.Event) -> None:
 def run_from_config(path: str | os.PathLike[str] | None) -> None:
     """Load the config and run the server until SIGINT or SIGTERM."""
     config = load_server_config(path)
-    run_until_signalled(lambda stop: serve(config, stop), log_level=config.log_level, what="server")
+    run_until_signalled(
+        lambda stop: serve(config, stop),
+        log_level=config.log_level,
+        log_format=config.log_format,
+        what="server",
+    )

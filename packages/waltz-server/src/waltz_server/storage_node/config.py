@@ -3,6 +3,7 @@
 Example::
 
     log_level = "INFO"
+    log_format = "text"                    # or "json": one object per line
 
     [storage]
     data_dir = "/var/lib/waltz/storage"
@@ -152,6 +153,13 @@ class StorageNodeConfig:
     transport: TransportSection
     http: HttpSection = field(default_factory=HttpSection)
     log_level: str = field(default="INFO", metadata={"choices": LOG_LEVELS, "help": "log level"})
+    log_format: str = field(
+        default="text",
+        metadata={
+            "choices": ("text", "json"),
+            "help": "log lines on stderr: text, or json (one object per line)",
+        },
+    )
 
 
 def load_storage_config(

@@ -141,5 +141,8 @@ def run_from_config(path: str | os.PathLike[str] | None) -> None:
     """
     config = load_storage_config(path)
     run_until_signalled(
-        lambda stop: serve(config, stop), log_level=config.log_level, what="storage node"
+        lambda stop: serve(config, stop),
+        log_level=config.log_level,
+        log_format=config.log_format,
+        what="storage node",
     )
