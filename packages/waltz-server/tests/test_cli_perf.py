@@ -3,6 +3,7 @@ cluster (child processes: 3 fs storage nodes, a server, ZeroMQ, local coordinati
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pty
@@ -19,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from waltz_server.cli import main
-from waltz_server.cli.perf.engine import latency_summary, percentile
+from waltz_server.cli.perf.engine import cancel_until_done, latency_summary, percentile
 from waltz_server.dev import read_ready_file
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
@@ -271,6 +272,28 @@ def test_ctrl_c_says_how_far_the_run_got(cluster: str) -> None:
     assert child.returncode == 130, err
     assert err.startswith("interrupted: ") and "transactions committed in" in err
     assert err.count("\n") == 1 and out == ""
+
+
+async def test_tasks_that_lose_a_cancellation_are_cancelled_again() -> None:
+    """A Ctrl-C cancels the producers once; one that loses the cancellation (as
+    Python 3.11's asyncio.wait_for can) is cancelled again until it ends."""
+    swallowed = 0
+
+    async def stubborn() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed >= 3:
+                    raise
+
+    task = asyncio.get_running_loop().create_task(stubborn())
+    await asyncio.sleep(0)
+    async with asyncio.timeout(30):
+        await cancel_until_done({task})
+    assert task.cancelled() and swallowed == 3
 
 
 def test_rate_limits_the_producers(cluster: str) -> None:

@@ -377,7 +377,10 @@ class AsyncWaltzClient:
             return
         remaining = deadline - asyncio.get_running_loop().time()
         try:
-            await asyncio.wait_for(waiting, max(remaining, 0.0))
+            # not wait_for: on Python 3.11 it loses a cancellation that arrives as
+            # ``waiting`` completes, and the submission then runs on after it was cancelled
+            async with asyncio.timeout(max(remaining, 0.0)):
+                await waiting
         except TimeoutError:
             raise _Expired(
                 "its partition was not writable (mounting, or waiting to retry)"

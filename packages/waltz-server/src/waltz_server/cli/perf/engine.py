@@ -243,7 +243,8 @@ async def open_client(
     )
     client = AsyncWaltzClient(callbacks, config)
     try:
-        await asyncio.wait_for(client.start(), target.timeout)
+        async with asyncio.timeout(target.timeout):  # not wait_for: it can lose a Ctrl-C
+            await client.start()
     except TimeoutError:
         raise WaltzError(
             f"cannot reach the cluster at {target.uri} within {target.timeout:g} s "
@@ -277,8 +278,15 @@ async def _watch(
     timeout: float,
     tick: Callable[[], None],
     what: str,
+    *,
+    stop: Callable[[], None] = lambda: None,
 ) -> None:
-    """Wait for ``tasks``; fail when none of ``tallies`` moved for ``timeout`` seconds."""
+    """Wait for ``tasks``; fail when none of ``tallies`` moved for ``timeout`` seconds.
+
+    On the way out (Ctrl-C cancels the run, or a failure) the tasks still running are
+    cancelled until they end: a cancellation can be lost (``asyncio.wait_for`` of
+    Python 3.11 returns its result when the awaited future completes as it is
+    cancelled), so one ``cancel()`` is not enough to stop a loop of submissions."""
     pending = set(tasks)
     try:
         while pending:
@@ -294,9 +302,19 @@ async def _watch(
                     "(`waltz cluster show`, `waltz server list`)"
                 )
     finally:
+        stop()  # the loops end at their next turn even if a cancellation is lost
+        await cancel_until_done(pending)
+
+
+async def cancel_until_done(tasks: set[asyncio.Task[Any]], *, every: float = 0.1) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again every ``every`` seconds those
+    that swallowed the cancellation (each is awaited; their results are dropped)."""
+    pending = set(tasks)
+    while pending:
         for task in pending:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        _, pending = await asyncio.wait(pending, timeout=every)
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _quotas(partitions: list[int], n: int) -> dict[int, int]:
@@ -390,12 +408,18 @@ async def produce(
         if start is not None:
             await start.wait()
         counter = itertools.count()
+        stopped = False
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+
         began = loop.time()
         tally.started = time.monotonic()
         tally.touch()
 
         async def worker(client: AsyncWaltzClient) -> None:
-            while True:
+            while not stopped:
                 i = next(counter)
                 if i >= spec.transactions:
                     return
@@ -421,7 +445,9 @@ async def produce(
                 tally.touch()
 
         tasks = [loop.create_task(worker(client)) for client in clients for _ in range(spec.window)]
-        await _watch(tasks, [tally], target.timeout, lambda: None, "transaction completed")
+        await _watch(
+            tasks, [tally], target.timeout, lambda: None, "transaction completed", stop=stop
+        )
         elapsed = loop.time() - began
         after = {p: await clients[0].high_water_mark(p) for p in partitions}
     finally:
@@ -580,9 +606,7 @@ async def consume(
         raw_produced = producer.result() if producer is not None else None
         feed_errors = [c.feed_error for c in feeds if c.feed_error]
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_until_done(set(tasks))
         await _close_all(clients)
     return {
         "partitions": sorted(plan),
