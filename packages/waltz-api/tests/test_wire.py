@@ -164,13 +164,16 @@ VECTORS = Path(__file__).parent / "data" / "wire_v1_vectors.txt"
 
 def decodes_or_protocol_error(frame: bytes) -> Message | None:
     """Decode ``frame``; a ProtocolError is fine, any other exception fails the test.
-    The frame decoded with ``record_blocks=True`` agrees (see blocks_agree)."""
+    The frame decoded with ``record_blocks=True`` agrees (see blocks_agree), and so does
+    a storage node's decode (see unverified_agrees)."""
     try:
         message = wire.decode(frame)
     except ProtocolError as exc:
         blocks_agree(frame, None, exc)
+        unverified_agrees(frame, None)
         return None
     blocks_agree(frame, message, None)
+    unverified_agrees(frame, message)
     # whatever decodes is a well-formed message that encodes back to the same frame
     # (Hello and HelloResponse are decoded whatever their version byte)
     reencoded = wire.encode(message)
@@ -179,6 +182,21 @@ def decodes_or_protocol_error(frame: bytes) -> Message | None:
     else:
         assert reencoded == frame
     return message
+
+
+def unverified_agrees(frame: bytes, verified: Message | None) -> None:
+    """``verify_record_checksums=False`` (a storage node) raises only ProtocolError too,
+    decodes whatever the default decodes to the same message, and what only it decodes
+    (a record checksum left to the engine) encodes back to the same frame."""
+    try:
+        message = wire.decode(frame, verify_record_checksums=False)
+    except ProtocolError:
+        assert verified is None, "the storage node's decoder refused a valid frame"
+        return
+    if verified is not None:
+        assert message == verified
+    elif message.TYPE not in (Hello.TYPE, HelloResponse.TYPE):
+        assert wire.encode(message) == frame
 
 
 # -- round trips -----------------------------------------------------------------------------------
@@ -885,3 +903,32 @@ def test_the_generated_decoder_is_the_one_the_codec_docstring_shows() -> None:
     ):
         assert line in source.splitlines()
         assert line.strip() in (wire.codec.__doc__ or "")
+
+
+def test_a_storage_nodes_decoder_leaves_the_append_checksums_to_the_engine() -> None:
+    """``verify_record_checksums=False`` passes the records of a StorageAppendRequest and
+    a RepairRequest through unverified (the engine verifies them); every other checksum,
+    and everything else about the frame, is still checked."""
+    from waltz_api.messages import RepairRequest
+
+    record = Record(5, ReqId(1, 2, 3, 4), 0, b"data", wire.checksum(b"other"))
+    for message in (
+        StorageAppendRequest(1, 2, 3, (record,)),
+        RepairRequest(1, 2, 3, (record,)),
+    ):
+        frame = wire.encode(message)
+        with pytest.raises(ChecksumError):
+            wire.decode(frame)
+        assert wire.decode(frame, verify_record_checksums=False) == message
+        with pytest.raises(ProtocolError):
+            wire.decode(frame[:-1], verify_record_checksums=False)
+    listed = wire.encode(RecordListResponse(1, 2, 3, (record,)))
+    with pytest.raises(ChecksumError):
+        wire.decode(listed, verify_record_checksums=False)
+    data = AppendRequest(ReqId(1, 2, 3, 4), -1, LockRequest(), 0, b"x", wire.checksum(b"y"))
+    with pytest.raises(ChecksumError):
+        wire.decode(wire.encode(data), verify_record_checksums=False)
+    acceptor = wire.ProtocolConnection(wire.Role.ACCEPTOR, verify_record_checksums=False)
+    acceptor.receive_frame(wire.encode(Hello((1,), "server")))
+    acceptor.send(acceptor.hello_response())
+    assert acceptor.receive_frame(wire.encode(StorageAppendRequest(1, 2, 3, (record,))))

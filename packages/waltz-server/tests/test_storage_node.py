@@ -9,6 +9,7 @@ subprocess tests (test_storage_node_process.py) run the same node for real:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from waltz_api import wire
 from waltz_api.contracts.storage import StorageEngine
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import (
+    ChecksumError,
     ClusterKeyMismatchError,
     ConnectionClosedError,
     PartitionClosedError,
@@ -611,3 +613,20 @@ async def test_partition_queue_is_bounded_in_bytes() -> None:
         from waltz_conformance.reference.storage import forget
 
         forget(location)
+
+
+async def test_a_corrupted_record_is_refused_by_the_engine_and_nothing_is_stored(
+    fx: NodeFixture,
+) -> None:
+    """The node leaves an append's checksums to its storage engine (checked once on this
+    hop): a record whose data does not match its CRC-32C is refused with CHECKSUM,
+    nothing of its request is stored, and the connection serves on."""
+    c = await fx.client()
+    await c.append(1, 0, [make_record(0, 0)])
+    good = make_record(0, 1)
+    corrupt = dataclasses.replace(make_record(0, 2), data=b"flipped bits")
+    with pytest.raises(ChecksumError):
+        await c.append(1, 0, [good, corrupt])
+    assert await c.max_transaction_id(1, 0) == 0
+    await c.append(1, 0, [good, make_record(0, 2)])
+    assert await c.max_transaction_id(1, 0) == 2

@@ -44,7 +44,10 @@ Composite values, always inline:
 - enums (``MountStatus``, ``ErrorCode``) are one ``u8`` holding the enum's value.
 
 ``checksum`` is the CRC-32C of the accompanying ``data`` (``u32``); the decoder
-verifies it for AppendRequest, TransactionDataResponse and every Record.
+verifies it for AppendRequest, TransactionDataResponse and every Record (once per
+hop: a storage node leaves the records of StorageAppendRequest and RepairRequest to its
+storage engine, which verifies each as it stores it; :func:`decode`'s
+``verify_record_checksums``).
 
 Record blocks: a ``record*`` list may be held as a :class:`RecordBlock`, its records
 still in their wire form (the bytes are the same). Range reads use them end to end: a

@@ -56,6 +56,8 @@ from waltz_api.messages import (
     Message,
     RangeReadResponse,
     RecordListResponse,
+    RepairRequest,
+    StorageAppendRequest,
 )
 from waltz_api.types import LockRequest, ReqId
 from waltz_api.wire.blocks import (
@@ -64,6 +66,7 @@ from waltz_api.wire.blocks import (
     decode_optional_header,
     decode_optional_record,
     decode_records,
+    decode_unverified_records,
     encode_headers,
     encode_optional_header,
     encode_optional_record,
@@ -141,6 +144,7 @@ _GLOBALS: Final[dict[str, Any]] = {
     "_encode_optional_header": encode_optional_header,
     "_decode_records": decode_records,
     "_decode_block": decode_block,
+    "_decode_unverified_records": decode_unverified_records,
     "_decode_headers": decode_headers,
     "_decode_optional_record": decode_optional_record,
     "_decode_optional_header": decode_optional_header,
@@ -186,12 +190,12 @@ def _lines(code: str) -> list[str]:
 _SCALARS: Final = {"i32": "i", "i64": "q", "u8": "B", "u32": "I"}
 
 
-def _scalar(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _scalar(x: str, spec: Field, records_as: str) -> _FieldCode:
     """``i32``, ``i64``, ``u8``, ``u32``: one struct code."""
     return _FieldCode(_SCALARS[spec.kind], [f"m.{x}"], [f"v_{x}"], f"v_{x}")
 
 
-def _bool(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _bool(x: str, spec: Field, records_as: str) -> _FieldCode:
     """One byte, 0 or 1: packed from the truth value; any other byte fails the lookup."""
     return _FieldCode(
         "?",
@@ -203,7 +207,7 @@ def _bool(x: str, spec: Field, blocks: bool) -> _FieldCode:
     )
 
 
-def _enum(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _enum(x: str, spec: Field, records_as: str) -> _FieldCode:
     """One byte holding the member's value (a value outside the enum fails the lookup)."""
     assert spec.enum_type is not None
     table = _enum_table(spec.enum_type)
@@ -217,7 +221,7 @@ def _enum(x: str, spec: Field, blocks: bool) -> _FieldCode:
     )
 
 
-def _reqid(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _reqid(x: str, spec: Field, records_as: str) -> _FieldCode:
     """Four ``i32``; the ReqId is built inline (no call): every client message has one."""
     parts = [f"r{i}_{x}" for i in range(len(REQ_ID_FIELDS))]
     return _FieldCode(
@@ -233,7 +237,7 @@ def _reqid(x: str, spec: Field, blocks: bool) -> _FieldCode:
     )
 
 
-def _session_info(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _session_info(x: str, spec: Field, records_as: str) -> _FieldCode:
     """One ``i64`` per SessionInfo field."""
     parts = [f"s{i}_{x}" for i in range(len(SESSION_INFO_FIELDS))]
     return _FieldCode(
@@ -245,7 +249,7 @@ def _session_info(x: str, spec: Field, blocks: bool) -> _FieldCode:
     )
 
 
-def _uuid(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _uuid(x: str, spec: Field, records_as: str) -> _FieldCode:
     """16 bytes."""
     return _FieldCode("16s", [f"m.{x}.bytes"], [f"u_{x}"], f"_UUID(bytes=u_{x})")
 
@@ -254,7 +258,7 @@ _AS_BYTES: Final = {"bytes": "m.{x}", "str": "m.{x}.encode()", "versions": "byte
 _FROM_BYTES: Final = {"bytes": "f[o:e]", "str": "f[o:e].decode()", "versions": "tuple(f[o:e])"}
 
 
-def _bytes_like(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _bytes_like(x: str, spec: Field, records_as: str) -> _FieldCode:
     """``bytes``, ``str`` (UTF-8), ``versions`` (a byte each): ``u32`` length, then the bytes."""
     return _FieldCode(
         "I",
@@ -273,7 +277,7 @@ def _bytes_like(x: str, spec: Field, blocks: bool) -> _FieldCode:
     )
 
 
-def _locks(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _locks(x: str, spec: Field, records_as: str) -> _FieldCode:
     """A LockRequest: three ``u32`` counts, then the read, write and append hashes."""
     return _FieldCode(
         "III",
@@ -306,10 +310,12 @@ def _locks(x: str, spec: Field, blocks: bool) -> _FieldCode:
     )
 
 
-def _records_like(x: str, spec: Field, blocks: bool) -> _FieldCode:
+def _records_like(x: str, spec: Field, records_as: str) -> _FieldCode:
     """``record*``/``header*`` (a ``u32`` count) and ``record?``/``header?`` (a presence
-    bool), then the records or headers (:mod:`waltz_api.wire.blocks`); with ``blocks``,
-    a ``record*`` is decoded as a RecordBlock (its checksums left to its reader)."""
+    bool), then the records or headers (:mod:`waltz_api.wire.blocks`). ``records_as``
+    says how a ``record*`` is decoded: ``"records"`` (every checksum verified),
+    ``"block"`` (a RecordBlock, its checksums left to its reader) or ``"unverified"``
+    (records whose checksums the receiver's storage engine verifies)."""
     counted = spec.kind in ("records", "headers")
     encoder = {
         "records": "_encode_records",
@@ -318,7 +324,7 @@ def _records_like(x: str, spec: Field, blocks: bool) -> _FieldCode:
         "opt_header": "_encode_optional_header",
     }[spec.kind]
     decoder = {
-        "records": "_decode_block" if blocks else "_decode_records",
+        "records": _RECORDS_DECODERS[records_as],
         "headers": "_decode_headers",
         "opt_record": "_decode_optional_record",
         "opt_header": "_decode_optional_header",
@@ -335,7 +341,13 @@ def _records_like(x: str, spec: Field, blocks: bool) -> _FieldCode:
     )
 
 
-_KINDS: Final[dict[str, Callable[[str, Field, bool], _FieldCode]]] = {
+_RECORDS_DECODERS: Final = {
+    "records": "_decode_records",
+    "block": "_decode_block",
+    "unverified": "_decode_unverified_records",
+}
+
+_KINDS: Final[dict[str, Callable[[str, Field, str], _FieldCode]]] = {
     "i32": _scalar,
     "i64": _scalar,
     "u8": _scalar,
@@ -370,9 +382,11 @@ def _indent(lines: Iterable[str]) -> str:
     return "".join(f"    {line}\n" for line in lines)
 
 
-def _generate(cls: type[Message], schema: tuple[Field, ...], blocks: bool = False) -> _Generated:
-    """The encoder and decoder of ``cls``. ``blocks``: decode ``records`` fields as
-    :class:`~waltz_api.wire.blocks.RecordBlock` (checksums unchecked)."""
+def _generate(
+    cls: type[Message], schema: tuple[Field, ...], records_as: str = "records"
+) -> _Generated:
+    """The encoder and decoder of ``cls``; ``records_as``: how its ``record*`` fields
+    are decoded (see :func:`_records_like`)."""
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     if [f.name for f in schema] != names:
         raise TypeError(
@@ -380,7 +394,7 @@ def _generate(cls: type[Message], schema: tuple[Field, ...], blocks: bool = Fals
             f"message has fields {names}; update waltz_api.wire.schema.SCHEMAS"
         )
     check_plain_dataclass(cls)
-    codes = [_KINDS[spec.kind](spec.name, spec, blocks) for spec in schema]
+    codes = [_KINDS[spec.kind](spec.name, spec, records_as) for spec in schema]
     what = cls.__name__
     namespace = {**_GLOBALS, "_cls": cls, "_what": what}
     for code in codes:
@@ -471,15 +485,31 @@ for _cls, _gen in _GENERATED.items():
         raise TypeError(f"wire type code {_cls.TYPE} is used twice ({_cls.__name__})")
     _DECODERS[_cls.TYPE] = _gen.decoder
     NAMES[_cls.TYPE] = _cls.__name__
-_BLOCK_DECODERS: Final[list[Callable[[bytes, int], Message] | None]] = list(_DECODERS)
-for _cls in _BLOCK_MESSAGES:
-    _BLOCK_DECODERS[_cls.TYPE] = _generate(_cls, SCHEMAS[_cls], blocks=True).decoder
+_UNVERIFIED_MESSAGES: Final = (StorageAppendRequest, RepairRequest)
+"""The messages that :func:`decode` with ``verify_record_checksums=False`` returns with
+records whose checksums are not verified (a storage engine verifies them as it stores them)."""
+
+_Decoders = list[Callable[[bytes, int], Message] | None]
 
 
-def layout_source(cls: type[Message], *, blocks: bool = False) -> str:
-    """The generated encoder and decoder of ``cls`` (to read, or to debug the codec)."""
-    if blocks:
-        return _generate(cls, SCHEMAS[cls], blocks=True).source
+def _with(table: _Decoders, messages: tuple[type[Message], ...], records_as: str) -> _Decoders:
+    replaced = list(table)
+    for cls in messages:
+        replaced[cls.TYPE] = _generate(cls, SCHEMAS[cls], records_as).decoder
+    return replaced
+
+
+_BLOCK_DECODERS: Final = _with(_DECODERS, _BLOCK_MESSAGES, "block")
+_UNVERIFIED_DECODERS: Final = _with(_DECODERS, _UNVERIFIED_MESSAGES, "unverified")
+_UNVERIFIED_BLOCK_DECODERS: Final = _with(_BLOCK_DECODERS, _UNVERIFIED_MESSAGES, "unverified")
+
+
+def layout_source(cls: type[Message], *, records_as: str = "records") -> str:
+    """The generated encoder and decoder of ``cls`` (to read, or to debug the codec);
+    ``records_as``: ``"block"`` or ``"unverified"`` for the variants :func:`decode` uses
+    with ``record_blocks`` or without ``verify_record_checksums``."""
+    if records_as != "records":
+        return _generate(cls, SCHEMAS[cls], records_as).source
     return _GENERATED[cls].source
 
 
@@ -520,6 +550,7 @@ def decode(
     *,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     record_blocks: bool = False,
+    verify_record_checksums: bool = True,
 ) -> Message:
     """The message in one frame.
 
@@ -531,6 +562,11 @@ def decode(
     a :class:`RecordBlock` (no Record is built): the frame's structure is checked here,
     the records' checksums when the block is read (:meth:`RecordBlock.check`, or
     decoding its records, raise :class:`ChecksumError`).
+
+    ``verify_record_checksums=False``: the records of a StorageAppendRequest or
+    RepairRequest are not verified here. For a storage node only, whose storage engine
+    verifies each record as it stores it (``StorageEngine.append`` and ``repair`` refuse
+    a mismatch with ChecksumError), so CRC-32C is computed once on that hop.
     """
     if type(frame) is not bytes:
         if not isinstance(frame, (bytes, bytearray, memoryview)):
@@ -548,7 +584,11 @@ def decode(
             "the peer sent a malformed frame, close the connection"
         )
     type_code = frame[0]
-    decoder = (_BLOCK_DECODERS if record_blocks else _DECODERS)[type_code]
+    if verify_record_checksums:
+        table = _BLOCK_DECODERS if record_blocks else _DECODERS
+    else:
+        table = _UNVERIFIED_BLOCK_DECODERS if record_blocks else _UNVERIFIED_DECODERS
+    decoder = table[type_code]
     if decoder is None:
         raise ProtocolError(
             f"unknown message type {type_code}; the peer speaks another protocol or sent a "

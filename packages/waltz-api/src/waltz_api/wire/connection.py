@@ -193,9 +193,11 @@ class ProtocolConnection:
         versions: Sequence[int] = SUPPORTED_VERSIONS,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         record_blocks: bool = False,
+        verify_record_checksums: bool = True,
     ) -> None:
-        """``record_blocks``: received record lists come as :class:`RecordBlock`
-        (see :func:`decode`)."""
+        """``record_blocks``: received record lists come as :class:`RecordBlock`;
+        ``verify_record_checksums=False``: a storage node's, whose engine verifies the
+        records it stores (both: see :func:`decode`)."""
         unsupported = [v for v in versions if v not in SUPPORTED_VERSIONS]
         if not versions or unsupported:
             raise ValueError(
@@ -206,6 +208,7 @@ class ProtocolConnection:
         self.versions: tuple[int, ...] = tuple(sorted(set(versions)))
         self.max_frame_size = max_frame_size
         self.record_blocks = record_blocks
+        self.verify_record_checksums = verify_record_checksums
         self.version: int | None = None
         """The negotiated version, once known."""
         self.peer: str | None = None
@@ -290,7 +293,10 @@ class ProtocolConnection:
         self._check_not_failed()
         try:
             message = decode(
-                frame, max_frame_size=self.max_frame_size, record_blocks=self.record_blocks
+                frame,
+                max_frame_size=self.max_frame_size,
+                record_blocks=self.record_blocks,
+                verify_record_checksums=self.verify_record_checksums,
             )
         except ProtocolError as exc:
             raise self._fail(exc) from None
