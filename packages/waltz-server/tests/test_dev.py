@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_client import (
     JSON,
     AsyncWaltzClient,
@@ -23,7 +25,8 @@ from waltz_client import (
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz_server.dev import READY_FILE, read_ready_file
+from waltz_server.dev import READY_FILE, DevCluster, read_ready_file
+from waltz_server.observability import http_get
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
 
@@ -167,12 +170,17 @@ async def test_dev_cluster_serves_a_client_stops_on_sigint_and_keeps_its_data(
 
 async def test_a_second_dev_on_the_same_directory_is_refused(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
-    dev = Dev(data_dir, tmp_path / "dev.log", "--partitions", "2", "--servers", "2")
+    dev = Dev(data_dir, tmp_path / "dev.log", "--partitions", "2", "--servers", "2", "--metrics")
     children: list[int] = []
     try:
         info = await dev.ready()
         children = info["child_pids"]
         assert info["partitions"] == 2 and len(info["servers"]) == 2
+        # --metrics: every process's endpoint, printed and in the ready file
+        assert len(info["metrics"]) == 5
+        printed = (tmp_path / "dev.log").read_text()
+        for name, url in info["metrics"].items():
+            assert f"{url}/metrics  ({name};" in printed
         second = await asyncio.to_thread(run_waltz, "dev", "--data-dir", str(data_dir))
         assert second.returncode == 1
         assert "already runs in" in second.stderr
@@ -275,3 +283,52 @@ async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -
         for pid in children:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def _wait_ready(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError, TimeoutError):
+            if (await http_get(f"{url}/readyz", timeout=10)).status == 200:
+                return
+        assert time.monotonic() < deadline, f"{url}/readyz not 200 after {timeout}s"
+        await asyncio.sleep(0.2)
+
+
+async def test_sigterm_drains_a_server_and_its_partition_moves_before_the_session_expires(
+    tmp_path: Path,
+) -> None:
+    """`waltz dev --metrics`'s cluster (real processes): every process serves /readyz and
+    /metrics; SIGTERM to the partition's server exits 0 and the other server commits
+    the next append well before the server's coordination session (60 s) would expire."""
+    session_timeout = 60.0
+    cluster = DevCluster(
+        tmp_path / "dev", servers=2, partitions=1, session_timeout=session_timeout, metrics=True
+    )
+    await cluster.start()
+    try:
+        assert len(cluster.metrics_urls) == 5
+        assert cluster.info()["metrics"] == cluster.metrics_urls
+        for url in cluster.metrics_urls.values():
+            await _wait_ready(url)
+            assert "waltz_build_info{" in (await http_get(f"{url}/metrics")).body
+        uri = cluster.coordination_uri
+        assert await asyncio.wait_for(append_and_read(uri, ["a", "b"]), 60) == ["a", "b"]
+        coordination = coordination_from_uri(uri)
+        await coordination.start()
+        try:
+            owner = (await ClusterMetadata(coordination).partition_assignment(0)).value
+        finally:
+            await coordination.close()
+        draining = cluster.servers[cluster.server_endpoints.index(owner.endpoint)]
+        assert draining.process is not None
+        started = time.monotonic()
+        os.kill(draining.process.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(draining.process.wait, 30) == 0
+        values = await asyncio.wait_for(append_and_read(uri, ["c"]), session_timeout / 2)
+        moved_in = time.monotonic() - started
+        assert values == ["a", "b", "c"]
+        assert moved_in < session_timeout / 2
+        assert "server shutting down" in draining.log_path.read_text()
+    finally:
+        await cluster.stop()

@@ -235,7 +235,10 @@ class DevCluster:
         partitions: int | None = None,
         session_timeout: float = SESSION_TIMEOUT,
         start_timeout: float = 90.0,
+        metrics: bool = False,
     ) -> None:
+        """``metrics``: every child serves /livez, /readyz and /metrics on a free
+        loopback port (``metrics_urls``)."""
         if servers < 1:
             raise ConfigError("--servers must be at least 1", key="servers")
         if storage_nodes is not None and storage_nodes < 1:
@@ -254,6 +257,9 @@ class DevCluster:
         self.created = False
         self._owns_pid_file = False
         self._hosted: list[list[int]] = []
+        self.metrics = metrics
+        self.metrics_urls: dict[str, str] = {}
+        """Child name -> its HTTP endpoint's base URL (with ``metrics``)."""
 
     @property
     def coordination_uri(self) -> str:
@@ -287,6 +293,7 @@ class DevCluster:
             "servers": self.server_endpoints,
             "storage_nodes": self.storage_endpoints,
             "child_pids": self.pids,
+            "metrics": dict(self.metrics_urls),
             "logs": str(self.data_dir / "logs"),
             "created": self.created,
         }
@@ -379,6 +386,13 @@ class DevCluster:
         finally:
             await coordination.close()
 
+    def _http_lines(self, name: str) -> list[str]:
+        if not self.metrics:
+            return []
+        port = free_port()
+        self.metrics_urls[name] = f"http://127.0.0.1:{port}"
+        return ["[http]", "enabled = true", 'host = "127.0.0.1"', f"port = {port}"]
+
     def _storage_config(self, index: int, state: DevState) -> Path:
         path = self.data_dir / f"storage-{index}.toml"
         lines = [
@@ -392,6 +406,7 @@ class DevCluster:
             "[transport]",
             'plugin = "zmq"',
             f'endpoint = "tcp://127.0.0.1:{state.storage_ports[index]}"',
+            *self._http_lines(f"storage node {index}"),
         ]
         path.write_text("\n".join(lines) + "\n")
         return path
@@ -410,6 +425,7 @@ class DevCluster:
             'storage_endpoint = "tcp://{}"',
             "[server]",
             'lock_table = "hwm-array"',
+            *self._http_lines(f"server {index}"),
         ]
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -34,15 +34,25 @@ from waltz_api.errors import WaltzError
     default=None,
     help="Partitions (1 for a new cluster; an existing one keeps its number).",
 )
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Every process serves /livez, /readyz and Prometheus /metrics on a free "
+    "loopback port; the URLs are printed (and in DATA_DIR/waltz-dev.ready.json).",
+)
 def dev_command(
-    data_dir: str, servers: int, storage_nodes: int | None, partitions: int | None
+    data_dir: str, servers: int, storage_nodes: int | None, partitions: int | None, metrics: bool
 ) -> None:
     """Run a development cluster until Ctrl-C: local coordination, ZeroMQ on loopback,
     fs storage in DATA_DIR, 3 storage nodes and 1+ servers as child processes."""
     from waltz_server.dev import DevCluster
 
     cluster = DevCluster(
-        data_dir, servers=servers, storage_nodes=storage_nodes, partitions=partitions
+        data_dir,
+        servers=servers,
+        storage_nodes=storage_nodes,
+        partitions=partitions,
+        metrics=metrics,
     )
 
     async def run() -> int:
@@ -75,6 +85,8 @@ def dev_command(
                 click.echo(f"  server:        {endpoint}")
             for endpoint in info["storage_nodes"]:
                 click.echo(f"  storage node:  {endpoint}")
+            for name, url in info["metrics"].items():
+                click.echo(f"  metrics:       {url}/metrics  ({name}; /livez, /readyz)")
             click.echo(f"  logs:          {info['logs']}")
             click.echo(f"  child pids:    {' '.join(str(p) for p in info['child_pids'])}")
             click.echo(
