@@ -88,3 +88,9 @@ def dump_control_file_command(path: str) -> None:
 from waltz_server.storage_node.cli import add_admin_commands  # noqa: E402
 
 add_admin_commands(storage_group)
+
+# snapshot (of a running node), verify-snapshot, restore
+from waltz_server.cli.snapshot import SNAPSHOT_COMMANDS  # noqa: E402
+
+for _command in SNAPSHOT_COMMANDS:
+    storage_group.add_command(_command)
