@@ -295,6 +295,34 @@ async def _wait_ready(url: str, timeout: float = 60) -> None:
         await asyncio.sleep(0.2)
 
 
+async def _check_status(
+    cluster: DevCluster, owner_id: int, owner_endpoint: str, generation: int
+) -> None:
+    """/status (JSON): the owner serves partition 0, writable, at the high-water mark of
+    the two appends, every replica acknowledged them; each storage node reports its
+    endpoint, disk and the partition's marks."""
+    servers, nodes = [], []
+    for name, url in cluster.metrics_urls.items():
+        reply = await http_get(f"{url}/status")
+        assert reply.status == 200 and reply.content_type == "application/json", (name, reply)
+        (servers if name.startswith("server") else nodes).append(json.loads(reply.body))
+    owner = next(s for s in servers if s["server_id"] == owner_id)
+    assert owner["role"] == "server" and owner["endpoint"] == owner_endpoint
+    assert [s["leader"] for s in servers].count(True) == 1
+    (partition,) = owner["partitions"]
+    assert partition["partition"] == 0 and partition["generation"] == generation
+    assert partition["state"] == "writable" and partition["high_water_mark"] == 1
+    assert partition["session_id"] >= 0 and partition["appends"] >= 2
+    assert sorted(partition["acknowledged"]) == sorted(partition["replicas"])
+    assert all(mark == 1 for mark in partition["acknowledged"].values())
+    assert sorted(n["endpoint"] for n in nodes) == sorted(cluster.storage_endpoints)
+    for node in nodes:
+        assert node["role"] == "storage" and node["serving"]
+        assert node["disk"]["used"] > 0 and 0 < node["disk"]["free"] <= node["disk"]["size"]
+        (hosted,) = node["partitions"]
+        assert hosted["partition"] == 0 and hosted["max_transaction_id"] == 1
+
+
 async def test_sigterm_drains_a_server_and_its_partition_moves_before_the_session_expires(
     tmp_path: Path,
 ) -> None:
@@ -320,6 +348,7 @@ async def test_sigterm_drains_a_server_and_its_partition_moves_before_the_sessio
             owner = (await ClusterMetadata(coordination).partition_assignment(0)).value
         finally:
             await coordination.close()
+        await _check_status(cluster, owner.server_id, owner.endpoint, owner.generation)
         draining = cluster.servers[cluster.server_endpoints.index(owner.endpoint)]
         assert draining.process is not None
         started = time.monotonic()

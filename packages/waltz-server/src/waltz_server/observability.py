@@ -15,6 +15,10 @@ tests do) holding its metric families (:class:`ServerMetrics`,
   every hosted partition is available and holds at least what its store
   session's recovery committed. 503 otherwise.
 - ``GET /health``: the same as ``/readyz`` (kept for older probes).
+- ``GET /status``: a JSON document of what the process holds now (a server's
+  partitions, store sessions, replicas' acknowledged marks and connected clients; a
+  storage node's endpoint, hosted partitions and disk), for ``waltz console``; only
+  when the process supplies it (``json_routes``).
 
 Each check endpoint answers JSON ``{"status": "ok" | "failing", "checks":
 {name: {"ok": bool, "detail": str}}}`` from the checks the process supplies
@@ -495,6 +499,8 @@ class Check:
 
 
 HealthCheck = Callable[[], Check | Awaitable[Check]]
+JsonRoute = Callable[[], Any]
+"""A callable returning a JSON-able value, served as ``application/json``."""
 
 
 async def run_checks(
@@ -560,9 +566,12 @@ class HttpEndpoint:
         live_checks: Mapping[str, HealthCheck] | None = None,
         check_timeout: float = 5.0,
         config_key: str = "http",
+        json_routes: Mapping[str, JsonRoute] | None = None,
     ) -> None:
         """``checks``: what ``/readyz`` (and ``/health``) runs; ``live_checks``: what
-        ``/livez`` runs (none by default: answering proves the loop is alive)."""
+        ``/livez`` runs (none by default: answering proves the loop is alive);
+        ``json_routes``: path -> a callable whose JSON-able result the path serves
+        (``/status``)."""
         validate_http_address(host, port, config_key)
         self.registry = registry
         self.host = host
@@ -570,6 +579,7 @@ class HttpEndpoint:
         self.checks: dict[str, HealthCheck] = dict(checks or {})
         self.live_checks: dict[str, HealthCheck] = dict(live_checks or {})
         self.check_timeout = check_timeout
+        self.json_routes: dict[str, JsonRoute] = dict(json_routes or {})
         self._config_key = config_key
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -658,6 +668,14 @@ class HttpEndpoint:
             return await self._checks(self.checks)
         if path == "/livez":
             return await self._checks(self.live_checks)
+        route = self.json_routes.get(path)
+        if route is not None:
+            try:
+                body = json.dumps(route(), separators=(",", ":")).encode()
+            except Exception as exc:  # a status that cannot be computed is an answer too
+                log.warning("computing %s failed: %s", path, exc)
+                return 503, "application/json", json.dumps({"error": str(exc)}).encode()
+            return 200, "application/json", body
         return 404, "text/plain; charset=utf-8", b"not found: try /metrics, /livez, /readyz\n"
 
     async def _checks(self, checks: Mapping[str, HealthCheck]) -> tuple[int, str, bytes]:

@@ -15,6 +15,7 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from waltz_api.cluster import ClusterMetadata, ReplicaAssignments, coordination_from_uri
 from waltz_api.contracts.coordination import (
@@ -38,7 +39,9 @@ from waltz_server.server.cluster_manager import (
     PartitionLost,
 )
 from waltz_server.server.config import ServerNodeConfig, load_server_config
+from waltz_server.server.partition import Partition
 from waltz_server.server.server import WaltzServer
+from waltz_server.server.voting import Outcome
 from waltz_server.storage_node.client import StorageConnectionPool, StorageReplica
 
 log = logging.getLogger(__name__)
@@ -138,6 +141,65 @@ def feed_positions(server: WaltzServer) -> list[FeedPosition]:
     return list(furthest.values())
 
 
+def store_state(partition: Partition) -> str:
+    """``writable`` (recovered, taking appends), ``undecidable`` (the vote on the last
+    session's closing mark waits for offline replicas), ``recovering`` (otherwise) or
+    ``closed`` (the store stopped: stale generation or failure)."""
+    store = partition.store
+    if store.stale is not None:
+        return "closed"
+    session = store.session
+    if session is None:
+        return "recovering"
+    if session.recovery.complete and store.ready:
+        return "writable"
+    if session.recovery.outcome is Outcome.UNDECIDABLE:
+        return "undecidable"
+    return "recovering"
+
+
+def server_status(running: RunningServer) -> dict[str, Any]:
+    """``GET /status``: this server and every partition it serves now, as JSON (read by
+    ``waltz console``). Only public state of the partitions and their store sessions."""
+    server, manager = running.server, running.manager
+    feeds: dict[int, list[dict[str, Any]]] = {}
+    for feed in feed_positions(server):
+        feeds.setdefault(feed.partition_id, []).append(
+            {"client": feed.client, "position": feed.position}
+        )
+    partitions = []
+    for partition_id, partition in sorted(server.partitions.items()):
+        session = partition.store.session
+        partitions.append(
+            {
+                "partition": partition_id,
+                "generation": partition.generation,
+                "ready": partition.ready,
+                "state": store_state(partition),
+                "high_water_mark": partition.high_water_mark,
+                "session_id": None if session is None else session.session_id,
+                "low_water_mark": None if session is None else session.low_water_mark,
+                "replicas": partition.store.replica_nodes,
+                "writable_replicas": [] if session is None else session.writable_replicas,
+                "acknowledged": {} if session is None else session.acknowledged_marks(),
+                "sessions_started": partition.store.sessions_started,
+                "appends": partition.stats.appends,
+                "lock_failures": partition.stats.lock_failures,
+                "recoveries": partition.stats.recoveries,
+                "clients": sorted(feeds.get(partition_id, []), key=lambda c: str(c["client"])),
+            }
+        )
+    return {
+        "role": "server",
+        "server_id": manager.server_id if manager.registered else None,
+        "endpoint": server.endpoint,
+        "leader": manager.registered and manager.is_leader,
+        "preferred_partitions": list(manager.preferred_partitions),
+        "connected_clients": len(server.connections),
+        "partitions": partitions,
+    }
+
+
 def server_endpoint(running: RunningServer, host: str, port: int) -> HttpEndpoint:
     """An (unstarted) /livez, /readyz and /metrics endpoint for ``running``.
 
@@ -166,6 +228,7 @@ def server_endpoint(running: RunningServer, host: str, port: int) -> HttpEndpoin
         host=host,
         port=port,
         checks={"coordination": registered, "partitions": partitions},
+        json_routes={"/status": lambda: server_status(running)},
     )
 
 

@@ -33,7 +33,7 @@ from waltz_server.server.store_metadata import (
     replica_states,
     update_replica_states,
 )
-from waltz_server.server.voting import plan_replica, quorum_of, resolve_high_water_mark
+from waltz_server.server.voting import Outcome, plan_replica, quorum_of, resolve_high_water_mark
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,9 @@ class RecoveryManager:
         self._changed = asyncio.Event()
         self._metadata_written = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        self.outcome: Outcome | None = None
+        """The last vote's outcome (None before any voter answered): UNDECIDABLE while the
+        offline replicas could change the closing mark (read by status endpoints)."""
 
     @property
     def resolved_high_water_mark(self) -> int | None:
@@ -309,6 +312,7 @@ class RecoveryManager:
         resolution = resolve_high_water_mark(
             [s.mark for s in known], offline, self._last_quorum, floor=min(voters)
         )
+        self.outcome = resolution.outcome
         if resolution.decided:
             self._resolved = resolution.high_water_mark
             log.info(

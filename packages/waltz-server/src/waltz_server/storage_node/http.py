@@ -5,6 +5,9 @@
 fsync latency, fenced requests and sessions, disk usage and free space, each
 hosted partition's marks, process memory and CPU).
 
+``/status`` (JSON, for ``waltz console``): the node's endpoint, whether it serves, its
+disk usage and each hosted partition's marks and availability.
+
 ``/livez`` answers while the node's event loop does. ``/readyz`` (and
 ``/health``) checks that the node is opened and caught up: it serves its
 transport endpoint, no hosted partition is marked unavailable, and every
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from waltz_api.errors import WaltzError
 from waltz_server.observability import (
@@ -100,9 +104,30 @@ def storage_node_endpoint(
             return Check(False, "behind its store session: " + ", ".join(behind))
         return Check(True, "every hosted partition holds its session's recovered records")
 
+    def status() -> dict[str, Any]:
+        usage = None if data_dir is None else disk_usage(data_dir)
+        return {
+            "role": "storage",
+            "endpoint": node.endpoint,
+            "serving": node.serving,
+            "disk": None
+            if usage is None
+            else {"used": usage.used_bytes, "free": usage.free_bytes, "size": usage.size_bytes},
+            "partitions": [
+                {
+                    "partition": s.partition_id,
+                    "max_transaction_id": s.max_transaction_id,
+                    "low_water_mark": s.low_water_mark,
+                    "available": s.available,
+                }
+                for s in partition_states(node)
+            ],
+        }
+
     return HttpEndpoint(
         metrics.registry,
         host=section.host,
         port=section.port,
         checks={"transport": transport, "partitions": partitions, "caught_up": caught_up},
+        json_routes={"/status": status},
     )
