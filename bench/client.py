@@ -51,6 +51,7 @@ from waltz_api.wire import ProtocolConnection, Role, checksum, encode_feed_data
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
+    SubmissionResult,
     Transaction,
     TransactionBuilder,
     TransactionContext,
@@ -208,7 +209,7 @@ async def submit_case(n: int, context: type[Append]) -> tuple[float, list[float]
                 task.add_done_callback(lambda _: latencies.append(loop.time() - t0))
                 tasks.append(task)
 
-            tasks: list[asyncio.Task[bool]] = []
+            tasks: list[asyncio.Task[SubmissionResult]] = []
             started = time.perf_counter()
             for _ in range(n):
                 await one()
@@ -362,7 +363,7 @@ async def real_cases(submits: int, feed: int) -> None:
                 config = ClientConfig(uri, transport="zmq", max_concurrent_transactions=WINDOW)
                 async with AsyncWaltzClient(callbacks, config) as client:
                     loop = asyncio.get_running_loop()
-                    tasks: list[asyncio.Task[bool]] = []
+                    tasks: list[asyncio.Task[SubmissionResult]] = []
                     started = time.perf_counter()
                     for _ in range(submits):
                         t0 = loop.time()

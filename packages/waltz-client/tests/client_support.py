@@ -17,6 +17,7 @@ from waltz_api.messages import FeedData, MountRequest, MountResponse, MountStatu
 from waltz_api.types import ReqId
 from waltz_client import (
     ClientConfig,
+    SubmissionResult,
     Transaction,
     TransactionBuilder,
     TransactionContext,
@@ -164,6 +165,13 @@ class Ctx(TransactionContext):
 
     def on_expiration(self) -> None:
         self.events.append(("expiration", None))
+
+
+def committed(result: object, transaction_id: int) -> None:
+    """Assert that a submission's result is "committed as ``transaction_id``"."""
+    assert isinstance(result, SubmissionResult), result
+    assert result, result  # true when committed
+    assert (result.committed, result.transaction_id) == (True, transaction_id), result
 
 
 def other(partition: int, n: int) -> ReqId:

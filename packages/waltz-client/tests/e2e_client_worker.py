@@ -63,7 +63,7 @@ def main() -> int:
     with WaltzClient(Ledger(database), config) as client:
         futures = [client.submit(Entry(partition, f"{name}-{k}")) for k in range(count)]
         for future in concurrent.futures.as_completed(futures, timeout=120):
-            if future.result() is not True:
+            if not future.result().committed:
                 return 1
         top = client.flush(partition)
     sys.stdout.write(f"{name} done at {top}\n")

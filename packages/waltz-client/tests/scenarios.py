@@ -9,6 +9,7 @@ restarted) is passed in as a coroutine function.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
@@ -25,9 +26,11 @@ from waltz_client import (
     JSON,
     AsyncWaltzClient,
     ClientConfig,
+    SubmissionResult,
     Transaction,
     TransactionBuilder,
     TransactionContext,
+    TransactionExpiredError,
     WaltzClientCallbacks,
 )
 
@@ -163,7 +166,7 @@ async def counter(
             contexts = []
             for k in range(increments):
                 ctx = Increment(app, p, f"c{i}-{k}")
-                assert await client.submit(ctx) is True
+                assert (await client.submit(ctx)).committed
                 contexts.append(ctx)
             return contexts
 
@@ -243,12 +246,14 @@ async def withdrawals(
     clients = [AsyncWaltzClient(bank, target.config()) for bank in banks]
     try:
         await start_all(clients)
-        assert await clients[0].submit(Move(banks[0], p, deposit)) is True
+        assert (await clients[0].submit(Move(banks[0], p, deposit))).committed
         for client in clients:
             await client.flush(p)
 
         async def withdraw(client: AsyncWaltzClient, bank: Bank) -> list[bool]:
-            return [await client.submit(Move(bank, p, -amount)) for _ in range(attempts)]
+            return [
+                (await client.submit(Move(bank, p, -amount))).committed for _ in range(attempts)
+            ]
 
         outcomes = await asyncio.wait_for(
             asyncio.gather(*(withdraw(c, b) for c, b in zip(clients, banks, strict=True))), 150
@@ -392,49 +397,125 @@ async def server_restarted_under_load(
     restart: Callable[[], Awaitable[None]],
     n_clients: int = 2,
     per_client: int = 60,
+    window: int = 8,
 ) -> None:
-    """While clients submit, ``restart`` restarts the server that serves the
-    partition: every submission succeeds, the clients follow the partition, and the
-    log holds each acknowledged transaction exactly once (ids dense, nothing twice)."""
+    """While clients submit steadily (``window`` in flight each, at least
+    ``per_client`` each, and on until the partition has moved), ``restart`` restarts
+    the server that serves the partition: every submission succeeds, the clients follow
+    the partition, and the log holds each acknowledged transaction exactly once (ids
+    dense, nothing twice), at the id its acknowledgement names."""
     p = target.partition
     metadata = ClusterMetadata(target.coordination)
     apps = [Tagged() for _ in range(n_clients)]
     clients = [AsyncWaltzClient(app, target.config(retry_interval=0.05)) for app in apps]
-    submissions: list[asyncio.Future[bool]] = []
+    moved = asyncio.Event()
+    in_flight: list[set[asyncio.Future[SubmissionResult]]] = [set() for _ in clients]
+    acknowledged: list[tuple[str, SubmissionResult]] = []
+
+    async def produce(i: int, client: AsyncWaltzClient) -> None:
+        running = in_flight[i]
+
+        async def one(tag: str) -> None:
+            acknowledged.append((tag, await client.submit(Put(p, tag))))
+
+        k = 0
+        while k < per_client or not moved.is_set():
+            if len(running) >= window:
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for done in [t for t in running if t.done()]:
+                    running.discard(done)
+                    done.result()  # a failed submission fails the scenario
+                continue
+            running.add(asyncio.ensure_future(one(f"c{i}-{k}")))
+            k += 1
+        await asyncio.gather(*running)
+
+    producers: asyncio.Future[list[None]] | None = None
     try:
         await start_all(clients)
-        submissions = [
-            asyncio.ensure_future(client.submit(Put(p, f"c{i}-{k}")))
-            for i, client in enumerate(clients)
-            for k in range(per_client)
-        ]
+        producers = asyncio.gather(*(produce(i, c) for i, c in enumerate(clients)))
         async with asyncio.timeout(60):
             while apps[0].hwm < 10:  # noqa: ASYNC110 - polls application state
                 await asyncio.sleep(0.005)
         before = (await metadata.partition_assignment(p)).value
-        in_flight = sum(not s.done() for s in submissions)
+        under_load = sum(not t.done() for running in in_flight for t in running)
         await restart()
         async with asyncio.timeout(60):  # a killed server's session has to expire first
             while (  # noqa: ASYNC110 - polls the coordination service
                 (await metadata.partition_assignment(p)).value.generation <= before.generation
             ):
                 await asyncio.sleep(0.1)
-        results = await asyncio.wait_for(asyncio.gather(*submissions), 150)
-        assert results == [True] * len(submissions)  # every one acknowledged
-        expected = sorted(f"c{i}-{k}" for i in range(n_clients) for k in range(per_client))
+        moved.set()
+        await asyncio.wait_for(producers, 150)
+        assert under_load > 0, "the restart was not under load"
+        assert all(result.committed for _, result in acknowledged)  # every one acknowledged
+        expected = sorted(tag for tag, _ in acknowledged)
+        assert len(expected) == len(set(expected)) >= n_clients * per_client
         for client, app in zip(clients, apps, strict=True):
             top = await client.flush(p)
             assert top == len(expected) - 1
             assert sorted(app.tags) == expected  # nothing lost, nothing twice
         for client in clients:  # it follows the partition to its (new) server
             await following(client, metadata, p)
-        assert in_flight > 0, "the restart was not under load"
     finally:
-        for s in submissions:
-            s.cancel()
+        if producers is not None:
+            producers.cancel()
+        for running in in_flight:
+            for task in running:
+                task.cancel()
         await close_all(clients)
     log = await read_log(target)  # dense ids from 0
     tags = [t.data["tag"] for t in log]
     assert sorted(tags) == expected  # every acknowledged one present, each once
     req_ids = [t.req_id for t in log]
     assert len(set(req_ids)) == len(req_ids)  # no ReqId appended twice
+    # each acknowledgement names the transaction that holds its submission
+    assert all(tags[result.transaction_id] == tag for tag, result in acknowledged)
+
+
+# -- (5) an append in flight while every storage node restarts --------------------------
+
+
+async def append_in_flight_while_storage_restarts(
+    target: Target,
+    stop_storage: Callable[[], Awaitable[None]],
+    start_storage: Callable[[], Awaitable[None]],
+    *,
+    deadline: float = 2.0,
+    ask: float = 60.0,
+) -> None:
+    """Every storage node stops, then a submission: its append is in flight when its
+    deadline passes, and the server cannot decide it until storage is back. The client
+    must not guess: undecided while storage is down, then the true outcome, once
+    (committed at the id that holds it, or TransactionExpiredError and not in the log),
+    never re-executed past its deadline, within the deadline plus ``ask``."""
+    p = target.partition
+    app = Tagged()
+    config = target.config(transaction_timeout=deadline, request_timeout=ask)
+    loop = asyncio.get_running_loop()
+    async with AsyncWaltzClient(app, config) as client:
+        assert (await client.submit(Put(p, "before"))).committed
+        await stop_storage()
+        started = loop.time()
+        ctx = Put(p, "in flight")
+        submission = asyncio.ensure_future(client.submit(ctx))
+        async with asyncio.timeout(60):  # the deadline passes with it in flight
+            while loop.time() < started + deadline + 1:
+                assert not submission.done(), "decided while no storage node is up"
+                await asyncio.sleep(0.05)
+        await start_storage()
+        outcome: SubmissionResult | None = None
+        with contextlib.suppress(TransactionExpiredError):
+            outcome = await asyncio.wait_for(submission, deadline + ask + 30)
+        decided_after = loop.time() - started
+        assert decided_after < deadline + ask, f"decided only after {decided_after:.1f} s"
+        assert ctx.attempts == 1  # never re-executed past its deadline
+        # the log works again, and a flush covers everything before it
+        assert (await client.submit(Put(p, "after"))).committed
+        await client.flush(p)
+    tags = [t.data["tag"] for t in await read_log(target)]
+    if outcome is not None:
+        assert outcome.committed and tags[outcome.transaction_id] == "in flight"
+    else:
+        assert "in flight" not in tags  # "not committed" was the truth
+    assert sorted(tags) == sorted({"before", "after"} | ({"in flight"} if outcome else set()))

@@ -51,6 +51,20 @@ class RealCluster:
     coordination: Coordination
     nodes: list[StorageNode]
     server: RunningServer
+    storage: list[tuple[Path, str]]
+    """Each storage node's directory and endpoint (to restart it)."""
+    key: uuid.UUID
+
+    async def stop_storage(self) -> None:
+        """Every storage node stops (its engine closes): no store session can commit."""
+        for node in self.nodes:
+            await node.close()
+        self.nodes.clear()
+
+    async def start_storage(self) -> None:
+        """The storage nodes again, on their files and endpoints."""
+        for directory, connect in self.storage:
+            self.nodes.append(await start_storage_node(directory, self.key, connect))
 
     async def restart_server(self) -> None:
         """Stop the server, start a new one on another port (the partition moves)."""
@@ -89,6 +103,16 @@ async def wait_served(server: RunningServer, metadata: ClusterMetadata) -> None:
             await asyncio.sleep(0.05)
 
 
+async def start_storage_node(directory: Path, key: uuid.UUID, connect: str) -> StorageNode:
+    engine = await FsStorageEngine.open(str(directory), cluster_key=key, num_partitions=1)
+    if 0 not in engine.partition_ids():
+        await engine.add_partition(0)
+    transport = get_registry().get("transport", "zmq").factory({})
+    node = StorageNode(engine, transport, f"tcp://{connect}")
+    await node.start()
+    return node
+
+
 @pytest.fixture
 async def real_cluster(tmp_path: Path) -> AsyncIterator[RealCluster]:
     uri = f"local://{tmp_path / 'coordination'}?root=/waltz"
@@ -104,25 +128,19 @@ async def real_cluster(tmp_path: Path) -> AsyncIterator[RealCluster]:
     server: RunningServer | None = None
     cluster: RealCluster | None = None
     try:
-        for i, connect in enumerate(connects):
-            engine = await FsStorageEngine.open(
-                str(tmp_path / f"storage-{i}"), cluster_key=key, num_partitions=1
-            )
-            await engine.add_partition(0)
-            transport = get_registry().get("transport", "zmq").factory({})
-            node = StorageNode(engine, transport, f"tcp://{connect}")
-            await node.start()
-            nodes.append(node)
+        storage = [(tmp_path / f"storage-{i}", connect) for i, connect in enumerate(connects)]
+        for directory, connect in storage:
+            nodes.append(await start_storage_node(directory, key, connect))
         server = await start_server(server_config(uri))
         await wait_served(server, metadata)
-        cluster = RealCluster(uri, coordination, nodes, server)
+        cluster = RealCluster(uri, coordination, nodes, server, storage, key)
         yield cluster
     finally:
         if cluster is not None:
             await cluster.server.stop()
         elif server is not None:
             await server.stop()
-        for node in nodes:
+        for node in cluster.nodes if cluster is not None else nodes:
             with contextlib.suppress(Exception):
                 await node.close()
                 await node.engine.close()
@@ -154,3 +172,15 @@ async def test_a_client_process_killed_and_restarted_applies_every_transaction_o
     real_cluster: RealCluster, tmp_path: Path
 ) -> None:
     await scenarios.client_killed_and_restarted(target(real_cluster), tmp_path / "app.db")
+
+
+async def test_an_append_in_flight_while_storage_restarts_is_decided_truthfully(
+    real_cluster: RealCluster,
+) -> None:
+    """Every storage node stops with an append in flight; its deadline passes; the
+    client asks the server (a flush), which can decide only once storage is back: the
+    answer then comes, and it is the truth (committed at the id that holds it, or not
+    committed and not in the log), within the deadline plus the time to ask."""
+    await scenarios.append_in_flight_while_storage_restarts(
+        target(real_cluster), real_cluster.stop_storage, real_cluster.start_storage
+    )

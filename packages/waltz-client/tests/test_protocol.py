@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from client_protocol_peer import ProtocolTestPeer
-from client_support import Cluster, Ctx, RecordingApp, mount, other
+from client_support import Cluster, Ctx, RecordingApp, committed, mount, other
 
 from waltz_api.errors import ClientAheadError, ClientError, ServerError
 from waltz_api.messages import (
@@ -40,9 +40,11 @@ from waltz_api.wire import checksum
 from waltz_client import (
     JSON,
     AsyncWaltzClient,
+    SubmissionResult,
     Transaction,
     TransactionBuilder,
     TransactionExpiredError,
+    TransactionOutcomeUnknownError,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,7 +139,7 @@ async def test_submit_sends_the_built_transaction_and_resolves_on_its_feed_item(
         assert not submitted.done()
         peer.data[(0, 6)] = append.data
         await conn.send(FeedData(append.req_id, 6, append.header))
-        assert await asyncio.wait_for(submitted, 10) is True
+        committed(await asyncio.wait_for(submitted, 10), 6)
         assert ctx.events == [("application", 6), ("completion", True)]
         assert app.applied == [(0, 6, -3)]
         # the client's own append is in its cache: applying it asks the server nothing
@@ -171,14 +173,14 @@ async def test_an_older_pending_append_fails_when_a_newer_one_commits_and_is_ret
         _, a2 = await peer.expect(AppendRequest)
         assert a1.req_id.seq_num < a2.req_id.seq_num
         await conn.send(FeedData(a2.req_id, 0, 2))
-        assert await asyncio.wait_for(s2, 10) is True
+        committed(await asyncio.wait_for(s2, 10), 0)
         # the first one failed (the server handles appends in order): re-executed
         _, again = await peer.expect(AppendRequest)
         assert again.header == 1 and again.req_id != a1.req_id
         assert again.client_high_water_mark == 0  # built on the state after tx 0
         assert first.hwms == [-1, 0]
         await conn.send(FeedData(again.req_id, 1, 1))
-        assert await asyncio.wait_for(s1, 10) is True
+        committed(await asyncio.wait_for(s1, 10), 1)
         assert first.attempts == 2 and second.attempts == 1
         assert app.applied == [(0, 0, 2), (0, 1, 1)]
 
@@ -205,7 +207,7 @@ async def test_reconnect_blocks_appends_until_the_mount_completes_then_fails_pen
         assert retried.req_id != lost.req_id
         assert retried.client_high_water_mark == 1
         await conn.send(FeedData(retried.req_id, 2, 7))
-        assert await asyncio.wait_for(submitted, 10) is True
+        committed(await asyncio.wait_for(submitted, 10), 2)
         assert ctx.attempts == 2
         assert [t for _, t, _ in app.applied] == [0, 1, 2]
 
@@ -225,7 +227,7 @@ async def test_a_pending_append_committed_before_the_mount_response_is_not_retri
         await conn.send(
             FeedData(append.req_id, 0, 7), MountResponse(request.req_id, MountStatus.READY, 0)
         )
-        assert await asyncio.wait_for(submitted, 10) is True
+        committed(await asyncio.wait_for(submitted, 10), 0)
         assert ctx.attempts == 1
         await peer.nothing_more(AppendRequest, 0.3)
 
@@ -252,7 +254,7 @@ async def test_lock_failure_waits_for_the_failing_transaction_then_re_executes(
         assert ctx.hwms == [3, 5]
         assert ("lock_failure", 5) in ctx.events
         await conn.send(FeedData(retried.req_id, 6, 7))
-        assert await asyncio.wait_for(submitted, 10) is True
+        committed(await asyncio.wait_for(submitted, 10), 6)
         assert ctx.events == [("lock_failure", 5), ("application", 6), ("completion", True)]
 
 
@@ -286,7 +288,7 @@ async def test_not_ready_is_retried_until_ready(cluster: Cluster, peer: Protocol
             if append in c.received:
                 conn = c
         await conn.send(FeedData(append.req_id, 0, 7))
-        assert await asyncio.wait_for(submitted, 10) is True
+        committed(await asyncio.wait_for(submitted, 10), 0)
 
 
 async def test_reassignment_moves_the_partition_to_the_new_server_and_generation(
@@ -311,7 +313,7 @@ async def test_reassignment_moves_the_partition_to_the_new_server_and_generation
             _, retried = await new_server.expect(AppendRequest)
             assert retried.req_id.generation == 2 and retried.req_id != stranded.req_id
             await conn2.send(FeedData(retried.req_id, 1, 7))
-            assert await asyncio.wait_for(submitted, 10) is True
+            committed(await asyncio.wait_for(submitted, 10), 1)
             assert [t for _, t, _ in app.applied] == [0, 1]
             assert app.applied[1][2] == 7  # the old server's item 1 was not applied
     finally:
@@ -382,7 +384,7 @@ async def test_back_pressure_limits_transactions_in_flight_per_partition(
         _, a3 = await peer.expect(AppendRequest)
         assert a3.header == 3
         await conn.send(FeedData(a2.req_id, 1, 2), FeedData(a3.req_id, 2, 3))
-        assert await asyncio.gather(*tasks) == [True, True, True]
+        assert [r.transaction_id for r in await asyncio.gather(*tasks) if r] == [0, 1, 2]
 
 
 async def test_execute_declining_or_raising(cluster: Cluster, peer: ProtocolTestPeer) -> None:
@@ -390,7 +392,7 @@ async def test_execute_declining_or_raising(cluster: Cluster, peer: ProtocolTest
     async with serving(cluster, peer, app) as client:
         await mount(peer, 0)
         declined = Ctx(build=lambda b: False)
-        assert await client.submit(declined) is False
+        assert await client.submit(declined) == SubmissionResult(False, 0, -1, attempts=1)
         assert declined.events == [("completion", False)]
 
         def boom(builder: TransactionBuilder) -> bool:
@@ -485,7 +487,7 @@ async def test_an_append_refused_for_a_stale_generation_is_retried_after_a_new_m
         _, retried = await peer.expect(AppendRequest)
         assert retried.req_id != append.req_id
         await conn.send(FeedData(retried.req_id, 0, 7))
-        assert await asyncio.wait_for(submitted, 10) is True
+        committed(await asyncio.wait_for(submitted, 10), 0)
         assert ctx.attempts == 2
 
 
@@ -551,15 +553,18 @@ async def test_a_lost_coordination_session_is_renewed_and_moves_are_still_follow
         await new_server.close()
 
 
-async def test_a_submission_expires_only_while_nothing_is_in_flight(
+async def test_a_submission_waiting_for_its_partition_or_a_retry_expires_at_its_deadline(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:
     app = RecordingApp()
     async with running(cluster, app, partitions=[0], transaction_timeout=0.5) as client:
         # partition 0 is served by nobody yet: the submission waits, then expires
         ctx = Ctx()
-        with pytest.raises(TransactionExpiredError, match=r"not committed within 0\.5 s"):
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TransactionExpiredError, match=r"not committed within 0\.5 s") as info:
             await client.submit(ctx)
+        assert asyncio.get_running_loop().time() - started < 5
+        assert "partition 0 had no server assigned" in str(info.value)
         assert ctx.events == [("expiration", None)] and ctx.attempts == 0
         await cluster.assign(0, peer)
         conn, _ = await mount(peer, 0)
@@ -568,19 +573,219 @@ async def test_a_submission_expires_only_while_nothing_is_in_flight(
         submitted = asyncio.ensure_future(client.submit(ctx))
         _, append = await peer.expect(AppendRequest)
         await conn.send(LockFailure(append.req_id, 50))
-        with pytest.raises(TransactionExpiredError):
+        with pytest.raises(TransactionExpiredError, match="had not reached transaction 50"):
             await asyncio.wait_for(submitted, 10)
         assert ctx.events == [("lock_failure", 50), ("expiration", None)]
-        # an append in flight is never expired: its outcome is awaited
+        await peer.nothing_more(AppendRequest, 0.2)
+    with pytest.raises(ClientError, match="transaction_timeout"):
+        cluster.config(transaction_timeout=0)
+
+
+async def test_at_the_deadline_a_flush_decides_an_append_in_flight_not_committed(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with serving(cluster, peer, app, transaction_timeout=0.5) as client:
+        conn, _ = await mount(peer, 0)
+        contexts = [Ctx(header=1), Ctx(header=2)]
+        submitted = []
+        for ctx in contexts:
+            submitted.append(asyncio.ensure_future(client.submit(ctx)))
+            await peer.expect(AppendRequest)
+        # both deadlines pass with the appends in flight: one flush asks for both
+        _, flush = await peer.expect(FlushRequest)
+        await peer.nothing_more(FlushRequest, 0.3)
+        assert not any(s.done() for s in submitted)
+        # the server settled its appends: neither is in the log up to its high-water mark
+        await conn.send(FeedData(OTHER, 0, 0))
+        await wait_for(lambda: app.hwm.get(0) == 0)
+        assert not any(s.done() for s in submitted)  # the feed alone proves nothing
+        await conn.send(FlushResponse(flush.req_id, 0))
+        for s, ctx in zip(submitted, contexts, strict=True):
+            with pytest.raises(TransactionExpiredError) as info:
+                await asyncio.wait_for(s, 10)
+            message = str(info.value)
+            assert "not committed within 0.5 s (1 attempts)" in message
+            assert "it was not in the log up to transaction 0" in message
+            assert "It will not be committed" in message
+            assert ctx.events == [("expiration", None)] and ctx.attempts == 1
+        await peer.nothing_more(AppendRequest, 0.3)  # never re-executed past its deadline
+
+
+async def test_at_the_deadline_an_append_in_flight_can_still_be_decided_committed(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with serving(cluster, peer, app, transaction_timeout=0.3) as client:
+        conn, _ = await mount(peer, 0)
         ctx = Ctx()
         submitted = asyncio.ensure_future(client.submit(ctx))
         _, append = await peer.expect(AppendRequest)
-        await asyncio.sleep(0.8)
-        assert not submitted.done()
+        _, flush = await peer.expect(FlushRequest)
+        await conn.send(FeedData(append.req_id, 0, 7), FlushResponse(flush.req_id, 0))
+        committed(await asyncio.wait_for(submitted, 10), 0)
+        assert ctx.events == [("application", 0), ("completion", True)]
+        assert app.applied == [(0, 0, 7)]
+
+
+async def test_a_later_commit_after_the_deadline_reports_why_the_earlier_append_failed(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    """The append was superseded: the error says so, not that the partition was not
+    writable (it was)."""
+    app = RecordingApp()
+    async with serving(cluster, peer, app, transaction_timeout=0.3) as client:
+        conn, _ = await mount(peer, 0)
+        lost = asyncio.ensure_future(client.submit(Ctx(header=1)))
+        await peer.expect(AppendRequest)
+        await peer.expect(FlushRequest)  # never answered: the later commit decides it
+        later = asyncio.ensure_future(client.submit(Ctx(header=2)))
+        _, a2 = await peer.expect(AppendRequest)
+        await conn.send(FeedData(a2.req_id, 0, 2))
+        committed(await asyncio.wait_for(later, 10), 0)
+        with pytest.raises(TransactionExpiredError, match=r"\(transaction 0\) committed first"):
+            await asyncio.wait_for(lost, 10)
+
+
+async def test_an_append_in_flight_whose_server_cannot_be_asked_has_an_unknown_outcome(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with serving(cluster, peer, app, transaction_timeout=0.3, request_timeout=0.6) as client:
+        conn, _ = await mount(peer, 0)
+        ctx = Ctx()
+        started = asyncio.get_running_loop().time()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        await peer.expect(FlushRequest)  # the server does not answer (it cannot decide)
+        with pytest.raises(TransactionOutcomeUnknownError) as info:
+            await asyncio.wait_for(submitted, 10)
+        elapsed = asyncio.get_running_loop().time() - started
+        assert 0.8 <= elapsed < 5  # the deadline, then request_timeout to ask
+        assert info.value.req_id == append.req_id
+        message = str(info.value)
+        assert "could not be asked to decide it within 0.6 s" in message
+        assert "It may be committed" in message
+        assert ctx.events[0][0] == "exception" and ctx.attempts == 1
+        await peer.nothing_more(AppendRequest, 0.3)
+        # it did commit after all: the feed delivers it like any transaction, once
         await conn.send(FeedData(append.req_id, 0, 7))
-        assert await asyncio.wait_for(submitted, 10) is True
-    with pytest.raises(ClientError, match="transaction_timeout"):
-        cluster.config(transaction_timeout=0)
+        await wait_for(lambda: app.hwm.get(0) == 0)
+        assert app.applied == [(0, 0, 7)] and app.errors == []
+
+
+async def test_not_committed_is_decided_at_once_and_the_context_re_executed(
+    cluster: Cluster, any_peer: ProtocolTestPeer
+) -> None:
+    peer = any_peer
+    app = RecordingApp()
+    async with serving(cluster, peer, app) as client:
+        conn, _ = await mount(peer, 0, feed=[(0, 0)])
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        await conn.send(
+            ErrorResponse(append.req_id, ErrorCode.NOT_COMMITTED, "store session 3 ended")
+        )
+        _, again = await peer.expect(AppendRequest)  # no remount needed: the server decided
+        assert again.req_id != append.req_id and again.client_high_water_mark == 0
+        await peer.nothing_more(MountRequest, 0.1)
+        await conn.send(FeedData(again.req_id, 1, 7))
+        committed(await asyncio.wait_for(submitted, 10), 1)
+        assert ctx.attempts == 2
+
+
+async def test_not_committed_past_the_deadline_says_so(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with serving(cluster, peer, app, transaction_timeout=0.3) as client:
+        conn, _ = await mount(peer, 0)
+        submitted = asyncio.ensure_future(client.submit(Ctx()))
+        _, append = await peer.expect(AppendRequest)
+        await peer.expect(FlushRequest)
+        await conn.send(ErrorResponse(append.req_id, ErrorCode.NOT_COMMITTED, "session ended"))
+        with pytest.raises(TransactionExpiredError, match="NOT_COMMITTED: session ended"):
+            await asyncio.wait_for(submitted, 10)
+
+
+async def test_flush_returns_only_when_every_submission_it_covers_is_decided(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with serving(cluster, peer, app) as client:
+        conn, _ = await mount(peer, 0)
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        await peer.expect(AppendRequest)
+        flushed = asyncio.ensure_future(client.flush(0))
+        _, flush = await peer.expect(FlushRequest)
+        # the server settled: the append is not in the log up to its mark
+        await conn.send(FeedData(OTHER, 0, 0), FlushResponse(flush.req_id, 0))
+        _, again = await peer.expect(AppendRequest)  # decided not committed: re-executed
+        assert again.client_high_water_mark == 0
+        await asyncio.sleep(0.2)
+        assert not flushed.done()  # the submission it covers is not decided yet
+        await conn.send(FeedData(again.req_id, 1, 7))
+        assert await asyncio.wait_for(flushed, 10) == 1  # includes the covered commit
+        committed(await asyncio.wait_for(submitted, 10), 1)
+        assert ctx.attempts == 2
+
+
+async def test_flush_gives_up_on_an_undecided_submission_after_its_timeout(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with serving(cluster, peer, app, transaction_timeout=None) as client:
+        conn, _ = await mount(peer, 0)
+        submitted = asyncio.ensure_future(client.submit(Ctx()))
+        _, append = await peer.expect(AppendRequest)
+        await conn.send(LockFailure(append.req_id, 40))  # it waits for the feed to reach 40
+        flushed = asyncio.ensure_future(client.flush(0, timeout=0.5))
+        _, flush = await peer.expect(FlushRequest)
+        await conn.send(FlushResponse(flush.req_id, -1))
+        with pytest.raises(ClientError, match="1 of the 1 submissions it covers were still"):
+            await asyncio.wait_for(flushed, 10)
+        submitted.cancel()
+
+
+async def test_an_abandoned_submission_releases_its_slot(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with serving(cluster, peer, app, max_concurrent_transactions=1) as client:
+        conn, _ = await mount(peer, 0)
+        abandoned = await client.enqueue(Ctx(header=1))
+        _, a1 = await peer.expect(AppendRequest)
+        waiting = asyncio.ensure_future(client.enqueue(Ctx(header=2)))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        abandoned.cancel()  # the application gives up on it
+        task = await asyncio.wait_for(waiting, 10)  # the slot is free
+        _, a2 = await peer.expect(AppendRequest)
+        # the abandoned append committed anyway: applied as any transaction
+        await conn.send(FeedData(a1.req_id, 0, 1), FeedData(a2.req_id, 1, 2))
+        committed(await asyncio.wait_for(task, 10), 1)
+        assert [t for _, t, _ in app.applied] == [0, 1]
+        assert abandoned.cancelled()
+
+
+async def test_a_data_fetch_refused_as_busy_during_a_recovery_is_retried(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp(fetch_data=True)
+    peer.answer_data = False  # the test answers
+    async with serving(cluster, peer, app):
+        await mount(peer, 0, feed=[(0, 0)])
+        conn, request = await peer.expect(TransactionDataRequest)
+        await conn.send(
+            ErrorResponse(request.req_id, ErrorCode.SERVER_BUSY, "partition 0 is recovering")
+        )
+        conn, again = await peer.expect(TransactionDataRequest)
+        assert again.transaction_id == 0 and again.req_id != request.req_id
+        await conn.send(TransactionDataResponse(again.req_id, 0, True, b"d", checksum(b"d")))
+        await wait_for(lambda: app.hwm.get(0) == 0)
+        assert app.data[(0, 0)] == b"d" and app.errors == []
 
 
 async def test_an_unanswered_mount_is_sent_again(cluster: Cluster, peer: ProtocolTestPeer) -> None:

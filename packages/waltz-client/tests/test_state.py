@@ -60,6 +60,40 @@ def test_monitor_lock_failure_and_refusal_touch_only_their_request() -> None:
     assert len(m) == 0
 
 
+def test_monitor_a_flush_decides_every_append_sent_before_it_and_nothing_after() -> None:
+    m = TransactionMonitor()
+    m.register(rid(1))
+    m.register(rid(2))
+    m.register(rid(3))
+    mark = m.flush_mark()  # the FlushRequest goes out now
+    m.register(rid(4))
+    assert [r.req_id for r in m.on_refused(rid(2), "refused: X")] == [rid(2)]
+    assert m.order_of(rid(1)) == 1 and m.order_of(rid(2)) is None
+    flushed = m.on_flushed(mark, 9)
+    assert [(r.req_id, r.outcome) for r in flushed] == [
+        (rid(1), Outcome.FAILED),
+        (rid(3), Outcome.FAILED),
+    ]
+    assert all("not in the log up to transaction 9" in r.reason for r in flushed)
+    assert m.pending == (rid(4),)
+    assert m.on_flushed(mark, 9) == []  # decided once
+    assert [r.req_id for r in m.on_flushed(m.flush_mark(), 10)] == [rid(4)]
+
+
+def test_monitor_says_why_each_append_was_decided() -> None:
+    m = TransactionMonitor()
+    for seq in range(1, 6):
+        m.register(rid(seq))
+    superseded, _ = m.on_feed(rid(2), 7)
+    assert "a later append of this client (transaction 7) committed first" in superseded.reason
+    (lock,) = m.on_lock_failure(rid(3), 6)
+    assert "lock check: transaction 6" in lock.reason
+    (refused,) = m.on_refused(rid(4), "the server decided: not committed (NOT_COMMITTED: x)")
+    assert "NOT_COMMITTED" in refused.reason
+    (remounted,) = m.fail_all()
+    assert "mounted again" in remounted.reason
+
+
 def test_monitor_refuses_a_duplicate_registration() -> None:
     m = TransactionMonitor()
     m.register(rid(1))
@@ -70,13 +104,14 @@ def test_monitor_refuses_a_duplicate_registration() -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     st.integers(min_value=1, max_value=30),
-    st.lists(st.tuples(st.sampled_from(["feed", "lock", "mount"]), st.integers(0, 40))),
+    st.lists(st.tuples(st.sampled_from(["feed", "lock", "mount", "flush"]), st.integers(0, 40))),
 )
 def test_monitor_resolves_each_request_exactly_once_in_order(
     n: int, events: list[tuple[str, int]]
 ) -> None:
-    """Any sequence of feed items, lock failures and mounts: each registered request is
-    resolved at most once; a commit resolves all older pending ones; nothing newer."""
+    """Any sequence of feed items, lock failures, mounts and flushes: each registered
+    request is resolved at most once; a commit resolves all older pending ones, a flush
+    all pending ones sent before it; nothing newer."""
     m = TransactionMonitor()
     reqs = [rid(s) for s in range(1, n + 1)]
     for req in reqs:
@@ -99,6 +134,11 @@ def test_monitor_resolves_each_request_exactly_once_in_order(
         elif kind == "lock":
             resolved = m.on_lock_failure(target, k)
             assert [r.req_id for r in resolved] == ([target] if target in before else [])
+        elif kind == "flush":
+            mark = k % n + 1  # the flush went out after the first ``mark`` registrations
+            resolved = m.on_flushed(mark, tid)
+            assert [r.req_id for r in resolved] == [r for r in before if r in reqs[:mark]]
+            assert all(r.outcome is Outcome.FAILED for r in resolved)
         else:
             resolved = m.fail_all()
             assert [r.req_id for r in resolved] == list(before)

@@ -16,13 +16,21 @@ from typing import Any, TypeVar
 
 import pytest
 from client_protocol_peer import ProtocolTestPeer
-from client_support import Cluster, Ctx, RecordingApp, mount
+from client_support import Cluster, Ctx, RecordingApp, committed, mount
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.errors import ClientError
-from waltz_api.messages import AppendRequest, FeedData, FlushRequest, FlushResponse
-from waltz_api.types import ReqId
-from waltz_client import Transaction, TransactionBuilder, WaltzClient
+from waltz_api.messages import (
+    AppendRequest,
+    FeedData,
+    FlushRequest,
+    FlushResponse,
+    RangeReadRequest,
+    RangeReadResponse,
+)
+from waltz_api.types import Record, ReqId
+from waltz_api.wire import checksum
+from waltz_client import SubmissionResult, Transaction, TransactionBuilder, WaltzClient
 
 pytestmark = pytest.mark.timeout(90)
 T = TypeVar("T")
@@ -91,7 +99,7 @@ def test_threads_submit_with_futures_back_pressure_lazy_data_and_flush(
         assert a1.data == b"one" and a1.client_high_water_mark == 0
 
         # back pressure: one transaction in flight at most, the next submit() waits
-        second: list[concurrent.futures.Future[bool]] = []
+        second: list[concurrent.futures.Future[SubmissionResult]] = []
         blocked = threading.Thread(target=lambda: second.append(client.submit(Ctx(header=2))))
         blocked.start()
         blocked.join(0.3)
@@ -99,13 +107,13 @@ def test_threads_submit_with_futures_back_pressure_lazy_data_and_flush(
 
         peer.data[(0, 1)] = a1.data
         bg.run(conn.send(FeedData(a1.req_id, 1, 1)))
-        assert first.result(10) is True
+        committed(first.result(10), 1)
         blocked.join(10)
         assert not blocked.is_alive()
         _, a2 = bg.run(peer.expect(AppendRequest))
         peer.data[(0, 2)] = a2.data
         bg.run(conn.send(FeedData(a2.req_id, 2, 2)))
-        assert second[0].result(10) is True
+        committed(second[0].result(10), 2)
         assert app.data[(0, 1)] == b"one"
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -117,6 +125,40 @@ def test_threads_submit_with_futures_back_pressure_lazy_data_and_flush(
     assert [t for _, t, _ in app.applied] == [0, 1, 2]
     with pytest.raises(ClientError, match="closed"):
         client.submit(Ctx())
+
+
+def test_threads_abandoned_futures_free_their_slot_and_range_read(
+    remote: tuple[LoopThread, Cluster, ProtocolTestPeer],
+) -> None:
+    bg, cluster, peer = remote
+    app = RecordingApp()
+    config = cluster.config(transport="zmq", max_concurrent_transactions=1)
+    with WaltzClient(app, config) as client:
+        conn, _ = bg.run(mount(peer, 0))
+        first = client.submit(Ctx(header=1))
+        _, a1 = bg.run(peer.expect(AppendRequest))
+        # the slot is taken: a submit that cannot get one in time submits nothing
+        with pytest.raises(TimeoutError):
+            client.submit(Ctx(header=2), timeout=0.3)
+        # the application gives up on the first: its slot is free at once
+        assert first.cancel()
+        third = client.submit(Ctx(header=3), timeout=10)
+        _, a3 = bg.run(peer.expect(AppendRequest))
+        assert a3.header == 3
+        bg.run(conn.send(FeedData(a1.req_id, 0, 1), FeedData(a3.req_id, 1, 3)))
+        committed(third.result(10), 1)
+        bg.run(peer.nothing_more(AppendRequest, 0.3))  # the timed-out one never went out
+
+        # the synchronous client reads ranges too
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(client.range_read, 0, 0, max_records=2)
+            rconn, request = bg.run(peer.expect(RangeReadRequest))
+            assert (request.start_transaction_id, request.max_records) == (0, 2)
+            records = (Record(0, a1.req_id, 1, a1.data, checksum(a1.data)),)
+            bg.run(rconn.send(RangeReadResponse(request.req_id, 1, records)))
+            hwm, got = reading.result(10)
+        assert hwm == 1 and [r.data for r in got] == [a1.data]
+    assert [(t, h) for _, t, h in app.applied] == [(0, 1), (1, 3)]
 
 
 def test_get_data_on_the_event_loop_is_refused_with_a_clear_error() -> None:

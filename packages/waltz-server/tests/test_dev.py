@@ -126,7 +126,7 @@ async def append_and_read(uri: str, values: list[str]) -> list[str]:
     app = Recorder()
     async with AsyncWaltzClient(app, ClientConfig(uri, transport="zmq")) as client:
         for value in values:
-            assert await client.submit(Put(value)) is True
+            assert (await client.submit(Put(value))).committed
         top = await client.flush(0)
         assert top == app.hwm
     return app.values

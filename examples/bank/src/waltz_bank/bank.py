@@ -38,6 +38,7 @@ from waltz_client import (
     JSON,
     AsyncWaltzClient,
     ClientConfig,
+    SubmissionResult,
     Transaction,
     TransactionBuilder,
     TransactionContext,
@@ -329,11 +330,13 @@ def run_bank(
 
     def run_client(index: int, client: WaltzClient) -> None:
         rng = random.Random(seed * 1000 + index)
-        pending: list[tuple[Operation, float, concurrent.futures.Future[bool]]] = []
+        pending: list[tuple[Operation, float, concurrent.futures.Future[SubmissionResult]]] = []
 
-        def settle(entry: tuple[Operation, float, concurrent.futures.Future[bool]]) -> None:
+        def settle(
+            entry: tuple[Operation, float, concurrent.futures.Future[SubmissionResult]],
+        ) -> None:
             op, t0, future = entry
-            committed = future.result(timeout=timeout)
+            committed = future.result(timeout=timeout).committed
             stats.record(op, committed, time.monotonic() - t0)
             if progress is not None:
                 progress(1)

@@ -8,12 +8,14 @@ from waltz_client.api import (
     JSON,
     JsonSerializer,
     Serializer,
+    SubmissionResult,
     Transaction,
     TransactionBuilder,
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz_client.client import AsyncWaltzClient, ClientConfig, TransactionExpiredError
+from waltz_client.client import AsyncWaltzClient, ClientConfig
+from waltz_client.errors import TransactionExpiredError, TransactionOutcomeUnknownError
 from waltz_client.sync import WaltzClient
 
 __all__ = [
@@ -24,10 +26,12 @@ __all__ = [
     "Lock",
     "LockMode",
     "Serializer",
+    "SubmissionResult",
     "Transaction",
     "TransactionBuilder",
     "TransactionContext",
     "TransactionExpiredError",
+    "TransactionOutcomeUnknownError",
     "WaltzClient",
     "WaltzClientCallbacks",
 ]

@@ -15,10 +15,11 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
 from waltz_api.errors import ClientError
-from waltz_api.types import Lock, LockMode, LockRequest, ReqId
+from waltz_api.types import NO_TRANSACTION, Lock, LockMode, LockRequest, ReqId
 
 T = TypeVar("T")
 
@@ -166,7 +167,9 @@ class TransactionContext(ABC):
         """Called once when done: True when committed, False when execute declined."""
 
     def on_exception(self, exception: BaseException) -> None:  # noqa: B027
-        """Called when the context failed with an exception; no retry follows."""
+        """Called when the context failed with an exception (``execute`` raised, or the
+        outcome of its last append is unknown:
+        :class:`~waltz_client.TransactionOutcomeUnknownError`); no retry follows."""
 
     def on_lock_failure(self, transaction_id: int) -> None:  # noqa: B027
         """Called when an attempt was rejected by a lock check (a retry follows, once
@@ -174,7 +177,7 @@ class TransactionContext(ABC):
 
     def on_expiration(self) -> None:  # noqa: B027
         """Called when the context expired (``ClientConfig.transaction_timeout``)
-        before it could be committed; no retry follows."""
+        without being committed (decided: nothing of it is pending); no retry follows."""
 
     def on_application(self, transaction_id: int) -> None:  # noqa: B027
         """Called after this context's committed transaction was handed to
@@ -203,6 +206,31 @@ class WaltzClientCallbacks(ABC):
         """Called when :meth:`apply_transaction` raised. The feed of that partition
         restarts from :meth:`client_high_water_mark`, so the transaction is offered
         again."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionResult:
+    """What a submission came to: committed (at ``transaction_id``) or declined by
+    :meth:`TransactionContext.execute` (nothing was sent). True when committed, so
+    ``if await client.submit(context):`` reads as before::
+
+        result = await client.submit(Deposit(account=7, amount=100))
+        if result:
+            print("committed as transaction", result.transaction_id)
+
+    A submission that is not committed for any other reason raises instead
+    (:class:`~waltz_client.TransactionExpiredError`, what ``execute`` raised...).
+    """
+
+    committed: bool
+    partition_id: int
+    transaction_id: int = NO_TRANSACTION
+    """The committed transaction's id (NO_TRANSACTION, -1, when declined)."""
+    attempts: int = 0
+    """How many times ``execute`` ran (retries after lock failures and lost appends)."""
+
+    def __bool__(self) -> bool:
+        return self.committed
 
 
 DataFetcher = Callable[[int, int], Awaitable[bytes]]

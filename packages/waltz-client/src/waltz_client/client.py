@@ -54,8 +54,6 @@ from waltz_api.errors import (
 from waltz_api.messages import (
     AppendRequest,
     ErrorResponse,
-    FlushRequest,
-    FlushResponse,
     HighWaterMarkRequest,
     HighWaterMarkResponse,
     Message,
@@ -64,14 +62,16 @@ from waltz_api.messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
-from waltz_api.types import Record, ReqId
+from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_api.wire import checksum
 from waltz_client.api import (
+    SubmissionResult,
     TransactionBuilder,
     TransactionContext,
     WaltzClientCallbacks,
 )
 from waltz_client.channel import Channel, ChannelLost
+from waltz_client.errors import TransactionExpiredError
 from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition, call_hook
 from waltz_client.state import (
     ConcurrencyLimit,
@@ -111,10 +111,15 @@ class ClientConfig:
     connect_timeout: float = 10.0
     request_timeout: float = 30.0
     retry_interval: float = 0.2
-    """Pause before mounting again after NOT_READY, a refusal or a lost connection."""
-    transaction_timeout: float | None = None
-    """Seconds a submission may wait to be (re)executed (partition unavailable,
-    retries) before it expires with :class:`TransactionExpiredError`; None: no limit."""
+    """Pause before mounting or asking again after NOT_READY, a refusal or a lost
+    connection (doubling up to 1 s, with jitter, while attempts fail)."""
+    transaction_timeout: float | None = 120.0
+    """The deadline of a submission, in seconds from its start (once it holds a slot):
+    waiting for its partition, re-executions and its append in flight. When it passes,
+    an append in flight is decided by asking the server (a flush): committed (the
+    result), or not (:class:`TransactionExpiredError`); unknown only when the server
+    cannot be asked within ``request_timeout`` more (:class:`TransactionOutcomeUnknownError`).
+    None: no deadline."""
     prefetch_data: bool = False
     """Fetch the data of feed items that arrive together concurrently, before the
     callbacks ask (for applications that read the data of most transactions)."""
@@ -135,13 +140,8 @@ class ClientConfig:
         TransactionDataCache[object](self.data_cache_bytes)
 
 
-class TransactionExpiredError(ClientError):
-    """A context was not committed within ``ClientConfig.transaction_timeout`` (it was
-    never left in flight: it expires only while waiting to be (re)executed)."""
-
-
 class _Expired(WaltzError):
-    """Internal: the deadline passed while waiting."""
+    """Internal: the deadline passed; the message says what the submission was doing."""
 
 
 class AsyncWaltzClient:
@@ -331,9 +331,11 @@ class AsyncWaltzClient:
             )
         return partition
 
-    async def enqueue(self, context: TransactionContext) -> asyncio.Task[bool]:
+    async def enqueue(self, context: TransactionContext) -> asyncio.Task[SubmissionResult]:
         """Wait for a free slot in the context's partition (back pressure), then start
-        the transaction; the task resolves like :meth:`submit`."""
+        the transaction; the task resolves like :meth:`submit`. Cancelling the task
+        gives up the submission and its slot (an append already sent may still commit;
+        the feed then delivers it like any other transaction)."""
         partition = self._partition_of(context)
         partition.check_usable()
         await partition.acquire_slot()
@@ -342,26 +344,33 @@ class AsyncWaltzClient:
         except BaseException:
             partition.release_slot()
             raise
-        return asyncio.get_running_loop().create_task(
+        task = asyncio.get_running_loop().create_task(
             self._run(partition, context), name=f"waltz-submit-{partition.id}"
         )
+        partition.track(task)
+        return task
 
-    async def submit(self, context: TransactionContext) -> bool:
-        """Execute ``context`` until its outcome is known: True when committed, False
-        when ``execute`` declined. Raises what ``execute`` raised (after
-        ``on_exception``), ClientAheadError, or ClientError when the client closes."""
+    async def submit(self, context: TransactionContext) -> SubmissionResult:
+        """Execute ``context`` until its outcome is known: a :class:`SubmissionResult`,
+        true when committed (with the transaction id), false when ``execute`` declined.
+        Raises :class:`TransactionExpiredError` (not committed by the deadline),
+        :class:`TransactionOutcomeUnknownError` (the server could not be asked), what
+        ``execute`` raised (after ``on_exception``), ClientAheadError, or ClientError
+        when the client closes."""
         task = await self.enqueue(context)
         return await task
 
-    async def _run(self, partition: Partition, context: TransactionContext) -> bool:
+    async def _run(self, partition: Partition, context: TransactionContext) -> SubmissionResult:
+        timeout = self.config.transaction_timeout
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         try:
-            return await self._attempts(partition, context)
+            return await self._attempts(partition, context, deadline)
         except _Expired as expired:
             call_hook(context.on_expiration)
             raise TransactionExpiredError(
-                f"{type(context).__name__} expired: not committed within "
-                f"{self.config.transaction_timeout} s ({context.attempts} attempts); "
-                f"{expired}. Nothing of it is pending"
+                f"{type(context).__name__} expired: not committed within {timeout} s "
+                f"({context.attempts} attempts): {expired}. It will not be committed: "
+                "nothing of it is pending"
             ) from None
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
@@ -370,8 +379,12 @@ class AsyncWaltzClient:
         finally:
             partition.release_slot()
 
-    async def _before_deadline(self, waiting: Awaitable[None], deadline: float | None) -> None:
-        """Wait, but never past the context's deadline (only where nothing is in flight)."""
+    @staticmethod
+    async def _before_deadline(
+        waiting: Awaitable[None], deadline: float | None, why: Callable[[], str]
+    ) -> None:
+        """Wait, but never past the context's deadline (only where nothing is in flight);
+        ``why`` says what was awaited if the deadline passes."""
         if deadline is None:
             await waiting
             return
@@ -382,27 +395,32 @@ class AsyncWaltzClient:
             async with asyncio.timeout(max(remaining, 0.0)):
                 await waiting
         except TimeoutError:
-            raise _Expired(
-                "its partition was not writable (mounting, or waiting to retry)"
-            ) from None
+            raise _Expired(why()) from None
 
-    async def _attempts(self, partition: Partition, context: TransactionContext) -> bool:
+    async def _attempts(
+        self, partition: Partition, context: TransactionContext, deadline: float | None
+    ) -> SubmissionResult:
         p = partition.id
-        timeout = self.config.transaction_timeout
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
         while True:
-            await self._before_deadline(partition.wait_mounted(), deadline)
+            partition.check_usable()
+            if not partition.mount.appends_allowed:
+                await self._before_deadline(
+                    partition.wait_mounted(), deadline, partition.unwritable
+                )
+            elif deadline is not None and loop.time() >= deadline:
+                raise _Expired("the deadline passed as it was about to be executed again")
             builder, go = await self._build(context, p)
             hwm = builder.client_high_water_mark
             if not go:
                 call_hook(context.on_completion, False)
-                return False
+                return SubmissionResult(False, p, NO_TRANSACTION, context.attempts)
             if not partition.mount.appends_allowed or partition.channel is None:
                 continue  # a mount started while executing: build again after it
             channel = partition.channel
             req_id = self._next_req_id(p, partition.mount.generation)
             data = builder.data
-            outcome = partition.register(req_id, context, data)
+            outcome = partition.register(req_id, context, data, deadline)
             with contextlib.suppress(ChannelLost):  # the next mount fails it; then a retry
                 await channel.send_stream(
                     AppendRequest(
@@ -412,14 +430,30 @@ class AsyncWaltzClient:
             resolution = await outcome
             if resolution.outcome is Outcome.COMMITTED:
                 call_hook(context.on_completion, True)
-                return True
+                return SubmissionResult(True, p, resolution.transaction_id, context.attempts)
+            failed = resolution.reason
             if resolution.outcome is Outcome.LOCK_FAILED:
                 call_hook(context.on_lock_failure, resolution.transaction_id)
-                await self._before_deadline(
-                    partition.wait_retry(resolution.transaction_id), deadline
-                )
+            if deadline is not None and loop.time() >= deadline:
+                raise _Expired(f"its last attempt was not committed: {failed}")
+            if resolution.outcome is Outcome.LOCK_FAILED:
+                failing = resolution.transaction_id
+
+                def lock_wait(failing: int = failing, failed: str = failed) -> str:
+                    return (
+                        f"its last attempt was not committed ({failed}), and this client's "
+                        f"feed had not reached transaction {failing} to retry on the state "
+                        f"it made (at {partition.feed.position}; {partition.unwritable()})"
+                    )
+
+                await self._before_deadline(partition.wait_retry(failing), deadline, lock_wait)
             else:
-                await self._before_deadline(partition.wait_retry(None), deadline)
+
+                def retry_wait(failed: str = failed) -> str:
+                    waiting = partition.unwritable()
+                    return f"its last attempt was not committed ({failed}), and {waiting}"
+
+                await self._before_deadline(partition.wait_retry(None), deadline, retry_wait)
 
     async def _build(self, context: TransactionContext, p: int) -> tuple[TransactionBuilder, bool]:
         """Read the client high-water mark and execute the context (one callback-thread
@@ -453,14 +487,31 @@ class AsyncWaltzClient:
         return partition
 
     async def flush(self, partition_id: int, timeout: float | None = None) -> int:
-        """Wait until every append this client sent to the partition completed and
-        the feed delivered them; returns the partition's high-water mark."""
+        """Wait until every submission to the partition started before this call is
+        decided (committed, declined, expired...) and the feed has delivered everything
+        the partition committed before the call; returns the partition's high-water
+        mark (at least that of every submission it covered). Raises ServerError when the
+        server does not answer, ClientError when a covered submission is still undecided,
+        both after ``timeout`` (default ``request_timeout``)."""
         timeout = timeout or self.config.request_timeout
         partition = self._partition(partition_id)
-        response = await partition.request(FlushRequest, timeout)
-        assert isinstance(response, FlushResponse)
-        await partition.wait_position(response.transaction_id, timeout)
-        return response.transaction_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        covered = list(partition.submissions)
+        top = await partition.flush_round(timeout)
+        if covered:
+            _, undecided = await asyncio.wait(covered, timeout=max(deadline - loop.time(), 0))
+            if undecided:
+                raise ClientError(
+                    f"flush of partition {partition_id}: {len(undecided)} of the "
+                    f"{len(covered)} submissions it covers were still undecided after "
+                    f"{timeout} s ({partition.unwritable()}); flush again, or bound them "
+                    "with ClientConfig.transaction_timeout"
+                )
+            for task in covered:
+                if not task.cancelled() and task.exception() is None:
+                    top = max(top, task.result().transaction_id)
+        return top
 
     async def high_water_mark(self, partition_id: int, timeout: float | None = None) -> int:
         """The partition's high-water mark, as its server knows it now."""

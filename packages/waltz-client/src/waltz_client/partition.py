@@ -31,6 +31,7 @@ from waltz_api.messages import (
     ErrorCode,
     ErrorResponse,
     FeedData,
+    FlushRequest,
     FlushResponse,
     HighWaterMarkResponse,
     LockFailure,
@@ -39,11 +40,9 @@ from waltz_api.messages import (
     MountResponse,
 )
 from waltz_api.types import NO_TRANSACTION, ReqId
-from waltz_client.api import (
-    Transaction,
-    TransactionContext,
-)
+from waltz_client.api import SubmissionResult, Transaction, TransactionContext
 from waltz_client.channel import Channel, ChannelLost
+from waltz_client.errors import TransactionOutcomeUnknownError
 from waltz_client.state import (
     ConcurrencyLimit,
     FeedAction,
@@ -79,6 +78,10 @@ class _Append:
     outcome: asyncio.Future[Resolution]
     context: TransactionContext
     data: bytes
+    deadline: asyncio.TimerHandle | None = None
+    """Fires when the submission's deadline passes with the append in flight."""
+    overdue: bool = False
+    """Its deadline passed: the server is being asked to decide it."""
 
 
 class Partition:
@@ -94,6 +97,12 @@ class Partition:
         )
         self.appends: dict[ReqId, _Append] = {}
         self.requests: dict[ReqId, asyncio.Future[Message]] = {}
+        self.submissions: set[asyncio.Task[SubmissionResult]] = set()
+        """The running submissions (what a flush waits for)."""
+        self._decision: asyncio.Task[None] | None = None
+        self._decision_covers = 0
+        """The monitor's flush mark when the running decision flush started (it covers
+        every append registered up to it)."""
         self.channel: Channel | None = None
         self.inbox: asyncio.Queue[tuple[Channel, Message]] = asyncio.Queue(_INBOX_SIZE)
         self.mounted = asyncio.Event()
@@ -549,7 +558,13 @@ class Partition:
                 future.set_exception(ChannelLost(f"{message.code.name}: {message.message}"))
             return
         if req_id in self.monitor:
-            self._resolve(self.monitor.on_refused(req_id))
+            if message.code is ErrorCode.NOT_COMMITTED:
+                reason = (
+                    f"the server decided it is not committed (NOT_COMMITTED: {message.message})"
+                )
+            else:
+                reason = f"the server refused it ({message.code.name}: {message.message})"
+            self._resolve(self.monitor.on_refused(req_id, reason))
             if message.code in MOVED_CODES:
                 self._unmount_and_refresh()
             return
@@ -578,7 +593,11 @@ class Partition:
     def _resolve(self, resolutions: list[Resolution], *, applied: bool = False) -> None:
         for resolution in resolutions:
             append = self.appends.pop(resolution.req_id, None)
-            if append is None or append.outcome.done():
+            if append is None:
+                continue
+            if append.deadline is not None:
+                append.deadline.cancel()
+            if append.outcome.done():
                 continue
             if resolution.outcome is Outcome.COMMITTED and applied:
                 call_hook(append.context.on_application, resolution.transaction_id)
@@ -626,28 +645,138 @@ class Partition:
         await future
 
     def register(
-        self, req_id: ReqId, context: TransactionContext, data: bytes
+        self,
+        req_id: ReqId,
+        context: TransactionContext,
+        data: bytes,
+        deadline: float | None = None,
     ) -> asyncio.Future[Resolution]:
-        future: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
+        """Record an append about to be sent; its resolution comes through the future
+        (an exception when it cannot be decided after ``deadline``)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Resolution] = loop.create_future()
         self.monitor.register(req_id)
-        self.appends[req_id] = _Append(future, context, data)
+        append = _Append(future, context, data)
+        if deadline is not None:
+            append.deadline = loop.call_at(deadline, self._overdue, req_id)
+        self.appends[req_id] = append
         return future
+
+    def track(self, submission: asyncio.Task[SubmissionResult]) -> None:
+        self.submissions.add(submission)
+        submission.add_done_callback(self.submissions.discard)
+
+    def unwritable(self) -> str:
+        """Why appends are not flowing now (for an expiry's message)."""
+        state, endpoint = self.mount.state, self.mount.endpoint
+        if self.failure is not None:
+            return f"partition {self.id} failed: {self.failure}"
+        if state is MountState.UNASSIGNED:
+            return f"partition {self.id} had no server assigned"
+        if state is MountState.UNMOUNTED:
+            return (
+                f"partition {self.id} could not be mounted at {endpoint} (unreachable or not ready)"
+            )
+        if state is MountState.MOUNTING:
+            return f"partition {self.id}'s mount at {endpoint} was not answered yet (recovering?)"
+        return f"partition {self.id} was mounted at {endpoint}"
+
+    # -- deciding appends ------------------------------------------------------------------------
+
+    async def flush_round(self, timeout: float) -> int:
+        """Flush: the server answers once every append it received before the request
+        is decided, with the high-water mark that includes the committed ones; once the
+        feed has reached it, those of ours not seen in it are decided not committed.
+        Returns that high-water mark."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        mark = 0
+
+        def flush_request(req_id: ReqId) -> FlushRequest:
+            nonlocal mark
+            mark = self.monitor.flush_mark()  # taken as it is sent (again on a retry)
+            return FlushRequest(req_id)
+
+        response = await self.request(flush_request, timeout)
+        if not isinstance(response, FlushResponse):
+            raise ServerError(f"partition {self.id}: unexpected answer to a flush: {response}")
+        high_water_mark = response.transaction_id
+        await self.wait_position(high_water_mark, max(deadline - loop.time(), 0.0))
+        self._resolve(self.monitor.on_flushed(mark, high_water_mark))
+        return high_water_mark
+
+    def _overdue(self, req_id: ReqId) -> None:
+        """A submission's deadline passed with its append in flight: ask the server to
+        decide it (one flush covers every append sent before it)."""
+        append = self.appends.get(req_id)
+        order = self.monitor.order_of(req_id)
+        if append is None or order is None or append.outcome.done():
+            return  # decided, or abandoned by the application
+        append.deadline = None
+        append.overdue = True
+        if self._decision is not None and self._decision_covers >= order:
+            return  # a decision under way covers it
+        self._decision_covers = self.monitor.flush_mark()
+        self._decision = asyncio.get_running_loop().create_task(
+            self._decide(self._decision_covers), name=f"waltz-client-decide-{self.id}"
+        )
+        self._background.add(self._decision)
+        self._decision.add_done_callback(self._background.discard)
+
+    async def _decide(self, covers: int) -> None:
+        grace = self.client.config.request_timeout
+        try:
+            await self.flush_round(grace)
+        except asyncio.CancelledError:
+            raise
+        except WaltzError as exc:
+            self._undecided(covers, grace, exc)
+        finally:
+            if self._decision is asyncio.current_task():
+                self._decision = None
+
+    def _undecided(self, covers: int, grace: float, exc: WaltzError) -> None:
+        """The server could not be asked: the overdue appends the decision covered and
+        that are still pending end with an unknown outcome (they stay in the monitor, so
+        that a late feed item is still recognized as ours)."""
+        for req_id, append in list(self.appends.items()):
+            order = self.monitor.order_of(req_id)
+            if not append.overdue or order is None or order > covers:
+                continue
+            del self.appends[req_id]
+            if append.outcome.done():
+                continue
+            append.outcome.set_exception(
+                TransactionOutcomeUnknownError(
+                    f"the outcome of {type(append.context).__name__} is unknown: its deadline "
+                    f"passed with its append {req_id} in flight, and partition {self.id}'s "
+                    f"server could not be asked to decide it within {grace} s: {exc}. It may "
+                    "be committed: if so, the feed delivers it like any transaction; it is "
+                    "not re-executed",
+                    req_id,
+                )
+            )
 
     async def request(self, make: Callable[[ReqId], Message], timeout: float) -> Message:
         """A stream request answered by one message (flush, high-water mark); retried
-        on a new connection until ``timeout``."""
+        (on a new connection if need be) until ``timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         backoff = self.client.retry_backoff()
+        why = "no answer"
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise ServerError(
-                    f"partition {self.id}: no answer from the server within {timeout} s; "
-                    "is the partition's server up?"
+                    f"partition {self.id}: no answer from the server within {timeout} s "
+                    f"({why}); is the partition's server up?"
                 )
             try:
-                await asyncio.wait_for(self.wait_mounted(), remaining)
+                try:
+                    await asyncio.wait_for(self.wait_mounted(), remaining)
+                except TimeoutError:
+                    why = self.unwritable()
+                    continue
                 channel = self.channel
                 if channel is None:
                     continue
@@ -659,9 +788,11 @@ class Partition:
                     return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
                 finally:
                     self.requests.pop(req_id, None)
-            except ChannelLost:
+            except ChannelLost as exc:
+                why = str(exc)
                 await backoff.sleep()
             except TimeoutError:
+                why = f"no answer from {self.mount.endpoint}"
                 continue
 
     async def wait_position(self, transaction_id: int, timeout: float) -> None:

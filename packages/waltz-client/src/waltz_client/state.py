@@ -1,6 +1,7 @@
 """The client's state machines, pure (no I/O, no event loop, no clock).
 
-- :class:`TransactionMonitor`: which appends are pending; the feed decides them.
+- :class:`TransactionMonitor`: which appends are pending; the feed, the server's
+  answers, a mount or a flush decide them.
 - :class:`FeedTracker`: where a partition's feed is, and what to do with a feed item.
 - :class:`RetryQueue`: failed contexts waiting to be re-executed (after a lock
   failure: until the client's feed position reaches the failing transaction).
@@ -37,8 +38,9 @@ class Outcome(enum.Enum):
     COMMITTED = "committed"
     """The feed carried the append's ReqId: committed at ``transaction_id``."""
     FAILED = "failed"
-    """Not committed (a later append of this client committed first, the server refused
-    it, or a mount completed while it was pending): re-execute."""
+    """Not committed, and never will be (a later append of this client committed first,
+    the server refused it, a mount completed or a flush settled while it was pending):
+    re-execute. ``reason`` says which."""
     LOCK_FAILED = "lock-failed"
     """Rejected by the lock check; ``transaction_id`` made it fail."""
 
@@ -48,6 +50,22 @@ class Resolution:
     req_id: ReqId
     outcome: Outcome
     transaction_id: int = NO_TRANSACTION
+    reason: str = ""
+    """Why it was decided so (for FAILED: what proved it is not in the log)."""
+
+
+SUPERSEDED = (
+    "a later append of this client (transaction {}) committed first: a server handles a "
+    "partition's appends in order, so it did not append this one"
+)
+REMOUNTED = (
+    "the partition was mounted again (a new connection or server) and it was not in the "
+    "log the mount delivered"
+)
+FLUSHED = (
+    "the server settled every append it received before a flush, and it was not in the log "
+    "up to transaction {}"
+)
 
 
 class TransactionMonitor:
@@ -55,13 +73,16 @@ class TransactionMonitor:
 
     The stream to a server is ordered and a server handles a partition's appends
     in order, so when the feed carries a registered ReqId every append registered
-    before it that is still pending has failed.
+    before it that is still pending has failed. For the same reason a flush decides
+    every append sent before it: :meth:`flush_mark` when sending the FlushRequest,
+    :meth:`on_flushed` once the feed has reached the high-water mark it answered.
     """
 
-    __slots__ = ("_pending",)
+    __slots__ = ("_order", "_pending")
 
     def __init__(self) -> None:
-        self._pending: OrderedDict[ReqId, None] = OrderedDict()
+        self._pending: OrderedDict[ReqId, int] = OrderedDict()
+        self._order = 0
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -77,7 +98,16 @@ class TransactionMonitor:
         """Record an append about to be sent."""
         if req_id in self._pending:
             raise ClientError(f"request {req_id} is registered already (req ids must be unique)")
-        self._pending[req_id] = None
+        self._order += 1
+        self._pending[req_id] = self._order
+
+    def order_of(self, req_id: ReqId) -> int | None:
+        """The registration order of a pending append (None: decided)."""
+        return self._pending.get(req_id)
+
+    def flush_mark(self) -> int:
+        """Taken when a FlushRequest is sent: it covers every append registered so far."""
+        return self._order
 
     def on_feed(self, req_id: ReqId, transaction_id: int) -> list[Resolution]:
         """A committed transaction: resolves it and every older pending append."""
@@ -90,24 +120,44 @@ class TransactionMonitor:
             if oldest == req_id:
                 resolved.append(Resolution(oldest, Outcome.COMMITTED, transaction_id))
                 break
-            resolved.append(Resolution(oldest, Outcome.FAILED))
+            resolved.append(
+                Resolution(oldest, Outcome.FAILED, reason=SUPERSEDED.format(transaction_id))
+            )
         return resolved
 
     def on_lock_failure(self, req_id: ReqId, transaction_id: int) -> list[Resolution]:
         """The server rejected ``req_id`` by a lock check (others are unaffected)."""
-        if self._pending.pop(req_id, False) is None:
-            return [Resolution(req_id, Outcome.LOCK_FAILED, transaction_id)]
+        if self._pending.pop(req_id, None) is not None:
+            reason = f"it failed a lock check: transaction {transaction_id} changed a locked entity"
+            return [Resolution(req_id, Outcome.LOCK_FAILED, transaction_id, reason)]
         return []
 
-    def on_refused(self, req_id: ReqId) -> list[Resolution]:
-        """The server refused ``req_id`` (ErrorResponse): it was not appended."""
-        if self._pending.pop(req_id, False) is None:
-            return [Resolution(req_id, Outcome.FAILED)]
+    def on_refused(self, req_id: ReqId, reason: str = "the server refused it") -> list[Resolution]:
+        """The server refused ``req_id`` (ErrorResponse, NOT_COMMITTED included): it is
+        not in the log and will not be."""
+        if self._pending.pop(req_id, None) is not None:
+            return [Resolution(req_id, Outcome.FAILED, reason=reason)]
         return []
+
+    def on_flushed(self, mark: int, high_water_mark: int) -> list[Resolution]:
+        """The server answered a flush sent at ``mark`` with ``high_water_mark`` and the
+        feed has reached it: whatever was registered before the flush and is still
+        pending is not in the log, and never will be (the server answers a flush only
+        once every append it received before it is decided)."""
+        resolved: list[Resolution] = []
+        pending = self._pending
+        reason = FLUSHED.format(high_water_mark)
+        while pending:
+            oldest, order = next(iter(pending.items()))
+            if order > mark:
+                break
+            del pending[oldest]
+            resolved.append(Resolution(oldest, Outcome.FAILED, reason=reason))
+        return resolved
 
     def fail_all(self) -> list[Resolution]:
         """A mount completed: the server holds nothing of ours, what is pending failed."""
-        resolved = [Resolution(r, Outcome.FAILED) for r in self._pending]
+        resolved = [Resolution(r, Outcome.FAILED, reason=REMOUNTED) for r in self._pending]
         self._pending.clear()
         return resolved
 

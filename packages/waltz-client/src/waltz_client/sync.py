@@ -12,7 +12,8 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from waltz_api.errors import ClientError
-from waltz_client.api import TransactionContext, WaltzClientCallbacks
+from waltz_api.types import Record
+from waltz_client.api import SubmissionResult, TransactionContext, WaltzClientCallbacks
 from waltz_client.client import CALLBACK_THREAD_PREFIX, AsyncWaltzClient, ClientConfig
 
 log = logging.getLogger(__name__)
@@ -65,15 +66,28 @@ class WaltzClient:
         if self._closed:
             coro.close()
             raise ClientError("the Waltz client is closed")
-        current = threading.current_thread()
-        if current is self._thread or current.name.startswith(CALLBACK_THREAD_PREFIX):
+        if self._on_own_thread():
             coro.close()
-            raise ClientError(
-                "a blocking WaltzClient method was called from the client's own threads (a "
-                "callback or hook): it would wait for the feed that thread is processing; "
-                "call it from another thread"
-            )
+            raise self._own_thread_error()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _wait(self, future: concurrent.futures.Future[T], timeout: float | None) -> T:
+        if self._on_own_thread():
+            future.cancel()
+            raise self._own_thread_error()
+        return future.result(timeout)
+
+    def _on_own_thread(self) -> bool:
+        current = threading.current_thread()
+        return current is self._thread or current.name.startswith(CALLBACK_THREAD_PREFIX)
+
+    @staticmethod
+    def _own_thread_error() -> ClientError:
+        return ClientError(
+            "a blocking WaltzClient method was called from the client's own threads (a "
+            "callback or hook): it would wait for the feed that thread is processing; "
+            "call it from another thread"
+        )
 
     @property
     def client_id(self) -> int:
@@ -90,26 +104,53 @@ class WaltzClient:
 
     def submit(
         self, context: TransactionContext, *, timeout: float | None = None
-    ) -> concurrent.futures.Future[bool]:
-        """Start ``context``; the future resolves True when committed, False when
-        ``execute`` declined, or raises what failed it. Blocks (up to ``timeout``)
-        while the partition is at its concurrency limit."""
-        result: concurrent.futures.Future[bool] = concurrent.futures.Future()
+    ) -> concurrent.futures.Future[SubmissionResult]:
+        """Start ``context``; the future resolves to a :class:`SubmissionResult` (true
+        when committed, with its transaction id; false when ``execute`` declined), or
+        raises what failed it. Blocks (up to ``timeout``, then TimeoutError and nothing
+        is submitted) while the partition is at its concurrency limit. Cancelling the
+        future gives up the submission and frees its slot."""
+        if self._closed:
+            raise ClientError("the Waltz client is closed")
+        result: concurrent.futures.Future[SubmissionResult] = concurrent.futures.Future()
+        started: list[asyncio.Task[SubmissionResult]] = []
+
+        def cancel_started() -> None:
+            for task in started:
+                task.cancel()
+
+        def abandoned(future: concurrent.futures.Future[SubmissionResult]) -> None:
+            if future.cancelled() and not self._closed:
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nothing runs
+                    self._loop.call_soon_threadsafe(cancel_started)
 
         async def start() -> None:
             task = await self._client.enqueue(context)
+            started.append(task)
+            if result.cancelled():  # given up while waiting for the slot
+                task.cancel()
+                return
 
-            def done(t: asyncio.Task[bool]) -> None:
+            def done(t: asyncio.Task[SubmissionResult]) -> None:
                 if t.cancelled():
                     result.cancel()
                 elif (exc := t.exception()) is not None:
-                    result.set_exception(exc)
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
+                        result.set_exception(exc)
                 else:
-                    result.set_result(t.result())
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
+                        result.set_result(t.result())
 
             task.add_done_callback(done)
 
-        self._call(start(), timeout)
+        result.add_done_callback(abandoned)
+        starting = asyncio.run_coroutine_threadsafe(start(), self._loop)
+        try:
+            self._wait(starting, timeout)
+        except BaseException:
+            result.cancel()  # whatever start() got to, it is given up
+            starting.cancel()
+            raise
         return result
 
     def flush(self, partition_id: int, timeout: float | None = None) -> int:
@@ -119,6 +160,23 @@ class WaltzClient:
     def high_water_mark(self, partition_id: int, timeout: float | None = None) -> int:
         """See :meth:`AsyncWaltzClient.high_water_mark`."""
         return self._call(self._client.high_water_mark(partition_id, timeout), None)
+
+    def range_read(
+        self,
+        partition_id: int,
+        start_transaction_id: int,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> tuple[int, tuple[Record, ...]]:
+        """See :meth:`AsyncWaltzClient.range_read`: committed records with their data
+        from ``start_transaction_id``, and the partition's high-water mark."""
+        return self._call(
+            self._client.range_read(
+                partition_id, start_transaction_id, max_records=max_records, max_bytes=max_bytes
+            ),
+            None,
+        )
 
     def feed_position(self, partition_id: int) -> int:
         async def read() -> int:

@@ -180,8 +180,9 @@ CLIENT_MEANINGS = {
     "request fails after it)",
     "retry_interval": "seconds before mounting or asking again after NOT_READY, a refusal or "
     "a lost connection (doubling up to 1 s, with jitter, while attempts fail)",
-    "transaction_timeout": "seconds a submission may wait to be (re)executed before it "
-    "expires with `TransactionExpiredError`; unset: no limit",
+    "transaction_timeout": "deadline of a submission in seconds (waiting, retries and its "
+    "append in flight): then it is decided (committed, `TransactionExpiredError`, or "
+    "`TransactionOutcomeUnknownError` when the server cannot be asked); unset: none",
     "prefetch_data": "fetch the data of feed items arriving together, pipelined, before the "
     "callbacks ask",
 }

@@ -11,6 +11,7 @@ from waltz_api.errors import ClientError
 from waltz_api.types import Lock
 from waltz_client import (
     ClientConfig,
+    SubmissionResult,
     Transaction,
     TransactionBuilder,
     TransactionContext,
@@ -109,7 +110,7 @@ def append_rows(
     with LogReader(coordination, transport=transport) as reader:
         marks = reader.high_water_marks(range(reader.num_partitions()))
     config = ClientConfig(coordination, transport=transport, request_timeout=timeout)
-    pending: list[tuple[dict[str, Any], RowAppend, Future[bool]]] = []
+    pending: list[tuple[dict[str, Any], RowAppend, Future[SubmissionResult]]] = []
     appended = 0
     rejected: list[dict[str, Any]] = []
     with WaltzClient(_Tail(marks), config) as client:

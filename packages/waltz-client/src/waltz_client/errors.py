@@ -1,0 +1,25 @@
+"""The client's own errors (in the one hierarchy: :class:`waltz_api.errors.ClientError`)."""
+
+from __future__ import annotations
+
+from waltz_api.errors import ClientError
+from waltz_api.types import ReqId
+
+
+class TransactionExpiredError(ClientError):
+    """A context was not committed by its deadline (``ClientConfig.transaction_timeout``)
+    and never will be: nothing of it is pending (it was waiting for its partition or a
+    retry, or the server decided that its last append is not in the log). The message
+    says why."""
+
+
+class TransactionOutcomeUnknownError(ClientError):
+    """The deadline passed with an append in flight, and the partition's server could
+    not be asked for its outcome (unreachable, or unable to decide while its storage
+    recovers) within ``request_timeout``. The append may be committed: if it is, the feed
+    delivers it like any transaction; the context is not re-executed. ``req_id`` is the
+    append's, as the feed would carry it."""
+
+    def __init__(self, message: str, req_id: ReqId) -> None:
+        super().__init__(message)
+        self.req_id = req_id
