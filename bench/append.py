@@ -27,7 +27,6 @@ import asyncio
 import itertools
 import logging
 import random
-import socket
 import tempfile
 import time
 import uuid
@@ -48,6 +47,7 @@ from waltz_api.messages import (
     MountStatus,
 )
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
 from waltz_api.types import Lock, LockRequest, ReqId
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.server.testing import RawClient, ServerProcess
@@ -55,13 +55,6 @@ from waltz_server.storage_node.testing import StorageNodeProcess
 
 DATA = bytes(range(100))
 CHECKSUM = wire.checksum(DATA)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def peak_rss_mb(pid: int | None) -> float:

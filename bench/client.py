@@ -46,6 +46,7 @@ from waltz_api.messages import (
     TransactionDataResponse,
 )
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
 from waltz_api.types import LockRequest, ReqId
 from waltz_api.wire import ProtocolConnection, Role, checksum, encode_feed_data
 from waltz_client import (
@@ -285,7 +286,6 @@ class RealCluster:
     """An in-process cluster of real components (see the module docstring)."""
 
     async def start(self, root: Path) -> str:
-        import socket
         import uuid
 
         from waltz_api.config import config_from_mapping
@@ -293,12 +293,6 @@ class RealCluster:
         from waltz_server.server.main import start_server
         from waltz_server.storage_node import StorageNode
         from waltz_storage_fs.engine import FsStorageEngine
-
-        def free_port() -> int:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port: int = s.getsockname()[1]
-                return port
 
         self.uri = f"local://{root / 'coordination'}?root=/bench"
         self.coordination = coordination_from_uri(self.uri)

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import resource
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -29,17 +28,11 @@ from typing import Any
 from waltz_api.contracts.storage import StorageEngine
 from waltz_api.contracts.transport import Transport
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
+from waltz_conformance.records import make_records
 from waltz_server.storage_node import StorageClient, StorageNode
-from waltz_server.storage_node.testing import make_records
 
 CLUSTER_KEY = uuid.uuid4()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _engine(name: str, location: str, partitions: int) -> StorageEngine:
@@ -68,7 +61,7 @@ async def run(args: argparse.Namespace) -> None:
     endpoint = (
         f"memory://bench-{uuid.uuid4()}"
         if args.transport == "memory"
-        else f"tcp://127.0.0.1:{_free_port()}"
+        else f"tcp://127.0.0.1:{free_port()}"
     )
     engine = await _engine(args.engine, location, args.partitions)
     server_transport = _transport(args.transport)
@@ -81,7 +74,9 @@ async def run(args: argparse.Namespace) -> None:
     per_partition = args.records // args.partitions
     batches = [
         [
-            make_records(p, start, min(args.batch, per_partition - start), args.size)
+            make_records(
+                start, min(args.batch, per_partition - start), partition_id=p, size=args.size
+            )
             for start in range(0, per_partition, args.batch)
         ]
         for p in range(args.partitions)

@@ -19,6 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, SessionFencedError
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
+from waltz_conformance.records import make_records
 from waltz_server.observability import (
     Check,
     FeedPosition,
@@ -32,19 +34,12 @@ from waltz_server.process import JsonFormatter
 from waltz_server.storage_node import StorageClient
 from waltz_server.storage_node.config import load_storage_config
 from waltz_server.storage_node.main import serve
-from waltz_server.storage_node.testing import StorageNodeProcess, make_records
+from waltz_server.storage_node.testing import StorageNodeProcess
 
 pytestmark = pytest.mark.timeout(120)
 
 CLUSTER_KEY = uuid.UUID("7a0c6f55-2d1b-4e8e-9b4a-1c2d3e4f5a6b")
 NUM_PARTITIONS = 4
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _get(url: str) -> tuple[int, str, str]:
@@ -304,13 +299,13 @@ async def _appends_move_the_metrics(url: str, transport: Transport, endpoint: st
     client = await StorageClient.connect(transport, endpoint, sender="test")
     try:
         await client.open(CLUSTER_KEY, NUM_PARTITIONS)
-        records = make_records(0, 0, 5, size=100)
+        records = make_records(0, 5, partition_id=0, size=100)
         for record in records:
             await client.append(1, 0, [record])
-        await client.append(1, 1, make_records(1, 0, 3, size=10))
+        await client.append(1, 1, make_records(0, 3, partition_id=1, size=10))
         await client.max_transaction_id(2, 0)  # session 2 supersedes (fences) session 1
         with pytest.raises(SessionFencedError):
-            await client.append(1, 0, make_records(0, 5, 1))
+            await client.append(1, 0, make_records(5, 1, partition_id=0))
     finally:
         await client.close()
     _, _, after = await _get(f"{url}/metrics")
@@ -343,8 +338,8 @@ async def _appends_move_the_metrics(url: str, transport: Transport, endpoint: st
 
 
 async def test_storage_node_serves_health_and_metrics(tmp_path: Path, zmq: Transport) -> None:
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    http_port = _free_port()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    http_port = free_port()
     config = load_storage_config(_storage_config(tmp_path, endpoint, http_port), env={})
     stop = asyncio.Event()
     node = asyncio.create_task(serve(config, stop))
@@ -368,7 +363,7 @@ async def test_storage_node_with_a_taken_http_port_stops_with_a_clear_error(
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
         config = load_storage_config(_storage_config(tmp_path, endpoint, taken), env={})
         with pytest.raises(ConfigError, match=r"http\.port") as e:
             await asyncio.wait_for(serve(config, asyncio.Event()), 30)
@@ -378,8 +373,8 @@ async def test_storage_node_with_a_taken_http_port_stops_with_a_clear_error(
 async def test_storage_node_process_serves_metrics(tmp_path: Path, zmq: Transport) -> None:
     """A real `waltz storage` process with JSON logs: metrics over HTTP, and on SIGTERM
     a clean exit whose every stderr line is one JSON object."""
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    http_port = _free_port()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    http_port = free_port()
     node = StorageNodeProcess(
         _storage_config(tmp_path, endpoint, http_port, log_format="json"),
         endpoint,

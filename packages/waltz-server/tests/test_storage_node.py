@@ -43,9 +43,9 @@ from waltz_api.messages import (
 )
 from waltz_api.plugins import get_registry
 from waltz_api.types import SessionInfo
+from waltz_conformance.records import make_record, make_records
 from waltz_server.storage_node import StorageAdminClient, StorageClient, StorageNode
 from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
-from waltz_server.storage_node.testing import make_record, make_records
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,7 +145,7 @@ async def test_every_request_type(fx: NodeFixture) -> None:
     assert await c.record(s, p, 0) is None
     assert await c.record_header(s, p, 0) is None
 
-    records = make_records(p, 0, 5, size=100)
+    records = make_records(0, 5, partition_id=p, size=100)
     await c.append(s, p, records[:3])
     await c.append(s, p, records[3:])
     await c.append(s, p, [])  # an empty append is a no-op success
@@ -189,7 +189,7 @@ async def test_bad_arguments_are_refused_clearly(fx: NodeFixture) -> None:
         await c.truncate(1, 0, -3)
     # ids that do not continue the log
     with pytest.raises(StorageAppendError):
-        await c.append(1, 0, [make_record(0, 3)])
+        await c.append(1, 0, [make_record(3, partition_id=0)])
     assert await c.max_transaction_id(1, 0) == -1
     # a partition this node does not host, and one the cluster does not have
     with pytest.raises(PartitionNotFoundError, match="add-partition"):
@@ -212,10 +212,10 @@ async def test_open_checks_the_cluster_key_and_gates_the_connection(fx: NodeFixt
     with pytest.raises(ClusterKeyMismatchError, match="number of partitions"):
         await c.open(CLUSTER_KEY, NUM_PARTITIONS + 1)
     with pytest.raises(StorageNotOpenError):
-        await c.append(1, 0, [make_record(0, 0)])
+        await c.append(1, 0, [make_record(0, partition_id=0)])
     assert await (await fx.client()).max_transaction_id(1, 0) == -1  # nothing was appended
     await c.open(CLUSTER_KEY, NUM_PARTITIONS)
-    await c.append(1, 0, [make_record(0, 0)])
+    await c.append(1, 0, [make_record(0, partition_id=0)])
     assert await c.max_transaction_id(1, 0) == 0
 
 
@@ -223,11 +223,11 @@ async def test_fencing_by_store_session(fx: NodeFixture) -> None:
     old = await fx.client()
     new = await fx.client()
     p = 1
-    await old.append(5, p, make_records(p, 0, 2))
+    await old.append(5, p, make_records(0, 2, partition_id=p))
     # a newer session's first request, even a read, fences the older one
     assert await new.last_session_info(7, p) == SessionInfo(5, -1, -1)
     with pytest.raises(SessionFencedError) as fenced:
-        await old.append(5, p, [make_record(p, 2)])
+        await old.append(5, p, [make_record(2, partition_id=p)])
     assert fenced.value.highest_session_id == 7
     raw = await old.request(MaxTransactionIdRequest(5, old.next_seq_num(), p))
     assert isinstance(raw, FailureResponse)
@@ -235,10 +235,10 @@ async def test_fencing_by_store_session(fx: NodeFixture) -> None:
     assert await new.max_transaction_id(7, p) == 1
     await new.truncate(7, p, 0)
     await new.set_low_water_mark(7, p, 0)
-    await new.append(7, p, [make_record(p, 1)])
+    await new.append(7, p, [make_record(1, partition_id=p)])
     assert await new.last_session_info(7, p) == SessionInfo(7, 0, 0, 7)
     # the fence is per partition: session 5 still owns partition 2
-    await old.append(5, 2, [make_record(2, 0)])
+    await old.append(5, 2, [make_record(0, partition_id=2)])
     # and an old session cannot sneak back on a new connection
     again = await fx.client()
     with pytest.raises(SessionFencedError):
@@ -249,13 +249,13 @@ async def test_fencing_by_store_session(fx: NodeFixture) -> None:
 
 async def test_fence_survives_reopening_the_storage(fx: NodeFixture) -> None:
     c = await fx.client()
-    await c.append(3, 0, [make_record(0, 0)])
+    await c.append(3, 0, [make_record(0, partition_id=0)])
     await c.max_transaction_id(9, 0)  # session 9 is recorded before it is served
     await fx.stop_node()
     await fx.start(hosted=[])  # reopen the same storage: partitions are already there
     c2 = await fx.client()
     with pytest.raises(SessionFencedError) as fenced:
-        await c2.append(3, 0, [make_record(0, 1)])
+        await c2.append(3, 0, [make_record(1, partition_id=0)])
     assert fenced.value.highest_session_id == 9
     assert await c2.last_session_info(9, 0) == SessionInfo(9, -1, -1)
 
@@ -263,7 +263,7 @@ async def test_fence_survives_reopening_the_storage(fx: NodeFixture) -> None:
 async def test_pipelined_appends_are_ordered_and_batched(fx: NodeFixture) -> None:
     c = await fx.client()
     p = 2
-    records = make_records(p, 0, 200)
+    records = make_records(0, 200, partition_id=p)
     # 200 appends in flight at once, one record each, in order
     await asyncio.gather(*(c.append(1, p, [r]) for r in records))
     assert await c.records(1, p, 0, 1000) == records
@@ -273,19 +273,28 @@ async def test_pipelined_appends_are_ordered_and_batched(fx: NodeFixture) -> Non
     # queued appends were merged: fewer engine appends (flushes) than requests
     assert stats[p]["engine_appends"] < 200
     # a gap in the middle of a pipeline refuses that one append only
-    seq = [make_record(p, 200), make_record(p, 201), make_record(p, 205), make_record(p, 202)]
+    seq = [
+        make_record(200, partition_id=p),
+        make_record(201, partition_id=p),
+        make_record(205, partition_id=p),
+        make_record(202, partition_id=p),
+    ]
     results = await asyncio.gather(*(c.append(1, p, [r]) for r in seq), return_exceptions=True)
     assert results[0] is None and results[1] is None and results[3] is None
     assert isinstance(results[2], StorageAppendError)
     assert await c.max_transaction_id(1, p) == 202
     # a merged batch that does not continue the log: each of its appends is refused
     # on its own (nothing stored), and the next good one goes through
-    seq = [make_record(p, 205), make_record(p, 206), make_record(p, 203)]
+    seq = [
+        make_record(205, partition_id=p),
+        make_record(206, partition_id=p),
+        make_record(203, partition_id=p),
+    ]
     results = await asyncio.gather(*(c.append(1, p, [r]) for r in seq), return_exceptions=True)
     assert isinstance(results[0], StorageAppendError)
     assert isinstance(results[1], StorageAppendError)
     assert results[2] is None
-    assert await c.records(1, p, 200, 10) == make_records(p, 200, 4)
+    assert await c.records(1, p, 200, 10) == make_records(200, 4, partition_id=p)
 
 
 async def test_many_partitions_concurrently(fx: NodeFixture) -> None:
@@ -299,20 +308,22 @@ async def test_many_partitions_concurrently(fx: NodeFixture) -> None:
         for start in range(0, 60, 6):
             await asyncio.gather(
                 *(
-                    client.append(1, partition_id, [make_record(partition_id, start + i)])
+                    client.append(
+                        1, partition_id, [make_record(start + i, partition_id=partition_id)]
+                    )
                     for i in range(6)
                 )
             )
 
     await asyncio.gather(*(writer(p) for p in range(NUM_PARTITIONS)))
     for p in range(NUM_PARTITIONS):
-        assert await clients[0].records(1, p, 0, 100) == make_records(p, 0, 60)
+        assert await clients[0].records(1, p, 0, 100) == make_records(0, 60, partition_id=p)
 
 
 async def test_admin_commands(fx: NodeFixture) -> None:
     admin = await fx.admin()
     c = await fx.client()
-    await c.append(4, 0, make_records(0, 0, 3))
+    await c.append(4, 0, make_records(0, 3, partition_id=0))
     await c.set_low_water_mark(4, 0, 2)
 
     info = await admin.info()
@@ -328,7 +339,7 @@ async def test_admin_commands(fx: NodeFixture) -> None:
 
     await admin.add_partition(5, CLUSTER_KEY)
     await admin.add_partition(5, CLUSTER_KEY)  # idempotent
-    await c.append(1, 5, [make_record(5, 0)])
+    await c.append(1, 5, [make_record(0, partition_id=5)])
     assert await admin.max_transaction_id(5) == 0
     await admin.remove_partition(5, CLUSTER_KEY)
     assert [p.partition_id for p in await admin.list_partitions()] == [0, 1, 2, 3]
@@ -340,10 +351,10 @@ async def test_admin_commands(fx: NodeFixture) -> None:
     await admin.set_availability(1, False, CLUSTER_KEY)
     assert not {p.partition_id: p for p in await admin.list_partitions()}[1].available
     with pytest.raises(PartitionClosedError, match="unavailable"):
-        await c.append(1, 1, [make_record(1, 0)])
-    await c.append(1, 2, [make_record(2, 0)])  # other partitions are untouched
+        await c.append(1, 1, [make_record(0, partition_id=1)])
+    await c.append(1, 2, [make_record(0, partition_id=2)])  # other partitions are untouched
     await admin.set_availability(1, True, CLUSTER_KEY)
-    await c.append(1, 1, [make_record(1, 0)])
+    await c.append(1, 1, [make_record(0, partition_id=1)])
 
     # mutating commands need the right cluster key; bad arguments are named
     with pytest.raises(StorageError, match="does not match"):
@@ -363,7 +374,7 @@ async def test_admin_commands(fx: NodeFixture) -> None:
 
 async def test_malformed_frames_close_only_that_connection(fx: NodeFixture) -> None:
     good = await fx.client()
-    await good.append(1, 0, [make_record(0, 0)])
+    await good.append(1, 0, [make_record(0, partition_id=0)])
 
     # a connection that sends garbage after the handshake
     conn = await fx.client_transport.connect(fx.endpoint)
@@ -388,14 +399,14 @@ async def test_malformed_frames_close_only_that_connection(fx: NodeFixture) -> N
 
     # a truncated append: the client sees the refusal, then the closed connection
     victim = await fx.client()
-    frame = wire.encode(StorageAppendRequest(1, 99, 0, (make_record(0, 1),)))
+    frame = wire.encode(StorageAppendRequest(1, 99, 0, (make_record(1, partition_id=0),)))
     await victim.conn.send(frame[:-3])
     await asyncio.sleep(0.05)
     with pytest.raises((ProtocolError, ConnectionClosedError)):
         await victim.max_transaction_id(1, 0)
 
     # the well-behaved connection never noticed
-    await good.append(1, 0, [make_record(0, 1)])
+    await good.append(1, 0, [make_record(1, partition_id=0)])
     assert await good.max_transaction_id(1, 0) == 1
 
 
@@ -412,7 +423,7 @@ async def test_no_common_protocol_version(fx: NodeFixture) -> None:
 
 async def test_raw_responses_match_requests_by_seq_num(fx: NodeFixture) -> None:
     c = await fx.client()
-    first = c.request(StorageAppendRequest(1, 1000, 3, (make_record(3, 0),)))
+    first = c.request(StorageAppendRequest(1, 1000, 3, (make_record(0, partition_id=3),)))
     second = c.request(MaxTransactionIdRequest(1, 1001, 3))
     a, b = await asyncio.gather(first, second)
     assert a == SuccessResponse(1, 1000, 3)
@@ -456,7 +467,7 @@ async def test_a_peer_that_stops_reading_holds_its_partition_only_until_it_goes(
         assert not waiting.done(), "the stalled peer's responses should hold partition 0"
         await stalled.close()
         assert await asyncio.wait_for(waiting, 10) == -1
-        await good.append(1, 0, [make_record(0, 0)])
+        await good.append(1, 0, [make_record(0, partition_id=0)])
     finally:
         await good.close()
         await node.close()
@@ -475,13 +486,15 @@ async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFi
     try:
         assert replica.storage_node == fx.endpoint
         assert await replica.last_session_info() == SessionInfo(-1, -1, -1)
-        await replica.append(make_records(3, 0, 4))
+        await replica.append(make_records(0, 4, partition_id=3))
         assert await replica.max_transaction_id() == 3
-        assert await replica.read_records(1, 10, 1 << 20) == make_records(3, 1, 3)
-        assert await replica.read_headers(2, 10) == [r.record_header for r in make_records(3, 2, 2)]
+        assert await replica.read_records(1, 10, 1 << 20) == make_records(1, 3, partition_id=3)
+        assert await replica.read_headers(2, 10) == [
+            r.record_header for r in make_records(2, 2, partition_id=3)
+        ]
         assert await newer.last_session_info() == SessionInfo(4, -1, -1)
         with pytest.raises(SessionFencedError):
-            await replica.append([make_record(3, 4)])
+            await replica.append([make_record(4, partition_id=3)])
         await newer.truncate(1)
         await newer.set_low_water_mark(1)
         assert await newer.last_session_info() == SessionInfo(6, 1, 1, 6)
@@ -502,7 +515,9 @@ async def test_connection_pool_shares_one_connection_per_node(fx: NodeFixture) -
     try:
         replicas = await asyncio.gather(*(pool.connect(fx.endpoint, p, 2) for p in range(4)))
         assert len({id(r.client) for r in replicas}) == 1
-        await asyncio.gather(*(r.append(make_records(r.partition_id, 0, 5)) for r in replicas))
+        await asyncio.gather(
+            *(r.append(make_records(0, 5, partition_id=r.partition_id)) for r in replicas)
+        )
         for r in replicas:
             assert await r.max_transaction_id() == 4
             await r.close()  # a shared connection outlives its replicas
@@ -544,7 +559,7 @@ async def test_nothing_of_an_older_session_is_written_once_a_newer_one_arrived(
     old = await fx.client()
     new = await fx.client()
     p = 0
-    records = make_records(p, 0, 300)
+    records = make_records(0, 300, partition_id=p)
 
     writing = asyncio.Event()
 
@@ -622,11 +637,11 @@ async def test_a_corrupted_record_is_refused_by_the_engine_and_nothing_is_stored
     hop): a record whose data does not match its CRC-32C is refused with CHECKSUM,
     nothing of its request is stored, and the connection serves on."""
     c = await fx.client()
-    await c.append(1, 0, [make_record(0, 0)])
-    good = make_record(0, 1)
-    corrupt = dataclasses.replace(make_record(0, 2), data=b"flipped bits")
+    await c.append(1, 0, [make_record(0, partition_id=0)])
+    good = make_record(1, partition_id=0)
+    corrupt = dataclasses.replace(make_record(2, partition_id=0), data=b"flipped bits")
     with pytest.raises(ChecksumError):
         await c.append(1, 0, [good, corrupt])
     assert await c.max_transaction_id(1, 0) == 0
-    await c.append(1, 0, [good, make_record(0, 2)])
+    await c.append(1, 0, [good, make_record(2, partition_id=0)])
     assert await c.max_transaction_id(1, 0) == 2

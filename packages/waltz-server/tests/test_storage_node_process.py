@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -31,21 +30,16 @@ from waltz_api.errors import (
 )
 from waltz_api.messages import ErrorCode, FailureResponse
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
 from waltz_api.types import SessionInfo
+from waltz_conformance.records import make_record, make_records
 from waltz_server.storage_node import StorageAdminClient, StorageClient
-from waltz_server.storage_node.testing import StorageNodeProcess, make_record, make_records
+from waltz_server.storage_node.testing import StorageNodeProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
 CLUSTER_KEY = uuid.UUID("0d7f3e2a-8b41-4c55-a0e3-6f1e2d9c4b77")
 NUM_PARTITIONS = 16
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _zmq_transport() -> Transport:
@@ -72,7 +66,7 @@ def _write_config(tmp_path: Path, endpoint: str, **storage: object) -> Path:
 
 class Cluster:
     def __init__(self, tmp_path: Path) -> None:
-        self.endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.config = _write_config(tmp_path, self.endpoint)
         self.node = StorageNodeProcess(self.config, self.endpoint, tmp_path / "node.log")
         self.transport = _zmq_transport()
@@ -135,7 +129,10 @@ async def test_acknowledged_appends_survive_kill_9(cluster: Cluster) -> None:
     async def writer(p: int) -> None:
         next_id = 0
         while not stop.is_set() and next_id < 5000:
-            batch = [c.append(1, p, [make_record(p, next_id + i, size=200)]) for i in range(20)]
+            batch = [
+                c.append(1, p, [make_record(next_id + i, partition_id=p, size=200)])
+                for i in range(20)
+            ]
             results = await asyncio.gather(*batch, return_exceptions=True)
             for i, result in enumerate(results):
                 if result is not None:
@@ -162,38 +159,40 @@ async def test_acknowledged_appends_survive_kill_9(cluster: Cluster) -> None:
         start = 0
         while start <= max_id:  # every record intact, dense, the one we wrote
             got = await c2.records(1, p, start, 1000)
-            assert got == [make_record(p, start + i, size=200) for i in range(len(got))]
+            assert got == [
+                make_record(start + i, partition_id=p, size=200) for i in range(len(got))
+            ]
             start += len(got)
 
 
 async def test_fencing_survives_kill_9_and_restart(cluster: Cluster) -> None:
     old = await cluster.client()
     new = await cluster.client()
-    await old.append(5, 0, make_records(0, 0, 3))
+    await old.append(5, 0, make_records(0, 3, partition_id=0))
     assert await new.last_session_info(8, 0) == SessionInfo(5, -1, -1)
     with pytest.raises(SessionFencedError):
-        await old.append(5, 0, [make_record(0, 3)])
+        await old.append(5, 0, [make_record(3, partition_id=0)])
 
     await cluster.restart_after_kill()
     old2 = await cluster.client()
     with pytest.raises(SessionFencedError) as fenced:
-        await old2.append(5, 0, [make_record(0, 3)])
+        await old2.append(5, 0, [make_record(3, partition_id=0)])
     assert fenced.value.highest_session_id == 8
     with pytest.raises(SessionFencedError):
         await old2.max_transaction_id(7, 0)
     new2 = await cluster.client()
     await new2.truncate(8, 0, 1)
     await new2.set_low_water_mark(8, 0, 1)
-    await new2.append(8, 0, [make_record(0, 2)])
+    await new2.append(8, 0, [make_record(2, partition_id=0)])
     # a session that never wrote still fences after a restart
     await new2.max_transaction_id(9, 1)
 
     await cluster.restart_after_kill()
     c = await cluster.client()
     assert await c.last_session_info(9, 0) == SessionInfo(8, 1, 1)
-    assert await c.records(9, 0, 0, 10) == make_records(0, 0, 3)
+    assert await c.records(9, 0, 0, 10) == make_records(0, 3, partition_id=0)
     with pytest.raises(SessionFencedError) as fenced1:
-        await c.append(8, 1, [make_record(1, 0)])
+        await c.append(8, 1, [make_record(0, partition_id=1)])
     assert fenced1.value.highest_session_id == 9
 
 
@@ -208,12 +207,12 @@ async def test_many_partitions_and_wrong_cluster_key(cluster: Cluster) -> None:
         client = clients[p % 2]
         for start in range(0, 120, 40):
             await asyncio.gather(
-                *(client.append(2, p, [make_record(p, start + i)]) for i in range(40))
+                *(client.append(2, p, [make_record(start + i, partition_id=p)]) for i in range(40))
             )
 
     await asyncio.gather(*(write(p) for p in hosted))
     for p in hosted:
-        assert await clients[0].records(2, p, 0, 1000) == make_records(p, 0, 120)
+        assert await clients[0].records(2, p, 0, 1000) == make_records(0, 120, partition_id=p)
 
     stranger = await StorageClient.connect(cluster.transport, cluster.endpoint, sender="x")
     try:
@@ -231,7 +230,7 @@ async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
     from waltz_server.cli import main
 
     c = await cluster.client()
-    await c.append(3, 1, make_records(1, 0, 4))
+    await c.append(3, 1, make_records(0, 4, partition_id=1))
     loop = asyncio.get_running_loop()
 
     async def waltz_process(*args: str) -> subprocess.CompletedProcess[str]:
@@ -254,7 +253,7 @@ async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
 
     code, out, err = await waltz("add-partition", "3", "--config", str(cluster.config))
     assert code == 0, err
-    await c.append(3, 3, [make_record(3, 0)])
+    await c.append(3, 3, [make_record(0, partition_id=3)])
     code, out, err = await waltz(
         "availability", "3", "unavailable", "--config", str(cluster.config)
     )
@@ -285,7 +284,7 @@ async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
 
 async def test_malformed_frame_over_zmq_closes_only_that_connection(cluster: Cluster) -> None:
     good = await cluster.client()
-    await good.append(1, 2, [make_record(2, 0)])
+    await good.append(1, 2, [make_record(0, partition_id=2)])
     conn = await cluster.transport.connect(cluster.endpoint)
     try:
         protocol = wire.ProtocolConnection(wire.Role.INITIATOR, sender="fuzz")
@@ -298,19 +297,19 @@ async def test_malformed_frame_over_zmq_closes_only_that_connection(cluster: Clu
             await asyncio.wait_for(conn.recv(), 30)
     finally:
         await conn.close()
-    await good.append(1, 2, [make_record(2, 1)])
+    await good.append(1, 2, [make_record(1, partition_id=2)])
     assert await good.max_transaction_id(1, 2) == 1
 
 
 async def test_sigterm_and_sigint_stop_cleanly_and_data_reopens(cluster: Cluster) -> None:
     c = await cluster.client()
-    await c.append(1, 0, make_records(0, 0, 10))
+    await c.append(1, 0, make_records(0, 10, partition_id=0))
     await cluster.drop_clients()
     assert cluster.node.terminate(timeout=30) == 0
     assert "storage node stopped" in cluster.node.output()
     await cluster.start()
     c2 = await cluster.client()
-    assert await c2.records(1, 0, 0, 100) == make_records(0, 0, 10)
+    assert await c2.records(1, 0, 0, 100) == make_records(0, 10, partition_id=0)
     await cluster.drop_clients()
     assert cluster.node.terminate(timeout=30, signum=signal.SIGINT) == 0
     assert cluster.node.output().count("storage node stopped") == 2
@@ -338,7 +337,7 @@ def _node(tmp_path: Path, config: Path, endpoint: str) -> Iterator[StorageNodePr
 
 
 async def test_existing_storage_with_another_cluster_key_refuses_to_start(tmp_path: Path) -> None:
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = _write_config(tmp_path, endpoint)
     transport = _zmq_transport()
     try:
@@ -358,7 +357,7 @@ async def test_existing_storage_with_another_cluster_key_refuses_to_start(tmp_pa
 
 
 async def test_a_node_configured_by_environment_alone(tmp_path: Path) -> None:
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     env = {
         "WALTZ_STORAGE__DATA_DIR": str(tmp_path / "data"),
         "WALTZ_STORAGE__ENGINE": "fs",
@@ -377,7 +376,7 @@ async def test_a_node_configured_by_environment_alone(tmp_path: Path) -> None:
         client = await StorageClient.connect(transport, endpoint)
         try:
             await client.open(CLUSTER_KEY, NUM_PARTITIONS)
-            await client.append(1, 5, make_records(5, 0, 3))
+            await client.append(1, 5, make_records(0, 3, partition_id=5))
             assert await client.max_transaction_id(1, 5) == 2
         finally:
             await client.close()

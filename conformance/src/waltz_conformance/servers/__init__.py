@@ -26,18 +26,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from waltz_api.ports import free_port as free_port  # re-exported: the servers use it
+
 log = logging.getLogger(__name__)
 
 _live: dict[int, subprocess.Popen[bytes]] = {}
 _live_lock = threading.Lock()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def port_is_open(host: str, port: int, timeout: float = 0.5) -> bool:

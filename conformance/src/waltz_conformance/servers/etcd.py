@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -32,6 +31,7 @@ from typing import IO, Any
 
 import pytest
 
+from waltz_api.ports import free_ports
 from waltz_conformance.servers import stop_process, track_process
 
 log = logging.getLogger(__name__)
@@ -51,20 +51,6 @@ def find_etcd_binary() -> str:
             f"etcd-server) or point {ETCD_BINARY_ENV} at one"
         )
     return candidate
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on the loopback interface."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((HOST, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclass(eq=False)
@@ -131,7 +117,7 @@ class EtcdCluster:
                 log.warning("etcd cluster start attempt %d failed (%s); retrying", attempt, exc)
 
     def _start_once(self, attempt: int) -> None:
-        ports = free_ports(2 * self.size)
+        ports = free_ports(2 * self.size, HOST)
         run_dir = self.base_dir if attempt == 1 else self.base_dir / f"attempt-{attempt}"
         self.token = f"waltz-test-{uuid.uuid4().hex[:12]}"
         self.members = [

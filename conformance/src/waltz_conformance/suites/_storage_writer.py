@@ -17,7 +17,7 @@ import uuid
 
 from waltz_api.contracts.storage import StorageEngine
 from waltz_api.types import SessionInfo
-from waltz_conformance.suites.storage import make_record
+from waltz_conformance.records import make_record
 
 
 def _load(ref: str) -> type[StorageEngine]:

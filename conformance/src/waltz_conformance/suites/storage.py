@@ -62,23 +62,7 @@ from waltz_api.errors import (
 )
 from waltz_api.types import Record, ReqId, SessionInfo
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
-
-
-def record_data(transaction_id: int, partition_id: int = 0) -> bytes:
-    """Deterministic, varied data for a transaction (so a check needs no bookkeeping)."""
-    return f"p{partition_id}-t{transaction_id}|".encode() * (1 + transaction_id % 4)
-
-
-def make_record(transaction_id: int, partition_id: int = 0, data: bytes | None = None) -> Record:
-    if data is None:
-        data = record_data(transaction_id, partition_id)
-    return Record(
-        transaction_id,
-        ReqId(client_id=7, generation=3, partition_id=partition_id, seq_num=transaction_id),
-        header=transaction_id % 1000,
-        data=data,
-        checksum=crc32c.crc32c(data),
-    )
+from waltz_conformance.records import make_record as make_record  # noqa: PLC0414 (re-exported)
 
 
 @dataclass

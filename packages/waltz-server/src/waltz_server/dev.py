@@ -38,6 +38,7 @@ from typing import Any
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.errors import ConfigError, WaltzError
+from waltz_api.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,6 @@ def read_ready_file(data_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not _alive(int(info.get("pid", -1))):
         return None
     return info
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def port_free(port: int) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import uuid
 from collections.abc import Coroutine
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.config import config_from_mapping
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_ports
 from waltz_api.types import Record, ReqId
 from waltz_api.wire import checksum
 from waltz_client import ClientConfig, Transaction, TransactionContext, WaltzClientCallbacks
@@ -29,18 +29,6 @@ from waltz_storage_fs.engine import FsStorageEngine
 
 T = TypeVar("T")
 PARTITIONS = 2
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 class BackgroundCluster:

@@ -9,10 +9,10 @@ import pytest
 
 from waltz_api.errors import SessionFencedError, StorageError, TransportError
 from waltz_api.types import Record
+from waltz_conformance.records import make_record
 from waltz_conformance.suites.system.clients import read_log
 from waltz_conformance.suites.system.harness import TIMEOUT, SystemHarness, wait_for
 from waltz_conformance.suites.system.load import Writer
-from waltz_server.storage_node.testing import make_record
 
 
 async def check_invariants(harness: SystemHarness, writers: Sequence[Writer]) -> None:
@@ -105,6 +105,8 @@ async def fenced_everywhere(harness: SystemHarness, partition: int, old_session:
         client = await harness.storage_client(index)
         try:
             with pytest.raises(SessionFencedError):
-                await client.append(old_session, partition, [make_record(partition, 10**6)])
+                await client.append(
+                    old_session, partition, [make_record(10**6, partition_id=partition)]
+                )
         finally:
             await client.close()

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import SessionFencedError, StorageError, TransportError
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
 from waltz_api.types import Record
 from waltz_conformance.harness import Harness
 from waltz_conformance.suites.system.members import (
@@ -54,13 +54,6 @@ representative rest (feed, locking, fencing, faults while appending)."""
 
 TIMEOUT = 90.0
 RANGE_READ_TIMEOUT = 15.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -104,12 +97,12 @@ class SystemHarness(Harness):
     def _server_endpoint(self, index: int) -> str:
         if self.transport == "memory":
             return f"memory://server-{self.cluster_key.hex[:8]}-{index}"
-        return f"tcp://127.0.0.1:{_free_port()}"
+        return f"tcp://127.0.0.1:{free_port()}"
 
     def _storage_name(self, index: int) -> str:
         if self.transport == "memory":
             return f"sn-{self.cluster_key.hex[:8]}-{index}:{5500 + index}"
-        return f"127.0.0.1:{_free_port()}"
+        return f"127.0.0.1:{free_port()}"
 
     def _make_storage(self, index: int) -> Member:
         """The member for storage node ``index`` (its name already in ``storage_nodes``)."""

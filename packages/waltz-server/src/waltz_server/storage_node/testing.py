@@ -19,32 +19,14 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from waltz_api import wire
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import WaltzError
-from waltz_api.types import Record, ReqId
 from waltz_server.storage_node.client import StorageClient
 
 log = logging.getLogger(__name__)
 
 READY_MARKER = "storage node ready on"
 """Logged (INFO) by a node once it listens."""
-
-
-def make_record(partition_id: int, transaction_id: int, size: int = 32) -> Record:
-    """A deterministic record (data derived from the ids, correct CRC-32C)."""
-    data = (f"p{partition_id}-t{transaction_id}-".encode() * (size // 8 + 1))[:size]
-    return Record(
-        transaction_id=transaction_id,
-        req_id=ReqId(client_id=7, generation=1, partition_id=partition_id, seq_num=transaction_id),
-        header=transaction_id % 1000,
-        data=data,
-        checksum=wire.checksum(data),
-    )
-
-
-def make_records(partition_id: int, start: int, count: int, size: int = 32) -> list[Record]:
-    return [make_record(partition_id, start + i, size) for i in range(count)]
 
 
 class StorageNodeProcess:
