@@ -16,10 +16,11 @@ import pytest
 
 from waltz_api.contracts.transport import Transport
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
 from waltz_api.types import Record
-from waltz_server.dev import free_port
+from waltz_conformance.records import make_records
 from waltz_server.storage_node import StorageClient
-from waltz_server.storage_node.testing import StorageNodeProcess, make_records
+from waltz_server.storage_node.testing import StorageNodeProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
@@ -87,15 +88,15 @@ async def test_snapshot_of_a_running_node_verify_and_restore(
         client = await StorageClient.connect(zmq, endpoint, sender="test")
         try:
             await client.open(CLUSTER_KEY, PARTITIONS)
-            await client.append(1, 0, make_records(0, 0, 300, size=200))
+            await client.append(1, 0, make_records(0, 300, partition_id=0, size=200))
             await client.set_low_water_mark(2, 0, 299)  # session 2 took over at 299
-            await client.append(2, 0, make_records(0, 300, 50, size=200))
-            await client.append(1, 1, make_records(1, 0, 10, size=50))
+            await client.append(2, 0, make_records(300, 50, partition_id=0, size=200))
+            await client.append(1, 1, make_records(0, 10, partition_id=1, size=50))
 
             async def keep_appending() -> int:
                 next_id = 350
                 while True:
-                    await client.append(2, 0, make_records(0, next_id, 20, size=200))
+                    await client.append(2, 0, make_records(next_id, 20, partition_id=0, size=200))
                     next_id += 20
                     await asyncio.sleep(0.01)
 
@@ -175,7 +176,7 @@ async def test_a_damaged_snapshot_is_caught(tmp_path: Path, zmq: Transport) -> N
         client = await StorageClient.connect(zmq, endpoint, sender="test")
         try:
             await client.open(CLUSTER_KEY, PARTITIONS)
-            await client.append(1, 1, make_records(1, 0, 40, size=100))
+            await client.append(1, 1, make_records(0, 40, partition_id=1, size=100))
         finally:
             await client.close()
         taken = await asyncio.to_thread(
