@@ -1,4 +1,5 @@
-"""Helpers for Coordination implementations: delivering callbacks on the event loop.
+"""Helpers for Coordination implementations: delivering callbacks on the event loop,
+and what every plugin checks the same way (paths, options).
 
 A coordination client library calls back from its own threads; the contract
 wants callbacks on the caller's event loop, one at a time, in order. These
@@ -11,12 +12,13 @@ import asyncio
 import collections
 import inspect
 import logging
+import math
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from waltz_api.contracts.coordination import SessionListener, SessionState, Watch, join_path
-from waltz_api.errors import CoordinationError
+from waltz_api.errors import ConfigError, CoordinationError
 
 log = logging.getLogger(__name__)
 
@@ -306,3 +308,31 @@ def rooted_path(root: str, path: str) -> str:
     if not path.startswith("/"):
         raise CoordinationError(f"coordination paths are absolute ('/a/b'), got {path!r}")
     return join_path(root, path)
+
+
+def check_path(path: str) -> str:
+    """Validate an absolute, normalised path (``/`` or ``/a/b``)."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise CoordinationError(f"path {path!r} must be a string starting with '/'")
+    if path != "/" and (path.endswith("/") or "//" in path):
+        raise CoordinationError(
+            f"path {path!r} is not normalised (no empty segment, no trailing '/'); "
+            "build paths with waltz_api.contracts.coordination.join_path"
+        )
+    return path
+
+
+def seconds_option(options: Mapping[str, Any], name: str, default: float) -> float:
+    """The coordination option ``name`` (a positive, finite number of seconds), or
+    ``default``; a ConfigError naming the key otherwise."""
+    value = options.get(name, default)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(
+            f"coordination option {name} must be a positive number of seconds, got {value!r}",
+            key=f"coordination.{name}",
+        )
+    return number

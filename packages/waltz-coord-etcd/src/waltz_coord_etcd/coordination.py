@@ -38,7 +38,7 @@ from waltz_api.contracts.coordination import (
     Versioned,
     Watch,
 )
-from waltz_api.coordination_support import Notifier, SessionStateTracker
+from waltz_api.coordination_support import Notifier, SessionStateTracker, check_path, seconds_option
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
@@ -117,32 +117,6 @@ def parse_connect(connect: str) -> EtcdTarget:
     return EtcdTarget(tuple(endpoints), "".join("/" + s for s in segments))
 
 
-def _float_option(options: Mapping[str, Any], name: str, default: float) -> float:
-    value = options.get(name, default)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigError(
-            f"coordination option {name} must be a positive number of seconds, got {value!r}",
-            key=f"coordination.{name}",
-        )
-    return number
-
-
-def check_path(path: str) -> str:
-    """Validate an absolute, normalised path (``/`` or ``/a/b``)."""
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise CoordinationError(f"path {path!r} must be a string starting with '/'")
-    if path != "/" and (path.endswith("/") or "//" in path):
-        raise CoordinationError(
-            f"path {path!r} is not normalised (no empty segment, no trailing '/'); "
-            "build paths with waltz_api.contracts.coordination.join_path"
-        )
-    return path
-
-
 def _parent(path: str) -> str:
     return path.rsplit("/", 1)[0] or "/"
 
@@ -176,9 +150,9 @@ class EtcdCoordination(Coordination):
     def __init__(self, connect: str, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
         self.target = parse_connect(connect)
-        self._session_timeout = _float_option(options, "session_timeout", DEFAULT_SESSION_TIMEOUT)
-        request_timeout = _float_option(options, "request_timeout", DEFAULT_REQUEST_TIMEOUT)
-        connect_timeout = _float_option(options, "connect_timeout", 2.0)
+        self._session_timeout = seconds_option(options, "session_timeout", DEFAULT_SESSION_TIMEOUT)
+        request_timeout = seconds_option(options, "request_timeout", DEFAULT_REQUEST_TIMEOUT)
+        connect_timeout = seconds_option(options, "connect_timeout", 2.0)
         self._gateway = EtcdGateway(
             list(self.target.endpoints),
             request_timeout=request_timeout,

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import threading
 import urllib.parse
 import weakref
@@ -30,7 +29,7 @@ from waltz_api.contracts.coordination import (
     Versioned,
     Watch,
 )
-from waltz_api.coordination_support import Notifier, SessionStateTracker
+from waltz_api.coordination_support import Notifier, SessionStateTracker, check_path, seconds_option
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
@@ -109,20 +108,6 @@ def resolve_location(connect: str | Path) -> Path:
     return parse_location(connect)[0]
 
 
-def _positive(options: Mapping[str, Any], name: str, default: float) -> float:
-    value = options.get(name, default)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigError(
-            f"coordination option {name} must be a positive number of seconds, got {value!r}",
-            key=f"coordination.{name}",
-        )
-    return number
-
-
 def _normalise_root(root: Any) -> str:
     if not isinstance(root, str) or not root.startswith("/"):
         raise ConfigError(
@@ -130,18 +115,6 @@ def _normalise_root(root: Any) -> str:
             key="coordination.root",
         )
     return "".join("/" + s for s in root.split("/") if s)
-
-
-def check_path(path: str) -> str:
-    """Validate an absolute, normalised path (``/`` or ``/a/b``)."""
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise CoordinationError(f"path {path!r} must be a string starting with '/'")
-    if path != "/" and (path.endswith("/") or "//" in path):
-        raise CoordinationError(
-            f"path {path!r} is not normalised (no empty segment, no trailing '/'); "
-            "build paths with waltz_api.contracts.coordination.join_path"
-        )
-    return path
 
 
 class _LocalWatch(Watch):
@@ -173,9 +146,9 @@ class LocalCoordination(Coordination):
         options = dict(options or {})
         self.db_path, uri_root = parse_location(connect)
         self._top = _normalise_root(options.get("root", uri_root or "/"))
-        self._session_timeout = _positive(options, "session_timeout", DEFAULT_SESSION_TIMEOUT)
-        self._poll_interval = _positive(options, "poll_interval", DEFAULT_POLL_INTERVAL)
-        self._busy_timeout = _positive(options, "busy_timeout", DEFAULT_BUSY_TIMEOUT)
+        self._session_timeout = seconds_option(options, "session_timeout", DEFAULT_SESSION_TIMEOUT)
+        self._poll_interval = seconds_option(options, "poll_interval", DEFAULT_POLL_INTERVAL)
+        self._busy_timeout = seconds_option(options, "busy_timeout", DEFAULT_BUSY_TIMEOUT)
         self._executor: ThreadPoolExecutor | None = None
         self._store: LocalStore | None = None
         # Not started yet: LOST until the session begins; listeners are called inline.
