@@ -45,12 +45,6 @@ class ExactLockTable(LockTable):
                 result = value
         return result
 
-    def check(self, request: LockRequest, client_high_water_mark: int) -> int | None:
-        if not (request.read or request.write):
-            return None
-        estimate = self.estimate(request)
-        return estimate if estimate > client_high_water_mark else None
-
     def record(self, request: LockRequest, transaction_id: int) -> None:
         last = self._last
         floor = self._floor

@@ -103,12 +103,6 @@ class HwmArrayLockTable(LockTable):
                 result = value
         return result
 
-    def check(self, request: LockRequest, client_high_water_mark: int) -> int | None:
-        if not (request.read or request.write):
-            return None
-        estimate = self.estimate(request)
-        return estimate if estimate > client_high_water_mark else None
-
     def record(self, request: LockRequest, transaction_id: int) -> None:
         slots = self._slots
         size = self._size
