@@ -217,6 +217,32 @@ class ErrorResponse(Message):
     message: str
 
 
+# -- server <-> server ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerPing(Message):
+    """A server's liveness probe of another server (the cluster manager's failure
+    detector): the receiver answers :class:`PeerPong` with the same ``seq_num`` at once.
+
+    ``server_id`` is the sender's id (for logs; -1 while it is not registered)."""
+
+    TYPE: ClassVar[int] = 30
+    seq_num: int
+    server_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerPong(Message):
+    """The answer to :class:`PeerPing`: ``server_id`` is the answering server's current
+    id (-1 while it is not registered), so that a prober reaching a restarted server
+    at the same endpoint does not take it for the old one."""
+
+    TYPE: ClassVar[int] = 31
+    seq_num: int
+    server_id: int
+
+
 # -- server <-> storage node ------------------------------------------------------------
 
 
@@ -471,6 +497,8 @@ CLIENT_SERVER_MESSAGES: tuple[type[Message], ...] = (
     ErrorResponse,
 )
 
+SERVER_SERVER_MESSAGES: tuple[type[Message], ...] = (PeerPing, PeerPong)
+
 SERVER_STORAGE_MESSAGES: tuple[type[Message], ...] = (
     StorageOpenRequest,
     LastSessionInfoRequest,
@@ -501,5 +529,6 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     Hello,
     HelloResponse,
     *CLIENT_SERVER_MESSAGES,
+    *SERVER_SERVER_MESSAGES,
     *SERVER_STORAGE_MESSAGES,
 )

@@ -78,6 +78,12 @@ Messages (``type``: fields, in wire order; fixed part first)::
     23 RangeReadResponse        ReqId, high_water_mark:i64, records:u32 count | Record*
     24 ErrorResponse            ReqId, code:u8, message_len:u32 | message
 
+Server-server messages (the cluster manager's failure detector, on a server's client
+endpoint after the same handshake)::
+
+    30 PeerPing                 seq_num:i64, server_id:i32
+    31 PeerPong                 seq_num:i64, server_id:i32
+
 Server-storage messages begin with ``S`` = ``session_id:i64, seq_num:i64, partition_id:i32``::
 
     50 StorageOpenRequest       S, cluster_key:UUID, num_partitions:i32

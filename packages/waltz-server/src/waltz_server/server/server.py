@@ -6,7 +6,9 @@ messages are routed by the partition id in their ReqId to the
 :class:`~waltz_server.server.partition.Partition` this server holds. A
 request for a partition held elsewhere is refused (a MountRequest gets
 NOT_READY, anything else ErrorResponse PARTITION_NOT_ASSIGNED), so the client
-re-reads the assignment.
+re-reads the assignment. Another server's :class:`~waltz_api.messages.PeerPing` (its
+failure detector, :mod:`waltz_server.server.peers`) is answered with a ``PeerPong``
+carrying this server's current id.
 
 Back pressure both ways: a connection's messages are read one at a time and a
 full partition queue stops the reading; each connection's outgoing frames go
@@ -23,7 +25,7 @@ import itertools
 import logging
 import random
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from waltz_api import wire
@@ -44,6 +46,8 @@ from waltz_api.messages import (
     MountRequest,
     MountResponse,
     MountStatus,
+    PeerPing,
+    PeerPong,
 )
 from waltz_api.types import ReqId
 from waltz_server.observability import ServerMetrics
@@ -213,6 +217,9 @@ class WaltzServer:
         self.name = name
         self.metrics = metrics
         self.partitions: dict[int, Partition] = {}
+        self.identity: Callable[[], int] = lambda: -1
+        """This server's current cluster id (set by whoever registers it: the cluster
+        manager); a :class:`PeerPing` is answered with it."""
         self._listener: Listener | None = None
         self._connections: set[ClientConnection] = set()
         self._partition_lock = asyncio.Lock()
@@ -344,6 +351,9 @@ class WaltzServer:
             self.metrics.request(type(message).__name__)
         req_id: ReqId | None = getattr(message, "req_id", None)
         if req_id is None:
+            if isinstance(message, PeerPing):  # another server's failure detector
+                client.post(PeerPong(message.seq_num, self.identity()))
+                return
             client.post(
                 ErrorResponse(
                     ReqId(-1, -1, -1, -1),
