@@ -8,6 +8,7 @@ names them)::
     /store/partition/<id>            PartitionStoreMetadata: generation, store session id,
                                      replica states (changed ONLY by CAS)
     /assignment/partition/<id>       PartitionAssignment: server, endpoint, generation (CAS)
+    /assignment/leader               LeaderRecord: the server that assigns partitions (CAS)
     /servers/<server id>             ServerInfo, ephemeral (a live server's registration)
     /ids/server, /ids/client         counters: server and client id allocation
 
@@ -49,6 +50,7 @@ CONFIG_PATH = "/cluster/config"
 REPLICA_ASSIGNMENT_PATH = "/store/assignment"
 STORE_PARTITION_DIR = "/store/partition"
 PARTITION_ASSIGNMENT_DIR = "/assignment/partition"
+LEADER_PATH = "/assignment/leader"
 SERVERS_DIR = "/servers"
 SERVER_ID_COUNTER = "/ids/server"
 CLIENT_ID_COUNTER = "/ids/client"
@@ -136,6 +138,19 @@ class PartitionAssignment:
     server_id: int = NO_SERVER
     endpoint: str = ""
     generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderRecord:
+    """The server that leads the cluster manager (writes the partition assignment).
+
+    ``term`` rises by one at every change of leader; ``renewals`` counts the holder's
+    renewals within its term (a renewal tells the other servers the holder is alive).
+    Changed only by compare-and-set; never deleted while the cluster exists."""
+
+    server_id: int
+    term: int = 1
+    renewals: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +299,21 @@ def decode_partition_assignment(raw: bytes, path: str) -> PartitionAssignment:
     return PartitionAssignment(
         int(doc["partition"]), int(doc["server_id"]), str(doc["endpoint"]), int(doc["generation"])
     )
+
+
+def encode_leader(record: LeaderRecord) -> bytes:
+    return _encode(
+        "leader",
+        {"server_id": record.server_id, "term": record.term, "renewals": record.renewals},
+    )
+
+
+def decode_leader(raw: bytes, path: str = LEADER_PATH) -> LeaderRecord:
+    doc = _decode("leader", raw, path)
+    try:
+        return LeaderRecord(int(doc["server_id"]), int(doc["term"]), int(doc.get("renewals", 0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CoordinationError(f"{path} does not hold a valid leader record: {exc}") from None
 
 
 def encode_store_metadata(meta: PartitionStoreMetadata) -> bytes:
@@ -788,6 +818,47 @@ class ClusterMetadata:
             )
 
         return await self.coordination.watch(path, on_value)
+
+    # -- leadership (CAS only) -------------------------------------------------------------------
+
+    async def leader(self) -> Stored[LeaderRecord] | None:
+        """The leader record and its version (None before any server claimed it)."""
+        found = await self.coordination.get(LEADER_PATH)
+        return None if found is None else Stored(decode_leader(found.value), found.version)
+
+    async def claim_leadership(self, server_id: int) -> Stored[LeaderRecord]:
+        """Create the leader record naming ``server_id`` (term 1). BadVersionError when
+        a record exists already: read it and decide again."""
+        record = LeaderRecord(server_id)
+        try:
+            version = await self.coordination.create(LEADER_PATH, encode_leader(record))
+        except NodeExistsError:
+            raise BadVersionError(
+                "the leader record exists already; read it and decide again"
+            ) from None
+        return Stored(record, version)
+
+    async def set_leader(
+        self, record: LeaderRecord, *, expected_version: int
+    ) -> Stored[LeaderRecord]:
+        """Replace the leader record (a takeover or a renewal) only if it is still at
+        ``expected_version``; BadVersionError when it changed since it was read."""
+        version = await self.coordination.set(
+            LEADER_PATH, encode_leader(record), expected_version=expected_version
+        )
+        return Stored(record, version)
+
+    async def watch_leader(
+        self, callback: Callable[[Stored[LeaderRecord] | None], Awaitable[None] | None]
+    ) -> Watch:
+        """Call ``callback`` with the leader record now and after every change."""
+
+        def on_value(value: Versioned | None) -> Awaitable[None] | None:
+            if value is None:
+                return callback(None)
+            return callback(Stored(decode_leader(value.value), value.version))
+
+        return await self.coordination.watch(LEADER_PATH, on_value)
 
     # -- partition store metadata (CAS only) ---------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from waltz_api.cluster import ClusterMetadata, ServerInfo
+from waltz_api.cluster import NO_SERVER, ClusterMetadata, ServerInfo
 from waltz_api.errors import ConfigError
 from waltz_server.cli.cluster import COORDINATION_HELP
 from waltz_server.cli.cluster import _run_with_metadata as _run
@@ -130,13 +130,16 @@ def add_admin_commands(group: click.Group) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_servers(uri: str, as_json: bool) -> None:
     """The live servers: id, endpoint, partitions held (with generation), preferred
-    partitions. The lowest id leads (it computes the assignment)."""
+    partitions; ``*`` marks the leader (the server the leader record names: it
+    computes the assignment)."""
 
     async def work(meta: ClusterMetadata) -> dict[str, Any]:
         config = await meta.config()
         servers = await meta.servers()
         overrides = (await PreferredPartitionStore(meta.coordination).read()).endpoints
         assignments = await meta.partition_assignments()
+        record = await meta.leader()
+        leader = NO_SERVER if record is None else record.value.server_id
         effective = apply_overrides(servers, overrides)
         live = {s.server_id for s in servers}
         rows = []
@@ -145,7 +148,7 @@ def list_servers(uri: str, as_json: bool) -> None:
                 {
                     "server_id": server.server_id,
                     "endpoint": server.endpoint,
-                    "leader": server.server_id == servers[0].server_id,
+                    "leader": server.server_id == leader,
                     "partitions": [
                         {"partition": a.partition_id, "generation": a.generation}
                         for a in assignments

@@ -9,7 +9,13 @@ Every server runs one :class:`ClusterManager`. It
   (:mod:`waltz_server.server.preferred`, per endpoint, persistent): an override
   replaces the preferences a server registered, and a change makes the leader
   recompute the assignment;
-- watches the live servers: the live server with the lowest id is the leader;
+- watches the other servers (optional ``peers``, a
+  :class:`~waltz_server.server.peers.PeerMonitor`: pings over the transport): a
+  server silent for ``peer_suspect_after`` is suspected, gets no partition and
+  loses what it holds, long before its coordination session would expire;
+- watches the live servers and the leader record (``/assignment/leader``, changed
+  only by CAS; :func:`~waltz_server.server.liveness.decide_leadership` says when to
+  claim it or take it over from a holder that is gone, or suspected and silent);
   the leader computes the assignment (:func:`compute_assignment`: preferred
   partitions to the live server preferring them, the rest balanced, as few
   moves as possible) and writes every change with a compare-and-set on the
@@ -33,8 +39,11 @@ Session-state rules (:class:`waltz_api.contracts.coordination.SessionState`):
   (retried with back-off until it succeeds or the manager stops).
 
 Two servers may briefly both believe they hold a partition (the old owner
-has not yet seen the move); the generation settles it: the new owner's store
-session carries the newer generation and storage nodes fence the old one.
+has not yet seen the move, or was wrongly suspected); the generation settles it:
+the new owner's store session carries the newer generation and storage nodes fence
+the old one. Two servers may briefly both believe they lead; every assignment write
+is a CAS, so neither overwrites the other unseen. Suspicion is never a safety
+decision (docs/cluster-manager.md).
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from dataclasses import dataclass
 from waltz_api.cluster import (
     NO_SERVER,
     ClusterMetadata,
+    LeaderRecord,
     PartitionAssignment,
     ServerInfo,
     Stored,
@@ -63,6 +73,8 @@ from waltz_api.errors import (
     WaltzError,
 )
 from waltz_server.observability import ServerMetrics
+from waltz_server.server.liveness import Leadership, decide_leadership
+from waltz_server.server.peers import PeerMonitor
 from waltz_server.server.preferred import Overrides, PreferredPartitionStore, apply_overrides
 
 log = logging.getLogger(__name__)
@@ -102,6 +114,9 @@ class PartitionLost:
 PartitionEvent = PartitionGained | PartitionLost
 EventHandler = Callable[[PartitionEvent], Awaitable[None]]
 CoordinationFactory = Callable[[], Coordination]
+
+LEADER_RENEWALS = "leader-record"
+"""The peer monitor's key for the leader record's changes (renewals, takeovers)."""
 
 
 class PartitionEvents:
@@ -313,6 +328,7 @@ class ClusterManager:
         settle_delay: float = 0.02,
         on_leader_write: Callable[[PartitionAssignment], None] | None = None,
         metrics: ServerMetrics | None = None,
+        peers: PeerMonitor | None = None,
     ) -> None:
         if not endpoint.strip():
             raise ConfigError("a server needs an endpoint clients can reach", key="endpoint")
@@ -328,6 +344,9 @@ class ClusterManager:
         self._on_event = on_event
         self._on_leader_write = on_leader_write
         self._metrics = metrics
+        self._peers = peers
+        if peers is not None:
+            peers.on_change = self._rebalance_soon
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
         self._settle_delay = settle_delay
@@ -345,12 +364,18 @@ class ClusterManager:
         self._owned: dict[int, int] = {}
         self._seen: dict[int, PartitionAssignment] = {}
         self._live_ids: list[int] = []
+        self._endpoints: dict[int, str] = {}
+        self._leader_record: Stored[LeaderRecord] | None = None
+        self._last_renewal = 0.0
         self._watches: list[Watch] = []
         self._rebalance = asyncio.Event()
         self._leader_task: asyncio.Task[None] | None = None
         self._dispatch_task: asyncio.Task[None] | None = None
         self._reregister_task: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
+        self._peers_task: asyncio.Task[None] | None = None
+        self._renew_task: asyncio.Task[None] | None = None
+        self._peers_changed = asyncio.Event()
         self._started = False
         self._stopped = False
         self.registrations = 0
@@ -383,9 +408,22 @@ class ClusterManager:
 
     @property
     def is_leader(self) -> bool:
-        """Whether this server leads: it last confirmed so by a fresh read, and its session
-        is connected (a suspended leader makes no assignment)."""
+        """Whether this server leads: it last confirmed so by a fresh read of the leader
+        record, and its session is connected (a suspended leader makes no assignment)."""
         return self._leader and self._registered and self._connected()
+
+    @property
+    def leader_id(self) -> int:
+        """The server the leader record names, as last seen (:data:`NO_SERVER` if none)."""
+        record = self._leader_record
+        return NO_SERVER if record is None else record.value.server_id
+
+    @property
+    def suspects(self) -> frozenset[int]:
+        """The registered servers this one suspects now (no assignment goes to them)."""
+        if self._peers is None:
+            return frozenset()
+        return self._peers.suspects & frozenset(self._live_ids)
 
     @property
     def registered(self) -> bool:
@@ -413,6 +451,10 @@ class ClusterManager:
         if self._on_event is not None:
             self._dispatch_task = asyncio.create_task(self._dispatch(), name="cluster-events")
         self._leader_task = asyncio.create_task(self._lead(), name="cluster-leader")
+        if self._peers is not None:
+            await self._peers.start()
+            self._peers_task = asyncio.create_task(self._follow_peers(), name="cluster-peers")
+            self._renew_task = asyncio.create_task(self._renew(), name="cluster-renew")
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
         """Unregister and stop. Every held partition is reported lost (STOPPED);
@@ -427,7 +469,13 @@ class ClusterManager:
         self._drop_all(LossReason.STOPPED)
         tasks = [
             t
-            for t in (self._leader_task, self._reregister_task, self._resync_task)
+            for t in (
+                self._leader_task,
+                self._reregister_task,
+                self._resync_task,
+                self._peers_task,
+                self._renew_task,
+            )
             if t is not None
         ]
         for task in tasks:
@@ -435,6 +483,8 @@ class ClusterManager:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+        if self._peers is not None:
+            await self._peers.close()
         if self._dispatch_task is not None:
             self.events.close()
             try:
@@ -478,9 +528,17 @@ class ClusterManager:
             self._owned.clear()
             self._seen.clear()
             self._live_ids = []
+            self._endpoints = {}
+            self._leader_record = None
             client.add_session_listener(lambda state: self._on_session_state(epoch, state))
             await meta.register_server(
                 server_id, self.endpoint, preferred_partitions=self.preferred_partitions
+            )
+            if self._peers is not None:
+                self._peers.set_identity(server_id)
+                self._peers.track(LEADER_RENEWALS)
+            self._watches.append(
+                await meta.watch_leader(lambda record: self._on_leader_record(epoch, record))
             )
             self._watches.append(
                 await meta.watch_server_ids(lambda ids: self._on_server_ids(epoch, ids))
@@ -575,6 +633,10 @@ class ClusterManager:
         self._cancel_watches()
         self._drop_all(LossReason.SESSION_LOST)
         self._server_id = NO_SERVER
+        self._leader_record = None
+        if self._peers is not None:
+            self._peers.set_peers({})
+            self._peers.set_identity(NO_SERVER)
         running = self._reregister_task is not None and not self._reregister_task.done()
         if registered and not running and not self._stopped:
             self._reregister_task = asyncio.create_task(
@@ -591,7 +653,104 @@ class ClusterManager:
             log.warning("server %d: its registration is gone", self._server_id)
             self._on_lost()
             return
+        self._peers_changed.set()
         self._rebalance.set()
+
+    def _on_leader_record(self, epoch: int, record: Stored[LeaderRecord] | None) -> None:
+        if epoch != self._epoch or record is None:
+            return
+        if self._note_leader_record(record):
+            self._rebalance.set()
+
+    def _note_leader_record(self, record: Stored[LeaderRecord]) -> bool:
+        """Keep the newest leader record seen (versions only grow: the record is never
+        deleted); a change is a sign of life of its holder. True when it changed."""
+        seen = self._leader_record
+        if seen is not None and record.version <= seen.version:
+            return False
+        self._leader_record = record
+        if self._peers is not None:
+            self._peers.heard(LEADER_RENEWALS)
+        if seen is None or seen.value.server_id != record.value.server_id:
+            log.info(
+                "server %d: server %d leads (term %d)",
+                self._server_id,
+                record.value.server_id,
+                record.value.term,
+            )
+        return True
+
+    def _rebalance_soon(self) -> None:
+        """A peer's suspicion changed (or the leader record went silent): decide again."""
+        if not self._stopped:
+            self._rebalance.set()
+
+    async def _follow_peers(self) -> None:
+        """Keep the peer monitor on the registered servers (their endpoints read once)."""
+        assert self._peers is not None
+        while not self._stopped:
+            await self._peers_changed.wait()
+            self._peers_changed.clear()
+            meta, epoch = self._meta, self._epoch
+            if meta is None or not self._registered:
+                continue
+            live = set(self._live_ids)
+            missing = live - set(self._endpoints) - {self._server_id}
+            if missing:
+                try:
+                    servers = await meta.servers()
+                except asyncio.CancelledError:
+                    raise
+                except WaltzError as exc:
+                    log.info("reading the servers' endpoints failed (%s); retrying", exc)
+                    await asyncio.sleep(self._retry_delay)
+                    self._peers_changed.set()
+                    continue
+                if epoch != self._epoch:
+                    continue
+                for server in servers:
+                    self._endpoints[server.server_id] = server.endpoint
+            live = set(self._live_ids)
+            self._endpoints = {i: e for i, e in self._endpoints.items() if i in live}
+            self._peers.set_peers(
+                {i: e for i, e in self._endpoints.items() if i != self._server_id}
+            )
+
+    async def _renew(self) -> None:
+        """While this server leads and suspects a registered server, renew the leader
+        record (a CAS) every ``renew_interval``: its renewals tell the suspected server
+        (cut off from this one, but not from the coordination service) that the leader
+        is alive, so it does not take the leadership over."""
+        assert self._peers is not None
+        interval = self._peers.config.renew_interval
+        loop = asyncio.get_running_loop()
+        while not self._stopped:
+            await asyncio.sleep(interval / 2)
+            record, meta = self._leader_record, self._meta
+            if (
+                not self.is_leader
+                or not self.suspects
+                or record is None
+                or meta is None
+                or record.value.server_id != self._server_id
+                or loop.time() - self._last_renewal < interval
+            ):
+                continue
+            renewed = LeaderRecord(self._server_id, record.value.term, record.value.renewals + 1)
+            try:
+                stored = await meta.set_leader(renewed, expected_version=record.version)
+            except asyncio.CancelledError:
+                raise
+            except BadVersionError:
+                log.info("server %d: the leader record changed; deciding again", self._server_id)
+                self._leader = False
+                self._rebalance.set()
+                continue
+            except WaltzError as exc:
+                log.info("server %d: renewing the leader record failed: %s", self._server_id, exc)
+                continue
+            self._last_renewal = loop.time()
+            self._note_leader_record(stored)
 
     def _on_overrides(self, epoch: int, overrides: Overrides) -> None:
         if epoch != self._epoch:
@@ -693,6 +852,50 @@ class ClusterManager:
 
     # -- leadership --------------------------
 
+    async def _lead_or_follow(self, meta: ClusterMetadata, my_id: int) -> bool:
+        """Whether this server leads now (claiming or taking the leader record over when
+        :func:`~waltz_server.server.liveness.decide_leadership` says so). A lost CAS
+        raises BadVersionError after re-reading the record: the caller decides again."""
+        record = self._leader_record
+        silent = self._peers is None or self._peers.is_suspected(LEADER_RENEWALS)
+        action = decide_leadership(
+            my_id,
+            self._live_ids,
+            self.suspects,
+            None if record is None else record.value.server_id,
+            silent,
+        )
+        if action is Leadership.FOLLOW:
+            return False
+        try:
+            if action is Leadership.CLAIM:
+                self._note_leader_record(await meta.claim_leadership(my_id))
+                return True
+            if action is Leadership.TAKE_OVER:
+                assert record is not None
+                holder = record.value.server_id
+                taken = await meta.set_leader(
+                    LeaderRecord(my_id, record.value.term + 1), expected_version=record.version
+                )
+                log.warning(
+                    "server %d takes the leadership over from server %d (%s), term %d",
+                    my_id,
+                    holder,
+                    "suspected" if holder in self._live_ids else "gone",
+                    taken.value.term,
+                )
+                self._note_leader_record(taken)
+                return True
+        except BadVersionError:
+            fresh = await meta.leader()
+            if fresh is not None:
+                self._note_leader_record(fresh)
+            raise
+        fresh = await meta.leader()  # LEAD: confirm with a fresh read (the watch may lag)
+        if fresh is not None:
+            self._note_leader_record(fresh)
+        return fresh is not None and fresh.value.server_id == my_id
+
     async def _lead(self) -> None:
         while not self._stopped:
             await self._rebalance.wait()
@@ -718,16 +921,24 @@ class ClusterManager:
         if meta is None or not self._registered or not self._connected():
             self._leader = False
             return
-        if not self._live_ids or self._live_ids[0] != my_id:
+        if not await self._lead_or_follow(meta, my_id):
             self._leader = False
             return
+        suspects = self.suspects
         servers = await meta.servers()  # a fresh read: the watch may lag
-        if not servers or servers[0].server_id != my_id:
+        if my_id not in {s.server_id for s in servers}:
             self._leader = False
             return
         if not self._leader:
             log.info("server %d leads the cluster (%d live servers)", my_id, len(servers))
         self._leader = True
+        # A suspected server gets nothing (and loses what it holds); it is live again as
+        # soon as it answers (the peer monitor then asks for a new decision).
+        if suspects:
+            log.info(
+                "server %d: assigning without the suspected servers %s", my_id, sorted(suspects)
+            )
+        servers = [s for s in servers if s.server_id not in suspects]
         # The operators' overrides replace the registered (config) preferences per endpoint.
         overrides = await PreferredPartitionStore(meta.coordination).read()
         servers = apply_overrides(servers, overrides.endpoints)

@@ -18,6 +18,7 @@ Example::
 
     [server]
     preferred_partitions = [0, 1]
+    peer_suspect_after = 1.5               # a silent server's partitions move after this
     lock_table = "hwm-array"               # a lock table plugin name
     [server.lock_table_options]
     size = 30000
@@ -38,6 +39,11 @@ from typing import Any
 
 from waltz_api.config import load_config
 from waltz_api.errors import ConfigError
+from waltz_server.server.liveness import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_SUSPECT_AFTER,
+    LivenessConfig,
+)
 from waltz_server.server.partition import PartitionConfig
 from waltz_server.server.server import ServerConfig
 from waltz_server.server.store import StoreConfig
@@ -131,6 +137,32 @@ class ServerSection:
         default=8 * 1024 * 1024,
         metadata={"min": 1024, "help": "reply bytes queued per client connection"},
     )
+    peer_heartbeat_interval: float = field(
+        default=DEFAULT_HEARTBEAT_INTERVAL,
+        metadata={
+            "min": 0.01,
+            "max": 10.0,
+            "help": "seconds between two pings of every other server (failure detection)",
+        },
+    )
+    peer_suspect_after: float = field(
+        default=DEFAULT_SUSPECT_AFTER,
+        metadata={
+            "min": 0.05,
+            "max": 600.0,
+            "help": "seconds a server may not answer before its partitions move "
+            "(its own pauses not counted; at least 4 heartbeat intervals)",
+        },
+    )
+
+    def __post_init__(self) -> None:
+        self.liveness_config()  # the two timings checked together
+
+    def liveness_config(self) -> LivenessConfig:
+        return LivenessConfig(
+            heartbeat_interval=self.peer_heartbeat_interval,
+            suspect_after=self.peer_suspect_after,
+        )
 
     def to_server_config(self) -> ServerConfig:
         return ServerConfig(

@@ -1,6 +1,7 @@
 """Running a server from its config file (``waltz server --config server.toml``).
 
-The cluster manager registers the server and follows the partition
+The cluster manager registers the server, watches the other servers (pings over the
+server's transport, :mod:`waltz_server.server.peers`) and follows the partition
 assignment; every partition gained is opened at its generation (a new store
 session, recovery), every partition lost is closed. Store metadata is read and
 written through the cluster manager's current coordination client (it is
@@ -40,6 +41,7 @@ from waltz_server.server.cluster_manager import (
 )
 from waltz_server.server.config import ServerNodeConfig, load_server_config
 from waltz_server.server.partition import Partition
+from waltz_server.server.peers import PeerMonitor
 from waltz_server.server.server import WaltzServer
 from waltz_server.server.voting import Outcome
 from waltz_server.storage_node.client import StorageConnectionPool, StorageReplica
@@ -290,8 +292,10 @@ async def start_server(
         preferred_partitions=config.server.preferred_partitions,
         on_event=on_event,
         on_leader_write=None if metrics is None else lambda _: metrics.assignment_changes.inc(),
+        peers=PeerMonitor(transport, config.server.liveness_config()),
     )
     manager_ref.append(manager)
+    server.identity = lambda: manager.server_id
     try:
         await manager.start()
     except BaseException:
