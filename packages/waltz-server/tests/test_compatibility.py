@@ -29,6 +29,7 @@ from waltz_api.cluster import (
     FORMAT_VERSION,
     ClusterConfig,
     ClusterMetadata,
+    LeaderRecord,
     PartitionAssignment,
     ReplicaAssignments,
     ServerInfo,
@@ -94,9 +95,9 @@ def test_a_version_1_peer_is_answered_in_version_1() -> None:
 
 
 async def _write_scenario(coordination: Coordination) -> None:
-    """The fixed scenario: create, a server registers and is assigned a partition,
-    which opens a store session and records its replicas' states; an operator
-    pins a partition to another server."""
+    """The fixed scenario: create, a server registers, claims the leadership and is
+    assigned a partition, which opens a store session and records its replicas'
+    states; an operator pins a partition to another server."""
     cluster = ClusterMetadata(coordination)
     await cluster.create_cluster(
         num_partitions=2,
@@ -106,6 +107,7 @@ async def _write_scenario(coordination: Coordination) -> None:
     )
     server_id = await cluster.allocate_server_id()
     await cluster.register_server(server_id, SERVER_ENDPOINT, preferred_partitions=[1])
+    await cluster.claim_leadership(server_id)
     current = await cluster.partition_assignment(0)
     await cluster.assign_partition(0, server_id, SERVER_ENDPOINT, expected_version=current.version)
     stored = await begin_store_session(coordination, 0, 1)
@@ -174,6 +176,7 @@ async def test_the_current_code_reads_the_version_1_layout() -> None:
         assignments = await cluster.replica_assignments()
         assert assignments == ReplicaAssignments(2, {"st1:5500": (0, 1), "st2:5500": (0, 1)}, {})
         assert await cluster.servers() == [ServerInfo(1, SERVER_ENDPOINT, (1,))]
+        assert (await cluster.leader()).value == LeaderRecord(1, 1, 0)  # type: ignore[union-attr]
         assert (await cluster.partition_assignment(0)).value == PartitionAssignment(
             0, 1, SERVER_ENDPOINT, 1
         )
