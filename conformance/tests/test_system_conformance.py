@@ -22,6 +22,7 @@ from waltz_conformance.suites.system import (
     SystemHarness,
     SystemSuite,
 )
+from waltz_conformance.suites.system_failover import FailoverSuite
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -79,7 +80,7 @@ async def harness(
         await made.close()
 
 
-class TestMemorySystem(SystemSuite):
+class TestMemorySystem(SystemSuite, FailoverSuite):
     coordination = "memory"
 
 
@@ -92,7 +93,7 @@ class TestMemoryExactLockTable(LockingSuite):
 
 @pytest.mark.system
 @pytest.mark.slow
-class TestZooKeeperProcesses(SystemSuite):
+class TestZooKeeperProcesses(SystemSuite, FailoverSuite):
     """ZooKeeper, 3 `waltz storage` (fs) and 2 `waltz server` processes over zmq."""
 
     coordination = "zk"
@@ -100,7 +101,7 @@ class TestZooKeeperProcesses(SystemSuite):
 
 @pytest.mark.system
 @pytest.mark.slow
-class TestEtcdProcesses(SystemSuite):
+class TestEtcdProcesses(SystemSuite, FailoverSuite):
     """etcd (3 members), 3 `waltz storage` (fs) and 2 `waltz server` processes over zmq."""
 
     coordination = "etcd"
@@ -108,7 +109,7 @@ class TestEtcdProcesses(SystemSuite):
 
 @pytest.mark.system
 @pytest.mark.slow
-class TestLocalProcesses(SystemSuite):
+class TestLocalProcesses(SystemSuite, FailoverSuite):
     """The embedded local coordination, 3 `waltz storage` (fs), 2 `waltz server`, zmq."""
 
     coordination = "local"

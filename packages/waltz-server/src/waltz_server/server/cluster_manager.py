@@ -576,6 +576,7 @@ class ClusterManager:
         )
         for partition in range(config.num_partitions):
             self._reconcile(partition)
+        self._peers_changed.set()  # the ids arrived before the registration completed
         self._rebalance.set()
 
     async def _reregister(self) -> None:

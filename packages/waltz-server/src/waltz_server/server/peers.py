@@ -135,14 +135,20 @@ class PeerMonitor:
         if not changes:
             return
         for key in sorted(changes.suspected, key=str):
-            log.warning(
+            log.log(
+                logging.WARNING if isinstance(key, int) else logging.DEBUG,
                 "server %d suspects %s: silent for %.1f s",
                 self.server_id,
                 _name(key),
                 self.config.suspect_after,
             )
         for key in sorted(changes.cleared, key=str):
-            log.info("server %d: %s answers again", self.server_id, _name(key))
+            log.log(
+                logging.INFO if isinstance(key, int) else logging.DEBUG,
+                "server %d: %s answers again",
+                self.server_id,
+                _name(key),
+            )
         if self.on_change is not None:
             self.on_change()
 

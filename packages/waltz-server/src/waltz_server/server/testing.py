@@ -33,6 +33,7 @@ class ServerProcess:
         self.config_path = Path(config_path)
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
+        self._ready_lines = 0
 
     @property
     def pid(self) -> int | None:
@@ -45,6 +46,8 @@ class ServerProcess:
     def start(self) -> None:
         if self.running:
             raise RuntimeError(f"server already running (pid {self.pid})")
+        # the log is appended to: only a ready line after this start counts
+        self._ready_lines = self.output().count(READY_MARKER)
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
                 [
@@ -62,9 +65,10 @@ class ServerProcess:
         log.info("server started (pid %d)", self.process.pid)
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
-        """Wait for the server's ready line; raises with its log if it died or is late."""
+        """Wait for the ready line of this start (a restart's log still holds the previous
+        run's); raises with its log if it died or is late."""
         deadline = time.monotonic() + timeout
-        while READY_MARKER not in self.output():
+        while self.output().count(READY_MARKER) <= self._ready_lines:
             if self.process is None or self.process.poll() is not None:
                 code = self.process.returncode if self.process else None
                 raise WaltzError(f"server exited with {code}: {self.output()[-3000:]}")
