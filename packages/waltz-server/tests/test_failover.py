@@ -410,21 +410,25 @@ async def test_a_silent_follower_loses_its_partitions_while_still_registered(
     assert a.manager.suspects == {b.server_id}
 
 
-async def test_a_silent_leader_is_replaced_and_its_partitions_move(cluster: Cluster) -> None:
-    a = await cluster.add("a")
-    b = await cluster.add("b")
-    c = await cluster.add("c")
-    await eventually(lambda: balanced(cluster, [a, b, c]), 10, "a, b and c share")
+@pytest.mark.parametrize("servers", [2, 3])
+async def test_a_silent_leader_is_replaced_and_its_partitions_move(
+    cluster: Cluster, servers: int
+) -> None:
+    """The followers knew the leader from their registration on (no later change of
+    the registrations told them about it)."""
+    nodes = [await cluster.add(name) for name in "abc"[:servers]]
+    a, b, rest = nodes[0], nodes[1], nodes[2:]
+    await eventually(lambda: balanced(cluster, nodes), 10, "the servers share")
     assert a.manager.is_leader
     record = await cluster.admin.leader()
     assert record is not None and record.value == LeaderRecord(a.server_id, 1, 0)
     await a.freeze()
     await eventually(lambda: b.manager.is_leader, 10, "b takes the leadership over")
-    await eventually(lambda: balanced(cluster, [b, c]), 10, "a's partitions moved")
+    await eventually(lambda: balanced(cluster, nodes[1:]), 10, "a's partitions moved")
     record = await cluster.admin.leader()
     assert record is not None and record.value.server_id == b.server_id
     assert record.value.term == 2
-    assert not c.manager.is_leader
+    assert not any(n.manager.is_leader for n in rest)
     assert a.server_id in await cluster.registered()
 
 

@@ -207,7 +207,7 @@ def zk_rows() -> list[Row]:
             "float",
             zk.DEFAULT_SESSION_TIMEOUT,
             "seconds; a client silent this long loses its session and its ephemeral entries "
-            "(a dead server's partitions move after it)",
+            "(a server whose session ends drops its partitions and registers again)",
         ),
         Row(
             "connect_timeout",
