@@ -287,6 +287,7 @@ async def test_a_waltz_server_answers_pings_with_its_current_id() -> None:
         server.identity = lambda: 12
         await client.send(PeerPing(8, 3))
         assert (await client.wait(PeerPong, 2, timeout=10))[-1] == PeerPong(8, 12)
+        assert server.connections == []  # a probing server is not a client
         await client.close()
     finally:
         await server.close()

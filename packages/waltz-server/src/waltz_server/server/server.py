@@ -90,6 +90,9 @@ class ClientConnection:
         high-water mark it mounted with): its feed lag, seen from here."""
         self.conn = conn
         self.protocol = protocol
+        self.from_server = False
+        """True once the other end sent a PeerPing: another server's failure detector,
+        not a client."""
         self.limit = limit
         self.limit_bytes = limit_bytes
         self._bytes = 0
@@ -226,8 +229,8 @@ class WaltzServer:
 
     @property
     def connections(self) -> list[ClientConnection]:
-        """The open client connections."""
-        return list(self._connections)
+        """The open client connections (not those of other servers probing this one)."""
+        return [c for c in self._connections if not c.from_server]
 
     @property
     def endpoint(self) -> str:
@@ -352,6 +355,7 @@ class WaltzServer:
         req_id: ReqId | None = getattr(message, "req_id", None)
         if req_id is None:
             if isinstance(message, PeerPing):  # another server's failure detector
+                client.from_server = True
                 client.post(PeerPong(message.seq_num, self.identity()))
                 return
             client.post(
