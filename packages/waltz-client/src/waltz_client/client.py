@@ -381,7 +381,9 @@ class AsyncWaltzClient:
 
     @staticmethod
     async def _before_deadline(
-        waiting: Awaitable[None], deadline: float | None, why: Callable[[], str]
+        waiting: Awaitable[None],
+        deadline: float | None,
+        why: Callable[[], str] = lambda: "its partition was not writable",
     ) -> None:
         """Wait, but never past the context's deadline (only where nothing is in flight);
         ``why`` says what was awaited if the deadline passes."""
