@@ -42,6 +42,7 @@ from waltz_api.cluster import PartitionAssignment
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
+    SubmissionResult,
     Transaction,
     TransactionBuilder,
     TransactionContext,
@@ -95,7 +96,7 @@ class SteadyWriter:
             task.add_done_callback(self._done)
             await asyncio.sleep(self.interval)
 
-    def _done(self, task: asyncio.Task[bool]) -> None:
+    def _done(self, task: asyncio.Task[SubmissionResult]) -> None:
         if task.cancelled():
             return
         if task.exception() is not None:
