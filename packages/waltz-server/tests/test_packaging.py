@@ -80,9 +80,9 @@ def test_readme_says_what_it_is_how_to_install_and_where_the_docs_are(path: Path
     assert readme.startswith("# "), path
     assert len(readme) > 600, f"{path.parent}: a README of {len(readme)} characters"
     if path.parent.parent.name == "packages" or path.parent.name == "conformance":
-        assert f"pip install {project['name']}" in readme or (
-            f"pip install '{project['name']}" in readme
-        ), f"{path.parent}/README.md has no install line for {project['name']}"
+        assert any(f"pip install {quote}{project['name']}" in readme for quote in ("", "'", '"')), (
+            f"{path.parent}/README.md has no install line for {project['name']}"
+        )
         assert "/docs" in readme, f"{path.parent}/README.md links no documentation"
 
 
@@ -110,3 +110,39 @@ def test_siblings_pinned_to_the_release_and_third_parties_bounded(path: Path) ->
                 f"{project['name']}: {requirement!r} needs a lower and an upper bound "
                 f"(the range the tests ran on)"
             )
+
+
+def _tox_dist_commands() -> list[str]:
+    import configparser
+
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    raw = tox["testenv:dist"]["commands"].replace("\\\n", " ")
+    return [" ".join(line.split()) for line in raw.splitlines() if line.strip()]
+
+
+def test_the_operators_install_commands_are_what_tox_dist_runs() -> None:
+    """docs/operators.md's install lines, word for word, are the `dist` environment's
+    (its paths: `wheels`, `/opt/waltz` for the server venv, `/opt/waltz-client`)."""
+    guide = (ROOT / "docs" / "operators.md").read_text(encoding="utf-8")
+    documented = " ".join(guide.replace("\\\n", " ").split())
+    install = [c for c in _tox_dist_commands() if ".ci/dist" not in c]
+    assert len(install) == 5, install
+    for command in install:
+        as_documented = (
+            command.replace("{toxinidir}/", "")
+            .replace("{envtmpdir}/wheels", "wheels")
+            .replace("{envtmpdir}/server", "/opt/waltz")
+            .replace("{envtmpdir}/client", "/opt/waltz-client")
+            .replace("python -m", "python3 -m")
+        )
+        assert "{" not in as_documented, as_documented
+        assert as_documented in documented, f"docs/operators.md lacks: {as_documented}"
+
+
+def test_tox_dist_builds_every_distribution() -> None:
+    build = next(c for c in _tox_dist_commands() if " wheel " in c)
+    for path in PROJECTS:
+        if path.parent.parent.name == "examples":
+            continue
+        assert f"{{toxinidir}}/{path.parent.relative_to(ROOT)}" in build.split(), path
