@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from waltz_api import capabilities
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -15,20 +17,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Harness:
     """Base of the per-contract harnesses a backend author provides.
 
-    ``capabilities`` are declared, never guessed: a test that needs one the
-    backend does not declare is skipped with the reason.
+    ``capabilities`` are declared, never guessed (names from
+    :mod:`waltz_api.capabilities`; an unknown one is a PluginError): a test that needs
+    one the backend does not declare is skipped with the reason.
     """
 
     name: str
     capabilities: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
-        self.capabilities = frozenset(self.capabilities)
+        self.capabilities = capabilities.check(
+            self.capabilities, where=f"declared by the harness {self.name!r}"
+        )
 
 
-def requires(*capabilities: str) -> Callable[[F], F]:
-    """Mark a suite test as needing optional capabilities."""
-    return pytest.mark.waltz_requires(*capabilities)
+def requires(*names: str) -> Callable[[F], F]:
+    """Mark a suite test as needing optional capabilities (names from
+    :mod:`waltz_api.capabilities`: an unknown one is a PluginError when the suite is
+    defined, never a test skipped forever)."""
+    capabilities.check(names, where="required by a conformance test")
+    return pytest.mark.waltz_requires(*names)
 
 
 def skip_unless_capable(request: pytest.FixtureRequest, harness: Harness) -> None:

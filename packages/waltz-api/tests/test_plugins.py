@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from waltz_api import plugins
+from waltz_api import capabilities, plugins
 from waltz_api.errors import DuplicatePluginError, PluginError, UnknownPluginError
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 from waltz_api.plugins import PluginRegistry, get_registry, reset_registry
@@ -38,7 +38,7 @@ def transport_plugin(
                     kind=PluginKind.TRANSPORT,
                     name=name,
                     factory=factory,
-                    capabilities=frozenset({"tls"}),
+                    capabilities=frozenset({"peer_faults"}),
                     uri_schemes=schemes,
                 )
             ]
@@ -67,7 +67,7 @@ def test_explicitly_registered_plugin_is_found(empty: PluginRegistry) -> None:
     assert empty.names("transport") == ["fake"]
     descriptor = empty.get("transport", "fake")
     assert descriptor.factory is FakeTransport
-    assert descriptor.capabilities == frozenset({"tls"})
+    assert descriptor.capabilities == frozenset({"peer_faults"})
     assert empty.descriptors(PluginKind.TRANSPORT) == [descriptor]
     assert empty.names(PluginKind.STORAGE) == []
 
@@ -363,3 +363,25 @@ def test_a_hook_returning_a_bad_value_is_skipped(empty: PluginRegistry, returned
     assert "must return a list of PluginDescriptor(kind=PluginKind.TRANSPORT" in str(
         empty.load_errors["bad"]
     )
+
+
+def test_an_unknown_capability_is_an_error_naming_the_valid_ones() -> None:
+    with pytest.raises(PluginError, match=r"unknown capability 'bounded-memory'.*bounded_memory"):
+        PluginDescriptor(
+            kind=PluginKind.LOCK_TABLE,
+            name="mine",
+            factory=dict,
+            capabilities=frozenset({"bounded-memory"}),
+        )
+    with pytest.raises(PluginError, match="unknown capability 'reopen'"):
+        PluginDescriptor(
+            kind=PluginKind.TRANSPORT, name="t", factory=dict, capabilities=frozenset({"reopen"})
+        )
+
+
+def test_every_builtin_plugin_declares_known_capabilities_only() -> None:
+    registry = get_registry()
+    for kind in PluginKind:
+        for descriptor in registry.descriptors(kind):
+            assert descriptor.capabilities <= capabilities.BY_KIND[kind], descriptor.name
+    assert registry.names(PluginKind.LOCK_TABLE)  # the built-ins did load

@@ -28,7 +28,7 @@ def test_list_shows_the_installed_plugins_by_kind() -> None:
         assert expected in names, sorted(names)
     assert {row["kind"] for row in rows} <= {kind.value for kind in PluginKind}
     fs = next(row for row in rows if row["name"] == "fs")
-    assert "durable" in fs["capabilities"] and fs["description"]
+    assert "crash_reopen" in fs["capabilities"] and fs["description"]
     local = next(row for row in rows if row["name"] == "local")
     assert "local" in local["uri_schemes"]
 

@@ -26,13 +26,7 @@ async def echo(conn: Connection) -> None:
 
 def test_plugin_is_registered_with_its_capabilities() -> None:
     descriptor = get_registry().get(PluginKind.TRANSPORT, "zmq")
-    assert {
-        "processes",
-        "peer_faults",
-        "malformed_input",
-        "curve",
-        "ipc",
-    } <= descriptor.capabilities
+    assert {"processes", "peer_faults", "malformed_input"} <= descriptor.capabilities
     transport = descriptor.factory({"heartbeat_timeout": 1.0})
     assert isinstance(transport, ZmqTransport)
     assert transport.failure_detection_bound == pytest.approx(1.5)

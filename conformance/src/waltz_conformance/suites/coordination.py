@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from waltz_api.capabilities import CROSS_PROCESS as CROSS_PROCESS  # noqa: PLC0414 (re-exported for plugin authors)
+from waltz_api.capabilities import SERVER_RESTART as SERVER_RESTART  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.contracts.coordination import Coordination, SessionState, Versioned
 from waltz_api.errors import (
     BadVersionError,
@@ -52,9 +54,6 @@ from waltz_api.errors import (
     WaltzError,
 )
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
-
-SERVER_RESTART = "server_restart"
-CROSS_PROCESS = "cross_process"
 
 
 @dataclass

@@ -34,16 +34,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from waltz_api.capabilities import BOUNDED_MEMORY as BOUNDED_MEMORY  # noqa: PLC0414 (re-exported for plugin authors)
+from waltz_api.capabilities import EXACT as EXACT  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.contracts import LockTable
 from waltz_api.hookspecs import PluginDescriptor
 from waltz_api.types import NO_TRANSACTION, Lock, LockMode, LockRequest
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
-
-EXACT = "exact"
-"""Capability: the table has no false positives (its estimate equals the exact model's)."""
-
-BOUNDED_MEMORY = "bounded-memory"
-"""Capability: the table's memory does not grow with the number of distinct locks."""
 
 LockTableFactory = Callable[[int, Mapping[str, Any]], LockTable]
 

@@ -41,6 +41,9 @@ from typing import Any
 
 import pytest
 
+from waltz_api.capabilities import MALFORMED_INPUT as MALFORMED_INPUT  # noqa: PLC0414 (re-exported for plugin authors)
+from waltz_api.capabilities import PEER_FAULTS as PEER_FAULTS  # noqa: PLC0414 (re-exported for plugin authors)
+from waltz_api.capabilities import PROCESSES as PROCESSES  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import (
     ConnectError,
@@ -52,9 +55,6 @@ from waltz_conformance.harness import Harness, requires, skip_unless_capable
 
 log = logging.getLogger(__name__)
 
-PEER_FAULTS = "peer_faults"
-PROCESSES = "processes"
-MALFORMED_INPUT = "malformed_input"
 
 # Extra time allowed beyond a declared bound: the test machine may be loaded.
 SLACK = 2.0

@@ -6,10 +6,11 @@ lazily, so listing plugins costs nothing.
 
 from __future__ import annotations
 
+from waltz_api.capabilities import CRASH_REOPEN, REOPEN
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
 NAME = "sqlite"
-CAPABILITIES = frozenset({"durable", "reopen", "crash_reopen"})
+CAPABILITIES = frozenset({REOPEN, CRASH_REOPEN})
 """What the conformance suite may check: acknowledged changes survive a close and
 reopen, and a SIGKILL of the writing process (``file_faults`` and ``segments``
 are about the ``fs`` file format and do not apply)."""

@@ -19,6 +19,8 @@ from typing import Any
 
 import pluggy
 
+from waltz_api import capabilities
+
 PROJECT_NAME = "waltz"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -39,8 +41,9 @@ class PluginDescriptor:
     - ``name``: chosen in config (``coordination = "zk"``).
     - ``factory``: for storage, the StorageEngine subclass (``await factory.open(...)``);
       for the others, a callable taking an options mapping and returning the component.
-    - ``capabilities``: optional features the implementation supports; the
-      conformance suite skips (visibly) the tests of features not declared.
+    - ``capabilities``: optional features the implementation supports (names from
+      :mod:`waltz_api.capabilities`; an unknown one is a PluginError); the conformance
+      suite skips (visibly) the tests of features not declared.
     - ``uri_schemes``: URI schemes that select this plugin (``zk`` for ``zk://...``).
     - ``conformance_harness``: ``"module:attribute"`` of the harness that runs
       the shared suite against this implementation, if it ships one.
@@ -53,6 +56,12 @@ class PluginDescriptor:
     description: str = ""
     uri_schemes: tuple[str, ...] = ()
     conformance_harness: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"declared by the {self.kind} plugin {self.name!r}"
+        object.__setattr__(
+            self, "capabilities", capabilities.check(self.capabilities, self.kind, where)
+        )
 
 
 class WaltzHookSpecs:

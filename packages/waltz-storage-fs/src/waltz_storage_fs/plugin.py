@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from waltz_api.capabilities import CRASH_REOPEN, FILE_FAULTS, REOPEN, SEGMENTS
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
-CAPABILITIES = frozenset({"durable", "reopen", "crash_reopen", "file_faults", "segments"})
+CAPABILITIES = frozenset({REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS})
 
 
 @hookimpl

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from waltz_api.capabilities import MALFORMED_INPUT, PEER_FAULTS, PROCESSES
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
-CAPABILITIES = frozenset({"processes", "peer_faults", "malformed_input", "curve", "ipc", "tcp"})
+CAPABILITIES = frozenset({PROCESSES, PEER_FAULTS, MALFORMED_INPUT})
 
 
 @hookimpl

@@ -42,6 +42,7 @@ The suite needs the Waltz server package (``waltz_server``): it is the system
 under test.
 """
 
+from waltz_api.capabilities import PROCESSES, RECOVERY_CASES, VOTER_SWEEP
 from waltz_conformance.suites.system.checks import (
     check_invariants,
     check_no_fork,
@@ -50,11 +51,8 @@ from waltz_conformance.suites.system.checks import (
 )
 from waltz_conformance.suites.system.clients import PartitionClient, read_log
 from waltz_conformance.suites.system.harness import (
-    PROCESSES,
     RANGE_READ_TIMEOUT,
-    RECOVERY_CASES,
     TIMEOUT,
-    VOTER_SWEEP,
     SystemHarness,
     gather_all,
     start_all,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from waltz_api.capabilities import PROCESSES
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Transport
@@ -35,22 +36,6 @@ from waltz_server.storage_node.client import StorageClient
 from waltz_server.storage_node.testing import StorageNodeProcess
 
 log = logging.getLogger(__name__)
-
-PROCESSES = "processes"
-"""Capability: storage nodes and servers are real processes (kill -9, restart by pid)."""
-
-VOTER_SWEEP = "voter_sweep"
-"""Capability: the harness may build extra clusters of 1, 2, 4 and 5 storage nodes
-(about a minute with real processes). The voting logic does not depend on the
-plugin combination, so a suite run may declare it for one combination only."""
-
-RECOVERY_CASES = "recovery_cases"
-"""Capability: run the expensive recovery cases (undecidable wait, recovery after a
-failed recovery, a wiped replica, idempotency, replicas added, removed and replaced;
-about half a minute each with real processes). They exercise the server's recovery,
-which does not depend on the plugin combination: a suite run may declare this for the
-in-process combination and one combination of processes, and the others run the
-representative rest (feed, locking, fencing, faults while appending)."""
 
 TIMEOUT = 90.0
 RANGE_READ_TIMEOUT = 15.0

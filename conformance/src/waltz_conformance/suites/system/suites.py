@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from waltz_api.capabilities import PROCESSES, RECOVERY_CASES, VOTER_SWEEP
 from waltz_api.errors import SessionFencedError
 from waltz_api.messages import ErrorCode
 from waltz_api.types import Lock, LockMode
@@ -21,10 +22,7 @@ from waltz_conformance.suites.system.checks import (
 )
 from waltz_conformance.suites.system.clients import PartitionClient, read_log
 from waltz_conformance.suites.system.harness import (
-    PROCESSES,
-    RECOVERY_CASES,
     TIMEOUT,
-    VOTER_SWEEP,
     SystemHarness,
     gather_all,
     start_all,

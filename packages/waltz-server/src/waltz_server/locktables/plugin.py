@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from waltz_api.capabilities import BOUNDED_MEMORY, EXACT
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
 DEFAULT_LOCK_TABLE = "hwm-array"
@@ -17,7 +18,7 @@ def waltz_lock_tables() -> list[PluginDescriptor]:
             kind=PluginKind.LOCK_TABLE,
             name="hwm-array",
             factory=HwmArrayLockTable,
-            capabilities=frozenset({"bounded-memory"}),  # and not "exact"
+            capabilities=frozenset({BOUNDED_MEMORY}),  # and not EXACT
             description=(
                 "fixed-size array of high-water marks, 3 hash functions (the spec's table); "
                 "option: size (default 30000)"
@@ -27,7 +28,7 @@ def waltz_lock_tables() -> list[PluginDescriptor]:
             kind=PluginKind.LOCK_TABLE,
             name="exact",
             factory=ExactLockTable,
-            capabilities=frozenset({"exact"}),
+            capabilities=frozenset({EXACT}),
             description="a dictionary of every lock's last change: no false positives, "
             "memory grows with the number of distinct locks",
         ),
