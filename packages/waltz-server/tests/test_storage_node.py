@@ -260,6 +260,66 @@ async def test_fence_survives_reopening_the_storage(fx: NodeFixture) -> None:
     assert await c2.last_session_info(9, 0) == SessionInfo(9, -1, -1)
 
 
+async def test_availability_survives_a_restart(fx: NodeFixture) -> None:
+    admin = await fx.admin()
+    result = await admin.command(
+        "set_availability", partition_id=2, available=False, cluster_key=str(CLUSTER_KEY)
+    )
+    assert result["persisted"] is True
+    await fx.stop_node()
+    await fx.start(hosted=[])
+    c = await fx.client()
+    with pytest.raises(PartitionClosedError, match="unavailable"):
+        await c.max_transaction_id(1, 2)
+    assert await c.max_transaction_id(1, 1) == -1
+    admin = await fx.admin()
+    assert not {p.partition_id: p for p in await admin.list_partitions()}[2].available
+    await admin.set_availability(2, True, CLUSTER_KEY)
+    await fx.stop_node()
+    await fx.start(hosted=[])
+    assert await (await fx.client()).max_transaction_id(1, 2) == -1
+
+
+async def test_a_damaged_replica_reports_its_hole_and_takes_a_repair(tmp_path: Path) -> None:
+    """The fs engine found a damaged middle segment at start-up: the node reports the
+    hole (MissingRange), refuses to start a session there (SetLowWaterMark) and splices
+    the records a peer sends (Repair)."""
+    from waltz_storage_fs import tools
+
+    fx = NodeFixture(str(tmp_path / "data"), "fs")
+    await fx.start(hosted=[0])
+    try:
+        c = await fx.client()
+        assert await c.missing_range(1, 0) is None
+        for first in range(0, 30, 3):
+            await c.append(1, 0, make_records(0, first, 3))
+        await c.set_low_water_mark(1, 0, 29)
+        await fx.stop_node()
+        path, _, end = tools.find_record(fx.location, 0, 10)
+        raw = bytearray(path.read_bytes())
+        raw[end - 10] ^= 1  # a flipped bit in record 10's data
+        path.write_bytes(bytes(raw))
+        (path.parent / path.name.replace(".seg", ".idx")).unlink()
+        await fx.start(hosted=[])
+        c = await fx.client()
+        assert await c.max_transaction_id(2, 0) == 29
+        assert await c.missing_range(2, 0) == (10, 10)
+        with pytest.raises(StorageError, match="transaction 10"):
+            await c.record(2, 0, 10)
+        with pytest.raises(StorageRequestError, match=r"lacks transactions 10\.\.10"):
+            await c.set_low_water_mark(2, 0, 29)
+        with pytest.raises(StorageAppendError, match="lowest missing range"):
+            await c.repair(2, 0, make_records(0, 11, 1))
+        await c.repair(2, 0, make_records(0, 10, 1))
+        assert await c.missing_range(2, 0) is None
+        assert await c.records(2, 0, 0, 100) == make_records(0, 0, 30)
+        await c.set_low_water_mark(2, 0, 29)
+        listed = (await (await fx.admin()).list_partitions_raw())[0]
+        assert listed["missing_ranges"] == []
+    finally:
+        await fx.close()
+
+
 async def test_pipelined_appends_are_ordered_and_batched(fx: NodeFixture) -> None:
     c = await fx.client()
     p = 2

@@ -189,7 +189,7 @@ async def test_fencing_survives_kill_9_and_restart(cluster: Cluster) -> None:
 
     await cluster.restart_after_kill()
     c = await cluster.client()
-    assert await c.last_session_info(9, 0) == SessionInfo(8, 1, 1)
+    assert await c.last_session_info(9, 0) == SessionInfo(8, 1, 1, 8)
     assert await c.records(9, 0, 0, 10) == make_records(0, 3, partition_id=0)
     with pytest.raises(SessionFencedError) as fenced1:
         await c.append(8, 1, [make_record(0, partition_id=1)])

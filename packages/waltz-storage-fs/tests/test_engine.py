@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from waltz_api import wire
-from waltz_api.errors import CorruptionError, PartitionClosedError, StorageError
+from waltz_api.errors import (
+    CorruptionError,
+    PartitionClosedError,
+    StorageAppendError,
+    StorageError,
+)
+from waltz_api.types import LOST_SESSION
 from waltz_conformance.suites.storage import assert_log, make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
@@ -58,7 +64,7 @@ async def test_group_commit_coalesces_concurrent_appends(
         syncs += 1
         real(fd)
 
-    monkeypatch.setattr(os, "fdatasync", counting)
+    monkeypatch.setattr(engine.files, "fdatasync", counting)
 
     async def one_partition(pid: int) -> None:
         # appends to one partition may be pipelined: all 20 are queued at once
@@ -136,7 +142,7 @@ async def test_torn_segment_creation_is_dropped(opener: Opener) -> None:
     await assert_log(engine, 0, 5)
 
 
-async def test_a_segment_that_does_not_follow_is_dropped(opener: Opener) -> None:
+async def test_a_middle_segment_that_lost_its_tail_leaves_a_hole(opener: Opener) -> None:
     engine = await opener(segment_size=400)
     await engine.add_partition(0)
     for first in range(0, 20, 2):
@@ -144,29 +150,82 @@ async def test_a_segment_that_does_not_follow_is_dropped(opener: Opener) -> None
     await engine.close()
     pdir = opener.directory / "0"
     firsts = tools.segment_firsts(pdir)
-    # the middle segment loses its tail: every later segment must go
-    path, start, _ = tools.find_record(opener.directory, 0, firsts[2] - 1)
+    # the middle segment loses its last record: every later segment stays, a hole is left
+    hole = firsts[2] - 1
+    path, start, _ = tools.find_record(opener.directory, 0, hole)
     os.truncate(path, start)
     engine = await opener(segment_size=400)
-    await assert_log(engine, 0, firsts[2] - 2)
-    assert tools.segment_firsts(pdir) == firsts[:2]
+    part = engine.partition(0)
+    assert part.max_transaction_id() == 19
+    assert part.missing_ranges() == [(hole, hole)]
+    assert tools.segment_firsts(pdir) == firsts
+    assert await part.read_records(0, 100) == [make_record(t) for t in range(hole)]
+    with pytest.raises(CorruptionError, match=f"transaction {hole} is missing"):
+        await part.read_record(hole)
+    assert await part.read_records(hole + 1, 100) == [make_record(t) for t in range(hole + 1, 20)]
+    # a repair fills the lowest hole from its first id
+    with pytest.raises(StorageAppendError, match="lowest missing range"):
+        await part.repair([make_record(hole + 1)])
+    await part.repair([make_record(hole)])
+    assert part.missing_ranges() == []
+    await assert_log(engine, 0, 19)
+    await part.append([make_record(20)])
+    await engine.close()
+    engine = await opener(segment_size=400)
+    await assert_log(engine, 0, 20)
+    assert tools.verify(opener.directory).ok
 
 
-async def test_damaged_segment_header_closes_the_partition(opener: Opener) -> None:
+async def test_a_damaged_segment_header_is_rewritten_from_its_index(opener: Opener) -> None:
     engine = await opener()
     for pid in (0, 1):
         await engine.add_partition(pid)
         await engine.partition(pid).append([make_record(t, pid) for t in range(3)])
     await engine.close()
     seg = opener.directory / "0" / fmt.segment_file_name(0, fmt.SEGMENT_SUFFIX)
+    original = seg.read_bytes()[: fmt.HEADER_SIZE]
     with seg.open("r+b") as f:
         f.seek(10)
         f.write(b"\xff")
     engine = await opener()
-    with pytest.raises(PartitionClosedError, match="header"):
-        engine.partition(0)
-    assert 0 in engine.closed_partitions()
+    await assert_log(engine, 0, 2)
     await assert_log(engine, 1, 2)
+    assert seg.read_bytes()[: fmt.HEADER_SIZE - 100] != b""
+    assert fmt.decode_segment_header(seg.read_bytes()[: fmt.HEADER_SIZE]) is not None
+    (entry,) = tools.list_quarantine(opener.directory)
+    assert entry.partition_id == 0 and "damaged-header" in entry.folder.name
+    saved = (entry.folder / f"{seg.name}.header").read_bytes()
+    assert saved != original and saved[:10] == original[:10]
+
+
+async def test_a_segment_with_both_headers_damaged_is_moved_aside(opener: Opener) -> None:
+    engine = await opener(segment_size=300)
+    await engine.add_partition(0)
+    for t in range(20):
+        await engine.partition(0).append([make_record(t)])
+    await engine.close()
+    pdir = opener.directory / "0"
+    firsts = tools.segment_firsts(pdir)
+    assert len(firsts) >= 4
+    middle, last = firsts[1], firsts[-1]
+    for first in (middle, last):
+        for suffix in (fmt.SEGMENT_SUFFIX, fmt.INDEX_SUFFIX):
+            with (pdir / fmt.segment_file_name(first, suffix)).open("r+b") as f:
+                f.seek(10)
+                f.write(b"\xff")
+    engine = await opener(segment_size=300)
+    part = engine.partition(0)
+    # the middle one leaves a hole; the last one leaves a lost tail (LOST_SESSION)
+    assert part.max_transaction_id() == last - 1
+    assert part.missing_ranges() == [(middle, firsts[2] - 1)]
+    assert part.session_info().low_water_mark_session_id == LOST_SESSION
+    moved = {n for e in tools.list_quarantine(opener.directory) for n in e.files}
+    assert fmt.segment_file_name(middle, fmt.SEGMENT_SUFFIX) in moved
+    assert fmt.segment_file_name(last, fmt.SEGMENT_SUFFIX) in moved
+    await engine.close()
+    engine = await opener(segment_size=300)
+    assert engine.partition(0).session_info().low_water_mark_session_id == LOST_SESSION
+    assert engine.partition(0).missing_ranges() == [(middle, firsts[2] - 1)]
 
 
 async def test_damaged_control_header_refuses_to_open(opener: Opener) -> None:
@@ -344,7 +403,7 @@ async def test_a_failed_flush_closes_the_partition_until_recovery(
             raise OSError(errno.EIO, "simulated disk error")
         real(fd)
 
-    monkeypatch.setattr(os, "fdatasync", failing)
+    monkeypatch.setattr(engine.files, "fdatasync", failing)
     with pytest.raises(PartitionClosedError, match="simulated disk error"):
         await bad.append([make_record(1)])
     # never retried after a failed flush (the page cache may have dropped the pages)
@@ -354,7 +413,7 @@ async def test_a_failed_flush_closes_the_partition_until_recovery(
         bad.max_transaction_id()
     await good.append([make_record(0, 1)])
     await assert_log(engine, 1, 0)
-    monkeypatch.setattr(os, "fdatasync", real)
+    monkeypatch.setattr(engine.files, "fdatasync", real)
     await engine.close()
     engine = await opener()
     assert engine.partition(0).max_transaction_id() in (0, 1)

@@ -47,8 +47,8 @@ def transport(options: Mapping[str, Any] | None = None) -> Any:
 def storage(options: Mapping[str, Any] | None = None, root: Any = None) -> Any:
     """The harness of the reference storage engine (locations are keys in memory).
 
-    It declares only ``reopen``: nothing survives the process, and there are
-    no files to damage or segments to roll."""
+    It declares ``reopen`` and ``availability`` only: nothing survives the process,
+    and there are no files to damage (so no hole to repair) or segments to roll."""
     import uuid
     from pathlib import Path
 
@@ -57,7 +57,7 @@ def storage(options: Mapping[str, Any] | None = None, root: Any = None) -> Any:
 
     return StorageHarness(
         name="memory",
-        capabilities=frozenset({"reopen"}),
+        capabilities=frozenset({"reopen", "availability"}),
         engine_class=MemoryStorageEngine,
         root=Path(root) if root is not None else Path(f"memory-storage-{uuid.uuid4()}"),
         options=dict(options or {}),

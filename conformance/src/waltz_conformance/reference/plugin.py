@@ -67,7 +67,7 @@ def waltz_storage_engines() -> list[PluginDescriptor]:
             kind=PluginKind.STORAGE,
             name="memory",
             factory=MemoryStorageEngine,
-            capabilities=frozenset({"reopen"}),
+            capabilities=frozenset({"reopen", "availability"}),
             description="in-process reference storage (not durable); for tests",
             conformance_harness="waltz_conformance.reference.harnesses:storage",
         )

@@ -25,6 +25,9 @@ SEGMENTS: Final = "segments"
 """The log is kept in segments that roll over (tests at segment boundaries)."""
 AVAILABILITY: Final = "availability"
 """It keeps an administrator's partition availability across restarts."""
+REPAIR: Final = "repair"
+"""Start-up recovery keeps intact records after damaged ones and reports the damaged ones
+as missing ranges, which ``repair`` fills (records copied from a peer)."""
 
 # -- coordination ------------------------------------------------------------------------
 SERVER_RESTART: Final = "server_restart"
@@ -62,7 +65,7 @@ combination and one combination of processes, and the others run the representat
 rest (feed, locking, fencing, faults while appending)."""
 
 BY_KIND: Final[Mapping[str, frozenset[str]]] = {
-    "storage": frozenset({REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, AVAILABILITY}),
+    "storage": frozenset({REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, AVAILABILITY, REPAIR}),
     "coordination": frozenset({SERVER_RESTART, CROSS_PROCESS}),
     "transport": frozenset({PEER_FAULTS, PROCESSES, MALFORMED_INPUT, CONTROL_FUZZ}),
     "lock_table": frozenset({EXACT, BOUNDED_MEMORY}),

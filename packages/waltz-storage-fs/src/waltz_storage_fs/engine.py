@@ -15,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
-import fcntl
+import dataclasses
 import logging
 import operator
-import os
-import shutil
 import struct
 import threading
 import time
@@ -40,9 +38,18 @@ from waltz_api.errors import (
     StorageAppendError,
     StorageError,
 )
-from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, SessionInfo
+from waltz_api.types import LOST_SESSION, NO_TRANSACTION, Record, RecordHeader, SessionInfo
 from waltz_api.wire import RecordBlock
 from waltz_storage_fs import format as fmt
+from waltz_storage_fs.control import ControlFile
+from waltz_storage_fs.files import OPEN_NEW, REAL_FILES, Files, make_dirs, remove_tree
+from waltz_storage_fs.recovery import (
+    PartitionRecovery,
+    Quarantine,
+    Segment,
+    close_segment,
+    missing_ranges,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +67,15 @@ class FsOptions:
     index_checkpoint_interval: int = DEFAULT_INDEX_CHECKPOINT
     """The index file is flushed every this many records (the spec's 1000)."""
     read_threads: int = DEFAULT_READ_THREADS
+    verify_on_open: int = 0
+    """1: recovery checks every record (ignores what the indexes vouch for), so damage
+    anywhere becomes a hole to repair at this start; 0 (default): only the records after
+    each index's last flushed checkpoint, the rest when it is read."""
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | None) -> FsOptions:
         options = dict(options or {})
-        known = {"segment_size", "index_checkpoint_interval", "read_threads"}
+        known = {"segment_size", "index_checkpoint_interval", "read_threads", "verify_on_open"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise StorageError(
@@ -86,41 +97,12 @@ class FsOptions:
             raise StorageError(f"segment_size {result.segment_size} is too small (min 168)")
         if result.index_checkpoint_interval < 1 or result.read_threads < 1:
             raise StorageError("index_checkpoint_interval and read_threads must be >= 1")
+        if result.verify_on_open not in (0, 1):
+            raise StorageError(f"verify_on_open must be 0 or 1, not {result.verify_on_open}")
         return result
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -- segments -------------------------------------------------------------------------
-
-
-class _Segment:
-    """One segment's files. ``count``/``size`` are the committer's (written) view."""
-
-    __slots__ = ("count", "data_fd", "data_path", "first", "index_fd", "index_path", "size")
-
-    def __init__(self, directory: Path, first: int, data_fd: int, index_fd: int) -> None:
-        self.first = first
-        self.data_path = directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
-        self.index_path = directory / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)
-        self.data_fd = data_fd
-        self.index_fd = index_fd
-        self.count = 0
-        self.size = fmt.HEADER_SIZE
-
-    def close(self) -> None:
-        """Close both files (idempotent: a closed fd number may be reused)."""
-        fds = (self.data_fd, self.index_fd)
-        self.data_fd = self.index_fd = -1
-        for fd in fds:
-            if fd >= 0:
-                os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +120,7 @@ class _SegView:
 class _View:
     segments: tuple[_SegView, ...]
     max_txid: int
+    missing: tuple[tuple[int, int], ...] = ()
 
 
 _EMPTY_VIEW = _View((), NO_TRANSACTION)
@@ -265,10 +248,12 @@ class _Committer(threading.Thread):
     def _sync_all(self, syncs: list[tuple[FsStoragePartition, int, int]]) -> list[OSError | None]:
         """Flush the files of a round (data, and index files at a checkpoint)."""
 
+        fdatasync = self._engine.files.fdatasync
+
         def sync(kind: int, fd: int) -> OSError | None:
             # fdatasync for both kinds: it flushes the size too, not the mtime
             try:
-                os.fdatasync(fd)
+                fdatasync(fd)
             except OSError as exc:
                 return exc
             return None
@@ -303,7 +288,12 @@ def _resolve(results: list[tuple[_Job, BaseException | None]]) -> None:
 
 
 class FsStoragePartition(StoragePartition):
-    """A partition directory: segments, recovered at open, written by the committer."""
+    """A partition directory: segments, recovered at open, written by the committer.
+
+    The segments are ascending; a gap between two (or before the first) is a hole:
+    records recovery found damaged and moved aside, reported by ``missing_ranges``
+    until ``repair`` writes them back (into the segment before the hole, or a new
+    segment named after the hole's first id)."""
 
     def __init__(
         self,
@@ -314,15 +304,18 @@ class FsStoragePartition(StoragePartition):
     ) -> None:
         self.partition_id = partition_id
         self._engine = engine
+        self._files = engine.files
         self.directory = engine.directory / str(partition_id)
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._view = _EMPTY_VIEW
         self._info = struct.session_info
+        self._flags = struct.flags
         self._info_slot = slot
         self._info_sequence = struct.sequence
         self._next_txid = 0  # loop side: the id the next append must start with
         self.broken: OSError | None = None
         self._closed = False
+        self.quarantined: list[Path] = []
 
     # -- state --------------------------------------------------------------------------
 
@@ -341,7 +334,7 @@ class FsStoragePartition(StoragePartition):
             _SegView(s.first, s.count, s.size, s.data_fd, s.index_fd) for s in self._segments
         )
         max_txid = segs[-1].first + segs[-1].count - 1 if segs else NO_TRANSACTION
-        self._view = _View(segs, max_txid)
+        self._view = _View(segs, max_txid, tuple(missing_ranges(self._segments)))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -352,236 +345,140 @@ class FsStoragePartition(StoragePartition):
     # -- recovery (runs in a worker thread at open) -------------------------------------
 
     def recover(self) -> None:
-        """Open the segments, rebuild the index tail, truncate a torn or corrupt tail."""
-        if not self.directory.is_dir():
-            # add_partition makes the directory durable before the control file says
-            # the partition is hosted: a missing directory is data lost outside Waltz
-            raise CorruptionError(
-                f"the directory {self.directory} of hosted partition {self.partition_id} is missing"
-            )
-        found: dict[int, set[str]] = {}
-        for entry in os.listdir(self.directory):
-            parsed = fmt.parse_segment_file_name(entry)
-            if parsed is None:
-                log.warning("partition %d: ignoring unknown file %s", self.partition_id, entry)
-                continue
-            found.setdefault(parsed[0], set()).add(parsed[1])
-        firsts = sorted(found)
-        dir_changed = False
-        for first in firsts:
-            if fmt.SEGMENT_SUFFIX not in found[first]:  # index left by an interrupted delete
-                (self.directory / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)).unlink()
-                dir_changed = True
-        firsts = [f for f in firsts if fmt.SEGMENT_SUFFIX in found[f]]
-        expected_first = 0
-        for i, first in enumerate(firsts):
-            last = i == len(firsts) - 1
-            if first != expected_first:
-                if i == 0:
-                    raise CorruptionError(
-                        f"partition {self.partition_id}: the first segment starts at transaction "
-                        f"{first}, not 0: segment files are missing from {self.directory}"
-                    )
-                log.warning(
-                    "partition %d: segment %d does not follow the log (expected %d); "
-                    "removing it and every later segment",
-                    self.partition_id,
-                    first,
-                    expected_first,
-                )
-                for later in firsts[i:]:
-                    for suffix in (fmt.SEGMENT_SUFFIX, fmt.INDEX_SUFFIX):
-                        (self.directory / fmt.segment_file_name(later, suffix)).unlink(
-                            missing_ok=True
-                        )
-                dir_changed = True
-                break
-            seg = self._open_segment(first, last)
-            if seg is None:  # a torn new segment, never written to
-                dir_changed = True
-                continue
-            self._segments.append(seg)
-            expected_first = seg.first + seg.count
-        if dir_changed:
-            _fsync_dir(self.directory)
+        """Open the segments (see :mod:`waltz_storage_fs.recovery`)."""
+        layout = PartitionRecovery(
+            self._files,
+            self._engine.directory,
+            self.partition_id,
+            cluster_key=self._engine.cluster_key,
+            index_checkpoint_interval=self._engine.options.index_checkpoint_interval,
+            verify_all=bool(self._engine.options.verify_on_open),
+            mark_lost=self._mark_lost,
+        ).run()
+        self._segments = layout.segments
+        self.quarantined = layout.quarantined
         self.publish()
         self._next_txid = self._view.max_txid + 1
-
-    def _open_segment(self, first: int, last: bool) -> _Segment | None:
-        engine = self._engine
-        data_path = self.directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
-        index_path = self.directory / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)
-        data_fd = os.open(data_path, os.O_RDWR)
-        index_fd = os.open(index_path, os.O_RDWR | os.O_CREAT, 0o644)
-        seg = _Segment(self.directory, first, data_fd, index_fd)
-        try:
-            data_size = os.fstat(data_fd).st_size
-            header = fmt.decode_segment_header(os.pread(data_fd, fmt.HEADER_SIZE, 0))
-            if header is None:
-                if last and data_size <= fmt.HEADER_SIZE:
-                    log.warning(
-                        "partition %d: removing segment %s, whose creation was interrupted",
-                        self.partition_id,
-                        data_path.name,
-                    )
-                    seg.close()
-                    data_path.unlink()
-                    index_path.unlink(missing_ok=True)
-                    return None
-                raise CorruptionError(f"{data_path}: the segment header fails its checksum")
-            self._check_header(header, first, data_path)
-            expected_header = fmt.encode_segment_header(header)
-            interval = engine.options.index_checkpoint_interval
-            index_header = fmt.decode_segment_header(os.pread(index_fd, fmt.HEADER_SIZE, 0))
-            trusted = 0
-            if index_header != header:
-                log.warning("partition %d: rebuilding index %s", self.partition_id, index_path)
-                os.ftruncate(index_fd, 0)
-                os.pwrite(index_fd, expected_header, 0)
-            else:
-                entries = (os.fstat(index_fd).st_size - fmt.HEADER_SIZE) // fmt.INDEX_ENTRY_SIZE
-                trusted = entries if not last else (entries // interval) * interval
-            start = fmt.HEADER_SIZE
-            while trusted:
-                start = self._verify_entry(seg, trusted - 1, data_size)
-                if start >= 0:
-                    break
-                log.warning(
-                    "partition %d: index %s entry %d does not match its data; "
-                    "scanning from the checkpoint before it",
-                    self.partition_id,
-                    index_path.name,
-                    trusted - 1,
-                )
-                trusted = ((trusted - 1) // interval) * interval
-                start = fmt.HEADER_SIZE
-            result = fmt.ScanResult(start)
-            count = trusted
-            pending: list[int] = []
-            for offset in fmt.scan_offsets(data_fd, start, data_size, first + trusted, result):
-                pending.append(offset)
-                if len(pending) == 65536:  # rebuild the index in bounded pieces
-                    os.pwrite(
-                        index_fd,
-                        fmt.struct_pack_offsets(pending),
-                        fmt.HEADER_SIZE + count * fmt.INDEX_ENTRY_SIZE,
-                    )
-                    count += len(pending)
-                    pending = []
-            if pending:
-                os.pwrite(
-                    index_fd,
-                    fmt.struct_pack_offsets(pending),
-                    fmt.HEADER_SIZE + count * fmt.INDEX_ENTRY_SIZE,
-                )
-                count += len(pending)
-            seg.count = count
-            seg.size = result.end
-            if data_size > result.end:
-                log.warning(
-                    "partition %d: truncating %d bytes after transaction %d in %s (%s)",
-                    self.partition_id,
-                    data_size - result.end,
-                    first + seg.count - 1,
-                    data_path.name,
-                    result.stop_reason,
-                )
-                os.ftruncate(data_fd, result.end)
-                os.fdatasync(data_fd)
-            os.ftruncate(index_fd, fmt.HEADER_SIZE + seg.count * fmt.INDEX_ENTRY_SIZE)
-            os.fsync(index_fd)
-            return seg
-        except BaseException:
-            seg.close()
-            raise
-
-    def _check_header(self, header: fmt.SegmentHeader, first: int, path: Path) -> None:
-        if header.version != fmt.FORMAT_VERSION:
-            raise CorruptionError(f"{path}: unsupported segment format version {header.version}")
-        if header.cluster_key != self._engine.cluster_key:
-            raise CorruptionError(
-                f"{path}: the segment belongs to cluster {header.cluster_key}, "
-                f"not {self._engine.cluster_key}"
-            )
-        if header.partition_id != self.partition_id or header.first_transaction_id != first:
-            raise CorruptionError(
-                f"{path}: header says partition {header.partition_id} from transaction "
-                f"{header.first_transaction_id}; the file name and directory disagree"
+        if self._view.missing:
+            log.warning(
+                "partition %d: transactions %s are missing (damaged, moved aside); the server "
+                "repairs them from a peer, reads of them fail until then",
+                self.partition_id,
+                ", ".join(f"{a}..{b}" for a, b in self._view.missing),
             )
 
-    def _verify_entry(self, seg: _Segment, index: int, data_size: int) -> int:
-        """The end offset of the record at index entry ``index`` if it checks out, else -1."""
-        raw = os.pread(seg.index_fd, fmt.INDEX_ENTRY_SIZE, fmt.HEADER_SIZE + index * 8)
-        if len(raw) != fmt.INDEX_ENTRY_SIZE:
-            return -1
-        (offset,) = fmt.INDEX_ENTRY.unpack(raw)
-        if not fmt.HEADER_SIZE <= offset <= data_size - fmt.RECORD_OVERHEAD:
-            return -1
-        head = os.pread(seg.data_fd, fmt.RECORD_HEAD.size, offset)
-        if len(head) != fmt.RECORD_HEAD.size:
-            return -1
-        length = fmt.RECORD_HEAD.unpack(head)[6]
-        if length < 0 or offset + fmt.RECORD_OVERHEAD + length > data_size:
-            return -1
-        buf = os.pread(seg.data_fd, fmt.RECORD_OVERHEAD + length, offset)
-        try:
-            record, end = fmt.decode_record(buf, 0)
-        except fmt.RecordFormatError:
-            return -1
-        if record.transaction_id != seg.first + index:
-            return -1
-        return int(offset) + end
+    def _mark_lost(self) -> None:
+        """Durably: the records after the log's end may have been lost (LOST_SESSION)."""
+        info = dataclasses.replace(self._info, low_water_mark_session_id=LOST_SESSION)
+        self._write_info(info, self._flags)
+        log.warning(
+            "partition %d: records it acknowledged may be lost: its low-water-mark session is "
+            "LOST until a store session starts here again (the server catches it up)",
+            self.partition_id,
+        )
+
+    def _write_info(self, info: SessionInfo, flags: int) -> None:
+        """Write the struct that is not current (then it is), flushed."""
+        slot = 1 - self._info_slot
+        sequence = self._info_sequence + 1
+        self._engine.control.write_struct(
+            self.partition_id, slot, fmt.InfoStruct(info, flags, sequence)
+        )
+        self._info, self._flags = info, flags
+        self._info_slot, self._info_sequence = slot, sequence
 
     # -- committer side (runs in the committer thread) ----------------------------------
 
     def write_batch(self, job: _Job, flushes: set[tuple[int, int]]) -> None:
         engine = self._engine
+        files = self._files
         seg = self._segments[-1] if self._segments else None
         if seg is None or (seg.size >= engine.options.segment_size and seg.count > 0):
             if seg is not None:
-                os.fdatasync(seg.data_fd)
-                os.fsync(seg.index_fd)
+                files.fdatasync(seg.data_fd)
+                files.fsync(seg.index_fd)
             seg = self._create_segment(job.first_txid)
-        offsets: list[int] = []
-        pos = seg.size
-        for length in job.lengths:
-            offsets.append(pos)
-            pos += length
-        os.pwrite(seg.data_fd, job.blob, seg.size)
-        index_pos = fmt.HEADER_SIZE + seg.count * fmt.INDEX_ENTRY_SIZE
-        os.pwrite(seg.index_fd, fmt.struct_pack_offsets(offsets), index_pos)
+        self._write_records(seg, job.blob, job.lengths)
         interval = engine.options.index_checkpoint_interval
-        crossed = (seg.count + len(offsets)) // interval != seg.count // interval
-        seg.count += len(offsets)
-        seg.size = pos
+        crossed = seg.count // interval != (seg.count - len(job.lengths)) // interval
         flushes.add((_DATA, seg.data_fd))
         if crossed:
             flushes.add((_INDEX, seg.index_fd))
 
-    def _create_segment(self, first: int) -> _Segment:
+    def _write_records(self, seg: Segment, blob: bytes, lengths: list[int]) -> None:
+        offsets: list[int] = []
+        pos = seg.size
+        for length in lengths:
+            offsets.append(pos)
+            pos += length
+        self._files.pwrite(seg.data_fd, blob, seg.size)
+        index_pos = fmt.HEADER_SIZE + seg.count * fmt.INDEX_ENTRY_SIZE
+        self._files.pwrite(seg.index_fd, fmt.struct_pack_offsets(offsets), index_pos)
+        seg.count += len(offsets)
+        seg.size = pos
+
+    def _create_segment(self, first: int) -> Segment:
+        files = self._files
         header = fmt.encode_segment_header(
             fmt.SegmentHeader(
-                fmt.FORMAT_VERSION, fmt.now_ms(), self._engine.cluster_key, self.partition_id, first
+                fmt.SEGMENT_FORMAT_VERSION,
+                fmt.now_ms(),
+                self._engine.cluster_key,
+                self.partition_id,
+                first,
             )
         )
-        self.directory.mkdir(exist_ok=True)
         data_path = self.directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
         index_path = self.directory / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)
-        data_fd = os.open(data_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        index_fd = os.open(index_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        seg = _Segment(self.directory, first, data_fd, index_fd)
+        data_fd = files.open(data_path, OPEN_NEW, 0o644)
         try:
-            os.pwrite(index_fd, header, 0)
-            os.fsync(index_fd)
-            os.pwrite(data_fd, header, 0)
-            os.fsync(data_fd)
-            _fsync_dir(self.directory)
+            index_fd = files.open(index_path, OPEN_NEW, 0o644)
         except BaseException:
-            seg.close()
+            files.close(data_fd)
             raise
-        self._segments.append(seg)
+        seg = Segment(self.directory, first, data_fd, index_fd)
+        try:
+            files.pwrite(index_fd, header, 0)
+            files.fsync(index_fd)
+            files.pwrite(data_fd, header, 0)
+            files.fsync(data_fd)
+            files.fsync_dir(self.directory)
+        except BaseException:
+            close_segment(files, seg)
+            raise
+        bisect.insort(self._segments, seg, key=lambda s: s.first)
         log.info("partition %d: new segment %s", self.partition_id, data_path.name)
         return seg
+
+    def repair_now(self, first: int, blob: bytes, lengths: list[int]) -> None:
+        """Write records copied from a peer into the lowest hole, flushed."""
+        if self.broken is not None:
+            raise self.broken_error()
+        missing = missing_ranges(self._segments)
+        last = first + len(lengths) - 1
+        if not missing or missing[0][0] != first or last > missing[0][1]:
+            raise StorageAppendError(
+                f"partition {self.partition_id}: repair of transactions {first}.."
+                f"{last} does not fill the lowest missing range "
+                f"({'none' if not missing else f'{missing[0][0]}..{missing[0][1]}'}); "
+                "nothing was stored"
+            )
+        files = self._files
+        try:
+            before = [s for s in self._segments if s.end == first]
+            seg = before[0] if before else None
+            if seg is None or seg.size >= self._engine.options.segment_size:
+                if seg is not None:
+                    files.fdatasync(seg.data_fd)
+                    files.fsync(seg.index_fd)
+                seg = self._create_segment(first)
+            self._write_records(seg, blob, lengths)
+            files.fdatasync(seg.data_fd)
+            files.fsync(seg.index_fd)
+        except OSError as exc:  # the files are in an unknown state until recovery
+            self.mark_broken(exc)
+            raise self.broken_error() from exc
+        self.publish()
 
     def truncate_now(self, transaction_id: int) -> None:
         if self.broken is not None:
@@ -593,18 +490,24 @@ class FsStoragePartition(StoragePartition):
             raise self.broken_error() from exc
 
     def _truncate_files(self, transaction_id: int) -> None:
+        files = self._files
+        if any(a <= transaction_id for a, _ in missing_ranges(self._segments)):
+            # records in a hole at or below the new end were acknowledged once: the log
+            # ends before them now, with nothing to say it ever held them
+            self._mark_lost()
         removed = False
         while self._segments and self._segments[-1].first > transaction_id:
             seg = self._segments.pop()
-            seg.close()
-            seg.data_path.unlink()
-            seg.index_path.unlink(missing_ok=True)
+            close_segment(files, seg)
+            files.unlink(seg.data_path)
+            if files.exists(seg.index_path):
+                files.unlink(seg.index_path)
             removed = True
         if self._segments:
             seg = self._segments[-1]
             keep = transaction_id - seg.first + 1
             if keep < seg.count:
-                raw = os.pread(
+                raw = files.pread(
                     seg.index_fd,
                     fmt.INDEX_ENTRY_SIZE,
                     fmt.HEADER_SIZE + keep * fmt.INDEX_ENTRY_SIZE,
@@ -614,34 +517,36 @@ class FsStoragePartition(StoragePartition):
                     raise CorruptionError(
                         f"{seg.index_path}: entry {keep} points at {end}, outside the data file"
                     )
-                os.ftruncate(seg.data_fd, end)
-                os.fdatasync(seg.data_fd)
-                os.ftruncate(seg.index_fd, fmt.HEADER_SIZE + keep * fmt.INDEX_ENTRY_SIZE)
-                os.fsync(seg.index_fd)
+                files.ftruncate(seg.data_fd, end)
+                files.fdatasync(seg.data_fd)
+                files.ftruncate(seg.index_fd, fmt.HEADER_SIZE + keep * fmt.INDEX_ENTRY_SIZE)
+                files.fsync(seg.index_fd)
                 seg.count = keep
                 seg.size = end
         if removed:
-            _fsync_dir(self.directory)
+            files.fsync_dir(self.directory)
         self.publish()
 
     def set_info_now(self, info: SessionInfo) -> None:
+        self._set_struct_now(info, self._flags)
+
+    def set_available_now(self, available: bool) -> None:
+        flags = self._flags & ~fmt.FLAG_UNAVAILABLE
+        self._set_struct_now(self._info, flags if available else flags | fmt.FLAG_UNAVAILABLE)
+
+    def _set_struct_now(self, info: SessionInfo, flags: int) -> None:
         if self.broken is not None:
             raise self.broken_error()
-        slot = 1 - self._info_slot
-        sequence = self._info_sequence + 1
         try:
-            self._engine.control.write_struct(
-                self.partition_id, slot, fmt.InfoStruct(info, fmt.FLAG_ASSIGNED, sequence)
-            )
+            self._write_info(info, flags | fmt.FLAG_ASSIGNED)
         except OSError as exc:
             self.mark_broken(exc)
             raise self.broken_error() from exc
-        self._info, self._info_slot, self._info_sequence = info, slot, sequence
 
     def close_files(self) -> None:
         self._closed = True
         for seg in self._segments:
-            seg.close()
+            close_segment(self._files, seg)
         self._segments = []
         self._view = _EMPTY_VIEW
 
@@ -659,11 +564,21 @@ class FsStoragePartition(StoragePartition):
         self._check_open()
         await self._engine.run_committed(lambda: self.set_info_now(info))
 
-    async def append(self, records: Sequence[Record]) -> None:
+    def missing_ranges(self) -> list[tuple[int, int]]:
         self._check_open()
-        if not records:
-            return
-        expected = self._next_txid
+        return list(self._view.missing)
+
+    def available(self) -> bool:
+        self._check_open()
+        return not self._flags & fmt.FLAG_UNAVAILABLE
+
+    async def set_available(self, available: bool) -> None:
+        self._check_open()
+        await self._engine.run_committed(lambda: self.set_available_now(available))
+
+    def _encode(self, records: Sequence[Record], expected: int) -> tuple[bytes, list[int]]:
+        """The records' stored bytes and lengths, checked: dense from ``expected``, each
+        data matching its checksum, every field within the format's range."""
         parts: list[bytes] = []
         lengths: list[int] = []
         pack_head = fmt.RECORD_HEAD.pack
@@ -706,8 +621,16 @@ class FsStoragePartition(StoragePartition):
                 ) from exc
             parts += (head, data, pack_crc(crc(head)))
             lengths.append(overhead + len(data))
+        return b"".join(parts), lengths
+
+    async def append(self, records: Sequence[Record]) -> None:
+        self._check_open()
+        if not records:
+            return
+        expected = self._next_txid
+        blob, lengths = self._encode(records, expected)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        job = _Job(future, self, b"".join(parts), lengths, expected)
+        job = _Job(future, self, blob, lengths, expected)
         self._engine.committer().submit(job)
         self._next_txid = expected + len(records)
         try:
@@ -716,6 +639,25 @@ class FsStoragePartition(StoragePartition):
             if not future.done():  # cancelled while on its way to disk: wait it out
                 await asyncio.wait([future])
             raise
+
+    async def repair(self, records: Sequence[Record]) -> None:
+        self._check_open()
+        missing = self._view.missing
+        if not records:
+            return
+        if not missing:
+            raise StorageAppendError(
+                f"partition {self.partition_id} has no missing range to repair; nothing was stored"
+            )
+        first, last = missing[0]
+        if records[0].transaction_id != first or records[-1].transaction_id > last:
+            raise StorageAppendError(
+                f"partition {self.partition_id}: repair of transactions "
+                f"{records[0].transaction_id}..{records[-1].transaction_id} does not fill the "
+                f"lowest missing range {first}..{last} from its start; nothing was stored"
+            )
+        blob, lengths = self._encode(records, first)
+        await self._engine.run_committed(lambda: self.repair_now(first, blob, lengths))
 
     async def truncate(self, transaction_id: int) -> None:
         self._check_open()
@@ -842,6 +784,15 @@ class FsStoragePartition(StoragePartition):
             f"segment {segment} is not transaction {txid} (it holds {record.transaction_id})"
         )
 
+    def _missing(self, view: _View, txid: int) -> CorruptionError:
+        hole = next(((a, b) for a, b in view.missing if a <= txid <= b), (txid, txid))
+        where = self._engine.directory / fmt.QUARANTINE_DIR_NAME / str(self.partition_id)
+        return CorruptionError(
+            f"partition {self.partition_id}: transaction {txid} is missing: transactions "
+            f"{hole[0]}..{hole[1]} were lost to damage found at start-up (what was left of "
+            f"them is in {where}); the server repairs them from a peer"
+        )
+
     def _spans(
         self, view: _View, start: int, max_records: int, max_bytes: int, headers: bool
     ) -> Iterator[tuple[_SegView, int, bytes, int, list[int], int]]:
@@ -854,11 +805,16 @@ class FsStoragePartition(StoragePartition):
         budget = max_bytes  # data bytes still allowed (records), span bytes per pread (headers)
         span_cap = 8 * 1024 * 1024
         while taken < max_records and txid <= view.max_txid:
-            seg = view.segments[bisect.bisect_right(firsts, txid) - 1]
+            at = bisect.bisect_right(firsts, txid) - 1
+            seg = view.segments[at] if at >= 0 else None
+            if seg is None or txid >= seg.first + seg.count:
+                if taken:
+                    break  # a hole: the records before it are the answer
+                raise self._missing(view, txid)
             rel = txid - seg.first
             n = min(max_records - taken, seg.count - rel)
             want = n + 1 if rel + n < seg.count else n
-            raw = os.pread(
+            raw = self._files.pread(
                 seg.index_fd,
                 want * fmt.INDEX_ENTRY_SIZE,
                 fmt.HEADER_SIZE + rel * fmt.INDEX_ENTRY_SIZE,
@@ -896,7 +852,7 @@ class FsStoragePartition(StoragePartition):
                     f"partition {self.partition_id}: the index of segment {seg.first} has "
                     f"invalid offsets around transaction {txid}"
                 )
-            buf = os.pread(seg.data_fd, hi - lo, lo)
+            buf = self._files.pread(seg.data_fd, hi - lo, lo)
             if len(buf) != hi - lo:
                 raise CorruptionError(
                     f"partition {self.partition_id}: segment {seg.first} is shorter than its index"
@@ -908,96 +864,6 @@ class FsStoragePartition(StoragePartition):
                 budget -= data_bytes
             if k < n:
                 break
-
-
-# -- the control file ---------------------------------------------------------------------
-
-
-class ControlFile:
-    """``waltz-storage.ctl``: the header and the per-partition info structs."""
-
-    def __init__(self, path: Path, fd: int, header: fmt.ControlHeader) -> None:
-        self.path = path
-        self.fd = fd
-        self.header = header
-
-    @classmethod
-    def create(cls, directory: Path, cluster_key: uuid.UUID, num_partitions: int) -> ControlFile:
-        header = fmt.ControlHeader(fmt.FORMAT_VERSION, fmt.now_ms(), cluster_key, num_partitions)
-        body = fmt.encode_control_header(header) + b"".join(
-            fmt.initial_partition_info(p) for p in range(num_partitions)
-        )
-        path = directory / fmt.CONTROL_FILE_NAME
-        tmp = directory / (fmt.CONTROL_FILE_NAME + ".tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.pwrite(fd, body, 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(directory)
-        return cls.open(path)
-
-    @classmethod
-    def open(cls, path: Path) -> ControlFile:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            # one engine per storage directory: a second writer would corrupt it
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StorageError(
-                f"the storage directory {path.parent} is in use by another storage engine "
-                "(another storage node process?); stop it first"
-            ) from None
-        header = fmt.decode_control_header(os.pread(fd, fmt.HEADER_SIZE, 0))
-        if header is None:
-            os.close(fd)
-            raise CorruptionError(
-                f"{path}: the control file header is short or fails its checksum; the storage "
-                "directory cannot be opened (restore it, or recreate the node's storage)"
-            )
-        if header.version != fmt.FORMAT_VERSION:
-            os.close(fd)
-            raise CorruptionError(f"{path}: unsupported control file version {header.version}")
-        return cls(path, fd, header)
-
-    def read_partition(
-        self, partition_id: int
-    ) -> tuple[fmt.InfoStruct | None, fmt.InfoStruct | None]:
-        raw = os.pread(self.fd, fmt.PARTITION_INFO_SIZE, fmt.partition_info_offset(partition_id))
-        stored_id, first, second = fmt.decode_partition_info(partition_id, raw)
-        if stored_id is not None and stored_id != partition_id:
-            return None, None
-        return first, second
-
-    def write_struct(self, partition_id: int, slot: int, struct: fmt.InfoStruct) -> None:
-        os.pwrite(
-            self.fd,
-            fmt.encode_info_struct(partition_id, struct),
-            fmt.info_struct_offset(partition_id, slot),
-        )
-        os.fdatasync(self.fd)
-
-    def reset_partition(self, partition_id: int, assigned: bool) -> tuple[int, fmt.InfoStruct]:
-        """Rewrite both structs with fresh session info (add and remove a partition).
-
-        The slot that is not current is written first with a higher sequence
-        number, so a crash in between leaves the new state winning or the old
-        state intact. Returns (current slot, struct)."""
-        flags = fmt.FLAG_ASSIGNED if assigned else 0
-        first, second = self.read_partition(partition_id)
-        current = fmt.current_struct(first, second)
-        base = max((s.sequence for s in (first, second) if s is not None), default=0)
-        slot = 1 - current[0] if current is not None else 0
-        self.write_struct(partition_id, slot, fmt.InfoStruct(SessionInfo(), flags, base + 1))
-        struct = fmt.InfoStruct(SessionInfo(), flags, base + 2)
-        self.write_struct(partition_id, 1 - slot, struct)
-        return 1 - slot, struct
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 # -- the engine ----------------------------------------------------------------------------
@@ -1013,10 +879,14 @@ class FsStorageEngine(StorageEngine):
         options: FsOptions,
         loop: asyncio.AbstractEventLoop,
         readers: concurrent.futures.ThreadPoolExecutor,
+        *,
+        files: Files = REAL_FILES,
     ) -> None:
         self.directory = directory
         self.control = control
         self.options = options
+        self.files = files
+        """The file layer (the real one unless a test injects another)."""
         self._loop = loop
         self._partitions: dict[int, FsStoragePartition] = {}
         self._closed_partitions: dict[int, str] = {}
@@ -1036,7 +906,10 @@ class FsStorageEngine(StorageEngine):
         cluster_key: uuid.UUID | None = None,
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
+        files: Files = REAL_FILES,
     ) -> FsStorageEngine:
+        """See :meth:`StorageEngine.open`; ``files`` is the file layer (tests inject
+        :class:`~waltz_storage_fs.powerloss.PowerLossFiles`)."""
         opts = FsOptions.from_mapping(options)
         directory = Path(location)
         loop = asyncio.get_running_loop()
@@ -1045,12 +918,12 @@ class FsStorageEngine(StorageEngine):
         )
         try:
             control = await loop.run_in_executor(
-                readers, _open_control, directory, cluster_key, num_partitions
+                readers, _open_control, files, directory, cluster_key, num_partitions
             )
         except BaseException:
             readers.shutdown(wait=True)
             raise
-        engine = cls(directory, control, opts, loop, readers)
+        engine = cls(directory, control, opts, loop, readers, files=files)
         try:
             engine.check_given(cluster_key, num_partitions)
             await loop.run_in_executor(engine._readers, engine._recover_all)
@@ -1082,10 +955,8 @@ class FsStorageEngine(StorageEngine):
                 continue
             slot, struct = current
             if not struct.assigned:
-                if directory.exists():
-                    log.warning("removing %s: partition %d is not hosted here", directory, pid)
-                    shutil.rmtree(directory)
-                    _fsync_dir(self.directory)
+                if self.files.exists(directory):
+                    self._move_directory_aside(pid, "an interrupted removal")
                 continue
             if first is None or second is None:
                 log.warning(
@@ -1103,6 +974,28 @@ class FsStorageEngine(StorageEngine):
                 self._closed_partitions[pid] = reason
                 continue
             self._partitions[pid] = part
+
+    def _move_directory_aside(self, partition_id: int, cause: str) -> None:
+        """A directory of a partition not hosted here: its files go to the quarantine."""
+        directory = self.directory / str(partition_id)
+        quarantine = Quarantine(self.files, self.directory, partition_id)
+        why = (
+            f"the control file says partition {partition_id} is not hosted here, but its "
+            f"directory {directory} exists ({cause}?)"
+        )
+        folder = quarantine.folder("not-hosted", f"{directory} moved here whole: {why}")
+        self.files.replace(directory, folder / directory.name)
+        self.files.fsync_dir(folder)
+        self.files.fsync_dir(self.directory)
+        log.warning("partition %d: moved %s to %s: %s", partition_id, directory, folder, why)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def quarantined(self) -> dict[int, list[Path]]:
+        """Per partition, the quarantine folders its recovery made at this open."""
+        return {pid: list(p.quarantined) for pid, p in self._partitions.items() if p.quarantined}
 
     # -- threads ---------------------------------------------------------------------------
 
@@ -1169,10 +1062,10 @@ class FsStorageEngine(StorageEngine):
 
         def add() -> None:
             directory = self.directory / str(partition_id)
-            if directory.exists():
-                shutil.rmtree(directory)
-            directory.mkdir()
-            _fsync_dir(self.directory)
+            if self.files.exists(directory):
+                self._move_directory_aside(partition_id, "left by an earlier host")
+            self.files.mkdir(directory)
+            self.files.fsync_dir(self.directory)
             slot, struct = self.control.reset_partition(partition_id, assigned=True)
             part = FsStoragePartition(self, partition_id, slot, struct)
             part.publish()
@@ -1192,9 +1085,8 @@ class FsStorageEngine(StorageEngine):
                 part.close_files()
             self.control.reset_partition(partition_id, assigned=False)
             directory = self.directory / str(partition_id)
-            if directory.exists():
-                shutil.rmtree(directory)
-                _fsync_dir(self.directory)
+            if self.files.exists(directory):
+                remove_tree(self.files, directory)  # the administrator's removal
 
         await self.run_committed(remove)
 
@@ -1211,13 +1103,13 @@ class FsStorageEngine(StorageEngine):
 
 
 def _open_control(
-    directory: Path, cluster_key: uuid.UUID | None, num_partitions: int | None
+    files: Files, directory: Path, cluster_key: uuid.UUID | None, num_partitions: int | None
 ) -> ControlFile:
     path = directory / fmt.CONTROL_FILE_NAME
-    if path.exists():
-        return ControlFile.open(path)
-    if directory.exists() and any(
-        p.name != fmt.CONTROL_FILE_NAME + ".tmp" for p in directory.iterdir()
+    if files.exists(path):
+        return ControlFile.open(path, files)
+    if files.exists(directory) and any(
+        name != fmt.CONTROL_FILE_NAME + ".tmp" for name in files.listdir(directory)
     ):
         raise CorruptionError(
             f"{directory} holds files but no control file {fmt.CONTROL_FILE_NAME}; it is not a "
@@ -1230,7 +1122,5 @@ def _open_control(
         )
     if num_partitions < 1:
         raise StorageError(f"number of partitions must be >= 1, not {num_partitions}")
-    directory.mkdir(parents=True, exist_ok=True)
-    if directory.parent.exists():
-        _fsync_dir(directory.parent)
-    return ControlFile.create(directory, cluster_key, num_partitions)
+    make_dirs(files, directory)
+    return ControlFile.create(directory, cluster_key, num_partitions, files)

@@ -8,15 +8,26 @@ Storage directory::
             0000000000000000000.seg        segment data file (<first transaction id>.seg)
             0000000000000000000.idx        the segment's index file
         1/ ...
+        quarantine/                        files recovery moved aside (never deleted)
+            0/<time>-<reason>/             one folder per action, with a README
+
+Format versions: the control file's version is the storage directory's format
+(:data:`FORMAT_VERSION`, 2). Version 1 (the original's three session fields)
+opens and is migrated in place to version 2 at the first open (the version-1
+file is kept beside it as ``waltz-storage.ctl.v1``). Segment and index files
+carry their own version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged).
 
 Control file: a 128-byte header (format version int32, creation time int64 in
 ms, cluster key UUID, number of partitions int32, then reserved bytes of which
 the first four hold a CRC-32C of the fields before them), then one partition
 info per partition of the cluster: the partition id (int32) and two partition
-info structs, written alternately. A struct is session id, low-water mark,
-local low-water mark (int64 each), flags (int32), sequence number (int64) and
-a CRC-32C (uint32) of the partition id and the struct's other fields. The
-valid struct with the higher sequence number is the current one.
+info structs, written alternately. A struct (version 2) is session id,
+low-water mark, local low-water mark, low-water-mark session id (int64 each),
+flags (int32: bit 0 hosted here, bit 1 marked unavailable by an
+administrator), sequence number (int64) and a CRC-32C (uint32) of the
+partition id and the struct's other fields: 48 bytes. The valid struct with
+the higher sequence number is the current one. (Version 1 structs lack the
+low-water-mark session: 40 bytes.)
 
 Segment data and index files start with the same 128-byte header: format
 version int32, creation time int64, cluster key UUID, partition id int32,
@@ -39,15 +50,21 @@ import os
 import struct
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import crc32c
 
-from waltz_api.types import NO_TRANSACTION, Record, ReqId, SessionInfo
+from waltz_api.types import NO_SESSION, NO_TRANSACTION, Record, ReqId, SessionInfo
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The storage directory's on-disk format: the control file's version."""
+CONTROL_VERSIONS = (1, 2)
+"""Control file versions this code opens (older ones are migrated to FORMAT_VERSION)."""
+SEGMENT_FORMAT_VERSION = 1
+"""The version in segment and index file headers."""
 CONTROL_FILE_NAME = "waltz-storage.ctl"
+QUARANTINE_DIR_NAME = "quarantine"
 HEADER_SIZE = 128
 
 SEGMENT_SUFFIX = ".seg"
@@ -63,12 +80,24 @@ _CONTROL_HEADER = struct.Struct(">iq16si")  # version, creation ms, key, number 
 _HEADER_CRC = struct.Struct(">I")
 
 _PARTITION_ID = struct.Struct(">i")
-_INFO_FIELDS = struct.Struct(">qqqiq")  # session, low-water, local low-water, flags, sequence
-INFO_STRUCT_SIZE = _INFO_FIELDS.size + 4  # + CRC-32C = 40 bytes
-PARTITION_INFO_SIZE = _PARTITION_ID.size + 2 * INFO_STRUCT_SIZE  # 84 bytes
+_INFO_FIELDS_V1 = struct.Struct(">qqqiq")  # session, low-water, local low-water, flags, sequence
+_INFO_FIELDS = struct.Struct(">qqqqiq")  # ... and the low-water mark's session after local
+INFO_STRUCT_SIZE = _INFO_FIELDS.size + 4  # + CRC-32C = 48 bytes
+PARTITION_INFO_SIZE = _PARTITION_ID.size + 2 * INFO_STRUCT_SIZE  # 100 bytes
+_STRUCT_SIZES = {1: _INFO_FIELDS_V1.size + 4, 2: INFO_STRUCT_SIZE}
 
 FLAG_ASSIGNED = 0x1
 """The partition is hosted by this storage node."""
+FLAG_UNAVAILABLE = 0x2
+"""An administrator marked the partition unavailable (it refuses storage requests)."""
+
+
+def info_struct_size(version: int = FORMAT_VERSION) -> int:
+    return _STRUCT_SIZES[version]
+
+
+def partition_info_size(version: int = FORMAT_VERSION) -> int:
+    return _PARTITION_ID.size + 2 * _STRUCT_SIZES[version]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +120,10 @@ class InfoStruct:
     def assigned(self) -> bool:
         return bool(self.flags & FLAG_ASSIGNED)
 
+    @property
+    def available(self) -> bool:
+        return not self.flags & FLAG_UNAVAILABLE
+
 
 def encode_control_header(header: ControlHeader) -> bytes:
     fields = _CONTROL_HEADER.pack(
@@ -112,33 +145,51 @@ def decode_control_header(raw: bytes) -> ControlHeader | None:
     return ControlHeader(version, created, uuid.UUID(bytes=key), num)
 
 
-def partition_info_offset(partition_id: int) -> int:
-    return HEADER_SIZE + partition_id * PARTITION_INFO_SIZE
+def partition_info_offset(partition_id: int, version: int = FORMAT_VERSION) -> int:
+    return HEADER_SIZE + partition_id * partition_info_size(version)
 
 
-def info_struct_offset(partition_id: int, slot: int) -> int:
-    return partition_info_offset(partition_id) + _PARTITION_ID.size + slot * INFO_STRUCT_SIZE
+def info_struct_offset(partition_id: int, slot: int, version: int = FORMAT_VERSION) -> int:
+    return (
+        partition_info_offset(partition_id, version)
+        + _PARTITION_ID.size
+        + slot * _STRUCT_SIZES[version]
+    )
 
 
 def encode_info_struct(partition_id: int, info: InfoStruct) -> bytes:
+    """A struct in the current format."""
     s = info.session_info
     fields = _INFO_FIELDS.pack(
-        s.session_id, s.low_water_mark, s.local_low_water_mark, info.flags, info.sequence
+        s.session_id,
+        s.low_water_mark,
+        s.local_low_water_mark,
+        s.low_water_mark_session_id,
+        info.flags,
+        info.sequence,
     )
     crc = crc32c.crc32c(fields, crc32c.crc32c(_PARTITION_ID.pack(partition_id)))
     return fields + _HEADER_CRC.pack(crc)
 
 
-def decode_info_struct(partition_id: int, raw: bytes) -> InfoStruct | None:
-    """The struct, or ``None`` when it is short or fails its checksum."""
-    if len(raw) < INFO_STRUCT_SIZE:
+def decode_info_struct(
+    partition_id: int, raw: bytes, version: int = FORMAT_VERSION
+) -> InfoStruct | None:
+    """The struct, or ``None`` when it is short or fails its checksum. A version-1 struct
+    has no low-water-mark session: it reads as NO_SESSION (unknown)."""
+    layout = _INFO_FIELDS if version >= 2 else _INFO_FIELDS_V1
+    if len(raw) < layout.size + 4:
         return None
-    fields = raw[: _INFO_FIELDS.size]
-    (stored,) = _HEADER_CRC.unpack_from(raw, _INFO_FIELDS.size)
+    fields = raw[: layout.size]
+    (stored,) = _HEADER_CRC.unpack_from(raw, layout.size)
     if crc32c.crc32c(fields, crc32c.crc32c(_PARTITION_ID.pack(partition_id))) != stored:
         return None
-    session, low, local_low, flags, sequence = _INFO_FIELDS.unpack(fields)
-    return InfoStruct(SessionInfo(session, low, local_low), flags, sequence)
+    if version >= 2:
+        session, low, local_low, low_session, flags, sequence = _INFO_FIELDS.unpack(fields)
+    else:
+        session, low, local_low, flags, sequence = _INFO_FIELDS_V1.unpack(fields)
+        low_session = NO_SESSION
+    return InfoStruct(SessionInfo(session, low, local_low, low_session), flags, sequence)
 
 
 def encode_partition_info(partition_id: int, first: InfoStruct, second: InfoStruct) -> bytes:
@@ -150,14 +201,15 @@ def encode_partition_info(partition_id: int, first: InfoStruct, second: InfoStru
 
 
 def decode_partition_info(
-    partition_id: int, raw: bytes
+    partition_id: int, raw: bytes, version: int = FORMAT_VERSION
 ) -> tuple[int | None, InfoStruct | None, InfoStruct | None]:
     """(stored partition id, struct 1, struct 2); a struct is ``None`` when invalid."""
     if len(raw) < _PARTITION_ID.size:
         return None, None, None
     (stored_id,) = _PARTITION_ID.unpack_from(raw, 0)
-    first = decode_info_struct(partition_id, raw[4 : 4 + INFO_STRUCT_SIZE])
-    second = decode_info_struct(partition_id, raw[4 + INFO_STRUCT_SIZE : PARTITION_INFO_SIZE])
+    size = _STRUCT_SIZES[version]
+    first = decode_info_struct(partition_id, raw[4 : 4 + size], version)
+    second = decode_info_struct(partition_id, raw[4 + size : 4 + 2 * size], version)
     return stored_id, first, second
 
 
@@ -176,6 +228,13 @@ def initial_partition_info(partition_id: int) -> bytes:
     """A partition info for a partition not hosted here: both structs valid."""
     empty = SessionInfo()
     return encode_partition_info(partition_id, InfoStruct(empty, 0, 1), InfoStruct(empty, 0, 0))
+
+
+def invalid_partition_info(partition_id: int) -> bytes:
+    """A partition info whose two structs both fail their checksum (kept as such)."""
+    raw = _PARTITION_ID.pack(partition_id) + bytes(2 * INFO_STRUCT_SIZE)
+    assert decode_partition_info(partition_id, raw)[1:] == (None, None)
+    return raw
 
 
 def now_ms() -> int:
@@ -337,6 +396,7 @@ def scan_offsets(
     result: ScanResult,
     *,
     chunk_size: int = 1 << 20,
+    pread: Callable[[int, int, int], bytes] = os.pread,
 ) -> Iterator[int]:
     """Yield the offsets of the good records of a data file from ``start``, in order.
 
@@ -353,7 +413,7 @@ def scan_offsets(
     while pos < file_size:
         rel = pos - buf_start
         if len(buf) - rel < RECORD_OVERHEAD:
-            buf = memoryview(os.pread(fd, max(chunk_size, RECORD_OVERHEAD), pos))
+            buf = memoryview(pread(fd, max(chunk_size, RECORD_OVERHEAD), pos))
             buf_start, rel = pos, 0
             if len(buf) < RECORD_OVERHEAD:
                 result.stop_reason = f"incomplete record at offset {pos}"
@@ -364,7 +424,7 @@ def scan_offsets(
             result.stop_reason = f"incomplete or invalid record at offset {pos}"
             return
         if len(buf) - rel < need:
-            buf = memoryview(os.pread(fd, max(chunk_size, need), pos))
+            buf = memoryview(pread(fd, max(chunk_size, need), pos))
             buf_start, rel = pos, 0
             if len(buf) < need:
                 result.stop_reason = f"incomplete record at offset {pos}"

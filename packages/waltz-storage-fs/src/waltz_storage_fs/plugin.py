@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from waltz_api.capabilities import CRASH_REOPEN, FILE_FAULTS, REOPEN, SEGMENTS
+from waltz_api.capabilities import (
+    AVAILABILITY,
+    CRASH_REOPEN,
+    FILE_FAULTS,
+    REOPEN,
+    REPAIR,
+    SEGMENTS,
+)
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
-CAPABILITIES = frozenset({REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS})
+CAPABILITIES = frozenset({REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, REPAIR, AVAILABILITY})
 
 
 @hookimpl

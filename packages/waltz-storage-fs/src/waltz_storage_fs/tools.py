@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from waltz_api.errors import CorruptionError, StorageError
+from waltz_api.types import LOST_SESSION, NO_SESSION
 from waltz_storage_fs import format as fmt
 
 # -- control file ----------------------------------------------------------------------
@@ -54,10 +55,11 @@ def read_control_file(path: str | os.PathLike[str]) -> ControlFileDump:
     if header is None:
         raise CorruptionError(f"{file}: the control file header is short or fails its checksum")
     partitions = []
-    for pid in range(header.num_partitions):
-        offset = fmt.partition_info_offset(pid)
+    size = fmt.partition_info_size(header.version) if header.version in fmt.CONTROL_VERSIONS else 0
+    for pid in range(header.num_partitions if size else 0):
+        offset = fmt.partition_info_offset(pid, header.version)
         stored, first, second = fmt.decode_partition_info(
-            pid, raw[offset : offset + fmt.PARTITION_INFO_SIZE]
+            pid, raw[offset : offset + size], header.version
         )
         current = fmt.current_struct(first, second)
         partitions.append(
@@ -69,7 +71,9 @@ def read_control_file(path: str | os.PathLike[str]) -> ControlFileDump:
 def format_control_file(dump: ControlFileDump) -> Iterator[str]:
     h = dump.header
     yield f"control file: {dump.path} ({dump.size} bytes)"
-    yield f"format version: {h.version}"
+    yield f"format version: {h.version}" + (
+        "" if h.version == fmt.FORMAT_VERSION else f" (opening migrates it to {fmt.FORMAT_VERSION})"
+    )
     yield f"creation time: {h.creation_time_ms} ms"
     yield f"cluster key: {h.cluster_key}"
     yield f"number of partitions: {h.num_partitions}"
@@ -90,8 +94,17 @@ def format_control_file(dump: ControlFileDump) -> Iterator[str]:
                 yield (
                     f"  {mark}struct {slot + 1}: sequence={s.sequence} flags={s.flags:#x} "
                     f"session={i.session_id} low_water_mark={i.low_water_mark} "
-                    f"local_low_water_mark={i.local_low_water_mark}"
+                    f"local_low_water_mark={i.local_low_water_mark} "
+                    f"low_water_mark_session={_session_name(i.low_water_mark_session_id)}"
                 )
+
+
+def _session_name(session_id: int) -> str:
+    if session_id == LOST_SESSION:
+        return "LOST (records it acknowledged may be lost: it is caught up from its peers)"
+    if session_id == NO_SESSION:
+        return "unknown"
+    return str(session_id)
 
 
 # -- segments -----------------------------------------------------------------------------
@@ -217,11 +230,22 @@ class PartitionReport:
     session_info: str = ""
 
 
+@dataclass(frozen=True)
+class QuarantineEntry:
+    """A quarantine folder: what recovery moved aside, and why (its README)."""
+
+    partition_id: int
+    folder: Path
+    files: tuple[str, ...]
+    readme: str
+
+
 @dataclass
 class VerifyReport:
     directory: Path
     partitions: list[PartitionReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    quarantined: list[QuarantineEntry] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -236,7 +260,7 @@ def verify(storage_directory: str | os.PathLike[str]) -> VerifyReport:
     report = VerifyReport(directory)
     control = read_control_file(directory)
     key = control.header.cluster_key
-    expected_size = fmt.partition_info_offset(control.header.num_partitions)
+    expected_size = fmt.partition_info_offset(control.header.num_partitions, control.header.version)
     if control.size != expected_size:
         report.problems.append(f"control file is {control.size} bytes, expected {expected_size}")
     for p in control.partitions:
@@ -256,10 +280,16 @@ def verify(storage_directory: str | os.PathLike[str]) -> VerifyReport:
             current.assigned,
             session_info=(
                 f"session={info.session_id} low_water_mark={info.low_water_mark} "
-                f"local_low_water_mark={info.local_low_water_mark}"
+                f"local_low_water_mark={info.local_low_water_mark} "
+                f"low_water_mark_session={_session_name(info.low_water_mark_session_id)}"
             ),
         )
         report.partitions.append(part_report)
+        if current.assigned and info.low_water_mark_session_id == LOST_SESSION:
+            report.problems.append(
+                f"partition {pid}: recovery found a damaged tail (moved to the quarantine): "
+                "records it acknowledged may be lost; the server catches it up from its peers"
+            )
         pdir = directory / str(pid)
         if not current.assigned:
             if pdir.exists():
@@ -269,7 +299,27 @@ def verify(storage_directory: str | os.PathLike[str]) -> VerifyReport:
             report.problems.append(f"partition {pid}: hosted but {pdir} is missing")
             continue
         _verify_partition(pdir, pid, key, part_report, report.problems)
+    report.quarantined = list_quarantine(directory)
     return report
+
+
+def list_quarantine(storage_directory: str | os.PathLike[str]) -> list[QuarantineEntry]:
+    """Every quarantine folder of a storage directory, oldest first per partition."""
+    root = Path(storage_directory) / fmt.QUARANTINE_DIR_NAME
+    entries: list[QuarantineEntry] = []
+    if not root.is_dir():
+        return entries
+    for pdir in sorted(root.iterdir(), key=lambda p: (not p.name.isdigit(), p.name.zfill(12))):
+        if not pdir.is_dir() or not pdir.name.isdigit():
+            continue
+        for folder in sorted(pdir.iterdir()):
+            if not folder.is_dir():
+                continue
+            readme = folder / "README.txt"
+            text = readme.read_text(errors="replace").strip() if readme.exists() else ""
+            files = tuple(sorted(p.name for p in folder.iterdir() if p.name != "README.txt"))
+            entries.append(QuarantineEntry(int(pdir.name), folder, files, text))
+    return entries
 
 
 def _verify_partition(
@@ -281,7 +331,12 @@ def _verify_partition(
         data = pdir / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
         index = pdir / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)
         where = f"partition {pid}: {data.name}"
-        if first != expected_first:
+        if first > expected_first:
+            problems.append(
+                f"partition {pid}: transactions {expected_first}..{first - 1} are missing (a "
+                "hole left by damage; the server repairs it from a peer)"
+            )
+        elif first < expected_first:
             problems.append(f"{where}: starts at {first}, expected {expected_first}")
         result = fmt.ScanResult(fmt.HEADER_SIZE)
         header, size, records = iter_segment(data, result)
@@ -339,6 +394,16 @@ def format_verify(report: VerifyReport) -> Iterator[str]:
             f"partition {p.partition_id}: {p.segments} segment(s), {p.records} record(s), "
             f"max transaction id {p.max_transaction_id}, {p.session_info}"
         )
+    for entry in report.quarantined:
+        summary = entry.readme.splitlines()[0] if entry.readme else "(no README)"
+        yield f"QUARANTINED: partition {entry.partition_id}: {entry.folder}: {summary}"
+        for name in entry.files:
+            yield f"    {name}"
     for problem in report.problems:
         yield f"PROBLEM: {problem}"
+    if report.quarantined:
+        yield (
+            f"{len(report.quarantined)} quarantine folder(s): what recovery moved aside, "
+            "kept for inspection (delete them once no longer needed)"
+        )
     yield "OK" if report.ok else f"{len(report.problems)} problem(s) found"

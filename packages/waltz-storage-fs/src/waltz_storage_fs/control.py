@@ -1,0 +1,167 @@
+"""The control file ``waltz-storage.ctl``: its header and the partition info structs.
+
+Each partition has two structs written alternately (the one that is not
+current, with the next sequence number, then flushed), so a torn write leaves
+the other one valid. A storage directory of an older format version is
+migrated when it is opened (see :mod:`waltz_storage_fs.format`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+
+from waltz_api.errors import CorruptionError, StorageError
+from waltz_api.types import SessionInfo
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs.files import OPEN_NEW, OPEN_WRITE, Files
+
+log = logging.getLogger(__name__)
+
+V1_BACKUP_SUFFIX = ".v1"
+
+
+class ControlFile:
+    """The open control file of a storage directory (holding its lock)."""
+
+    def __init__(self, path: Path, fd: int, header: fmt.ControlHeader, files: Files) -> None:
+        self.path = path
+        self.fd = fd
+        self.header = header
+        self.files = files
+
+    @classmethod
+    def create(
+        cls, directory: Path, cluster_key: uuid.UUID, num_partitions: int, files: Files
+    ) -> ControlFile:
+        header = fmt.ControlHeader(fmt.FORMAT_VERSION, fmt.now_ms(), cluster_key, num_partitions)
+        body = fmt.encode_control_header(header) + b"".join(
+            fmt.initial_partition_info(p) for p in range(num_partitions)
+        )
+        _write_atomically(files, directory / fmt.CONTROL_FILE_NAME, body)
+        return cls.open(directory / fmt.CONTROL_FILE_NAME, files)
+
+    @classmethod
+    def open(cls, path: Path, files: Files) -> ControlFile:
+        fd = files.open(path, OPEN_WRITE)
+        try:
+            # one engine per storage directory: a second writer would corrupt it
+            files.lock(fd)
+        except BlockingIOError:
+            files.close(fd)
+            raise StorageError(
+                f"the storage directory {path.parent} is in use by another storage engine "
+                "(another storage node process?); stop it first"
+            ) from None
+        header = fmt.decode_control_header(files.pread(fd, fmt.HEADER_SIZE, 0))
+        if header is None:
+            files.close(fd)
+            raise CorruptionError(
+                f"{path}: the control file header is short or fails its checksum; the storage "
+                "directory cannot be opened (restore it, or recreate the node's storage)"
+            )
+        if header.version not in fmt.CONTROL_VERSIONS:
+            files.close(fd)
+            raise CorruptionError(
+                f"{path}: control file format version {header.version} is not one this Waltz "
+                f"opens ({', '.join(map(str, fmt.CONTROL_VERSIONS))}); a newer Waltz wrote it"
+            )
+        if header.version < fmt.FORMAT_VERSION:
+            files.close(fd)  # the lock is taken again on the migrated file
+            _migrate(files, path, header)
+            return cls.open(path, files)
+        return cls(path, fd, header, files)
+
+    def read_partition(
+        self, partition_id: int
+    ) -> tuple[fmt.InfoStruct | None, fmt.InfoStruct | None]:
+        raw = self.files.pread(
+            self.fd, fmt.PARTITION_INFO_SIZE, fmt.partition_info_offset(partition_id)
+        )
+        stored_id, first, second = fmt.decode_partition_info(partition_id, raw)
+        if stored_id is not None and stored_id != partition_id:
+            return None, None
+        return first, second
+
+    def write_struct(self, partition_id: int, slot: int, struct: fmt.InfoStruct) -> None:
+        self.files.pwrite(
+            self.fd,
+            fmt.encode_info_struct(partition_id, struct),
+            fmt.info_struct_offset(partition_id, slot),
+        )
+        self.files.fdatasync(self.fd)
+
+    def reset_partition(self, partition_id: int, assigned: bool) -> tuple[int, fmt.InfoStruct]:
+        """Rewrite both structs with fresh session info (add and remove a partition).
+
+        The slot that is not current is written first with a higher sequence
+        number, so a crash in between leaves the new state winning or the old
+        state intact. Returns (current slot, struct)."""
+        flags = fmt.FLAG_ASSIGNED if assigned else 0
+        first, second = self.read_partition(partition_id)
+        current = fmt.current_struct(first, second)
+        base = max((s.sequence for s in (first, second) if s is not None), default=0)
+        slot = 1 - current[0] if current is not None else 0
+        self.write_struct(partition_id, slot, fmt.InfoStruct(SessionInfo(), flags, base + 1))
+        struct = fmt.InfoStruct(SessionInfo(), flags, base + 2)
+        self.write_struct(partition_id, 1 - slot, struct)
+        return 1 - slot, struct
+
+    def close(self) -> None:
+        self.files.close(self.fd)
+
+
+def _write_atomically(files: Files, path: Path, body: bytes) -> None:
+    """``path`` holds ``body`` or what it held before, whatever the crash."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = files.open(tmp, OPEN_NEW, 0o644)
+    try:
+        files.pwrite(fd, body, 0)
+        files.fsync(fd)
+    finally:
+        files.close(fd)
+    files.replace(tmp, path)
+    files.fsync_dir(path.parent)
+
+
+def _migrate(files: Files, path: Path, header: fmt.ControlHeader) -> None:
+    """Rewrite an older control file in the current format (each partition's current
+    struct in both slots; both stay invalid where both were), keeping the old one."""
+    fd = files.open(path, OPEN_WRITE)
+    try:
+        size = fmt.partition_info_offset(header.num_partitions, header.version)
+        raw = files.pread(fd, size, 0)
+    finally:
+        files.close(fd)
+    new_header = fmt.ControlHeader(
+        fmt.FORMAT_VERSION, header.creation_time_ms, header.cluster_key, header.num_partitions
+    )
+    parts = [fmt.encode_control_header(new_header)]
+    for pid in range(header.num_partitions):
+        offset = fmt.partition_info_offset(pid, header.version)
+        info_size = fmt.partition_info_size(header.version)
+        stored, first, second = fmt.decode_partition_info(
+            pid, raw[offset : offset + info_size], header.version
+        )
+        current = None if stored not in (None, pid) else fmt.current_struct(first, second)
+        if current is None:
+            parts.append(fmt.invalid_partition_info(pid))
+            continue
+        struct = current[1]
+        older = fmt.InfoStruct(struct.session_info, struct.flags, struct.sequence - 1)
+        parts.append(fmt.encode_partition_info(pid, struct, older))
+    backup = path.with_name(path.name + V1_BACKUP_SUFFIX)
+    if not files.exists(backup):
+        files.link(path, backup)
+        files.fsync_dir(path.parent)
+    _write_atomically(files, path, b"".join(parts))
+    log.warning(
+        "%s: migrated the control file from format version %d to %d (the version-%d file is "
+        "kept as %s)",
+        path,
+        header.version,
+        fmt.FORMAT_VERSION,
+        header.version,
+        backup.name,
+    )

@@ -1,0 +1,109 @@
+"""The file layer of the fs engine: every call the engine makes to the file system.
+
+:class:`Files` is the real one (thin aliases of :mod:`os`, no cost on the append
+path). A test injects another with the same methods, such as
+:class:`waltz_storage_fs.powerloss.PowerLossFiles`, which keeps only what a
+completed flush made durable and so shows what a power loss leaves behind.
+
+The durability rules the engine relies on are POSIX's, taken pessimistically:
+written bytes and a file's size are durable once ``fdatasync``/``fsync`` of that
+file returned; a directory entry (create, rename, unlink) once ``fsync_dir`` of
+its directory returned.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+OPEN_READ = os.O_RDONLY
+OPEN_WRITE = os.O_RDWR
+OPEN_CREATE = os.O_RDWR | os.O_CREAT
+OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+
+
+class Files:
+    """The real file system."""
+
+    open = staticmethod(os.open)
+    """``open(path, flags, mode=0o644) -> fd`` (flags: the OPEN_* constants)."""
+    close = staticmethod(os.close)
+    pread = staticmethod(os.pread)
+    pwrite = staticmethod(os.pwrite)
+    fdatasync = staticmethod(os.fdatasync)
+    fsync = staticmethod(os.fsync)
+    ftruncate = staticmethod(os.ftruncate)
+    listdir = staticmethod(os.listdir)
+    replace = staticmethod(os.replace)
+    """Rename ``src`` to ``dst``, replacing it (atomic; durable after fsync_dir)."""
+    link = staticmethod(os.link)
+    unlink = staticmethod(os.unlink)
+    rmdir = staticmethod(os.rmdir)
+
+    @staticmethod
+    def size(fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    @staticmethod
+    def exists(path: Path) -> bool:
+        return path.exists()
+
+    @staticmethod
+    def is_dir(path: Path) -> bool:
+        return path.is_dir()
+
+    @staticmethod
+    def mkdir(path: Path) -> None:
+        """Create one directory (its parent must exist); durable after fsync_dir(parent)."""
+        os.mkdir(path)
+
+    @staticmethod
+    def fsync_dir(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def lock(fd: int) -> None:
+        """An exclusive lock on an open file; BlockingIOError when another process holds it."""
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+REAL_FILES = Files()
+
+
+def remove_tree(files: Files, path: Path) -> None:
+    """Delete a directory and everything in it (then fsync its parent)."""
+    for name in files.listdir(path):
+        child = path / name
+        if files.is_dir(child):
+            remove_tree(files, child)
+        else:
+            files.unlink(child)
+    files.rmdir(path)
+    files.fsync_dir(path.parent)
+
+
+def make_dirs(files: Files, path: Path) -> None:
+    """Create ``path`` and its missing parents, each made durable in its parent."""
+    if files.is_dir(path):
+        return
+    make_dirs(files, path.parent)
+    files.mkdir(path)
+    files.fsync_dir(path.parent)
+
+
+def copy_range(files: Files, src_fd: int, span: tuple[int, int], dst_fd: int, dst_at: int) -> None:
+    """Copy bytes ``span = (start, end)`` of one open file into another at ``dst_at``."""
+    start, end = span
+    chunk = 1 << 20
+    position = start
+    while position < end:
+        data = files.pread(src_fd, min(chunk, end - position), position)
+        if not data:
+            break
+        files.pwrite(dst_fd, data, dst_at + position - start)
+        position += len(data)

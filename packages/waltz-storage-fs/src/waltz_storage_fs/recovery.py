@@ -1,0 +1,772 @@
+"""Start-up recovery of one partition directory: never delete what may be data.
+
+Recovery reads every segment file's header, trusts each index up to its last
+flushed checkpoint (a non-last segment's index was flushed whole before the
+next segment began), scans the records after it, and decides what to do with
+whatever does not read back:
+
+- **A torn tail** (the last segment ends inside a record, or in zeros where the
+  disk never wrote the pages of the last, unflushed write): cut. It was never
+  acknowledged.
+- **Damaged records with intact ones after them** (a bit flip, a zeroed or
+  truncated region in a segment that was flushed whole): the damaged bytes are
+  copied to the quarantine, the intact records after them move to a new
+  segment file named after their first id, and the log has a *hole*
+  (:meth:`PartitionLayout.missing_ranges`) that the server repairs from a peer.
+  Later segments are never touched.
+- **A damaged tail of the last segment** (nothing valid after it, and not the
+  shape of a torn write): copied to the quarantine and cut; the records it
+  held may have been acknowledged, so the partition records LOST_SESSION as
+  its low-water-mark session (it is then caught up like a replica restored
+  from a backup).
+- **A file that cannot belong to the log** (a segment header naming another
+  cluster, partition or first id; a segment starting inside the log already
+  recovered; an index without its segment; an unreadable header): moved whole
+  into the quarantine, the rest untouched.
+
+Quarantine: ``<storage dir>/quarantine/<partition>/<UTC time>-<reason>/``, one
+folder per action, holding the moved files or the copied bytes and a
+``README.txt`` that says what came from where and which transactions it held.
+Every step is crash-safe: a crash half-way leaves the originals in place, and
+the next recovery does the same again (a quarantine folder may then hold a
+copy twice, never a byte less).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import crc32c
+
+from waltz_api.errors import CorruptionError
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs.files import OPEN_CREATE, OPEN_NEW, OPEN_WRITE, Files, copy_range, make_dirs
+
+log = logging.getLogger(__name__)
+
+SECTOR = 512
+"""Unwritten pages of an interrupted write read back as zeros, in whole sectors."""
+SEARCH_WINDOW = 16 << 20
+"""How far past damaged bytes recovery searches for the next intact record."""
+SEARCH_IDS = 4096
+"""How many transaction ids past the damaged one a searched record may carry."""
+_TXID = struct.Struct(">q")
+
+
+class Segment:
+    """One segment's files. ``count``/``size`` are the committer's (written) view."""
+
+    __slots__ = ("count", "data_fd", "data_path", "first", "index_fd", "index_path", "size")
+
+    def __init__(self, directory: Path, first: int, data_fd: int, index_fd: int) -> None:
+        self.first = first
+        self.data_path = directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
+        self.index_path = directory / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)
+        self.data_fd = data_fd
+        self.index_fd = index_fd
+        self.count = 0
+        self.size = fmt.HEADER_SIZE
+
+    @property
+    def end(self) -> int:
+        """The id after the segment's last record."""
+        return self.first + self.count
+
+
+def close_segment(files: Files, seg: Segment) -> None:
+    """Close both files (idempotent: a closed fd number may be reused)."""
+    fds = (seg.data_fd, seg.index_fd)
+    seg.data_fd = seg.index_fd = -1
+    for fd in fds:
+        if fd >= 0:
+            files.close(fd)
+
+
+@dataclass
+class PartitionLayout:
+    """What recovery found: the segments (ascending, holes between them allowed)."""
+
+    segments: list[Segment] = field(default_factory=list)
+    lost_tail: bool = False
+    """Records after the last segment's end may have been acknowledged and lost."""
+    quarantined: list[Path] = field(default_factory=list)
+
+
+def missing_ranges(segments: list[Segment]) -> list[tuple[int, int]]:
+    """The holes of a segment list: ids below the last end that no segment holds."""
+    ranges = []
+    expected = 0
+    for seg in segments:
+        if seg.first > expected:
+            ranges.append((expected, seg.first - 1))
+        expected = max(expected, seg.end)
+    return ranges
+
+
+# -- the quarantine --------------------------------------------------------------------
+
+
+class Quarantine:
+    """``<storage dir>/quarantine/<partition>/``: where recovery moves what it cannot read."""
+
+    def __init__(self, files: Files, storage_directory: Path, partition_id: int) -> None:
+        self.files = files
+        self.root = storage_directory / fmt.QUARANTINE_DIR_NAME / str(partition_id)
+        self.partition_id = partition_id
+        self.folders: list[Path] = []
+
+    def folder(self, reason: str, readme: str) -> Path:
+        """A new folder for one action (durable), with its README."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        make_dirs(self.files, self.root)
+        name = f"{stamp}-{reason}"
+        path = self.root / name
+        n = 1
+        while self.files.exists(path):
+            n += 1
+            path = self.root / f"{name}-{n}"
+        self.files.mkdir(path)
+        self.files.fsync_dir(self.root)
+        self._write(path / "README.txt", readme.encode() + b"\n")
+        self.folders.append(path)
+        return path
+
+    def move(self, folder: Path, *paths: Path) -> None:
+        """Move files (of the partition directory) into ``folder``, durably."""
+        for path in paths:
+            self.files.replace(path, folder / path.name)
+        self.files.fsync_dir(folder)
+        if paths:
+            self.files.fsync_dir(paths[0].parent)
+
+    def save(self, folder: Path, name: str, src_fd: int, start: int, end: int) -> None:
+        """Copy bytes ``start..end`` of an open file into ``folder/name``, durably."""
+        fd = self.files.open(folder / name, OPEN_NEW, 0o644)
+        try:
+            copy_range(self.files, src_fd, (start, end), fd, 0)
+            self.files.fsync(fd)
+        finally:
+            self.files.close(fd)
+        self.files.fsync_dir(folder)
+
+    def _write(self, path: Path, data: bytes) -> None:
+        fd = self.files.open(path, OPEN_NEW, 0o644)
+        try:
+            self.files.pwrite(fd, data, 0)
+            self.files.fsync(fd)
+        finally:
+            self.files.close(fd)
+
+
+# -- recovery ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Candidate:
+    first: int
+    header_ok: bool
+    fix_header: fmt.SegmentHeader | None = None
+    """A valid header from the index file, for a data file whose own header is damaged."""
+
+
+class PartitionRecovery:
+    """Recovers one partition directory (runs once, in a worker thread, at open)."""
+
+    def __init__(
+        self,
+        files: Files,
+        storage_directory: Path,
+        partition_id: int,
+        *,
+        cluster_key: uuid.UUID,
+        index_checkpoint_interval: int,
+        verify_all: bool = False,
+        mark_lost: Callable[[], None],
+    ) -> None:
+        self.files = files
+        self.directory = storage_directory / str(partition_id)
+        self.partition_id = partition_id
+        self.cluster_key = cluster_key
+        self.interval = index_checkpoint_interval
+        self.verify_all = verify_all
+        """Scan every record, whatever the indexes vouch for."""
+        self.mark_lost = mark_lost
+        """Records LOST_SESSION durably (before damage that shows it is cut away)."""
+        self.quarantine = Quarantine(files, storage_directory, partition_id)
+        self.layout = PartitionLayout()
+        self._dir_changed = False
+
+    # -- driver ------------------------------------------------------------------------
+
+    def run(self) -> PartitionLayout:
+        if not self.files.is_dir(self.directory):
+            # add_partition makes the directory durable before the control file says
+            # the partition is hosted: a missing directory is data lost outside Waltz
+            raise CorruptionError(
+                f"the directory {self.directory} of hosted partition {self.partition_id} is missing"
+            )
+        try:
+            candidates = self._read_headers()
+            self._chain(candidates)
+            if self._dir_changed:
+                self.files.fsync_dir(self.directory)
+        except BaseException:
+            for seg in self.layout.segments:
+                close_segment(self.files, seg)
+            raise
+        self.layout.quarantined = list(self.quarantine.folders)
+        return self.layout
+
+    def _data_path(self, first: int) -> Path:
+        return self.directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
+
+    def _index_path(self, first: int) -> Path:
+        return self.directory / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)
+
+    def _paths(self, first: int) -> list[Path]:
+        paths = [self._data_path(first)]
+        if self.files.exists(self._index_path(first)):
+            paths.append(self._index_path(first))
+        return paths
+
+    def _move_aside(self, paths: list[Path], reason: str, why: str) -> None:
+        names = ", ".join(p.name for p in paths)
+        folder = self.quarantine.folder(
+            reason,
+            f"partition {self.partition_id}: recovery moved {names} here from "
+            f"{self.directory}: {why}",
+        )
+        self.quarantine.move(folder, *paths)
+        log.warning(
+            "partition %d: moved %s from %s to %s: %s",
+            self.partition_id,
+            names,
+            self.directory,
+            folder,
+            why,
+        )
+
+    # -- pass 1: names and headers --------------------------------------------------------
+
+    def _read_headers(self) -> list[_Candidate]:
+        found: dict[int, set[str]] = {}
+        for entry in self.files.listdir(self.directory):
+            parsed = fmt.parse_segment_file_name(entry)
+            if parsed is None:
+                log.warning(
+                    "partition %d: ignoring %s (not a segment or index file name)",
+                    self.partition_id,
+                    self.directory / entry,
+                )
+                continue
+            found.setdefault(parsed[0], set()).add(parsed[1])
+        for first in sorted(found):
+            if fmt.SEGMENT_SUFFIX not in found[first]:
+                self._move_aside(
+                    [self._index_path(first)],
+                    "orphan-index",
+                    "an index file without its segment data file (an interrupted removal)",
+                )
+        firsts = sorted(f for f in found if fmt.SEGMENT_SUFFIX in found[f])
+        candidates: list[_Candidate] = []
+        for first in firsts:
+            candidate = self._check_header(first, last=first == firsts[-1])
+            if candidate is not None:
+                candidates.append(candidate)
+        return candidates
+
+    def _check_header(self, first: int, last: bool) -> _Candidate | None:
+        path = self._data_path(first)
+        fd = self.files.open(path, OPEN_WRITE)
+        try:
+            size = self.files.size(fd)
+            header = fmt.decode_segment_header(self.files.pread(fd, fmt.HEADER_SIZE, 0))
+        finally:
+            self.files.close(fd)
+        if header is None:
+            if last and size <= fmt.HEADER_SIZE:
+                # its creation was interrupted before the header was flushed: no record
+                log.warning(
+                    "partition %d: removing segment %s, whose creation was interrupted "
+                    "(%d bytes, no valid header, so no record)",
+                    self.partition_id,
+                    path.name,
+                    size,
+                )
+                for p in self._paths(first):
+                    self.files.unlink(p)
+                self._dir_changed = True
+                return None
+            index_header = self._index_header(first)
+            if index_header is not None:
+                return _Candidate(first, header_ok=True, fix_header=index_header)
+            return _Candidate(first, header_ok=False)
+        if header.version != fmt.SEGMENT_FORMAT_VERSION:
+            raise CorruptionError(
+                f"{path}: segment format version {header.version} is not one this Waltz reads "
+                f"({fmt.SEGMENT_FORMAT_VERSION}); a newer Waltz wrote it"
+            )
+        problem = self._header_problem(header, first)
+        if problem is not None:
+            self._move_aside(
+                self._paths(first), "foreign-segment", f"it cannot belong here: {problem}"
+            )
+            return None
+        return _Candidate(first, header_ok=True)
+
+    def _header_problem(self, header: fmt.SegmentHeader, first: int) -> str | None:
+        if header.cluster_key != self.cluster_key:
+            return (
+                f"its header names cluster {header.cluster_key}, this storage belongs to "
+                f"{self.cluster_key}"
+            )
+        if header.partition_id != self.partition_id:
+            return f"its header names partition {header.partition_id}"
+        if header.first_transaction_id != first:
+            return (
+                f"its header says it starts at transaction {header.first_transaction_id}, "
+                f"its name says {first}"
+            )
+        return None
+
+    def _index_header(self, first: int) -> fmt.SegmentHeader | None:
+        """The index file's copy of the header, if it is valid and fits the file name."""
+        path = self._index_path(first)
+        if not self.files.exists(path):
+            return None
+        fd = self.files.open(path, OPEN_WRITE)
+        try:
+            header = fmt.decode_segment_header(self.files.pread(fd, fmt.HEADER_SIZE, 0))
+        finally:
+            self.files.close(fd)
+        if (
+            header is None
+            or header.version != fmt.SEGMENT_FORMAT_VERSION
+            or self._header_problem(header, first) is not None
+        ):
+            return None
+        return header
+
+    # -- pass 2: the chain --------------------------------------------------------------------
+
+    def _chain(self, candidates: list[_Candidate]) -> None:
+        pending = {c.first: c for c in candidates}
+        expected = 0
+        while pending:
+            first = min(pending)
+            candidate = pending.pop(first)
+            last = not pending
+            if first < expected:
+                self._move_aside(
+                    self._paths(first),
+                    "does-not-follow",
+                    f"it starts at transaction {first}, but the segments before it already "
+                    f"hold transactions up to {expected - 1}",
+                )
+                continue
+            if not candidate.header_ok:
+                why = "its header is damaged (and its index's copy too): its records are unknown"
+                if last:
+                    why += "; the records it held may have been acknowledged (lost tail)"
+                    self._lose_tail()
+                self._move_aside(self._paths(first), "unreadable-segment", why)
+                continue
+            if candidate.fix_header is not None:
+                self._fix_header(first, candidate.fix_header)
+            for seg in self._recover_segment(first, last, pending):
+                self.layout.segments.append(seg)
+                expected = seg.end
+
+    def _lose_tail(self) -> None:
+        if not self.layout.lost_tail:
+            self.mark_lost()
+            self.layout.lost_tail = True
+
+    def _fix_header(self, first: int, header: fmt.SegmentHeader) -> None:
+        path = self._data_path(first)
+        fd = self.files.open(path, OPEN_WRITE)
+        try:
+            folder = self.quarantine.folder(
+                "damaged-header",
+                f"partition {self.partition_id}: the first {fmt.HEADER_SIZE} bytes of {path} "
+                "(its segment header, which failed its checksum); recovery rewrote the header "
+                "from the index file's copy",
+            )
+            self.quarantine.save(folder, f"{path.name}.header", fd, 0, fmt.HEADER_SIZE)
+            self.files.pwrite(fd, fmt.encode_segment_header(header), 0)
+            self.files.fdatasync(fd)
+        finally:
+            self.files.close(fd)
+        log.warning(
+            "partition %d: %s had a damaged header; rewrote it from its index (the old "
+            "bytes are in %s)",
+            self.partition_id,
+            path.name,
+            folder,
+        )
+
+    # -- one segment ------------------------------------------------------------------------
+
+    def _recover_segment(
+        self, first: int, last: bool, pending: dict[int, _Candidate]
+    ) -> list[Segment]:
+        """Open and check one segment file; it may be split where it is damaged (the
+        parts after the damage become segment files of their own)."""
+        out: list[Segment] = []
+        while True:
+            seg, stop = self._open_and_scan(first, last)
+            out.append(seg)
+            if stop is None:
+                return out
+            resumed = self._handle_damage(seg, stop, last, pending)
+            if resumed is None:
+                return out
+            first = resumed
+
+    def _open_and_scan(self, first: int, last: bool) -> tuple[Segment, str | None]:
+        """Open a segment, rebuild its index after the trusted part; returns it and,
+        when it does not read back to its end, why (its count and size stop there)."""
+        files = self.files
+        data_fd = files.open(self._data_path(first), OPEN_WRITE)
+        try:
+            index_fd = files.open(self._index_path(first), OPEN_CREATE, 0o644)
+        except BaseException:
+            files.close(data_fd)
+            raise
+        seg = Segment(self.directory, first, data_fd, index_fd)
+        try:
+            data_size = files.size(data_fd)
+            header = fmt.decode_segment_header(files.pread(data_fd, fmt.HEADER_SIZE, 0))
+            assert header is not None  # checked by _check_header (or fixed)
+            expected_header = fmt.encode_segment_header(header)
+            index_header = fmt.decode_segment_header(files.pread(index_fd, fmt.HEADER_SIZE, 0))
+            trusted = 0
+            if index_header != header:
+                log.warning(
+                    "partition %d: rebuilding index %s", self.partition_id, seg.index_path.name
+                )
+                files.ftruncate(index_fd, 0)
+                files.pwrite(index_fd, expected_header, 0)
+            else:
+                entries = (files.size(index_fd) - fmt.HEADER_SIZE) // fmt.INDEX_ENTRY_SIZE
+                trusted = entries if not last else (entries // self.interval) * self.interval
+                if self.verify_all:
+                    trusted = 0
+            start = fmt.HEADER_SIZE
+            while trusted:
+                start = self._verify_entry(seg, trusted - 1, data_size)
+                if start >= 0:
+                    break
+                log.warning(
+                    "partition %d: index %s entry %d does not match its data; "
+                    "scanning from the checkpoint before it",
+                    self.partition_id,
+                    seg.index_path.name,
+                    trusted - 1,
+                )
+                trusted = ((trusted - 1) // self.interval) * self.interval
+                start = fmt.HEADER_SIZE
+            result = fmt.ScanResult(start)
+            count = trusted
+            pending: list[int] = []
+            for offset in fmt.scan_offsets(
+                data_fd, start, data_size, first + trusted, result, pread=files.pread
+            ):
+                pending.append(offset)
+                if len(pending) == 65536:  # rebuild the index in bounded pieces
+                    files.pwrite(
+                        index_fd,
+                        fmt.struct_pack_offsets(pending),
+                        fmt.HEADER_SIZE + count * fmt.INDEX_ENTRY_SIZE,
+                    )
+                    count += len(pending)
+                    pending = []
+            if pending:
+                files.pwrite(
+                    index_fd,
+                    fmt.struct_pack_offsets(pending),
+                    fmt.HEADER_SIZE + count * fmt.INDEX_ENTRY_SIZE,
+                )
+                count += len(pending)
+            seg.count = count
+            seg.size = result.end
+            if data_size == result.end:
+                files.ftruncate(index_fd, fmt.HEADER_SIZE + count * fmt.INDEX_ENTRY_SIZE)
+                files.fsync(index_fd)
+                return seg, None
+            return seg, result.stop_reason or "trailing bytes"
+        except BaseException:
+            close_segment(files, seg)
+            raise
+
+    def _verify_entry(self, seg: Segment, index: int, data_size: int) -> int:
+        """The end offset of the record at index entry ``index`` if it checks out, else -1."""
+        raw = self.files.pread(
+            seg.index_fd, fmt.INDEX_ENTRY_SIZE, fmt.HEADER_SIZE + index * fmt.INDEX_ENTRY_SIZE
+        )
+        if len(raw) != fmt.INDEX_ENTRY_SIZE:
+            return -1
+        (offset,) = fmt.INDEX_ENTRY.unpack(raw)
+        return self._record_end(seg.data_fd, offset, data_size, seg.first + index)
+
+    def _record_end(self, fd: int, offset: int, size: int, txid: int) -> int:
+        """The end of the intact record ``txid`` at ``offset``, or -1."""
+        if not fmt.HEADER_SIZE <= offset <= size - fmt.RECORD_OVERHEAD:
+            return -1
+        head = self.files.pread(fd, fmt.RECORD_HEAD.size, offset)
+        if len(head) != fmt.RECORD_HEAD.size:
+            return -1
+        length = fmt.RECORD_HEAD.unpack(head)[6]
+        if length < 0 or offset + fmt.RECORD_OVERHEAD + length > size:
+            return -1
+        buf = self.files.pread(fd, fmt.RECORD_OVERHEAD + length, offset)
+        try:
+            end = fmt.check_record(buf, 0, txid)
+        except fmt.RecordFormatError:
+            return -1
+        return offset + end
+
+    # -- damage ----------------------------------------------------------------------------
+
+    def _handle_damage(
+        self, seg: Segment, reason: str, last: bool, pending: dict[int, _Candidate]
+    ) -> int | None:
+        """``seg`` reads back only up to ``seg.size``; decide about the rest. Returns the
+        first id of a new segment file made of the intact records after the damage (to
+        recover next), or None."""
+        files = self.files
+        p = seg.size
+        e = seg.end
+        size = files.size(seg.data_fd)
+        limit = min(pending) if pending else None
+        resync = self._resync(seg, p, size, e, limit)
+        # the next segment starting where the intact records do: the copy of an interrupted
+        # split of this segment (redone), or records this one must not claim
+        if (
+            resync is not None
+            and resync[1] == limit
+            and not self._is_copy_of(self._data_path(limit), seg.data_fd, resync[0], size)
+        ):
+            resync = None
+        if last and resync is None and self._torn(seg.data_fd, p, size, e):
+            log.warning(
+                "partition %d: cutting %d bytes after transaction %d in %s: the torn tail of "
+                "a write that was not flushed (%s)",
+                self.partition_id,
+                size - p,
+                e - 1,
+                seg.data_path.name,
+                reason,
+            )
+            self._cut(seg)
+            return None
+        if last and resync is not None and self._has_zero_sector(seg.data_fd, p, resync[0]):
+            # A write torn by a power loss may leave pages after unwritten ones: taken for
+            # one (had a zeroed region of flushed data done this, the bytes are kept here).
+            why = (
+                f"bytes {p}..{size} of the last segment, after transaction {e - 1}: zeros then "
+                f"records from {resync[1]}, the shape of a write torn by a power loss; "
+                "recovery cut them from the log"
+            )
+            self._save_and_cut(seg, p, size, "torn-write", why)
+            return None
+        if resync is None:
+            if last:
+                why = (
+                    f"bytes {p}..{size} of the last segment {seg.data_path.name}, after "
+                    f"transaction {e - 1}, fail their checksums ({reason}) and are not the "
+                    "shape of a torn write: the records they held may have been acknowledged "
+                    "(lost tail; the replica is caught up from its peers)"
+                )
+                self._lose_tail()
+                self._save_and_cut(seg, p, size, "damaged-tail", why)
+                return None
+            why = (
+                f"bytes {p}..{size} of {seg.data_path.name}, after transaction {e - 1}, fail "
+                f"their checksums ({reason}); transactions from {e} up to the next segment "
+                f"({limit}) are missing until repaired from a peer"
+            )
+            self._save_and_cut(seg, p, size, f"damaged-records-{e}", why)
+            return None
+        return self._split(seg, resync, reason, pending)
+
+    def _cut(self, seg: Segment) -> None:
+        self.files.ftruncate(seg.data_fd, seg.size)
+        self.files.fdatasync(seg.data_fd)
+        self.files.ftruncate(seg.index_fd, fmt.HEADER_SIZE + seg.count * fmt.INDEX_ENTRY_SIZE)
+        self.files.fsync(seg.index_fd)
+
+    def _save_and_cut(self, seg: Segment, start: int, end: int, reason: str, why: str) -> None:
+        folder = self.quarantine.folder(
+            reason,
+            f"partition {self.partition_id}: {seg.data_path.name}@{start} holds bytes "
+            f"{start}..{end} of {seg.data_path}: {why}",
+        )
+        self.quarantine.save(folder, f"{seg.data_path.name}@{start}", seg.data_fd, start, end)
+        self._cut(seg)
+        log.warning(
+            "partition %d: copied bytes %d..%d of %s to %s and cut them from the log: %s",
+            self.partition_id,
+            start,
+            end,
+            seg.data_path.name,
+            folder,
+            why,
+        )
+
+    def _split(
+        self, seg: Segment, resync: tuple[int, int], reason: str, pending: dict[int, _Candidate]
+    ) -> int:
+        """Damaged bytes from ``p = seg.size`` up to the intact record ``j`` at offset
+        ``q`` (``resync``): the records from ``q`` become segment file ``j`` (written and
+        flushed first), the damaged bytes go to the quarantine, then ``seg`` is cut at
+        ``p``. A crash between the steps leaves ``seg`` whole; the next recovery does the
+        same again."""
+        files = self.files
+        p = seg.size
+        q, j = resync
+        size = files.size(seg.data_fd)
+        target = self._data_path(j)
+        pending.pop(j, None)
+        if files.exists(target):
+            if self._is_copy_of(target, seg.data_fd, q, size):
+                # the same split, interrupted before: every byte of our copy is in seg
+                for path in self._paths(j):
+                    files.unlink(path)
+            else:
+                self._move_aside(
+                    self._paths(j),
+                    "does-not-follow",
+                    f"its records from {j} are also in {seg.data_path.name} (from offset {q})",
+                )
+        header = fmt.SegmentHeader(
+            fmt.SEGMENT_FORMAT_VERSION, fmt.now_ms(), self.cluster_key, self.partition_id, j
+        )
+        fd = files.open(target, OPEN_NEW, 0o644)
+        try:
+            files.pwrite(fd, fmt.encode_segment_header(header), 0)
+            copy_range(files, seg.data_fd, (q, size), fd, fmt.HEADER_SIZE)
+            files.fsync(fd)
+        finally:
+            files.close(fd)
+        files.fsync_dir(self.directory)
+        why = (
+            f"bytes {p}..{q} of {seg.data_path.name} (transactions {seg.end}..{j - 1}) fail "
+            f"their checksums ({reason}); the intact records after them, from {j}, were moved "
+            f"to {target.name}; transactions {seg.end}..{j - 1} are missing until repaired "
+            "from a peer"
+        )
+        self._save_and_cut(seg, p, q, f"damaged-records-{seg.end}-{j - 1}", why)
+        return j
+
+    def _is_copy_of(self, path: Path, src_fd: int, start: int, end: int) -> bool:
+        """Whether ``path``'s records are a prefix of the source bytes ``start..end``."""
+        fd = self.files.open(path, OPEN_WRITE)
+        try:
+            size = self.files.size(fd)
+            if size - fmt.HEADER_SIZE > end - start:
+                return False
+            position = fmt.HEADER_SIZE
+            while position < size:
+                n = min(1 << 20, size - position)
+                mine = self.files.pread(fd, n, position)
+                theirs = self.files.pread(src_fd, n, start + position - fmt.HEADER_SIZE)
+                if mine != theirs:
+                    return False
+                position += n
+            return True
+        finally:
+            self.files.close(fd)
+
+    # -- finding intact records after damaged bytes -------------------------------------------
+
+    def _resync(
+        self, seg: Segment, p: int, size: int, e: int, limit: int | None
+    ) -> tuple[int, int] | None:
+        """(offset, id) of the first intact record after the damaged bytes at ``p``
+        (whose first record should have been ``e``), or None. Ids stay at or below
+        ``limit`` (the next segment's first id)."""
+        files = self.files
+        fd = seg.data_fd
+
+        def intact(offset: int, txid: int) -> bool:
+            return (limit is None or txid <= limit) and self._record_end(fd, offset, size, txid) > 0
+
+        # 1. the damaged record's own head, when only its data is damaged
+        head = files.pread(fd, fmt.RECORD_HEAD.size, p)
+        if len(head) == fmt.RECORD_HEAD.size:
+            txid, *_, length, _ = fmt.RECORD_HEAD.unpack(head)
+            end = p + fmt.RECORD_OVERHEAD + length
+            if txid == e and length >= 0 and end <= size:
+                crc = files.pread(fd, 4, end - 4)
+                if crc32c.crc32c(head) == fmt.RECORD_CRC.unpack(crc)[0] and intact(end, e + 1):
+                    return end, e + 1
+        # 2. the index entries after it
+        entries = (files.size(seg.index_fd) - fmt.HEADER_SIZE) // fmt.INDEX_ENTRY_SIZE
+        rel = e + 1 - seg.first
+        if rel < entries:
+            n = min(entries - rel, 1 << 20)
+            raw = files.pread(seg.index_fd, n * fmt.INDEX_ENTRY_SIZE, fmt.HEADER_SIZE + rel * 8)
+            for k, offset in enumerate(fmt.unpack_offsets(raw)):
+                if p < offset < size and intact(offset, e + 1 + k):
+                    return offset, e + 1 + k
+        # 3. a search of the bytes after it for the id of a later record
+        if size - p - 1 < fmt.RECORD_OVERHEAD:
+            return None
+        window = files.pread(fd, min(size - p - 1, SEARCH_WINDOW), p + 1)
+        best: tuple[int, int] | None = None
+        for prefix in {_TXID.pack(e + 1)[:6], _TXID.pack(e + SEARCH_IDS)[:6]}:
+            at = window.find(prefix)
+            tries = 0
+            while at >= 0 and (best is None or p + 1 + at < best[0]) and tries < 100_000:
+                tries += 1
+                if at + 8 <= len(window):
+                    (txid,) = _TXID.unpack_from(window, at)
+                    if e < txid <= e + SEARCH_IDS and intact(p + 1 + at, txid):
+                        best = (p + 1 + at, txid)
+                        break
+                at = window.find(prefix, at + 1)
+        return best
+
+    def _torn(self, fd: int, p: int, size: int, e: int) -> bool:
+        """Whether bytes ``p..size`` (nothing intact in them) have the shape of a write
+        that was not flushed when the power went: a record cut short, or zeros."""
+        files = self.files
+        if size - p < fmt.RECORD_OVERHEAD:
+            return True
+        head = files.pread(fd, fmt.RECORD_HEAD.size, p)
+        txid, *_, length, _ = fmt.RECORD_HEAD.unpack(head)
+        if txid == e and length >= 0 and p + fmt.RECORD_OVERHEAD + length > size:
+            return True  # the file ends inside the record
+        return self._has_zero_sector(fd, p, size)
+
+    def _has_zero_sector(self, fd: int, start: int, end: int) -> bool:
+        """Whether bytes ``start..end`` hold an unwritten sector: a sector-aligned run of
+        zeros (the last sector of the file may be partial), or only zeros."""
+        files = self.files
+        first = -(-start // SECTOR) * SECTOR
+        if first >= end:
+            return not any(files.pread(fd, end - start, start))
+        zero = bytes(SECTOR)
+        position = first
+        while position < end:
+            chunk = files.pread(fd, min(1 << 20, end - position), position)
+            if not chunk:
+                return False
+            at = chunk.find(zero)
+            while at >= 0:
+                aligned = -(-at // SECTOR) * SECTOR
+                if chunk[aligned : aligned + SECTOR] == zero:
+                    return True
+                at = chunk.find(zero, at + 1)
+            tail = len(chunk) % SECTOR
+            if position + len(chunk) == end and tail and not any(chunk[-tail:]):
+                return True  # the file's last, partial sector
+            position += len(chunk)
+        return False
