@@ -28,6 +28,8 @@ class TestFsStorage(StorageSuite):
 class TestFsStorageDefaultCheckpoints(StorageSuite):
     """The spec's checkpoint interval (1000): recovery scans every record."""
 
+    damage_sweep_variants = 200
+
     @pytest.fixture
     def harness(self, tmp_path: Path) -> StorageHarness:
         return fs_harness(root=tmp_path)

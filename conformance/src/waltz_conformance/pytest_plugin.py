@@ -8,6 +8,22 @@ import pytest
 from waltz_conformance.servers.fixtures import etcd_cluster, zookeeper_server  # noqa: F401
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("waltz", "Waltz conformance suite")
+    group.addoption(
+        "--waltz-damage-variants",
+        type=int,
+        default=None,
+        help="variants of the storage suite's damage sweep (default: the suite's, 1000)",
+    )
+    group.addoption(
+        "--waltz-damage-seed",
+        type=int,
+        default=None,
+        help="the damage sweep's first seed (default 0; a failing seed replays exactly)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",

@@ -54,7 +54,7 @@ async def _write(args: argparse.Namespace) -> None:
         part = engine.partition(partition_id)
         session = part.session_info().session_id + 1
         for _ in range(args.max_records):
-            await part.set_session_info(SessionInfo(session, session * 2, session * 2 - 1))
+            await part.set_session_info(SessionInfo(session, session * 2, session * 2 - 1, session))
             out.write(f"{partition_id} {session}\n")
             out.flush()
             session += 1

@@ -21,10 +21,18 @@ Capabilities (declared by the harness, never guessed):
   engine, or overrides :meth:`StorageHarness.writer_command`.
 - ``file_faults``: the harness can find records on disk and damage files
   (:meth:`StorageHarness.record_extent`, :meth:`StorageHarness.index_files`,
-  :meth:`StorageHarness.tear_session_info`): cut files at every byte offset,
-  flip bits, tear a session info struct.
+  :meth:`StorageHarness.data_files`, :meth:`StorageHarness.metadata_files`,
+  :meth:`StorageHarness.stray_names`, :meth:`StorageHarness.tear_session_info`):
+  cut files at every byte offset, flip bits, tear a session info struct, and
+  the seeded damage sweep (:mod:`waltz_conformance.suites.storage_damage`:
+  truncations, bit flips, zeroed sectors and pages, stray, duplicated and
+  foreign files; ``--waltz-damage-variants N``, default 1000).
 - ``segments``: the engine takes a ``segment_size`` option and splits the log
   into segments (:meth:`StorageHarness.segment_count`).
+- ``repair``: start-up recovery keeps intact records after damaged ones and
+  reports the damaged ones as ``missing_ranges``, which ``repair`` fills.
+- ``availability``: the engine keeps a partition's availability
+  (``set_available``) across a reopen.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import crc32c
 import pytest
@@ -60,7 +68,7 @@ from waltz_api.errors import (
     StorageAppendError,
     StorageError,
 )
-from waltz_api.types import Record, ReqId, SessionInfo
+from waltz_api.types import LOST_SESSION, Record, ReqId, SessionInfo
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
 from waltz_conformance.records import make_record as make_record  # noqa: PLC0414 (re-exported)
 
@@ -110,8 +118,28 @@ class StorageHarness(Harness):
         (the last one written) or ``"both"``."""
         raise NotImplementedError(f"{self.name}: tear_session_info needs 'file_faults'")
 
+    def data_files(self, location: str, partition_id: int) -> list[Path]:
+        """The files holding the partition's records, in log order (the sweep damages
+        them)."""
+        raise NotImplementedError(f"{self.name}: data_files needs 'file_faults'")
+
+    def metadata_files(self, location: str) -> list[Path]:
+        """Files the engine reads at open that hold no record (a control file)."""
+        raise NotImplementedError(f"{self.name}: metadata_files needs 'file_faults'")
+
+    def stray_names(self, location: str, partition_id: int) -> list[Path]:
+        """Free paths where the engine would take an extra file for one of the partition's
+        (before, between and after its own): the sweep puts stray, duplicated and
+        foreign files there."""
+        raise NotImplementedError(f"{self.name}: stray_names needs 'file_faults'")
+
     def copy_location(self, source: str, target: str) -> None:
         shutil.copytree(source, target)
+
+    def scratch(self) -> StorageHarness:
+        """The harness for the damage sweep's many short-lived copies (a harness may put
+        them on a faster file system, such as a tmpfs); this default is itself."""
+        return self
 
     # -- crash_reopen ----------------------------------------------------------------------
 
@@ -547,6 +575,72 @@ class StorageSuite:
         await append_range(engine, 0, 0, 3)
         await assert_log(engine, 0, 2)
 
+    # -- the low-water mark's session, availability -------------------------------------
+
+    async def test_session_info_keeps_the_low_water_mark_session(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(2)
+        info = SessionInfo(7, 40, 38, 6)
+        await part.set_session_info(info)
+        assert part.session_info() == info
+        lost = SessionInfo(8, 40, 38, LOST_SESSION)
+        await part.set_session_info(lost)
+        assert part.session_info() == lost
+        if "reopen" in store.harness.capabilities:
+            engine = await store.reopen()
+            assert engine.partition(2).session_info() == lost
+
+    @requires("availability")
+    async def test_availability_is_kept(self, store: Store) -> None:
+        engine = await store.open()
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+        assert engine.partition(0).available()
+        await engine.partition(0).set_available(False)
+        assert not engine.partition(0).available() and engine.partition(1).available()
+        if "reopen" in store.harness.capabilities:
+            engine = await store.reopen()
+            assert not engine.partition(0).available() and engine.partition(1).available()
+            await engine.partition(0).set_available(True)
+            engine = await store.reopen()
+            assert engine.partition(0).available()
+        await engine.remove_partition(0)
+        assert (await engine.add_partition(0)).available()
+
+    # -- the damage sweep ----------------------------------------------------------------
+
+    damage_sweep_variants: ClassVar[int] = 1000
+    """Variants of the sweep (``--waltz-damage-variants`` overrides it)."""
+
+    @requires("file_faults", "reopen")
+    async def test_damage_sweep(
+        self, harness: StorageHarness, request: pytest.FixtureRequest
+    ) -> None:
+        """Seeded damage of every kind (storage_damage): every record served is
+        byte-identical or refused with an error naming it; no intact record is
+        deleted; with ``repair``, missing ranges filled make the log whole."""
+        from waltz_conformance.suites import storage_damage
+
+        variants = request.config.getoption("waltz_damage_variants", None)
+        count = int(variants) if variants is not None else self.damage_sweep_variants
+        seed = int(request.config.getoption("waltz_damage_seed", None) or 0)
+        sweeper = harness.scratch()
+        options = dict(harness.options)
+        pristine = await storage_damage.build_pristine(sweeper, options)
+        result = storage_damage.SweepResult()
+        try:
+            for i in range(count):
+                await storage_damage.run_variant(sweeper, pristine, seed + i, options, result)
+                if len(result.failures) >= 10:
+                    break
+        finally:
+            storage_damage.remove(sweeper, pristine)
+        request.node.user_properties.append(("damage_sweep", result.summary()))
+        sys.stderr.write(f"\n{harness.name}: {result.summary()}\n")
+        assert not result.failures, "\n".join(result.failures)
+        assert result.changed_served == 0 and result.intact_deleted == 0
+        assert result.variants == count
+
     # -- crash safety -------------------------------------------------------------------------
 
     @requires("file_faults", "reopen")
@@ -636,7 +730,7 @@ class StorageSuite:
             # the last acknowledged update, or the one after it that was under way
             assert acked[pid] <= info.session_id <= acked[pid] + 1, (pid, info, acked)
             assert info == SessionInfo(
-                info.session_id, info.session_id * 2, info.session_id * 2 - 1
+                info.session_id, info.session_id * 2, info.session_id * 2 - 1, info.session_id
             )
 
     @requires("file_faults", "reopen")

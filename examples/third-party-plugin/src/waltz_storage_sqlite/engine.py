@@ -50,7 +50,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DB_FILE_NAME = "waltz-storage.sqlite3"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version 2 added the low-water mark's session and the availability of a partition;
+a version-1 database is migrated when it is opened (two columns added)."""
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MAX = 2**63 - 1
 MAX_GROUP = 256
@@ -64,7 +66,9 @@ CREATE TABLE partitions (
     partition_id INTEGER PRIMARY KEY,
     session_id INTEGER NOT NULL,
     low_water_mark INTEGER NOT NULL,
-    local_low_water_mark INTEGER NOT NULL
+    local_low_water_mark INTEGER NOT NULL,
+    low_water_mark_session_id INTEGER NOT NULL DEFAULT -1,
+    available INTEGER NOT NULL DEFAULT 1
 );
 CREATE TABLE records (
     partition_id INTEGER NOT NULL,
@@ -266,6 +270,7 @@ class SqliteStoragePartition(StoragePartition):
         self.partition_id = partition_id
         self._info = info
         self._max_txid = NO_TRANSACTION
+        self._available = True
         self._removed = False
 
     def _check_open(self) -> None:
@@ -291,12 +296,37 @@ class SqliteStoragePartition(StoragePartition):
         def apply(connection: sqlite3.Connection) -> None:
             connection.execute(
                 "UPDATE partitions SET session_id = ?, low_water_mark = ?, "
-                "local_low_water_mark = ? WHERE partition_id = ?",
-                (info.session_id, info.low_water_mark, info.local_low_water_mark, pid),
+                "local_low_water_mark = ?, low_water_mark_session_id = ? WHERE partition_id = ?",
+                (
+                    info.session_id,
+                    info.low_water_mark,
+                    info.local_low_water_mark,
+                    info.low_water_mark_session_id,
+                    pid,
+                ),
             )
 
         def on_commit(_: object) -> None:
             self._info = info
+
+        await self._engine.write(apply, on_commit)
+
+    def available(self) -> bool:
+        self._check_open()
+        return self._available
+
+    async def set_available(self, available: bool) -> None:
+        self._check_open()
+        pid = self.partition_id
+
+        def apply(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "UPDATE partitions SET available = ? WHERE partition_id = ?",
+                (1 if available else 0, pid),
+            )
+
+        def on_commit(_: object) -> None:
+            self._available = available
 
         await self._engine.write(apply, on_commit)
 
@@ -498,6 +528,9 @@ class SqliteStorageEngine(StorageEngine):
         try:
             meta = dict(reader.execute("SELECT key, value FROM meta").fetchall())
             version = int(meta.get("format_version", "0"))
+            if version == 1:
+                _migrate_from_1(writer, path)
+                version = FORMAT_VERSION
             if version != FORMAT_VERSION:
                 raise CorruptionError(
                     f"{path}: unsupported format version {version} (this engine reads "
@@ -540,17 +573,19 @@ class SqliteStorageEngine(StorageEngine):
         """Recovery is SQLite's own (its WAL); this loads the in-memory state."""
         reader = self._reader
         infos = reader.execute(
-            "SELECT partition_id, session_id, low_water_mark, local_low_water_mark "
-            "FROM partitions ORDER BY partition_id"
+            "SELECT partition_id, session_id, low_water_mark, local_low_water_mark, "
+            "low_water_mark_session_id, available FROM partitions ORDER BY partition_id"
         ).fetchall()
         tops = dict(
             reader.execute(
                 "SELECT partition_id, MAX(transaction_id) FROM records GROUP BY partition_id"
             ).fetchall()
         )
-        for pid, session_id, low, local_low in infos:
-            part = SqliteStoragePartition(self, pid, SessionInfo(session_id, low, local_low))
+        for pid, session_id, low, local_low, low_session, available in infos:
+            info = SessionInfo(session_id, low, local_low, low_session)
+            part = SqliteStoragePartition(self, pid, info)
             part._max_txid = tops.get(pid, NO_TRANSACTION)
+            part._available = bool(available)
             self._partitions[pid] = part
 
     @staticmethod
@@ -645,8 +680,15 @@ class SqliteStorageEngine(StorageEngine):
             connection.execute("DELETE FROM records WHERE partition_id = ?", (partition_id,))
             connection.execute(
                 "INSERT OR REPLACE INTO partitions (partition_id, session_id, low_water_mark, "
-                "local_low_water_mark) VALUES (?, ?, ?, ?)",
-                (partition_id, info.session_id, info.low_water_mark, info.local_low_water_mark),
+                "local_low_water_mark, low_water_mark_session_id, available) "
+                "VALUES (?, ?, ?, ?, ?, 1)",
+                (
+                    partition_id,
+                    info.session_id,
+                    info.low_water_mark,
+                    info.local_low_water_mark,
+                    info.low_water_mark_session_id,
+                ),
             )
 
         def on_commit(_: object) -> None:
@@ -712,6 +754,26 @@ class SqliteStorageEngine(StorageEngine):
         self.check_open()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, query, self._reader)
+
+
+def _migrate_from_1(connection: sqlite3.Connection, path: Path) -> None:
+    """Version 1 -> 2, in one SQLite transaction: the low-water mark's session (unknown
+    for what version 1 wrote) and the availability (available) of each partition."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        connection.execute(
+            "ALTER TABLE partitions ADD COLUMN low_water_mark_session_id INTEGER NOT NULL "
+            "DEFAULT -1"
+        )
+        connection.execute("ALTER TABLE partitions ADD COLUMN available INTEGER NOT NULL DEFAULT 1")
+        connection.execute(
+            "UPDATE meta SET value = ? WHERE key = 'format_version'", (str(FORMAT_VERSION),)
+        )
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    logger.warning("%s: migrated from format version 1 to %d", path, FORMAT_VERSION)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -6,14 +6,15 @@ lazily, so listing plugins costs nothing.
 
 from __future__ import annotations
 
-from waltz_api.capabilities import CRASH_REOPEN, REOPEN
+from waltz_api.capabilities import AVAILABILITY, CRASH_REOPEN, REOPEN
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
 NAME = "sqlite"
-CAPABILITIES = frozenset({REOPEN, CRASH_REOPEN})
+CAPABILITIES = frozenset({REOPEN, CRASH_REOPEN, AVAILABILITY})
 """What the conformance suite may check: acknowledged changes survive a close and
-reopen, and a SIGKILL of the writing process (``file_faults`` and ``segments``
-are about the ``fs`` file format and do not apply)."""
+reopen, and a SIGKILL of the writing process; a partition's availability is kept.
+(``file_faults``, ``segments`` and ``repair`` are about the ``fs`` file format and do
+not apply: SQLite keeps its own pages, and a damaged database is refused whole.)"""
 
 
 @hookimpl

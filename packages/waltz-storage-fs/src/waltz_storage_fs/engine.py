@@ -499,10 +499,14 @@ class FsStoragePartition(StoragePartition):
         while self._segments and self._segments[-1].first > transaction_id:
             seg = self._segments.pop()
             close_segment(files, seg)
-            files.unlink(seg.data_path)
-            if files.exists(seg.index_path):
+            if files.exists(seg.index_path):  # first: never an index without its data
                 files.unlink(seg.index_path)
+            files.unlink(seg.data_path)
             removed = True
+        if removed:
+            # durable before the cut below: a crash in between must not leave a later
+            # segment after a shortened one (a hole)
+            files.fsync_dir(self.directory)
         if self._segments:
             seg = self._segments[-1]
             keep = transaction_id - seg.first + 1
@@ -523,8 +527,6 @@ class FsStoragePartition(StoragePartition):
                 files.fsync(seg.index_fd)
                 seg.count = keep
                 seg.size = end
-        if removed:
-            files.fsync_dir(self.directory)
         self.publish()
 
     def set_info_now(self, info: SessionInfo) -> None:
@@ -956,7 +958,11 @@ class FsStorageEngine(StorageEngine):
             slot, struct = current
             if not struct.assigned:
                 if self.files.exists(directory):
-                    self._move_directory_aside(pid, "an interrupted removal")
+                    if self.files.listdir(directory):
+                        self._move_directory_aside(pid, "an interrupted removal")
+                    else:  # an interrupted add_partition: nothing in it
+                        self.files.rmdir(directory)
+                        self.files.fsync_dir(self.directory)
                 continue
             if first is None or second is None:
                 log.warning(

@@ -26,48 +26,65 @@ OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_TRUNC
 class Files:
     """The real file system."""
 
-    open = staticmethod(os.open)
-    """``open(path, flags, mode=0o644) -> fd`` (flags: the OPEN_* constants)."""
-    close = staticmethod(os.close)
-    pread = staticmethod(os.pread)
-    pwrite = staticmethod(os.pwrite)
-    fdatasync = staticmethod(os.fdatasync)
-    fsync = staticmethod(os.fsync)
-    ftruncate = staticmethod(os.ftruncate)
-    listdir = staticmethod(os.listdir)
-    replace = staticmethod(os.replace)
-    """Rename ``src`` to ``dst``, replacing it (atomic; durable after fsync_dir)."""
-    link = staticmethod(os.link)
-    unlink = staticmethod(os.unlink)
-    rmdir = staticmethod(os.rmdir)
+    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        """An fd (flags: the OPEN_* constants)."""
+        return os.open(path, flags, mode)
 
-    @staticmethod
-    def size(fd: int) -> int:
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        return os.pread(fd, n, offset)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def size(self, fd: int) -> int:
         return os.fstat(fd).st_size
 
-    @staticmethod
-    def exists(path: Path) -> bool:
+    def listdir(self, path: Path) -> list[str]:
+        return os.listdir(path)
+
+    def exists(self, path: Path) -> bool:
         return path.exists()
 
-    @staticmethod
-    def is_dir(path: Path) -> bool:
+    def is_dir(self, path: Path) -> bool:
         return path.is_dir()
 
-    @staticmethod
-    def mkdir(path: Path) -> None:
+    def mkdir(self, path: Path) -> None:
         """Create one directory (its parent must exist); durable after fsync_dir(parent)."""
         os.mkdir(path)
 
-    @staticmethod
-    def fsync_dir(path: Path) -> None:
+    def rmdir(self, path: Path) -> None:
+        os.rmdir(path)
+
+    def unlink(self, path: Path) -> None:
+        os.unlink(path)
+
+    def replace(self, src: Path, dst: Path) -> None:
+        """Rename ``src`` to ``dst``, replacing it (atomic; durable after fsync_dir)."""
+        os.replace(src, dst)
+
+    def link(self, src: Path, dst: Path) -> None:
+        os.link(src, dst)
+
+    def fsync_dir(self, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    @staticmethod
-    def lock(fd: int) -> None:
+    def lock(self, fd: int) -> None:
         """An exclusive lock on an open file; BlockingIOError when another process holds it."""
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 

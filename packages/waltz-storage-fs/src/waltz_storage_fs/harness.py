@@ -5,6 +5,8 @@ It knows the on-disk layout, so the suite can cut, flip and tear real files.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import tempfile
 from collections.abc import Mapping
@@ -33,6 +35,29 @@ class FsStorageHarness(StorageHarness):
             for first in tools.segment_firsts(directory)
         ]
 
+    def data_files(self, location: str, partition_id: int) -> list[Path]:
+        directory = Path(location) / str(partition_id)
+        return [
+            directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
+            for first in tools.segment_firsts(directory)
+        ]
+
+    def metadata_files(self, location: str) -> list[Path]:
+        return [Path(location) / fmt.CONTROL_FILE_NAME]
+
+    def stray_names(self, location: str, partition_id: int) -> list[Path]:
+        directory = Path(location) / str(partition_id)
+        firsts = tools.segment_firsts(directory)
+        taken = set(firsts)
+        last = firsts[-1] if firsts else 0
+        candidates = {1, 2, last + 1, last + 1000, 10**12}
+        for a, b in itertools.pairwise(firsts):
+            candidates.add((a + b) // 2)
+        return [
+            directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
+            for first in sorted(candidates - taken)
+        ]
+
     def tear_session_info(self, location: str, partition_id: int, which: str) -> None:
         dump = tools.read_control_file(location)
         info = dump.partitions[partition_id]
@@ -52,6 +77,15 @@ class FsStorageHarness(StorageHarness):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def scratch(self) -> FsStorageHarness:
+        """The sweep's copies on a tmpfs when there is one (its fsyncs cost nothing)."""
+        shm = Path("/dev/shm")
+        if not shm.is_dir() or not os.access(shm, os.W_OK):
+            return self
+        return dataclasses.replace(
+            self, root=Path(tempfile.mkdtemp(prefix="waltz-sweep-", dir=shm))
+        )
 
     def segment_count(self, location: str, partition_id: int) -> int:
         return len(tools.segment_firsts(Path(location) / str(partition_id)))

@@ -747,14 +747,19 @@ class PartitionRecovery:
         return self._has_zero_sector(fd, p, size)
 
     def _has_zero_sector(self, fd: int, start: int, end: int) -> bool:
-        """Whether bytes ``start..end`` hold an unwritten sector: a sector-aligned run of
-        zeros (the last sector of the file may be partial), or only zeros."""
+        """Whether bytes ``start..end`` hold an unwritten sector: zeros from ``start`` to
+        the sector boundary after it, a whole sector of zeros, or zeros up to ``end`` at
+        the end of the file."""
         files = self.files
-        first = -(-start // SECTOR) * SECTOR
-        if first >= end:
-            return not any(files.pread(fd, end - start, start))
+        boundary = -(-start // SECTOR) * SECTOR
+        if boundary > start:
+            lead = files.pread(fd, min(boundary, end) - start, start)
+            if lead and not any(lead):
+                return True
+            if boundary >= end:
+                return False
         zero = bytes(SECTOR)
-        position = first
+        position = boundary
         while position < end:
             chunk = files.pread(fd, min(1 << 20, end - position), position)
             if not chunk:
@@ -767,6 +772,6 @@ class PartitionRecovery:
                 at = chunk.find(zero, at + 1)
             tail = len(chunk) % SECTOR
             if position + len(chunk) == end and tail and not any(chunk[-tail:]):
-                return True  # the file's last, partial sector
+                return True  # the last, partial sector
             position += len(chunk)
         return False

@@ -1,0 +1,308 @@
+"""Power loss at every step: nothing acknowledged is ever lost.
+
+The real fs engine runs a workload (create, add partitions, concurrent appends
+across segment rolls and index checkpoints, session info updates, availability,
+a truncation, a close and a reopen, and the migration of a format-1 directory)
+on :class:`~waltz_storage_fs.powerloss.PowerLossFiles`, which snapshots what the
+disk would hold after each write, flush, rename or unlink. For every step and
+every crash state (only what completed flushes covered; everything written;
+the last pending write torn either way; file contents and directory entries
+out of step) the real engine opens the state from real files and the test
+checks: every acknowledged record, session info and availability survives;
+every record present is one that was appended (never garbage); power loss never
+looks like damage (no hole, no lost tail); the control file always has a valid
+struct for every hosted partition.
+
+``WALTZ_POWER_LOSS_ROUNDS=<n>`` runs the workload n times with more records
+(the CI run is one round).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from waltz_api.types import NO_SESSION, Record, SessionInfo
+from waltz_conformance.suites.storage import make_record
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs import tools
+from waltz_storage_fs.engine import FsStorageEngine
+from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
+
+pytestmark = pytest.mark.timeout(900)
+
+KEY = uuid.UUID("7c2e4b1a-9d3f-4e6a-b5c8-1f0a2d3e4b5c")
+OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3}
+ROUNDS = int(os.environ.get("WALTZ_POWER_LOSS_ROUNDS", "1"))
+V1 = Path(__file__).parent / "data" / "format-v1"
+
+
+def data(transaction_id: int, partition_id: int, epoch: int) -> bytes:
+    return f"e{epoch}-p{partition_id}-t{transaction_id}|".encode() * (1 + transaction_id % 3)
+
+
+def record(transaction_id: int, partition_id: int, epoch: int = 1) -> Record:
+    return make_record(transaction_id, partition_id, data(transaction_id, partition_id, epoch))
+
+
+@dataclass
+class Model:
+    """What the workload was told: each fact with the step at which it was acknowledged."""
+
+    partitions: dict[int, int] = field(default_factory=dict)
+    """partition -> step at which add_partition returned."""
+    records: dict[tuple[int, int], list[tuple[int, Record]]] = field(default_factory=dict)
+    """(partition, id) -> [(ack step, record)] in the order appended."""
+    infos: dict[int, list[tuple[int, SessionInfo]]] = field(default_factory=dict)
+    """partition -> [(ack step or -1 while in flight, info)]."""
+    availability: dict[int, list[tuple[int, bool]]] = field(default_factory=dict)
+    truncations: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    """partition -> [(start step, ack step, kept up to)]."""
+
+
+class Workload:
+    def __init__(self, files: PowerLossFiles, location: Path, rounds: int) -> None:
+        self.files = files
+        self.location = location
+        self.rounds = rounds
+        self.model = Model()
+
+    def now(self) -> int:
+        return self.files.step
+
+    async def open(self) -> FsStorageEngine:
+        return await FsStorageEngine.open(
+            str(self.location),
+            cluster_key=KEY,
+            num_partitions=3,
+            options=OPTIONS,
+            files=self.files,
+        )
+
+    async def append(self, engine: FsStorageEngine, pid: int, records: list[Record]) -> None:
+        await engine.partition(pid).append(records)
+        step = self.now()
+        for r in records:
+            self.model.records.setdefault((pid, r.transaction_id), []).append((step, r))
+
+    async def set_info(self, engine: FsStorageEngine, pid: int, info: SessionInfo) -> None:
+        infos = self.model.infos.setdefault(pid, [])
+        infos.append((-1, info))
+        await engine.partition(pid).set_session_info(info)
+        infos[-1] = (self.now(), info)
+
+    async def set_available(self, engine: FsStorageEngine, pid: int, available: bool) -> None:
+        states = self.model.availability.setdefault(pid, [])
+        states.append((-1, available))
+        await engine.partition(pid).set_available(available)
+        states[-1] = (self.now(), available)
+
+    async def run(self) -> None:
+        engine = await self.open()
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+            self.model.partitions[pid] = self.now()
+        n = 20 * self.rounds
+
+        async def writer(pid: int, start: int, stop: int, batch: int, epoch: int = 1) -> None:
+            for first in range(start, stop, batch):
+                ids = range(first, min(first + batch, stop))
+                await self.append(engine, pid, [record(t, pid, epoch) for t in ids])
+
+        await asyncio.gather(writer(0, 0, n, 2), writer(1, 0, n // 2, 1))
+        await self.set_info(engine, 0, SessionInfo(1, n - 1, n - 1, 1))
+        await self.set_available(engine, 1, False)
+        await asyncio.gather(writer(0, n, 2 * n, 3), self.set_info(engine, 1, SessionInfo(4, 2, 1)))
+        started = self.now()
+        await engine.partition(0).truncate(n + 1)
+        self.model.truncations.setdefault(0, []).append((started, self.now(), n + 1))
+        await writer(0, n + 2, n + 8, 2, epoch=2)
+        await self.set_available(engine, 1, True)
+        await self.set_info(engine, 0, SessionInfo(2, n + 7, n + 7, 2))
+        await engine.close()
+        engine = await self.open()  # recovery's own steps are crash points too
+        await writer(0, n + 8, n + 10, 1, epoch=2)
+        await engine.close()
+
+
+@dataclass
+class Checked:
+    states: int = 0
+    distinct: int = 0
+    quarantined: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+async def check_state(
+    tree: dict[str, bytes], directory: Path, snapshot: Snapshot, name: str, model: Model
+) -> str | None:
+    """Open one crash state with the real engine; the first broken promise, or None."""
+    materialize(tree, directory)
+    where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
+    storage = directory / "storage"
+    if not (storage / fmt.CONTROL_FILE_NAME).exists():
+        if model.partitions and min(model.partitions.values()) <= snapshot.step:
+            return f"{where}: the control file is gone after partitions were added"
+        return None
+    dump = tools.read_control_file(storage)
+    for pid, step in model.partitions.items():
+        if step <= snapshot.step and dump.partitions[pid].current is None:
+            return f"{where}: both structs of partition {pid} are invalid"
+    try:
+        engine = await FsStorageEngine.open(str(storage), options=OPTIONS)
+    except Exception as exc:
+        return f"{where}: the engine does not open: {exc!r}"
+    try:
+        return await _check_engine(engine, snapshot.step, where, model)
+    finally:
+        await engine.close()
+
+
+async def _check_engine(engine: FsStorageEngine, step: int, where: str, model: Model) -> str | None:
+    for pid, added in model.partitions.items():
+        if added > step:
+            continue
+        try:
+            part = engine.partition(pid)
+        except Exception as exc:
+            return f"{where}: partition {pid} does not open: {exc!r}"
+        if part.missing_ranges():
+            return f"{where}: partition {pid} has holes {part.missing_ranges()}"
+        info = part.session_info()
+        if info.low_water_mark_session_id not in (NO_SESSION, *range(0, 100)):
+            return f"{where}: partition {pid} looks damaged: {info}"
+        infos = model.infos.get(pid, [])
+        acked = [i for s, i in infos if 0 <= s <= step]
+        allowed = [acked[-1] if acked else SessionInfo()]
+        allowed += [i for s, i in infos[len(acked) : len(acked) + 1]]
+        if info not in allowed:
+            return f"{where}: partition {pid} session info {info}, expected one of {allowed}"
+        states = model.availability.get(pid, [])
+        acked_a = [a for s, a in states if 0 <= s <= step]
+        allowed_a = {acked_a[-1] if acked_a else True}
+        allowed_a |= {a for s, a in states[len(acked_a) : len(acked_a) + 1]}
+        if part.available() not in allowed_a:
+            return f"{where}: partition {pid} availability {part.available()}"
+        present = await part.read_records(0, 10_000, 1 << 30)
+        if [r.transaction_id for r in present] != list(range(part.max_transaction_id() + 1)):
+            return f"{where}: partition {pid} reads back {len(present)} records, not dense"
+        truncations = model.truncations.get(pid, [])
+        truncated_at = max((kept for _, s, kept in truncations if s <= step), default=None)
+        # a truncation under way may have removed any of the records after it
+        cutting = [kept for start, s, kept in truncations if start < step < s]
+        for (p, txid), versions in model.records.items():
+            if p != pid:
+                continue
+            must = [r for s, r in versions if s <= step]
+            if truncated_at is not None and txid > truncated_at:
+                # only what was appended after the acknowledged truncation counts
+                must = [r for r in must if r.data.startswith(b"e2")]
+            got = present[txid] if txid < len(present) else None
+            if got is None and any(txid > kept for kept in cutting):
+                continue
+            if must and got != must[-1]:
+                return f"{where}: partition {pid} lost acknowledged transaction {txid}: {got}"
+            if got is not None and got not in [r for _, r in versions]:
+                return f"{where}: partition {pid} transaction {txid} is garbage: {got}"
+    return None
+
+
+async def crash_everywhere(
+    tmp_path: Path, snapshots: list[Snapshot], model: Model, checked: Checked
+) -> None:
+    seen: set[str] = set()
+    for number, snapshot in enumerate(snapshots):
+        for name, tree in snapshot.states():
+            checked.states += 1
+            digest = tree_digest(tree)
+            if digest in seen:
+                continue
+            seen.add(digest)
+            checked.distinct += 1
+            directory = tmp_path / f"crash-{number}-{name}"
+            failure = await check_state(tree, directory, snapshot, name, model)
+            if failure is not None:
+                checked.failures.append(failure)
+            for entry in tools.list_quarantine(directory / "storage"):
+                checked.quarantined.append(f"{name}: {entry.folder.name}")
+            shutil.rmtree(directory)
+            if len(checked.failures) >= 5:
+                return
+
+
+def recorder(snapshots: list[Snapshot]) -> Callable[[Snapshot], None]:
+    return snapshots.append
+
+
+async def test_power_loss_at_every_step_of_a_workload(tmp_path: Path) -> None:
+    snapshots: list[Snapshot] = []
+    base = tmp_path / "sim"
+    files = PowerLossFiles(base, on_step=recorder(snapshots))
+    workload = Workload(files, base / "storage", ROUNDS)
+    await workload.run()
+    assert len(snapshots) > 150, "the workload made too few steps to be a test"
+    checked = Checked()
+    await crash_everywhere(tmp_path / "states", snapshots, workload.model, checked)
+    reasons = sorted(
+        {q.split(": ", 1)[0] + ": " + q.split("Z-", 1)[-1] for q in checked.quarantined}
+    )
+    sys.stderr.write(
+        f"\n{len(snapshots)} steps, {checked.states} crash states, {checked.distinct} distinct "
+        f"opened; quarantine folders made: {reasons}\n"
+    )
+    assert not checked.failures, "\n".join(checked.failures)
+
+
+async def test_power_loss_while_a_format_1_directory_is_migrated(tmp_path: Path) -> None:
+    snapshots: list[Snapshot] = []
+    base = tmp_path / "sim"
+    files = PowerLossFiles(base)
+    files.preload(
+        {
+            f"storage/{p.relative_to(V1)}": p.read_bytes()
+            for p in sorted(V1.rglob("*"))
+            if p.is_file()
+        }
+    )
+    files.on_step = recorder(snapshots)
+    engine = await FsStorageEngine.open(
+        str(base / "storage"), options={"segment_size": 600}, files=files
+    )
+    await engine.close()
+    assert any("rename" in s.operation for s in snapshots)
+    expected = {0: [make_record(t, 0) for t in range(30)], 2: [make_record(t, 2) for t in range(5)]}
+    failures: list[str] = []
+    seen: set[str] = set()
+    for number, snapshot in enumerate(snapshots):
+        for name, tree in snapshot.states():
+            digest = tree_digest(tree)
+            if digest in seen:
+                continue
+            seen.add(digest)
+            directory = tmp_path / f"crash-{number}-{name}"
+            materialize(tree, directory)
+            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
+            try:
+                opened = await FsStorageEngine.open(str(directory / "storage"))
+            except Exception as exc:
+                failures.append(f"{where}: does not open: {exc!r}")
+                continue
+            try:
+                for pid, records in expected.items():
+                    got = await opened.partition(pid).read_records(0, 100)
+                    if got != records:
+                        failures.append(f"{where}: partition {pid} reads back {len(got)}")
+                if opened.partition(0).session_info() != SessionInfo(5, 27, 27):
+                    failures.append(f"{where}: {opened.partition(0).session_info()}")
+            finally:
+                await opened.close()
+            shutil.rmtree(directory)
+    assert not failures, "\n".join(failures[:5])
