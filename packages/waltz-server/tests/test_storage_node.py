@@ -292,7 +292,7 @@ async def test_a_damaged_replica_reports_its_hole_and_takes_a_repair(tmp_path: P
         c = await fx.client()
         assert await c.missing_range(1, 0) is None
         for first in range(0, 30, 3):
-            await c.append(1, 0, make_records(0, first, 3))
+            await c.append(1, 0, make_records(first, 3))
         await c.set_low_water_mark(1, 0, 29)
         await fx.stop_node()
         path, _, end = tools.find_record(fx.location, 0, 10)
@@ -309,10 +309,10 @@ async def test_a_damaged_replica_reports_its_hole_and_takes_a_repair(tmp_path: P
         with pytest.raises(StorageRequestError, match=r"lacks transactions 10\.\.10"):
             await c.set_low_water_mark(2, 0, 29)
         with pytest.raises(StorageAppendError, match="lowest missing range"):
-            await c.repair(2, 0, make_records(0, 11, 1))
-        await c.repair(2, 0, make_records(0, 10, 1))
+            await c.repair(2, 0, make_records(11, 1))
+        await c.repair(2, 0, make_records(10, 1))
         assert await c.missing_range(2, 0) is None
-        assert await c.records(2, 0, 0, 100) == make_records(0, 0, 30)
+        assert await c.records(2, 0, 0, 100) == make_records(0, 30)
         await c.set_low_water_mark(2, 0, 29)
         listed = (await (await fx.admin()).list_partitions_raw())[0]
         assert listed["missing_ranges"] == []

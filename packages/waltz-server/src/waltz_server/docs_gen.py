@@ -326,6 +326,8 @@ FS_MEANINGS = {
     "segment_size": "bytes; a new segment file starts once the current one reaches it",
     "index_checkpoint_interval": "records between flushes of the index file",
     "read_threads": "threads reading segments for range reads",
+    "verify_on_open": "1: start-up recovery checks every record, not only those after each "
+    "index's last flushed checkpoint (damage anywhere becomes a hole repaired from a peer)",
 }
 
 
