@@ -59,6 +59,6 @@ def test_storage_plugins_are_registered(name: str) -> None:
     if harness.root.is_dir():  # the fs harness made itself a temp dir
         harness.root.rmdir()
     if name == "fs":
-        assert {"durable", "crash_reopen"} <= descriptor.capabilities
+        assert {"crash_reopen", "repair", "availability"} <= descriptor.capabilities
     else:
         assert "crash_reopen" not in descriptor.capabilities
