@@ -458,27 +458,52 @@ async def test_a_follower_that_answers_again_gets_its_share_back(cluster: Cluste
     assert a.manager.suspects == frozenset()
 
 
-async def test_a_cut_between_two_live_servers_keeps_one_leader(cluster: Cluster) -> None:
-    """a and b cannot hear each other but both reach the coordination service: the
-    leader's renewals keep b from taking over; the leader serves everything."""
+@pytest.mark.parametrize("follower_first", [False, True])
+async def test_a_cut_between_two_live_servers_keeps_one_leader(
+    cluster: Cluster, follower_first: bool
+) -> None:
+    """a and b cannot hear each other but both reach the coordination service. Both
+    suspect the other at about the same time; whichever wins the leader record's CAS
+    (the leader renewing, or the follower taking over) keeps it: its renewals keep the
+    other from taking it back, and it serves every partition. No flapping. With
+    ``follower_first`` the follower stops hearing the leader a while before the leader
+    stops hearing it: the follower takes over, and the old leader must not take the
+    leadership back."""
     a = await cluster.add("a")
     b = await cluster.add("b")
-    await eventually(lambda: balanced(cluster, [a, b]), 10, "a and b share")
-    a.responder.deaf_to.add(b.server_id)
+    nodes = [a, b]
+    await eventually(lambda: balanced(cluster, nodes), 10, "a and b share")
+    a.responder.deaf_to.add(b.server_id)  # b no longer hears a
+    if follower_first:
+        await asyncio.sleep(FAST.suspect_after * 0.6)
     b.responder.deaf_to.add(a.server_id)
-    await eventually(lambda: balanced(cluster, [a]), 10, "the leader takes everything")
-    term = (await cluster.admin.leader()).value.term  # type: ignore[union-attr]
+
+    async def one_leader_holds_everything() -> bool:
+        record = await cluster.admin.leader()
+        if record is None:
+            return False
+        holder = [n for n in nodes if n.server_id == record.value.server_id]
+        return bool(holder) and await balanced(cluster, holder)
+
+    await eventually(one_leader_holds_everything, 10, "one leader serving everything")
+    record = await cluster.admin.leader()
+    assert record is not None
+    leader = next(n for n in nodes if n.server_id == record.value.server_id)
+    other = b if leader is a else a
+    if follower_first:
+        assert leader is b and record.value.term == 2
     generations = await cluster.generations()
     await asyncio.sleep(FAST.suspect_after * 4)
-    record = await cluster.admin.leader()
-    assert record is not None and record.value.server_id == a.server_id
-    assert record.value.term == term and record.value.renewals > 0
+    later = await cluster.admin.leader()
+    assert later is not None and later.value.server_id == leader.server_id
+    assert later.value.term == record.value.term, "the leadership flapped"
+    assert later.value.renewals > record.value.renewals, "the leader does not renew"
     assert await cluster.generations() == generations, "partitions flapped"
-    assert a.manager.is_leader and not b.manager.is_leader
-    # healed: b answers again and gets its share; the renewals stop
+    assert leader.manager.is_leader and not other.manager.is_leader
+    # healed: the other answers again and gets its share; the renewals stop
     a.responder.deaf_to.clear()
     b.responder.deaf_to.clear()
-    await eventually(lambda: balanced(cluster, [a, b]), 10, "b gets its share back")
+    await eventually(lambda: balanced(cluster, nodes), 10, "both share again")
     await asyncio.sleep(FAST.renew_interval * 2)
     renewals = (await cluster.admin.leader()).value.renewals  # type: ignore[union-attr]
     await asyncio.sleep(FAST.renew_interval * 3)
