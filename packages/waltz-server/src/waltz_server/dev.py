@@ -48,6 +48,8 @@ PID_FILE = "waltz-dev.pid"
 COORDINATION_ROOT = "/waltz"
 STORAGE_READY = "storage node ready on"
 SERVER_READY = "ready on"
+CONSOLE_READY = "console ready on"
+CONSOLE_TOKEN_FILE = "console.token"
 SESSION_TIMEOUT = 5.0
 """Seconds after which a crashed server's registration expires (local coordination)."""
 
@@ -230,9 +232,12 @@ class DevCluster:
         session_timeout: float = SESSION_TIMEOUT,
         start_timeout: float = 90.0,
         metrics: bool = False,
+        console: bool = False,
     ) -> None:
         """``metrics``: every child serves /livez, /readyz and /metrics on a free
-        loopback port (``metrics_urls``)."""
+        loopback port (``metrics_urls``); ``console``: a ``waltz console`` child too
+        (``console_url``; it implies ``metrics``, which it reads; its token is in
+        ``DIR/console.token``)."""
         if servers < 1:
             raise ConfigError("--servers must be at least 1", key="servers")
         if storage_nodes is not None and storage_nodes < 1:
@@ -251,7 +256,10 @@ class DevCluster:
         self.created = False
         self._owns_pid_file = False
         self._hosted: list[list[int]] = []
-        self.metrics = metrics
+        self.metrics = metrics or console
+        self.console: Child | None = None
+        self.console_url: str | None = None
+        self._want_console = console
         self.metrics_urls: dict[str, str] = {}
         """Child name -> its HTTP endpoint's base URL (with ``metrics``)."""
 
@@ -272,8 +280,12 @@ class DevCluster:
         )
 
     @property
+    def children(self) -> list[Child]:
+        return [*self.servers, *self.storage, *([self.console] if self.console else [])]
+
+    @property
     def pids(self) -> list[int]:
-        return [c.pid for c in [*self.servers, *self.storage] if c.pid is not None]
+        return [c.pid for c in self.children if c.pid is not None]
 
     def info(self) -> dict[str, Any]:
         """What a client (or a person) needs: the coordination URI and the endpoints."""
@@ -288,6 +300,10 @@ class DevCluster:
             "storage_nodes": self.storage_endpoints,
             "child_pids": self.pids,
             "metrics": dict(self.metrics_urls),
+            "console": self.console_url,
+            "console_token_file": str(self.data_dir / CONSOLE_TOKEN_FILE)
+            if self.console_url
+            else None,
             "logs": str(self.data_dir / "logs"),
             "created": self.created,
         }
@@ -461,10 +477,35 @@ class DevCluster:
             for child in self.servers:
                 await child.wait_ready(deadline)
             await self._wait_assigned(deadline)
+            if self._want_console:
+                await self._start_console(logs, deadline)
             self._write_ready_file()
         except BaseException:
             await self.stop()
             raise
+
+    async def _start_console(self, logs: Path, deadline: float) -> None:
+        """``waltz console`` on a free loopback port, reading every child's endpoint."""
+        port = free_port()
+        http = [arg for url in self.metrics_urls.values() for arg in ("--http", url)]
+        self.console = Child(
+            "console",
+            [
+                "console",
+                "--coordination",
+                self.coordination_uri,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--token-file",
+                str(self.data_dir / CONSOLE_TOKEN_FILE),
+                *http,
+            ],
+            logs / "console.log",
+            CONSOLE_READY,
+        )
+        self.console.start()
+        await self.console.wait_ready(deadline)
+        self.console_url = f"http://127.0.0.1:{port}/"
 
     async def _wait_assigned(self, deadline: float) -> None:
         """Until every partition is assigned to a live server of this cluster."""
@@ -500,7 +541,7 @@ class DevCluster:
     async def wait(self, stop: asyncio.Event) -> Child | None:
         """Until ``stop`` is set (None) or a child exits on its own (that child)."""
         while not stop.is_set():
-            for child in [*self.servers, *self.storage]:
+            for child in self.children:
                 if not child.running:
                     return child
             with contextlib.suppress(TimeoutError):
@@ -512,6 +553,8 @@ class DevCluster:
         if self._owns_pid_file:
             with contextlib.suppress(OSError):
                 (self.data_dir / READY_FILE).unlink()
+        if self.console is not None:
+            await self.console.stop()
         await asyncio.gather(*(child.stop() for child in self.servers))
         await asyncio.gather(*(child.stop() for child in self.storage))
         if self._owns_pid_file:

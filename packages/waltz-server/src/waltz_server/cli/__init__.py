@@ -89,3 +89,6 @@ main.add_command(spark_group)
 from waltz_server.cli.perf import perf_group  # noqa: E402
 
 main.add_command(perf_group)
+from waltz_server.cli.console import console_command  # noqa: E402
+
+main.add_command(console_command())

@@ -40,19 +40,38 @@ from waltz_api.errors import WaltzError
     help="Every process serves /livez, /readyz and Prometheus /metrics on a free "
     "loopback port; the URLs are printed (and in DATA_DIR/waltz-dev.ready.json).",
 )
+@click.option(
+    "--console/--no-console",
+    default=True,
+    show_default=True,
+    help="Also run `waltz console` (when waltz-console is installed; implies --metrics): "
+    "its URL is printed, the token for its actions is in DATA_DIR/console.token.",
+)
 def dev_command(
-    data_dir: str, servers: int, storage_nodes: int | None, partitions: int | None, metrics: bool
+    *,
+    data_dir: str,
+    servers: int,
+    storage_nodes: int | None,
+    partitions: int | None,
+    metrics: bool,
+    console: bool,
 ) -> None:
     """Run a development cluster until Ctrl-C: local coordination, ZeroMQ on loopback,
     fs storage in DATA_DIR, 3 storage nodes and 1+ servers as child processes."""
+    import importlib.util
+
     from waltz_server.dev import DevCluster
 
+    if console and importlib.util.find_spec("waltz_console") is None:
+        click.echo("waltz dev: no console (pip install waltz-console to get one)", err=True)
+        console = False
     cluster = DevCluster(
         data_dir,
         servers=servers,
         storage_nodes=storage_nodes,
         partitions=partitions,
         metrics=metrics,
+        console=console,
     )
 
     async def run() -> int:
@@ -87,6 +106,11 @@ def dev_command(
                 click.echo(f"  storage node:  {endpoint}")
             for name, url in info["metrics"].items():
                 click.echo(f"  metrics:       {url}/metrics  ({name}; /livez, /readyz)")
+            if info["console"]:
+                click.echo(
+                    f"  console:       {info['console']}  (actions: the token in "
+                    f"{info['console_token_file']})"
+                )
             click.echo(f"  logs:          {info['logs']}")
             click.echo(f"  child pids:    {' '.join(str(p) for p in info['child_pids'])}")
             click.echo(
