@@ -144,7 +144,12 @@ async def test_dev_cluster_serves_a_client_stops_on_sigint_and_keeps_its_data(
         assert info["created"] is True
         assert len(info["storage_nodes"]) == 3 and len(info["servers"]) == 1
         children = info["child_pids"]
-        assert len(children) == 4 and all(alive(p) for p in children)
+        # 3 storage nodes, a server and the console (its page answers)
+        assert len(children) == 5 and all(alive(p) for p in children)
+        assert info["console"].startswith("http://127.0.0.1:")
+        page = await http_get(info["console"])
+        assert page.status == 200 and "Waltz console" in page.body
+        assert "  console:       " + info["console"] in log.read_text()
         first = await asyncio.wait_for(append_and_read(info["coordination"], ["a", "b", "c"]), 60)
         assert first == ["a", "b", "c"]
 
@@ -170,12 +175,17 @@ async def test_dev_cluster_serves_a_client_stops_on_sigint_and_keeps_its_data(
 
 async def test_a_second_dev_on_the_same_directory_is_refused(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
-    dev = Dev(data_dir, tmp_path / "dev.log", "--partitions", "2", "--servers", "2", "--metrics")
+    dev = Dev(
+        data_dir,
+        tmp_path / "dev.log",
+        *("--partitions", "2", "--servers", "2", "--metrics", "--no-console"),
+    )
     children: list[int] = []
     try:
         info = await dev.ready()
         children = info["child_pids"]
         assert info["partitions"] == 2 and len(info["servers"]) == 2
+        assert info["console"] is None and len(children) == 5
         # --metrics: every process's endpoint, printed and in the ready file
         assert len(info["metrics"]) == 5
         printed = (tmp_path / "dev.log").read_text()

@@ -264,6 +264,8 @@ class Console:
         count = parse_int(q.get("count"), "count", default=20, minimum=1)
         if count > MAX_RECORDS:
             raise ApiError(400, f"count must be from 1 to {MAX_RECORDS}, got {count}")
+        latest = q.get("latest", "") in ("1", "true", "yes")
+        start = 0 if latest else parse_int(q.get("start"), "start", default=0)
         row = self.collector.snapshot.partition(pid)
         assert row is not None
         endpoint, generation = row["owner_endpoint"], row["generation"]
@@ -271,8 +273,6 @@ class Console:
             raise ApiError(
                 503, f"partition {pid} has no live server now; its transactions cannot be read"
             )
-        latest = q.get("latest", "") in ("1", "true", "yes")
-        start = 0 if latest else parse_int(q.get("start"), "start", default=0)
         answer = await read_range(
             self.transport(),
             endpoint,
