@@ -12,8 +12,10 @@ from pathlib import Path
 EXPECTED = {
     "waltz_api", "waltz_client", "waltz_server", "waltz_storage_fs", "waltz_coord_zk",
     "waltz_coord_etcd", "waltz_coord_local", "waltz_transport_zmq", "waltz_spark",
-    "waltz_conformance",
+    "waltz_conformance", "waltz_console",
 }  # fmt: skip
+CONSOLE_ASSETS = ("index.html", "app.js", "app.css")
+"""The console's page works offline only if its assets are in the wheel."""
 
 
 def check(wheel: Path) -> list[str]:
@@ -25,6 +27,10 @@ def check(wheel: Path) -> list[str]:
         license_files = [n for n in names if n.startswith(f"{info}/licenses/")]
         if not license_files or b"Apache License" not in archive.read(license_files[0]):
             problems.append("no Apache-2.0 LICENSE in dist-info/licenses/")
+    if info.startswith("waltz_console-"):
+        for asset in CONSOLE_ASSETS:
+            if f"waltz_console/static/{asset}" not in names:
+                problems.append(f"the console's asset static/{asset} is not in the wheel")
     version = meta["Version"]
     major_minor = ".".join(version.split(".")[:2])
     if meta["License-Expression"] != "Apache-2.0":
