@@ -4,6 +4,9 @@ SQLite views, then the independent check from the log."""
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,8 +39,35 @@ def test_concurrent_clients_keep_exact_balances_that_never_go_negative(tmp_path:
     assert all(view == expected for view in report.views)  # every SQLite view is the log
 
 
+def test_records_that_are_not_the_banks_are_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """README and docs/dev-cluster.md, literally: ``waltz client append`` a ``hello``
+    record, then the bank on that cluster: it skips the record (a warning) and runs."""
+    work = tmp_path / "clients"
+    work.mkdir()
+    with dev_cluster(tmp_path / "cluster", Console(quiet=True)) as info:
+        appended = subprocess.run(
+            [sys.executable, "-m", "waltz_server.cli", "client", "append",
+             "--coordination", info["coordination"], "--partition", "0", "--data", "hello"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert appended.returncode == 0, appended.stderr
+        with caplog.at_level(logging.WARNING, logger="waltz_bank.bank"):
+            report = run_bank(
+                info["coordination"], str(work), clients=2, operations=10, accounts=3, timeout=60
+            )
+    assert report.problems == []
+    assert report.replay.foreign == 1
+    assert report.high_water_mark + 1 == 1 + sum(report.stats.committed.values())
+    skipped = [r for r in caplog.records if "is not a bank operation" in r.getMessage()]
+    assert skipped and all("transaction 0 of partition 0" in r.getMessage() for r in skipped)
+    assert "b'hello'" in skipped[0].getMessage()
+
+
 def test_the_check_catches_an_overdraft_lost_money_and_a_diverging_view() -> None:
     replay = Replay()
+    replay.apply(None)  # a record that is not a bank operation: counted, skipped
     for op in [
         {"id": "r-1", "op": "deposit", "account": 1, "amount": 50},
         {"id": "r-2", "op": "withdraw", "account": 1, "amount": 80},
@@ -45,13 +75,14 @@ def test_the_check_catches_an_overdraft_lost_money_and_a_diverging_view() -> Non
     ]:
         replay.apply(op)
     stats = Stats(run="r", committed_ids={"r-1", "r-2", "r-3"})
-    problems = check(replay, 2, stats, [{1: (-30, -30)}, {1: (0, 0)}])
+    problems = check(replay, 3, stats, [{1: (-30, -30)}, {1: (0, 0)}])
     assert any("went negative" in p for p in problems)
     assert any("audit r-3" in p for p in problems)
     assert any("client 1's database differs" in p for p in problems)
     replay.balances[1] += 5  # money appearing from nowhere
-    assert any("not conserved" in p for p in check(replay, 2, stats, []))
+    assert any("not conserved" in p for p in check(replay, 3, stats, []))
     assert any("log has 5" in p for p in check(replay, 4, stats, []))
+    assert replay.foreign == 1
 
 
 def test_the_demo_command_runs_end_to_end(

@@ -40,6 +40,7 @@ from waltz_api.wire import checksum
 from waltz_client import (
     JSON,
     AsyncWaltzClient,
+    PoisonTransactionError,
     SubmissionResult,
     Transaction,
     TransactionBuilder,
@@ -827,3 +828,117 @@ async def test_a_feed_ended_by_a_move_makes_the_client_mount_again(
         )
         _, again = await peer.expect(MountRequest)
         assert again.req_id != first.req_id and again.client_high_water_mark == 0
+
+
+# -- poison transactions ----------------------------------------------------------------------
+
+
+class PoisonedApp(RecordingApp):
+    """An application that cannot apply some transactions; its dead_letter records them
+    and advances its high-water mark past them (as apply_transaction would)."""
+
+    def __init__(self, poison: set[int], *, dead_letter_fails: bool = False) -> None:
+        super().__init__()
+        self.poison = poison
+        self.dead: list[tuple[int, BaseException]] = []
+        self.dead_letter_fails = dead_letter_fails
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if transaction.transaction_id in self.poison:
+            raise ValueError(f"cannot apply {transaction.transaction_id}")
+        super().apply_transaction(transaction)
+
+    def dead_letter(self, transaction: Transaction, exception: BaseException) -> None:
+        if self.dead_letter_fails:
+            raise OSError("the dead-letter table is full")
+        with self.lock:
+            self.dead.append((transaction.transaction_id, exception))
+            self.hwm[transaction.partition_id] = transaction.transaction_id
+
+
+class AsyncPoisonedApp(PoisonedApp):
+    """The same with async callbacks (each feed item applied on its own, on the loop)."""
+
+    async def client_high_water_mark(self, partition_id: int) -> int:  # type: ignore[override]
+        return self.hwm.get(partition_id, -1)
+
+    async def apply_transaction(self, transaction: Transaction) -> None:  # type: ignore[override]
+        PoisonedApp.apply_transaction(self, transaction)
+
+
+@pytest.mark.parametrize("app_type", [PoisonedApp, AsyncPoisonedApp])
+async def test_a_poison_transaction_is_retried_then_stops_its_partition(
+    cluster: Cluster, peer: ProtocolTestPeer, app_type: type[PoisonedApp]
+) -> None:
+    app = app_type({1})
+    async with serving(cluster, peer, app, apply_retries=2) as client:
+        feed = [(0, 0), (1, 1), (2, 2)]
+        await mount(peer, 0, feed=feed)
+        for _ in range(2):  # offered again, twice, from the application's mark
+            _, request = await mount(peer, 0, feed=feed[1:])
+            assert request.client_high_water_mark == 0
+        await wait_for(lambda: client.partitions[0].failure is not None)
+        await peer.nothing_more(MountRequest, 0.5)  # stopped: no more mounts
+        error = client.partitions[0].failure
+        assert isinstance(error, PoisonTransactionError)
+        assert (error.partition_id, error.transaction_id) == (0, 1)
+        message = str(error)
+        assert "partition 0 stopped at transaction 1" in message
+        assert "failed on it 3 times" in message and "cannot apply 1" in message
+        assert "restart the client" in message and "poison_policy='skip'" in message
+        # each failure was reported, then the stop, once
+        assert [(p, t) for p, t, _ in app.errors] == [(0, 1)] * 4
+        assert [type(e) for _, _, e in app.errors] == [ValueError] * 3 + [PoisonTransactionError]
+        assert app.applied == [(0, 0, 0)] and app.dead == []
+        with pytest.raises(PoisonTransactionError):
+            await client.submit(Ctx())
+        with pytest.raises(PoisonTransactionError):
+            await client.flush(0)
+
+
+@pytest.mark.parametrize("app_type", [PoisonedApp, AsyncPoisonedApp])
+async def test_a_poison_transaction_is_skipped_to_the_dead_letter_hook_when_asked(
+    cluster: Cluster, peer: ProtocolTestPeer, app_type: type[PoisonedApp]
+) -> None:
+    app = app_type({1})
+    async with serving(cluster, peer, app, apply_retries=1, poison_policy="skip") as client:
+        feed = [(0, 0), (1, 1), (2, 2), (3, 3)]
+        await mount(peer, 0, feed=feed)
+        conn, request = await mount(peer, 0, feed=feed[1:])  # one retry
+        assert request.client_high_water_mark == 0
+        # then skipped: handed to dead_letter, and the feed goes on without a remount
+        await wait_for(lambda: app.hwm.get(0) == 3)
+        await peer.nothing_more(MountRequest, 0.3)
+        assert [t for t, _ in app.dead] == [1]
+        assert isinstance(app.dead[0][1], ValueError)
+        assert [t for _, t, _ in app.applied] == [0, 2, 3]
+        assert [(t, type(e)) for _, t, e in app.errors] == [(1, ValueError)] * 2
+        # the partition keeps working
+        submitted = asyncio.ensure_future(client.submit(Ctx()))
+        _, append = await peer.expect(AppendRequest)
+        assert append.client_high_water_mark == 3
+        await conn.send(FeedData(append.req_id, 4, 7))
+        committed(await asyncio.wait_for(submitted, 10), 4)
+
+
+async def test_a_dead_letter_hook_that_raises_stops_the_partition(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = PoisonedApp({0}, dead_letter_fails=True)
+    async with serving(cluster, peer, app, apply_retries=0, poison_policy="skip") as client:
+        await mount(peer, 0, feed=[(0, 0), (1, 1)])
+        await wait_for(lambda: client.partitions[0].failure is not None)
+        message = str(client.partitions[0].failure)
+        assert "dead_letter raised OSError('the dead-letter table is full')" in message
+        assert app.applied == []
+
+
+async def test_skipping_needs_a_dead_letter_hook(cluster: Cluster) -> None:
+    with pytest.raises(
+        ClientError, match=r"poison_policy='skip'\) needs RecordingApp\.dead_letter"
+    ):
+        AsyncWaltzClient(RecordingApp(), cluster.config(poison_policy="skip"))
+    with pytest.raises(ClientError, match="poison_policy must be one of stop, skip"):
+        cluster.config(poison_policy="ignore")
+    with pytest.raises(ClientError, match="apply_retries must be an int >= 0"):
+        cluster.config(apply_retries=-1)

@@ -102,6 +102,39 @@ def make_app(
         engine.dispose()
 
 
+def test_dead_letter_records_the_skip_and_advances_the_mark_atomically(
+    make_app: Callable[[], Notes | AlchemyNotes], tmp_path: Path
+) -> None:
+    app = make_app()
+    app.apply_transaction(txn(0, 0, b"a"))
+    app.fail_on = 1
+    with pytest.raises(RuntimeError):
+        app.apply_transaction(txn(0, 1, b"b"))
+    skipped: list[int] = []
+
+    def skip(connection: object, transaction: Transaction, exception: BaseException) -> None:
+        skipped.append(transaction.transaction_id)
+        assert isinstance(exception, RuntimeError)
+
+    app.skip = skip  # type: ignore[method-assign,assignment]
+    app.dead_letter(txn(0, 1, b"b"), RuntimeError("poison"))
+    assert app.client_high_water_mark(0) == 1 and skipped == [1]
+    assert app.dead_lettered == 1
+    app.fail_on = None
+    app.apply_transaction(txn(0, 2, b"c"))
+    assert notes_of(tmp_path / "app.db") == [0, 2]  # the skipped one changed nothing
+    # a skip that fails rolls back: the mark stays
+    app.fail_on = 3
+
+    def failing(connection: object, transaction: Transaction, exception: BaseException) -> None:
+        raise OSError("no room for the dead letter")
+
+    app.skip = failing  # type: ignore[method-assign,assignment]
+    with pytest.raises(OSError, match="no room"):
+        app.dead_letter(txn(0, 3, b"d"), RuntimeError("poison"))
+    assert app.client_high_water_mark(0) == 2 and app.dead_lettered == 1
+
+
 def test_the_high_water_mark_advances_with_the_changes_atomically(
     make_app: Callable[[], Notes | AlchemyNotes], tmp_path: Path
 ) -> None:

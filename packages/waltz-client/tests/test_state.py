@@ -10,6 +10,8 @@ from waltz_api.errors import ClientError
 from waltz_api.messages import MountStatus
 from waltz_api.types import ReqId
 from waltz_client.state import (
+    ApplyDecision,
+    ApplyFailures,
     ConcurrencyLimit,
     FeedAction,
     FeedTracker,
@@ -147,6 +149,28 @@ def test_monitor_resolves_each_request_exactly_once_in_order(
             seen[res.req_id] = res.outcome
         assert set(m.pending) == set(before) - {res.req_id for res in resolved}
     assert set(seen) | set(m.pending) == set(reqs)
+
+
+# -- poison transactions ----------------------------------------------------------------------
+
+
+def test_apply_failures_retry_a_transaction_then_give_up_on_it() -> None:
+    f = ApplyFailures(2)
+    assert [f.on_failure(5) for _ in range(3)] == [
+        ApplyDecision.RETRY,
+        ApplyDecision.RETRY,
+        ApplyDecision.GIVE_UP,
+    ]
+    assert f.on_failure(5) is ApplyDecision.GIVE_UP  # offered again later: given up at once
+    assert f.on_failure(7) is ApplyDecision.RETRY  # another transaction counts on its own
+    assert f.failures == 1
+    assert f.on_applied(6) is False  # not past the failing one
+    assert f.on_applied(7) is True and f.failures == 0  # it went through: start over
+    assert f.on_failure(5) is ApplyDecision.RETRY  # forgotten once the feed passed it
+    with pytest.raises(ClientError, match="apply_retries"):
+        ApplyFailures(-1)
+    zero = ApplyFailures(0)
+    assert zero.on_failure(0) is ApplyDecision.GIVE_UP
 
 
 # -- feed tracker ------------------------------------------------------------------------------

@@ -22,10 +22,16 @@ Records written before ``ts`` existed have none; readers treat it as optional
 (``waltz_spark.jobs`` counts them under an unknown day).
 
 `verify` recomputes everything from the log alone and compares.
+
+Records that are not bank operations (another application's, or a ``waltz client
+append`` on the same cluster) are skipped with a warning, by the views and the
+check alike: the bank does not wedge on a record it cannot read.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 import sqlite3
 import threading
@@ -50,6 +56,28 @@ from waltz_client.sql import SqliteClientCallbacks
 PARTITION = 0
 LOCK_NAMESPACE = "account"
 DAY_MS = 86_400_000
+KINDS = frozenset({"deposit", "withdraw", "transfer", "audit"})
+
+log = logging.getLogger(__name__)
+
+
+def bank_operation(transaction: Transaction, data: bytes) -> dict[str, Any] | None:
+    """The bank operation ``data`` (the transaction's) holds, or None (with a warning)
+    when it is not one: a record another application wrote to this cluster."""
+    try:
+        op = json.loads(data)
+    except ValueError:  # not JSON, or not UTF-8
+        op = None
+    if isinstance(op, dict) and op.get("op") in KINDS and isinstance(op.get("id"), str):
+        return op
+    log.warning(
+        "transaction %d of partition %d is not a bank operation (%d bytes: %r): skipped",
+        transaction.transaction_id,
+        transaction.partition_id,
+        len(data),
+        data[:40],
+    )
+    return None
 
 
 def now_ms() -> int:
@@ -86,7 +114,9 @@ class Accounts(SqliteClientCallbacks):
         )
 
     def apply(self, connection: sqlite3.Connection, transaction: Transaction) -> None:
-        op: dict[str, Any] = transaction.get_data(JSON)
+        op = bank_operation(transaction, transaction.get_data())
+        if op is None:
+            return  # not ours: skipped (the high-water mark still moves past it)
         kind = op["op"]
         if kind == "deposit":
             self._add(connection, op["account"], op["amount"])
@@ -201,14 +231,21 @@ class Replay:
     bad_audits: list[str] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     transactions: int = 0
+    foreign: int = 0
+    """Records that are not bank operations (skipped)."""
 
     def _add(self, account: int, delta: int) -> None:
         value = self.balances.get(account, 0) + delta
         self.balances[account] = value
         self.lowest[account] = min(self.lowest.get(account, 0), value)
 
-    def apply(self, op: dict[str, Any]) -> None:
+    def apply(self, op: dict[str, Any] | None) -> None:
+        """One transaction of the log: a bank operation, or None for a record that is
+        not one (counted, skipped)."""
         self.transactions += 1
+        if op is None:
+            self.foreign += 1
+            return
         self.ids.append(op["id"])
         kind = op["op"]
         if kind == "deposit":
@@ -239,7 +276,7 @@ class LogReader(WaltzClientCallbacks):
         return self.hwm
 
     async def apply_transaction(self, transaction: Transaction) -> None:
-        self.replay.apply(await transaction.fetch_data(JSON))
+        self.replay.apply(bank_operation(transaction, await transaction.fetch_data()))
         self.hwm = transaction.transaction_id
 
 

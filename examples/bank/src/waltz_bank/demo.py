@@ -84,6 +84,7 @@ def render(report: Report, console: Console) -> None:
     summary.add_column(justify="right")
     rows = [
         ("transactions in the log", str(report.high_water_mark + 1)),
+        *((("  not bank operations (skipped)", str(replay.foreign)),) if replay.foreign else ()),
         ("committed this run", str(committed)),
         *((f"  {kind}", str(n)) for kind, n in sorted(stats.committed.items())),
         ("declined (insufficient funds)", str(stats.declined)),

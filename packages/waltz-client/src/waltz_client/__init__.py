@@ -15,7 +15,11 @@ from waltz_client.api import (
     WaltzClientCallbacks,
 )
 from waltz_client.client import AsyncWaltzClient, ClientConfig
-from waltz_client.errors import TransactionExpiredError, TransactionOutcomeUnknownError
+from waltz_client.errors import (
+    PoisonTransactionError,
+    TransactionExpiredError,
+    TransactionOutcomeUnknownError,
+)
 from waltz_client.sync import WaltzClient
 
 __all__ = [
@@ -25,6 +29,7 @@ __all__ = [
     "JsonSerializer",
     "Lock",
     "LockMode",
+    "PoisonTransactionError",
     "Serializer",
     "SubmissionResult",
     "Transaction",

@@ -203,9 +203,26 @@ class WaltzClientCallbacks(ABC):
     def uncaught_exception(  # noqa: B027
         self, partition_id: int, transaction_id: int, exception: BaseException
     ) -> None:
-        """Called when :meth:`apply_transaction` raised. The feed of that partition
-        restarts from :meth:`client_high_water_mark`, so the transaction is offered
-        again."""
+        """Called when :meth:`apply_transaction` raised (and with the error that stops a
+        partition). The feed of that partition restarts from
+        :meth:`client_high_water_mark` after a back-off, so the transaction is offered
+        again, up to ``ClientConfig.apply_retries`` times; then ``poison_policy``
+        decides: the partition stops (:class:`~waltz_client.PoisonTransactionError`), or
+        the transaction goes to :meth:`dead_letter`."""
+
+    def dead_letter(
+        self, transaction: Transaction, exception: BaseException
+    ) -> Awaitable[None] | None:
+        """Under ``ClientConfig(poison_policy="skip")``: ``transaction`` could not be
+        applied (``exception`` is the last failure) and is skipped. Record it where it
+        can be looked at later (a dead-letter table, a file) and advance the partition's
+        high-water mark past it, atomically, as :meth:`apply_transaction` would: the
+        client goes on with the next transaction, and a restart does not offer it again.
+        If this raises, the partition stops. The SQL helpers implement it."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.dead_letter is not implemented: a skipped transaction "
+            "cannot be recorded"
+        )
 
 
 @dataclass(frozen=True, slots=True)

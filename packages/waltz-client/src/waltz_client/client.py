@@ -74,6 +74,7 @@ from waltz_client.channel import Channel, ChannelLost
 from waltz_client.errors import TransactionExpiredError
 from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition, call_hook
 from waltz_client.state import (
+    ApplyFailures,
     ConcurrencyLimit,
     Outcome,
     TransactionDataCache,
@@ -85,6 +86,7 @@ R = TypeVar("R")
 M = TypeVar("M", bound=Message)
 INT32_MAX = 2**31 - 1
 CALLBACK_THREAD_PREFIX = "waltz-callbacks"
+POISON_POLICIES = ("stop", "skip")
 _MAX_COORDINATION_DELAY = 5.0
 """The longest pause between two attempts to renew a lost coordination session."""
 
@@ -123,6 +125,15 @@ class ClientConfig:
     prefetch_data: bool = False
     """Fetch the data of feed items that arrive together concurrently, before the
     callbacks ask (for applications that read the data of most transactions)."""
+    apply_retries: int = 8
+    """How many times a transaction whose ``apply_transaction`` raised is offered again
+    (the feed restarts from ``client_high_water_mark`` after a back-off: from
+    ``retry_interval`` doubling up to 10 s, about half a minute in all by default)
+    before ``poison_policy`` decides."""
+    poison_policy: str = "stop"
+    """What to do with a transaction ``apply_transaction`` still fails on after
+    ``apply_retries``: ``"stop"`` the partition (:class:`PoisonTransactionError`), or
+    ``"skip"`` it: hand it to :meth:`WaltzClientCallbacks.dead_letter` and go on."""
 
     def __post_init__(self) -> None:
         if self.transaction_timeout is not None and (
@@ -138,6 +149,12 @@ class ClientConfig:
                 raise ClientError(f"ClientConfig.{name} must be a positive number, got {value!r}")
         ConcurrencyLimit[object](self.max_concurrent_transactions)
         TransactionDataCache[object](self.data_cache_bytes)
+        ApplyFailures(self.apply_retries)
+        if self.poison_policy not in POISON_POLICIES:
+            raise ClientError(
+                f"ClientConfig.poison_policy must be one of {', '.join(POISON_POLICIES)}, "
+                f"got {self.poison_policy!r}"
+            )
 
 
 class _Expired(WaltzError):
@@ -170,6 +187,15 @@ class AsyncWaltzClient:
             )
         if not isinstance(config, ClientConfig):
             raise ClientError(f"config must be a ClientConfig, got {type(config).__name__}")
+        if (
+            config.poison_policy == "skip"
+            and type(callbacks).dead_letter is WaltzClientCallbacks.dead_letter
+        ):
+            raise ClientError(
+                f"ClientConfig(poison_policy='skip') needs {type(callbacks).__name__}."
+                "dead_letter: it records a skipped transaction and advances the partition's "
+                "high-water mark past it (the SQL helpers implement it)"
+            )
         self.callbacks = callbacks
         self.config = config
         self.client_id = -1

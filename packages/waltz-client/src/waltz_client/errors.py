@@ -23,3 +23,17 @@ class TransactionOutcomeUnknownError(ClientError):
     def __init__(self, message: str, req_id: ReqId) -> None:
         super().__init__(message)
         self.req_id = req_id
+
+
+class PoisonTransactionError(ClientError):
+    """``apply_transaction`` kept failing on one transaction (``ClientConfig.apply_retries``
+    + 1 times) and the poison policy is ``"stop"``: the partition stopped, nothing after
+    that transaction is applied and submissions to the partition fail with this error.
+    Fix ``apply_transaction`` (or what it depends on), then restart the client: it
+    resumes from ``client_high_water_mark``. Or skip such transactions:
+    ``ClientConfig(poison_policy="skip")`` and ``WaltzClientCallbacks.dead_letter``."""
+
+    def __init__(self, message: str, partition_id: int, transaction_id: int) -> None:
+        super().__init__(message)
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id

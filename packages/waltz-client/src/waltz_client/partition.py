@@ -42,8 +42,10 @@ from waltz_api.messages import (
 from waltz_api.types import NO_TRANSACTION, ReqId
 from waltz_client.api import SubmissionResult, Transaction, TransactionContext
 from waltz_client.channel import Channel, ChannelLost
-from waltz_client.errors import TransactionOutcomeUnknownError
+from waltz_client.errors import PoisonTransactionError, TransactionOutcomeUnknownError
 from waltz_client.state import (
+    ApplyDecision,
+    ApplyFailures,
     ConcurrencyLimit,
     FeedAction,
     FeedTracker,
@@ -69,6 +71,8 @@ MOVED_CODES = frozenset(
 """Refusals that mean "ask again (maybe elsewhere)": the request is retried."""
 MAX_RETRY_DELAY = 1.0
 """The longest pause between two attempts of a mount or a request (back-off cap)."""
+MAX_APPLY_RETRY_DELAY = 10.0
+"""The longest pause before a transaction apply_transaction failed on is offered again."""
 
 
 @dataclass(slots=True)
@@ -117,6 +121,9 @@ class Partition:
         interval = client.config.retry_interval
         self._mount_backoff = Backoff(interval, max(interval, MAX_RETRY_DELAY), client.rng)
         """Paces mounts while they keep failing (an unreachable server, NOT_READY...)."""
+        self._apply_failures = ApplyFailures(client.config.apply_retries)
+        self._apply_backoff = Backoff(interval, max(interval, MAX_APPLY_RETRY_DELAY), client.rng)
+        """Paces the offers of a transaction apply_transaction keeps failing on."""
         self._mount_timer: asyncio.TimerHandle | None = None
         self.reassigned = asyncio.Event()
         self._last_progress = 0.0
@@ -209,8 +216,9 @@ class Partition:
         if self.mount.on_disconnect():
             self._remount_later()
 
-    def _remount_later(self, *, refresh: bool = False) -> None:
-        """Mount again after the retry interval (re-reading the assignment first)."""
+    def _remount_later(self, *, refresh: bool = False, delay: float | None = None) -> None:
+        """Mount again after ``delay`` (default: the mount back-off), re-reading the
+        assignment first when ``refresh``."""
         if self.client.closing or self._delayed is not None:
             return
         loop = asyncio.get_running_loop()
@@ -224,7 +232,9 @@ class Partition:
             else:
                 self.need_mount.set()
 
-        self._delayed = loop.call_later(self._mount_backoff.next_delay(), fire)
+        if delay is None:
+            delay = self._mount_backoff.next_delay()
+        self._delayed = loop.call_later(delay, fire)
 
     async def _refresh(self) -> None:
         try:
@@ -399,37 +409,107 @@ class Partition:
         ]
         apply = client.callbacks.apply_transaction
 
-        def apply_all() -> tuple[int, Exception | None]:
-            for k, transaction in enumerate(transactions):
+        def apply_all(start: int) -> tuple[int, Exception | None]:
+            for k in range(start, len(transactions)):
                 try:
-                    apply(transaction)
+                    apply(transactions[k])
                 except Exception as exc:
                     return k, exc
             return len(transactions), None
 
         assert client._loop is not None and client._executor is not None
-        done, error = await client._loop.run_in_executor(client._executor, apply_all)
-        for k in range(done):
-            self._resolve(resolutions[k], applied=True)
-            self.feed.advance(items[k].transaction_id)
-        client.transactions_seen += done
-        if error is not None:
-            for k in range(done, len(items)):
-                self._resolve(resolutions[k], applied=False)  # committed, not applied
-            self._apply_failed(items[done].transaction_id, error)
-        if done:
+        start = 0
+        progressed = False
+        while start < len(items):
+            done, error = await client._loop.run_in_executor(client._executor, apply_all, start)
+            for k in range(start, done):
+                self._resolve(resolutions[k], applied=True)
+                self.feed.advance(items[k].transaction_id)
+            client.transactions_seen += done - start
+            if done > start:
+                progressed = True
+                self._applied(items[done - 1].transaction_id)
+            if error is None:
+                break
+            self._resolve(resolutions[done], applied=False)  # committed, not applied
+            if not await self._apply_failed(transactions[done], error):
+                for k in range(done + 1, len(items)):
+                    self._resolve(resolutions[k], applied=False)
+                break
+            self.feed.advance(items[done].transaction_id)  # skipped: handed to dead_letter
+            client.transactions_seen += 1
+            progressed = True
+            start = done + 1
+        if progressed:
             self._advance_waiters()
 
-    def _apply_failed(self, transaction_id: int, exc: Exception) -> None:
-        log.warning(
-            "partition %d: apply_transaction(%d) failed: %r; the feed restarts from "
-            "the client high-water mark",
-            self.id,
+    def _applied(self, transaction_id: int) -> None:
+        if self._apply_failures.on_applied(transaction_id):
+            self._apply_backoff.reset()
+
+    async def _apply_failed(self, transaction: Transaction, exc: Exception) -> bool:
+        """``apply_transaction`` raised on ``transaction``: offer it again later, stop the
+        partition, or skip it (True: handed to dead_letter, the feed goes on)."""
+        client = self.client
+        transaction_id = transaction.transaction_id
+        decision = self._apply_failures.on_failure(transaction_id)
+        client._report(self.id, transaction_id, exc)
+        if decision is ApplyDecision.RETRY:
+            delay = self._apply_backoff.next_delay()
+            log.warning(
+                "partition %d: apply_transaction(%d) failed (%d of %d tries): %r; the feed "
+                "restarts from the client high-water mark in %.1f s",
+                self.id,
+                transaction_id,
+                self._apply_failures.failures,
+                client.config.apply_retries + 1,
+                exc,
+                delay,
+            )
+            self._unmount_and_retry(delay)
+            return False
+        tries = client.config.apply_retries + 1
+        if client.config.poison_policy == "skip":
+            try:
+                await client._call_callback(client.callbacks.dead_letter, transaction, exc)
+            except Exception as hook_exc:
+                self._fail_partition(
+                    PoisonTransactionError(
+                        f"partition {self.id} stopped at transaction {transaction_id}: "
+                        f"apply_transaction failed {tries} times ({exc!r}) and dead_letter "
+                        f"raised {hook_exc!r}, so it cannot be skipped. Fix dead_letter (it "
+                        "must record the transaction and advance the high-water mark past "
+                        "it), then restart the client",
+                        self.id,
+                        transaction_id,
+                    ),
+                    transaction_id,
+                )
+                return False
+            log.warning(
+                "partition %d: transaction %d skipped: apply_transaction failed %d times (%r); "
+                "it went to dead_letter (poison_policy='skip')",
+                self.id,
+                transaction_id,
+                tries,
+                exc,
+            )
+            return True
+        self._fail_partition(
+            PoisonTransactionError(
+                f"partition {self.id} stopped at transaction {transaction_id}: "
+                f"apply_transaction failed on it {tries} times, last with {exc!r}; nothing "
+                "after it is applied and submissions to the partition fail. Fix "
+                "apply_transaction (or what it depends on), then restart the client: it "
+                "resumes from client_high_water_mark. To skip such transactions instead, "
+                "set ClientConfig(poison_policy='skip') and implement "
+                "WaltzClientCallbacks.dead_letter",
+                self.id,
+                transaction_id,
+            ),
             transaction_id,
-            exc,
         )
-        self.client._report(self.id, transaction_id, exc)
-        self._unmount_and_retry()
+        return False
 
     async def _handle(self, message: Message) -> None:
         if isinstance(message, FeedData):
@@ -479,17 +559,20 @@ class Partition:
                 await client._call_callback(client.callbacks.apply_transaction, transaction)
             except Exception as exc:
                 self._resolve(resolutions, applied=False)
-                self._apply_failed(message.transaction_id, exc)
-                return
+                if not await self._apply_failed(transaction, exc):
+                    return
+                action = FeedAction.SKIP  # handed to dead_letter: the feed goes on
+            else:
+                self._applied(message.transaction_id)
         self._resolve(resolutions, applied=action is FeedAction.APPLY)
         self.feed.advance(message.transaction_id)
         self.client.transactions_seen += 1
         self._advance_waiters()
 
-    def _unmount_and_retry(self) -> None:
+    def _unmount_and_retry(self, delay: float | None = None) -> None:
         self.mount.unmount()
         self.mounted.clear()
-        self._remount_later()
+        self._remount_later(delay=delay)
 
     def _advance_waiters(self) -> None:
         self._last_progress = asyncio.get_running_loop().time()
@@ -529,10 +612,14 @@ class Partition:
             )
             self._fail_partition(error)
 
-    def _fail_partition(self, error: WaltzError) -> None:
+    def _fail_partition(self, error: WaltzError, transaction_id: int = NO_TRANSACTION) -> None:
+        """Stop the partition for good: no more mounts; what waits fails with ``error``."""
         log.error("%s", error)
         self.failure = error
-        self.client._report(self.id, NO_TRANSACTION, error)
+        if self.mount.state is not MountState.FAILED:
+            self.mount.fail()
+        self._detach(self.channel)
+        self.client._report(self.id, transaction_id, error)
         for append in self.appends.values():
             if not append.outcome.done():
                 append.outcome.set_exception(error)

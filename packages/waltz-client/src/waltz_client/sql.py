@@ -36,6 +36,7 @@ import re
 import sqlite3
 import threading
 from abc import abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,9 @@ class _Counters:
         """Transactions this instance applied."""
         self.skipped = 0
         """Transactions found applied already (by another instance sharing the database)."""
+        self.dead_lettered = 0
+        """Transactions given up and skipped (poison_policy="skip"); counted in
+        ``applied`` too (their high-water mark was advanced)."""
 
     def count(self, applied: bool) -> None:
         with self._lock:
@@ -84,6 +88,20 @@ class _Counters:
                 self.applied += 1
             else:
                 self.skipped += 1
+
+    def count_dead_letter(self) -> None:
+        with self._lock:
+            self.dead_lettered += 1
+
+
+def _log_skipped(transaction: Transaction, exception: BaseException) -> None:
+    log.warning(
+        "partition %d: transaction %d skipped (it could not be applied: %r); the high-water "
+        "mark moves past it",
+        transaction.partition_id,
+        transaction.transaction_id,
+        exception,
+    )
 
 
 class SqliteClientCallbacks(WaltzClientCallbacks, _Counters):
@@ -147,6 +165,27 @@ class SqliteClientCallbacks(WaltzClientCallbacks, _Counters):
         return int(row[0])
 
     def apply_transaction(self, transaction: Transaction) -> None:
+        self._claimed(transaction, lambda conn: self.apply(conn, transaction))
+
+    def dead_letter(self, transaction: Transaction, exception: BaseException) -> None:
+        """A transaction given up under ``ClientConfig(poison_policy="skip")``:
+        :meth:`skip` records it and the high-water mark advances past it, in one database
+        transaction."""
+        if self._claimed(transaction, lambda conn: self.skip(conn, transaction, exception)):
+            self.count_dead_letter()
+
+    def skip(
+        self, connection: sqlite3.Connection, transaction: Transaction, exception: BaseException
+    ) -> None:
+        """Record a skipped transaction on ``connection`` (default: a warning in the
+        log); override to keep it in a table of your own."""
+        _log_skipped(transaction, exception)
+
+    def _claimed(
+        self, transaction: Transaction, action: Callable[[sqlite3.Connection], None]
+    ) -> bool:
+        """Run ``action`` in the database transaction that advances the high-water mark
+        to ``transaction`` (False: applied already by another instance, nothing ran)."""
         p, tid = transaction.partition_id, transaction.transaction_id
         conn = self.connection()
         conn.execute("BEGIN IMMEDIATE")
@@ -164,7 +203,7 @@ class SqliteClientCallbacks(WaltzClientCallbacks, _Counters):
                 if row is not None and current >= tid:
                     conn.execute("ROLLBACK")
                     self.count(False)
-                    return
+                    return False
                 if row is None and tid == 0:
                     conn.execute(
                         f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (?, ?)",
@@ -172,13 +211,14 @@ class SqliteClientCallbacks(WaltzClientCallbacks, _Counters):
                     )
                 else:
                     raise _behind(p, current, tid)
-            self.apply(conn, transaction)
+            action(conn)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
         self.count(True)
+        return True
 
 
 class SQLAlchemyClientCallbacks(WaltzClientCallbacks, _Counters):
@@ -239,6 +279,25 @@ class SQLAlchemyClientCallbacks(WaltzClientCallbacks, _Counters):
         return NO_TRANSACTION if found is None else found
 
     def apply_transaction(self, transaction: Transaction) -> None:
+        self._claimed(transaction, lambda conn: self.apply(conn, transaction))
+
+    def dead_letter(self, transaction: Transaction, exception: BaseException) -> None:
+        """A transaction given up under ``ClientConfig(poison_policy="skip")``:
+        :meth:`skip` records it and the high-water mark advances past it, in one database
+        transaction."""
+        if self._claimed(transaction, lambda conn: self.skip(conn, transaction, exception)):
+            self.count_dead_letter()
+
+    def skip(
+        self, connection: SAConnection, transaction: Transaction, exception: BaseException
+    ) -> None:
+        """Record a skipped transaction on ``connection`` (default: a warning in the
+        log); override to keep it in a table of your own."""
+        _log_skipped(transaction, exception)
+
+    def _claimed(self, transaction: Transaction, action: Callable[[SAConnection], None]) -> bool:
+        """Run ``action`` in the database transaction that advances the high-water mark
+        to ``transaction`` (False: applied already by another instance, nothing ran)."""
         p, tid = transaction.partition_id, transaction.transaction_id
         t = self.table
         with self.engine.begin() as conn:
@@ -251,10 +310,13 @@ class SQLAlchemyClientCallbacks(WaltzClientCallbacks, _Counters):
                 current = self._current(conn, p)
                 if current is not None and current >= tid:
                     self.count(False)
-                    return  # applied by another instance (the context manager commits nothing)
+                    return (
+                        False  # applied by another instance (the context manager commits nothing)
+                    )
                 if current is None and tid == 0:
                     conn.execute(t.insert().values(partition_id=p, high_water_mark=tid))
                 else:
                     raise _behind(p, NO_TRANSACTION if current is None else current, tid)
-            self.apply(conn, transaction)
+            action(conn)
         self.count(True)
+        return True

@@ -8,6 +8,8 @@
 - :class:`ConcurrencyLimit`: at most N transactions in flight per partition, FIFO.
 - :class:`MountSequencer`: mount / reconnect sequencing (appends blocked while mounting).
 - :class:`TransactionDataCache`: a byte-bounded LRU of transaction data.
+- :class:`ApplyFailures`: how often ``apply_transaction`` failed on the next
+  transaction, and when to give up on it (a poison transaction).
 
 The asyncio layer (:mod:`waltz_client.partition`) only turns their decisions
 into I/O, so every rule here is tested without a network.
@@ -441,6 +443,66 @@ class MountSequencer:
         if self.state in (MountState.MOUNTING, MountState.MOUNTED):
             self.state = MountState.UNMOUNTED
             self.mount_req_id = None
+
+    def fail(self) -> None:
+        """The partition stops for good (a poison transaction): no more mounts."""
+        self.state = MountState.FAILED
+        self.mount_req_id = None
+
+
+# -- poison transactions -----------------------------------------------------------------------
+
+
+class ApplyDecision(enum.Enum):
+    RETRY = "retry"
+    """Offer the transaction again (after a back-off)."""
+    GIVE_UP = "give-up"
+    """Retries exhausted: the poison policy decides (stop the partition, or skip it)."""
+
+
+class ApplyFailures:
+    """Consecutive failures of ``apply_transaction`` on one partition.
+
+    A transaction that keeps failing is offered again ``retries`` times, then given
+    up; a transaction given up once is given up at once if the feed offers it again
+    (a restart from an application high-water mark that was not advanced past it).
+    """
+
+    __slots__ = ("_given_up", "failures", "retries", "transaction_id")
+
+    def __init__(self, retries: int) -> None:
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ClientError(f"apply_retries must be an int >= 0, got {retries!r}")
+        self.retries = retries
+        self.transaction_id = NO_TRANSACTION
+        """The transaction failing now (NO_TRANSACTION: none)."""
+        self.failures = 0
+        """How many times in a row it failed."""
+        self._given_up: set[int] = set()
+
+    def on_failure(self, transaction_id: int) -> ApplyDecision:
+        if transaction_id in self._given_up:
+            return ApplyDecision.GIVE_UP
+        if transaction_id != self.transaction_id:
+            self.transaction_id = transaction_id
+            self.failures = 0
+        self.failures += 1
+        if self.failures > self.retries:
+            self._given_up.add(transaction_id)
+            self.transaction_id = NO_TRANSACTION
+            return ApplyDecision.GIVE_UP
+        return ApplyDecision.RETRY
+
+    def on_applied(self, transaction_id: int) -> bool:
+        """Transactions up to ``transaction_id`` were applied; True when that ended a
+        run of failures (the retry back-off starts over)."""
+        if self._given_up:
+            self._given_up = {t for t in self._given_up if t > transaction_id}
+        if self.transaction_id != NO_TRANSACTION and transaction_id >= self.transaction_id:
+            self.transaction_id = NO_TRANSACTION
+            self.failures = 0
+            return True
+        return False
 
 
 # -- transaction data cache ----------------------------------------------------------------------

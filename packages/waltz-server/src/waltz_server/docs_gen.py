@@ -185,6 +185,10 @@ CLIENT_MEANINGS = {
     "`TransactionOutcomeUnknownError` when the server cannot be asked); unset: none",
     "prefetch_data": "fetch the data of feed items arriving together, pipelined, before the "
     "callbacks ask",
+    "apply_retries": "times a transaction `apply_transaction` raised on is offered again "
+    "(back-off from `retry_interval` doubling to 10 s) before `poison_policy` decides",
+    "poison_policy": "`stop`: the partition stops with `PoisonTransactionError`; `skip`: the "
+    "transaction goes to `WaltzClientCallbacks.dead_letter` and the feed goes on",
 }
 
 
