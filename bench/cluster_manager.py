@@ -32,7 +32,7 @@ from waltz_api.cluster import ClusterMetadata, ServerInfo
 from waltz_api.contracts.coordination import Coordination
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_coord_zk import ZooKeeperCoordination
-from waltz_coord_zk.testing import conformance_harness
+from waltz_coord_zk.conformance import harness as conformance_harness
 from waltz_server.observability import (
     HttpEndpoint,
     ServerMetrics,

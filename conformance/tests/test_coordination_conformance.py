@@ -30,7 +30,7 @@ class TestMemoryCoordination(CoordinationSuite):
 class TestZooKeeperCoordination(CoordinationSuite):
     @pytest.fixture
     def harness(self, zookeeper_server: ZooKeeperServer) -> CoordinationHarness:
-        from waltz_coord_zk.testing import conformance_harness
+        from waltz_coord_zk.conformance import harness as conformance_harness
 
         return conformance_harness({"server": zookeeper_server, "session_timeout": 8.0})
 

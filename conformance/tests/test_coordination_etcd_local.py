@@ -16,7 +16,7 @@ from waltz_conformance.suites.coordination import CoordinationHarness, Coordinat
 class TestEtcdCoordination(CoordinationSuite):
     @pytest.fixture
     def harness(self, etcd_cluster: EtcdCluster) -> CoordinationHarness:
-        from waltz_coord_etcd.testing import conformance_harness
+        from waltz_coord_etcd.conformance import harness as conformance_harness
 
         etcd_cluster.ensure_all_running()
         return conformance_harness({"cluster": etcd_cluster, "session_timeout": 10.0})
@@ -25,6 +25,6 @@ class TestEtcdCoordination(CoordinationSuite):
 class TestLocalCoordination(CoordinationSuite):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> CoordinationHarness:
-        from waltz_coord_local.testing import conformance_harness
+        from waltz_coord_local.conformance import harness as conformance_harness
 
         return conformance_harness({"location": tmp_path, "session_timeout": 3.0})

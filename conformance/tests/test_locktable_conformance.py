@@ -15,9 +15,13 @@ from waltz_conformance.suites.locktable import LockTableHarness, LockTableSuite
 
 
 def harness_for(name: str, options: Mapping[str, Any] | None = None) -> LockTableHarness:
+    """The harness the plugin ``name`` names in its descriptor."""
     descriptor = get_registry().get(PluginKind.LOCK_TABLE, name)
-    suffix = f"[{', '.join(f'{k}={v}' for k, v in options.items())}]" if options else ""
-    return LockTableHarness.from_descriptor(descriptor, options, name=f"{name}{suffix}")
+    assert descriptor.conformance_harness is not None, f"{name} ships no conformance harness"
+    module_name, _, attribute = descriptor.conformance_harness.partition(":")
+    made = getattr(importlib.import_module(module_name), attribute)(options)
+    assert isinstance(made, LockTableHarness)
+    return made
 
 
 class TestMemoryLockTable(LockTableSuite):

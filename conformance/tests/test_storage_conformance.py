@@ -11,9 +11,9 @@ import pytest
 from waltz_api.hookspecs import PluginKind
 from waltz_api.plugins import PluginRegistry
 from waltz_conformance.reference import storage as memory_storage
-from waltz_conformance.reference.harnesses import storage as memory_harness
+from waltz_conformance.reference.conformance import storage as memory_harness
 from waltz_conformance.suites.storage import StorageHarness, StorageSuite
-from waltz_storage_fs.harness import storage as fs_harness
+from waltz_storage_fs.conformance import harness as fs_harness
 
 
 class TestFsStorage(StorageSuite):

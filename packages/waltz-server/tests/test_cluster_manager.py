@@ -200,7 +200,7 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             return None
     elif request.param == "zk":
         from waltz_coord_zk import ZooKeeperCoordination
-        from waltz_coord_zk.testing import conformance_harness
+        from waltz_coord_zk.conformance import harness as conformance_harness
 
         server = request.getfixturevalue("zookeeper_server")
         harness = conformance_harness({"server": server, "session_timeout": 4.0})
@@ -211,7 +211,7 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         def expire(client: Coordination) -> object:
             return harness.expire_session(client)
     elif request.param == "etcd":
-        from waltz_coord_etcd.testing import conformance_harness as etcd_harness
+        from waltz_coord_etcd.conformance import harness as etcd_harness
 
         cluster = request.getfixturevalue("etcd_cluster")
         cluster.ensure_all_running()
@@ -223,7 +223,7 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         def expire(client: Coordination) -> object:
             return etcd.expire_session(client)
     else:
-        from waltz_coord_local.testing import conformance_harness as local_harness
+        from waltz_coord_local.conformance import harness as local_harness
 
         local = local_harness({"location": tmp_path, "session_timeout": 3.0})
 

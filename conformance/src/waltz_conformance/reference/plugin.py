@@ -20,7 +20,7 @@ def waltz_lock_tables() -> list[PluginDescriptor]:
             factory=MemoryLockTable,
             capabilities=frozenset({"exact"}),
             description="exact reference model (unbounded memory); for tests",
-            conformance_harness="waltz_conformance.reference.harnesses:locktable",
+            conformance_harness="waltz_conformance.reference.conformance:locktable",
         )
     ]
 
@@ -37,7 +37,7 @@ def waltz_transports() -> list[PluginDescriptor]:
             capabilities=frozenset({"peer_faults"}),
             description="in-process reference transport (memory://NAME); for tests",
             uri_schemes=("memory",),
-            conformance_harness="waltz_conformance.reference.harnesses:transport",
+            conformance_harness="waltz_conformance.reference.conformance:transport",
         )
     ]
 
@@ -53,7 +53,7 @@ def waltz_coordinators() -> list[PluginDescriptor]:
             factory=memory_coordination_factory,
             description="in-process reference coordination (memory://SERVICE/ROOT); for tests",
             uri_schemes=("memory",),
-            conformance_harness="waltz_conformance.reference.harnesses:coordination",
+            conformance_harness="waltz_conformance.reference.conformance:coordination",
         )
     ]
 
@@ -69,6 +69,6 @@ def waltz_storage_engines() -> list[PluginDescriptor]:
             factory=MemoryStorageEngine,
             capabilities=frozenset({"reopen", "availability"}),
             description="in-process reference storage (not durable); for tests",
-            conformance_harness="waltz_conformance.reference.harnesses:storage",
+            conformance_harness="waltz_conformance.reference.conformance:storage",
         )
     ]

@@ -26,6 +26,6 @@ def waltz_coordinators() -> list[PluginDescriptor]:
             capabilities=frozenset({"server_restart", "cross_process"}),
             description="etcd v3 (leases, mod_revision compare-and-set, watches)",
             uri_schemes=("etcd",),
-            conformance_harness="waltz_coord_etcd.testing:conformance_harness",
+            conformance_harness="waltz_coord_etcd.conformance:harness",
         )
     ]

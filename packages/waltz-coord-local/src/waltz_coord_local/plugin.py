@@ -30,6 +30,6 @@ def waltz_coordinators() -> list[PluginDescriptor]:
                 "(local:///path/to/dir)"
             ),
             uri_schemes=("local",),
-            conformance_harness="waltz_coord_local.testing:conformance_harness",
+            conformance_harness="waltz_coord_local.conformance:harness",
         )
     ]

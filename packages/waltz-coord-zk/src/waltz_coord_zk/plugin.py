@@ -16,6 +16,6 @@ def waltz_coordinators() -> list[PluginDescriptor]:
             factory=create_zk_coordination,
             description="ZooKeeper through kazoo (zk://host:port[,host:port]/root); the default",
             uri_schemes=("zk", "zookeeper"),
-            conformance_harness="waltz_coord_zk.testing:conformance_harness",
+            conformance_harness="waltz_coord_zk.conformance:harness",
         )
     ]

@@ -27,6 +27,6 @@ def waltz_storage_engines() -> list[PluginDescriptor]:
             capabilities=CAPABILITIES,
             description="segment files in a local storage directory, fdatasync'd group commit",
             uri_schemes=("file",),
-            conformance_harness="waltz_storage_fs.harness:storage",
+            conformance_harness="waltz_storage_fs.conformance:harness",
         )
     ]

@@ -23,6 +23,7 @@ def waltz_lock_tables() -> list[PluginDescriptor]:
                 "fixed-size array of high-water marks, 3 hash functions (the spec's table); "
                 "option: size (default 30000)"
             ),
+            conformance_harness="waltz_server.locktables.conformance:hwm_array",
         ),
         PluginDescriptor(
             kind=PluginKind.LOCK_TABLE,
@@ -31,5 +32,6 @@ def waltz_lock_tables() -> list[PluginDescriptor]:
             capabilities=frozenset({EXACT}),
             description="a dictionary of every lock's last change: no false positives, "
             "memory grows with the number of distinct locks",
+            conformance_harness="waltz_server.locktables.conformance:exact",
         ),
     ]

@@ -90,7 +90,7 @@ class ZooKeeperCoordinationHarness(CoordinationHarness):
         await asyncio.get_running_loop().run_in_executor(None, self._server().start)
 
 
-def conformance_harness(options: Mapping[str, Any] | None = None) -> ZooKeeperCoordinationHarness:
+def harness(options: Mapping[str, Any] | None = None) -> ZooKeeperCoordinationHarness:
     """The harness named in the plugin descriptor; ``options["server"]`` is a running
     :class:`ZooKeeperServer` (the ``zookeeper_server`` pytest fixture)."""
     opts = dict(options or {})

@@ -55,7 +55,7 @@ class EtcdCoordinationHarness(CoordinationHarness):
         await asyncio.to_thread(self._cluster().ensure_all_running)
 
 
-def conformance_harness(options: Mapping[str, Any] | None = None) -> EtcdCoordinationHarness:
+def harness(options: Mapping[str, Any] | None = None) -> EtcdCoordinationHarness:
     """The harness for the coordination suite: ``options["cluster"]`` is a running
     :class:`EtcdCluster`; ``options["session_timeout"]`` defaults to 10 s."""
     options = dict(options or {})

@@ -1,12 +1,17 @@
-"""Capability names are checked: a misspelt requirement or declaration is an error,
-never a test that skips forever."""
+"""Plugin test support: capability names are checked (a misspelt requirement or
+declaration is an error, never a test that skips forever), and every plugin names its
+harness in its ``conformance`` module."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 
 from waltz_api.capabilities import BY_KIND, RECOVERY_CASES
 from waltz_api.errors import PluginError
+from waltz_api.hookspecs import PluginKind
+from waltz_api.plugins import get_registry
 from waltz_conformance.harness import Harness, requires
 
 
@@ -31,3 +36,18 @@ def test_every_requirement_of_the_suites_is_a_known_capability() -> None:
     import waltz_conformance.suites.transport  # noqa: F401
 
     assert set(BY_KIND) == {"storage", "coordination", "transport", "lock_table", "system"}
+
+
+@pytest.mark.parametrize("kind", list(PluginKind), ids=str)
+def test_every_installed_plugin_names_its_harness_in_its_conformance_module(
+    kind: PluginKind,
+) -> None:
+    """The convention: a plugin package ships ``<package>/conformance.py`` with its
+    harness and names it in its descriptor; every one of them resolves."""
+    descriptors = get_registry().descriptors(kind)
+    assert descriptors, f"no {kind} plugin installed"
+    for descriptor in descriptors:
+        assert descriptor.conformance_harness, f"{descriptor.name} ships no harness"
+        module_name, _, attribute = descriptor.conformance_harness.partition(":")
+        assert module_name.rsplit(".", 1)[-1] == "conformance", descriptor.conformance_harness
+        assert callable(getattr(importlib.import_module(module_name), attribute))

@@ -91,7 +91,7 @@ class FsStorageHarness(StorageHarness):
         return len(tools.segment_firsts(Path(location) / str(partition_id)))
 
 
-def storage(
+def harness(
     options: Mapping[str, Any] | None = None, root: str | os.PathLike[str] | None = None
 ) -> FsStorageHarness:
     """The harness over real files (real fsync) under ``root`` (default: a new temp dir)."""

@@ -50,7 +50,7 @@ class LocalCoordinationHarness(CoordinationHarness):
             await admin.close()
 
 
-def conformance_harness(options: Mapping[str, Any] | None = None) -> LocalCoordinationHarness:
+def harness(options: Mapping[str, Any] | None = None) -> LocalCoordinationHarness:
     """The harness for the coordination suite: ``options["location"]`` is a directory
     (a fresh temp dir when absent); ``options["session_timeout"]`` defaults to 3 s."""
     options = dict(options or {})
