@@ -49,6 +49,50 @@ def test_verify_dump_segment_and_control_file(tmp_path: Path) -> None:
     assert "PROBLEM: partition 1: 0000000000000000000.seg: 7 bad bytes" in result.output
 
 
+def test_verify_reports_the_quarantine_and_holes(tmp_path: Path) -> None:
+    """After recovery moved damaged bytes aside: the hole is a problem until repaired, the
+    quarantine folder is listed (what, from where, why) and stays after the repair."""
+    data = tmp_path / "data"
+
+    async def build() -> None:
+        engine = await FsStorageEngine.open(
+            str(data), cluster_key=KEY, num_partitions=2, options={"segment_size": 300}
+        )
+        try:
+            part = await engine.add_partition(1)
+            for t in range(12):
+                await part.append([make_record(t, 1)])
+        finally:
+            await engine.close()
+
+    async def reopen_and_repair(repair: bool) -> None:
+        engine = await FsStorageEngine.open(str(data), options={"segment_size": 300})
+        try:
+            part = engine.partition(1)
+            for first, last in part.missing_ranges() if repair else []:
+                await part.repair([make_record(t, 1) for t in range(first, last + 1)])
+        finally:
+            await engine.close()
+
+    asyncio.run(build())
+    segments = sorted((data / "1").glob("*.seg"))
+    assert len(segments) >= 3
+    middle = segments[1]
+    middle.write_bytes(middle.read_bytes()[:-7])  # its last record cut short
+    asyncio.run(reopen_and_repair(repair=False))
+    runner = CliRunner()
+    result = runner.invoke(main, ["storage", "verify", str(data)])
+    assert result.exit_code == 1, result.output
+    assert "are missing (a hole left by damage" in result.output
+    assert f"QUARANTINED: partition 1: {data / 'quarantine' / '1'}" in result.output
+    assert f"{middle.name}@" in result.output
+    asyncio.run(reopen_and_repair(repair=True))
+    result = runner.invoke(main, ["storage", "verify", str(data)])
+    assert result.exit_code == 0, result.output
+    assert "QUARANTINED: partition 1" in result.output
+    assert "1 quarantine folder(s)" in result.output
+
+
 def test_tools_errors_are_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["storage", "dump-control-file", str(tmp_path)])
     assert result.exit_code == 1

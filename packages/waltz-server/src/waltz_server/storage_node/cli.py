@@ -22,6 +22,7 @@ import click
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, PluginError
 from waltz_api.plugins import get_registry
+from waltz_api.types import LOST_SESSION
 from waltz_server.storage_node.client import StorageAdminClient
 
 T = TypeVar("T")
@@ -159,16 +160,25 @@ def list_partitions(target: Target, as_json: bool) -> None:
         return
     click.echo(
         f"{'partition':>9} {'max txn id':>12} {'session':>8} {'low-water':>10} "
-        f"{'local lwm':>10} {'available':>9}"
+        f"{'local lwm':>10} {'lwm session':>11} {'available':>9}"
     )
     for row in rows:
         info = row["session_info"] or {}
         max_id = row["max_transaction_id"]
+        low_session = info.get("low_water_mark_session_id", "?")
+        notes = [f"error: {row['error']}"] if row["error"] else []
+        if low_session == LOST_SESSION:
+            low_session = "LOST"
+            notes.append("records it acknowledged may be lost (damage): it is caught up")
+        missing = row.get("missing_ranges") or []
+        if missing:
+            ranges = ", ".join(f"{a}..{b}" for a, b in missing)
+            notes.append(f"missing {ranges} (damage; repaired from a peer)")
         click.echo(
             f"{row['partition_id']:>9} {max_id if max_id is not None else '?':>12} "
             f"{info.get('session_id', '?'):>8} {info.get('low_water_mark', '?'):>10} "
-            f"{info.get('local_low_water_mark', '?'):>10} {'yes' if row['available'] else 'no':>9}"
-            + (f"  error: {row['error']}" if row["error"] else "")
+            f"{info.get('local_low_water_mark', '?'):>10} {low_session:>11} "
+            f"{'yes' if row['available'] else 'no':>9}" + "".join(f"  {n}" for n in notes)
         )
 
 
