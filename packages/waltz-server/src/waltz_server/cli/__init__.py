@@ -59,6 +59,9 @@ def main(verbose: int) -> None:
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from waltz_server.cli.coordination import quiet_client_libraries
+
+    quiet_client_libraries(verbose)
 
 
 # Subcommand groups register here, one line each.

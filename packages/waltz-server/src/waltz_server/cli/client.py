@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from waltz_api.errors import ClientAheadError, ConfigError, WaltzError
+from waltz_server.cli.coordination import DEFAULT_TIMEOUT, check_uri, start_coordination
 
 if TYPE_CHECKING:
     from waltz_client import (
@@ -39,7 +40,8 @@ DEFAULT_DEV_DIR = ".waltz-dev"
 def _default_coordination(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
     """No --coordination: the ``waltz dev`` cluster running in ./.waltz-dev, if any."""
     if value:
-        return value
+        checked: str = check_uri(ctx, param, value) or value
+        return checked
     from waltz_server.dev import read_ready_file
 
     info = read_ready_file(DEFAULT_DEV_DIR)
@@ -59,6 +61,7 @@ def _coordination_option(f: Callable[..., Any]) -> Callable[..., Any]:
         "uri",
         default=None,
         envvar="WALTZ_COORDINATION",
+        show_envvar=True,
         callback=_default_coordination,
         help=COORDINATION_HELP + " Default: the `waltz dev` running in ./.waltz-dev.",
     )(f)
@@ -75,14 +78,15 @@ def _transport_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _lock(spec: str, option: str) -> tuple[str, int]:
+    """NAME:ID; a usage error (exit 2) otherwise."""
     name, sep, lock_id = spec.rpartition(":")
     try:
         if not sep or not name:
             raise ValueError(spec)
         return name, int(lock_id)
     except ValueError:
-        raise ConfigError(
-            f"{option} takes NAME:ID (e.g. account:7), got {spec!r}", key=option
+        raise click.BadParameter(
+            f"takes NAME:ID (e.g. account:7), got {spec!r}", param_hint=option
         ) from None
 
 
@@ -125,9 +129,14 @@ def _run(
 
     async def main() -> T:
         callbacks = Callbacks()
-        config = ClientConfig(uri, transport=transport, partitions=[partition])
+        coordination = await start_coordination(uri, DEFAULT_TIMEOUT)
+        config = ClientConfig(coordination, transport=transport, partitions=[partition])
         client = AsyncWaltzClient(callbacks, config)
-        await client.start()
+        try:
+            await client.start()
+        except BaseException:
+            await coordination.close()
+            raise
         try:
             if partition >= client.num_partitions:
                 raise ConfigError(
@@ -138,6 +147,7 @@ def _run(
             return await work(client, callbacks)
         finally:
             await client.close()
+            await coordination.close()
 
     return asyncio.run(main())
 

@@ -27,7 +27,6 @@ from waltz_api.cluster import (
     ClusterConfig,
     ClusterMetadata,
     ReplicaAssignments,
-    coordination_from_uri,
     validate_storage_node,
 )
 from waltz_api.contracts.transport import Transport
@@ -38,18 +37,18 @@ from waltz_api.errors import (
     PluginError,
     WaltzError,
 )
+from waltz_server.cli.coordination import (
+    coordination_option,
+    remember_timeout,
+    start_coordination,
+)
 
 T = TypeVar("T")
-
-COORDINATION_HELP = (
-    "Coordination service URI, e.g. zk://127.0.0.1:2181/waltz (the scheme chooses the plugin)."
-)
 
 
 def _run_with_metadata(uri: str, work: Callable[[ClusterMetadata], Awaitable[T]]) -> T:
     async def run() -> T:
-        coordination = coordination_from_uri(uri)
-        await coordination.start()
+        coordination = await start_coordination(uri)
         try:
             return await work(ClusterMetadata(coordination))
         finally:
@@ -112,7 +111,8 @@ def _reach_options(func: Callable[..., Any]) -> Callable[..., Any]:
         type=click.FloatRange(min=0.1),
         default=5.0,
         show_default=True,
-        help="Seconds to wait for each storage node or server.",
+        callback=remember_timeout,
+        help="Seconds to wait for the coordination service, and for each storage node or server.",
     )
     @functools.wraps(func)
     def wrapper(
@@ -138,8 +138,7 @@ def _run_with_transport(
     async def run() -> T:
         transport = reach.create()
         try:
-            coordination = coordination_from_uri(uri)
-            await coordination.start()
+            coordination = await start_coordination(uri)
             try:
                 return await work(ClusterMetadata(coordination), transport)
             finally:
@@ -156,9 +155,7 @@ def cluster_group() -> None:
 
 
 @cluster_group.command("create")
-@click.option(
-    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-)
+@coordination_option
 @click.option(
     "--partitions", type=click.IntRange(min=1), required=True, help="Number of partitions."
 )
@@ -233,9 +230,7 @@ def create_cluster(
 
 
 @cluster_group.command("show")
-@click.option(
-    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-)
+@coordination_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--replicas",
@@ -307,9 +302,7 @@ def _progress_text(replicas: list[dict[str, Any]]) -> str:
 
 
 @cluster_group.command("delete")
-@click.option(
-    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-)
+@coordination_option
 @click.option(
     "--cluster-key",
     type=click.UUID,
@@ -329,9 +322,7 @@ def delete_cluster(uri: str, cluster_key: uuid.UUID, force: bool) -> None:
 
 
 @cluster_group.command("verify")
-@click.option(
-    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-)
+@coordination_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--metadata-only",
@@ -452,9 +443,7 @@ def _check_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @cluster_group.command("add-storage-node")
-@click.option(
-    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-)
+@coordination_option
 @_storage_node_argument
 @click.option(
     "--group", type=click.IntRange(min=0), default=0, show_default=True, help="Its group."
@@ -481,9 +470,7 @@ def add_storage_node(uri: str, storage_node: str, group: int, check: bool, reach
 
 
 @cluster_group.command("remove-storage-node")
-@click.option(
-    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-)
+@coordination_option
 @_storage_node_argument
 @click.option(
     "--force",
@@ -511,9 +498,7 @@ def _partition_argument(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @cluster_group.command("add-replica")
-@click.option(
-    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-)
+@coordination_option
 @_partition_argument
 @_storage_node_argument
 @click.option(
@@ -626,9 +611,7 @@ async def _wait_caught_up(
 
 
 @cluster_group.command("remove-replica")
-@click.option(
-    "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-)
+@coordination_option
 @_partition_argument
 @_storage_node_argument
 def remove_replica(uri: str, partition: int, storage_node: str) -> None:

@@ -26,8 +26,8 @@ import click
 
 from waltz_api.cluster import NO_SERVER, ClusterMetadata, ServerInfo
 from waltz_api.errors import ConfigError
-from waltz_server.cli.cluster import COORDINATION_HELP
 from waltz_server.cli.cluster import _run_with_metadata as _run
+from waltz_server.cli.coordination import coordination_option
 from waltz_server.server.preferred import (
     Overrides,
     PreferredPartitionStore,
@@ -35,12 +35,6 @@ from waltz_server.server.preferred import (
     validate_endpoint,
     validate_partitions,
 )
-
-
-def _coordination_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--coordination", "uri", required=True, envvar="WALTZ_COORDINATION", help=COORDINATION_HELP
-    )(f)
 
 
 def _target_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -126,7 +120,7 @@ def add_admin_commands(group: click.Group) -> None:
 
 
 @click.command("list")
-@_coordination_option
+@coordination_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_servers(uri: str, as_json: bool) -> None:
     """The live servers: id, endpoint, partitions held (with generation), preferred
@@ -193,7 +187,7 @@ def list_servers(uri: str, as_json: bool) -> None:
 
 
 @click.command("add-preferred-partition")
-@_coordination_option
+@coordination_option
 @_target_options
 @click.option(
     "--partition",
@@ -213,7 +207,7 @@ def add_preferred(
 
 
 @click.command("remove-preferred-partition")
-@_coordination_option
+@coordination_option
 @_target_options
 @click.option(
     "--partition",
@@ -254,7 +248,7 @@ def _report(
 
 
 @click.command("reset-preferred-partitions")
-@_coordination_option
+@coordination_option
 @_target_options
 def reset_preferred(uri: str, server_id: int | None, endpoint: str | None) -> None:
     """Drop the override of the server at an endpoint: its config's preferences apply again."""
@@ -276,7 +270,7 @@ def reset_preferred(uri: str, server_id: int | None, endpoint: str | None) -> No
 
 
 @click.command("list-preferred-partitions")
-@_coordination_option
+@coordination_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_preferred(uri: str, as_json: bool) -> None:
     """Every endpoint with preferred partitions (live servers and overrides for servers

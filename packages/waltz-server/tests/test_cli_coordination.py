@@ -1,0 +1,81 @@
+"""Every command that needs the coordination service: an unreachable one ends the
+command in about --timeout seconds with one line (no client-library warnings), a URI
+without a scheme is a usage error with a hint, WALTZ_COORDINATION is in --help, and a
+malformed --write-lock is a usage error (exit 2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from waltz_server.cli import main as waltz_cli
+from waltz_server.dev import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _waltz(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "waltz_server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "WALTZ_COORDINATION"},
+    )
+    return done, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["cluster", "show"],
+        ["server", "list"],
+        ["cluster", "remove-replica", "0", "h:1"],
+        ["client", "high-water-mark"],
+    ],
+    ids=" ".join,
+)
+def test_an_unreachable_zookeeper_fails_fast_in_one_line(command: list[str]) -> None:
+    uri = f"zk://127.0.0.1:{free_port()}/waltz"  # nothing listens there
+    timeout = [] if command[0] == "client" else ["--timeout", "1"]
+    done, took = _waltz(*command, "--coordination", uri, *timeout)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ") and "ZooKeeper" in lines[0] and "within" in lines[0]
+    assert "WARNING" not in done.stderr and "kazoo" not in done.stderr
+    # the wait (1 s, the client commands' 5 s) plus interpreter start and kazoo's stop;
+    # before, 15-17 s and 18 warning lines
+    assert took < (6 if timeout else 10) + 6, took
+
+
+def test_a_uri_without_a_scheme_is_a_usage_error_with_a_hint() -> None:
+    for command in (["cluster", "show"], ["client", "tail"]):
+        done, _ = _waltz(*command, "--coordination", "127.0.0.1:2181")
+        assert done.returncode == 2, done.stderr
+        assert "did you mean zk://127.0.0.1:2181/waltz?" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_environment_variable_is_shown_in_help() -> None:
+    for command in (["cluster", "show"], ["cluster", "create"], ["server", "list"]):
+        result = CliRunner().invoke(waltz_cli, [*command, "--help"], terminal_width=200)
+        assert result.exit_code == 0
+        assert "env var: WALTZ_COORDINATION" in result.output, command
+        assert "--timeout" in result.output, command
+
+
+def test_a_malformed_write_lock_is_a_usage_error() -> None:
+    done, _ = _waltz(
+        "client", "append", "--coordination", "local:///nowhere", "--data", "x",
+        "--write-lock", "no-id",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--write-lock" in done.stderr and "NAME:ID" in done.stderr
