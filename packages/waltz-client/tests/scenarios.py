@@ -153,7 +153,7 @@ async def counter(
     increments: int = 10,
     disrupt: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """spec/waltz-announcement.txt: N clients x M increments with a WRITE lock give N x M;
+    """../shared/spec/waltz-announcement.txt: N clients x M increments with a WRITE lock give N x M;
     also when ``disrupt`` (e.g. a server restart) runs once a third of them is applied."""
     p = target.partition
     apps = [Counter() for _ in range(n_clients)]

@@ -152,7 +152,8 @@ def target(cluster: RealCluster) -> Target:
 
 
 async def test_counter_n_clients_m_increments_with_a_write_lock(real_cluster: RealCluster) -> None:
-    """spec/waltz-announcement.txt: N clients x M increments with a WRITE lock give N x M."""
+    """../shared/spec/waltz-announcement.txt: N clients x M increments with a WRITE lock
+    give N x M."""
     await scenarios.counter(target(real_cluster), n_clients=3, increments=10)
 
 

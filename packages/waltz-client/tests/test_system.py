@@ -184,7 +184,8 @@ async def system(
 
 
 async def test_counter_n_clients_m_increments_with_a_write_lock(system: System) -> None:
-    """spec/waltz-announcement.txt: N clients x M increments with a WRITE lock give N x M."""
+    """../shared/spec/waltz-announcement.txt: N clients x M increments with a WRITE lock
+    give N x M."""
     await scenarios.counter(system.target("counter"), n_clients=3, increments=10)
 
 

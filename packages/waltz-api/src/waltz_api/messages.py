@@ -1,6 +1,6 @@
 """Every message of the Waltz protocol, as frozen dataclasses.
 
-Client-server messages (spec/waltz-internals.txt "Client-Server
+Client-server messages (../shared/spec/waltz-internals.txt "Client-Server
 Communication") carry a :class:`~waltz_api.types.ReqId`; server-storage
 messages ("Waltz Storage": the ten request/response patterns) carry the store
 session id, a message sequence number and the partition id. The byte encoding

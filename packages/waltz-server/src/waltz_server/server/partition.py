@@ -1,4 +1,4 @@
-"""A partition served by this server (spec/waltz-server.txt, "Partition Object").
+"""A partition served by this server (../shared/spec/waltz-server.txt, "Partition Object").
 
 One :class:`Partition` per assigned partition and generation. Its append
 task takes appends, flushes and mounts from one bounded queue, in arrival

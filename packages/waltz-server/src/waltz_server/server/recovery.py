@@ -1,6 +1,6 @@
 """The recovery manager: closes the last store session before a new one writes.
 
-spec/waltz-server.txt, "Recovery Procedure". Each replica session calls
+../shared/spec/waltz-server.txt, "Recovery Procedure". Each replica session calls
 :meth:`RecoveryManager.recover` once connected. The replica reports its last
 session info and log end, truncates what cannot be trusted (per
 :func:`~waltz_server.server.voting.plan_replica`), then the replicas vote on

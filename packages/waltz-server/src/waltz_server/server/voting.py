@@ -1,6 +1,6 @@
 """The arithmetic of recovery: which high-water mark a majority of replicas votes for.
 
-Pure functions, no I/O (spec/waltz-server.txt, "Quorum Checking in the
+Pure functions, no I/O (../shared/spec/waltz-server.txt, "Quorum Checking in the
 Recovery Process").
 
 A replica whose log ends at ``X`` votes for every high-water mark ``H <= X``:
