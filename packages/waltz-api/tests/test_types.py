@@ -168,3 +168,14 @@ def test_defaults_mean_nothing_yet() -> None:
     assert info.low_water_mark == NO_TRANSACTION
     assert info.local_low_water_mark == NO_TRANSACTION
     assert info.session_id == -1
+
+
+def test_bad_arguments_raise_waltz_errors_that_are_also_what_python_raises() -> None:
+    from waltz_api.errors import ArgumentTypeError, InvalidArgumentError, WaltzError
+
+    with pytest.raises(InvalidArgumentError) as bad_value:
+        Lock("", 1)
+    assert isinstance(bad_value.value, WaltzError) and isinstance(bad_value.value, ValueError)
+    with pytest.raises(ArgumentTypeError) as bad_type:
+        LockRequest.from_locks(["account"])  # type: ignore[list-item]
+    assert isinstance(bad_type.value, WaltzError) and isinstance(bad_type.value, TypeError)

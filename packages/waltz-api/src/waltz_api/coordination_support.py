@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from waltz_api.contracts.coordination import SessionListener, SessionState, Watch, join_path
-from waltz_api.errors import ConfigError, CoordinationError
+from waltz_api.errors import ArgumentTypeError, ConfigError, CoordinationError
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class SessionStateTracker:
         self._delivery: LoopDelivery[SessionState] | None = None
         if not inline:
             if loop is None:
-                raise TypeError("a SessionStateTracker delivering on a loop needs the loop")
+                raise ArgumentTypeError("a SessionStateTracker delivering on a loop needs the loop")
             self._delivery = LoopDelivery(
                 loop, self._notify, coalesce=False, name="session-listener"
             )

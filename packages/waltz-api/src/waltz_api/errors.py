@@ -2,6 +2,13 @@
 
 Every error raised by Waltz code derives from :class:`WaltzError`. A message
 says what was wrong and, where the caller can act, what to do about it.
+
+A bad argument raises :class:`InvalidArgumentError` (also a ``ValueError``) or
+:class:`ArgumentTypeError` (also a ``TypeError``), so code that catches what Python
+raises for bad arguments keeps working. Two exceptions to the rule, both defects
+rather than errors to handle: an import-time check of Waltz's own definitions (a wire
+schema that does not match its message) raises ``TypeError``, and the conformance
+suites fail a test with ``AssertionError``.
 """
 
 from __future__ import annotations
@@ -9,6 +16,15 @@ from __future__ import annotations
 
 class WaltzError(Exception):
     """Base class of every error Waltz raises."""
+
+
+class InvalidArgumentError(WaltzError, ValueError):
+    """An argument has a value the call cannot take (a lock without a name, a URL that is
+    not http://host:port/, ...)."""
+
+
+class ArgumentTypeError(WaltzError, TypeError):
+    """An argument has a type the call cannot take."""
 
 
 # -- configuration and plugins -------------------------------------------------

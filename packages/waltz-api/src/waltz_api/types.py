@@ -13,6 +13,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from waltz_api.errors import ArgumentTypeError, InvalidArgumentError
+
 NO_TRANSACTION = -1
 """The transaction id of "nothing yet": the high-water mark of an empty partition."""
 
@@ -85,11 +87,11 @@ class Lock:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"a lock needs a non-empty name (str), got {self.name!r}")
+            raise InvalidArgumentError(f"a lock needs a non-empty name (str), got {self.name!r}")
         if isinstance(self.id, bool) or not isinstance(self.id, int):
-            raise ValueError(f"a lock id must be an int, got {self.id!r}")
+            raise InvalidArgumentError(f"a lock id must be an int, got {self.id!r}")
         if not -(2**63) <= self.id < 2**63:
-            raise ValueError(f"lock id {self.id} does not fit in a signed 64-bit integer")
+            raise InvalidArgumentError(f"lock id {self.id} does not fit in a signed 64-bit integer")
         if type(self.mode) is not LockMode:
             # A plain int (say, read back from a database) must not be silently
             # dropped by the `is LockMode.X` grouping of LockRequest.from_locks.
@@ -97,7 +99,9 @@ class Lock:
                 object.__setattr__(self, "mode", LockMode(self.mode))
             except ValueError:
                 valid = ", ".join(f"{m.name} ({m.value})" for m in LockMode)
-                raise ValueError(f"lock mode {self.mode!r} is not one of {valid}") from None
+                raise InvalidArgumentError(
+                    f"lock mode {self.mode!r} is not one of {valid}"
+                ) from None
         object.__setattr__(self, "hash", lock_hash(self.name, self.id))
 
 
@@ -115,7 +119,7 @@ class LockRequest:
         groups: tuple[list[int], list[int], list[int]] = ([], [], [])
         for lock in locks:
             if not isinstance(lock, Lock):
-                raise TypeError(f"a lock request is built from Lock objects, got {lock!r}")
+                raise ArgumentTypeError(f"a lock request is built from Lock objects, got {lock!r}")
             groups[lock.mode].append(lock.hash)
         return cls(tuple(groups[0]), tuple(groups[1]), tuple(groups[2]))
 

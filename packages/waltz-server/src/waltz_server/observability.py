@@ -59,7 +59,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from waltz_api.errors import ConfigError, WaltzError
+from waltz_api.errors import ArgumentTypeError, ConfigError, InvalidArgumentError, WaltzError
 
 log = logging.getLogger(__name__)
 
@@ -514,7 +514,7 @@ async def run_checks(
             if inspect.isawaitable(outcome):
                 outcome = await asyncio.wait_for(outcome, timeout)
             if not isinstance(outcome, Check):
-                raise TypeError(f"returned {type(outcome).__name__}, not a Check")
+                raise ArgumentTypeError(f"returned {type(outcome).__name__}, not a Check")
             result = outcome
         except TimeoutError:
             result = Check(False, f"no answer within {timeout:g}s")
@@ -722,7 +722,7 @@ async def http_get(url: str, timeout: float = 10.0) -> HttpReply:
     Raises OSError (ConnectionRefusedError, ...) or TimeoutError when it cannot."""
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname is None or parts.port is None:
-        raise ValueError(f"not an http://host:port/ URL: {url!r}")
+        raise InvalidArgumentError(f"not an http://host:port/ URL: {url!r}")
 
     async def get() -> HttpReply:
         reader, writer = await asyncio.open_connection(parts.hostname, parts.port)

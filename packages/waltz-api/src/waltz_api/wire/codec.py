@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
-from waltz_api.errors import FrameTooLargeError, ProtocolError
+from waltz_api.errors import ArgumentTypeError, FrameTooLargeError, ProtocolError
 from waltz_api.messages import (
     ALL_MESSAGES,
     FeedData,
@@ -526,7 +526,7 @@ def encode(message: Message, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) ->
     try:
         encoder = _ENCODERS[type(message)]
     except KeyError:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"cannot encode {type(message).__name__}: not a waltz_api.messages message"
         ) from None
     try:
@@ -570,7 +570,7 @@ def decode(
     """
     if type(frame) is not bytes:
         if not isinstance(frame, (bytes, bytearray, memoryview)):
-            raise TypeError(f"decode() takes a byte string, not {type(frame).__name__}")
+            raise ArgumentTypeError(f"decode() takes a byte string, not {type(frame).__name__}")
         size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
         if size > max_frame_size:  # refused before copying it
             raise frame_too_large(size, max_frame_size)

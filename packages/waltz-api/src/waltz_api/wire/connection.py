@@ -11,6 +11,7 @@ from typing import Final
 
 from waltz_api.errors import (
     FrameTooLargeError,
+    InvalidArgumentError,
     ProtocolError,
     VersionMismatchError,
 )
@@ -61,7 +62,9 @@ class FrameBuffer:
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 0 or max_frame_size > 0xFFFFFFFF:
-            raise ValueError(f"max_frame_size must be within 0..2**32-1, not {max_frame_size}")
+            raise InvalidArgumentError(
+                f"max_frame_size must be within 0..2**32-1, not {max_frame_size}"
+            )
         self.max_frame_size = max_frame_size
         self._buffer = bytearray()
         # Offset of the first length prefix not yet checked against max_frame_size: every
@@ -200,7 +203,7 @@ class ProtocolConnection:
         records it stores (both: see :func:`decode`)."""
         unsupported = [v for v in versions if v not in SUPPORTED_VERSIONS]
         if not versions or unsupported:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"versions must be a non-empty subset of {SUPPORTED_VERSIONS}, not {versions!r}"
             )
         self.role = role

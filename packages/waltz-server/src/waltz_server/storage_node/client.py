@@ -30,6 +30,7 @@ from waltz_api import wire
 from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import (
     ConnectionClosedError,
+    InvalidArgumentError,
     ProtocolError,
     StorageError,
     TransportError,
@@ -144,7 +145,7 @@ class StorageClient:
             raise self._failure
         seq_num: int = getattr(message, "seq_num")  # noqa: B009 - every storage request has one
         if seq_num in self._pending:
-            raise ValueError(f"a request with seq_num {seq_num} is already pending")
+            raise InvalidArgumentError(f"a request with seq_num {seq_num} is already pending")
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[seq_num] = future
         try:
