@@ -1,4 +1,8 @@
-"""The wire codec: round trips, the documented layout, checksums, limits, robustness."""
+"""The wire codec: round trips, the documented layout, checksums, limits, robustness.
+
+(Above 800 lines on purpose: the strategies at the top serve every test below them
+(round trips, the documented layout, the test vectors, the fuzzers); the blocks and the
+connection have their own modules, test_wire_blocks.py and test_wire_connection.py.)"""
 
 from __future__ import annotations
 

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from waltz_api.ports import free_port
 from waltz_server.cli import main
-from waltz_server.dev import STORAGE_READY, Child, DevCluster, free_port
+from waltz_server.dev import STORAGE_READY, Child, DevCluster
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 
