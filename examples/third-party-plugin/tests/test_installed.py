@@ -51,7 +51,7 @@ def test_registry_resolves_the_plugin_by_name_and_scheme() -> None:
     registry = get_registry()
     descriptor = registry.get(PluginKind.STORAGE, "sqlite")
     assert descriptor.factory is SqliteStorageEngine
-    assert descriptor.capabilities == {"reopen", "crash_reopen"}
+    assert descriptor.capabilities == {"reopen", "crash_reopen", "availability"}
     assert registry.resolve("storage", "sqlite:///var/lib/waltz") == descriptor
     assert "sqlite" in registry.names("storage")
     assert "fs" in registry.names("storage"), "the built-in engine is still there beside it"
