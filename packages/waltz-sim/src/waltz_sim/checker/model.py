@@ -1,0 +1,200 @@
+"""The checker's data model: what a run recorded, and what the checker says about it.
+
+Everything here is plain data (frozen dataclasses of ints, strings, bytes), so a
+history can come from anywhere: the simulation fills it in one process; a harness
+of real processes (``waltz chaos``) fills it from its clients' logs and from the
+storage nodes' data read back at the end. Times are seconds on any clock that the
+whole history shares (the simulation's virtual clock, or a wall clock).
+
+A run yields:
+
+- :class:`OpEvent` s: each submission a client made (an *op*, named by a unique
+  ``op_id`` that the client also writes into the transaction's data) is
+  ``invoke`` d once and then ends ``ok`` (committed, with its transaction id),
+  ``fail`` (definitely not committed: the client says nothing of it is pending) or
+  ``unknown`` (the client crashed, or was stopped, with it in flight), or never
+  ends (no answer: a liveness failure when the run gave it time to end);
+- :class:`FeedEvent` s: every transaction a client's ``apply_transaction``
+  received, in the order received, per client *incarnation* (a client restarted
+  from its database is a new incarnation);
+- :class:`ClientSnapshot` s: each client's database at the end (its high-water
+  mark and state per partition);
+- a :class:`ClusterSnapshot`: per partition, every replica's stored records, the
+  committed high-water mark the cluster reports at the end, and the log as the
+  cluster served it (range reads) at the end.
+
+:func:`waltz_sim.checker.check` turns these (with the workload's
+:class:`~waltz_sim.checker.semantics.Semantics`) into a :class:`CheckResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+INVOKE = "invoke"
+OK = "ok"
+FAIL = "fail"
+UNKNOWN = "unknown"
+OP_KINDS = (INVOKE, OK, FAIL, UNKNOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class OpEvent:
+    """One step of a submission's life (see the module docstring)."""
+
+    kind: str
+    """``invoke``, ``ok``, ``fail`` or ``unknown``."""
+    op_id: str
+    client: str
+    time: float
+    partition: int
+    transaction_id: int = -1
+    """For ``ok``: the id it committed as."""
+    detail: str = ""
+    """For ``invoke``: what the op does; for ``fail`` and ``unknown``: why."""
+
+
+@dataclass(frozen=True, slots=True)
+class FeedEvent:
+    """A transaction handed to a client's ``apply_transaction``."""
+
+    client: str
+    incarnation: int
+    partition: int
+    transaction_id: int
+    op_id: str | None
+    """The op id in the data the client applied (None: the data did not decode)."""
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSnapshot:
+    """A client's database for one partition, at the end of the run."""
+
+    client: str
+    partition: int
+    high_water_mark: int
+    state: Mapping[str, Any]
+    """The workload's state (what :meth:`Semantics.state_at` computes from the log)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A transaction as a replica stores it (or as the cluster served it)."""
+
+    transaction_id: int
+    req_id: tuple[int, int, int, int]
+    """client id, generation, partition id, sequence number."""
+    header: int
+    checksum: int
+    data: bytes
+
+
+@dataclass
+class PartitionSnapshot:
+    """One partition at the end of a run."""
+
+    partition: int
+    high_water_mark: int | None
+    """The committed high-water mark the cluster reported at the end (None: it did not
+    answer, itself a liveness failure; the checker then checks what it can)."""
+    replicas: Mapping[str, Sequence[StoredRecord]]
+    """Every replica's records (storage node -> all it stores, committed or not)."""
+    served: Sequence[StoredRecord] | None = None
+    """The committed log as the cluster served it at the end (None: not read)."""
+
+
+@dataclass
+class ClusterSnapshot:
+    partitions: dict[int, PartitionSnapshot] = field(default_factory=dict)
+
+
+@dataclass
+class History:
+    """What the clients saw."""
+
+    ops: list[OpEvent] = field(default_factory=list)
+    feed: list[FeedEvent] = field(default_factory=list)
+    clients: list[ClientSnapshot] = field(default_factory=list)
+    start_time: float = 0.0
+    end_time: float = 0.0
+    healed_at: float | None = None
+    """When the last fault healed (None: no fault). Liveness is checked from here."""
+    submissions_end: float | None = None
+    """When the workload stopped starting new ops (liveness: each op has until its
+    deadline; ops started later than ``end_time`` minus the deadline are not held to it)."""
+
+
+@dataclass(frozen=True)
+class LivenessBounds:
+    """How long the cluster may take, after the last fault healed (seconds)."""
+
+    decision_deadline: float = 12.0
+    """Every submission is decided (ok or fail) within this, counted from the later of
+    its invocation and the heal."""
+    commit_bound: float = 8.0
+    """A commit happens within this after the heal (when ops were submitted)."""
+    catch_up: bool = True
+    """At the end every client's database holds the whole committed log, and every
+    replica the committed prefix."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """An invariant that did not hold, with where to look."""
+
+    invariant: str
+    message: str
+    time: float | None = None
+    partition: int | None = None
+    transaction_id: int | None = None
+    op_id: str | None = None
+    client: str | None = None
+
+    def __str__(self) -> str:
+        where = [
+            f"{name} {value}"
+            for name, value in (
+                ("partition", self.partition),
+                ("transaction", self.transaction_id),
+                ("op", self.op_id),
+                ("client", self.client),
+            )
+            if value is not None
+        ]
+        suffix = f" ({', '.join(where)})" if where else ""
+        return f"[{self.invariant}] {self.message}{suffix}"
+
+
+@dataclass
+class CheckResult:
+    violations: list[Violation] = field(default_factory=list)
+    committed: dict[int, int] = field(default_factory=dict)
+    """Committed transactions per partition."""
+    outcomes: dict[str, int] = field(default_factory=dict)
+    """Ops by how they ended (ok, fail, unknown, pending)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+__all__ = [
+    "FAIL",
+    "INVOKE",
+    "OK",
+    "OP_KINDS",
+    "UNKNOWN",
+    "CheckResult",
+    "ClientSnapshot",
+    "ClusterSnapshot",
+    "FeedEvent",
+    "History",
+    "LivenessBounds",
+    "OpEvent",
+    "PartitionSnapshot",
+    "StoredRecord",
+    "Violation",
+]

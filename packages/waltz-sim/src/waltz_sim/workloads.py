@@ -1,0 +1,324 @@
+"""Workloads: the simulated clients, their databases, and the ops they submit.
+
+Each client process runs the real ``waltz_client.AsyncWaltzClient`` with async
+callbacks (they run on the loop: no callback thread) and a :class:`ClientDatabase`
+that outlives its crashes, as an application's database would: applying a
+transaction updates the state and the partition's high-water mark in one step.
+The client submits ops at random (rate and mix from the seed); each op is a
+``TransactionContext`` whose ``execute`` reads the database, decides (or
+declines: a withdrawal without the funds), and writes the transaction's envelope
+(:func:`waltz_sim.checker.encode_txn`: op id, high-water mark, locks, body), so
+the checker recognises every transaction in the log.
+
+Adding a workload: a :class:`~waltz_sim.checker.Semantics` (what a transaction does
+to the state, and what it must not do) and a :class:`Workload` subclass choosing
+ops (:meth:`Workload.choose`), registered in :data:`WORKLOADS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from waltz_api.errors import ClientError, WaltzError
+from waltz_api.types import Lock, LockMode
+from waltz_client import (
+    AsyncWaltzClient,
+    ClientConfig,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
+from waltz_client.client import TransactionExpiredError
+from waltz_sim.checker import (
+    FAIL,
+    OK,
+    UNKNOWN,
+    BankSemantics,
+    FeedEvent,
+    RegisterSemantics,
+    Semantics,
+    encode_txn,
+)
+from waltz_sim.checker.semantics import APPEND, READ, WRITE
+from waltz_sim.checker.semantics import Lock as LockSpec
+
+if TYPE_CHECKING:
+    from waltz_sim.world import SimProcess, World
+
+log = logging.getLogger(__name__)
+
+_MODES = {READ: LockMode.READ, WRITE: LockMode.WRITE, APPEND: LockMode.APPEND}
+
+Build = Callable[[dict[str, Any]], "tuple[str, dict[str, Any], list[LockSpec]] | None"]
+"""Reads a partition's state; returns (kind, body, locks), or None to decline."""
+
+
+@dataclass
+class OpSpec:
+    partition: int
+    detail: str
+    build: Build
+
+
+@dataclass
+class ClientDatabase:
+    """A client's database: per partition, the applied state and its high-water mark."""
+
+    high_water_marks: dict[int, int] = field(default_factory=dict)
+    states: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ops: int = 0
+
+
+class _Callbacks(WaltzClientCallbacks):
+    def __init__(self, workload: Workload, process: SimProcess, db: ClientDatabase) -> None:
+        self.workload = workload
+        self.process = process
+        self.incarnation = process.incarnations
+        self.db = db
+
+    async def client_high_water_mark(self, partition_id: int) -> int:
+        return self.db.high_water_marks[partition_id]
+
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        data = await transaction.fetch_data()
+        semantics = self.workload.semantics
+        txn = semantics.decode(data)
+        partition = transaction.partition_id
+        # one step, no await: the state and the high-water mark change together
+        if txn is not None:
+            semantics.apply(self.db.states[partition], txn)
+        self.db.high_water_marks[partition] = transaction.transaction_id
+        world = self.workload.world
+        world.history.applied(
+            FeedEvent(
+                self.process.name,
+                self.incarnation,
+                partition,
+                transaction.transaction_id,
+                None if txn is None else txn.op_id,
+                world.loop.time(),
+            )
+        )
+
+
+class ReadOnlyCallbacks(WaltzClientCallbacks):
+    """For the read-back at the end: applies nothing, starts from the latest."""
+
+    async def client_high_water_mark(self, partition_id: int) -> int:
+        return -1
+
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        return None
+
+
+class _Op(TransactionContext):
+    def __init__(self, op_id: str, spec: OpSpec, db: ClientDatabase) -> None:
+        super().__init__()
+        self.op_id = op_id
+        self.spec = spec
+        self.db = db
+        self.transaction_id = -1
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.spec.partition
+
+    async def execute(self, builder: TransactionBuilder) -> bool:
+        built = self.spec.build(self.db.states[self.spec.partition])
+        if built is None:
+            return False
+        kind, body, locks = built
+        for name, lock_id, mode in locks:
+            builder.lock(Lock(name, lock_id, _MODES[mode]))
+        builder.set_data(encode_txn(self.op_id, builder.client_high_water_mark, locks, kind, body))
+        return True
+
+    def on_application(self, transaction_id: int) -> None:
+        self.transaction_id = transaction_id
+
+
+class Workload(ABC):
+    """Chooses the ops of every client; its :attr:`semantics` says what they mean."""
+
+    name = ""
+
+    def __init__(self, world: World, semantics: Semantics) -> None:
+        self.world = world
+        self.semantics = semantics
+
+    @abstractmethod
+    def choose(self, rng: random.Random, partitions: int) -> OpSpec:
+        """The next op of a client."""
+
+    def database(self, process: SimProcess) -> ClientDatabase:
+        databases = self.world.client_databases
+        db = databases.get(process.name)
+        if db is None:
+            db = databases[process.name] = ClientDatabase()
+            for p in range(self.world.config.partitions):
+                db.high_water_marks[p] = -1
+                db.states[p] = self.semantics.initial_state(p)
+        assert isinstance(db, ClientDatabase)
+        return db
+
+    async def client_main(self, process: SimProcess) -> None:
+        world = self.world
+        config = world.config
+        db = self.database(process)
+        client = AsyncWaltzClient(
+            _Callbacks(self, process, db),
+            ClientConfig(
+                coordination=world.coordination_uri,
+                coordination_options={"session_timeout": config.session_timeout},
+                transport="sim",
+                transaction_timeout=config.transaction_timeout,
+                request_timeout=config.request_timeout,
+            ),
+        )
+        await client.start()
+        process.handle = client
+        assert process.incarnation is not None
+        rng = world.rng(f"workload:{process.incarnation.name}")
+        inflight: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        while loop.time() < world.submissions_end:
+            await asyncio.sleep(rng.expovariate(config.ops_per_second))
+            if len(inflight) >= config.max_inflight or loop.time() >= world.submissions_end:
+                continue
+            spec = self.choose(rng, config.partitions)
+            db.ops += 1
+            op = _Op(f"{process.name}:{db.ops}", spec, db)
+            task = loop.create_task(self._submit(client, process, op))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+        await loop.create_future()  # the client stays up (its feed goes on) until the end
+
+    async def _submit(self, client: AsyncWaltzClient, process: SimProcess, op: _Op) -> None:
+        history = self.world.history
+        history.invoke(op.op_id, process.name, op.spec.partition, op.spec.detail)
+        try:
+            committed = await client.submit(op)
+        except TransactionExpiredError as exc:
+            history.end(FAIL, op.op_id, detail=f"expired: {exc}"[:200])
+        except asyncio.CancelledError:
+            raise
+        except (ClientError, WaltzError) as exc:
+            history.end(UNKNOWN, op.op_id, detail=f"{type(exc).__name__}: {exc}"[:200])
+        else:
+            if committed:
+                history.end(OK, op.op_id, op.transaction_id)
+            else:
+                history.end(FAIL, op.op_id, detail="declined by execute")
+
+
+class BankWorkload(Workload):
+    """Deposits (APPEND), withdrawals and transfers (WRITE), audits (READ on every account)."""
+
+    name = "bank"
+
+    def __init__(self, world: World) -> None:
+        super().__init__(world, BankSemantics())
+
+    def choose(self, rng: random.Random, partitions: int) -> OpSpec:
+        accounts = self.semantics.accounts  # type: ignore[attr-defined]
+        partition = rng.randrange(partitions)
+        roll = rng.random()
+        if roll < 0.35:
+            acct, amount = rng.randrange(accounts), rng.randint(1, 100)
+
+            def deposit(state: dict[str, Any]) -> tuple[str, dict[str, Any], list[LockSpec]]:
+                return "deposit", {"acct": acct, "amount": amount}, [("acct", acct, APPEND)]
+
+            return OpSpec(partition, f"deposit {amount} to {acct}", deposit)
+        if roll < 0.55:
+            acct, amount = rng.randrange(accounts), rng.randint(1, 150)
+
+            def withdraw(
+                state: dict[str, Any],
+            ) -> tuple[str, dict[str, Any], list[LockSpec]] | None:
+                seen = state["balances"][str(acct)]
+                if seen < amount:
+                    return None
+                body = {"acct": acct, "amount": amount, "seen": seen}
+                return "withdraw", body, [("acct", acct, WRITE)]
+
+            return OpSpec(partition, f"withdraw {amount} from {acct}", withdraw)
+        if roll < 0.85:
+            source, target = rng.sample(range(accounts), 2)
+            amount = rng.randint(1, 100)
+
+            def transfer(
+                state: dict[str, Any],
+            ) -> tuple[str, dict[str, Any], list[LockSpec]] | None:
+                balances = state["balances"]
+                seen = [balances[str(source)], balances[str(target)]]
+                if seen[0] < amount:
+                    return None
+                body = {"from": source, "to": target, "amount": amount, "seen": seen}
+                return "transfer", body, [("acct", source, WRITE), ("acct", target, WRITE)]
+
+            return OpSpec(partition, f"transfer {amount} {source}->{target}", transfer)
+
+        def audit(state: dict[str, Any]) -> tuple[str, dict[str, Any], list[LockSpec]]:
+            seen = dict(state["balances"])
+            return "audit", {"seen": seen}, [("acct", a, READ) for a in range(accounts)]
+
+        return OpSpec(partition, "audit", audit)
+
+
+class RegisterWorkload(Workload):
+    """Registers (WRITE to set, READ to read) and counters (APPEND to increment)."""
+
+    name = "register"
+
+    def __init__(self, world: World) -> None:
+        super().__init__(world, RegisterSemantics())
+
+    def choose(self, rng: random.Random, partitions: int) -> OpSpec:
+        semantics = self.semantics
+        assert isinstance(semantics, RegisterSemantics)
+        partition = rng.randrange(partitions)
+        roll = rng.random()
+        if roll < 0.35:
+            counter, by = rng.randrange(semantics.counters), rng.randint(1, 5)
+
+            def incr(state: dict[str, Any]) -> tuple[str, dict[str, Any], list[LockSpec]]:
+                return "incr", {"ctr": counter, "by": by}, [("ctr", counter, APPEND)]
+
+            return OpSpec(partition, f"incr counter {counter} by {by}", incr)
+        reg = rng.randrange(semantics.registers)
+        if roll < 0.7:
+            value = rng.randint(1, 10_000)
+
+            def write(state: dict[str, Any]) -> tuple[str, dict[str, Any], list[LockSpec]]:
+                seen = state["registers"][str(reg)]
+                return "write", {"reg": reg, "seen": seen, "value": value}, [("reg", reg, WRITE)]
+
+            return OpSpec(partition, f"write register {reg} := {value}", write)
+
+        def read(state: dict[str, Any]) -> tuple[str, dict[str, Any], list[LockSpec]]:
+            seen = state["registers"][str(reg)]
+            return "read", {"reg": reg, "seen": seen}, [("reg", reg, READ)]
+
+        return OpSpec(partition, f"read register {reg}", read)
+
+
+WORKLOADS: dict[str, type[Workload]] = {"bank": BankWorkload, "register": RegisterWorkload}
+
+
+def make_workload(name: str, world: World) -> Workload:
+    try:
+        return WORKLOADS[name](world)  # type: ignore[call-arg]
+    except KeyError:
+        raise ClientError(
+            f"unknown workload {name!r}; choose one of {', '.join(sorted(WORKLOADS))}"
+        ) from None
+
+
+__all__ = ["WORKLOADS", "BankWorkload", "ClientDatabase", "RegisterWorkload", "Workload"]

@@ -1,0 +1,600 @@
+"""The simulated world: a whole cluster of real components in one loop, and its end.
+
+A :class:`World` holds the simulated contracts (the network, the coordination
+service, the disks), the processes (storage nodes, servers, clients, and an
+``admin`` that creates the cluster and reads it back at the end), the history the
+clients record, and the trace. :meth:`World.run` plays a whole run:
+
+1. the admin creates the cluster metadata; storage nodes and servers start
+   (``waltz_server``'s own ``start_node`` and ``start_server``, on the ``sim``
+   plugins); once every partition has an owner, the clients start (``waltz_client``'s
+   ``AsyncWaltzClient``, each with a database that survives its crashes) and run the
+   workload;
+2. the nemesis (:mod:`waltz_sim.faults`) injects the profile's faults, then heals
+   everything;
+3. in the quiet phase the workload goes on without faults; the submissions stop;
+4. the admin reads every partition's high-water mark and log through a client
+   (range reads), the replicas are read from the disks, the clients' databases are
+   taken, and the checker (:mod:`waltz_sim.checker`) judges the whole run.
+
+Every random choice comes from streams derived from the seed by name
+(:meth:`World.rng`), so a component that draws more or fewer numbers does not
+shift the others' draws.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.errors import WaltzError
+from waltz_api.plugins import get_registry
+from waltz_sim.checker import (
+    FAIL,
+    INVOKE,
+    OK,
+    UNKNOWN,
+    ClientSnapshot,
+    ClusterSnapshot,
+    FeedEvent,
+    History,
+    LivenessBounds,
+    OpEvent,
+    PartitionSnapshot,
+    StoredRecord,
+)
+from waltz_sim.coord import SimCoordinationService
+from waltz_sim.disk import DiskConfig, SimDisk
+from waltz_sim.loop import (
+    WORLD_CONTEXT,
+    Incarnation,
+    ProcessState,
+    SimLoop,
+    SimulationError,
+)
+from waltz_sim.net import NetworkConfig, SimNetwork
+from waltz_sim.trace import Trace
+
+log = logging.getLogger(__name__)
+
+STORAGE_PORT = 5500
+GC_INTERVAL = 5.0
+"""Virtual seconds between garbage collections (automatic collection is off)."""
+
+
+@dataclass
+class SimConfig:
+    """One run: the cluster, the workload, the faults, the bounds."""
+
+    seed: int = 0
+    duration: float = 40.0
+    """Simulated seconds from the start to the final read-back."""
+    storage_nodes: int = 3
+    servers: int = 2
+    clients: int = 4
+    partitions: int = 2
+    workload: str = "bank"
+    faults: str = "standard"
+    session_timeout: float = 4.0
+    transaction_timeout: float = 15.0
+    request_timeout: float = 10.0
+    storage_engine: str = "sim"
+    lock_table: str = "hwm-array"
+    liveness: LivenessBounds = field(default_factory=LivenessBounds)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    disk: DiskConfig = field(default_factory=DiskConfig)
+    ops_per_second: float = 2.5
+    """Per client: the mean rate at which it starts ops."""
+    max_inflight: int = 2
+    """Per client: ops in flight at once."""
+    trace_level: int = logging.INFO
+
+    @property
+    def quiet(self) -> float:
+        """The fault-free time at the end: every op gets its deadline, and a margin."""
+        return self.liveness.decision_deadline + 3.0
+
+
+@dataclass(eq=False)
+class SimProcess:
+    """A simulated process: what it runs, and its successive incarnations."""
+
+    world: World
+    name: str
+    kind: str
+    main: Callable[[SimProcess], Awaitable[None]]
+    restart_on_exit: bool = True
+    incarnation: Incarnation | None = None
+    incarnations: int = 0
+    handle: Any = None
+    """What its main made available (the storage node, the running server, the client)."""
+
+    @property
+    def alive(self) -> bool:
+        return self.incarnation is not None and self.incarnation.alive
+
+    @property
+    def running(self) -> bool:
+        return self.incarnation is not None and self.incarnation.running
+
+    @property
+    def paused(self) -> bool:
+        return self.incarnation is not None and self.incarnation.state is ProcessState.PAUSED
+
+    def start(self) -> Incarnation:
+        if self.alive:
+            raise SimulationError(f"{self.name} is running already")
+        self.incarnations += 1
+        incarnation = Incarnation(self, self.incarnations)
+        self.incarnation = incarnation
+        self.handle = None
+        self.world.trace.add("process", f"start {incarnation.name}", source="world")
+        self.world.loop.create_task(self._run(incarnation), context=incarnation.context)
+        return incarnation
+
+    async def _run(self, incarnation: Incarnation) -> None:
+        try:
+            await self.main(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.world.trace.add("exit", f"{incarnation.name} failed: {type(exc).__name__}: {exc}")
+            self.world.exits += 1
+            if self.incarnation is incarnation and incarnation.alive:
+                self._stop(incarnation, power_loss=False)
+                if self.restart_on_exit and not self.world.stopping:
+                    self.world.loop.call_at(
+                        self.world.loop.time() + 1.0,
+                        self._supervise,
+                        incarnation,
+                        context=WORLD_CONTEXT,
+                    )
+
+    def _supervise(self, previous: Incarnation) -> None:
+        if self.incarnation is previous and not self.alive and not self.world.stopping:
+            self.start()
+
+    def crash(self, *, power_loss: bool = False) -> None:
+        """kill -9 (or a power loss): memory, connections and unsynced writes are gone."""
+        incarnation = self.incarnation
+        if incarnation is None or not incarnation.alive:
+            return
+        self.world.trace.add(
+            "process", f"{'power loss' if power_loss else 'crash'} {incarnation.name}", "world"
+        )
+        self._stop(incarnation, power_loss)
+
+    def _stop(self, incarnation: Incarnation, power_loss: bool) -> None:
+        incarnation.state = ProcessState.DEAD
+        incarnation.parked.clear()
+        for resource in incarnation.resources:
+            resource.on_crash(power_loss)
+        if power_loss:
+            disk = self.world.disks.get(self.world.data_dir(self.name))
+            if disk is not None:
+                lost = disk.power_loss()
+                if lost:
+                    self.world.trace.add(
+                        "disk", f"{self.name}: {lost} unsynced records lost", "world"
+                    )
+        self.world.history_crashed(self.name)
+        for task in list(incarnation.tasks):
+            task.cancel()
+
+    def pause(self) -> None:
+        incarnation = self.incarnation
+        if incarnation is None or incarnation.state is not ProcessState.RUNNING:
+            return
+        self.world.trace.add("process", f"pause {incarnation.name}", "world")
+        incarnation.state = ProcessState.PAUSED
+        incarnation.pause_epoch += 1
+        for resource in incarnation.resources:
+            resource.on_pause()
+
+    def resume(self) -> None:
+        incarnation = self.incarnation
+        if incarnation is None or incarnation.state is not ProcessState.PAUSED:
+            return
+        self.world.trace.add("process", f"resume {incarnation.name}", "world")
+        incarnation.state = ProcessState.RUNNING
+        self.world.loop.resume_parked(incarnation)
+        for resource in incarnation.resources:
+            resource.on_resume()
+
+
+@dataclass
+class _Pending:
+    event: OpEvent
+    process: str
+
+
+class HistoryRecorder:
+    """The history the clients write (world side: it survives their crashes)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.ops: list[OpEvent] = []
+        self.feed: list[FeedEvent] = []
+        self.pending: dict[str, _Pending] = {}
+
+    def _add(self, event: OpEvent) -> None:
+        self.ops.append(event)
+        text = f"{event.kind} {event.op_id} p{event.partition}"
+        if event.kind == OK:
+            text += f" -> {event.transaction_id}"
+        if event.detail:
+            text += f" ({event.detail})"
+        self.world.trace.add("op", text)
+
+    def invoke(self, op_id: str, client: str, partition: int, detail: str) -> None:
+        event = OpEvent(INVOKE, op_id, client, self.world.loop.time(), partition, detail=detail)
+        self.pending[op_id] = _Pending(event, client)
+        self._add(event)
+
+    def end(self, kind: str, op_id: str, transaction_id: int = -1, detail: str = "") -> None:
+        pending = self.pending.pop(op_id, None)
+        if pending is None:
+            return  # ended already (the client crashed meanwhile)
+        invoke = pending.event
+        self._add(
+            OpEvent(
+                kind,
+                op_id,
+                invoke.client,
+                self.world.loop.time(),
+                invoke.partition,
+                transaction_id,
+                detail,
+            )
+        )
+
+    def crashed(self, process: str) -> None:
+        for op_id, pending in list(self.pending.items()):
+            if pending.process == process:
+                self.end(UNKNOWN, op_id, detail="crashed with the op in flight")
+
+    def applied(self, event: FeedEvent) -> None:
+        self.feed.append(event)
+
+
+class World:
+    """See the module docstring."""
+
+    def __init__(self, config: SimConfig, loop: SimLoop) -> None:
+        self.config = config
+        self.loop = loop
+        self.name = f"seed{config.seed}"
+        self.trace = Trace(loop)
+        self.network = SimNetwork(self, self.rng("network"), config.network)
+        self.coordination = SimCoordinationService(self, self.rng("coordination"))
+        self.disk_rng = self.rng("disk")
+        self.disks: dict[str, SimDisk] = {}
+        self.processes: dict[str, SimProcess] = {}
+        self.history = HistoryRecorder(self)
+        self.transport_uids = itertools.count(1)
+        self.cluster_key = uuid.UUID(int=self.rng("cluster-key").getrandbits(128), version=4)
+        self.stopping = False
+        self.exits = 0
+        self.loop_errors: list[str] = []
+        self.started_at = loop.time()
+        self.healed_at: float | None = None
+        self.submissions_end = loop.time() + config.duration
+        self.faults_injected = 0
+        self.fault_log: list[str] = []
+        self.client_databases: dict[str, Any] = {}
+        self.snapshot: ClusterSnapshot | None = None
+        self.ready_at: float | None = None
+        from waltz_sim.workloads import make_workload
+
+        self.workload = make_workload(config.workload, self)
+        loop.set_exception_handler(self._loop_exception)
+
+    # -- randomness -------------------------------------------------------------------------
+
+    def rng(self, name: str) -> random.Random:
+        """An independent random stream for ``name``, derived from the seed."""
+        return random.Random(f"waltz-sim:{self.config.seed}:{name}")
+
+    # -- names --------------------------------------------------------------------------------
+
+    @property
+    def coordination_uri(self) -> str:
+        return f"sim://{self.name}/waltz"
+
+    @staticmethod
+    def storage_node_name(index: int) -> str:
+        return f"storage-{index}:{STORAGE_PORT}"
+
+    def data_dir(self, process: str) -> str:
+        return f"{self.name}/{process}"
+
+    def of_kind(self, kind: str) -> list[SimProcess]:
+        return [p for p in self.processes.values() if p.kind == kind]
+
+    # -- hooks from the simulated contracts ---------------------------------------------------
+
+    def coordination_links_changed(self) -> None:
+        self.coordination.reevaluate()
+
+    def history_crashed(self, process: str) -> None:
+        self.history.crashed(process)
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", ""))
+        exc = context.get("exception")
+        if "was destroyed but it is pending" in message or "never retrieved" in message:
+            return  # garbage of crashed processes; not part of the story
+        text = f"{message}: {type(exc).__name__}: {exc}" if exc is not None else message
+        self.loop_errors.append(text)
+        self.trace.add("error", f"event loop: {text}")
+
+    # -- the processes --------------------------------------------------------------------------
+
+    def add_process(
+        self, name: str, kind: str, main: Callable[[SimProcess], Awaitable[None]], **kw: Any
+    ) -> SimProcess:
+        process = SimProcess(self, name, kind, main, **kw)
+        self.processes[name] = process
+        return process
+
+    async def _storage_main(self, process: SimProcess) -> None:
+        from waltz_server.storage_node.config import load_storage_config
+        from waltz_server.storage_node.main import start_node
+
+        config = load_storage_config(
+            None,
+            env={},
+            overrides={
+                "storage": {
+                    "data_dir": self.data_dir(process.name),
+                    "engine": self.config.storage_engine,
+                    "cluster_key": str(self.cluster_key),
+                    "num_partitions": self.config.partitions,
+                    "partitions": list(range(self.config.partitions)),
+                },
+                "transport": {
+                    "plugin": "sim",
+                    "endpoint": f"sim://{process.name}:{STORAGE_PORT}",
+                },
+            },
+        )
+        process.handle = await start_node(config)
+        await _forever()
+
+    async def _server_main(self, process: SimProcess) -> None:
+        from waltz_server.server.config import load_server_config
+        from waltz_server.server.main import start_server
+
+        config = load_server_config(
+            None,
+            env={},
+            overrides={
+                "coordination": {
+                    "uri": self.coordination_uri,
+                    "options": {"session_timeout": self.config.session_timeout},
+                },
+                "transport": {
+                    "plugin": "sim",
+                    "endpoint": f"sim://{process.name}",
+                    "storage_endpoint": "sim://{}",
+                },
+                "server": {"lock_table": self.config.lock_table},
+            },
+        )
+        assert process.incarnation is not None
+        rng = self.rng(f"{process.incarnation.name}")
+        process.handle = await start_server(config, rng=rng)
+        await _forever()
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        from waltz_sim.faults import Nemesis
+
+        config = self.config
+        _register_plugins()
+        admin = self.add_process("admin", "admin", _idle, restart_on_exit=False)
+        admin.start()
+        for i in range(config.storage_nodes):
+            self.add_process(f"storage-{i}", "storage", self._storage_main)
+        for i in range(config.servers):
+            self.add_process(f"server-{i}", "server", self._server_main)
+        for i in range(config.clients):
+            self.add_process(f"client-{i}", "client", self.workload.client_main)
+        await self._in(admin, self._create_cluster())
+        for process in self.of_kind("storage"):
+            process.start()
+        for process in self.of_kind("server"):
+            process.start()
+        await self._in(admin, self._wait_assigned())
+        self.ready_at = self.loop.time()
+        self.trace.add("world", "every partition has an owner: clients start")
+        for process in self.of_kind("client"):
+            process.start()
+        end = self.started_at + config.duration
+        self.submissions_end = end - 3.0
+        gc_task = self.loop.create_task(self._collect_garbage(end), context=WORLD_CONTEXT)
+        nemesis = Nemesis(self, self.rng("faults"))
+        await nemesis.run(until=end - config.quiet)
+        self.healed_at = nemesis.healed_at
+        await asyncio.sleep(max(0.0, end - self.loop.time()))
+        self.trace.add("world", "end of the run: reading the cluster back")
+        self.snapshot = await self._in(admin, self._read_back())
+        gc_task.cancel()
+
+    async def _in(self, process: SimProcess, coro: Awaitable[Any]) -> Any:
+        """Run ``coro`` as a task of ``process`` and wait for it."""
+        assert process.incarnation is not None
+
+        async def wrapper() -> Any:
+            return await coro
+
+        task = self.loop.create_task(wrapper(), context=process.incarnation.context.copy())
+        return await task
+
+    async def _create_cluster(self) -> None:
+        coordination = coordination_from_uri(
+            self.coordination_uri, {"session_timeout": self.config.session_timeout}
+        )
+        await coordination.start()
+        try:
+            await ClusterMetadata(coordination).create_cluster(
+                num_partitions=self.config.partitions,
+                num_replicas=self.config.storage_nodes,
+                storage_nodes=[self.storage_node_name(i) for i in range(self.config.storage_nodes)],
+                cluster_key=self.cluster_key,
+            )
+        finally:
+            await coordination.close()
+
+    async def _wait_assigned(self) -> None:
+        coordination = coordination_from_uri(
+            self.coordination_uri, {"session_timeout": self.config.session_timeout}
+        )
+        await coordination.start()
+        try:
+            metadata = ClusterMetadata(coordination)
+            deadline = self.loop.time() + 60.0
+            while self.loop.time() < deadline:
+                owners = [
+                    (await metadata.partition_assignment(p)).value.server_id
+                    for p in range(self.config.partitions)
+                ]
+                if all(owner >= 0 for owner in owners):
+                    return
+                await asyncio.sleep(0.1)
+            raise SimulationError("the partitions got no owner within 60 s of the start")
+        finally:
+            await coordination.close()
+
+    async def _collect_garbage(self, end: float) -> None:
+        while self.loop.time() < end:
+            await asyncio.sleep(GC_INTERVAL)
+            gc.collect()
+
+    # -- the end -----------------------------------------------------------------------------------
+
+    async def _read_back(self) -> ClusterSnapshot:
+        """The cluster as the end finds it: the committed log of each partition through a
+        client (high-water mark, range reads), and every replica read from its disk."""
+        from waltz_client import AsyncWaltzClient, ClientConfig
+        from waltz_sim.workloads import ReadOnlyCallbacks
+
+        served: dict[int, tuple[int | None, list[StoredRecord] | None]] = {}
+        client = AsyncWaltzClient(
+            ReadOnlyCallbacks(),
+            ClientConfig(
+                coordination=self.coordination_uri,
+                coordination_options={"session_timeout": self.config.session_timeout},
+                transport="sim",
+                request_timeout=self.config.request_timeout,
+            ),
+        )
+        try:
+            await asyncio.wait_for(client.start(), 20.0)
+            for partition in range(self.config.partitions):
+                served[partition] = await self._read_partition(client, partition)
+        except (WaltzError, TimeoutError) as exc:
+            self.trace.add("world", f"the read-back failed: {type(exc).__name__}: {exc}")
+        finally:
+            self.stopping = True
+            await client.close()
+        snapshot = ClusterSnapshot()
+        for partition in range(self.config.partitions):
+            high, records = served.get(partition, (None, None))
+            replicas = {
+                process.name: [
+                    _stored(r)
+                    for r in self.disks[self.data_dir(process.name)].contents().get(partition, [])
+                ]
+                for process in self.of_kind("storage")
+                if self.data_dir(process.name) in self.disks
+            }
+            snapshot.partitions[partition] = PartitionSnapshot(partition, high, replicas, records)
+        return snapshot
+
+    async def _read_partition(
+        self, client: Any, partition: int
+    ) -> tuple[int | None, list[StoredRecord] | None]:
+        try:
+            high = await client.high_water_mark(partition, timeout=15.0)
+        except (WaltzError, TimeoutError) as exc:
+            self.trace.add("world", f"partition {partition}: no high-water mark: {exc}")
+            return None, None
+        records: list[StoredRecord] = []
+        try:
+            while len(records) <= high:
+                _, batch = await client.range_read(partition, len(records), max_records=1000)
+                if not batch:
+                    break
+                records.extend(_stored(r) for r in batch)
+        except (WaltzError, TimeoutError) as exc:
+            self.trace.add("world", f"partition {partition}: range read failed: {exc}")
+            return high, None
+        return high, records[: high + 1]
+
+    def history_snapshot(self) -> History:
+        clients = [
+            ClientSnapshot(name, partition, db.high_water_marks[partition], db.states[partition])
+            for name, db in sorted(self.client_databases.items())
+            for partition in sorted(db.states)
+        ]
+        return History(
+            ops=list(self.history.ops),
+            feed=list(self.history.feed),
+            clients=clients,
+            start_time=self.started_at,
+            end_time=self.loop.time(),
+            healed_at=self.healed_at,
+            submissions_end=self.submissions_end,
+        )
+
+    def shutdown(self) -> None:
+        """Crash every process (nothing of theirs runs after this)."""
+        self.stopping = True
+        for process in self.processes.values():
+            incarnation = process.incarnation
+            if incarnation is not None and incarnation.alive:
+                incarnation.state = ProcessState.DEAD
+                for resource in incarnation.resources:
+                    resource.on_crash(False)
+
+
+def _stored(record: Any) -> StoredRecord:
+    r = record.req_id
+    return StoredRecord(
+        record.transaction_id,
+        (r.client_id, r.generation, r.partition_id, r.seq_num),
+        record.header,
+        record.checksum,
+        bytes(record.data),
+    )
+
+
+async def _forever() -> None:
+    await asyncio.get_running_loop().create_future()
+
+
+async def _idle(process: SimProcess) -> None:
+    await _forever()
+
+
+def _register_plugins() -> None:
+    """The ``sim`` plugins, registered by the simulation itself (never by entry point:
+    they exist only inside a simulated process, so no user should see them)."""
+    from waltz_sim import plugin
+
+    registry = get_registry()
+    if registry.manager.get_plugin("waltz_sim") is None:
+        registry.register(plugin, name="waltz_sim")
+
+
+__all__ = ["FAIL", "HistoryRecorder", "SimConfig", "SimProcess", "World"]

@@ -1,0 +1,208 @@
+"""Planted bugs: broken variants of real components, to prove the simulation finds them.
+
+Each is a subclass or a wrapper of a real component, selected only here (test
+code): a plugin registered under its own name, or a class swapped in for the
+duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
+
+- ``early-ack``: a storage engine that acknowledges an append before its
+  fdatasync completed (the sync comes later): a power loss loses acknowledged
+  records;
+- ``forget-append``: a lock table that does not record APPEND locks: a WRITE or
+  READ lock built before a concurrent APPEND passes;
+- ``skip-generation``: a server that skips the generation checks (the request's
+  generation against the partition's, and the metadata's generation when it
+  starts a store session);
+- ``skip-fencing``: a storage node that records newer store sessions but does not
+  refuse older ones: a deposed server's writes land after its successor's recovery;
+- ``double-apply``: a client that, after every mount, applies its last applied
+  transaction again (an off-by-one in its feed position).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+
+from waltz_api.contracts.storage import StoragePartition
+from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
+from waltz_api.plugins import get_registry, reset_registry
+from waltz_api.types import NO_TRANSACTION, LockRequest, Record
+from waltz_server.locktables.hwm_array import HwmArrayLockTable
+from waltz_server.server import partition as server_partition
+from waltz_server.server import server as server_module
+from waltz_server.server import store as store_module
+from waltz_server.server import store_metadata
+from waltz_server.storage_node import node as node_module
+from waltz_server.storage_node.partition import PartitionWorker
+from waltz_sim.disk import SimStorageEngine, SimStoragePartition
+from waltz_sim.loop import WORLD_CONTEXT
+from waltz_sim.world import SimConfig
+from waltz_client import client as client_module
+from waltz_client.state import FeedTracker
+
+# -- early-ack: an engine that acknowledges before fdatasync -------------------------------------
+
+
+class EarlyAckPartition(SimStoragePartition):
+    async def append(self, records: Sequence[Record]) -> None:
+        self._validate(records)
+        if not records:
+            return
+        image = await self._write()
+        image.written.extend(records)
+        image.visible = len(image.written)
+        # acknowledged now; the fdatasync happens a while later (the bug)
+        disk = self.disk
+        loop = asyncio.get_running_loop()
+        loop.call_at(loop.time() + 0.5, _late_sync, disk, self.partition_id, context=WORLD_CONTEXT)
+
+
+def _late_sync(disk: Any, partition_id: int) -> None:
+    image = disk.partitions.get(partition_id)
+    if image is not None and disk.engine is not None:
+        image.sync()
+
+
+class EarlyAckEngine(SimStorageEngine):
+    partition_class = EarlyAckPartition
+
+
+# -- forget-append: a lock table that ignores APPEND locks ----------------------------------------
+
+
+class ForgetfulLockTable(HwmArrayLockTable):
+    def record(self, request: LockRequest, transaction_id: int) -> None:
+        super().record(replace(request, append=()), transaction_id)
+
+
+# -- skip-generation: a server without its generation checks -------------------------------------
+
+
+class NoGenerationCheckPartition(server_partition.Partition):
+    async def _append(self, message: Any, stream: Any) -> None:
+        if message.req_id.generation != self.generation:
+            req_id = replace(message.req_id, generation=self.generation)
+            message = replace(message, req_id=req_id)
+        await super()._append(message, stream)
+
+    def _mount(self, message: Any, stream: Any) -> None:
+        if message.req_id.generation != self.generation:
+            message = replace(message, req_id=replace(message.req_id, generation=self.generation))
+        super()._mount(message, stream)
+
+
+async def begin_store_session_without_generation_check(
+    coordination: Any, partition_id: int, generation: int
+) -> Any:
+    from waltz_api.cluster import ClusterMetadata
+
+    def next_session(metadata: Any) -> Any:
+        return replace(metadata, generation=generation, session_id=metadata.session_id + 1)
+
+    return await ClusterMetadata(coordination).update_store_metadata(
+        partition_id, next_session, max_attempts=store_metadata.MAX_CAS_ATTEMPTS
+    )
+
+
+# -- skip-fencing: a storage node that records newer sessions but accepts older ones --------------
+
+
+class UnfencedPartitionWorker(PartitionWorker):
+    async def _fence(self, partition: StoragePartition, session_id: int) -> None:
+        info = partition.session_info()
+        if session_id <= info.session_id:
+            return  # the bug: an older session is not refused
+        await super()._fence(partition, session_id)
+
+
+# -- double-apply: a client re-applying its last transaction after each mount --------------------
+
+
+class OffByOneFeedTracker(FeedTracker):
+    def start_mount(self, application_high_water_mark: int) -> int:
+        position = super().start_mount(application_high_water_mark)
+        if position > NO_TRANSACTION:
+            self._position = self._floor = position - 1  # re-deliver (and apply) the last one
+        return self._position if self._position is not None else NO_TRANSACTION
+
+
+# -- selecting them ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Planted:
+    name: str
+    detected_by: frozenset[str]
+    """The violations that mean "found" (safety invariants only: a liveness problem of
+    the code under test is not this bug)."""
+    config: Mapping[str, Any]
+    profile: str = "standard"
+
+
+class _Plugins:
+    @hookimpl
+    def waltz_storage_engines(self) -> list[PluginDescriptor]:
+        return [PluginDescriptor(PluginKind.STORAGE, "planted-early-ack", EarlyAckEngine)]
+
+    @hookimpl
+    def waltz_lock_tables(self) -> list[PluginDescriptor]:
+        return [PluginDescriptor(PluginKind.LOCK_TABLE, "planted-forget-append", ForgetfulLockTable)]
+
+
+_LOSS = frozenset(
+    {"acknowledged-lost", "committed-lost", "replica-fork", "under-replicated", "feed-content"}
+)
+PLANTED: dict[str, Planted] = {
+    p.name: p
+    for p in (
+        Planted("early-ack", _LOSS | {"client-ahead", "client-state"}, {"storage_engine": "planted-early-ack"}),
+        Planted(
+            "forget-append",
+            frozenset({"lock-safety", "workload"}),
+            {"lock_table": "planted-forget-append"},
+        ),
+        Planted(
+            "skip-generation",
+            _LOSS | {"duplicate", "lock-safety", "workload", "false-failure", "dense-ids"},
+            {},
+        ),
+        Planted(
+            "skip-fencing",
+            _LOSS | {"duplicate", "lock-safety", "workload", "false-failure", "dense-ids", "client-state"},
+            {},
+        ),
+        Planted("double-apply", frozenset({"feed-order", "client-state"}), {}),
+    )
+}
+
+
+@contextlib.contextmanager
+def planted(name: str) -> Iterator[Planted]:
+    """Plant bug ``name`` for the duration of the block."""
+    bug = PLANTED[name]
+    patch = pytest.MonkeyPatch()
+    registry = get_registry()
+    registry.register(_Plugins(), name="waltz_sim_planted")
+    try:
+        if name == "skip-generation":
+            patch.setattr(server_module, "Partition", NoGenerationCheckPartition)
+            patch.setattr(
+                store_module, "begin_store_session", begin_store_session_without_generation_check
+            )
+        elif name == "skip-fencing":
+            patch.setattr(node_module, "PartitionWorker", UnfencedPartitionWorker)
+        elif name == "double-apply":
+            patch.setattr(client_module, "FeedTracker", OffByOneFeedTracker)
+        yield bug
+    finally:
+        patch.undo()
+        reset_registry()
+
+
+def config_for(bug: Planted, seed: int, **changes: Any) -> SimConfig:
+    return SimConfig(**{"seed": seed, "faults": bug.profile, **bug.config, **changes})
