@@ -147,7 +147,8 @@ class Channel:
             if not future.done():
                 future.set_exception(ChannelLost(f"the connection to {self.endpoint} broke"))
         self.client._channel_lost(self)
-        for partition in list(self.partitions):
+        # by id, not set order (object addresses): the same run replays the same (simulation)
+        for partition in sorted(self.partitions, key=lambda p: p.id):
             partition.channel_lost(self)
         self.partitions.clear()
         self.client._spawn(self.close())
