@@ -95,3 +95,6 @@ main.add_command(perf_group)
 from waltz_server.cli.console import console_command  # noqa: E402
 
 main.add_command(console_command())
+from waltz_server.cli.simulate import simulate_command  # noqa: E402
+
+main.add_command(simulate_command)
