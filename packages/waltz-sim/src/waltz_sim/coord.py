@@ -145,8 +145,12 @@ class SimCoordinationService:
     # -- connectivity -----------------------------------------------------------------
 
     def link_up(self, client: SimCoordination) -> bool:
+        """The client and the service hear each other (a closed or LOST client sends no
+        heartbeats: its session, if the service still has it, expires)."""
         return (
             self.available
+            and not client._closed
+            and not client.lost
             and client.incarnation.running
             and self.world.network.connected(client.incarnation.process.name, COORDINATION)
         )
@@ -459,14 +463,17 @@ class SimCoordination(Coordination):
     async def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         self._disarm()
         for watcher in list(self._watchers.values()):
             self._cancel_watcher(watcher)
+        reachable = self._service.link_up(self)
+        self._closed = True
         if self._tracker is not None:
             self._tracker.close()
-            if self._service.link_up(self):
+            if reachable:
                 self._service.end_session(self._session_id)
+            else:
+                self._service.reevaluate()  # unreachable: the session expires in time
 
     def _set_state(self, state: SessionState) -> None:
         if self._tracker is not None and not self._closed:
@@ -552,6 +559,7 @@ class SimCoordination(Coordination):
         for watcher in list(self._watchers.values()):
             self._cancel_watcher(watcher)
         self._set_state(SessionState.LOST)
+        self._service.reevaluate()
 
     # -- the process's fate -------------------------------------------------------------
 

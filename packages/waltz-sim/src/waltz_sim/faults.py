@@ -502,13 +502,19 @@ class Nemesis:
         )
 
     def _inject_slow_watches(self, duration: float) -> ActiveFault | None:
+        """Watch notifications arrive late: to everyone, or only to the clients (which
+        then keep using a partition's old generation while its servers moved on)."""
         service = self.world.coordination
         extra = self.rng.uniform(0.2, 3.0)
-        service.slow_watches(extra)
+        clients = None
+        if self.rng.random() < 0.5:
+            clients = [p.name for p in self.world.of_kind("client")]
+        service.slow_watches(extra, clients)
+        who = "the clients'" if clients else "every"
         return ActiveFault(
             "slow_watches",
-            f"slow watches (+{extra:.1f}s) for {duration:.1f}s",
-            lambda: service.unslow_watches(extra),
+            f"slow watches for {who} watch (+{extra:.1f}s) for {duration:.1f}s",
+            lambda: service.unslow_watches(extra, clients),
         )
 
     # -- quorum faults -------------------------------------------------------------------

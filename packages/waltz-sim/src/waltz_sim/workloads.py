@@ -171,6 +171,7 @@ class Workload(ABC):
         world = self.world
         config = world.config
         db = self.database(process)
+        assert process.incarnation is not None
         client = AsyncWaltzClient(
             _Callbacks(self, process, db),
             ClientConfig(
@@ -180,10 +181,10 @@ class Workload(ABC):
                 transaction_timeout=config.transaction_timeout,
                 request_timeout=config.request_timeout,
             ),
+            rng=world.rng(f"client:{process.incarnation.name}"),
         )
         await client.start()
         process.handle = client
-        assert process.incarnation is not None
         rng = world.rng(f"workload:{process.incarnation.name}")
         inflight: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()

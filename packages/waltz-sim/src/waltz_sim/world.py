@@ -497,6 +497,7 @@ class World:
                 transport="sim",
                 request_timeout=self.config.request_timeout,
             ),
+            rng=self.rng("read-back"),
         )
         try:
             await asyncio.wait_for(client.start(), 20.0)

@@ -9,9 +9,9 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
   records;
 - ``forget-append``: a lock table that does not record APPEND locks: a WRITE or
   READ lock built before a concurrent APPEND passes;
-- ``skip-generation``: a server that skips the generation checks (the request's
-  generation against the partition's, and the metadata's generation when it
-  starts a store session);
+- ``skip-generation``: a server that skips the generation check of appends and
+  mounts: a request of another generation is taken as one of the partition's own
+  (stamped with its generation) instead of refused;
 - ``skip-fencing``: a storage node that records newer store sessions but does not
   refuse older ones: a deposed server's writes land after its successor's recovery;
 - ``double-apply``: a client that, after every mount, applies its last applied
@@ -32,18 +32,16 @@ from waltz_api.contracts.storage import StoragePartition
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 from waltz_api.plugins import get_registry, reset_registry
 from waltz_api.types import NO_TRANSACTION, LockRequest, Record
+from waltz_client import partition as client_partition
+from waltz_client.state import FeedTracker
 from waltz_server.locktables.hwm_array import HwmArrayLockTable
 from waltz_server.server import partition as server_partition
 from waltz_server.server import server as server_module
-from waltz_server.server import store as store_module
-from waltz_server.server import store_metadata
 from waltz_server.storage_node import node as node_module
 from waltz_server.storage_node.partition import PartitionWorker
 from waltz_sim.disk import SimStorageEngine, SimStoragePartition
 from waltz_sim.loop import WORLD_CONTEXT
 from waltz_sim.world import SimConfig
-from waltz_client import client as client_module
-from waltz_client.state import FeedTracker
 
 # -- early-ack: an engine that acknowledges before fdatasync -------------------------------------
 
@@ -80,10 +78,13 @@ class ForgetfulLockTable(HwmArrayLockTable):
         super().record(replace(request, append=()), transaction_id)
 
 
-# -- skip-generation: a server without its generation checks -------------------------------------
+# -- skip-generation: a server without its generation check ---------------------------------------
 
 
 class NoGenerationCheckPartition(server_partition.Partition):
+    """Takes an append or a mount of another generation as one of its own (it stamps its
+    generation on the request instead of refusing it)."""
+
     async def _append(self, message: Any, stream: Any) -> None:
         if message.req_id.generation != self.generation:
             req_id = replace(message.req_id, generation=self.generation)
@@ -94,19 +95,6 @@ class NoGenerationCheckPartition(server_partition.Partition):
         if message.req_id.generation != self.generation:
             message = replace(message, req_id=replace(message.req_id, generation=self.generation))
         super()._mount(message, stream)
-
-
-async def begin_store_session_without_generation_check(
-    coordination: Any, partition_id: int, generation: int
-) -> Any:
-    from waltz_api.cluster import ClusterMetadata
-
-    def next_session(metadata: Any) -> Any:
-        return replace(metadata, generation=generation, session_id=metadata.session_id + 1)
-
-    return await ClusterMetadata(coordination).update_store_metadata(
-        partition_id, next_session, max_attempts=store_metadata.MAX_CAS_ATTEMPTS
-    )
 
 
 # -- skip-fencing: a storage node that records newer sessions but accepts older ones --------------
@@ -151,7 +139,9 @@ class _Plugins:
 
     @hookimpl
     def waltz_lock_tables(self) -> list[PluginDescriptor]:
-        return [PluginDescriptor(PluginKind.LOCK_TABLE, "planted-forget-append", ForgetfulLockTable)]
+        return [
+            PluginDescriptor(PluginKind.LOCK_TABLE, "planted-forget-append", ForgetfulLockTable)
+        ]
 
 
 _LOSS = frozenset(
@@ -160,7 +150,11 @@ _LOSS = frozenset(
 PLANTED: dict[str, Planted] = {
     p.name: p
     for p in (
-        Planted("early-ack", _LOSS | {"client-ahead", "client-state"}, {"storage_engine": "planted-early-ack"}),
+        Planted(
+            "early-ack",
+            _LOSS | {"client-ahead", "client-state"},
+            {"storage_engine": "planted-early-ack"},
+        ),
         Planted(
             "forget-append",
             frozenset({"lock-safety", "workload"}),
@@ -173,7 +167,15 @@ PLANTED: dict[str, Planted] = {
         ),
         Planted(
             "skip-fencing",
-            _LOSS | {"duplicate", "lock-safety", "workload", "false-failure", "dense-ids", "client-state"},
+            _LOSS
+            | {
+                "duplicate",
+                "lock-safety",
+                "workload",
+                "false-failure",
+                "dense-ids",
+                "client-state",
+            },
             {},
         ),
         Planted("double-apply", frozenset({"feed-order", "client-state"}), {}),
@@ -191,13 +193,11 @@ def planted(name: str) -> Iterator[Planted]:
     try:
         if name == "skip-generation":
             patch.setattr(server_module, "Partition", NoGenerationCheckPartition)
-            patch.setattr(
-                store_module, "begin_store_session", begin_store_session_without_generation_check
-            )
+
         elif name == "skip-fencing":
             patch.setattr(node_module, "PartitionWorker", UnfencedPartitionWorker)
         elif name == "double-apply":
-            patch.setattr(client_module, "FeedTracker", OffByOneFeedTracker)
+            patch.setattr(client_partition, "FeedTracker", OffByOneFeedTracker)
         yield bug
     finally:
         patch.undo()

@@ -1,0 +1,38 @@
+"""Every planted bug is found, and how many seeds it takes (printed).
+
+Each bug (see planted.py) runs seeds from 0 until one shows a violation of the
+invariants that bug breaks; liveness violations do not count (the code under test
+has liveness problems of its own, listed in waltz_sim.known_issues).
+"""
+
+from __future__ import annotations
+
+import pytest
+from planted import PLANTED, config_for, planted
+
+from waltz_sim import run_seed
+
+MAX_SEEDS = {
+    "forget-append": 5,
+    "double-apply": 5,
+    "early-ack": 40,
+    "skip-generation": 40,
+    "skip-fencing": 60,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_the_planted_bug_is_found(name: str, request: pytest.FixtureRequest) -> None:
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    with planted(name) as bug:
+        for seed in range(MAX_SEEDS[name]):
+            result = run_seed(config_for(bug, seed))
+            assert result.error is None, f"seed {seed}: {result.error}"
+            found = [v for v in result.violations if v.invariant in bug.detected_by]
+            if found:
+                if reporter is not None:
+                    reporter.write_line(
+                        f"\nplanted {name}: found by seed {seed} ({seed + 1} seeds): {found[0]}"
+                    )
+                return
+    pytest.fail(f"planted bug {name} was not found in {MAX_SEEDS[name]} seeds")
