@@ -235,6 +235,7 @@ class SimConnection(Connection):
 
     def __init__(self, transport: SimTransport, connection_id: int, peer: str) -> None:
         self.transport = transport
+        self.process_name = transport.process_name
         self._id = connection_id
         self._peer = peer
         self.pair: _Pair | None = None
@@ -257,10 +258,6 @@ class SimConnection(Connection):
     @property
     def network(self) -> SimNetwork:
         return self.transport.network
-
-    @property
-    def process_name(self) -> str:
-        return self.transport.process_name
 
     @property
     def connection_id(self) -> int:
@@ -375,9 +372,7 @@ class SimConnection(Connection):
         else:
             self._inbox.append(frame)
             # every frame, where and when it landed, is part of what a replay repeats
-            self.network.world.trace.mix(
-                b"%r %d %d " % (self.network.loop.time(), pair.id, len(frame)) + frame
-            )
+            self.network.world.trace.mix_frame(self.network.loop.time(), pair.id, frame)
         self._wake_receiver()
 
     def _wake_receiver(self) -> None:

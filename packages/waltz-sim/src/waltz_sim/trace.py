@@ -16,9 +16,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+import crc32c
 
 from waltz_sim.loop import CURRENT, SimLoop
 
@@ -32,6 +35,7 @@ CAPTURED_LOGGERS = (
     "asyncio",
 )
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+_FRAME = struct.Struct("<dII")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,7 @@ class Trace:
         self._keep = keep
         self.dropped = 0
         self.counts: dict[str, int] = {}
+        self._frames: list[bytes] = []
 
     def add(self, kind: str, text: str, source: str | None = None) -> None:
         if source is None:
@@ -60,6 +65,7 @@ class Trace:
             source = incarnation.name if incarnation is not None else "world"
         text = _ADDRESS.sub("0x?", text)
         event = TraceEvent(self.loop.time(), source, kind, text)
+        self._flush_frames()  # frames and events in the order they happened
         self._hash.update(f"{event.time!r}|{source}|{kind}|{text}\n".encode())
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if len(self.events) < self._keep:
@@ -67,12 +73,20 @@ class Trace:
         else:
             self.dropped += 1
 
-    def mix(self, data: bytes) -> None:
-        """Fold something into the digest without keeping it (every network frame)."""
-        self._hash.update(data)
+    def mix_frame(self, time: float, connection: int, frame: bytes) -> None:
+        """Fold a network frame (when and where it landed, its CRC) into the digest."""
+        self._frames.append(_FRAME.pack(time, connection, crc32c.crc32c(frame)))
+        if len(self._frames) >= 1024:
+            self._flush_frames()
+
+    def _flush_frames(self) -> None:
+        if self._frames:
+            self._hash.update(b"".join(self._frames))
+            self._frames.clear()
 
     @property
     def digest(self) -> str:
+        self._flush_frames()
         return self._hash.hexdigest()
 
     def before(self, time: float, count: int = 60) -> list[TraceEvent]:

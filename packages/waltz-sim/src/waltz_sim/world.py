@@ -476,9 +476,10 @@ class World:
             await coordination.close()
 
     async def _collect_garbage(self, end: float) -> None:
+        """The young generations only (cheap); what survives waits for the end of the run."""
         while self.loop.time() < end:
             await asyncio.sleep(GC_INTERVAL)
-            gc.collect()
+            gc.collect(1)
 
     # -- the end -----------------------------------------------------------------------------------
 
