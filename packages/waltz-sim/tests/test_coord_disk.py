@@ -8,7 +8,7 @@ import random
 import uuid
 
 import pytest
-from conftest import elapsed, idle_process, in_world
+from sim_support import elapsed, idle_process, in_world
 
 from waltz_api.contracts.coordination import SessionState, Versioned
 from waltz_api.errors import (

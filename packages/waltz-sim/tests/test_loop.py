@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from conftest import elapsed, idle_process, in_world
+from sim_support import elapsed, idle_process, in_world
 
 from waltz_sim.loop import SimLoop, SimulationError
 from waltz_sim.net import SimTransport

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import elapsed, idle_process, in_world
+from sim_support import elapsed, idle_process, in_world
 
 from waltz_api.contracts.transport import Connection
 from waltz_api.errors import ConnectError, ConnectionClosedError

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import click
 
 from waltz_sim.faults import PROFILES
+from waltz_sim.known_issues import KnownIssue, explained_by
 from waltz_sim.runner import SeedResult, run_seed
 from waltz_sim.workloads import WORKLOADS
 from waltz_sim.world import SimConfig
@@ -53,12 +54,17 @@ def parse_seeds(seed: int | None, seeds: str | None) -> tuple[int, int | None]:
     return first, last
 
 
+def _known(result: SeedResult) -> KnownIssue | None:
+    return None if result.ok or result.error else explained_by(result.violations)
+
+
 def _summary(result: SeedResult) -> str:
     outcomes = result.outcomes
     ops = sum(outcomes.values())
     detail = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
     commits = sum(result.committed.values())
-    verdict = "ok" if result.ok else "FAILED"
+    known = _known(result)
+    verdict = "ok" if result.ok else f"known issue {known.id}" if known else "FAILED"
     return (
         f"seed {result.seed}: {verdict}: {result.faults} faults, {ops} ops ({detail}), "
         f"{commits} commits; {result.sim_seconds:.0f} s simulated in {result.wall_seconds:.2f} s "
@@ -74,6 +80,12 @@ def _report(result: SeedResult, *, verbose: bool, show_trace: bool) -> None:
     if result.loop_errors:
         for error in result.loop_errors[:5]:
             click.echo(f"    event loop error: {error}")
+    known = _known(result)
+    if known is not None:
+        click.echo(f"  {known.summary} ({known.where}); replay: {result.replay_command()}")
+        for violation in result.violations[:3]:
+            click.echo(f"  {violation}")
+        return
     if not result.ok:
         click.echo(f"  replay: {result.replay_command()}")
         if result.error:
@@ -89,6 +101,10 @@ def _report(result: SeedResult, *, verbose: bool, show_trace: bool) -> None:
     if show_trace:
         click.echo(result.trace_text)
     click.echo(f"    trace digest {result.digest}" if verbose else "", nl=verbose)
+
+
+def _failed(result: SeedResult, allow_known: bool) -> bool:
+    return not result.ok and not (allow_known and _known(result) is not None)
 
 
 def _run(config: SimConfig, keep_trace: bool) -> SeedResult:
@@ -162,6 +178,12 @@ def _configs(base: SimConfig, first: int, last: int | None) -> Iterator[SimConfi
     show_default=True,
     help="Which component logs go into the trace.",
 )
+@click.option(
+    "--allow-known",
+    is_flag=True,
+    help="Count a seed whose only violations are those of a known open issue "
+    "(waltz_sim.known_issues) as passed; it is still reported.",
+)
 @click.option("--stop-on-failure", is_flag=True, help="Stop at the first failing seed.")
 @click.option(
     "-v", "--verbose", is_flag=True, help="Print the faults and trace digest of every seed."
@@ -182,6 +204,7 @@ def simulate(  # noqa: PLR0917 - click passes options by name
     jobs: int,
     show_trace: bool,
     trace_level: str,
+    allow_known: bool,
     stop_on_failure: bool,
     verbose: bool,
 ) -> None:
@@ -224,7 +247,7 @@ def simulate(  # noqa: PLR0917 - click passes options by name
             result = _run(config, show_trace)
             results.append(result)
             _report(result, verbose=verbose, show_trace=show_trace)
-            if not result.ok:
+            if _failed(result, allow_known):
                 failed.append(result)
                 if stop_on_failure:
                     break
@@ -246,7 +269,7 @@ def simulate(  # noqa: PLR0917 - click passes options by name
                     result = future.result()
                     results.append(result)
                     _report(result, verbose=verbose, show_trace=show_trace)
-                    if not result.ok:
+                    if _failed(result, allow_known):
                         failed.append(result)
                         stop = stop or stop_on_failure
                 if out_of_time():
@@ -254,8 +277,18 @@ def simulate(  # noqa: PLR0917 - click passes options by name
     wall = time.perf_counter() - started
     simulated = sum(r.sim_seconds for r in results)
     injected = sum(r.faults for r in results)
+    known: dict[str, list[int]] = {}
+    for result in results:
+        issue = _known(result)
+        if issue is not None:
+            known.setdefault(issue.id, []).append(result.seed)
+    passed = sum(1 for r in results if r.ok)
+    known_text = "".join(
+        f", {len(seeds)} with known issue {issue} ({' '.join(map(str, sorted(seeds)))})"
+        for issue, seeds in sorted(known.items())
+    )
     click.echo(
-        f"{len(results)} seeds, {len(results) - len(failed)} passed, {len(failed)} failed; "
+        f"{len(results)} seeds, {passed} passed{known_text}, {len(failed)} failed; "
         f"{injected} faults injected ({injected / max(len(results), 1):.1f} per seed); "
         f"{simulated:.0f} s simulated in {wall:.1f} s wall "
         f"({simulated / wall if wall else 0:.0f}x, {jobs} job{'s' if jobs > 1 else ''})"
