@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -37,27 +39,19 @@ def test_a_range_of_seeds_reports_each_and_a_summary() -> None:
 
 
 def test_a_failing_seed_prints_its_replay_the_violations_and_the_trace() -> None:
+    args = ["simulate", "--seeds", "0..9", "--duration", "20", "--stop-on-failure"]
     with planted("forget-append"):
-        result = CliRunner().invoke(
-            main,
-            [
-                "simulate",
-                "--seed",
-                "0",
-                "--duration",
-                "20",
-                "--lock-table",
-                "planted-forget-append",
-            ],
-        )
+        result = CliRunner().invoke(main, [*args, "--lock-table", "planted-forget-append"])
     assert result.exit_code == 1, result.output
     out = result.output
-    assert "seed 0: FAILED" in out
-    assert "replay: waltz simulate --seed 0 --duration 20" in out
+    failed = re.search(r"^seed (\d+): FAILED", out, re.MULTILINE)
+    assert failed is not None, out
+    seed = failed.group(1)
+    assert f"replay: waltz simulate --seed {seed} --duration 20" in out
     assert "--lock-table planted-forget-append" in out
     assert "[lock-safety]" in out
     assert "trace before the first violation" in out
-    assert "failed seeds: 0" in out
+    assert f"failed seeds: {seed}" in out
 
 
 def test_usage_errors_are_one_line() -> None:

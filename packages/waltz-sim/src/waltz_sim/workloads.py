@@ -33,9 +33,9 @@ from waltz_client import (
     Transaction,
     TransactionBuilder,
     TransactionContext,
+    TransactionExpiredError,
     WaltzClientCallbacks,
 )
-from waltz_client.client import TransactionExpiredError
 from waltz_sim.checker import (
     FAIL,
     OK,
