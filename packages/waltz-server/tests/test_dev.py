@@ -223,6 +223,7 @@ async def test_a_second_dev_on_the_same_directory_is_refused(tmp_path: Path) -> 
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.timeout(300)  # a dozen `waltz` processes: each pays an interpreter start
 async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -> None:
     # a WALTZ_COORDINATION exported for the client commands does not reach the children
     # (a server would refuse it: it names a config section)
@@ -268,9 +269,16 @@ async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -
         try:
             more = await waltz("append", *uri, "--partition", "1", "--data", "late")
             assert more.returncode == 0, more.stderr
-            await asyncio.sleep(2)  # the follower prints what arrives, then Ctrl-C
+            assert follow.stdout is not None
+            printed = []  # the follower prints what arrives (up to "late"), then Ctrl-C
+            async with asyncio.timeout(60):
+                while not printed or printed[-1] != "2\t0\tlate\n":
+                    line = await asyncio.to_thread(follow.stdout.readline)
+                    assert line, f"the follower ended early: {printed}"
+                    printed.append(line)
             follow.send_signal(signal.SIGINT)
-            out, err = await asyncio.to_thread(follow.communicate, timeout=60)
+            rest, err = await asyncio.to_thread(follow.communicate, timeout=60)
+            out = "".join(printed) + rest
         finally:
             if follow.poll() is None:
                 follow.kill()
