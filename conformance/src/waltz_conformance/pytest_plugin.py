@@ -22,6 +22,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="the damage sweep's first seed (default 0; a failing seed replays exactly)",
     )
+    group.addoption(
+        "--waltz-fuzz-iterations",
+        type=int,
+        default=None,
+        help="inputs per fuzzer (default: the CI figure of each; or WALTZ_FUZZ_ITERATIONS)",
+    )
+    group.addoption(
+        "--waltz-fuzz-seed",
+        type=int,
+        default=None,
+        help="seed of the fuzzers (default fixed; or WALTZ_FUZZ_SEED); a failure names it",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -20,12 +20,19 @@ Capabilities:
 - ``processes``: the peers are real processes (for the record; the tests are the same).
 - ``malformed_input``: :meth:`TransportHarness.send_malformed` writes garbage
   at the socket level to a listener.
+- ``control_fuzz``: the transport has a control plane on the wire (handshake,
+  flow control, heartbeats): :meth:`TransportHarness.control_plane` describes its
+  messages and codec, :meth:`TransportHarness.raw_dialer` opens raw connections
+  that send any bytes. The suite fuzzes the codec and a live listener with seeded
+  mutations of valid messages (``--waltz-fuzz-iterations`` and ``--waltz-fuzz-seed``,
+  or WALTZ_FUZZ_ITERATIONS and WALTZ_FUZZ_SEED, for long runs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -35,12 +42,13 @@ import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from waltz_api.capabilities import CONTROL_FUZZ as CONTROL_FUZZ  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.capabilities import MALFORMED_INPUT as MALFORMED_INPUT  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.capabilities import PEER_FAULTS as PEER_FAULTS  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.capabilities import PROCESSES as PROCESSES  # noqa: PLC0414 (re-exported for plugin authors)
@@ -49,6 +57,7 @@ from waltz_api.errors import (
     ConnectError,
     ConnectionClosedError,
     FrameTooLargeError,
+    ProtocolError,
     TransportError,
 )
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
@@ -245,6 +254,128 @@ class TransportHarness(Harness):
         ``malformed_input``)."""
         raise NotImplementedError(f"{self.name} cannot send malformed input")
 
+    def control_plane(self) -> ControlPlane:
+        """The transport's control-plane messages and codec (capability ``control_fuzz``)."""
+        raise NotImplementedError(f"{self.name} has no control plane to fuzz")
+
+    def raw_dialer(self, endpoint: str) -> RawDialer:
+        """Raw connections to the listener at ``endpoint`` (capability ``control_fuzz``)."""
+        raise NotImplementedError(f"{self.name} cannot open raw connections")
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """A transport's control plane as the fuzzers see it (capability ``control_fuzz``).
+
+    - ``opening(rng)``: a valid first message of a new connection (a hello).
+    - ``messages``: valid messages of an open connection (flow control, heartbeats,
+      data, close), mutated by the fuzzers.
+    - ``decode``: the transport's codec of any message; it must return or raise
+      ProtocolError, nothing else, whatever the bytes.
+    - ``refusal(message)``: True when a message from the listener refuses a
+      connection or closes it for a protocol error.
+    - ``malformed_openings`` / ``malformed_messages``: known-bad inputs the listener
+      must answer with a refusal (the first on a fresh connection, the others after a
+      valid opening).
+    """
+
+    opening: Callable[[random.Random], bytes]
+    messages: Sequence[bytes]
+    decode: Callable[[bytes], object]
+    refusal: Callable[[bytes], bool]
+    malformed_openings: Sequence[bytes] = ()
+    malformed_messages: Sequence[bytes] = ()
+
+
+class RawConnection(ABC):
+    """A connection to a listener that sends raw wire messages, unchecked."""
+
+    @abstractmethod
+    async def send(self, message: bytes) -> None: ...
+
+    @abstractmethod
+    async def recv(self, timeout: float) -> bytes | None:
+        """The next message from the listener, or None after ``timeout`` seconds."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class RawDialer(ABC):
+    """Opens raw connections to one listener; :meth:`close` (idempotent) delivers what
+    they still hold (within a few seconds), then releases them all."""
+
+    @abstractmethod
+    async def open(self) -> RawConnection: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+MUTATION_LIMIT = 256 * 1024
+"""A mutated message is cut to this many bytes (far above any control message)."""
+
+
+def mutate(rng: random.Random, message: bytes, others: Sequence[bytes]) -> bytes:
+    """One to three random mutations of ``message``: bit flips, random bytes, cuts,
+    insertions, a byte repeated up to 5,000 times in place (deep nesting, long
+    fields), a slice repeated, a splice with another message, digit runs made huge or
+    negative. (The 200,000-byte cases are :func:`_structural_bombs`.)"""
+    data = bytearray(message)
+    for _ in range(rng.randint(1, 3)):
+        op = rng.randrange(8)
+        at = rng.randrange(len(data) + 1)
+        if op == 0 and data:
+            for _ in range(rng.randint(1, 8)):
+                i = rng.randrange(len(data))
+                data[i] ^= 1 << rng.randrange(8)
+        elif op == 1 and data:
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif op == 2:
+            del data[at:]
+        elif op == 3:
+            data[at:at] = rng.randbytes(rng.randint(1, 64))
+        elif op == 4 and data:
+            i = rng.randrange(len(data))
+            data[i:i] = bytes([data[i]]) * rng.choice((2, 100, 5000))
+        elif op == 5 and data:
+            i = rng.randrange(len(data))
+            j = rng.randrange(i, len(data) + 1)
+            data[i:j] = data[i:j] * rng.choice((2, 10, 100))
+        elif op == 6 and others:
+            other = rng.choice(others)
+            data = data[:at] + other[rng.randrange(len(other) + 1) :]
+        else:
+            digits = [i for i, b in enumerate(data[:4096]) if 48 <= b <= 57]
+            if digits:
+                i = rng.choice(digits)
+                data[i : i + 1] = rng.choice((b"-1", b"9" * 30, b"1e400", b"0.5", b"99999999999"))
+        del data[MUTATION_LIMIT:]
+    return bytes(data)
+
+
+@dataclass(frozen=True)
+class FuzzSettings:
+    """Iterations and seed of the fuzzers: fixed in CI, raised for long runs."""
+
+    iterations: int
+    seed: int
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> FuzzSettings:
+        iterations = config.getoption("waltz_fuzz_iterations", None) or os.environ.get(
+            "WALTZ_FUZZ_ITERATIONS"
+        )
+        seed = config.getoption("waltz_fuzz_seed", None)
+        if seed is None:
+            seed = os.environ.get("WALTZ_FUZZ_SEED", "20240601")
+        return cls(int(iterations or 0), int(seed))
+
+    def scaled(self, default: int) -> int:
+        """``default`` (the CI figure), or the requested iterations."""
+        return self.iterations or default
+
 
 TransportFactory = Callable[..., Transport]
 PeerFactory = Callable[[], Awaitable[Peer]]
@@ -256,6 +387,18 @@ async def echo_handler(conn: Connection) -> None:
             await conn.send(await conn.recv())
     except ConnectionClosedError:
         return
+
+
+def _structural_bombs(messages: Sequence[bytes]) -> Iterator[bytes]:
+    """Each message with each of its JSON-structural bytes (and quotes) repeated
+    200,000 times in place: deep nesting and endless strings, where recursive or
+    unbounded parsers fail."""
+    for message in messages:
+        for index, byte in enumerate(message):
+            if byte in b'[{"\\':
+                yield message[:index] + bytes([byte]) * 200_000 + message[index + 1 :]
+        yield message[:1] + b"[" * 200_000
+        yield message[:1] + b"{" * 200_000
 
 
 def _rss_bytes() -> int:
@@ -498,8 +641,9 @@ class TransportSuite:
             await recv_task
         finally:
             await peer.resume()
-        # after it resumes, the old connections stay closed; a new one works
-        fresh = await client.connect(peer.endpoint)
+        # after it resumes, the old connections stay closed; a new one works (once the
+        # resumed process caught up with what piled up meanwhile: a loaded machine is slow)
+        fresh = await client.connect(peer.endpoint, timeout=30)
         await self.roundtrip(fresh, b"after resume")
         with pytest.raises(ConnectionClosedError):
             await receiving.send(b"stale")
@@ -680,6 +824,113 @@ class TransportSuite:
             await self.roundtrip(conn, b"after %d" % i)
         fresh = await client.connect(listener.endpoint)
         await self.roundtrip(fresh, b"new connection")
+
+    # -- control-plane fuzzing -------------------------------------------------------------------
+
+    @pytest.fixture
+    def fuzz(self, request: pytest.FixtureRequest) -> FuzzSettings:
+        return FuzzSettings.from_config(request.config)
+
+    @requires(CONTROL_FUZZ)
+    @pytest.mark.timeout(120)
+    def test_control_codec_fuzz(self, harness: TransportHarness, fuzz: FuzzSettings) -> None:
+        """The codec of every control message takes any bytes: a message or a
+        ProtocolError, never another exception (RecursionError, UnicodeError...)."""
+        plane = harness.control_plane()
+        rng = random.Random(fuzz.seed)
+        valid = [plane.opening(rng) for _ in range(4)] + list(plane.messages)
+        for message in valid:
+            plane.decode(message)  # the samples themselves decode
+        inputs: Iterator[bytes] = itertools.chain(
+            _structural_bombs(valid),
+            plane.malformed_openings,
+            plane.malformed_messages,
+            (mutate(rng, rng.choice(valid), valid) for _ in range(fuzz.scaled(20_000))),
+        )
+        for count, message in enumerate(inputs):
+            try:
+                plane.decode(message)
+            except ProtocolError:
+                pass
+            except Exception as exc:
+                raise AssertionError(
+                    f"input {count} (seed {fuzz.seed}) raised {type(exc).__name__}: {exc}; "
+                    f"input starts {message[:60]!r} ({len(message)} bytes)"
+                ) from exc
+
+    @requires(CONTROL_FUZZ)
+    @pytest.mark.timeout(300)
+    async def test_control_plane_fuzz_live(
+        self,
+        harness: TransportHarness,
+        transports: TransportFactory,
+        fuzz: FuzzSettings,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """A live listener fed mutated handshakes, and valid handshakes followed by
+        mutated flow-control, heartbeat and data messages: each bad connection gets a
+        refusal, nothing escapes to the event loop, no error is logged, and a healthy
+        connection beside them keeps working, as does a new one."""
+        plane = harness.control_plane()
+        rng = random.Random(fuzz.seed)
+        loop = asyncio.get_running_loop()
+        escaped: list[dict[str, Any]] = []
+        previous_handler = loop.get_exception_handler()
+        loop.set_exception_handler(lambda _, context: escaped.append(context))
+        server, client = transports(), transports()
+        listener = await server.listen(harness.endpoint(), echo_handler)
+        healthy = await client.connect(listener.endpoint)
+        dialer = harness.raw_dialer(listener.endpoint)
+        caplog.set_level(logging.WARNING)
+        try:
+            await self.roundtrip(healthy, b"before")
+
+            async def expect_refusal(raw: RawConnection, what: str) -> None:
+                deadline = loop.time() + 10 + SLACK
+                while (left := deadline - loop.time()) > 0:
+                    answer = await raw.recv(left)
+                    if answer is not None and plane.refusal(answer):
+                        return
+                raise AssertionError(f"no refusal of {what} within {10 + SLACK} s")
+
+            # known-bad inputs: each answered on its own connection
+            for bad in [*_structural_bombs([plane.opening(rng)]), *plane.malformed_openings]:
+                raw = await dialer.open()
+                await raw.send(bad)
+                await expect_refusal(raw, f"the opening {bad[:40]!r} ({len(bad)} bytes)")
+                await raw.close()
+            for bad in plane.malformed_messages:
+                raw = await dialer.open()
+                await raw.send(plane.opening(rng))
+                await raw.send(bad)
+                await expect_refusal(raw, f"the message {bad[:40]!r} after a valid opening")
+                await raw.close()
+            # random mutations, live; the listener's first answer (a welcome, a refusal)
+            # shows the input arrived
+            iterations, answered = fuzz.scaled(300), 0
+            for i in range(iterations):
+                raw = await dialer.open()
+                if rng.random() < 0.5:
+                    await raw.send(mutate(rng, plane.opening(rng), plane.messages))
+                else:
+                    await raw.send(plane.opening(rng))
+                    for _ in range(rng.randint(1, 4)):
+                        await raw.send(mutate(rng, rng.choice(plane.messages), plane.messages))
+                answered += await raw.recv(1.0) is not None
+                await raw.close()
+                if i % 50 == 0:
+                    await self.roundtrip(healthy, b"during %d" % i)
+            await dialer.close()  # what is still queued reaches the listener first
+            assert answered >= iterations // 2, f"only {answered} of {iterations} answered"
+            await self.roundtrip(healthy, b"after")
+            fresh = await client.connect(listener.endpoint)
+            await self.roundtrip(fresh, b"a new connection")
+        finally:
+            await dialer.close()
+            loop.set_exception_handler(previous_handler)
+        assert escaped == [], f"exceptions escaped to the event loop: {escaped[:3]}"
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == [], f"errors logged: {[r.getMessage()[:200] for r in errors[:3]]}"
 
     # -- back pressure --------------------------------------------------------------------------
 

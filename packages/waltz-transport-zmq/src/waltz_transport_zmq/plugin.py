@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from waltz_api.capabilities import MALFORMED_INPUT, PEER_FAULTS, PROCESSES
+from waltz_api.capabilities import CONTROL_FUZZ, MALFORMED_INPUT, PEER_FAULTS, PROCESSES
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
-CAPABILITIES = frozenset({PROCESSES, PEER_FAULTS, MALFORMED_INPUT})
+CAPABILITIES = frozenset({PROCESSES, PEER_FAULTS, MALFORMED_INPUT, CONTROL_FUZZ})
 
 
 @hookimpl

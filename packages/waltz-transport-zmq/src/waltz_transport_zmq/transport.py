@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -45,9 +46,12 @@ from waltz_api.errors import (
     TransportError,
 )
 from waltz_transport_zmq import protocol as p
+from waltz_transport_zmq.logs import PeerLog
 from waltz_transport_zmq.options import ZmqOptions, is_local_endpoint
 
 log = logging.getLogger(__name__)
+_trouble = PeerLog(log)
+"""Lines about misbehaving peers (malformed messages, refused handshakes), rate-limited."""
 
 ZAP_DOMAIN = "waltz"
 # messages drained from a socket per wake-up before yielding to the event loop
@@ -142,15 +146,22 @@ class _Pump:
                         )
                         continue
                     conn = routes.get(identity)
-                    if conn is not None:
-                        conn.on_message(body)
-                    else:
-                        stranger(identity, body)
+                    try:
+                        if conn is not None:
+                            conn.on_message(body)
+                        else:
+                            stranger(identity, body)
+                    except Exception as exc:  # a bug's last line of defence: keep reading
+                        self._failed(exc)
                     if self.closed:
                         return
             else:
                 for _ in range(DRAIN):
-                    self._handle(recv(socket, _NOBLOCK))  # type: ignore[misc]
+                    message = recv(socket, _NOBLOCK)
+                    try:
+                        self._handle(message)  # type: ignore[misc]
+                    except Exception as exc:
+                        self._failed(exc)
                     if self.closed:
                         return
         except zmq.Again:
@@ -161,6 +172,15 @@ class _Pump:
             return
         # more may be waiting: go on after the other callbacks had their turn
         self.poke()
+
+    def _failed(self, exc: Exception) -> None:
+        _trouble.log(
+            logging.ERROR,
+            ("handler", type(exc).__name__),
+            "a message handler failed (%s: %s); the message was dropped, reading goes on",
+            type(exc).__name__,
+            str(exc)[:200],
+        )
 
     def close(self) -> None:
         if not self.closed:
@@ -552,8 +572,7 @@ class ZmqConnection(Connection):
                 if self._recv_waiters:
                     self._wake_receivers()
             elif kind == p.KIND_CREDIT:
-                p.require(len(message) == p.CREDIT.size, "malformed credit")
-                _, frames, nbytes = p.CREDIT.unpack(message)
+                frames, nbytes = p.parse_credit(message)
                 p.require(
                     frames <= self._sent_frames and nbytes <= self._sent_bytes,
                     "credit for frames never sent",
@@ -564,8 +583,7 @@ class ZmqConnection(Connection):
                     if self._credit_waiters:
                         self._wake_senders()
             elif kind == p.KIND_HEARTBEAT:
-                p.require(len(message) == p.HEARTBEAT.size, "malformed heartbeat")
-                _, sent = p.HEARTBEAT.unpack(message)
+                sent = p.parse_heartbeat(message)
                 if sent != self._seq_in:
                     raise ProtocolError(
                         f"the peer sent {sent} messages but {self._seq_in} arrived: messages were "
@@ -573,17 +591,25 @@ class ZmqConnection(Connection):
                         "broken link)"
                     )
             elif kind == p.KIND_CLOSE:
-                reason = message[1:].decode("utf-8", "replace") or "closed by the peer"
-                self._peer_closed(reason)
+                self._peer_closed(p.parse_close(message) or "closed by the peer")
             elif kind in (p.KIND_WELCOME, p.KIND_HELLO):
                 return  # a duplicate of the handshake: harmless
             else:
                 raise ProtocolError(f"unknown message kind {kind}")
-        except (ProtocolError, IndexError) as exc:
-            log.warning("closing connection %d with %s: %s", self._id, self._peer, exc)
+        except Exception as exc:  # ProtocolError, or anything a malformed message caused
+            reason = str(exc) if isinstance(exc, ProtocolError) else f"{type(exc).__name__}: {exc}"
+            reason = reason[:300]
+            _trouble.log(
+                logging.WARNING,
+                self._peer,
+                "closing connection %d with %s: protocol error: %s",
+                self._id,
+                self._peer,
+                reason,
+            )
             if self._wire is not None:
-                self._wire.send_best_effort(p.close_message(f"protocol error: {exc}"))
-            self._break(f"protocol error: {exc}")
+                self._wire.send_best_effort(p.close_message(f"protocol error: {reason}"))
+            self._break(f"protocol error: {reason}", log_level=logging.DEBUG)
 
     def _peer_closed(self, reason: str) -> None:
         """The peer closed: what arrived before is still delivered, then recv raises."""
@@ -641,21 +667,20 @@ class ClientConnection(ZmqConnection):
         kind = message[:1]
         if kind == bytes([p.KIND_WELCOME]):
             try:
-                body = p.parse_control(message, "welcome")
-                self._peer_window_frames = p.field_int(body, "window_frames", 1)
-                self._peer_window_bytes = p.field_int(body, "window_bytes", 1)
+                welcome_message = p.parse_welcome(message)
             except ProtocolError as exc:
                 welcome.set_exception(
                     ConnectError(f"{self._peer} answered with a malformed welcome: {exc}")
                 )
                 return
+            self._peer_window_frames, self._peer_window_bytes = self._transport._clamp_window(
+                welcome_message.window_frames, welcome_message.window_bytes
+            )
             self._heard = True
             welcome.set_result(None)
         elif kind == bytes([p.KIND_CLOSE]):
             welcome.set_exception(
-                ConnectError(
-                    f"{self._peer} refused the connection: {message[1:].decode('utf-8', 'replace')}"
-                )
+                ConnectError(f"{self._peer} refused the connection: {p.parse_close(message)}")
             )
         else:
             welcome.set_exception(
@@ -728,25 +753,25 @@ class ZmqListener(Listener):
         try:
             self._accept(identity, message)
         except ProtocolError as exc:
-            log.warning("%s: refused a connection: %s", self._endpoint, exc)
+            _trouble.log(
+                logging.WARNING,
+                identity,
+                "%s: refused a connection: %s",
+                self._endpoint,
+                exc,
+            )
             self._reply(identity, p.close_message(f"refused: {exc}"))
 
     def _accept(self, identity: bytes, message: bytes) -> None:
         transport = self._transport
         opts = transport.opts
-        hello = p.parse_control(message, "hello")
-        version = p.field_int(hello, "version")
-        if version != p.PROTOCOL_VERSION:
-            raise ProtocolError(
-                f"protocol version {version} is not supported (this end speaks "
-                f"{p.PROTOCOL_VERSION}); upgrade the older end"
-            )
-        client = p.field_str(hello, "client")
-        seq = p.field_int(hello, "seq")
-        key = p.field_str(hello, "replace_key", optional=True)
-        window_frames = p.field_int(hello, "window_frames", 1)
-        window_bytes = p.field_int(hello, "window_bytes", 1)
-        assert client is not None
+        hello = p.parse_hello(message)
+        client, seq, key = hello.client, hello.seq, hello.replace_key
+        # the peer's window bounds what this side keeps in flight to it, and this side's
+        # own window bounds it too: an absurd announced window buys nothing
+        window_frames, window_bytes = transport._clamp_window(
+            hello.window_frames, hello.window_bytes
+        )
         lineage = (client, key) if key is not None else None
         if lineage is not None:
             current = self._lineages.get(lineage)
@@ -778,16 +803,13 @@ class ZmqListener(Listener):
             self._lineages[lineage] = conn
         transport._connections.add(conn)
         conn._wire.send(
-            p.control(
-                p.KIND_WELCOME,
-                {
-                    "version": p.PROTOCOL_VERSION,
-                    "id": conn.connection_id,
-                    "window_frames": opts.window_frames,
-                    "window_bytes": opts.window_bytes,
-                    "max_frame_size": opts.max_frame_size,
-                },
-            )
+            p.Welcome(
+                version=p.PROTOCOL_VERSION,
+                id=conn.connection_id,
+                window_frames=opts.window_frames,
+                window_bytes=opts.window_bytes,
+                max_frame_size=opts.max_frame_size,
+            ).encode()
         )
         task = asyncio.get_running_loop().create_task(self._run_handler(conn))
         self._tasks.add(task)
@@ -870,6 +892,11 @@ class ZmqTransport(Transport):
 
     def _next_id(self) -> int:
         return next(self._ids)
+
+    def _clamp_window(self, frames: int, nbytes: int) -> tuple[int, int]:
+        """A peer's announced receive window, capped at this side's own: what one
+        connection keeps in flight stays bounded whatever a peer announces."""
+        return min(frames, self.opts.window_frames), min(nbytes, self.opts.window_bytes)
 
     def _forget(self, conn: ZmqConnection) -> None:
         self._connections.discard(conn)
@@ -984,6 +1011,10 @@ class ZmqTransport(Transport):
     ) -> Connection:
         opts = self.opts
         self._check_endpoint(endpoint, opts.curve_connect)
+        try:
+            p.check_replace_key(replace_key)
+        except ProtocolError as exc:
+            raise ConfigError(str(exc), key="replace_key") from None
         if opts.security == "curve" and not opts.curve_connect:
             raise ConfigError(
                 "security = 'curve' but curve_server_public_key / curve_client_key are not set, "
@@ -1025,18 +1056,15 @@ class ZmqTransport(Transport):
         conn.pump = _Pump(socket, handle=conn.on_first_message)
         conn._wire = _Wire(socket, conn.pump, None, conn, opts.hwm)
         conn._wire.send(
-            p.control(
-                p.KIND_HELLO,
-                {
-                    "version": p.PROTOCOL_VERSION,
-                    "client": self.uid,
-                    "seq": connection_id,
-                    "replace_key": replace_key,
-                    "window_frames": opts.window_frames,
-                    "window_bytes": opts.window_bytes,
-                    "max_frame_size": opts.max_frame_size,
-                },
-            )
+            p.Hello(
+                version=p.PROTOCOL_VERSION,
+                client=self.uid,
+                seq=connection_id,
+                replace_key=replace_key,
+                window_frames=opts.window_frames,
+                window_bytes=opts.window_bytes,
+                max_frame_size=opts.max_frame_size,
+            ).encode()
         )
         try:
             await self._handshake(welcome, monitor, endpoint, timeout)
@@ -1127,8 +1155,43 @@ class ZmqTransport(Transport):
         self._context = None
         self._sync_context = None
         if context is not None:
-            # term waits out the sockets' linger: do it off the event loop
-            await asyncio.get_running_loop().run_in_executor(None, context.term)
+            await _terminate(context, self.opts.linger + TERM_TIMEOUT)
+
+
+TERM_TIMEOUT = 5.0
+"""Seconds beyond the linger that closing a transport waits for ZeroMQ's context to end."""
+
+
+async def _terminate(context: zmq.asyncio.Context, timeout: float) -> None:
+    """End ``context`` off the event loop (term waits out the sockets' linger), in a
+    daemon thread awaited at most ``timeout`` seconds: a socket left open somewhere
+    would block term forever, and with it the default executor's shutdown at the end
+    of ``asyncio.run`` (a Ctrl-C that never finishes)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def term() -> None:
+        try:
+            context.term()
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_resolve, done)
+
+    threading.Thread(target=term, name="waltz-zmq-term", daemon=True).start()
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(done)
+    except TimeoutError:
+        log.warning(
+            "the ZeroMQ context did not end within %.1f s (a socket still open); "
+            "left to end in the background",
+            timeout,
+        )
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def create_zmq_transport(options: Mapping[str, Any] | None = None) -> ZmqTransport:
