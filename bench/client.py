@@ -46,7 +46,6 @@ from waltz_api.messages import (
     TransactionDataResponse,
 )
 from waltz_api.plugins import get_registry
-from waltz_api.ports import free_port
 from waltz_api.types import LockRequest, ReqId
 from waltz_api.wire import ProtocolConnection, Role, checksum, encode_feed_data
 from waltz_client import (
@@ -286,63 +285,17 @@ class RealCluster:
     """An in-process cluster of real components (see the module docstring)."""
 
     async def start(self, root: Path) -> str:
-        import uuid
+        from waltz_server.inprocess import InProcessCluster
 
-        from waltz_api.config import config_from_mapping
-        from waltz_server.server.config import ServerNodeConfig
-        from waltz_server.server.main import start_server
-        from waltz_server.storage_node import StorageNode
-        from waltz_storage_fs.engine import FsStorageEngine
-
-        self.uri = f"local://{root / 'coordination'}?root=/bench"
-        self.coordination = coordination_from_uri(self.uri)
-        await self.coordination.start()
-        key = uuid.uuid4()
-        connects = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        metadata = ClusterMetadata(self.coordination)
-        await metadata.create_cluster(
-            num_partitions=1, num_replicas=3, storage_nodes=connects, cluster_key=key
-        )
-        self.nodes = []
-        for i, connect in enumerate(connects):
-            engine = await FsStorageEngine.open(
-                str(root / f"storage-{i}"), cluster_key=key, num_partitions=1
-            )
-            await engine.add_partition(0)
-            node = StorageNode(
-                engine, get_registry().get("transport", "zmq").factory({}), f"tcp://{connect}"
-            )
-            await node.start()
-            self.nodes.append(node)
-        config = config_from_mapping(
-            ServerNodeConfig,
-            {
-                "coordination": {"uri": self.uri},
-                "transport": {
-                    "plugin": "zmq",
-                    "endpoint": f"tcp://127.0.0.1:{free_port()}",
-                    "storage_endpoint": "tcp://{}",
-                },
-                "http": {"enabled": False},
-                "log_level": "WARNING",
-            },
-        )
-        self.server = await start_server(config)
-        for _ in range(1200):
-            owner = (await metadata.partition_assignment(0)).value
-            held = self.server.server.partitions.get(0)
-            if owner.endpoint and held is not None and held.ready:
-                self.endpoint = owner.endpoint
-                return self.uri
-            await asyncio.sleep(0.05)
-        raise RuntimeError("the partition was never served")
+        self.cluster = InProcessCluster(root, log_level="WARNING")
+        await self.cluster.start()
+        assert self.cluster.coordination is not None
+        self.coordination = self.cluster.coordination
+        self.uri = self.cluster.coordination_uri
+        return self.uri
 
     async def stop(self) -> None:
-        await self.server.stop()
-        for node in self.nodes:
-            await node.close()
-            await node.engine.close()
-        await self.coordination.close()
+        await self.cluster.close()
 
 
 async def real_cases(submits: int, feed: int) -> None:
