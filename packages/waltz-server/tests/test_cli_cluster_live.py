@@ -149,7 +149,7 @@ def test_storage_admin_commands_on_the_live_nodes(live: Live) -> None:
         assert by_id[1]["available"] is True and by_id[1]["session_info"]["session_id"] >= 0
         max_id = waltz("storage", "max-transaction-id", "1", *endpoint)
         assert max_id.exit_code == 0 and max_id.stdout.strip() == str(hwm)
-        stats = as_json(waltz("storage", "stats", *endpoint))
+        stats = as_json(waltz("storage", "stats", *endpoint, "--output", "json"))
         counters = {row["partition_id"]: row for row in stats["partitions"]}
         assert counters[1]["records_appended"] >= 1
     first = ["--endpoint", f"tcp://{live.nodes[0]}"]

@@ -273,7 +273,7 @@ async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
     assert code == 0, err
     code, out, err = await waltz("max-transaction-id", "1", "--endpoint", cluster.endpoint)
     assert code == 0 and out.strip() == "3"
-    code, out, err = await waltz("stats", "--endpoint", cluster.endpoint)
+    code, out, err = await waltz("stats", "--endpoint", cluster.endpoint, "-o", "json")
     assert code == 0, err
     counters = {row["partition_id"]: row for row in json.loads(out)["partitions"]}
     assert counters[1]["records_appended"] == 4 and counters[1]["append_requests"] == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ import click
 
 from waltz_api.errors import ClientAheadError, ConfigError, WaltzError
 from waltz_server.cli.coordination import DEFAULT_TIMEOUT, check_uri, start_coordination
+from waltz_server.cli.output import emit, output_is_json, output_option
 
 if TYPE_CHECKING:
     from waltz_client import (
@@ -233,6 +235,7 @@ def append_command(  # noqa: PLR0917 - click passes options by name
 @click.option("--follow", is_flag=True, help="Keep printing new transactions until Ctrl-C.")
 @click.option("--no-data", is_flag=True, help="Print ids and headers only (no data fetch).")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to catch up.")
+@output_option
 def tail_command(  # noqa: PLR0917 - click passes options by name
     uri: str,
     partition: int,
@@ -242,19 +245,33 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
     follow: bool,
     no_data: bool,
     timeout: float,
+    output: str,
 ) -> None:
-    """Print the partition's transactions (id, header, data) from --from on."""
+    """Print the partition's transactions (id, header, data) from --from on: tab-separated
+    lines (text), aligned columns (table) or one JSON object per line (json)."""
     printed = [0]
     done = asyncio.Event()
+    as_json = output_is_json(output)
+    if output == "table":
+        click.echo("TRANSACTION_ID  HEADER      " + ("" if no_data else "DATA"))
 
     async def show(transaction: Transaction) -> None:
         if done.is_set():
             return
-        line = f"{transaction.transaction_id}\t{transaction.header}"
+        data = None
         if not no_data:
             raw = await transaction.fetch_data()
-            line += "\t" + raw.decode("utf-8", errors="backslashreplace")
-        click.echo(line)
+            data = raw.decode("utf-8", errors="backslashreplace")
+        if as_json:
+            row = {"transaction_id": transaction.transaction_id, "header": transaction.header}
+            line = json.dumps(row if data is None else {**row, "data": data})
+        elif output == "table":
+            line = f"{transaction.transaction_id:<14}  {transaction.header:<10}  {data or ''}"
+        else:
+            line = f"{transaction.transaction_id}\t{transaction.header}"
+            if data is not None:
+                line += "\t" + data
+        click.echo(line.rstrip())
         printed[0] += 1
         if limit is not None and printed[0] >= limit:
             done.set()
@@ -300,10 +317,12 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
 @_coordination_option
 @_partition_option
 @_transport_option
-def high_water_mark_command(uri: str, partition: int, transport: str) -> None:
+@output_option
+def high_water_mark_command(uri: str, partition: int, transport: str, output: str) -> None:
     """Print the partition's high-water mark (the last committed id; -1 when empty)."""
 
     async def work(client: AsyncWaltzClient, callbacks: Any) -> int:
         return await client.high_water_mark(partition)
 
-    click.echo(str(_run(uri, transport, partition, start_hwm=-1, work=work)))
+    mark = _run(uri, transport, partition, start_hwm=-1, work=work)
+    emit(output, {"partition": partition, "high_water_mark": mark}, lambda: click.echo(str(mark)))

@@ -42,6 +42,7 @@ from waltz_server.cli.coordination import (
     remember_timeout,
     start_coordination,
 )
+from waltz_server.cli.output import emit, output_option
 
 T = TypeVar("T")
 
@@ -231,7 +232,7 @@ def create_cluster(
 
 @cluster_group.command("show")
 @coordination_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@output_option
 @click.option(
     "--replicas",
     "with_replicas",
@@ -240,7 +241,7 @@ def create_cluster(
     "against its partition's committed high-water mark (catch-up progress).",
 )
 @_reach_options
-def show_cluster(uri: str, as_json: bool, with_replicas: bool, reach: Reach) -> None:
+def show_cluster(uri: str, output: str, with_replicas: bool, reach: Reach) -> None:
     """Print the cluster config, replica assignments, servers and partition state."""
     from waltz_server.cluster_check import collect, replica_progress
 
@@ -256,12 +257,26 @@ def show_cluster(uri: str, as_json: bool, with_replicas: bool, reach: Reach) -> 
         summary = _run_with_transport(uri, reach, work)
     else:
         summary = _run_with_metadata(uri, ClusterMetadata.describe)
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-        return
+    counts = {p: 0 for p in range(summary["partitions"])}
+    for parts in summary["storage"].values():
+        for p in parts:
+            counts[p] = counts.get(p, 0) + 1
+    summary["replica_counts"] = [{"partition": p, "replicas": n} for p, n in counts.items()]
+    emit(output, summary, lambda: _show_text(summary, counts, with_replicas))
+
+
+def _replicas_text(configured: int, counts: dict[int, int]) -> str:
+    """The replicas each partition has now (replica assignments), against the config."""
+    if all(n == configured for n in counts.values()):
+        return f"{configured} per partition"
+    others = [f"partition {p}: {n}" for p, n in sorted(counts.items()) if n != configured]
+    return f"{configured} configured; now {', '.join(others)} ({configured} for the others)"
+
+
+def _show_text(summary: dict[str, Any], counts: dict[int, int], with_replicas: bool) -> None:
     click.echo(f"cluster key: {summary['cluster_key']}")
     click.echo(f"partitions:  {summary['partitions']}")
-    click.echo(f"replicas:    {summary['replicas']}")
+    click.echo(f"replicas:    {_replicas_text(summary['replicas'], counts)}")
     click.echo("storage nodes:")
     groups = summary.get("groups", {})
     for node, parts in summary["storage"].items():
@@ -323,14 +338,14 @@ def delete_cluster(uri: str, cluster_key: uuid.UUID, force: bool) -> None:
 
 @cluster_group.command("verify")
 @coordination_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@output_option
 @click.option(
     "--metadata-only",
     is_flag=True,
     help="Check the coordination metadata only (contact no storage node or server).",
 )
 @_reach_options
-def verify_cluster(uri: str, as_json: bool, metadata_only: bool, reach: Reach) -> None:
+def verify_cluster(uri: str, output: str, metadata_only: bool, reach: Reach) -> None:
     """Check the metadata, the storage nodes and the servers against each other.
 
     Config present and ready; every partition has replicas on known storage nodes;
@@ -353,23 +368,17 @@ def verify_cluster(uri: str, as_json: bool, metadata_only: bool, reach: Reach) -
     if facts.config is None:  # nothing to check: no (complete) cluster at this root
         raise WaltzError(facts.config_error or "no cluster config at this coordination root")
     problems = [f for f in findings if f.severity == PROBLEM]
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": not problems,
-                    "cluster_key": str(facts.config.cluster_key),
-                    "storage_nodes_checked": None
-                    if facts.storage is None
-                    else sorted(facts.storage),
-                    "problems": [f.to_json() for f in problems],
-                    "notes": [f.to_json() for f in findings if f.severity != PROBLEM],
-                    "replica_progress": replica_progress(facts),
-                },
-                indent=2,
-            )
-        )
-    else:
+    result = {
+        "ok": not problems,
+        "cluster_key": str(facts.config.cluster_key),
+        "storage_nodes_checked": None if facts.storage is None else sorted(facts.storage),
+        "problems": [f.to_json() for f in problems],
+        "notes": [f.to_json() for f in findings if f.severity != PROBLEM],
+        "replica_progress": replica_progress(facts),
+    }
+    config = facts.config
+
+    def text() -> None:
         nodes = 0 if facts.assignments is None else len(facts.assignments.storage)
         scope = (
             "metadata only"
@@ -377,13 +386,15 @@ def verify_cluster(uri: str, as_json: bool, metadata_only: bool, reach: Reach) -
             else f"{nodes} storage node(s), {len(facts.high_water_marks)} high-water mark(s)"
         )
         click.echo(
-            f"cluster {facts.config.cluster_key}: {facts.config.num_partitions} "
+            f"cluster {config.cluster_key}: {config.num_partitions} "
             f"partition(s), {len(facts.servers)} live server(s); checked {scope}"
         )
         for finding in findings:
             label = "PROBLEM" if finding.severity == PROBLEM else "note"
             click.echo(f"{label}: {finding}")
         click.echo(f"{len(problems)} problem(s) found" if problems else "OK: no problem found")
+
+    emit(output, result, text)
     if problems:
         raise SystemExit(1)
 

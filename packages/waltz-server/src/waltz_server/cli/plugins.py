@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
-import json
+import importlib.metadata
+from typing import Any
 
 import click
 
-from waltz_api.hookspecs import PluginKind
+from waltz_api.hookspecs import PluginDescriptor, PluginKind
 from waltz_api.plugins import get_registry
+from waltz_server.cli.output import emit, output_option
+
+
+def plugin_distribution(descriptor: PluginDescriptor) -> tuple[str, str]:
+    """(distribution, version) of the package that provides ``descriptor``'s factory
+    (``("?", "?")`` when it is not an installed distribution)."""
+    module = getattr(descriptor.factory, "__module__", "") or ""
+    top = module.split(".")[0]
+    # an editable install maps no top-level name: its distribution is usually named alike
+    names = [*importlib.metadata.packages_distributions().get(top, []), top.replace("_", "-")]
+    for name in names:
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return (top or "?"), "?"
 
 
 @click.group("plugins")
@@ -16,24 +33,31 @@ def plugins_group() -> None:
 
 
 @plugins_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_plugins(as_json: bool) -> None:
-    """List every installed plugin by kind, with its capabilities."""
+@output_option
+def list_plugins(output: str) -> None:
+    """List every installed plugin by kind, with its package, version and capabilities."""
     registry = get_registry()
-    rows = [
-        {
-            "kind": kind.value,
-            "name": d.name,
-            "capabilities": sorted(d.capabilities),
-            "uri_schemes": list(d.uri_schemes),
-            "description": d.description,
-        }
-        for kind in PluginKind
-        for d in registry.descriptors(kind)
-    ]
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
+    rows = []
+    for kind in PluginKind:
+        for d in registry.descriptors(kind):
+            distribution, version = plugin_distribution(d)
+            rows.append(
+                {
+                    "kind": kind.value,
+                    "name": d.name,
+                    "package": distribution,
+                    "version": version,
+                    "capabilities": sorted(d.capabilities),
+                    "uri_schemes": list(d.uri_schemes),
+                    "description": d.description,
+                }
+            )
+    emit(output, rows, lambda: _text(rows))
+    for name, error in sorted(registry.load_errors.items()):
+        click.echo(f"failed to load plugin {name!r}: {error}", err=True)
+
+
+def _text(rows: list[dict[str, Any]]) -> None:
     for kind in PluginKind:
         click.echo(f"{kind.value}:")
         names = [r for r in rows if r["kind"] == kind.value]
@@ -41,6 +65,7 @@ def list_plugins(as_json: bool) -> None:
             click.echo("  (none)")
         for row in names:
             caps = ", ".join(row["capabilities"]) or "-"
-            click.echo(f"  {row['name']:<12} capabilities: {caps}  {row['description']}")
-    for name, error in sorted(registry.load_errors.items()):
-        click.echo(f"failed to load plugin {name!r}: {error}", err=True)
+            where = f"{row['package']} {row['version']}"
+            click.echo(
+                f"  {row['name']:<12} {where:<28} capabilities: {caps}  {row['description']}"
+            )

@@ -17,7 +17,6 @@ metadata in the coordination service; none needs a server process to answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from waltz_api.cluster import NO_SERVER, ClusterMetadata, ServerInfo
 from waltz_api.errors import ConfigError
 from waltz_server.cli.cluster import _run_with_metadata as _run
 from waltz_server.cli.coordination import coordination_option
+from waltz_server.cli.output import emitted, output_option
 from waltz_server.server.preferred import (
     Overrides,
     PreferredPartitionStore,
@@ -121,8 +121,8 @@ def add_admin_commands(group: click.Group) -> None:
 
 @click.command("list")
 @coordination_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_servers(uri: str, as_json: bool) -> None:
+@output_option
+def list_servers(uri: str, output: str) -> None:
     """The live servers: id, endpoint, partitions held (with generation), preferred
     partitions; ``*`` marks the leader (the server the leader record names: it
     computes the assignment)."""
@@ -163,8 +163,7 @@ def list_servers(uri: str, as_json: bool) -> None:
         }
 
     summary = _run(uri, work)
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
+    if emitted(output, summary):
         return
     if not summary["servers"]:
         click.echo("no live servers")
@@ -271,8 +270,8 @@ def reset_preferred(uri: str, server_id: int | None, endpoint: str | None) -> No
 
 @click.command("list-preferred-partitions")
 @coordination_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_preferred(uri: str, as_json: bool) -> None:
+@output_option
+def list_preferred(uri: str, output: str) -> None:
     """Every endpoint with preferred partitions (live servers and overrides for servers
     that are down): from config, the override, and what applies."""
 
@@ -300,8 +299,7 @@ def list_preferred(uri: str, as_json: bool) -> None:
         return rows
 
     rows = _run(uri, work)
-    if as_json:
-        click.echo(json.dumps({"preferred": rows}, indent=2))
+    if emitted(output, {"preferred": rows}):
         return
     if not rows:
         click.echo("no server prefers any partition")

@@ -23,6 +23,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, PluginError
 from waltz_api.plugins import get_registry
 from waltz_api.types import LOST_SESSION
+from waltz_server.cli.output import emitted, output_option, tables
 from waltz_server.storage_node.client import StorageAdminClient
 
 T = TypeVar("T")
@@ -147,16 +148,15 @@ def _target_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.command("list")
 @_target_options
-@click.option("--json", "as_json", is_flag=True, help="print JSON")
-def list_partitions(target: Target, as_json: bool) -> None:
+@output_option
+def list_partitions(target: Target, output: str) -> None:
     """List the node's partitions: max transaction id, session info, availability."""
 
     async def action(admin: StorageAdminClient) -> list[dict[str, Any]]:
         return await admin.list_partitions_raw()
 
     rows = _run(target, action)
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
+    if emitted(output, rows):
         return
     click.echo(
         f"{'partition':>9} {'max txn id':>12} {'session':>8} {'low-water':>10} "
@@ -231,24 +231,31 @@ def availability(target: Target, partition_id: int, state: str) -> None:
 @click.command("max-transaction-id")
 @_target_options
 @click.argument("partition_id", type=int)
-def max_transaction_id(target: Target, partition_id: int) -> None:
+@output_option
+def max_transaction_id(target: Target, partition_id: int, output: str) -> None:
     """Print a partition's max transaction id on the node."""
 
     async def action(admin: StorageAdminClient) -> int:
         return await admin.max_transaction_id(partition_id)
 
-    click.echo(str(_run(target, action)))
+    highest = _run(target, action)
+    result = {"partition": partition_id, "max_transaction_id": highest}
+    if not emitted(output, result):
+        click.echo(str(highest))
 
 
 @click.command("stats")
 @_target_options
-def stats(target: Target) -> None:
-    """Print the node's per-partition counters (JSON): requests, appends, merges, fenced."""
+@output_option
+def stats(target: Target, output: str) -> None:
+    """Print the node's per-partition counters: requests, appends, merges, fenced."""
 
     async def action(admin: StorageAdminClient) -> dict[str, Any]:
         return await admin.command("stats")
 
-    click.echo(json.dumps(_run(target, action), indent=2))
+    result = _run(target, action)
+    if not emitted(output, result):
+        click.echo(tables(result["partitions"]))
 
 
 ADMIN_COMMANDS = (
