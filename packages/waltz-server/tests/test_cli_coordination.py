@@ -79,3 +79,22 @@ def test_a_malformed_write_lock_is_a_usage_error() -> None:
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "--write-lock" in done.stderr and "NAME:ID" in done.stderr
+
+
+def test_every_option_read_from_the_environment_says_so_in_help() -> None:
+    import click
+
+    def walk(command: click.Command, path: str) -> list[str]:
+        found = [
+            f"{path} {param.name}"
+            for param in command.params
+            if isinstance(param, click.Option) and param.envvar and not param.show_envvar
+        ]
+        if isinstance(command, click.Group):
+            for name in command.list_commands(click.Context(command)):
+                sub = command.get_command(click.Context(command), name)
+                if sub is not None and not type(sub).__name__.startswith("Lazy"):
+                    found += walk(sub, f"{path} {name}")
+        return found
+
+    assert walk(waltz_cli, "waltz") == []

@@ -30,6 +30,7 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     "uri",
     required=True,
     envvar="WALTZ_COORDINATION",
+    show_envvar=True,
     help="Coordination service URI of the cluster (zk://..., etcd://..., local://...).",
 )
 @click.option(

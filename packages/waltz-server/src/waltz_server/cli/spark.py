@@ -18,6 +18,7 @@ _COORDINATION = click.option(
     "uri",
     required=True,
     envvar="WALTZ_COORDINATION",
+    show_envvar=True,
     help="Coordination service URI of the bank's cluster.",
 )
 _MASTER = click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
