@@ -49,11 +49,14 @@ def test_an_unreachable_zookeeper_fails_fast_in_one_line(command: list[str]) -> 
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("error: ") and "ZooKeeper" in lines[0] and "within" in lines[0]
+    # the wait applied is the command's (1 s here, the client commands' 5 s), not the
+    # plugin's 15 s; then interpreter start and kazoo's stop (a bound that holds on a
+    # loaded machine; before: 15-17 s and 18 warning lines)
+    wait = 1 if timeout else 5
+    assert lines[0].startswith("error: ") and "ZooKeeper" in lines[0]
+    assert f"within {wait}s" in lines[0], lines[0]
     assert "WARNING" not in done.stderr and "kazoo" not in done.stderr
-    # the wait (1 s, the client commands' 5 s) plus interpreter start and kazoo's stop;
-    # before, 15-17 s and 18 warning lines
-    assert took < (6 if timeout else 10) + 6, took
+    assert took < wait + 30, took
 
 
 def test_a_uri_without_a_scheme_is_a_usage_error_with_a_hint() -> None:
