@@ -335,6 +335,10 @@ async def _appends_move_the_metrics(url: str, transport: Transport, endpoint: st
     assert "waltz_build_info{" in after and 'role="storage"' in after
     assert _value(after, "waltz_storage_sessions_fenced_total", partition="0") == 1
     assert _value(after, "waltz_storage_fenced_requests_total", partition="0") == 1
+    requests = "waltz_storage_requests_total"
+    assert _value(after, requests, kind="StorageAppendRequest") == 7  # 5 + 1 + the fenced one
+    assert _value(after, requests, kind="StorageOpenRequest") == 1
+    assert _value(after, "waltz_storage_errors_total", kind="fenced") == 1
 
 
 async def test_storage_node_serves_health_and_metrics(tmp_path: Path, zmq: Transport) -> None:

@@ -425,7 +425,20 @@ class StorageNodeMetrics:
             ["partition"],
             registry=r,
         )
+        self.requests = Counter(
+            "waltz_storage_requests",
+            "Requests received, by kind (the message type: StorageAppendRequest, ...)",
+            ["kind"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "waltz_storage_errors",
+            "Failure answers sent, by kind (the error code: fenced, partition_closed, ...)",
+            ["kind"],
+            registry=r,
+        )
         self._append_children: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
+        self._requests: dict[str, Counter] = {}
         self._scraped: ScrapeCollector | None = None
 
     def appended(self, partition_id: int, records: int, data_bytes: int, seconds: float) -> None:
@@ -442,6 +455,17 @@ class StorageNodeMetrics:
         children[1].inc(data_bytes)
         children[2].inc()
         children[3].observe(seconds)
+
+    def request(self, kind: str) -> None:
+        """A request of type ``kind`` received."""
+        child = self._requests.get(kind)
+        if child is None:
+            child = self._requests[kind] = self.requests.labels(kind)
+        child.inc()
+
+    def error(self, kind: str) -> None:
+        """A failure answer of ``kind`` (an error code) sent."""
+        self.errors.labels(kind).inc()
 
     def observe_fsync(self, seconds: float) -> None:
         """One flush of the engine (thread-safe: engines call it from their own threads)."""

@@ -58,11 +58,15 @@ OUTBOX_FRAMES = 4096
 """Responses queued per connection before a partition worker waits for the peer to read."""
 
 
-def _outbox(conn: Connection, protocol: wire.ProtocolConnection) -> Outbox:
+def _outbox(
+    conn: Connection, protocol: wire.ProtocolConnection, metrics: StorageNodeMetrics | None
+) -> Outbox:
     """The connection's outbox of responses (bounded: a partition worker waits while
     the peer does not read)."""
 
     def encode(message: Message) -> bytes:
+        if metrics is not None and type(message) is FailureResponse:
+            metrics.error(message.code.name.lower())
         if protocol.state is not wire.ConnectionState.OPEN:
             # the peer broke the protocol: this is the last frame, telling it why
             return wire.encode(message, max_frame_size=protocol.max_frame_size)
@@ -244,7 +248,7 @@ class StorageNode:
             protocol = await self._handshake(conn)
             if protocol is None:
                 return
-            outbox = _outbox(conn, protocol)
+            outbox = _outbox(conn, protocol, self.metrics)
             await self._read_loop(conn, protocol, outbox, tasks)
         except ConnectionClosedError:
             log.debug("connection %s closed by the peer", conn.peer)
@@ -324,6 +328,8 @@ class StorageNode:
                 )
                 await outbox.put(FailureResponse(-1, -1, -1, ErrorCode.BAD_REQUEST, str(exc)))
                 return
+            if self.metrics is not None:
+                self.metrics.request(type(message).__name__)
             if isinstance(message, PARTITION_REQUESTS):
                 request: Any = message
                 if not opened:
