@@ -179,3 +179,19 @@ def test_bad_arguments_raise_waltz_errors_that_are_also_what_python_raises() -> 
     with pytest.raises(ArgumentTypeError) as bad_type:
         LockRequest.from_locks(["account"])  # type: ignore[list-item]
     assert isinstance(bad_type.value, WaltzError) and isinstance(bad_type.value, TypeError)
+
+
+def test_lock_names_are_bounded_proper_text_and_ids_any_signed_64_bit() -> None:
+    from waltz_api.types import MAX_LOCK_NAME_BYTES, MAX_LOCKS_PER_TRANSACTION
+
+    assert Lock("n" * MAX_LOCK_NAME_BYTES, -1).id == -1  # negative ids are valid (a long)
+    with pytest.raises(ValueError, match="above the limit of 1024"):
+        Lock("n" * (MAX_LOCK_NAME_BYTES + 1), 1)
+    with pytest.raises(ValueError, match="cannot be encoded as UTF-8"):
+        Lock("\udc80", 1)
+    with pytest.raises(ValueError, match="cannot be encoded as UTF-8"):
+        lock_hash("a\ud800", 1)
+    locks = [Lock("a", i) for i in range(MAX_LOCKS_PER_TRANSACTION + 1)]
+    assert len(LockRequest.from_locks(locks[:-1])) == MAX_LOCKS_PER_TRANSACTION
+    with pytest.raises(ValueError, match=f"limit of {MAX_LOCKS_PER_TRANSACTION}"):
+        LockRequest.from_locks(locks)

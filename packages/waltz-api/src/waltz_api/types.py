@@ -30,6 +30,16 @@ acknowledged (found by the engine's start-up recovery): no session vouches for i
 
 _LOCK_KEY = struct.Struct(">q")
 
+MAX_LOCK_NAME_BYTES = 1024
+"""The longest lock name, in UTF-8 bytes (only its hash travels, but a name is an
+identifier, not a payload: a longer one is a bug)."""
+MAX_LOCKS_PER_TRANSACTION = 4096
+"""The most locks of one transaction (all modes together): each is checked and recorded
+in the partition's lock table while the partition waits."""
+LOCK_ID_MIN = -(2**63)
+LOCK_ID_MAX = 2**63 - 1
+"""Lock ids are any signed 64-bit integer (the spec's ``long``), negative ones included."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReqId:
@@ -67,10 +77,33 @@ def lock_hash(name: str, lock_id: int) -> int:
     client and a server always agree. BLAKE2b with an 8-byte digest; the
     result is an unsigned 64-bit integer.
     """
-    digest = hashlib.blake2b(
-        name.encode("utf-8") + b"\x00" + _LOCK_KEY.pack(lock_id), digest_size=8
-    ).digest()
+    return _hash_encoded(_lock_name_bytes(name), lock_id)
+
+
+def _hash_encoded(name: bytes, lock_id: int) -> int:
+    digest = hashlib.blake2b(name + b"\x00" + _LOCK_KEY.pack(lock_id), digest_size=8).digest()
     return int.from_bytes(digest, "big")
+
+
+def _lock_name_bytes(name: object) -> bytes:
+    """The UTF-8 of a valid lock name; InvalidArgumentError saying what is wrong."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"a lock needs a non-empty name (str), got {name!r:.80}")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"lock name {name!r:.80} is not valid text: character {exc.start} "
+            f"({name[exc.start]!r}) cannot be encoded as UTF-8 (a lone surrogate?); "
+            "a lock name must be a proper Unicode string"
+        ) from None
+    if len(encoded) > MAX_LOCK_NAME_BYTES:
+        raise InvalidArgumentError(
+            f"lock name {name!r:.40}... is {len(encoded)} UTF-8 bytes, above the limit of "
+            f"{MAX_LOCK_NAME_BYTES} (waltz_api.types.MAX_LOCK_NAME_BYTES); name the "
+            "entity kind and put the entity in the lock id"
+        )
+    return encoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +119,16 @@ class Lock:
     hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
+        if not self.name:
             raise InvalidArgumentError(f"a lock needs a non-empty name (str), got {self.name!r}")
+        encoded = _lock_name_bytes(self.name)
         if isinstance(self.id, bool) or not isinstance(self.id, int):
-            raise InvalidArgumentError(f"a lock id must be an int, got {self.id!r}")
-        if not -(2**63) <= self.id < 2**63:
-            raise InvalidArgumentError(f"lock id {self.id} does not fit in a signed 64-bit integer")
+            raise InvalidArgumentError(f"a lock id must be an int, got {self.id!r:.80}")
+        if not LOCK_ID_MIN <= self.id <= LOCK_ID_MAX:
+            raise InvalidArgumentError(
+                f"lock id {self.id} does not fit in a signed 64-bit integer "
+                f"({LOCK_ID_MIN}..{LOCK_ID_MAX})"
+            )
         if type(self.mode) is not LockMode:
             # A plain int (say, read back from a database) must not be silently
             # dropped by the `is LockMode.X` grouping of LockRequest.from_locks.
@@ -102,7 +139,14 @@ class Lock:
                 raise InvalidArgumentError(
                     f"lock mode {self.mode!r} is not one of {valid}"
                 ) from None
-        object.__setattr__(self, "hash", lock_hash(self.name, self.id))
+        object.__setattr__(self, "hash", _hash_encoded(encoded, self.id))
+
+
+def too_many_locks(count: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"a transaction with {count} locks is above the limit of {MAX_LOCKS_PER_TRANSACTION} "
+        "(waltz_api.types.MAX_LOCKS_PER_TRANSACTION); lock fewer, coarser entities"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,13 +159,19 @@ class LockRequest:
 
     @classmethod
     def from_locks(cls, locks: Iterable[Lock]) -> LockRequest:
-        """Group ``locks`` by mode, keeping their order (any iterable, read once)."""
+        """Group ``locks`` by mode, keeping their order (any iterable, read once); at
+        most MAX_LOCKS_PER_TRANSACTION of them."""
         groups: tuple[list[int], list[int], list[int]] = ([], [], [])
-        for lock in locks:
+        for count, lock in enumerate(locks, 1):
             if not isinstance(lock, Lock):
                 raise ArgumentTypeError(f"a lock request is built from Lock objects, got {lock!r}")
+            if count > MAX_LOCKS_PER_TRANSACTION:
+                raise too_many_locks(count)
             groups[lock.mode].append(lock.hash)
         return cls(tuple(groups[0]), tuple(groups[1]), tuple(groups[2]))
+
+    def __len__(self) -> int:
+        return len(self.read) + len(self.write) + len(self.append)
 
     def __bool__(self) -> bool:
         return bool(self.read or self.write or self.append)

@@ -19,6 +19,7 @@ from waltz_client.errors import (
     PoisonTransactionError,
     TransactionExpiredError,
     TransactionOutcomeUnknownError,
+    TransactionTooLargeError,
 )
 from waltz_client.sync import WaltzClient
 
@@ -37,6 +38,7 @@ __all__ = [
     "TransactionContext",
     "TransactionExpiredError",
     "TransactionOutcomeUnknownError",
+    "TransactionTooLargeError",
     "WaltzClient",
     "WaltzClientCallbacks",
 ]

@@ -19,7 +19,20 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
 from waltz_api.errors import ClientError
-from waltz_api.types import NO_TRANSACTION, Lock, LockMode, LockRequest, ReqId
+from waltz_api.types import (
+    MAX_LOCKS_PER_TRANSACTION,
+    NO_TRANSACTION,
+    Lock,
+    LockMode,
+    LockRequest,
+    ReqId,
+    too_many_locks,
+)
+from waltz_client.errors import TransactionTooLargeError
+
+APPEND_OVERHEAD = 50
+"""Bytes of an AppendRequest frame besides its data and its locks (8 bytes each): type,
+version, ReqId, high-water mark, lock counts, header, data length, checksum."""
 
 T = TypeVar("T")
 
@@ -107,6 +120,8 @@ class TransactionBuilder:
         """Add a :class:`~waltz_api.types.Lock` (any mode)."""
         if not isinstance(lock, Lock):
             raise ClientError(f"expected a waltz_api.types.Lock, got {lock!r}")
+        if len(self._locks) >= MAX_LOCKS_PER_TRANSACTION:
+            raise too_many_locks(len(self._locks) + 1)
         self._locks.append(lock)
         return self
 
@@ -136,6 +151,22 @@ class TransactionBuilder:
 
     def lock_request(self) -> LockRequest:
         return LockRequest.from_locks(self._locks)
+
+    @property
+    def wire_size(self) -> int:
+        """Bytes of the transaction's append frame."""
+        return APPEND_OVERHEAD + 8 * len(self._locks) + len(self._data)
+
+    def check_size(self, max_frame_size: int) -> None:
+        """TransactionTooLargeError when the append frame exceeds ``max_frame_size``."""
+        size = self.wire_size
+        if size > max_frame_size:
+            raise TransactionTooLargeError(
+                f"the transaction is {size} bytes on the wire ({len(self._data)} bytes of data, "
+                f"{len(self._locks)} locks), above the transport's max_frame_size of "
+                f"{max_frame_size} bytes: store less per transaction (e.g. a reference to the "
+                "data), or raise max_frame_size on every client, server and storage node"
+            )
 
 
 class TransactionContext(ABC):

@@ -443,6 +443,7 @@ class AsyncWaltzClient:
             if not go:
                 call_hook(context.on_completion, False)
                 return SubmissionResult(False, p, NO_TRANSACTION, context.attempts)
+            builder.check_size(self.transport.max_frame_size)  # before anything is sent
             if not partition.mount.appends_allowed or partition.channel is None:
                 continue  # a mount started while executing: build again after it
             channel = partition.channel

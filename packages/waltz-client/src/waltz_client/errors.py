@@ -13,6 +13,12 @@ class TransactionExpiredError(ClientError):
     says why."""
 
 
+class TransactionTooLargeError(ClientError):
+    """A transaction (its data, its locks) does not fit in one frame of the transport
+    (``max_frame_size``, 64 MiB by default): ``submit`` fails at once, nothing was sent.
+    The message names the sizes and the limit."""
+
+
 class TransactionOutcomeUnknownError(ClientError):
     """The deadline passed with an append in flight, and the partition's server could
     not be asked for its outcome (unreachable, or unable to decide while its storage
