@@ -43,13 +43,8 @@ from waltz_api.wire import RecordBlock
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs.control import ControlFile
 from waltz_storage_fs.files import OPEN_NEW, REAL_FILES, Files, make_dirs, remove_tree
-from waltz_storage_fs.recovery import (
-    PartitionRecovery,
-    Quarantine,
-    Segment,
-    close_segment,
-    missing_ranges,
-)
+from waltz_storage_fs.quarantine import Quarantine
+from waltz_storage_fs.recovery import PartitionRecovery, Segment, close_segment, missing_ranges
 
 log = logging.getLogger(__name__)
 
