@@ -298,12 +298,14 @@ async def test_recovery_resets_the_lock_table_conservatively(
     stream = Stream()
     await partition.submit(append(data=b"a", locks=(Lock("x", 1),)), stream)
     base = await settle(partition, stream)
-    # a storage node fails: the session ends, a new one recovers
+    # two storage nodes fail: the quorum is lost, the session ends, a new one recovers
     nodes["a:1"].crash()
+    nodes["b:1"].crash()
     await partition.submit(append(data=b"b"), stream)
     await partition.submit(append(data=b"c"), stream)
-    hwm = await settle(partition, stream)
     nodes["a:1"].restart()
+    nodes["b:1"].restart()
+    hwm = await settle(partition, stream)
     assert hwm >= base
     assert partition.stats.recoveries >= 2
     # a lock never written, checked by a client behind the recovered mark: rejected
@@ -362,3 +364,90 @@ async def test_flush_is_answered_busy_when_storage_cannot_recover(
     partition.config = dataclasses.replace(partition.config, mount_timeout=20.0)
     assert await settle(partition, stream) >= 0
     assert partition.high_water_mark in (0, 1)
+
+
+async def test_an_append_its_session_dropped_is_answered_not_committed(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    """Every append is answered: one in flight when every storage node crashes is
+    decided by the next session's recovery, here not committed (it never reached a
+    disk), and the flush that covers it answers only after that answer."""
+    partition, nodes = env
+    stream = Stream()
+    kept = append(data=b"kept")
+    await partition.submit(kept, stream)
+    assert await settle(partition, stream) == 0
+    for node in nodes.values():
+        node.append_delay = 0.2  # the next append stays in flight
+    lost = append(data=b"lost")
+    await partition.submit(lost, stream)
+    await partition.submit(FlushRequest(rid()), stream)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TIMEOUT
+    while partition.store.session is None or partition.store.session.next_transaction_id < 2:
+        assert loop.time() < deadline
+        await asyncio.sleep(0.001)
+    for node in nodes.values():
+        node.crash()
+        node.append_delay = 0.0
+    for node in nodes.values():
+        node.restart()
+    await stream.wait_for(lambda: bool(stream.of(FlushResponse)))
+    answers = [m for m in stream.messages if isinstance(m, ErrorResponse | FlushResponse)]
+    assert len(answers) == 2 and isinstance(answers[0], ErrorResponse)
+    assert answers[0].req_id == lost.req_id and answers[0].code is ErrorCode.NOT_COMMITTED
+    assert "re-execute" in answers[0].message
+    assert isinstance(answers[1], FlushResponse) and answers[1].transaction_id == 0
+    assert partition.stats.not_committed == 1
+    stream.messages.clear()
+    # the id goes to the next append, and nothing of the lost one was ever stored
+    after = append(data=b"after")
+    await partition.submit(after, stream)
+    assert await settle(partition, stream) == 1
+    assert all(r.data != b"lost" for n in nodes.values() for r in n.log(P))
+
+
+async def test_a_data_fetch_during_recovery_waits_and_succeeds(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    """A new owner's partition knows no high-water mark until its first recovery: a
+    fetch of a committed transaction then waits for it instead of answering that the
+    transaction is not committed."""
+    partition, nodes = env
+    stream = Stream()
+    await partition.submit(append(data=b"fetch me"), stream)
+    assert await settle(partition, stream) == 0
+    coordination = partition.store._coordination
+    await partition.close()
+    nodes["a:1"].crash()
+    nodes["b:1"].crash()
+
+    async def connector(node: str, partition_id: int, session_id: int) -> FakeReplicaConnection:
+        return await nodes[node].connect(partition_id, session_id)
+
+    moved = Partition(
+        store=StorePartition(
+            partition_id=P,
+            generation=GEN + 1,
+            coordination=coordination,
+            replica_nodes=list(NODES),
+            connector=connector,
+            config=StoreConfig(retry_initial=0.001, retry_max=0.02),
+            rng=random.Random(1),
+        ),
+        config=PartitionConfig(lock_table="exact"),
+    )
+    await moved.start()
+    try:
+        request = TransactionDataRequest(rid(generation=GEN + 1), 0)
+        await moved.submit(request, stream)
+        await asyncio.sleep(0.05)
+        assert not moved.ready
+        assert not stream.of(TransactionDataResponse) and not stream.of(ErrorResponse)
+        nodes["a:1"].restart()
+        nodes["b:1"].restart()
+        await stream.wait_for(lambda: bool(stream.of(TransactionDataResponse)))
+        response = stream.of(TransactionDataResponse)[0]
+        assert response.success and response.data == b"fetch me", response.error
+    finally:
+        await moved.close()

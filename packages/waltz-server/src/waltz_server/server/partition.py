@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
+import functools
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
@@ -100,6 +100,17 @@ def make_lock_table(name: str, high_water_mark: int, options: Mapping[str, Any])
     return table
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """An append taken by the partition, until it is decided."""
+
+    stream: ClientStream
+    req_id: ReqId
+    transaction_id: int
+    session_id: int
+    decided: asyncio.Future[None]
+
+
 @dataclass
 class PartitionStats:
     appends: int = 0
@@ -107,6 +118,7 @@ class PartitionStats:
     stale_generation: int = 0
     stale_connection: int = 0
     recoveries: int = 0
+    not_committed: int = 0
 
 
 class Partition:
@@ -134,7 +146,9 @@ class Partition:
         self._queue: asyncio.Queue[tuple[Message, ClientStream]] = asyncio.Queue(
             self.config.append_queue_size
         )
-        self._inflight: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._inflight: collections.deque[asyncio.Future[None]] = collections.deque()
+        """One future per append in the order they were taken, done once the append is
+        decided: committed, or answered NOT_COMMITTED (or the partition moved)."""
         self._received_at: collections.deque[tuple[int, float]] = collections.deque()
         self._lag_updated = 0.0
         self._client_seq: dict[int, int] = {}
@@ -294,6 +308,9 @@ class Partition:
 
     def _moved(self, message: Message, exc: BaseException) -> ErrorResponse:
         req_id: ReqId = getattr(message, "req_id", ReqId(-1, -1, self.partition_id, -1))
+        return self._moved_error(req_id, exc)
+
+    def _moved_error(self, req_id: ReqId, exc: BaseException) -> ErrorResponse:
         return ErrorResponse(
             req_id,
             ErrorCode.STALE_GENERATION,
@@ -334,23 +351,62 @@ class Partition:
             req_id, message.header, message.data, message.checksum
         )
         self.lock_table.record(message.locks, transaction_id)
+        loop = asyncio.get_running_loop()
         if self.metrics is not None:
-            self._received_at.append((transaction_id, asyncio.get_running_loop().time()))
-        future.add_done_callback(_consume)
-        self._inflight.append(future)
+            self._received_at.append((transaction_id, loop.time()))
+        pending = _Pending(stream, req_id, transaction_id, session.session_id, loop.create_future())
+        future.add_done_callback(functools.partial(self._stored, pending))
+        self._inflight.append(pending.decided)
         self.stats.appends += 1
 
-    async def _settled(self, pending: Sequence[asyncio.Future[int]]) -> int:
-        """Wait until ``pending`` appends are decided, then until a session that began
-        after them is open (its recovery decided the fate of any that failed);
-        returns the high-water mark that includes every one that committed."""
+    def _stored(self, pending: _Pending, future: asyncio.Future[int]) -> None:
+        """An append's store future is done: committed (the feed tells the client), or
+        its store session ended first, and the next session's recovery decides it."""
+        if future.cancelled() or future.exception() is None:
+            if not pending.decided.done():
+                pending.decided.set_result(None)
+            return
+        self._spawn(self._decide(pending), f"decide-{self.partition_id}")
+
+    async def _decide(self, pending: _Pending) -> None:
+        """Answer an append whose store session ended before it was acknowledged: at or
+        below the session's closing high-water mark it is committed (the feed delivers
+        it); above it, it never will be, and the client is told so (NOT_COMMITTED)."""
+        try:
+            closing = await self.store.closing_mark(pending.session_id)
+            if pending.transaction_id > closing:
+                self.stats.not_committed += 1
+                pending.stream.post(
+                    ErrorResponse(
+                        pending.req_id,
+                        ErrorCode.NOT_COMMITTED,
+                        f"transaction {pending.transaction_id} of partition "
+                        f"{self.partition_id} was not committed: its store session "
+                        f"{pending.session_id} ended before a quorum of replicas acknowledged "
+                        f"it, and recovery closed that session at {closing}; it never will "
+                        "be: re-execute it",
+                    )
+                )
+        except (StaleGenerationError, StoreSessionClosedError) as exc:
+            # the partition moved or stopped: the client mounts the new owner, whose
+            # mount decides every pending append
+            pending.stream.post(self._moved_error(pending.req_id, exc))
+        finally:
+            # answered before a flush or mount waiting on it answers
+            if not pending.decided.done():
+                pending.decided.set_result(None)
+
+    async def _settled(self, pending: Sequence[asyncio.Future[None]]) -> int:
+        """Wait until ``pending`` appends are decided (committed, or answered), then
+        until a session is open; returns the high-water mark that includes every one
+        that committed."""
         if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.wait(pending)  # (gather would cancel them if this is cancelled)
         await self.store.wait_ready()
         return self.high_water_mark
 
     async def _flush(
-        self, message: FlushRequest, stream: ClientStream, pending: list[asyncio.Future[int]]
+        self, message: FlushRequest, stream: ClientStream, pending: list[asyncio.Future[None]]
     ) -> None:
         try:
             high_water_mark = await asyncio.wait_for(
@@ -387,7 +443,7 @@ class Partition:
         self._spawn(self._finish_mount(message, stream, pending), f"mount-{self.partition_id}")
 
     async def _finish_mount(
-        self, message: MountRequest, stream: ClientStream, pending: list[asyncio.Future[int]]
+        self, message: MountRequest, stream: ClientStream, pending: list[asyncio.Future[None]]
     ) -> None:
         try:
             high_water_mark = await asyncio.wait_for(
@@ -538,13 +594,18 @@ class Partition:
 
     async def _transaction_data(self, message: TransactionDataRequest) -> TransactionDataResponse:
         transaction_id = message.transaction_id
-        if not 0 <= transaction_id <= self.high_water_mark:
+        high_water_mark = self.high_water_mark
+        if transaction_id > high_water_mark:
+            # not known committed yet: before a (new owner's) first recovery the mark
+            # is unknown, so wait for it rather than answer "not committed"
+            high_water_mark = await self._recovered_high_water_mark()
+        if not 0 <= transaction_id <= high_water_mark:
             return TransactionDataResponse(
                 message.req_id,
                 transaction_id,
                 False,
                 error=f"transaction {transaction_id} is not committed in partition "
-                f"{self.partition_id} (high-water mark {self.high_water_mark})",
+                f"{self.partition_id} (high-water mark {high_water_mark})",
             )
         cached = self.data_cache.get(transaction_id)
         if cached is None:
@@ -568,10 +629,3 @@ def _id_range(records: Sequence[Record]) -> tuple[int | None, int | None]:
     if not records:
         return None, None
     return records[0].transaction_id, records[-1].transaction_id
-
-
-def _consume(future: asyncio.Future[int]) -> None:
-    # the outcome reaches the client through the feed; retrieve it so it is not logged
-    if not future.cancelled():
-        with contextlib.suppress(BaseException):
-            future.exception()

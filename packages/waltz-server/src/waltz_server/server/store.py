@@ -4,11 +4,19 @@ A :class:`StorePartition` owns a partition's replicas for one generation. It
 runs store sessions one after another; each takes a new session id by CAS in
 coordination, recovers (:mod:`waltz_server.server.recovery`), then writes:
 appended records go to an in-memory window, and one writer task per replica
-appends batches from it, in order, to its storage node. A record is committed
-when a quorum of replicas has acknowledged it. A replica that falls behind the
-window catches up from a healthy replica's storage. A replica that fails
-ends the session (by design it cannot rejoin; the next session's recovery
-brings it back); a fenced session (a newer one exists) ends too.
+appends batches from it, in order and several in flight, to its storage node.
+A record is committed when a quorum of replicas has acknowledged it. The rules
+(window, progress, commit, what a returning replica keeps) are the pure
+:mod:`waltz_server.server.replication`; :class:`StoreSession` is its I/O shell.
+
+A replica that fails leaves the session's writers and is retried with back-off;
+the others go on committing while they are a quorum; when it returns it rejoins
+the same session and catches up (from the window, or from a healthy replica's
+storage when it is behind the window). A session ends only when the connected
+replicas are no longer a quorum, when it is fenced (a newer session or
+generation exists), at the checkpoint interval, or for a new replica set.
+The appends pending when a session ends are decided by the next session's
+recovery: :meth:`StorePartition.closing_mark` tells which committed.
 
 Membership: each session runs over the partition's replicas as the replica
 assignments in coordination name them when it starts (``waltz_api.cluster``,
@@ -28,8 +36,9 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from waltz_api.backoff import Backoff
 from waltz_api.cluster import ClusterMetadata, ReplicaAssignments
 from waltz_api.contracts.coordination import Coordination, Watch
 from waltz_api.errors import (
@@ -45,6 +54,14 @@ from waltz_api.errors import (
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replica import ReplicaConnection, ReplicaConnector
+from waltz_server.server.replication import (
+    CatchUp,
+    Committed,
+    Replication,
+    ReplicationLimits,
+    Send,
+    plan_rejoin,
+)
 from waltz_server.server.store_metadata import VersionedMetadata, begin_store_session
 from waltz_server.server.voting import quorum_of
 
@@ -65,11 +82,14 @@ class StoreConfig:
     """Bytes of recent records kept in memory for lagging replicas; older ones are read
     back from a healthy replica's storage."""
     catch_up_batch: int = 256
+    max_inflight_batches: int = 4
+    """Append batches in flight to one replica at once (its storage node groups
+    consecutive ones into one flush)."""
     checkpoint_interval: int = 250_000
     """A new session (so a short recovery) once this many transactions were written."""
     idle_probe_interval: float = 2.0
     """An idle replica is asked its max transaction id this often: a storage node that
-    died (or a session that was fenced) while nothing was written ends the session."""
+    died (or a session that was fenced) while nothing was written is noticed."""
     retry_initial: float = 0.05
     retry_max: float = 2.0
     drain_timeout: float = 10.0
@@ -81,7 +101,15 @@ RecoveryListener = Callable[[int], None]
 
 
 class StoreSession:
-    """One store session: recovery, then quorum writes until it ends."""
+    """One store session: recovery, then quorum writes until it ends.
+
+    The I/O shell around :class:`~waltz_server.server.replication.Replication`: one
+    task per replica connects, recovers (or rejoins) the replica, then carries out
+    what the replication core decides for it (append batches from the window,
+    several in flight; catch up from a healthy replica's storage). A replica that
+    fails leaves the writers and is retried with back-off; the session ends when
+    the replicas still connected can no longer form a quorum, or when it is fenced.
+    """
 
     def __init__(
         self,
@@ -109,20 +137,17 @@ class StoreSession:
             catch_up_batch=config.catch_up_batch,
             catch_up_bytes=config.max_batch_bytes,
         )
+        self._replication: Replication | None = None
         self._connections: dict[str, ReplicaConnection] = {}
+        self._joined: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        self._acked: dict[str, int] = {}
-        self._window: collections.deque[Record] = collections.deque()
-        self._window_start = 0
-        self._window_bytes = 0
         self._waiters: collections.deque[tuple[int, asyncio.Future[int]]] = collections.deque()
         self.low_water_mark = NO_TRANSACTION
         self.high_water_mark = NO_TRANSACTION
-        self._ready = False
         self._accepting = False
         self._error: BaseException | None = None
+        self._opened = asyncio.Event()
         self._done = asyncio.Event()
-        self._appended = asyncio.Event()
         self._progress = asyncio.Event()
         self.checkpoint_reached = False
 
@@ -130,7 +155,9 @@ class StoreSession:
 
     @property
     def next_transaction_id(self) -> int:
-        return self._window_start + len(self._window)
+        if self._replication is None:
+            return self.high_water_mark + 1
+        return self._replication.next_transaction_id
 
     @property
     def done(self) -> bool:
@@ -142,11 +169,11 @@ class StoreSession:
 
     @property
     def writable_replicas(self) -> list[str]:
-        return sorted(self._acked)
+        return [] if self._replication is None else self._replication.writers
 
     def acknowledged_marks(self) -> dict[str, int]:
         """The highest transaction id each writing replica acknowledged."""
-        return dict(self._acked)
+        return {} if self._replication is None else self._replication.acknowledged_marks()
 
     async def open(self) -> int:
         """Start the replica sessions and wait for recovery; returns the high-water mark."""
@@ -168,11 +195,23 @@ class StoreSession:
                 await waiter
             raise self._closed_error("recovery did not complete")
         resolved = waiter.result()
+        config = self._config
+        self._replication = Replication(
+            replicas=self._replica_nodes,
+            low_water_mark=resolved,
+            limits=ReplicationLimits(
+                max_batch_records=config.max_batch_records,
+                max_batch_bytes=config.max_batch_bytes,
+                max_pending_records=config.max_pending_records,
+                max_window_bytes=config.max_window_bytes,
+                catch_up_batch=config.catch_up_batch,
+                max_inflight_batches=config.max_inflight_batches,
+            ),
+        )
         self.low_water_mark = resolved
         self.high_water_mark = resolved
-        self._window_start = resolved + 1
-        self._ready = True
         self._accepting = True
+        self._opened.set()
         self._wake()
         log.info(
             "partition %d: store session %d open at high-water mark %d",
@@ -186,7 +225,8 @@ class StoreSession:
         await self._done.wait()
 
     def fail(self, cause: BaseException) -> None:
-        """End the session: pending appends fail (outcome unknown), tasks stop."""
+        """End the session: pending appends fail (decided by the next session's
+        recovery), tasks stop."""
         if self._done.is_set():
             return
         self._error = cause
@@ -242,8 +282,8 @@ class StoreSession:
         return error
 
     def _wake(self) -> None:
-        self._appended.set()
-        self._appended = asyncio.Event()
+        """Something changed (records appended, committed, a replica joined or left):
+        every task waiting on the session looks again."""
         self._progress.set()
         self._progress = asyncio.Event()
 
@@ -258,10 +298,8 @@ class StoreSession:
     # -- appends ------------------------------------------------------------------------
 
     def has_room(self) -> bool:
-        pending = self.next_transaction_id - 1 - self.high_water_mark
-        return pending < self._config.max_pending_records and (
-            self._window_bytes < self._config.max_window_bytes or pending == 0
-        )
+        replication = self._replication
+        return replication is not None and replication.has_room()
 
     async def wait_for_room(self) -> None:
         while not self.has_room():
@@ -276,17 +314,14 @@ class StoreSession:
     ) -> tuple[int, asyncio.Future[int]]:
         """Assign the next transaction id and queue the record; the future resolves to
         the id when a quorum acknowledged it. Call :meth:`wait_for_room` first."""
-        if not self._accepting:
+        replication = self._replication
+        if not self._accepting or replication is None:
             raise self._closed_error("not accepting appends")
-        transaction_id = self.next_transaction_id
-        record = Record(transaction_id, req_id, header, data, checksum)
-        self._window.append(record)
-        self._window_bytes += len(data)
+        record = replication.append(req_id, header, data, checksum)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters.append((transaction_id, future))
-        self._appended.set()
-        self._appended = asyncio.Event()
-        return transaction_id, future
+        self._waiters.append((record.transaction_id, future))
+        self._wake()
+        return record.transaction_id, future
 
     # -- reads --------------------------------------------------------------------------
 
@@ -296,16 +331,11 @@ class StoreSession:
         if start > end or max_records <= 0:
             return []
         count = min(max_records, end - start + 1)
-        if start >= self._window_start:
-            records: list[Record] = []
-            size = 0
-            for offset in range(start - self._window_start, start - self._window_start + count):
-                record = self._window[offset]
-                if records and size + len(record.data) > max_bytes:
-                    break
-                records.append(record)
-                size += len(record.data)
-            return records
+        replication = self._replication
+        if replication is not None:
+            records = replication.read_window(start, count, max_bytes)
+            if records is not None:
+                return records
         source = await self._read_source(start)
         records = await self._connections[source].read_records(start, count, max_bytes)
         return [r for r in records if r.transaction_id <= end]
@@ -320,7 +350,8 @@ class StoreSession:
         if start > end or max_records <= 0:
             return []
         count = min(max_records, end - start + 1)
-        if start >= self._window_start:
+        replication = self._replication
+        if replication is not None and start >= replication.window_start:
             return await self.read_committed(start, count, max_bytes)
         connection = self._connections[await self._read_source(start)]
         read_block = getattr(connection, "read_block", None)
@@ -335,28 +366,32 @@ class StoreSession:
     async def _read_source(self, start: int) -> str:
         """A writing replica holding ``start``; right after recovery the replicas are
         still joining the writers, so wait for one (up to the drain timeout)."""
-        source = self._healthy_replica(start)
+        source = self._source(start)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._config.drain_timeout
         while source is None:
             if self._done.is_set() or loop.time() > deadline:
                 raise self._closed_error(f"no replica holds transaction {start}")
             await self._wait_progress(0.1)
-            source = self._healthy_replica(start)
+            source = self._source(start)
         return source
 
-    def _healthy_replica(self, transaction_id: int, exclude: str | None = None) -> str | None:
+    def _source(self, transaction_id: int, among: Sequence[str] | None = None) -> str | None:
+        """A connected writer that acknowledged ``transaction_id``, chosen at random."""
+        replication = self._replication
+        if replication is None:
+            return None
         candidates = [
             node
-            for node, acked in self._acked.items()
-            if node != exclude and acked >= transaction_id and node in self._connections
+            for node in (among if among is not None else replication.sources(transaction_id))
+            if node in self._connections
         ]
-        return self._rng.choice(sorted(candidates)) if candidates else None
+        return self._rng.choice(candidates) if candidates else None
 
     # -- replica sessions ------------------------------------------------------------
 
     async def _connect(self, node: str) -> ReplicaConnection:
-        delay = self._config.retry_initial
+        backoff = Backoff(self._config.retry_initial, self._config.retry_max, self._rng)
         while True:
             try:
                 return await self._connector(node, self.partition_id, self.session_id)
@@ -364,106 +399,218 @@ class StoreSession:
                 if isinstance(exc, SessionFencedError):
                     raise
                 log.debug("partition %d: replica %s unreachable: %s", self.partition_id, node, exc)
-            jitter = self._rng.uniform(0.5, 1.0)
-            await asyncio.sleep(delay * jitter)
-            delay = min(delay * 2, self._config.retry_max)
+            await backoff.sleep()
 
     async def _run_replica(self, node: str) -> None:
+        """Connect, recover or rejoin, write; after a failure, leave and do it again.
+
+        A replica that refuses to join (its partition unavailable or not hosted, a
+        storage error, a broken connection) or that fails while writing is left out
+        and tried again with back-off: the others commit as long as they are a
+        quorum. A fenced replica (a newer session exists) ends the session, and so
+        does losing the quorum of connected replicas once the session is open."""
+        backoff = Backoff(self._config.retry_initial, self._config.retry_max, self._rng)
         try:
-            joined = await self._join(node)
-            if joined is None:
-                return
-            connection, resolved = joined
-            # join the writers; anything appended since recovery is caught up below
-            self._acked[node] = resolved
-            self._advance_commit()
-            self._wake()
-            await self._write_loop(node, connection, resolved + 1)
+            while not self._done.is_set():
+                connection = await self._connect(node)
+                if self._done.is_set():
+                    await connection.close()
+                    return
+                self._connections[node] = connection
+                try:
+                    mark = await self._prepare(node, connection)
+                    if mark is None:
+                        return
+                    self._join(node, mark)
+                    backoff.reset()
+                    await self._write_loop(node, connection)
+                except (StorageError, TransportError, OSError) as exc:
+                    if isinstance(exc, SessionFencedError) or self._done.is_set():
+                        raise
+                    self._leave(node, connection, exc)
+                    with contextlib.suppress(WaltzError, OSError):
+                        await connection.close()
+                await backoff.sleep()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.fail(exc)
 
-    async def _join(self, node: str) -> tuple[ReplicaConnection, int] | None:
-        """Connect to ``node`` and recover its replica; ``None`` if the session ended.
+    async def _prepare(self, node: str, connection: ReplicaConnection) -> int | None:
+        """Bring the replica to a mark it may join the writers at: recovery the first
+        time (it may still be deciding the opening mark), a rejoin after that."""
+        if node in self._joined:
+            return await self._rejoin(node, connection)
+        resolved = await self.recovery.recover(node, connection)
+        done = asyncio.ensure_future(self._done.wait())
+        opened = asyncio.ensure_future(self._opened.wait())
+        try:
+            await asyncio.wait({done, opened}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done.cancel()
+            opened.cancel()
+        return None if self._done.is_set() else resolved
 
-        A replica that refuses to join (its partition unavailable or not hosted, a
-        storage error, a broken connection) is left out of this session and tried
-        again with back-off: the others commit as long as they are a quorum, and
-        ending the session would only meet the same replica in the next one. A
-        fenced replica (a newer session exists) ends the session. Once a replica
-        has joined the writers, losing it ends the session (a new one is forced
-        whenever a storage node leaves)."""
-        delay = self._config.retry_initial
-        while not self._done.is_set():
-            connection = await self._connect(node)
-            if self._done.is_set():
-                await connection.close()
-                return None
-            self._connections[node] = connection
-            try:
-                return connection, await self.recovery.recover(node, connection)
-            except (StorageError, TransportError, OSError) as exc:
-                if isinstance(exc, SessionFencedError) or self._done.is_set():
-                    raise
-                log.warning(
-                    "partition %d session %d: replica %s left out, retrying: %s: %s",
-                    self.partition_id,
-                    self.session_id,
-                    node,
-                    type(exc).__name__,
-                    exc,
+    async def _rejoin(self, node: str, connection: ReplicaConnection) -> int:
+        replication = self._replication
+        assert replication is not None
+        progress = replication.progress(node)
+        acked = progress.acked if progress is not None else self.low_water_mark
+        info = await connection.last_session_info()
+        max_id = await connection.max_transaction_id()
+        plan = plan_rejoin(
+            session_id=self.session_id,
+            low_water_mark=self.low_water_mark,
+            acked=acked,
+            storage=info,
+            max_transaction_id=max_id,
+        )
+        if plan.truncate_to is not None:
+            await connection.truncate(plan.truncate_to)
+        if plan.set_low_water_mark:
+            log.warning(
+                "partition %d session %d: replica %s came back with storage that changed "
+                "(session info %s, log end %d, acknowledged %d): keeping up to %d",
+                self.partition_id,
+                self.session_id,
+                node,
+                info,
+                max_id,
+                acked,
+                plan.mark,
+            )
+            await connection.set_low_water_mark(self.low_water_mark)
+        log.info(
+            "partition %d session %d: replica %s rejoins at %d",
+            self.partition_id,
+            self.session_id,
+            node,
+            plan.mark,
+        )
+        return plan.mark
+
+    def _join(self, node: str, mark: int) -> None:
+        replication = self._replication
+        assert replication is not None
+        self._joined.add(node)
+        self._committed(replication.join(node, mark))
+        self._wake()
+
+    def _leave(self, node: str, connection: ReplicaConnection, cause: BaseException) -> None:
+        """The replica failed: out of the writers (or of the recovery), connection
+        dropped; the session ends when the connected replicas are no longer a quorum."""
+        log.warning(
+            "partition %d session %d: replica %s left, retrying: %s: %s",
+            self.partition_id,
+            self.session_id,
+            node,
+            type(cause).__name__,
+            cause,
+        )
+        self.recovery.forget(node, connection)
+        if self._replication is not None:
+            self._replication.leave(node)
+        if self._connections.get(node) is connection:
+            del self._connections[node]
+        if self._opened.is_set() and len(self._connections) < self.quorum:
+            self.fail(
+                StorageError(
+                    f"replica {node} left and only {len(self._connections)} of "
+                    f"{len(self._replica_nodes)} replicas are connected: the quorum "
+                    f"({self.quorum}) is lost"
                 )
-            self.recovery.forget(node, connection)
-            if self._connections.get(node) is connection:
-                del self._connections[node]
-            with contextlib.suppress(WaltzError, OSError):
-                await connection.close()
-            await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
-            delay = min(delay * 2, self._config.retry_max)
-        return None
+            )
+        self._wake()
 
-    async def _write_loop(self, node: str, connection: ReplicaConnection, next_id: int) -> None:
-        config = self._config
-        while not self._done.is_set():
-            if next_id >= self.next_transaction_id:
-                event = self._appended
-                try:
-                    await asyncio.wait_for(event.wait(), config.idle_probe_interval)
-                except TimeoutError:
-                    await self._probe(node, connection, next_id - 1)
-                continue
-            if next_id < self._window_start:
-                source = self._healthy_replica(next_id, exclude=node)
-                if source is None:
-                    await self._wait_progress()
+    async def _write_loop(self, node: str, connection: ReplicaConnection) -> None:
+        """Send the replica what the replication core plans, several batches in flight;
+        their acknowledgements come back in order (one ordered connection)."""
+        replication = self._replication
+        assert replication is not None
+        inflight: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        try:
+            while not self._done.is_set():
+                while inflight and inflight[0][1].done():
+                    last, sent = inflight.popleft()
+                    sent.result()
+                    self._committed(replication.on_appended(node, last))
+                action = replication.next_send(node)
+                if isinstance(action, CatchUp):
+                    records = await self._read_catch_up(node, action)
+                    action = replication.caught_up_read(node, records) if records else None
+                    if action is None:
+                        continue
+                if isinstance(action, Send):
+                    appending = asyncio.ensure_future(connection.append(action.records))
+                    inflight.append((action.last_transaction_id, appending))
                     continue
-                limit = min(config.catch_up_batch, self._window_start - next_id)
-                records = await self._connections[source].read_records(
-                    next_id, limit, config.max_batch_bytes
-                )
-                if not records or records[0].transaction_id != next_id:
-                    raise StorageError(
-                        f"catch-up of replica {node} from {source}: asked for records from "
-                        f"{next_id}, got {records[0].transaction_id if records else 'none'}"
-                    )
-            else:
-                offset = next_id - self._window_start
-                records = []
-                size = 0
-                for index in range(offset, len(self._window)):
-                    record = self._window[index]
-                    if records and (
-                        len(records) >= config.max_batch_records
-                        or size + len(record.data) > config.max_batch_bytes
-                    ):
-                        break
-                    records.append(record)
-                    size += len(record.data)
-            await connection.append(records)
-            next_id += len(records)
-            self._acked[node] = next_id - 1
-            self._advance_commit()
+                await self._wait_for_work(node, connection, inflight)
+        finally:
+            for _, sent in inflight:
+                sent.cancel()
+                with contextlib.suppress(BaseException):
+                    await sent
+
+    async def _wait_for_work(
+        self,
+        node: str,
+        connection: ReplicaConnection,
+        inflight: collections.deque[tuple[int, asyncio.Future[None]]],
+    ) -> None:
+        """Nothing to send now: wait for the oldest batch's acknowledgement, or for new
+        records (or progress of the others); an idle replica is probed."""
+        event = self._progress
+        if inflight:
+            woken = asyncio.ensure_future(event.wait())
+            waiting: set[asyncio.Future[Any]] = {inflight[0][1], woken}
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+            return
+        try:
+            await asyncio.wait_for(event.wait(), self._config.idle_probe_interval)
+        except TimeoutError:
+            replication = self._replication
+            progress = replication.progress(node) if replication is not None else None
+            if progress is not None and progress.sent + 1 >= self.next_transaction_id:
+                await self._probe(node, connection, progress.acked)
+
+    async def _read_catch_up(self, node: str, action: CatchUp) -> list[Record] | None:
+        """Records for a lagging replica from one of the writers holding them. A source
+        failing is that source's problem (its own task sees it): wait and plan again."""
+        source = self._source(action.start, action.sources)
+        if source is None:
+            await self._wait_progress(0.1)
+            return None
+        try:
+            records = await self._connections[source].read_records(
+                action.start, action.count, self._config.max_batch_bytes
+            )
+        except (TransportError, StorageError) as exc:
+            if isinstance(exc, SessionFencedError):
+                raise
+            log.info(
+                "partition %d: catch-up of %s from %s failed: %s",
+                self.partition_id,
+                node,
+                source,
+                exc,
+            )
+            await self._wait_progress(0.1)
+            return None
+        if not records or records[0].transaction_id != action.start:
+            log.warning(
+                "partition %d: catch-up of %s: %s answered records from %s, asked from %d",
+                self.partition_id,
+                node,
+                source,
+                records[0].transaction_id if records else "none",
+                action.start,
+            )
+            await self._wait_progress(0.1)
+            return None
+        return records
 
     async def _probe(self, node: str, connection: ReplicaConnection, expected: int) -> None:
         """Check an idle replica: it must answer, and hold exactly what it acknowledged."""
@@ -475,40 +622,21 @@ class StoreSession:
                 "its storage changed under the session"
             )
 
-    def _advance_commit(self) -> None:
-        if len(self._acked) < self.quorum or not self._ready:
+    def _committed(self, committed: Committed | None) -> None:
+        if committed is None:
             return
-        marks = sorted(self._acked.values(), reverse=True)
-        committed = min(marks[self.quorum - 1], self.next_transaction_id - 1)
-        if committed > self.high_water_mark:
-            first = self.high_water_mark + 1 - self._window_start
-            newly = [self._window[i] for i in range(first, committed + 1 - self._window_start)]
-            self.high_water_mark = committed
-            while self._waiters and self._waiters[0][0] <= committed:
-                transaction_id, future = self._waiters.popleft()
-                if not future.done():
-                    future.set_result(transaction_id)
-            if committed - self.low_water_mark >= self._config.checkpoint_interval:
-                self.checkpoint_reached = True
-            if self._on_commit is not None:
-                self._on_commit(committed, newly)
-        self._trim()
+        high_water_mark = committed.high_water_mark
+        self.high_water_mark = high_water_mark
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= high_water_mark:
+            transaction_id, future = waiters.popleft()
+            if not future.done():
+                future.set_result(transaction_id)
+        if high_water_mark - self.low_water_mark >= self._config.checkpoint_interval:
+            self.checkpoint_reached = True
+        if self._on_commit is not None:
+            self._on_commit(high_water_mark, committed.records)
         self._wake()
-
-    def _trim(self) -> None:
-        slowest = min(self._acked.values())
-        while self._window:
-            first = self._window[0]
-            if first.transaction_id > self.high_water_mark:
-                break
-            if (
-                first.transaction_id > slowest
-                and self._window_bytes <= self._config.max_window_bytes
-            ):
-                break
-            self._window.popleft()
-            self._window_start += 1
-            self._window_bytes -= len(first.data)
 
 
 class StorePartition:
@@ -549,6 +677,8 @@ class StorePartition:
         self._membership_changed = False
         self.high_water_mark = NO_TRANSACTION
         self.sessions_started = 0
+        self._openings: collections.deque[tuple[int, int]] = collections.deque(maxlen=256)
+        """(session id, opening high-water mark) of the sessions that opened, in order."""
 
     @property
     def session(self) -> StoreSession | None:
@@ -636,6 +766,28 @@ class StorePartition:
                     raise TimeoutError(f"partition {self.partition_id} not ready")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), remaining)
+
+    async def closing_mark(self, session_id: int) -> int:
+        """The closing high-water mark of store session ``session_id`` of this partition:
+        its transactions up to the mark are committed, the ones after it never will be.
+
+        It is the opening mark of the first session after it that opened (that
+        session's recovery decided it, and sessions that failed to open wrote
+        nothing); waits until one has. Raises StaleGenerationError when the partition
+        moved (the new owner's recovery decides, and a client learns it by mounting
+        there) and StoreSessionClosedError when the partition stops here."""
+        while True:
+            for opened, mark in self._openings:
+                if opened > session_id:
+                    return mark
+            if self._stale is not None:
+                raise self._stale
+            if self._failure is not None or self._closed:
+                raise StoreSessionClosedError(
+                    f"partition {self.partition_id} stopped before store session {session_id} "
+                    "was decided"
+                )
+            await self._changed.wait()
 
     async def reserve(self) -> StoreSession:
         """An open session with room for one more append. Nothing else runs between
@@ -736,7 +888,7 @@ class StorePartition:
             self._watch = await cluster.watch_replica_assignments(self._on_assignments)
 
     async def _manage(self) -> None:
-        delay = self._config.retry_initial
+        backoff = Backoff(self._config.retry_initial, self._config.retry_max, self._rng)
         while not self._closed:
             try:
                 await self._follow_replicas()
@@ -753,8 +905,7 @@ class StorePartition:
                 log.warning(
                     "partition %d: cannot start a store session: %s", self.partition_id, exc
                 )
-                await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
-                delay = min(delay * 2, self._config.retry_max)
+                await backoff.sleep()
                 continue
             session = StoreSession(
                 coordination=self._coordination,
@@ -778,10 +929,10 @@ class StorePartition:
                     exc,
                 )
                 await session.close()
-                await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
-                delay = min(delay * 2, self._config.retry_max)
+                await backoff.sleep()
                 continue
-            delay = self._config.retry_initial
+            backoff.reset()
+            self._openings.append((session.session_id, high_water_mark))
             self.high_water_mark = high_water_mark
             if self._on_recovered is not None:
                 self._on_recovered(high_water_mark)
