@@ -8,7 +8,7 @@ import pytest
 
 from waltz_api import wire
 from waltz_api.errors import WaltzError
-from waltz_api.types import Record, ReqId, SessionInfo
+from waltz_api.types import LOST_SESSION, NO_SESSION, Record, ReqId, SessionInfo
 from waltz_server.server.replication import (
     CatchUp,
     Committed,
@@ -240,8 +240,10 @@ def test_random_operations_keep_the_commit_rule() -> None:
         assert replication.high_water_mark == len(delivered) - 1
 
 
-def info(session_id: int, low_water_mark: int) -> SessionInfo:
-    return SessionInfo(session_id, low_water_mark, low_water_mark)
+def info(session_id: int, low_water_mark: int, marks_session: int | None = None) -> SessionInfo:
+    """Session info whose marks ``marks_session`` wrote (default: the fence's session)."""
+    written = session_id if marks_session is None else marks_session
+    return SessionInfo(session_id, low_water_mark, low_water_mark, written)
 
 
 @pytest.mark.parametrize(
@@ -259,6 +261,13 @@ def info(session_id: int, low_water_mark: int) -> SessionInfo:
         (SessionInfo(), -1, (None, True, -1)),
         # the fence of this session with another session's low-water mark
         (info(7, 15), 33, (15, True, 15)),
+        # ... even when that mark equals this session's: a restore of a backup taken
+        # after this session raised the fence and before it wrote its marks
+        (info(7, 20, marks_session=6), 33, (20, True, 20)),
+        # the engine found it lost acknowledged records
+        (info(7, 20, marks_session=LOST_SESSION), 33, (20, True, 20)),
+        # an engine that does not keep the marks' session: judged by the fence
+        (info(7, 20, marks_session=NO_SESSION), 35, (30, False, 30)),
     ],
 )
 def test_plan_rejoin(

@@ -33,6 +33,8 @@ async def check_invariants(harness: SystemHarness, writers: Sequence[Writer]) ->
         # nothing of this writer appears that it did not submit
         mine = {r for r in log_ids if r.client_id == writer.client_id}
         assert mine <= set(writer.sent), "a transaction nobody submitted"
+        # an append answered NOT_COMMITTED never commits
+        assert not mine & writer.not_committed, "an append answered NOT_COMMITTED committed"
         await check_no_fork(harness, writer.partition, committed=writer.last + 1)
 
 

@@ -15,6 +15,8 @@ from waltz_api.messages import (
     FeedData,
     FlushRequest,
     FlushResponse,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
     LockFailure,
     MountRequest,
     MountResponse,
@@ -48,13 +50,15 @@ class PartitionClient:
 
     @classmethod
     async def connect(
-        cls, harness: SystemHarness, partition: int, client_hwm: int = -1
+        cls, harness: SystemHarness, partition: int, client_hwm: int | None = -1
     ) -> PartitionClient:
+        """A client mounted at ``client_hwm`` (None: at the partition's high-water mark,
+        so its feed holds only what commits from now on)."""
         client = cls(harness, partition, next_client_id())
         await client.mount(client_hwm)
         return client
 
-    async def mount(self, client_hwm: int) -> None:
+    async def mount(self, client_hwm: int | None) -> None:
         assert self.harness.client_transport is not None
         server_id, endpoint, generation = await self.harness.owner(self.partition)
         if server_id < 0:
@@ -63,6 +67,10 @@ class PartitionClient:
             self.harness.client_transport, endpoint, f"client:{self.client_id}", timeout=10
         )
         self.generation = generation
+        if client_hwm is None:
+            await self.raw.send(HighWaterMarkRequest(self.rid()))
+            answer = await self.raw.wait(HighWaterMarkResponse, timeout=TIMEOUT)
+            client_hwm = answer[0].transaction_id
         await self.raw.send(MountRequest(self.rid(), client_hwm, next(self._net)))
         response = (await self.raw.wait(MountResponse, timeout=TIMEOUT))[0]
         if response.status is not MountStatus.READY:

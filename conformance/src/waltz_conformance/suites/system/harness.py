@@ -294,7 +294,29 @@ class SystemHarness(Harness):
         await start_all(
             [m for i, m in enumerate(self.storage) if not m.alive and i not in self.retired]
         )
-        await start_all([m for m in self.servers if not m.alive])
+        restarted = [m for m in self.servers if not m.alive]
+        await start_all(restarted)
+        if restarted:
+            await self.wait_balanced()
+
+    async def wait_balanced(self, timeout: float = TIMEOUT) -> None:
+        """Until every partition is owned by a live server and, with at least as many
+        partitions as servers, every live server owns one: a restarted server takes
+        partitions over shortly after it registers, so a test that starts before that
+        would see them move under it."""
+
+        async def balanced() -> bool:
+            live = {
+                m.server_id()
+                for m in self.servers
+                if m.alive and isinstance(m, ServerProcessMember | ServerInLoop)
+            }
+            owners = [(await self.owner(p))[0] for p in range(self.num_partitions)]
+            if any(owner not in live for owner in owners):
+                return False
+            return self.num_partitions < len(live) or live <= set(owners)
+
+        await wait_for(balanced, timeout, "the partitions to be balanced over the servers")
 
     # -- membership changes ---------------------------------------------------------
 

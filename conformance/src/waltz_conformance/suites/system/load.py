@@ -14,6 +14,7 @@ from waltz_api import wire
 from waltz_api.errors import WaltzError
 from waltz_api.messages import (
     AppendRequest,
+    ErrorCode,
     ErrorResponse,
     FeedData,
     FlushRequest,
@@ -56,6 +57,8 @@ class Writer:
     pace: float = 0.02
     reconnects: int = 0
     reasons: list[str] = field(default_factory=list)
+    not_committed: set[ReqId] = field(default_factory=set)
+    """Appends the server answered NOT_COMMITTED (their store session ended first)."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _net: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -82,6 +85,10 @@ class Writer:
                 assert message.transaction_id == self.last + 1, "the feed skipped or repeated"
                 self.feed.append(message.req_id)
             elif isinstance(message, ErrorResponse):
+                if message.code is ErrorCode.NOT_COMMITTED and message.req_id in self.sent:
+                    # decided: never committed (check_invariants holds the server to it)
+                    self.not_committed.add(message.req_id)
+                    continue
                 raise WaltzError(f"server refused: {message.code.name} {message.message}")
 
     async def _wait(self, client: RawClient, kind: type[M], count: int, generation: int) -> list[M]:

@@ -28,6 +28,7 @@ from waltz_conformance.suites.system.harness import (
     start_all,
     wait_for,
 )
+from waltz_conformance.suites.system.liveness import LivenessSuite
 from waltz_conformance.suites.system.load import under_load
 
 
@@ -139,7 +140,7 @@ class LockingSuite:
             await client.close()
 
 
-class SystemSuite(LockingSuite):
+class SystemSuite(LockingSuite, LivenessSuite):
     """Tests against one cluster (the class-scoped ``harness`` fixture); they run in
     order and each leaves the cluster serving every partition."""
 
@@ -357,9 +358,10 @@ class SystemSuite(LockingSuite):
                 finally:
                     await harness.heal()
                 await harness.wait_assigned()
-            else:  # the same owner's recovery, forced by a storage node leaving
+            else:  # the same owner's recovery, forced by the quorum of storage leaving
+                await harness.kill_storage_node(1)
                 await harness.kill_storage_node(2)
-                await harness.restart_storage_node(2)
+                await start_all([harness.storage[1], harness.storage[2]])
             assert [await read_log(harness, p) for p in partitions] == committed
 
             # the owner notices a storage node left at its next idle probe: wait for that

@@ -49,7 +49,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from waltz_api.errors import WaltzError
-from waltz_api.types import Record, ReqId, SessionInfo
+from waltz_api.types import NO_SESSION, Record, ReqId, SessionInfo
 from waltz_server.server.voting import quorum_of
 
 
@@ -377,7 +377,7 @@ def plan_rejoin(
     kept, the session's low-water mark is recorded on it again, and it catches up.
     """
     same_storage = (
-        storage.session_id == session_id
+        _marks_written_by(storage, session_id)
         and storage.low_water_mark == low_water_mark
         and max_transaction_id >= acked
     )
@@ -393,3 +393,12 @@ def plan_rejoin(
         set_low_water_mark=True,
         mark=keep,
     )
+
+
+def _marks_written_by(storage: SessionInfo, session_id: int) -> bool:
+    """Whether this session's SetLowWaterMark wrote the storage's marks. An engine that
+    does not keep the marks' session (NO_SESSION) is judged by its fence; one that
+    found it lost acknowledged records (LOST_SESSION) never is this session's."""
+    if storage.low_water_mark_session_id == NO_SESSION:
+        return storage.session_id == session_id
+    return storage.low_water_mark_session_id == session_id
