@@ -364,7 +364,7 @@ class SystemSuite(LockingSuite, LivenessSuite):
                 await start_all([harness.storage[1], harness.storage[2]])
             assert [await read_log(harness, p) for p in partitions] == committed
 
-            # the owner notices a storage node left at its next idle probe: wait for that
+            # the owner notices the storage nodes left (at its next idle probe): wait
             async def new_session(old_session: int = old_session) -> bool:
                 return await harness.session_id(0) > old_session
 
