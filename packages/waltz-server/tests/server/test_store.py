@@ -13,7 +13,7 @@ from fakes import FakeReplicaConnection, FakeStorageNode
 
 from waltz_api import wire
 from waltz_api.cluster import ClusterMetadata, PartitionStoreMetadata
-from waltz_api.errors import StaleGenerationError, StoreSessionClosedError
+from waltz_api.errors import StaleGenerationError, StorageError, StoreSessionClosedError
 from waltz_api.types import UNRESOLVED, Record, ReplicaId, ReplicaState, ReqId, SessionInfo
 from waltz_conformance.reference.coordination import (
     MemoryCoordination,
@@ -572,3 +572,39 @@ async def test_random_moves_between_generations_fence_the_old_owner(
     finally:
         for owner in owners:
             await owner.close()
+
+
+async def test_a_replica_failing_a_read_is_replaced_by_another_without_ending_the_session(
+    cluster: Cluster,
+) -> None:
+    store = cluster.store(max_window_bytes=1024)
+    await store.start()
+    try:
+        ids = await asyncio.wait_for(
+            asyncio.gather(*await append_many(store, 200, b"r" * 20)), TIMEOUT
+        )
+        assert ids == list(range(200))
+        session = store.session
+        assert session is not None and session.low_water_mark == -1
+        # the window no longer holds the start: reads go to a replica's storage, and
+        # every read from a fails (its storage refuses them)
+        failing = cluster.nodes[A]
+        original = FakeReplicaConnection.read_records
+
+        async def refuse(
+            self: FakeReplicaConnection, start: int, max_records: int, max_bytes: int
+        ) -> list[Record]:
+            if self.node is failing:
+                raise StorageError("test: a replica that cannot read")
+            return await original(self, start, max_records, max_bytes)
+
+        FakeReplicaConnection.read_records = refuse  # type: ignore[method-assign]
+        try:
+            for _ in range(10):
+                records = await store.read_committed(0, 50, 1 << 20)
+                assert [r.transaction_id for r in records] == list(range(50))
+        finally:
+            FakeReplicaConnection.read_records = original  # type: ignore[method-assign]
+        assert store.session is session and store.sessions_started == 1
+    finally:
+        await store.close()

@@ -336,8 +336,9 @@ class StoreSession:
             records = replication.read_window(start, count, max_bytes)
             if records is not None:
                 return records
-        source = await self._read_source(start)
-        records = await self._connections[source].read_records(start, count, max_bytes)
+        records = await self._read_from_replicas(
+            start, lambda connection: connection.read_records(start, count, max_bytes)
+        )
         return [r for r in records if r.transaction_id <= end]
 
     async def read_committed_block(
@@ -353,28 +354,63 @@ class StoreSession:
         replication = self._replication
         if replication is not None and start >= replication.window_start:
             return await self.read_committed(start, count, max_bytes)
-        connection = self._connections[await self._read_source(start)]
-        read_block = getattr(connection, "read_block", None)
-        if read_block is None:
-            return await self.read_committed(start, count, max_bytes)
-        block: Sequence[Record] = await read_block(start, count, max_bytes)
+
+        async def read(connection: ReplicaConnection) -> Sequence[Record]:
+            read_block = getattr(connection, "read_block", None)
+            if read_block is None:
+                return await connection.read_records(start, count, max_bytes)
+            block: Sequence[Record] = await read_block(start, count, max_bytes)
+            return block
+
+        block = await self._read_from_replicas(start, read)
         if len(block) > count:
             cut = getattr(block, "cut", None)
             block = cut(count) if cut is not None else block[:count]
         return block
 
-    async def _read_source(self, start: int) -> str:
-        """A writing replica holding ``start``; right after recovery the replicas are
-        still joining the writers, so wait for one (up to the drain timeout)."""
-        source = self._source(start)
+    async def _read_from_replicas(
+        self, start: int, read: Callable[[ReplicaConnection], Awaitable[R]]
+    ) -> R:
+        """``read`` from a writer holding ``start``. A replica failing the read is that
+        replica's problem (its own task notices and rejoins): another one is tried, each
+        at most once while any is left, for up to the drain timeout; a fenced read ends
+        the session."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._config.drain_timeout
-        while source is None:
+        failed: set[str] = set()
+        while True:
+            source = await self._read_source(start, deadline, failed)
+            try:
+                return await read(self._connections[source])
+            except SessionFencedError as exc:
+                self.fail(exc)
+                raise self._closed_error(str(exc)) from exc
+            except (TransportError, StorageError) as exc:
+                log.info(
+                    "partition %d: a read of %d from replica %s failed, trying another: %s",
+                    self.partition_id,
+                    start,
+                    source,
+                    exc,
+                )
+                failed.add(source)
+
+    async def _read_source(self, start: int, deadline: float, failed: set[str]) -> str:
+        """A connected writer holding ``start``, preferably not one in ``failed`` (all of
+        them failed: start over after a pause). Right after recovery the replicas are
+        still joining the writers: wait for one, up to ``deadline``."""
+        loop = asyncio.get_running_loop()
+        while True:
             if self._done.is_set() or loop.time() > deadline:
-                raise self._closed_error(f"no replica holds transaction {start}")
+                raise self._closed_error(f"no replica could serve transaction {start}")
+            replication = self._replication
+            holding = replication.sources(start) if replication is not None else []
+            source = self._source(start, [n for n in holding if n not in failed])
+            if source is not None:
+                return source
+            if failed and not any(n in self._connections for n in holding if n not in failed):
+                failed.clear()
             await self._wait_progress(0.1)
-            source = self._source(start)
-        return source
 
     def _source(self, transaction_id: int, among: Sequence[str] | None = None) -> str | None:
         """A connected writer that acknowledged ``transaction_id``, chosen at random."""
@@ -816,8 +852,9 @@ class StorePartition:
             await self._changed.wait()
 
     async def read_committed(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
-        """Committed records from ``start`` (from memory or a healthy replica); a replica
-        failing during the read ends the session, and the read is retried on the next."""
+        """Committed records from ``start`` (from memory or a healthy replica: one failing
+        the read is replaced by another); a read cut by the end of the session is retried
+        on the next one."""
         return await self._read_retrying(
             lambda session: session.read_committed(start, max_records, max_bytes)
         )
@@ -838,8 +875,6 @@ class StorePartition:
             except StoreSessionClosedError:
                 if not session.done:
                     raise
-            except (TransportError, StorageError) as exc:
-                session.fail(exc)
 
     def _commit(self, high_water_mark: int, records: Sequence[Record]) -> None:
         self.high_water_mark = high_water_mark
