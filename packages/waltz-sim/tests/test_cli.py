@@ -50,8 +50,19 @@ def test_a_failing_seed_prints_its_replay_the_violations_and_the_trace() -> None
     assert f"replay: waltz simulate --seed {seed} --duration 20" in out
     assert "--lock-table planted-forget-append" in out
     assert "[lock-safety]" in out
-    assert "trace before the first violation" in out
+    assert "trace around the first violation" in out
+    assert "the first violation: [lock-safety]" in out
     assert f"failed seeds: {seed}" in out
+
+
+def test_an_open_range_runs_until_the_budget_is_spent() -> None:
+    result = CliRunner().invoke(
+        main,
+        ["simulate", "--seeds", "5..", "--budget", "0.01", "--duration", "20", "--faults", "none"],
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("seed 5: ok: ")
+    assert result.output.splitlines()[-1].startswith("1 seeds, 1 passed, 0 failed;")
 
 
 def test_usage_errors_are_one_line() -> None:

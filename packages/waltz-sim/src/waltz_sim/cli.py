@@ -95,7 +95,7 @@ def _report(result: SeedResult, *, verbose: bool, show_trace: bool) -> None:
         if len(result.violations) > 20:
             click.echo(f"  ... and {len(result.violations) - 20} more violations")
         if not show_trace and result.excerpt:
-            click.echo("  trace before the first violation (seconds since the start):")
+            click.echo("  trace around the first violation (seconds since the start):")
             for line in result.excerpt.splitlines():
                 click.echo(f"    {line}")
     if show_trace:
@@ -242,7 +242,7 @@ def simulate(  # noqa: PLR0917 - click passes options by name
 
     if jobs == 1:
         for config in configs:
-            if out_of_time():
+            if results and out_of_time():
                 break
             result = _run(config, show_trace)
             results.append(result)
@@ -256,7 +256,11 @@ def simulate(  # noqa: PLR0917 - click passes options by name
             pending: dict[concurrent.futures.Future[SeedResult], int] = {}
             stop = False
             while True:
-                while not stop and len(pending) < jobs * 2 and not out_of_time():
+                while (
+                    not stop
+                    and len(pending) < jobs * 2
+                    and not (out_of_time() and (results or pending))
+                ):
                     upcoming = next(configs, None)
                     if upcoming is None:
                         break

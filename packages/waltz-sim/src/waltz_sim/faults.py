@@ -307,6 +307,8 @@ class Nemesis:
             ("server-coordination", 1.5),
             ("client-coordination", 1.0),
         ]
+        if len(servers) > 1:
+            choices.append(("server-server", 0.5))
         kind = self.rng.choices([c for c, _ in choices], [w for _, w in choices])[0]
         if kind == "server-storage":
             a, b = self.rng.choice(servers), self.rng.choice(storage)
@@ -314,6 +316,9 @@ class Nemesis:
         elif kind == "client-server":
             a, b = self.rng.choice(clients), self.rng.choice(servers)
             impairs = {a}
+        elif kind == "server-server":
+            a, b = self.rng.sample(servers, 2)
+            impairs = set()
         elif kind == "server-coordination":
             a, b = self.rng.choice(servers), COORDINATION
             impairs = {a}

@@ -29,6 +29,8 @@ class KnownIssue:
     invariants: frozenset[str]
     """Every violation of a seed it explains is one of these."""
     seeds: tuple[int, ...]
+    faults: str = "standard"
+    """The fault profile of the seeds."""
 
     def explains(self, violations: Iterable[Violation]) -> bool:
         found = list(violations)
@@ -50,6 +52,28 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         ),
         invariants=frozenset({"undecided", "late-decision", "no-commit-after-heal"}),
         seeds=(9, 14, 15, 23, 25, 32, 43, 44, 49),
+    ),
+    KnownIssue(
+        id="dead-usher",
+        summary="a replica that dies after it voted keeps catching the others up: recovery "
+        "never completes",
+        where="waltz_server/server/store.py and recovery.py (also on the lead's rewrite)",
+        diagnosis=(
+            "In a new store session's recovery, a replica that has voted (and holds the "
+            "highest log) crashes while it waits for the decision: nothing is in flight on "
+            "its connection, so its own replica task never notices and RecoveryManager "
+            "keeps it. Each other replica then reads its catch-up from it (_usher_for), "
+            "gets ConnectionClosedError from the dead replica's connection, and "
+            "StoreSession._leave drops and retries *that other* replica (the error is "
+            "attributed to the reader, not to the usher): recovery loops until the end, "
+            "the partition serves nothing ('left, retrying: ConnectionClosedError: "
+            "connection N to storage-0 ...' for storage-1 and storage-2)."
+        ),
+        invariants=frozenset(
+            {"no-high-water-mark", "undecided", "late-decision", "no-commit-after-heal"}
+        ),
+        seeds=(4,),
+        faults="disk",
     ),
 )
 

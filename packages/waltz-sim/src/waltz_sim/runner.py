@@ -8,7 +8,7 @@ import gc
 import time
 from dataclasses import dataclass, field, fields
 
-from waltz_sim.checker import SEMANTICS, Violation, check
+from waltz_sim.checker import SAFETY, SEMANTICS, Violation, check
 from waltz_sim.loop import WORLD_CONTEXT, SimLoop, SimulationError
 from waltz_sim.trace import capture_logs
 from waltz_sim.world import SimConfig, World
@@ -125,10 +125,22 @@ def run_seed(
         result.error = "the run ended without reading the cluster back"
     result.digest = world.trace.digest
     result.trace_events = len(world.trace.events)
-    first = next((v for v in result.violations if v.time is not None), None)
+    timed = [v for v in result.violations if v.time is not None]
+    # a broken safety invariant is the story to tell, before a liveness one
+    first = next((v for v in timed if v.invariant in SAFETY), timed[0] if timed else None)
     if result.violations or result.error:
         at = first.time if first is not None and first.time is not None else loop.time()
-        result.excerpt = world.trace.format(world.trace.before(at, excerpt_events))
+        trace = world.trace
+        marker = f"{'-' * 10} the first violation: {first} {'-' * 10}" if first else ""
+        result.excerpt = "\n".join(
+            part
+            for part in (
+                trace.format(trace.before(at, excerpt_events)),
+                marker,
+                trace.format(trace.after(at, excerpt_events // 3)) if first else "",
+            )
+            if part
+        )
     if keep_trace:
         result.trace_text = world.trace.format()
     return result

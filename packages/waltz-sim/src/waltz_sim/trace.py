@@ -91,10 +91,19 @@ class Trace:
 
     def before(self, time: float, count: int = 60) -> list[TraceEvent]:
         """The last ``count`` events at or before ``time`` (what led to it)."""
+        index = self._index_after(time)
+        return self.events[max(0, index - count) : index]
+
+    def after(self, time: float, count: int = 20) -> list[TraceEvent]:
+        """The first ``count`` events after ``time`` (what followed)."""
+        index = self._index_after(time)
+        return self.events[index : index + count]
+
+    def _index_after(self, time: float) -> int:
         index = len(self.events)
         while index > 0 and self.events[index - 1].time > time:
             index -= 1
-        return self.events[max(0, index - count) : index]
+        return index
 
     def format(self, events: list[TraceEvent] | None = None) -> str:
         start = self.loop.start_time

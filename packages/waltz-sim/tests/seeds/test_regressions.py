@@ -51,7 +51,7 @@ def test_a_known_issue_shows_only_its_symptoms(
     issue: str, seed: int, request: pytest.FixtureRequest
 ) -> None:
     known = next(i for i in KNOWN_ISSUES if i.id == issue)
-    result = run_seed(SimConfig(seed=seed))
+    result = run_seed(SimConfig(seed=seed, faults=known.faults))
     assert result.error is None
     if result.ok:
         reporter = request.config.pluginmanager.get_plugin("terminalreporter")

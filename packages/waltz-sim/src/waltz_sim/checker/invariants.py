@@ -44,7 +44,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from waltz_sim.checker.model import (
     FAIL,
@@ -122,7 +122,18 @@ def check(
     for op in ops.values():
         kind = op.end.kind if op.end is not None else "pending"
         result.outcomes[kind] = result.outcomes.get(kind, 0) + 1
+    result.violations = [_timed(v, ops) for v in out]
     return result
+
+
+def _timed(violation: Violation, ops: dict[str, _Op]) -> Violation:
+    """A violation about an op, without a time of its own, takes the time the op ended
+    (or was invoked): where its story is in a trace."""
+    if violation.time is not None or violation.op_id is None or violation.op_id not in ops:
+        return violation
+    op = ops[violation.op_id]
+    event = op.end or op.invoke
+    return violation if event is None else replace(violation, time=event.time)
 
 
 # -- the ops ------------------------------------------------------------------------------------
