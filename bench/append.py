@@ -27,14 +27,13 @@ import asyncio
 import itertools
 import logging
 import random
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from process_cluster import peak_rss_mb, process_cluster
 
 from waltz_api import wire
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import ClusterMetadata
 from waltz_api.contracts.transport import Transport
 from waltz_api.messages import (
     AppendRequest,
@@ -46,24 +45,11 @@ from waltz_api.messages import (
     MountResponse,
     MountStatus,
 )
-from waltz_api.plugins import get_registry
-from waltz_api.ports import free_port
 from waltz_api.types import Lock, LockRequest, ReqId
-from waltz_conformance.servers.zookeeper import ZooKeeperServer
-from waltz_server.server.testing import RawClient, ServerProcess
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_server.server.testing import RawClient
 
 DATA = bytes(range(100))
 CHECKSUM = wire.checksum(DATA)
-
-
-def peak_rss_mb(pid: int | None) -> float:
-    if pid is None:
-        return float("nan")
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 @dataclass
@@ -177,52 +163,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="waltz-bench-append-"))
-    zookeeper = ZooKeeperServer(workdir / "zk")
-    zookeeper.start()
-    storage: list[StorageNodeProcess] = []
-    server: ServerProcess | None = None
-    transport: Transport = get_registry().get("transport", "zmq").factory({})
-    try:
-        uri = zookeeper.uri("/bench")
-        key = uuid.uuid4()
-        ports = [free_port() for _ in range(3)]
-        coordination = coordination_from_uri(uri)
-        await coordination.start()
-        metadata = ClusterMetadata(coordination)
-        await metadata.create_cluster(
-            num_partitions=4,
-            num_replicas=3,
-            storage_nodes=[f"127.0.0.1:{p}" for p in ports],
-            cluster_key=key,
-        )
-        for i, port in enumerate(ports):
-            config = workdir / f"storage{i}.toml"
-            config.write_text(
-                f'log_level = "WARNING"\n[storage]\ndata_dir = "{workdir / f"data{i}"}"\n'
-                f'engine = "fs"\ncluster_key = "{key}"\nnum_partitions = 4\n'
-                f'partitions = [0, 1, 2, 3]\n[transport]\nplugin = "zmq"\n'
-                f'endpoint = "tcp://127.0.0.1:{port}"\n'
-            )
-            node = StorageNodeProcess(config, f"tcp://127.0.0.1:{port}", workdir / f"s{i}.log")
-            node.start()
-            storage.append(node)
-        for node in storage:
-            await node.wait_ready(transport)
-        config = workdir / "server.toml"
-        config.write_text(
-            f'log_level = "WARNING"\n[coordination]\nuri = "{uri}"\n[transport]\n'
-            f'plugin = "zmq"\nendpoint = "tcp://127.0.0.1:{free_port()}"\n'
-            'storage_endpoint = "tcp://{}"\n'
-            "[server]\n" + "".join(f"{option}\n" for option in args.server_option)
-        )
-        server = ServerProcess(config, workdir / "server.log")
-        server.start()
-        for _ in range(600):
-            owners = [(await metadata.partition_assignment(p)).value for p in range(4)]
-            if all(o.server_id >= 0 for o in owners):
-                break
-            await asyncio.sleep(0.1)
+    async with process_cluster(4, args.server_option) as cluster:
         print(
             f"cluster: ZooKeeper, 3 storage nodes (fs, fsync), 1 server, zmq; data 100 B; "
             f"window {args.window} outstanding appends per partition"
@@ -241,7 +182,7 @@ async def main(args: argparse.Namespace) -> None:
         if args.only_rate:
             runs = runs[-1:]
         for tag, (name, partitions, locks, rate) in enumerate(runs):
-            lanes = await open_lanes(transport, metadata, partitions, locks, tag)
+            lanes = await open_lanes(cluster.transport, cluster.metadata, partitions, locks, tag)
             try:
                 throughput, latencies, failures = await drive(
                     lanes, args.seconds, args.window, rate
@@ -252,17 +193,8 @@ async def main(args: argparse.Namespace) -> None:
             print(
                 f"{name:<34} {throughput:>9.0f} {pct(latencies, 0.5):>8.2f} "
                 f"{pct(latencies, 0.99):>8.2f} {max(latencies, default=0) * 1000:>8.2f} "
-                f"{failures:>9} {peak_rss_mb(server.pid):>13.1f}"
+                f"{failures:>9} {peak_rss_mb(cluster.server.pid):>13.1f}"
             )
-
-        await coordination.close()
-    finally:
-        if server is not None:
-            server.kill()
-        for node in storage:
-            node.kill()
-        await transport.close()
-        zookeeper.stop()
 
 
 if __name__ == "__main__":

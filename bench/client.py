@@ -298,6 +298,111 @@ class RealCluster:
         await self.cluster.close()
 
 
+async def client_throughput(
+    uri: str, context: type[Append], n: int, window: int = WINDOW
+) -> tuple[float, list[float], float]:
+    """``n`` submissions through the client, ``window`` in flight: tx/s, latencies, and
+    this process's CPU seconds per transaction."""
+    latencies: list[float] = []
+    callbacks = AsyncCounting(10**12, False)
+    config = ClientConfig(uri, transport="zmq", partitions=[0], max_concurrent_transactions=window)
+    async with AsyncWaltzClient(callbacks, config) as client:
+        await client.submit(context())  # mounted
+        loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[SubmissionResult]] = []
+        cpu = time.process_time()
+        started = time.perf_counter()
+        for _ in range(n):
+            t0 = loop.time()
+            task = await client.enqueue(context())
+            task.add_done_callback(functools.partial(_record, latencies, loop, t0))
+            tasks.append(task)
+        await asyncio.gather(*tasks)
+        rate = n / (time.perf_counter() - started)
+        cpu = (time.process_time() - cpu) / n
+    return rate, latencies, cpu
+
+
+async def client_one_at_a_time(uri: str, context: type[Append], n: int) -> list[float]:
+    """K=1: one submission at a time; the latency of each."""
+    config = ClientConfig(uri, transport="zmq", partitions=[0])
+    latencies: list[float] = []
+    async with AsyncWaltzClient(AsyncCounting(10**12, False), config) as client:
+        await client.submit(context())
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await client.submit(context())
+            latencies.append(time.perf_counter() - t0)
+    return latencies
+
+
+async def raw_one_at_a_time(endpoint: str, generation: int, n: int) -> list[float]:
+    """K=1 with the raw protocol: one append at a time, latency until its FeedData (the
+    floor: the network hops and one round of fdatasync on the storage nodes)."""
+    raw_id = 2 * 10**6
+    transport: Transport = get_registry().get("transport", "zmq").factory({})
+    conn = await transport.connect(endpoint)
+    proto = ProtocolConnection(Role.INITIATOR, sender=f"client:{raw_id}")
+    await conn.send(proto.start_handshake())
+    proto.receive_frame(await conn.recv())
+    await conn.send(proto.send(MountRequest(ReqId(raw_id, generation, 0, 0), 10**9, 1)))
+    while True:  # CLIENT_AHEAD tells the mark: mount there
+        message = proto.receive_frame(await conn.recv())
+        if isinstance(message, MountResponse):
+            if message.status is MountStatus.READY:
+                break
+            mark = message.high_water_mark
+            await conn.send(proto.send(MountRequest(ReqId(raw_id, generation, 0, 1), mark, 1)))
+    latencies = []
+    for seq in range(2, n + 2):
+        rid = ReqId(raw_id, generation, 0, seq)
+        t0 = time.perf_counter()
+        await conn.send(proto.send(AppendRequest(rid, -1, LockRequest(), 0, DATA, checksum(DATA))))
+        while True:
+            message = proto.receive_frame(await conn.recv())
+            if isinstance(message, FeedData) and message.req_id == rid:
+                break
+        latencies.append(time.perf_counter() - t0)
+    await transport.close()
+    return latencies
+
+
+async def process_cases(submits: int, one_at_a_time: int) -> None:
+    """The client library beside the raw protocol against a cluster of real processes
+    (this process is only the client)."""
+    from process_cluster import peak_rss_mb, process_cluster
+
+    async with process_cluster(1) as cluster:
+        owner = (await cluster.metadata.partition_assignment(0)).value
+        print(
+            "cluster of real processes (ZooKeeper, 3 storage nodes with fsync, 1 server, zmq), "
+            f"1 partition, {WINDOW} in flight:"
+        )
+        raw = await raw_case(submits, owner.endpoint, owner.generation)
+        print(f"  raw protocol (no client):              {raw:8,.0f} tx/s")
+        for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):
+            rate, latencies, cpu = await client_throughput(cluster.uri, context, submits)
+            print(
+                f"  AsyncWaltzClient.submit, {label}: {rate:8,.0f} tx/s ({rate / raw:4.0%} of "
+                f"raw)  p50 {pct(latencies, 0.5):.2f} ms  p99 {pct(latencies, 0.99):.2f} ms  "
+                f"client CPU {cpu * 1e6:.0f} us/tx"
+            )
+        floor = await raw_one_at_a_time(owner.endpoint, owner.generation, one_at_a_time)
+        print(f"one at a time (K=1), {one_at_a_time} each:")
+        print(
+            f"  raw protocol (the floor):       p50 {pct(floor, 0.5):6.2f} ms  "
+            f"p99 {pct(floor, 0.99):6.2f} ms"
+        )
+        for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):
+            latencies = await client_one_at_a_time(cluster.uri, context, one_at_a_time)
+            ratio = pct(latencies, 0.5) / pct(floor, 0.5)
+            print(
+                f"  AsyncWaltzClient.submit, {label}: p50 {pct(latencies, 0.5):6.2f} ms "
+                f"({ratio:.2f}x the floor)  p99 {pct(latencies, 0.99):6.2f} ms"
+            )
+        print(f"  server peak RSS: {peak_rss_mb(cluster.server.pid):.0f} MB")
+
+
 async def real_cases(submits: int, feed: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = RealCluster()
@@ -305,20 +410,7 @@ async def real_cases(submits: int, feed: int) -> None:
         try:
             print("real server in this process (local coordination, 3 fs storage nodes, zmq):")
             for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):
-                latencies: list[float] = []
-                callbacks = AsyncCounting(10**12, False)
-                config = ClientConfig(uri, transport="zmq", max_concurrent_transactions=WINDOW)
-                async with AsyncWaltzClient(callbacks, config) as client:
-                    loop = asyncio.get_running_loop()
-                    tasks: list[asyncio.Task[SubmissionResult]] = []
-                    started = time.perf_counter()
-                    for _ in range(submits):
-                        t0 = loop.time()
-                        task = await client.enqueue(context())
-                        task.add_done_callback(functools.partial(_record, latencies, loop, t0))
-                        tasks.append(task)
-                    await asyncio.gather(*tasks)
-                    rate = submits / (time.perf_counter() - started)
+                rate, latencies, _ = await client_throughput(uri, context, submits)
                 print(
                     f"  AsyncWaltzClient.submit, {label}: {rate:8,.0f} tx/s   "
                     f"p50 {pct(latencies, 0.5):.2f} ms  p99 {pct(latencies, 0.99):.2f} ms"
@@ -354,9 +446,22 @@ async def main() -> None:
     parser.add_argument("--data-feed", type=int, default=5000)
     parser.add_argument("--submits", type=int, default=20000)
     parser.add_argument("--real", action="store_true", help="also against the real server")
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="also against a cluster of real processes (needs ZooKeeper installed)",
+    )
+    parser.add_argument("--one-at-a-time", type=int, default=300, help="K=1 submissions")
+    parser.add_argument("--no-echo", action="store_true", help="skip the echo peer cases")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
+    if args.no_echo:
+        if args.real:
+            await real_cases(args.submits, args.feed)
+        if args.processes:
+            await process_cases(args.submits, args.one_at_a_time)
+        return
     print("feed consumption (scripted echo peer over zmq loopback, one process):")
     rate = await feed_case(args.feed, fetch=False, use_async=False)
     print(f"  headers only, plain callbacks (callback thread): {rate:10,.0f} tx/s")
@@ -380,6 +485,8 @@ async def main() -> None:
     print(f"  raw protocol (no client):              {rate:8,.0f} tx/s")
     if args.real:
         await real_cases(args.submits, args.feed)
+    if args.processes:
+        await process_cases(args.submits, args.one_at_a_time)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS: {peak:.0f} MiB")
 

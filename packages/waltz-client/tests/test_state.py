@@ -20,6 +20,7 @@ from waltz_client.state import (
     MountState,
     Outcome,
     RetryQueue,
+    RunningSubmissions,
     TransactionDataCache,
     TransactionMonitor,
 )
@@ -149,6 +150,32 @@ def test_monitor_resolves_each_request_exactly_once_in_order(
             seen[res.req_id] = res.outcome
         assert set(m.pending) == set(before) - {res.req_id for res in resolved}
     assert set(seen) | set(m.pending) == set(reqs)
+
+
+def test_concurrency_limit_takes_a_free_slot_without_a_waiter() -> None:
+    limit: ConcurrencyLimit[str] = ConcurrencyLimit(1)
+    assert limit.try_acquire_free() and limit.in_use == 1
+    assert not limit.try_acquire_free()  # full
+    assert not limit.try_acquire("a")  # queued
+    assert limit.release() == "a"  # handed over: still one in use
+    assert not limit.try_acquire_free() and limit.in_use == 1
+    assert limit.release() is None and limit.in_use == 0
+    assert limit.try_acquire_free()
+
+
+def test_running_submissions_tell_a_flush_when_those_before_it_are_done() -> None:
+    running = RunningSubmissions()
+    first, second = running.start(), running.start()
+    mark = running.mark  # a flush now covers both
+    third = running.start()
+    assert running.running_up_to(mark) == 2
+    running.finish(second)
+    assert running.running_up_to(mark) == 1
+    running.finish(third)  # started after the flush: not waited for
+    assert running.running_up_to(mark) == 1
+    running.finish(first)
+    assert running.running_up_to(mark) == 0 and len(running) == 0
+    assert running.running_up_to(running.mark) == 0
 
 
 # -- poison transactions ----------------------------------------------------------------------

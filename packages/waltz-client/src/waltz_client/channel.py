@@ -118,7 +118,10 @@ class Channel:
                 if partition is None:
                     log.warning("dropping %s for a partition this client does not mount", message)
                     continue
-                await partition.inbox.put((self, message))
+                try:
+                    partition.inbox.put_nowait((self, message))
+                except asyncio.QueueFull:  # the partition is behind: wait (back pressure)
+                    await partition.inbox.put((self, message))
         except (TransportError, ProtocolError) as exc:
             self.lost(exc)
 

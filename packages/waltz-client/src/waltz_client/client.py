@@ -77,6 +77,7 @@ from waltz_client.state import (
     ApplyFailures,
     ConcurrencyLimit,
     Outcome,
+    Resolution,
     TransactionDataCache,
 )
 
@@ -161,6 +162,30 @@ class _Expired(WaltzError):
     """Internal: the deadline passed; the message says what the submission was doing."""
 
 
+_Built = tuple[TransactionBuilder, bool]
+"""A context's builder, and whether ``execute`` wants it sent."""
+
+
+def _checked_builder(context: TransactionContext, p: int, hwm: object) -> TransactionBuilder:
+    if isinstance(hwm, bool) or not isinstance(hwm, int):
+        raise ClientError(f"client_high_water_mark returned {hwm!r}, not an int")
+    context.attempts += 1
+    return TransactionBuilder(p, hwm)
+
+
+def _deliver_builds(
+    outcomes: list[tuple[asyncio.Future[_Built], _Built | None, BaseException | None]],
+) -> None:
+    for future, built, exc in outcomes:
+        if future.done():
+            continue
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            assert built is not None
+            future.set_result(built)
+
+
 class AsyncWaltzClient:
     """The Waltz client on an asyncio event loop.
 
@@ -198,6 +223,12 @@ class AsyncWaltzClient:
             )
         self.callbacks = callbacks
         self.config = config
+        self.hwm_is_async = inspect.iscoroutinefunction(callbacks.client_high_water_mark)
+        self.apply_is_async = inspect.iscoroutinefunction(callbacks.apply_transaction)
+        self._async_functions: dict[object, bool] = {}
+        """function -> is it a coroutine function (``execute`` of each context class)."""
+        self._builds: list[tuple[TransactionContext, int, asyncio.Future[_Built]]] = []
+        """Builds waiting for the callback thread (taken there in one hop)."""
         self.client_id = -1
         self.num_partitions = 0
         self.partitions: dict[int, Partition] = {}
@@ -362,6 +393,22 @@ class AsyncWaltzClient:
         the transaction; the task resolves like :meth:`submit`. Cancelling the task
         gives up the submission and its slot (an append already sent may still commit;
         the feed then delivers it like any other transaction)."""
+        partition = await self._slot(context)
+        return asyncio.get_running_loop().create_task(
+            self._run(partition, context), name=f"waltz-submit-{partition.id}"
+        )
+
+    async def submit(self, context: TransactionContext) -> SubmissionResult:
+        """Execute ``context`` until its outcome is known: a :class:`SubmissionResult`,
+        true when committed (with the transaction id), false when ``execute`` declined.
+        Raises :class:`TransactionExpiredError` (not committed by the deadline),
+        :class:`TransactionOutcomeUnknownError` (the server could not be asked), what
+        ``execute`` raised (after ``on_exception``), ClientAheadError, or ClientError
+        when the client closes. Waits for a slot first (back pressure)."""
+        partition = await self._slot(context)
+        return await self._run(partition, context)
+
+    async def _slot(self, context: TransactionContext) -> Partition:
         partition = self._partition_of(context)
         partition.check_usable()
         await partition.acquire_slot()
@@ -370,27 +417,54 @@ class AsyncWaltzClient:
         except BaseException:
             partition.release_slot()
             raise
-        task = asyncio.get_running_loop().create_task(
-            self._run(partition, context), name=f"waltz-submit-{partition.id}"
-        )
-        partition.track(task)
-        return task
-
-    async def submit(self, context: TransactionContext) -> SubmissionResult:
-        """Execute ``context`` until its outcome is known: a :class:`SubmissionResult`,
-        true when committed (with the transaction id), false when ``execute`` declined.
-        Raises :class:`TransactionExpiredError` (not committed by the deadline),
-        :class:`TransactionOutcomeUnknownError` (the server could not be asked), what
-        ``execute`` raised (after ``on_exception``), ClientAheadError, or ClientError
-        when the client closes."""
-        task = await self.enqueue(context)
-        return await task
+        return partition
 
     async def _run(self, partition: Partition, context: TransactionContext) -> SubmissionResult:
+        """One submission, holding a slot: (re)executed until decided."""
+        number = partition.submissions.start()
         timeout = self.config.transaction_timeout
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         try:
-            return await self._attempts(partition, context, deadline)
+            p = partition.id
+            while True:
+                partition.check_usable()
+                if not partition.mount.appends_allowed:
+                    await self._before_deadline(
+                        partition.wait_mounted(), deadline, partition.unwritable
+                    )
+                elif deadline is not None and loop.time() >= deadline:
+                    raise _Expired("the deadline passed as it was about to be executed again")
+                builder, go = await self._build(context, p)
+                if not go:
+                    call_hook(context.on_completion, False)
+                    return SubmissionResult(False, p, NO_TRANSACTION, context.attempts)
+                builder.check_size(self.transport.max_frame_size)  # before anything is sent
+                channel = partition.channel
+                if not partition.mount.appends_allowed or channel is None:
+                    continue  # a mount started while executing: build again after it
+                req_id = self._next_req_id(p, partition.mount.generation)
+                data = builder.data
+                outcome = partition.register(req_id, context, data, deadline)
+                with contextlib.suppress(ChannelLost):  # the next mount fails it; then a retry
+                    await channel.send_stream(
+                        AppendRequest(
+                            req_id,
+                            builder.client_high_water_mark,
+                            builder.lock_request(),
+                            builder.header,
+                            data,
+                            checksum(data),
+                        )
+                    )
+                resolution = await outcome
+                if resolution.outcome is Outcome.COMMITTED:
+                    transaction_id = resolution.transaction_id
+                    if transaction_id > partition.committed_top:
+                        partition.committed_top = transaction_id
+                    call_hook(context.on_completion, True)
+                    return SubmissionResult(True, p, transaction_id, context.attempts)
+                await self._before_retry(partition, context, resolution, deadline)
         except _Expired as expired:
             call_hook(context.on_expiration)
             raise TransactionExpiredError(
@@ -403,7 +477,40 @@ class AsyncWaltzClient:
                 call_hook(context.on_exception, exc)
             raise
         finally:
-            partition.release_slot()
+            partition.finished(number)
+
+    async def _before_retry(
+        self,
+        partition: Partition,
+        context: TransactionContext,
+        resolution: Resolution,
+        deadline: float | None,
+    ) -> None:
+        """An attempt was not committed: wait until it may be executed again (after a
+        lock failure, until the feed reached the transaction that made it fail)."""
+        failed = resolution.reason
+        if resolution.outcome is Outcome.LOCK_FAILED:
+            call_hook(context.on_lock_failure, resolution.transaction_id)
+        if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+            raise _Expired(f"its last attempt was not committed: {failed}")
+        if resolution.outcome is Outcome.LOCK_FAILED:
+            failing = resolution.transaction_id
+
+            def lock_wait() -> str:
+                return (
+                    f"its last attempt was not committed ({failed}), and this client's "
+                    f"feed had not reached transaction {failing} to retry on the state "
+                    f"it made (at {partition.feed.position}; {partition.unwritable()})"
+                )
+
+            await self._before_deadline(partition.wait_retry(failing), deadline, lock_wait)
+        else:
+
+            def retry_wait() -> str:
+                waiting = partition.unwritable()
+                return f"its last attempt was not committed ({failed}), and {waiting}"
+
+            await self._before_deadline(partition.wait_retry(None), deadline, retry_wait)
 
     @staticmethod
     async def _before_deadline(
@@ -425,86 +532,61 @@ class AsyncWaltzClient:
         except TimeoutError:
             raise _Expired(why()) from None
 
-    async def _attempts(
-        self, partition: Partition, context: TransactionContext, deadline: float | None
-    ) -> SubmissionResult:
-        p = partition.id
-        loop = asyncio.get_running_loop()
-        while True:
-            partition.check_usable()
-            if not partition.mount.appends_allowed:
-                await self._before_deadline(
-                    partition.wait_mounted(), deadline, partition.unwritable
-                )
-            elif deadline is not None and loop.time() >= deadline:
-                raise _Expired("the deadline passed as it was about to be executed again")
-            builder, go = await self._build(context, p)
-            hwm = builder.client_high_water_mark
-            if not go:
-                call_hook(context.on_completion, False)
-                return SubmissionResult(False, p, NO_TRANSACTION, context.attempts)
-            builder.check_size(self.transport.max_frame_size)  # before anything is sent
-            if not partition.mount.appends_allowed or partition.channel is None:
-                continue  # a mount started while executing: build again after it
-            channel = partition.channel
-            req_id = self._next_req_id(p, partition.mount.generation)
-            data = builder.data
-            outcome = partition.register(req_id, context, data, deadline)
-            with contextlib.suppress(ChannelLost):  # the next mount fails it; then a retry
-                await channel.send_stream(
-                    AppendRequest(
-                        req_id, hwm, builder.lock_request(), builder.header, data, checksum(data)
-                    )
-                )
-            resolution = await outcome
-            if resolution.outcome is Outcome.COMMITTED:
-                call_hook(context.on_completion, True)
-                return SubmissionResult(True, p, resolution.transaction_id, context.attempts)
-            failed = resolution.reason
-            if resolution.outcome is Outcome.LOCK_FAILED:
-                call_hook(context.on_lock_failure, resolution.transaction_id)
-            if deadline is not None and loop.time() >= deadline:
-                raise _Expired(f"its last attempt was not committed: {failed}")
-            if resolution.outcome is Outcome.LOCK_FAILED:
-                failing = resolution.transaction_id
+    def _is_async(self, fn: Callable[..., Any]) -> bool:
+        key = getattr(fn, "__func__", fn)
+        known = self._async_functions.get(key)
+        if known is None:
+            known = inspect.iscoroutinefunction(fn)
+            if len(self._async_functions) > 1000:  # contexts made of ever new functions
+                self._async_functions.clear()
+            self._async_functions[key] = known
+        return known
 
-                def lock_wait(failing: int = failing, failed: str = failed) -> str:
-                    return (
-                        f"its last attempt was not committed ({failed}), and this client's "
-                        f"feed had not reached transaction {failing} to retry on the state "
-                        f"it made (at {partition.feed.position}; {partition.unwritable()})"
-                    )
+    async def _build(self, context: TransactionContext, p: int) -> _Built:
+        """Read the client high-water mark and execute the context. When both are plain
+        methods they run together on the callback thread, so an apply never runs in
+        between; the builds waiting at the same time go there in one hop."""
+        execute = context.execute
+        if self.hwm_is_async or self._is_async(execute):
+            builder = _checked_builder(
+                context, p, await self._call_callback(self.callbacks.client_high_water_mark, p)
+            )
+            return builder, bool(await self._call_callback(execute, builder))
+        assert self._loop is not None
+        future: asyncio.Future[_Built] = self._loop.create_future()
+        if not self._builds:
+            self._loop.call_soon(self._send_builds)  # once this turn's builds have joined
+        self._builds.append((context, p, future))
+        return await future
 
-                await self._before_deadline(partition.wait_retry(failing), deadline, lock_wait)
-            else:
+    def _send_builds(self) -> None:
+        builds, self._builds = self._builds, []
+        assert self._executor is not None
+        try:
+            self._executor.submit(self._run_builds, builds)
+        except RuntimeError as exc:  # the executor is shut down: the client is closing
+            for _, _, future in builds:
+                if not future.done():
+                    future.set_exception(ClientError(f"the Waltz client is closed ({exc})"))
 
-                def retry_wait(failed: str = failed) -> str:
-                    waiting = partition.unwritable()
-                    return f"its last attempt was not committed ({failed}), and {waiting}"
-
-                await self._before_deadline(partition.wait_retry(None), deadline, retry_wait)
-
-    async def _build(self, context: TransactionContext, p: int) -> tuple[TransactionBuilder, bool]:
-        """Read the client high-water mark and execute the context (one callback-thread
-        hop when both are plain methods, so an apply never runs in between)."""
+    def _run_builds(
+        self, builds: list[tuple[TransactionContext, int, asyncio.Future[_Built]]]
+    ) -> None:
+        """On the callback thread: each build's high-water mark read and execute, in
+        order; the outcomes go back to the loop in one call."""
         read_hwm = self.callbacks.client_high_water_mark
-
-        def checked(hwm: object) -> TransactionBuilder:
-            if isinstance(hwm, bool) or not isinstance(hwm, int):
-                raise ClientError(f"client_high_water_mark returned {hwm!r}, not an int")
-            context.attempts += 1
-            return TransactionBuilder(p, hwm)
-
-        if inspect.iscoroutinefunction(read_hwm) or inspect.iscoroutinefunction(context.execute):
-            builder = checked(await self._call_callback(read_hwm, p))
-            return builder, bool(await self._call_callback(context.execute, builder))
-
-        def build() -> tuple[TransactionBuilder, bool]:
-            builder = checked(read_hwm(p))
-            return builder, bool(context.execute(builder))
-
-        assert self._loop is not None and self._executor is not None
-        return await self._loop.run_in_executor(self._executor, build)
+        outcomes: list[tuple[asyncio.Future[_Built], _Built | None, BaseException | None]] = []
+        for context, p, future in builds:
+            if future.done():
+                continue  # the submission was cancelled meanwhile
+            try:
+                builder = _checked_builder(context, p, read_hwm(p))
+                outcomes.append((future, (builder, bool(context.execute(builder))), None))
+            except BaseException as exc:
+                outcomes.append((future, None, exc))
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(_deliver_builds, outcomes)
 
     # -- flush, high-water mark, data --------------------------------------------------------------
 
@@ -526,21 +608,18 @@ class AsyncWaltzClient:
         partition = self._partition(partition_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        covered = list(partition.submissions)
+        mark = partition.submissions.mark
+        covered = partition.submissions.running_up_to(mark)
         top = await partition.flush_round(timeout)
-        if covered:
-            _, undecided = await asyncio.wait(covered, timeout=max(deadline - loop.time(), 0))
-            if undecided:
-                raise ClientError(
-                    f"flush of partition {partition_id}: {len(undecided)} of the "
-                    f"{len(covered)} submissions it covers were still undecided after "
-                    f"{timeout} s ({partition.unwritable()}); flush again, or bound them "
-                    "with ClientConfig.transaction_timeout"
-                )
-            for task in covered:
-                if not task.cancelled() and task.exception() is None:
-                    top = max(top, task.result().transaction_id)
-        return top
+        undecided = await partition.wait_submissions(mark, max(deadline - loop.time(), 0))
+        if undecided:
+            raise ClientError(
+                f"flush of partition {partition_id}: {undecided} of the {covered} "
+                f"submissions it covers were still undecided after {timeout} s "
+                f"({partition.unwritable()}); flush again, or bound them with "
+                "ClientConfig.transaction_timeout"
+            )
+        return max(top, partition.committed_top)
 
     async def high_water_mark(self, partition_id: int, timeout: float | None = None) -> int:
         """The partition's high-water mark, as its server knows it now."""
@@ -730,8 +809,8 @@ class AsyncWaltzClient:
             del self._channels[channel.endpoint]
 
     async def _call_callback(self, fn: Callable[..., R | Awaitable[R]], *args: Any) -> R:
-        if inspect.iscoroutinefunction(fn):
-            result: R = await fn(*args)
+        if self._is_async(fn):
+            result: R = await fn(*args)  # type: ignore[misc]
             return result
         assert self._loop is not None and self._executor is not None
         value: Any = await self._loop.run_in_executor(self._executor, fn, *args)

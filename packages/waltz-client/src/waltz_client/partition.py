@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
+import heapq
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from waltz_api.messages import (
     MountResponse,
 )
 from waltz_api.types import NO_TRANSACTION, ReqId
-from waltz_client.api import SubmissionResult, Transaction, TransactionContext
+from waltz_client.api import Transaction, TransactionContext
 from waltz_client.channel import Channel, ChannelLost
 from waltz_client.errors import PoisonTransactionError, TransactionOutcomeUnknownError
 from waltz_client.state import (
@@ -55,6 +56,7 @@ from waltz_client.state import (
     Outcome,
     Resolution,
     RetryQueue,
+    RunningSubmissions,
     TransactionMonitor,
 )
 
@@ -101,8 +103,11 @@ class Partition:
         )
         self.appends: dict[ReqId, _Append] = {}
         self.requests: dict[ReqId, asyncio.Future[Message]] = {}
-        self.submissions: set[asyncio.Task[SubmissionResult]] = set()
+        self.submissions = RunningSubmissions()
         """The running submissions (what a flush waits for)."""
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.committed_top = NO_TRANSACTION
+        """The highest transaction id a submission of this client committed at."""
         self._decision: asyncio.Task[None] | None = None
         self._decision_covers = 0
         """The monitor's flush mark when the running decision flush started (it covers
@@ -111,7 +116,11 @@ class Partition:
         self.inbox: asyncio.Queue[tuple[Channel, Message]] = asyncio.Queue(_INBOX_SIZE)
         self.mounted = asyncio.Event()
         self.need_mount = asyncio.Event()
-        self.advanced = asyncio.Event()
+        self._position_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        """A heap of waits for the feed to reach a transaction id."""
+        self._waiter_order = itertools.count()
+        self._progress = 0
+        """Feed progress so far (what keeps a mount that is streaming a catch-up alive)."""
         self.failure: WaltzError | None = None
         self.mounts = 0
         """Mounts completed (READY) so far."""
@@ -126,7 +135,7 @@ class Partition:
         """Paces the offers of a transaction apply_transaction keeps failing on."""
         self._mount_timer: asyncio.TimerHandle | None = None
         self.reassigned = asyncio.Event()
-        self._last_progress = 0.0
+        self._mount_progress = 0
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -158,6 +167,7 @@ class Partition:
         self.appends.clear()
         self.requests.clear()
         self.mounted.set()  # wake waiters; they see the client closed
+        self._wake_position_waiters()
 
     # -- assignment and mounting -------------------------------------------------------------------
 
@@ -303,6 +313,7 @@ class Partition:
                 continue  # channel_lost() scheduled the next mount
             if self._mount_timer is not None:
                 self._mount_timer.cancel()
+            self._mount_progress = self._progress
             self._mount_timer = asyncio.get_running_loop().call_later(
                 client.config.request_timeout, self._mount_timed_out, req_id
             )
@@ -311,10 +322,10 @@ class Partition:
         self._mount_timer = None
         loop = asyncio.get_running_loop()
         timeout = self.client.config.request_timeout
-        quiet = loop.time() - self._last_progress
-        if self.mount.state is MountState.MOUNTING and quiet < timeout:
+        if self.mount.state is MountState.MOUNTING and self._progress != self._mount_progress:
             # a long catch-up feed is streaming: the mount is alive, wait on
-            self._mount_timer = loop.call_later(timeout - quiet, self._mount_timed_out, req_id)
+            self._mount_progress = self._progress
+            self._mount_timer = loop.call_later(timeout, self._mount_timed_out, req_id)
             return
         if self.mount.state is MountState.MOUNTING and self.mount.mount_req_id == req_id:
             log.warning(
@@ -330,7 +341,7 @@ class Partition:
 
     async def _work(self) -> None:
         inbox = self.inbox
-        batchable = not inspect.iscoroutinefunction(self.client.callbacks.apply_transaction)
+        batchable = not self.client.apply_is_async
         while True:
             channel, message = await inbox.get()
             if channel is not self.channel:
@@ -575,10 +586,23 @@ class Partition:
         self._remount_later(delay=delay)
 
     def _advance_waiters(self) -> None:
-        self._last_progress = asyncio.get_running_loop().time()
-        self.advanced.set()
-        self.advanced = asyncio.Event()
-        self._release_retries()
+        self._progress += 1
+        waiters = self._position_waiters
+        if waiters:
+            position = self.feed.position
+            while waiters and waiters[0][0] <= position:
+                future = heapq.heappop(waiters)[2]
+                if not future.done():
+                    future.set_result(None)
+        if self.retries:
+            self._release_retries()
+
+    def _wake_position_waiters(self) -> None:
+        """Every wait for a feed position looks again (the partition stopped)."""
+        waiters, self._position_waiters = self._position_waiters, []
+        for _, _, future in waiters:
+            if not future.done():
+                future.set_result(None)
 
     def _release_retries(self) -> None:
         for future in self.retries.release(
@@ -630,6 +654,7 @@ class Partition:
                 future.set_exception(error)
         self.requests.clear()
         self.mounted.set()
+        self._wake_position_waiters()
 
     def _on_error(self, message: ErrorResponse) -> None:
         req_id = message.req_id
@@ -699,6 +724,8 @@ class Partition:
             raise ClientError("the Waltz client is closed")
 
     async def acquire_slot(self) -> None:
+        if self.limit.try_acquire_free():
+            return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.limit.try_acquire(future):
             return
@@ -749,9 +776,33 @@ class Partition:
         self.appends[req_id] = append
         return future
 
-    def track(self, submission: asyncio.Task[SubmissionResult]) -> None:
-        self.submissions.add(submission)
-        submission.add_done_callback(self.submissions.discard)
+    def finished(self, number: int) -> None:
+        """Submission ``number`` is decided (and its slot given back)."""
+        self.release_slot()
+        self.submissions.finish(number)
+        waiters = self._flush_waiters
+        if waiters:
+            still = []
+            for mark, future in waiters:
+                if future.done():
+                    continue
+                if self.submissions.running_up_to(mark):
+                    still.append((mark, future))
+                else:
+                    future.set_result(None)
+            self._flush_waiters = still
+
+    async def wait_submissions(self, mark: int, timeout: float) -> int:
+        """Wait until no submission numbered up to ``mark`` runs; returns how many still
+        run after ``timeout`` (0: all decided)."""
+        if not self.submissions.running_up_to(mark):
+            return 0
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((mark, future))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await future
+        return self.submissions.running_up_to(mark)
 
     def unwritable(self) -> str:
         """Why appends are not flowing now (for an expiry's message)."""
@@ -893,8 +944,12 @@ class Partition:
                     f"partition {self.id}: the feed did not reach transaction {transaction_id} "
                     f"within {timeout} s (at {self.feed.position})"
                 )
+            future: asyncio.Future[None] = loop.create_future()
+            entry = (transaction_id, next(self._waiter_order), future)
+            heapq.heappush(self._position_waiters, entry)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.advanced.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await future
 
 
 def call_hook(fn: Callable[..., Any], *args: Any) -> None:

@@ -6,6 +6,8 @@
 - :class:`RetryQueue`: failed contexts waiting to be re-executed (after a lock
   failure: until the client's feed position reaches the failing transaction).
 - :class:`ConcurrencyLimit`: at most N transactions in flight per partition, FIFO.
+- :class:`RunningSubmissions`: the submissions running, numbered as they start
+  (what a flush waits for).
 - :class:`MountSequencer`: mount / reconnect sequencing (appends blocked while mounting).
 - :class:`TransactionDataCache`: a byte-bounded LRU of transaction data.
 - :class:`ApplyFailures`: how often ``apply_transaction`` failed on the next
@@ -306,6 +308,13 @@ class ConcurrencyLimit(Generic[W]):
     def waiting(self) -> int:
         return len(self._waiters)
 
+    def try_acquire_free(self) -> bool:
+        """Take a free slot if there is one and nobody waits (no waiter needed)."""
+        if self.in_use < self.limit and not self._waiters:
+            self.in_use += 1
+            return True
+        return False
+
     def try_acquire(self, waiter: W) -> bool:
         """True: a slot is taken. False: ``waiter`` is queued; :meth:`release` hands it one."""
         if self.in_use < self.limit and not self._waiters:
@@ -336,6 +345,40 @@ class ConcurrencyLimit(Generic[W]):
         except ValueError:
             return False
         return True
+
+
+class RunningSubmissions:
+    """The submissions running on a partition, numbered as they start: a flush waits
+    until none of those started before it (numbers up to its :attr:`mark`) runs."""
+
+    __slots__ = ("_heap", "_running", "mark")
+
+    def __init__(self) -> None:
+        self.mark = 0
+        """The number of the latest submission started."""
+        self._running: set[int] = set()
+        self._heap: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def start(self) -> int:
+        self.mark += 1
+        self._running.add(self.mark)
+        heapq.heappush(self._heap, self.mark)
+        return self.mark
+
+    def finish(self, number: int) -> None:
+        self._running.discard(number)
+        heap, running = self._heap, self._running
+        while heap and heap[0] not in running:
+            heapq.heappop(heap)
+
+    def running_up_to(self, mark: int) -> int:
+        """How many submissions numbered up to ``mark`` still run."""
+        if not self._heap or self._heap[0] > mark:
+            return 0
+        return sum(1 for n in self._running if n <= mark)
 
 
 # -- mount sequencing ----------------------------------------------------------------------------
