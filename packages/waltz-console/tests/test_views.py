@@ -212,6 +212,31 @@ def test_failover_new_session_recovery_and_membership_events() -> None:
     assert derive_events(recovered, recovered) == []
 
 
+def test_a_move_away_from_a_silent_server_is_a_failover() -> None:
+    """A killed server stops answering at once; its registration expires and its
+    partitions move seconds later, maybe before the console sees it leave."""
+    meta = _meta({0: 1, 1: 1, 2: 1})
+    meta.servers[2] = ServerInfo(2, "tcp://s2:1")
+    probes = _probes(10)
+    before = build(meta, probes, Trackers(), 0.0)
+    moved = _meta({0: 2, 1: 1, 2: 1})
+    moved.servers[2] = ServerInfo(2, "tcp://s2:1")
+    moved.owners[0] = PartitionAssignment(0, 2, "tcp://s2:1", 6)
+    quiet = Probes(silent_servers={1})
+    events = derive_events(before, build(moved, quiet, Trackers(), 1.0))
+    (event,) = [e for e in events if e.partition == 0]
+    assert event.kind == "failover"
+    assert [e.message for e in events if e.kind == "server_down"] == [
+        "server 1 stopped answering; its partitions move when its coordination session expires"
+    ]
+    # a planned move (the old owner still answers) is not a failover
+    events = derive_events(before, build(moved, probes, Trackers(), 1.0))
+    (event,) = [e for e in events if e.partition == 0]
+    assert not [e for e in events if e.kind == "server_down"]
+    assert event.kind == "moved"
+    assert event.message == "partition 0 moved from server 1 to server 2 (generation 6)"
+
+
 def test_fenced_requests_are_an_event() -> None:
     meta = _meta({0: 1, 1: 1, 2: 1})
 

@@ -345,7 +345,13 @@ def test_every_name_imported_and_every_keyword_passed_in_the_docs_exists() -> No
     assert checked >= 20
 
 
-OTHER_VARIABLES = {"WALTZ_COORDINATION", "WALTZ_DISABLE_PLUGIN_AUTOLOAD", "WALTZ_CONSOLE_TOKEN"}
+OTHER_VARIABLES = {
+    "WALTZ_COORDINATION",
+    "WALTZ_DISABLE_PLUGIN_AUTOLOAD",
+    "WALTZ_CONSOLE_TOKEN",
+    "WALTZ_CONSOLE_SCREENSHOTS",
+    "WALTZ_CONSOLE_DEV_DIR",
+}
 
 
 def test_every_environment_variable_in_the_docs_is_a_config_key() -> None:

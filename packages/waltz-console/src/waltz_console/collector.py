@@ -5,8 +5,9 @@ into a :class:`~waltz_console.views.Snapshot` and a time line of events.
   preferred partition overrides, each partition's assignment and store metadata):
   a change refreshes the views at once.
 - Every ``interval`` seconds each HTTP endpoint given (servers and storage nodes) is
-  asked its ``/status`` and ``/metrics``; a process that does not answer is shown
-  as such, never waited for beyond ``probe_timeout``.
+  asked its ``/status``, and every ``metrics_interval`` seconds its ``/metrics``; a
+  process that does not answer is shown as such, never waited for beyond
+  ``probe_timeout``.
 - While the coordination service cannot be reached (or holds no cluster) the console
   keeps serving, says why on every page, and retries with back-off.
 
@@ -88,6 +89,7 @@ class Collector:
         coordination_options: dict[str, Any] | None = None,
         storage_endpoint: str = "tcp://{}",
         interval: float = 1.0,
+        metrics_interval: float = 5.0,
         probe_timeout: float = 2.0,
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -97,6 +99,8 @@ class Collector:
         self.coordination_options = dict(coordination_options or {})
         self.storage_endpoint = storage_endpoint
         self.interval = interval
+        self.metrics_interval = max(interval, metrics_interval)
+        self._next_metrics = 0.0
         self.probe_timeout = probe_timeout
         self.wall_clock = wall_clock
         self.meta = MetaState(uri=uri, error="connecting to the coordination service ...")
@@ -114,6 +118,8 @@ class Collector:
         self._watches: list[Watch] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._backoff = Backoff(0.2, 5.0, rng)
+        self._url_server: dict[str, int] = {}
+        """Which server answered last at each URL (to tell who fell silent)."""
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -189,8 +195,9 @@ class Collector:
                 self._dirty.set()
 
         coordination.add_session_listener(on_session)
+        # filled by the watches' first calls, shown once complete (a half-read cluster
+        # would look like storage nodes and partitions appearing)
         fresh = MetaState(uri=self.uri, config=config)
-        self.meta = fresh
 
         async def on_servers(_ids: list[int]) -> None:
             try:
@@ -217,6 +224,7 @@ class Collector:
             path = join_path(STORE_PARTITION_DIR, pid)
             self._watches.append(await coordination.watch(path, self._on_store(fresh, pid, path)))
         fresh.error = None
+        self.meta = fresh
         self._dirty.set()
         log.info("console: following cluster %s at %s", config.cluster_key, self.uri)
 
@@ -247,18 +255,20 @@ class Collector:
 
     # -- HTTP endpoints -------------------------------------------------------------------------
 
-    async def _probe(self, url: str) -> tuple[str, dict[str, Any] | None, Any, str | None]:
+    async def _probe(
+        self, url: str, with_metrics: bool
+    ) -> tuple[str, dict[str, Any] | None, Any, str | None]:
         try:
-            status_reply, metrics_reply = await asyncio.gather(
-                http_get(f"{url}/status", self.probe_timeout),
-                http_get(f"{url}/metrics", self.probe_timeout),
-            )
+            status_reply = await http_get(f"{url}/status", self.probe_timeout)
             if status_reply.status != 200:
                 return url, None, None, f"/status answered {status_reply.status}"
             status = json.loads(status_reply.body)
             if not isinstance(status, dict):
                 return url, None, None, "/status did not answer a JSON object"
-            metrics = parse_metrics(metrics_reply.body) if metrics_reply.status == 200 else {}
+            metrics = None
+            if with_metrics:
+                metrics_reply = await http_get(f"{url}/metrics", self.probe_timeout)
+                metrics = parse_metrics(metrics_reply.body) if metrics_reply.status == 200 else {}
             return url, status, metrics, None
         except TimeoutError:
             return url, None, None, f"no answer within {self.probe_timeout:g} s"
@@ -266,14 +276,25 @@ class Collector:
             return url, None, None, f"{type(exc).__name__}: {exc}"
 
     async def probe_all(self) -> None:
-        results = await asyncio.gather(*(self._probe(url) for url in self.http_urls))
+        """Every endpoint's ``/status``; its ``/metrics`` every ``metrics_interval`` (a
+        scrape costs a server with many partitions more than its status; between two,
+        the last one read stands)."""
+        now = asyncio.get_running_loop().time()
+        with_metrics = now >= self._next_metrics
+        if with_metrics:
+            self._next_metrics = now + self.metrics_interval
+        results = await asyncio.gather(*(self._probe(url, with_metrics) for url in self.http_urls))
         probes = Probes()
         for url, status, metrics, error in results:
             if error is not None or status is None:
                 probes.errors[url] = error or "no status"
+                if url in self._url_server:
+                    probes.silent_servers.add(self._url_server[url])
                 continue
+            if status.get("role") == "server" and status.get("server_id") is not None:
+                self._url_server[url] = int(status["server_id"])
             probes.status[url] = status
-            probes.metrics[url] = metrics or {}
+            probes.metrics[url] = self.probes.metrics.get(url, {}) if metrics is None else metrics
         self.probes = probes
 
     # -- refreshing ----------------------------------------------------------------------------

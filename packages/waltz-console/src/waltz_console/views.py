@@ -59,6 +59,8 @@ class Probes:
     status: dict[str, dict[str, Any]] = field(default_factory=dict)
     metrics: dict[str, dict[str, list[tuple[dict[str, str], float]]]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    silent_servers: set[int] = field(default_factory=set)
+    """Servers whose endpoint answered before and does not now."""
 
 
 class Series:
@@ -239,6 +241,26 @@ def build(
     for endpoint, status in storage_status.items():
         node_partitions[endpoint] = {int(p["partition"]): p for p in status.get("partitions", [])}
 
+    holders: dict[int, list[str]] = {}
+    if meta.assignments is not None:
+        for node, hosted_ids in meta.assignments.storage.items():
+            for hosted_id in hosted_ids:
+                holders.setdefault(hosted_id, []).append(node)
+    latency: dict[int, dict[str, list[tuple[float, float]]]] = {}
+
+    def latency_by_partition(sid: int) -> dict[str, list[tuple[float, float]]]:
+        """The server's commit latency buckets by partition label (indexed once)."""
+        found = latency.get(sid)
+        if found is None:
+            found = latency[sid] = {}
+            samples = server_metrics.get(sid, {})
+            for labels, value in samples.get("waltz_server_commit_latency_seconds_bucket", []):
+                if "le" in labels and "partition" in labels:
+                    found.setdefault(labels["partition"], []).append((float(labels["le"]), value))
+            for buckets in found.values():
+                buckets.sort()
+        return found
+
     partitions: list[dict[str, Any]] = []
     clients: list[dict[str, Any]] = []
     total_rate = 0.0
@@ -264,13 +286,7 @@ def build(
             key = ("locks", pid, sid_row[0], row.get("generation"))
             keep.add(key)
             lock_rate = trackers.add(key, now, int(row.get("lock_failures", 0))).rate()
-            buckets = histogram_buckets(
-                server_metrics.get(sid_row[0], {}).get(
-                    "waltz_server_commit_latency_seconds_bucket", []
-                ),
-                "waltz_server_commit_latency_seconds_bucket",
-                partition=str(pid),
-            )
+            buckets = latency_by_partition(sid_row[0]).get(str(pid), [])
             if buckets:
                 key = ("latency", pid, sid_row[0])
                 keep.add(key)
@@ -279,7 +295,7 @@ def build(
                 p99 = histogram_quantile(0.99, window)
         acknowledged: dict[str, int] = dict(row.get("acknowledged", {})) if row else {}
         writable = set(row.get("writable_replicas", [])) if row else set()
-        replica_nodes = meta.assignments.replicas_of(pid) if meta.assignments is not None else []
+        replica_nodes = sorted(holders.get(pid, ()))
         replicas = []
         for node in replica_nodes:
             held = node_partitions.get(storage_endpoint.format(node), {}).get(pid)
@@ -355,6 +371,9 @@ def build(
                 "preferred_source": "override" if endpoint in meta.overrides else "config",
                 "leader": sid in leader_ids if leader_ids else sid == expected_leader,
                 "connected_clients": status.get("connected_clients"),
+                "answering": True
+                if sid in server_status
+                else (False if sid in probes.silent_servers else None),
             }
         )
 
@@ -437,6 +456,14 @@ class Event:
         return {"kind": self.kind, "message": self.message, "partition": self.partition}
 
 
+def _lost(server_id: int, before: Snapshot, after: Snapshot) -> bool:
+    """Whether the server is gone: its registration expired, or its endpoint, which
+    answered before, no longer does (a killed server is seen so before its coordination
+    session expires and its partitions move)."""
+    now = next((s for s in after.servers if s["server_id"] == server_id), None)
+    return now is None or not now["alive"] or now.get("answering") is False
+
+
 def derive_events(before: Snapshot | None, after: Snapshot) -> list[Event]:
     """What changed from ``before`` to ``after`` (nothing on the first snapshot)."""
     if before is None:
@@ -448,6 +475,18 @@ def derive_events(before: Snapshot | None, after: Snapshot) -> list[Event]:
         events.append(Event("membership", f"server {sid} joined ({new_servers[sid]['endpoint']})"))
     for sid in sorted(set(old_servers) - set(new_servers)):
         events.append(Event("membership", f"server {sid} left ({old_servers[sid]['endpoint']})"))
+    for sid in sorted(set(old_servers) & set(new_servers)):
+        was, now = old_servers[sid].get("answering"), new_servers[sid].get("answering")
+        if was and now is False:
+            events.append(
+                Event(
+                    "server_down",
+                    f"server {sid} stopped answering; its partitions move when its "
+                    "coordination session expires",
+                )
+            )
+        elif was is False and now:
+            events.append(Event("server_up", f"server {sid} answers again"))
     old_leader = [s["server_id"] for s in before.servers if s["leader"] and s["alive"]]
     new_leader = [s["server_id"] for s in after.servers if s["leader"] and s["alive"]]
     if new_leader and new_leader != old_leader:
@@ -486,7 +525,7 @@ def derive_events(before: Snapshot | None, after: Snapshot) -> list[Event]:
             if p["owner"] is None:
                 events.append(Event("unassigned", f"partition {pid} has no server", pid))
             elif old["owner"] is not None and old["owner"] != p["owner"]:
-                kind = "failover" if old["owner"] not in new_servers else "moved"
+                kind = "failover" if _lost(old["owner"], before, after) else "moved"
                 verb = "failed over" if kind == "failover" else "moved"
                 events.append(
                     Event(
