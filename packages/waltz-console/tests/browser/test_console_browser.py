@@ -11,6 +11,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -189,6 +191,56 @@ def test_browses_a_transaction_s_data(
         lambda: "start must be at least 0" in (text(browser, "#tx-error") or ""),
         "the error about the start",
     )
+
+
+def test_clients_and_a_followed_partition(
+    dev: DevProcess, browser: Any, screenshot: Callable[[Any, str], Path]
+) -> None:
+    """A connected client (``waltz client tail --follow``) shows with its feed position
+    and lag; a transactions view that follows live shows a new commit by itself."""
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "waltz_server.cli", "client", "tail", "--follow", "--no-data",
+         "--coordination", dev.info["coordination"], "--partition", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")},
+    )  # fmt: skip
+    try:
+        open_view(browser, dev, "#/clients")
+
+        def rows() -> list[list[str]]:
+            found: list[list[str]] = browser.execute_script(
+                "return [...document.querySelectorAll('#clients-table tbody tr')]"
+                ".map(r => [...r.cells].map(c => c.textContent))"
+            )
+            return found
+
+        # partition, client, feed position, lag, server: caught up, so no lag
+        wait_for(
+            browser,
+            lambda: [r for r in rows() if r[0] == "1" and r[3] == "0"],
+            "the connected client, caught up",
+        )
+        screenshot(browser, "clients")
+
+        open_view(browser, dev, "#/transactions/1?follow=1")
+        wait_for(browser, lambda: text(browser, "#tx-summary"), "the newest transactions")
+        dev.run(
+            "client", "append", "--coordination", dev.info["coordination"], "--partition", "1",
+            "--data", "followed",
+        )  # fmt: skip
+        wait_for(
+            browser,
+            lambda: (text(browser, ".tx pre") or "") == "followed",
+            "the new transaction on the followed page",
+        )
+    finally:
+        tail.send_signal(signal.SIGINT)
+        try:
+            tail.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            tail.kill()
+            tail.wait(timeout=30)
 
 
 def test_actions_are_refused_without_login(dev: DevProcess, browser: Any) -> None:
