@@ -223,6 +223,7 @@ class RecoveryManager:
         repair = getattr(connection, "repair", None)
         if missing_range is None or repair is None:
             return max_id  # a connection that cannot report damage has none to report
+        waiting = False
         while True:
             self._check()
             missing = await missing_range()
@@ -234,21 +235,25 @@ class RecoveryManager:
                 # in the last session's dirty tail: truncated away whatever it held
                 await connection.truncate(resolved)
                 return min(max_id, resolved)
+            if resolved is not None:
+                last = min(last, resolved)  # above it, the dirty tail is truncated next
             usher = max(
                 (s for s in self._states.values() if s.node != node and s.mark >= last),
                 key=lambda s: s.mark,
                 default=None,
             )
             if usher is None:
-                log.info(
-                    "partition %d session %d: replica %s lacks %d..%d (damaged storage); "
-                    "waiting for a replica holding them",
-                    self.partition_id,
-                    self.session_id,
-                    node,
-                    first,
-                    last,
-                )
+                if not waiting:
+                    log.info(
+                        "partition %d session %d: replica %s lacks %d..%d (damaged storage); "
+                        "waiting for a replica holding them",
+                        self.partition_id,
+                        self.session_id,
+                        node,
+                        first,
+                        last,
+                    )
+                    waiting = True
                 await self._wait_change()
                 continue
             log.warning(
