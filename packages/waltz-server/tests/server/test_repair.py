@@ -10,7 +10,17 @@ import dataclasses
 from collections.abc import Sequence
 
 from fakes import FakePartition, FakeReplicaConnection, FakeStorageNode
-from test_store import NODES, TIMEOUT, Cluster, P, assert_no_fork, cluster, preload, write_metadata
+from test_store import (
+    NODES,
+    TIMEOUT,
+    Cluster,
+    P,
+    append_many,
+    assert_no_fork,
+    cluster,
+    preload,
+    write_metadata,
+)
 
 from waltz_api.errors import CorruptionError, StorageAppendError, StorageError
 from waltz_api.types import LOST_SESSION, NO_SESSION, UNRESOLVED, Record, SessionInfo
@@ -168,6 +178,42 @@ async def test_a_replica_that_lost_its_tail_counts_as_offline(cluster: Cluster) 
             await asyncio.sleep(0.01)
         assert_no_fork(list(nodes.values()))
         assert all(len(n.log(P)) == 10 for n in nodes.values())
+    finally:
+        await store.close()
+
+
+async def test_a_replica_back_with_a_hole_is_repaired_before_it_rejoins(
+    cluster: Cluster,
+) -> None:
+    """The session goes on without a failed replica; when it comes back with a hole in
+    what it acknowledged (its storage found damage at restart), the hole is copied
+    from the writers before it rejoins the same session."""
+    nodes = damaged_cluster(cluster)
+    store = cluster.store()
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 40, b"a")), TIMEOUT)
+        assert ids == list(range(40))
+        for _ in range(500):
+            if len(nodes[A].log(P)) == 40:
+                break
+            await asyncio.sleep(0.01)
+        nodes[A].crash()
+        scribble(nodes[A], 10, 19)
+        nodes[A].damage(10, 19)
+        more = await asyncio.wait_for(asyncio.gather(*await append_many(store, 20, b"b")), TIMEOUT)
+        assert more == list(range(40, 60))
+        nodes[A].restart()
+        for _ in range(1000):
+            if not nodes[A].missing and len(nodes[A].log(P)) == 60:
+                break
+            await asyncio.sleep(0.01)
+        assert nodes[A].repaired and nodes[A].missing == []
+        assert store.session is session and not session.done  # the same session
+        assert_no_fork(list(nodes.values()))
+        assert nodes[A].log(P) == nodes[B].log(P)
+        assert not any(r.data == b"lost" for r in nodes[A].log(P))
     finally:
         await store.close()
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -492,6 +493,7 @@ class StoreSession:
         assert replication is not None
         progress = replication.progress(node)
         acked = progress.acked if progress is not None else self.low_water_mark
+        await self._repair(node, connection, acked)
         info = await connection.last_session_info()
         max_id = await connection.max_transaction_id()
         plan = plan_rejoin(
@@ -524,6 +526,54 @@ class StoreSession:
             plan.mark,
         )
         return plan.mark
+
+    async def _repair(self, node: str, connection: ReplicaConnection, upto: int) -> None:
+        """A replica coming back with a hole in its log (damage its storage found when it
+        restarted, the damaged bytes moved aside): the missing records at or below
+        ``upto``, which it acknowledged in this session, are copied from writers that
+        acknowledged them before it rejoins (their records there are the same: committed,
+        or this session's)."""
+        missing_range = getattr(connection, "missing_range", None)
+        repair = getattr(connection, "repair", None)
+        if missing_range is None or repair is None:
+            return  # a connection that cannot report damage has none to report
+        while (missing := await missing_range()) is not None and missing[0] <= upto:
+            first, last = missing[0], min(missing[1], upto)
+            log.warning(
+                "partition %d session %d: repairing replica %s: transactions %d..%d, lost to "
+                "damage, copied from the writers",
+                self.partition_id,
+                self.session_id,
+                node,
+                first,
+                last,
+            )
+            next_id = first
+            while next_id <= last:
+                count = min(self._config.catch_up_batch, last - next_id + 1)
+                start = next_id
+                try:
+                    records = await self._read_from_replicas(
+                        start,
+                        functools.partial(
+                            _read_records,
+                            start=start,
+                            count=count,
+                            max_bytes=self._config.max_batch_bytes,
+                        ),
+                    )
+                except StoreSessionClosedError as exc:
+                    if self._done.is_set():
+                        raise
+                    raise StorageError(f"no writer could serve {start} to repair {node}") from exc
+                records = [r for r in records if r.transaction_id <= last]
+                if not records or records[0].transaction_id != start:
+                    raise StorageError(
+                        f"repair of replica {node}: asked for records from {start}, got "
+                        f"{records[0].transaction_id if records else 'none'}"
+                    )
+                await repair(records)
+                next_id += len(records)
 
     def _join(self, node: str, mark: int) -> None:
         replication = self._replication
@@ -1001,3 +1051,9 @@ class StorePartition:
             self._ready.clear()
             await session.close()
             self._notify()
+
+
+async def _read_records(
+    connection: ReplicaConnection, *, start: int, count: int, max_bytes: int
+) -> list[Record]:
+    return await connection.read_records(start, count, max_bytes)
