@@ -27,6 +27,7 @@ from waltz_console.views import (
     histogram_quantile,
     page,
     parse_int,
+    redact_uri,
 )
 
 NODES = ("10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000")
@@ -289,6 +290,18 @@ def test_paging_a_thousand_partitions() -> None:
         page(rows, limit=501)
     with pytest.raises(ConfigError, match="offset must be at least 0"):
         page(rows, offset=-1)
+
+
+def test_a_password_in_the_coordination_uri_is_not_shown() -> None:
+    assert (
+        redact_uri("etcd://ops:secret@10.0.0.2:2379/waltz") == "etcd://ops:***@10.0.0.2:2379/waltz"
+    )
+    assert redact_uri("zk://10.0.0.2:2181/waltz") == "zk://10.0.0.2:2181/waltz"
+    meta = _meta({0: 1, 1: 1, 2: 1})
+    meta.uri = "etcd://ops:secret@h:2379/w"
+    assert (
+        build(meta, Probes(), Trackers(), 0.0).cluster["coordination"] == "etcd://ops:***@h:2379/w"
+    )
 
 
 def test_parse_int_says_what_is_wrong() -> None:

@@ -38,7 +38,16 @@ from waltz_api.cluster import (
 )
 from waltz_api.contracts.coordination import Coordination, SessionState, Versioned, Watch, join_path
 from waltz_api.errors import WaltzError
-from waltz_console.views import Event, MetaState, Probes, Snapshot, Trackers, build, derive_events
+from waltz_console.views import (
+    Event,
+    MetaState,
+    Probes,
+    Snapshot,
+    Trackers,
+    build,
+    derive_events,
+    redact_uri,
+)
 from waltz_server.observability import http_get
 from waltz_server.server.preferred import PreferredPartitionStore
 
@@ -168,7 +177,7 @@ class Collector:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure: show it, retry
-                self.meta.error = f"coordination service {self.uri}: {exc}"
+                self.meta.error = f"coordination service {redact_uri(self.uri)}: {exc}"
                 log.warning("console: %s", self.meta.error)
             self._dirty.set()
             await self._disconnect()
@@ -316,7 +325,7 @@ class Collector:
             if snapshot.cluster["coordination_error"]:
                 events.append(Event("coordination", snapshot.cluster["coordination_error"]))
             elif self.version:
-                events.append(Event("coordination", f"connected to {self.uri}"))
+                events.append(Event("coordination", f"connected to {redact_uri(self.uri)}"))
         self.add_events(events)
         self.snapshot = snapshot
         self.version += 1

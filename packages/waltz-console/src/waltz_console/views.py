@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from waltz_api.cluster import (
     NO_SERVER,
@@ -165,6 +166,16 @@ def metric_value(
         if all(sample_labels.get(k) == v for k, v in labels.items()):
             return value
     return None
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` without the password of its user part (the page is readable without a
+    login): ``etcd://ops:secret@h:2379/w`` -> ``etcd://ops:***@h:2379/w``."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 # -- the snapshot -----------------------------------------------------------------------------
@@ -424,7 +435,7 @@ def build(
     trackers.forget_except(keep)
 
     cluster = {
-        "coordination": meta.uri,
+        "coordination": redact_uri(meta.uri),
         "coordination_error": meta.error,
         "cluster_key": None if meta.config is None else str(meta.config.cluster_key),
         "partitions": num_partitions,
