@@ -629,6 +629,33 @@ async def test_at_the_deadline_an_append_in_flight_can_still_be_decided_committe
         assert app.applied == [(0, 0, 7)]
 
 
+async def test_a_retried_append_is_decided_at_its_own_earlier_deadline(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    """The deadlines of appends in flight are kept by one timer per partition: an append
+    sent again after a lock failure keeps its submission's (earlier) deadline."""
+    app = RecordingApp()
+    async with serving(cluster, peer, app, transaction_timeout=1.0) as client:
+        conn, _ = await mount(peer, 0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = asyncio.ensure_future(client.submit(Ctx(header=1)))
+        _, a1 = await peer.expect(AppendRequest)
+        await conn.send(LockFailure(a1.req_id, 0))  # retried once the feed reaches 0
+        await asyncio.sleep(0.7)
+        later = asyncio.ensure_future(client.submit(Ctx(header=2)))  # deadline ~1.7 s
+        _, b1 = await peer.expect(AppendRequest)
+        await conn.send(FeedData(OTHER, 0, 0))
+        _, a2 = await peer.expect(AppendRequest)
+        assert a2.header == 1
+        _, flush = await peer.expect(FlushRequest)  # at the first submission's deadline
+        assert loop.time() - started < 1.6  # not the later one's
+        await conn.send(FeedData(b1.req_id, 1, 2), FlushResponse(flush.req_id, 1))
+        with pytest.raises(TransactionExpiredError, match="not in the log up to transaction 1"):
+            await asyncio.wait_for(first, 10)
+        committed(await asyncio.wait_for(later, 10), 1)
+
+
 async def test_a_later_commit_after_the_deadline_reports_why_the_earlier_append_failed(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:

@@ -84,8 +84,8 @@ class _Append:
     outcome: asyncio.Future[Resolution]
     context: TransactionContext
     data: bytes
-    deadline: asyncio.TimerHandle | None = None
-    """Fires when the submission's deadline passes with the append in flight."""
+    deadline: float | None = None
+    """The submission's deadline (loop time): then, still in flight, it is overdue."""
     overdue: bool = False
     """Its deadline passed: the server is being asked to decide it."""
 
@@ -109,6 +109,8 @@ class Partition:
         self.committed_top = NO_TRANSACTION
         """The highest transaction id a submission of this client committed at."""
         self._decision: asyncio.Task[None] | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = 0.0
         self._decision_covers = 0
         """The monitor's flush mark when the running decision flush started (it covers
         every append registered up to it)."""
@@ -145,7 +147,7 @@ class Partition:
         ]
 
     async def stop(self) -> None:
-        for timer in (self._delayed, self._mount_timer):
+        for timer in (self._delayed, self._mount_timer, self._deadline_timer):
             if timer is not None:
                 timer.cancel()
         tasks = [*self._tasks, *self._background]
@@ -707,8 +709,6 @@ class Partition:
             append = self.appends.pop(resolution.req_id, None)
             if append is None:
                 continue
-            if append.deadline is not None:
-                append.deadline.cancel()
             if append.outcome.done():
                 continue
             if resolution.outcome is Outcome.COMMITTED and applied:
@@ -770,11 +770,33 @@ class Partition:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Resolution] = loop.create_future()
         self.monitor.register(req_id)
-        append = _Append(future, context, data)
-        if deadline is not None:
-            append.deadline = loop.call_at(deadline, self._overdue, req_id)
-        self.appends[req_id] = append
+        self.appends[req_id] = _Append(future, context, data, deadline)
+        if deadline is not None and (self._deadline_timer is None or deadline < self._deadline_at):
+            self._arm_deadline_timer(deadline)
         return future
+
+    def _arm_deadline_timer(self, when: float) -> None:
+        """One timer per partition, at the earliest deadline of its appends in flight
+        (not one per append: that is a timer handle per transaction)."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = when
+        self._deadline_timer = asyncio.get_running_loop().call_at(when, self._deadlines_due)
+
+    def _deadlines_due(self) -> None:
+        self._deadline_timer = None
+        now = asyncio.get_running_loop().time()
+        earliest: float | None = None
+        for req_id, append in list(self.appends.items()):
+            deadline = append.deadline
+            if deadline is None or append.overdue or append.outcome.done():
+                continue
+            if deadline <= now:
+                self._overdue(req_id)
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._arm_deadline_timer(earliest)
 
     def finished(self, number: int) -> None:
         """Submission ``number`` is decided (and its slot given back)."""
@@ -850,7 +872,6 @@ class Partition:
         order = self.monitor.order_of(req_id)
         if append is None or order is None or append.outcome.done():
             return  # decided, or abandoned by the application
-        append.deadline = None
         append.overdue = True
         if self._decision is not None and self._decision_covers >= order:
             return  # a decision under way covers it
