@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.errors import ConfigError
+from waltz_api.ports import free_port
 from waltz_console.auth import CSRF_HEADER, Sessions, load_token
 from waltz_console.collector import Collector
 from waltz_console.main import make_transport, parse_listen
@@ -232,6 +233,24 @@ async def test_the_event_stream_pushes_updates(api: Harness) -> None:
     second = await asyncio.wait_for(response.content.readuntil(b"\n\n"), DEADLINE)
     assert b'"version"' in second
     response.close()
+
+
+async def test_an_unreachable_coordination_service_is_named() -> None:
+    """Nothing listens at the ZooKeeper address: the console says so, with the address,
+    within its timeout (and keeps serving)."""
+    uri = f"zk://127.0.0.1:{free_port()}/waltz"
+    collector = Collector(uri, interval=0.2, timeout=1.0)
+    await collector.start()
+    try:
+
+        async def says_why() -> bool:
+            error = collector.snapshot.cluster["coordination_error"] or ""
+            return "could not connect to ZooKeeper at 127.0.0.1:" in error
+
+        await _until(says_why, "the console names the unreachable service")
+        assert collector.snapshot.cluster["coordination"] == uri
+    finally:
+        await collector.close()
 
 
 def test_token_from_env_file_or_new(tmp_path: Path) -> None:

@@ -100,6 +100,7 @@ class Collector:
         interval: float = 1.0,
         metrics_interval: float = 5.0,
         probe_timeout: float = 2.0,
+        timeout: float = 5.0,
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
@@ -111,6 +112,7 @@ class Collector:
         self.metrics_interval = max(interval, metrics_interval)
         self._next_metrics = 0.0
         self.probe_timeout = probe_timeout
+        self.timeout = timeout
         self.wall_clock = wall_clock
         self.meta = MetaState(uri=uri, error="connecting to the coordination service ...")
         self.probes = Probes()
@@ -187,8 +189,17 @@ class Collector:
         self._lost.clear()
         coordination = coordination_from_uri(self.uri, self.coordination_options)
         self.coordination = coordination
-        async with asyncio.timeout(max(10.0, self.probe_timeout * 5)):
-            await coordination.start()
+        # a plugin with its own connect timeout (zk, etcd) gives up by itself then
+        own = getattr(coordination, "connect_timeout", None)
+        if isinstance(own, int | float) and not isinstance(own, bool) and own > self.timeout:
+            coordination.connect_timeout = self.timeout  # type: ignore[attr-defined]
+        try:
+            async with asyncio.timeout(self.timeout + 5):
+                await coordination.start()
+        except TimeoutError:
+            raise WaltzError(
+                f"no answer within {self.timeout + 5:g} s; is it running and reachable?"
+            ) from None
         meta = ClusterMetadata(coordination)
         self.metadata = meta
         config = await meta.config()

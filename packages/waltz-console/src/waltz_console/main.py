@@ -71,6 +71,7 @@ async def serve(config: ConsoleConfig, stop: asyncio.Event) -> None:
         http_urls=config.http_urls,
         storage_endpoint=config.storage_endpoint,
         interval=config.interval,
+        timeout=config.timeout,
     )
     console = Console(
         collector,
@@ -112,4 +113,8 @@ async def serve(config: ConsoleConfig, stop: asyncio.Event) -> None:
 def run(config: ConsoleConfig, log_level: str = "INFO") -> None:
     from waltz_server.process import run_until_signalled
 
+    if log_level != "DEBUG":
+        # client libraries log every connection retry as a WARNING; the page says what
+        # failed (and a DEBUG log shows them)
+        logging.getLogger("kazoo").setLevel(logging.ERROR)
     run_until_signalled(lambda stop: serve(config, stop), log_level=log_level, what="console")

@@ -391,7 +391,7 @@ function updateWho() {
 
 function errorPage(c) {
   return h("div", { class: "errorpage", id: "error-page" },
-    h("h2", {}, "The coordination service cannot be reached"),
+    h("h2", {}, "The cluster cannot be read"),
     h("p", {}, `The console reads the cluster from ${c.coordination}, which answers: `),
     h("div", { class: "error", id: "coordination-error" }, c.coordination_error),
     h("p", {}, "Check that the coordination service (ZooKeeper, etcd, or the local store of ",
