@@ -18,9 +18,12 @@ For each fault kind, ``--trials`` times:
 
 Per trial: the longest gap between two commits from 1 s before the fault to 6 s after
 it (the reference, measured in the same run before any fault: the longest gap over a
-quiet 5 s window), the time from the fault to the first commit after it, and for the
-owner faults the time until the partition's assignment moved (detection plus the
-leader's compare-and-set, seen through a watch). p50 and max over the trials.
+quiet 5 s window), the time from the fault to the commit of the first submission
+started after it, and for the owner faults the time until the partition's assignment
+moved (detection plus the leader's compare-and-set, seen through a watch). p50 and max
+over the trials. For the coordination restarts, how long ZooKeeper was down (its
+start-up, which dominates on a loaded machine) is printed too: an outage longer than
+the 10 s session timeout ends every session, and the servers register again.
 
     .venv/bin/python bench/failover.py [--trials 10] [--kinds owner-kill,owner-stop]
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -38,7 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from waltz_api.cluster import PartitionAssignment
+from waltz_api.cluster import ClusterMetadata, PartitionAssignment, coordination_from_uri
+from waltz_api.contracts.coordination import SessionState, Watch
+from waltz_api.errors import WaltzError
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
@@ -84,6 +90,8 @@ class SteadyWriter:
         self.client = client
         self.interval = interval
         self.commits: list[float] = []
+        self.submitted: list[tuple[float, float]] = []
+        """(started, committed) of every committed submission."""
         self.failures: list[str] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -92,17 +100,20 @@ class SteadyWriter:
 
     async def _run(self) -> None:
         while True:
+            started = time_now()
             task = await self.client.enqueue(Append())
-            task.add_done_callback(self._done)
+            task.add_done_callback(functools.partial(self._done, started))
             await asyncio.sleep(self.interval)
 
-    def _done(self, task: asyncio.Task[SubmissionResult]) -> None:
+    def _done(self, started: float, task: asyncio.Task[SubmissionResult]) -> None:
         if task.cancelled():
             return
         if task.exception() is not None:
             self.failures.append(repr(task.exception())[:200])
             return
-        self.commits.append(asyncio.get_running_loop().time())
+        now = time_now()
+        self.commits.append(now)
+        self.submitted.append((started, now))
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -121,10 +132,10 @@ class SteadyWriter:
         return max(gaps)
 
     def first_after(self, moment: float) -> float | None:
-        for t in self.commits:
-            if t > moment:
-                return t - moment
-        return None
+        """Seconds from ``moment`` to the commit of the first submission started after it
+        (a commit already on its way when the fault struck does not count)."""
+        found = [committed for started, committed in self.submitted if started > moment]
+        return min(found) - moment if found else None
 
 
 def time_now() -> float:
@@ -136,6 +147,7 @@ class Moves:
 
     def __init__(self) -> None:
         self.changes: list[tuple[float, PartitionAssignment]] = []
+        self.watch: Watch | None = None
 
     def __call__(self, value: PartitionAssignment | None) -> None:
         if value is not None:
@@ -162,26 +174,64 @@ async def owner_index(harness: SystemHarness) -> int:
     return harness.server_index(server_id)
 
 
-async def settle(harness: SystemHarness, writer: SteadyWriter, seconds: float = 2.0) -> None:
+async def settle(
+    harness: SystemHarness, writer: SteadyWriter, moves: Moves, seconds: float = 2.0
+) -> None:
     """Until every server runs, every partition is owned and commits flow again."""
-    await harness.wait_assigned()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 120
+    next_report = loop.time() + 10
     while loop.time() < deadline:
-        owners = [(await harness.owner(p))[0] for p in range(harness.num_partitions)]
+        try:
+            await ensure_coordination(harness, moves)
+            owners = [(await harness.owner(p))[0] for p in range(harness.num_partitions)]
+        except WaltzError as exc:  # the harness's own session, after a coordination restart
+            logging.getLogger("bench").warning("reading the assignment: %s", exc)
+            await asyncio.sleep(0.5)
+            continue
         live = {m.server_id() for m in harness.servers}  # type: ignore[attr-defined]
         recent = [t for t in writer.commits if t > loop.time() - 0.5]
         if all(o in live for o in owners) and recent:
             break
+        if loop.time() > next_report:
+            next_report = loop.time() + 10
+            logging.getLogger("bench").warning(
+                "settling: owners %s, running servers %s, %d commits in the last 0.5 s",
+                owners,
+                sorted(i for i in live if i is not None),
+                len(recent),
+            )
         await asyncio.sleep(0.2)
     await asyncio.sleep(seconds)
+
+
+async def ensure_coordination(harness: SystemHarness, moves: Moves) -> None:
+    """After a long coordination outage the harness's own session may be lost (it was
+    suspended longer than its timeout): replace its client (and the bench's watch)."""
+    client = harness.coordination
+    if client is not None and client.session_state is not SessionState.LOST:
+        return
+    if client is not None:
+        await client.close()
+    harness.coordination = coordination_from_uri(
+        harness.coordination_uri, {"session_timeout": harness.session_timeout}
+    )
+    await harness.coordination.start()
+    harness.metadata = ClusterMetadata(harness.coordination)
+    if moves.watch is not None:
+        moves.watch.cancel()
+    moves.watch = await harness.metadata.watch_partition_assignment(0, moves)
+
+
+outages: list[float] = []
+"""How long ZooKeeper was down in each coordination-restart trial (its start-up)."""
 
 
 async def trial(
     kind: str, harness: SystemHarness, zk: ZooKeeperServer, writer: SteadyWriter, moves: Moves
 ) -> tuple[float, float | None, float | None]:
     loop = asyncio.get_running_loop()
-    await settle(harness, writer)
+    await settle(harness, writer, moves)
     if kind == "storage-kill":
         victim = (await harness.replica_indexes(0))[0]
         t0 = loop.time()
@@ -206,6 +256,7 @@ async def trial(
         t0 = loop.time()
         await asyncio.to_thread(zk.kill)
         await asyncio.to_thread(zk.start)
+        outages.append(loop.time() - t0)
     await asyncio.sleep(max(0.0, t0 + WINDOW_AFTER - loop.time()))
     gap = writer.longest_gap(t0 - WINDOW_BEFORE, t0 + WINDOW_AFTER)
     first = writer.first_after(t0)
@@ -248,13 +299,13 @@ async def main() -> None:
         print(f"cluster up in {time.perf_counter() - started:.1f} s (zk, 3 storage, 2 servers)")
         assert harness.metadata is not None
         moves = Moves()
-        watch = await harness.metadata.watch_partition_assignment(0, moves)
+        moves.watch = await harness.metadata.watch_partition_assignment(0, moves)
         config = ClientConfig(harness.coordination_uri, transport="zmq")
         try:
             async with AsyncWaltzClient(Feed(), config) as client:
                 writer = SteadyWriter(client, args.interval)
                 writer.start()
-                await settle(harness, writer, 5.0)
+                await settle(harness, writer, moves, 5.0)
                 now = time_now()
                 reference = writer.longest_gap(now - 5.0, now)
                 print(
@@ -285,10 +336,16 @@ async def main() -> None:
                         f"{_fmt([r[2] for r in results]) if kind.startswith('owner') else '-'}"
                     )
                 await writer.stop()
+                if outages:
+                    print(
+                        "ZooKeeper down (kill -9 to serving again) per coordination-restart "
+                        f"trial: {', '.join(f'{o:.1f}' for o in outages)} s"
+                    )
                 if writer.failures:
                     print(f"{len(writer.failures)} submissions failed, e.g. {writer.failures[:3]}")
         finally:
-            watch.cancel()
+            if moves.watch is not None:
+                moves.watch.cancel()
             await harness.close()
 
 
