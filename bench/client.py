@@ -309,15 +309,18 @@ async def client_throughput(
     async with AsyncWaltzClient(callbacks, config) as client:
         await client.submit(context())  # mounted
         loop = asyncio.get_running_loop()
-        tasks: list[asyncio.Task[SubmissionResult]] = []
+        # as an application would: it keeps the submissions in flight, not every one
+        in_flight: set[asyncio.Task[SubmissionResult]] = set()
         cpu = time.process_time()
         started = time.perf_counter()
         for _ in range(n):
             t0 = loop.time()
             task = await client.enqueue(context())
             task.add_done_callback(functools.partial(_record, latencies, loop, t0))
-            tasks.append(task)
-        await asyncio.gather(*tasks)
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        while in_flight:
+            await asyncio.gather(*in_flight)
         rate = n / (time.perf_counter() - started)
         cpu = (time.process_time() - cpu) / n
     return rate, latencies, cpu
