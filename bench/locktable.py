@@ -35,7 +35,8 @@ TableFactory = Callable[[int, Mapping[str, Any]], LockTable]
 
 
 def factory(name: str) -> TableFactory:
-    return get_registry().get(PluginKind.LOCK_TABLE, name).factory
+    table: TableFactory = get_registry().get(PluginKind.LOCK_TABLE, name).factory
+    return table
 
 
 def workload(

@@ -11,8 +11,17 @@ A backend author subclasses a suite and provides its harness fixture::
 
 Tests of optional features are marked ``@requires("capability")`` and are
 skipped, visibly and with the reason, for a backend that does not declare it.
+
+The names below are imported on first use: the plugin's entry point imports this
+package, and reading its descriptor must not import the implementation.
 """
 
-from waltz_conformance.harness import Harness, requires
+from typing import TYPE_CHECKING
+
+from waltz_api.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from waltz_conformance.harness import Harness, requires
 
 __all__ = ["Harness", "requires"]
+__getattr__, __dir__ = lazy_exports(__name__, {"Harness": ".harness", "requires": ".harness"})

@@ -14,7 +14,13 @@ import pytest
 
 from waltz_api import capabilities, plugins
 from waltz_api.errors import DuplicatePluginError, PluginError, UnknownPluginError
-from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
+from waltz_api.hookspecs import (
+    PluginDescriptor,
+    PluginKind,
+    StorageEngineDescriptor,
+    TransportDescriptor,
+    hookimpl,
+)
 from waltz_api.plugins import PluginRegistry, get_registry, reset_registry
 
 
@@ -385,3 +391,90 @@ def test_every_builtin_plugin_declares_known_capabilities_only() -> None:
         for descriptor in registry.descriptors(kind):
             assert descriptor.capabilities <= capabilities.BY_KIND[kind], descriptor.name
     assert registry.names(PluginKind.LOCK_TABLE)  # the built-ins did load
+
+
+# -- lazy implementations ------------------------------------------------------------------
+
+
+def lazy_transport_plugin(name: str, load: Any) -> Any:
+    class Plugin:
+        @hookimpl
+        def waltz_transports(self) -> list[PluginDescriptor]:
+            return [TransportDescriptor(name=name, load=load, uri_schemes=(name,))]
+
+    return Plugin()
+
+
+def test_a_load_function_runs_once_when_the_factory_is_first_read(
+    empty: PluginRegistry,
+) -> None:
+    calls: list[str] = []
+
+    def load() -> Any:
+        calls.append("load")
+        return FakeTransport
+
+    empty.register(lazy_transport_plugin("lazy", load), name="lazy-plugin")
+    empty.register(transport_plugin("lazy", OtherTransport), name="twin")
+    empty.register(lazy_transport_plugin("other", load), name="other-plugin")
+    # names, descriptors, URI schemes and a duplicate's report: nothing is loaded
+    assert empty.names(PluginKind.TRANSPORT) == ["lazy", "other"]
+    assert [d.name for d in empty.descriptors(PluginKind.TRANSPORT)] == ["lazy", "other"]
+    with pytest.raises(DuplicatePluginError, match=r"test_plugins\.test_a_load_function"):
+        empty.get(PluginKind.TRANSPORT, "lazy")
+    descriptor = empty.resolve(PluginKind.TRANSPORT, "other://somewhere")
+    assert calls == [] and not descriptor.loaded
+    assert "load" in descriptor.origin
+    assert descriptor.factory is FakeTransport
+    assert descriptor.factory is FakeTransport
+    assert calls == ["load"] and descriptor.loaded
+
+
+def test_a_failing_load_is_a_plugin_error_naming_the_plugin(empty: PluginRegistry) -> None:
+    def load() -> Any:
+        raise ModuleNotFoundError("No module named 'pyzmq_for_tests'")
+
+    empty.register(lazy_transport_plugin("broken", load), name="broken-plugin")
+    descriptor = empty.get(PluginKind.TRANSPORT, "broken")  # listed: its module imported
+    with pytest.raises(PluginError, match=r"transport plugin 'broken' failed to load") as info:
+        _ = descriptor.factory
+    assert "pyzmq_for_tests" in str(info.value)
+    assert "install what it needs" in str(info.value)
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+
+
+def test_a_descriptor_takes_a_factory_or_a_load_function_and_is_immutable() -> None:
+    with pytest.raises(PluginError, match="exactly one"):
+        PluginDescriptor(PluginKind.TRANSPORT, "neither")
+    with pytest.raises(PluginError, match="exactly one"):
+        TransportDescriptor("both", FakeTransport, load=lambda: FakeTransport)
+    with pytest.raises(PluginError, match="needs a name"):
+        TransportDescriptor("", FakeTransport)
+    descriptor = StorageEngineDescriptor("s", load=lambda: dict)  # type: ignore[arg-type,return-value]
+    assert descriptor.kind is PluginKind.STORAGE
+    with pytest.raises(AttributeError, match="immutable"):
+        descriptor.name = "other"  # type: ignore[misc]
+    assert isinstance(descriptor, PluginDescriptor)
+
+
+def test_reading_every_installed_descriptor_imports_no_implementation() -> None:
+    """Every process reads every installed plugin's descriptors (`waltz --help`, a client
+    starting): only the plugin modules are imported, no implementation and none of
+    their dependencies (issue 16: aiohttp alone was 13% of a short client's samples)."""
+    script = (
+        "import sys\n"
+        "from waltz_api.plugins import get_registry\n"
+        "from waltz_api.hookspecs import PluginKind\n"
+        "registry = get_registry()\n"
+        "found = {k: registry.names(k) for k in PluginKind}\n"
+        "assert 'zmq' in found['transport'] and 'fs' in found['storage'], found\n"
+        "assert not registry.load_errors, registry.load_errors\n"
+        "heavy = ('aiohttp', 'kazoo', 'zmq', 'pytest', 'hypothesis', 'sqlite3',\n"
+        "         'waltz_api.wire', 'waltz_api.contracts', 'waltz_storage_fs.engine',\n"
+        "         'waltz_transport_zmq.transport', 'waltz_server.locktables.hwm_array',\n"
+        "         'waltz_coord_zk.coordination', 'waltz_coord_etcd.coordination',\n"
+        "         'waltz_coord_local.coordination', 'waltz_conformance.harness')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(heavy))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)

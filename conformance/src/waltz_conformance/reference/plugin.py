@@ -1,24 +1,61 @@
 """Registers the in-memory reference implementations as plugins named ``memory``.
 
 They exist for the conformance suite and for simulation; a system test never
-uses them as a stand-in for a real component.
+uses them as a stand-in for a real component. Light on purpose: each model is
+imported only when it is chosen.
 """
 
 from __future__ import annotations
 
-from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
+from typing import TYPE_CHECKING
+
+from waltz_api.capabilities import AVAILABILITY, EXACT, PEER_FAULTS, REOPEN
+from waltz_api.hookspecs import (
+    CoordinationDescriptor,
+    CoordinationFactory,
+    LockTableDescriptor,
+    LockTableFactory,
+    StorageEngineDescriptor,
+    TransportDescriptor,
+    TransportFactory,
+    hookimpl,
+)
+
+if TYPE_CHECKING:
+    from waltz_api.contracts.storage import StorageEngine
+
+
+def load_lock_table() -> LockTableFactory:
+    from waltz_conformance.reference.locktable import MemoryLockTable
+
+    return MemoryLockTable
+
+
+def load_transport() -> TransportFactory:
+    from waltz_conformance.reference.transport import create_memory_transport
+
+    return create_memory_transport
+
+
+def load_coordination() -> CoordinationFactory:
+    from waltz_conformance.reference.coordination import memory_coordination_factory
+
+    return memory_coordination_factory
+
+
+def load_storage() -> type[StorageEngine]:
+    from waltz_conformance.reference.storage import MemoryStorageEngine
+
+    return MemoryStorageEngine
 
 
 @hookimpl
-def waltz_lock_tables() -> list[PluginDescriptor]:
-    from waltz_conformance.reference.locktable import MemoryLockTable
-
+def waltz_lock_tables() -> list[LockTableDescriptor]:
     return [
-        PluginDescriptor(
-            kind=PluginKind.LOCK_TABLE,
+        LockTableDescriptor(
             name="memory",
-            factory=MemoryLockTable,
-            capabilities=frozenset({"exact"}),
+            load=load_lock_table,
+            capabilities=frozenset({EXACT}),
             description="exact reference model (unbounded memory); for tests",
             conformance_harness="waltz_conformance.reference.conformance:locktable",
         )
@@ -26,15 +63,12 @@ def waltz_lock_tables() -> list[PluginDescriptor]:
 
 
 @hookimpl
-def waltz_transports() -> list[PluginDescriptor]:
-    from waltz_conformance.reference.transport import create_memory_transport
-
+def waltz_transports() -> list[TransportDescriptor]:
     return [
-        PluginDescriptor(
-            kind=PluginKind.TRANSPORT,
+        TransportDescriptor(
             name="memory",
-            factory=create_memory_transport,
-            capabilities=frozenset({"peer_faults"}),
+            load=load_transport,
+            capabilities=frozenset({PEER_FAULTS}),
             description="in-process reference transport (memory://NAME); for tests",
             uri_schemes=("memory",),
             conformance_harness="waltz_conformance.reference.conformance:transport",
@@ -43,14 +77,11 @@ def waltz_transports() -> list[PluginDescriptor]:
 
 
 @hookimpl
-def waltz_coordinators() -> list[PluginDescriptor]:
-    from waltz_conformance.reference.coordination import memory_coordination_factory
-
+def waltz_coordinators() -> list[CoordinationDescriptor]:
     return [
-        PluginDescriptor(
-            kind=PluginKind.COORDINATION,
+        CoordinationDescriptor(
             name="memory",
-            factory=memory_coordination_factory,
+            load=load_coordination,
             description="in-process reference coordination (memory://SERVICE/ROOT); for tests",
             uri_schemes=("memory",),
             conformance_harness="waltz_conformance.reference.conformance:coordination",
@@ -59,15 +90,12 @@ def waltz_coordinators() -> list[PluginDescriptor]:
 
 
 @hookimpl
-def waltz_storage_engines() -> list[PluginDescriptor]:
-    from waltz_conformance.reference.storage import MemoryStorageEngine
-
+def waltz_storage_engines() -> list[StorageEngineDescriptor]:
     return [
-        PluginDescriptor(
-            kind=PluginKind.STORAGE,
+        StorageEngineDescriptor(
             name="memory",
-            factory=MemoryStorageEngine,
-            capabilities=frozenset({"reopen", "availability"}),
+            load=load_storage,
+            capabilities=frozenset({REOPEN, AVAILABILITY}),
             description="in-process reference storage (not durable); for tests",
             conformance_harness="waltz_conformance.reference.conformance:storage",
         )

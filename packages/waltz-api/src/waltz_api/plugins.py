@@ -29,6 +29,9 @@ from waltz_api.hookspecs import (
 
 log = logging.getLogger(__name__)
 
+_Index = dict[PluginKind, dict[str, list[tuple[str, PluginDescriptor]]]]
+"""kind -> name -> [(plugin name, descriptor)], more than one when a name is duplicated."""
+
 ENTRY_POINT_GROUP = PROJECT_NAME
 DISABLE_AUTOLOAD_ENV = "WALTZ_DISABLE_PLUGIN_AUTOLOAD"
 
@@ -41,7 +44,9 @@ class PluginRegistry:
         self.manager.add_hookspecs(WaltzHookSpecs)
         self.load_errors: dict[str, BaseException] = {}
         """Plugins skipped because they failed to import, register or answer a hook."""
-        self._index: dict[PluginKind, dict[str, list[tuple[str, PluginDescriptor]]]] | None = None
+        self._distributions: dict[str, tuple[str, str]] = {}
+        """(distribution, version) of each plugin loaded from an entry point."""
+        self._index: _Index | None = None
         if autoload is None:
             autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower() not in (
                 "1",
@@ -67,6 +72,9 @@ class PluginRegistry:
                 self._register_checked(plugin, ep.name)
             except PluginError as exc:
                 self._skip(ep.name, ep.value, "it is not a valid Waltz plugin", exc)
+                continue
+            if ep.dist is not None:
+                self._distributions[ep.name] = (ep.dist.name, ep.dist.version)
 
     def _skip(self, name: str, where: str, why: str, exc: BaseException) -> None:
         self.load_errors[name] = exc
@@ -98,11 +106,9 @@ class PluginRegistry:
         or implements a hook Waltz does not define."""
         self._register_checked(plugin, name)
 
-    def _build_index(self) -> dict[PluginKind, dict[str, list[tuple[str, PluginDescriptor]]]]:
+    def _build_index(self) -> _Index:
         if self._index is None:
-            index: dict[PluginKind, dict[str, list[tuple[str, PluginDescriptor]]]] = {
-                kind: defaultdict(list) for kind in PluginKind
-            }
+            index: _Index = {kind: defaultdict(list) for kind in PluginKind}
             for kind, hook_name in HOOK_FOR_KIND.items():
                 hook = getattr(self.manager.hook, hook_name)
                 # One implementation at a time: a plugin whose hook raises (say, a
@@ -189,6 +195,20 @@ class PluginRegistry:
             )
         return found[0][1]
 
+    def distribution(self, descriptor: PluginDescriptor) -> tuple[str, str]:
+        """(distribution, version) of the package that offers ``descriptor``, read from
+        its entry point's metadata (the implementation is not imported); ``("?", "?")``
+        for a plugin registered by hand from no installed distribution."""
+        for by_name in self._build_index().values():
+            for plugin_name, found in by_name.get(descriptor.name, []):
+                if found is descriptor:
+                    if plugin_name in self._distributions:
+                        return self._distributions[plugin_name]
+                    plugin = self.manager.get_plugin(plugin_name)
+                    module = getattr(plugin, "__name__", None) or type(plugin).__module__
+                    return _distribution_of_module(module)
+        return "?", "?"
+
     def resolve(self, kind: PluginKind | str, name_or_uri: str) -> PluginDescriptor:
         """Choose a plugin by name (``zk``) or by URI (``zk://127.0.0.1:2181/waltz``)."""
         if "://" in name_or_uri:
@@ -205,9 +225,19 @@ def _kind(kind: PluginKind | str) -> PluginKind:
 
 
 def _origin(plugin_name: str, descriptor: PluginDescriptor) -> str:
-    factory = descriptor.factory
-    where = f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
-    return f"plugin {plugin_name!r} ({where})"
+    return f"plugin {plugin_name!r} ({descriptor.origin})"
+
+
+def _distribution_of_module(module: str) -> tuple[str, str]:
+    top = module.split(".", maxsplit=1)[0]
+    # an editable install maps no top-level name: its distribution is usually named alike
+    names = [*importlib.metadata.packages_distributions().get(top, []), top.replace("_", "-")]
+    for name in names:
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return (top or "?"), "?"
 
 
 _registry: PluginRegistry | None = None

@@ -1,12 +1,16 @@
-"""Registers the etcd coordination plugin (``etcd``, URIs ``etcd://...``)."""
+"""Registers the etcd coordination plugin (``etcd``, URIs ``etcd://...``).
+
+Light on purpose: the implementation is imported only when the plugin is chosen."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from waltz_api.contracts.coordination import Coordination
-from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
+from waltz_api.hookspecs import CoordinationDescriptor, hookimpl
+
+if TYPE_CHECKING:
+    from waltz_api.contracts.coordination import Coordination
 
 
 def create_coordination(connect: str, options: Mapping[str, Any] | None = None) -> Coordination:
@@ -17,10 +21,9 @@ def create_coordination(connect: str, options: Mapping[str, Any] | None = None) 
 
 
 @hookimpl
-def waltz_coordinators() -> list[PluginDescriptor]:
+def waltz_coordinators() -> list[CoordinationDescriptor]:
     return [
-        PluginDescriptor(
-            kind=PluginKind.COORDINATION,
+        CoordinationDescriptor(
             name="etcd",
             factory=create_coordination,
             capabilities=frozenset({"server_restart", "cross_process"}),

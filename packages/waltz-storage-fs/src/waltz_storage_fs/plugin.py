@@ -1,6 +1,10 @@
-"""Registers the file-segment storage engine as the storage plugin ``fs``."""
+"""Registers the file-segment storage engine as the storage plugin ``fs``.
+
+Light on purpose: the engine is imported only when ``fs`` is chosen."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from waltz_api.capabilities import (
     AVAILABILITY,
@@ -10,20 +14,26 @@ from waltz_api.capabilities import (
     REPAIR,
     SEGMENTS,
 )
-from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
+from waltz_api.hookspecs import StorageEngineDescriptor, hookimpl
+
+if TYPE_CHECKING:
+    from waltz_api.contracts.storage import StorageEngine
 
 CAPABILITIES = frozenset({REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, REPAIR, AVAILABILITY})
 
 
-@hookimpl
-def waltz_storage_engines() -> list[PluginDescriptor]:
+def load_engine() -> type[StorageEngine]:
     from waltz_storage_fs.engine import FsStorageEngine
 
+    return FsStorageEngine
+
+
+@hookimpl
+def waltz_storage_engines() -> list[StorageEngineDescriptor]:
     return [
-        PluginDescriptor(
-            kind=PluginKind.STORAGE,
+        StorageEngineDescriptor(
             name="fs",
-            factory=FsStorageEngine,
+            load=load_engine,
             capabilities=CAPABILITIES,
             description="segment files in a local storage directory, fdatasync'd group commit",
             uri_schemes=("file",),

@@ -1,13 +1,22 @@
-"""The ZeroMQ transport of Waltz (plugin ``zmq``): tcp:// and ipc://, optional CurveZMQ."""
+"""The ZeroMQ transport of Waltz (plugin ``zmq``): tcp:// and ipc://, optional CurveZMQ.
 
-from waltz_transport_zmq.transport import (
-    ClientConnection,
-    ServerConnection,
-    ZmqConnection,
-    ZmqListener,
-    ZmqTransport,
-    create_zmq_transport,
-)
+The names below are imported on first use: the plugin's entry point imports this
+package, and reading its descriptor must not import the implementation.
+"""
+
+from typing import TYPE_CHECKING
+
+from waltz_api.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from waltz_transport_zmq.transport import (
+        ClientConnection,
+        ServerConnection,
+        ZmqConnection,
+        ZmqListener,
+        ZmqTransport,
+        create_zmq_transport,
+    )
 
 __all__ = [
     "ClientConnection",
@@ -17,3 +26,14 @@ __all__ = [
     "ZmqTransport",
     "create_zmq_transport",
 ]
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ClientConnection": ".transport",
+        "ServerConnection": ".transport",
+        "ZmqConnection": ".transport",
+        "ZmqListener": ".transport",
+        "ZmqTransport": ".transport",
+        "create_zmq_transport": ".transport",
+    },
+)

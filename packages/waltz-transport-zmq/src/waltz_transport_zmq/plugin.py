@@ -1,22 +1,27 @@
-"""Registers the ZeroMQ transport as the plugin ``zmq``."""
+"""Registers the ZeroMQ transport as the plugin ``zmq``.
+
+Light on purpose: pyzmq and the transport are imported only when ``zmq`` is chosen."""
 
 from __future__ import annotations
 
 from waltz_api.capabilities import CONTROL_FUZZ, MALFORMED_INPUT, PEER_FAULTS, PROCESSES
-from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
+from waltz_api.hookspecs import TransportDescriptor, TransportFactory, hookimpl
 
 CAPABILITIES = frozenset({PROCESSES, PEER_FAULTS, MALFORMED_INPUT, CONTROL_FUZZ})
 
 
-@hookimpl
-def waltz_transports() -> list[PluginDescriptor]:
+def load_factory() -> TransportFactory:
     from waltz_transport_zmq.transport import create_zmq_transport
 
+    return create_zmq_transport
+
+
+@hookimpl
+def waltz_transports() -> list[TransportDescriptor]:
     return [
-        PluginDescriptor(
-            kind=PluginKind.TRANSPORT,
+        TransportDescriptor(
             name="zmq",
-            factory=create_zmq_transport,
+            load=load_factory,
             capabilities=CAPABILITIES,
             description="ZeroMQ (pyzmq asyncio): tcp:// and ipc://, heartbeats, credit flow "
             "control, optional CurveZMQ",

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Any
 
 import click
 
-from waltz_api.hookspecs import PluginDescriptor, PluginKind
+from waltz_api.hookspecs import PluginKind
 from waltz_api.plugins import get_registry
 from waltz_server.cli.output import emit, output_option
-
-
-def plugin_distribution(descriptor: PluginDescriptor) -> tuple[str, str]:
-    """(distribution, version) of the package that provides ``descriptor``'s factory
-    (``("?", "?")`` when it is not an installed distribution)."""
-    module = getattr(descriptor.factory, "__module__", "") or ""
-    top = module.split(".")[0]
-    # an editable install maps no top-level name: its distribution is usually named alike
-    names = [*importlib.metadata.packages_distributions().get(top, []), top.replace("_", "-")]
-    for name in names:
-        try:
-            return name, importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return (top or "?"), "?"
 
 
 @click.group("plugins")
@@ -40,7 +24,7 @@ def list_plugins(output: str) -> None:
     rows = []
     for kind in PluginKind:
         for d in registry.descriptors(kind):
-            distribution, version = plugin_distribution(d)
+            distribution, version = registry.distribution(d)
             rows.append(
                 {
                     "kind": kind.value,
