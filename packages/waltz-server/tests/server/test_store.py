@@ -225,6 +225,37 @@ async def test_undecidable_waits_for_the_missing_replica(cluster: Cluster) -> No
         await store.close()
 
 
+async def test_an_usher_that_dies_during_recovery_is_retried_not_its_readers(
+    cluster: Cluster,
+) -> None:
+    """a holds the highest log and voted; c catches up from it to make 9 decidable; a
+    dies meanwhile. The failed read is a's fault: a is dropped from the recovery (and
+    its own task, which has nothing in flight, is told to retry), not c; when a and b
+    come back, recovery completes."""
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
+    preload(cluster.nodes[A], 10, 3, 4)
+    preload(cluster.nodes[B], 10, 3, 4)
+    preload(cluster.nodes[C], 6, 3, 4)
+    cluster.nodes[B].crash()
+    cluster.nodes[C].append_delay = 0.05
+    store = cluster.store(catch_up_batch=1)
+    await store.start()
+    try:
+        await wait_until(lambda: len(cluster.nodes[C].log(P)) >= 7, "c catching up from a")
+        cluster.nodes[A].crash()
+        await wait_until(
+            lambda: store.session is not None and A not in store.session.recovery._states,
+            "a dropped from the recovery",
+        )
+        cluster.nodes[A].restart()
+        cluster.nodes[B].restart()
+        session = await store.wait_ready(TIMEOUT)
+        assert session.low_water_mark == 9
+        assert_no_fork(list(cluster.nodes.values()))
+    finally:
+        await store.close()
+
+
 async def test_lagging_replica_catch_up_makes_it_decidable(cluster: Cluster) -> None:
     await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
     preload(cluster.nodes[A], 10, 3, 4)

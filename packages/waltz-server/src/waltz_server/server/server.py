@@ -12,8 +12,14 @@ carrying this server's current id.
 
 Back pressure both ways: a connection's messages are read one at a time and a
 full partition queue stops the reading; each connection's outgoing frames go
-through a bounded outbox (a feed waits for room; a reply that finds it full
-closes the connection, whose client is too slow and reconnects).
+through a bounded outbox. A feed waits for room, and so does the reading of the
+connection's next request: a client that does not read its replies gets no more
+work done, and what it sent waits in the transport's (bounded) window. Replies to
+requests already taken (at most a partition's ``read_concurrency`` reads) may go
+beyond the bound; a reply that finds the outbox at OUTBOX_CEILING times its bound
+closes the connection. Per connection the server holds at most that, the frames
+being handed to the transport and the transport's window, whatever the client
+announces or does.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ from waltz_server.server.replica import ReplicaConnector
 from waltz_server.server.store import StoreConfig, StorePartition
 
 log = logging.getLogger(__name__)
+
+OUTBOX_CEILING = 4
+"""A reply that finds a connection's outbox at this many times its bound closes it."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +119,15 @@ class ClientConnection:
 
     @property
     def queued_frames(self) -> int:
-        """Frames this connection holds: queued, and being handed to the transport
-        (at most twice the outbox bound)."""
+        """Frames this connection holds: queued, and being handed to the transport."""
         return len(self._frames) + self._in_flight
+
+    async def wait_room(self) -> None:
+        """Until the outbox is below its bound (or the connection closed): the next
+        request of this connection is read only then."""
+        while self._full() and not self.closed:
+            self._room.clear()
+            await self._room.wait()
 
     @property
     def peer(self) -> str:
@@ -148,11 +163,16 @@ class ClientConnection:
     def post(self, message: Message) -> None:
         if self.closed:
             return
-        if self._full():
+        if self._frames and (
+            len(self._frames) >= OUTBOX_CEILING * self.limit
+            or self._bytes >= OUTBOX_CEILING * self.limit_bytes
+        ):
             log.warning(
-                "client %s does not read its replies (%d frames queued): closing its connection",
+                "client %s does not read its replies (%d frames, %d bytes queued): closing "
+                "its connection",
                 self.peer,
                 len(self._frames),
+                self._bytes,
             )
             self.abort()
             return
@@ -307,6 +327,9 @@ class WaltzServer:
         self._connections.add(client)
         try:
             while not client.closed:
+                await client.wait_room()  # a client that does not read gets nothing more done
+                if client.closed:
+                    break
                 frame = await conn.recv()
                 try:
                     message = protocol.receive_frame(frame)
