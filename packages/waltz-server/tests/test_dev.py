@@ -294,7 +294,7 @@ async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -
         )
         assert nowhere.returncode == 1 and "give --coordination URI" in nowhere.stderr
         bad = await waltz("append", *uri, "--data", "x", "--read-lock", "nolockid")
-        assert bad.returncode == 1 and "NAME:ID" in bad.stderr
+        assert bad.returncode == 2 and "NAME:ID" in bad.stderr  # a usage error
         assert dev.interrupt() == 0
     finally:
         dev.kill()
