@@ -289,8 +289,10 @@ ZMQ_MEANINGS = {
     "watchdog period",
     "heartbeat_timeout": "seconds of silence after which the peer is reported dead; must "
     "exceed the interval",
-    "window_frames": "frames a peer may send beyond what this side's application consumed",
-    "window_bytes": "bytes a peer may send beyond what this side's application consumed",
+    "window_frames": "frames a peer may send beyond what this side's application consumed, "
+    "and the most this side keeps in flight to a peer (1..2^24)",
+    "window_bytes": "bytes a peer may send beyond what this side's application consumed, "
+    "and the most this side keeps in flight to a peer (1..2^40)",
     "coalesce": "pack small frames sent in one loop iteration into one ZeroMQ message",
     "high_water_mark": "`ZMQ_SNDHWM`/`ZMQ_RCVHWM`; 0: automatic (`2 * window_frames + "
     "4096`); else must exceed `2 * window_frames`",

@@ -39,6 +39,11 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 Z85_KEY_LENGTH = 40
+MAX_FRAME_SIZE = 2**32 - 1
+"""The Waltz wire's frame lengths are 32-bit."""
+MAX_WINDOW_FRAMES = 2**24
+"""So that the automatic high-water mark (2 * window_frames + 4096) fits ZeroMQ's int."""
+MAX_WINDOW_BYTES = 2**40
 
 
 @dataclass(frozen=True)
@@ -107,13 +112,13 @@ class ZmqOptions:
                 key="security",
             )
         opts = cls(
-            max_frame_size=_int(values, "max_frame_size", 1),
+            max_frame_size=_int(values, "max_frame_size", 1, MAX_FRAME_SIZE),
             heartbeat_interval=_float(values, "heartbeat_interval", 0.01),
             heartbeat_timeout=_float(values, "heartbeat_timeout", 0.05),
-            window_frames=_int(values, "window_frames", 1),
-            window_bytes=_int(values, "window_bytes", 1),
+            window_frames=_int(values, "window_frames", 1, MAX_WINDOW_FRAMES),
+            window_bytes=_int(values, "window_bytes", 1, MAX_WINDOW_BYTES),
             coalesce=_bool(values, "coalesce"),
-            high_water_mark=_int(values, "high_water_mark", 0),
+            high_water_mark=_int(values, "high_water_mark", 0, 2**31 - 1),
             reconnect_interval=_float(values, "reconnect_interval", 0.001),
             reconnect_interval_max=_float(values, "reconnect_interval_max", 0.001),
             linger=_float(values, "linger", 0.0),
@@ -214,11 +219,13 @@ def _from_text(value: Any) -> Any:
     return value
 
 
-def _int(values: Mapping[str, Any], key: str, minimum: int) -> int:
+def _int(values: Mapping[str, Any], key: str, minimum: int, maximum: int = 2**63 - 1) -> int:
     value = _from_text(values[key])
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise ConfigError(
-            f"zmq transport option {key} must be an integer >= {minimum}, got {value!r}", key=key
+            f"zmq transport option {key} must be an integer in {minimum}..{maximum}, "
+            f"got {value!r:.40}",
+            key=key,
         )
     return value
 

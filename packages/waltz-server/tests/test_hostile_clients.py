@@ -1,0 +1,177 @@
+"""A server's memory against clients that stop reading, on real processes: a ``waltz
+dev`` cluster and hostile clients in their own processes (``hostile_client.py``),
+while a good client keeps committing. Figures: ``bench/hostile_clients.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.messages import TransactionDataRequest, TransactionDataResponse
+from waltz_api.types import ReqId
+from waltz_client import (
+    AsyncWaltzClient,
+    ClientConfig,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
+from waltz_server.server.testing import RawClient
+from waltz_transport_zmq import ZmqTransport
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+MIB = 1024 * 1024
+BOUND = 64 * MIB
+"""The most a hostile connection may grow the server: its outbox (8 MiB, up to four
+times that with replies already under way) and the transport's window (4 MiB). Without
+the window cap, a client announcing an absurd window grew it by 130-210 MiB here."""
+
+_spec = importlib.util.spec_from_file_location(
+    "hostile_client", Path(__file__).with_name("hostile_client.py")
+)
+assert _spec is not None and _spec.loader is not None
+hostile = importlib.util.module_from_spec(_spec)
+sys.modules["hostile_client"] = hostile
+_spec.loader.exec_module(hostile)
+
+
+class Marks(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.hwm: dict[int, int] = {}
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm.get(partition_id, -1)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.hwm[transaction.partition_id] = transaction.transaction_id
+
+
+class Put(TransactionContext):
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data = data
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_data(self.data)
+        return True
+
+
+@dataclass
+class Cluster:
+    info: dict[str, Any]
+    server_pid: int
+    generation: int
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.info["servers"][0])
+
+    def rss(self) -> int:
+        return int(hostile.rss_bytes(self.server_pid))
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    with hostile.dev_cluster(tmp_path_factory.mktemp("hostile"), "--partitions", "1") as info:
+        yield info
+
+
+@pytest.fixture
+async def cluster(dev: dict[str, Any]) -> AsyncIterator[Cluster]:
+    coordination = coordination_from_uri(dev["coordination"])
+    await coordination.start()
+    try:
+        generation = (await ClusterMetadata(coordination).partition_assignment(0)).value.generation
+    finally:
+        await coordination.close()
+    yield Cluster(dev, hostile.role_pid(dev["child_pids"], "server"), generation)
+
+
+async def commit_while(client: AsyncWaltzClient, done: asyncio.Event) -> int:
+    """Commit small transactions (8 in flight) until ``done``; how many."""
+    count = 0
+
+    async def worker() -> None:
+        nonlocal count
+        while not done.is_set():
+            await client.submit(Put(b"g" * 100))
+            count += 1
+
+    await asyncio.gather(*(worker() for _ in range(8)))
+    return count
+
+
+async def test_hostile_clients_leave_server_memory_bounded_and_others_committing(
+    cluster: Cluster,
+) -> None:
+    config = ClientConfig(cluster.info["coordination"], transport="zmq", request_timeout=60)
+    async with AsyncWaltzClient(Marks(), config) as client:
+        big = (await client.submit(Put(b"B" * MIB))).transaction_id
+        args = [cluster.endpoint, "0", str(cluster.generation), str(big), "300"]
+        # a first attack grows the server to its plateau (allocator, buffers); then each
+        # kind of hostile client in turn: the server stays within BOUND of that plateau
+        rounds = [
+            ("data", []),
+            ("data", ["--absurd-window"]),
+            ("data", ["--absurd-window", "--freeze"]),
+            ("feed", ["--absurd-window"]),
+            ("data", ["--absurd-window"]),
+        ]
+        plateau = 0
+        for index, (mode, flags) in enumerate(rounds):
+            peak = cluster.rss()
+            done = asyncio.Event()
+            good = asyncio.ensure_future(commit_while(client, done))
+            attacker = hostile.Attacker(args[0], mode, *args[1:], *flags)
+            try:
+                await asyncio.to_thread(attacker.wait_sent)
+                until = time.monotonic() + 5
+                while time.monotonic() < until:
+                    peak = max(peak, cluster.rss())
+                    await asyncio.sleep(0.1)
+            finally:
+                attacker.stop()
+                done.set()
+            committed = await asyncio.wait_for(good, 120)
+            assert committed > 0, f"round {index}: the good client committed nothing"
+            if index == 0:
+                plateau = peak
+            else:
+                assert peak - plateau < BOUND, (
+                    f"round {index} ({mode} {flags}): the server grew by "
+                    f"{(peak - plateau) / MIB:.0f} MiB over its plateau of {plateau / MIB:.0f} MiB"
+                )
+
+
+async def test_a_client_pipelining_large_reads_is_served_not_disconnected(
+    cluster: Cluster,
+) -> None:
+    """Before: the server closed a connection whose replies filled its outbox faster
+    than the transport took them (8 replies of 1 MiB), a client that reads included."""
+    config = ClientConfig(cluster.info["coordination"], transport="zmq", request_timeout=60)
+    async with AsyncWaltzClient(Marks(), config) as client:
+        big = (await client.submit(Put(b"P" * MIB))).transaction_id
+    transport = ZmqTransport()
+    try:
+        reader = await RawClient.connect(transport, cluster.endpoint, "pipelining", timeout=30)
+        for seq in range(100):
+            await reader.send(TransactionDataRequest(ReqId(77, cluster.generation, 0, seq), big))
+        replies = await reader.wait(TransactionDataResponse, 100, timeout=120)
+        assert all(r.success and r.data == b"P" * MIB for r in replies)
+        await reader.close()
+    finally:
+        await transport.close()
