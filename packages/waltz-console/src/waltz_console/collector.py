@@ -147,13 +147,18 @@ class Collector:
         await self._disconnect()
 
     async def wait_change(self, version: int, timeout: float) -> int:
-        """Until :attr:`version` passes ``version`` (or ``timeout`` seconds); the version."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                while self.version <= version:
-                    changed = self._changed
-                    await changed.wait()
+        """Until the next refresh when :attr:`version` is still ``version`` (or ``timeout``
+        seconds, or :meth:`wake`); the version then."""
+        if self.version == version:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
         return self.version
+
+    def wake(self) -> None:
+        """Return every :meth:`wait_change` now (the console is closing)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def recent_events(self, after: int = 0) -> list[dict[str, Any]]:
         return [e for e in self.events if e["id"] > after]

@@ -105,6 +105,7 @@ async def serve(config: ConsoleConfig, stop: asyncio.Event) -> None:
         log.info("%s %s (coordination %s)", READY, url, config.coordination)
         await stop.wait()
     finally:
+        console.end_streams()
         await collector.close()
         await console.close()
         await runner.cleanup()

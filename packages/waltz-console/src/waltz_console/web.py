@@ -124,6 +124,7 @@ class Console:
         self.storage_endpoint = storage_endpoint
         self.timeout = timeout
         self._streams: set[web.StreamResponse] = set()
+        self._closing = False
         self._action_lock = asyncio.Lock()
 
     def transport(self) -> Transport:
@@ -158,10 +159,14 @@ class Console:
         app.on_shutdown.append(self._on_shutdown)
         return app
 
+    def end_streams(self) -> None:
+        """End every open event stream now (a stopping console does not wait for them;
+        the pages' EventSource reconnects to the next console)."""
+        self._closing = True
+        self.collector.wake()
+
     async def _on_shutdown(self, _app: web.Application) -> None:
-        for response in list(self._streams):
-            with contextlib.suppress(Exception):
-                await response.write_eof()
+        self.end_streams()
 
     # -- pages ----------------------------------------------------------------------------------
 
@@ -323,7 +328,7 @@ class Console:
         last_event = parse_int(request.query.get("after"), "after", default=0)
         version = -1
         try:
-            while True:
+            while not self._closing:
                 if self.collector.version != version:
                     version = self.collector.version
                     events = self.collector.recent_events(last_event)
@@ -339,7 +344,7 @@ class Console:
                     )
                     await response.write(f"event: update\ndata: {data}\n\n".encode())
                 new = await self.collector.wait_change(version, STREAM_KEEPALIVE)
-                if new == version:
+                if new == version and not self._closing:
                     await response.write(b": keep-alive\n\n")
         except (ConnectionResetError, asyncio.CancelledError, RuntimeError):
             pass
