@@ -25,8 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from waltz_api.contracts.coordination import Coordination
-from waltz_api.errors import StorageError, StoreSessionClosedError
-from waltz_api.types import NO_TRANSACTION, UNRESOLVED, ReplicaId, ReplicaState
+from waltz_api.errors import (
+    SessionFencedError,
+    StorageError,
+    StoreSessionClosedError,
+    TransportError,
+)
+from waltz_api.types import NO_TRANSACTION, UNRESOLVED, Record, ReplicaId, ReplicaState
 from waltz_server.server.replica import ReplicaConnection
 from waltz_server.server.store_metadata import (
     VersionedMetadata,
@@ -46,6 +51,10 @@ class _Recovering:
     voting: bool
     new: bool
     suspect: bool = False
+    failed: BaseException | None = None
+    """A read from this replica (catching another up) failed: its connection or
+    storage is gone. Its own task, waiting in :meth:`RecoveryManager.recover`, raises
+    this and retries the replica (nothing it has in flight would tell it)."""
 
 
 class RecoveryManager:
@@ -179,12 +188,16 @@ class RecoveryManager:
             usher = self._usher_for(me)
             if usher is None:
                 await self._wait_change()
+                self._check_alive(me)
                 continue
             target = resolved if resolved is not None else usher.mark
-            records = await usher.connection.read_records(
-                me.mark + 1, min(self._catch_up_batch, target - me.mark), self._catch_up_bytes
+            records = await self._read_usher(
+                usher, me.mark + 1, min(self._catch_up_batch, target - me.mark)
             )
             self._check()
+            self._check_alive(me)
+            if records is None:
+                continue  # the usher failed: another one, or wait
             if not records:
                 # the usher was truncated meanwhile; the next evaluation picks another
                 await asyncio.sleep(0)
@@ -207,9 +220,36 @@ class RecoveryManager:
         else:
             while not self._metadata_written.is_set():
                 self._check()
+                self._check_alive(me)
                 await self._wait_change()
         assert self._resolved is not None
         return self._resolved
+
+    def _check_alive(self, me: _Recovering) -> None:
+        if me.failed is not None:
+            raise me.failed
+
+    async def _read_usher(self, usher: _Recovering, start: int, count: int) -> list[Record] | None:
+        """Records from ``usher`` for another replica; None when the usher failed the
+        read: it is forgotten (no longer a source or a voter until it recovers again)
+        and its own task is told, so the reader is not blamed for the usher's fault."""
+        try:
+            return await usher.connection.read_records(start, count, self._catch_up_bytes)
+        except (TransportError, StorageError) as exc:
+            if isinstance(exc, SessionFencedError):
+                raise
+            log.warning(
+                "partition %d session %d: replica %s failed a catch-up read (%s: %s); "
+                "it is retried",
+                self.partition_id,
+                self.session_id,
+                usher.node,
+                type(exc).__name__,
+                exc,
+            )
+            usher.failed = exc
+            self.forget(usher.node, usher.connection)
+            return None
 
     async def _repair_missing(
         self, node: str, connection: ReplicaConnection, keep: int, max_id: int
@@ -268,12 +308,12 @@ class RecoveryManager:
             )
             next_id = first
             while next_id <= last:
-                records = await usher.connection.read_records(
-                    next_id, min(self._catch_up_batch, last - next_id + 1), self._catch_up_bytes
+                records = await self._read_usher(
+                    usher, next_id, min(self._catch_up_batch, last - next_id + 1)
                 )
                 self._check()
                 if not records:
-                    break  # the usher was truncated meanwhile: choose again
+                    break  # the usher failed or was truncated meanwhile: choose again
                 if records[0].transaction_id != next_id:
                     raise StorageError(
                         f"replica {usher.node} returned records from "
