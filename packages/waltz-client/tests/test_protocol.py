@@ -492,6 +492,30 @@ async def test_an_append_refused_for_a_stale_generation_is_retried_after_a_new_m
         assert ctx.attempts == 2
 
 
+async def test_an_append_refused_as_moved_that_did_commit_is_not_executed_again(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    """A server leaving a partition may refuse (STALE_GENERATION) an append it had given
+    an id; the next owner's recovery can still commit it. The refusal decides nothing:
+    the next mount does (here its feed carries the append: committed, once)."""
+    app = RecordingApp()
+    async with serving(cluster, peer, app) as client:
+        conn, _ = await mount(peer, 0)
+        ctx = Ctx()
+        submitted = asyncio.ensure_future(client.submit(ctx))
+        _, append = await peer.expect(AppendRequest)
+        await conn.send(
+            ErrorResponse(append.req_id, ErrorCode.STALE_GENERATION, "stopped before decided")
+        )
+        conn, request = await peer.expect(MountRequest)
+        await conn.send(
+            FeedData(append.req_id, 0, 7), MountResponse(request.req_id, MountStatus.READY, 0)
+        )
+        committed(await asyncio.wait_for(submitted, 10), 0)
+        assert ctx.attempts == 1
+        await peer.nothing_more(AppendRequest, 0.3)
+
+
 async def test_range_read_over_rpc(cluster: Cluster, peer: ProtocolTestPeer) -> None:
     app = RecordingApp()
     async with serving(cluster, peer, app) as client:

@@ -672,6 +672,20 @@ class Partition:
                 future.set_exception(ChannelLost(f"{message.code.name}: {message.message}"))
             return
         if req_id in self.monitor:
+            if message.code in MOVED_CODES:
+                # not a decision about the append: the partition left that server, which
+                # may have given it an id first; the next mount decides it (its feed holds
+                # every committed transaction before READY; what is still pending then
+                # failed), so it is never re-executed while it may still commit
+                log.info(
+                    "partition %d: append %s refused as %s (%s); the next mount decides it",
+                    self.id,
+                    req_id,
+                    message.code.name,
+                    message.message,
+                )
+                self._unmount_and_refresh()
+                return
             if message.code is ErrorCode.NOT_COMMITTED:
                 reason = (
                     f"the server decided it is not committed (NOT_COMMITTED: {message.message})"
@@ -679,8 +693,6 @@ class Partition:
             else:
                 reason = f"the server refused it ({message.code.name}: {message.message})"
             self._resolve(self.monitor.on_refused(req_id, reason))
-            if message.code in MOVED_CODES:
-                self._unmount_and_refresh()
             return
         if message.code in MOVED_CODES and self.mount.state is MountState.MOUNTED:
             # not about a request of ours: the server says the partition left it
