@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from waltz_api.contracts.transport import Connection
-from waltz_api.errors import AuthenticationError, ConfigError, ConnectError, ConnectionClosedError
+from waltz_api.errors import AuthenticationError, ConfigError, ConnectionClosedError
 from waltz_transport_zmq import ZmqTransport
 from waltz_transport_zmq.keys import KeyPairFiles, generate_keypair
 
@@ -99,31 +100,58 @@ async def test_unknown_client_key_cannot_connect(
         await client.close()
 
 
-async def test_client_with_wrong_server_key_cannot_connect(
-    keys: dict[str, KeyPairFiles], curve_server: tuple[ZmqTransport, str]
+SLOW_TIMEOUT = 30.0
+"""A connect timeout the refusals must not wait out: they come from the handshake."""
+
+
+def refusals(caplog: pytest.LogCaptureFixture, says: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if says in r.getMessage()]
+
+
+async def wait_logged(caplog: pytest.LogCaptureFixture, says: str) -> list[str]:
+    async with asyncio.timeout(30):
+        while not refusals(caplog, says):  # noqa: ASYNC110 - polls the captured log
+            await asyncio.sleep(0.05)
+    return refusals(caplog, says)
+
+
+async def test_client_with_wrong_server_key_is_refused_fast_and_logged(
+    keys: dict[str, KeyPairFiles],
+    curve_server: tuple[ZmqTransport, str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="waltz_transport_zmq")
     _, endpoint = curve_server
     # the client trusts another server key: a man in the middle would look like this
     confused = ZmqTransport(client_options(keys, "client", server="intruder"))
     try:
-        with pytest.raises((AuthenticationError, ConnectError)):
-            await confused.connect(endpoint, timeout=CONNECT_TIMEOUT)
+        for _ in range(3):
+            start = time.monotonic()
+            with pytest.raises(AuthenticationError, match="trusts another server public key"):
+                await confused.connect(endpoint, timeout=SLOW_TIMEOUT)
+            assert time.monotonic() - start < SLOW_TIMEOUT / 2
     finally:
         await confused.close()
+    logged = await wait_logged(caplog, "handshake failed (it trusts another server public key")
+    assert len(logged) == 1 and logged[0].startswith(endpoint)  # once, however many tries
 
 
-async def test_plaintext_client_cannot_reach_curve_listener(
-    curve_server: tuple[ZmqTransport, str],
+async def test_plaintext_client_against_a_curve_listener_is_refused_fast_and_logged(
+    curve_server: tuple[ZmqTransport, str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="waltz_transport_zmq")
     _, endpoint = curve_server
     plain = ZmqTransport({})
     try:
-        start = time.monotonic()
-        with pytest.raises((AuthenticationError, ConnectError)):
-            await plain.connect(endpoint, timeout=CONNECT_TIMEOUT)
-        assert time.monotonic() - start < CONNECT_TIMEOUT + 2
+        for _ in range(3):
+            start = time.monotonic()
+            with pytest.raises(AuthenticationError, match="the listener requires CurveZMQ"):
+                await plain.connect(endpoint, timeout=SLOW_TIMEOUT)
+            assert time.monotonic() - start < SLOW_TIMEOUT / 2
     finally:
         await plain.close()
+    logged = await wait_logged(caplog, "refused a plaintext peer")
+    assert len(logged) == 1 and "this listener requires CurveZMQ" in logged[0]
 
 
 async def test_curve_client_refuses_plaintext_listener(keys: dict[str, KeyPairFiles]) -> None:
@@ -131,11 +159,31 @@ async def test_curve_client_refuses_plaintext_listener(keys: dict[str, KeyPairFi
     client = ZmqTransport(client_options(keys, "client"))
     try:
         listener = await server.listen("tcp://127.0.0.1:*", echo)
-        with pytest.raises((AuthenticationError, ConnectError)):
-            await client.connect(listener.endpoint, timeout=CONNECT_TIMEOUT)
+        start = time.monotonic()
+        with pytest.raises(AuthenticationError, match="does not use CurveZMQ"):
+            await client.connect(listener.endpoint, timeout=SLOW_TIMEOUT)
+        assert time.monotonic() - start < SLOW_TIMEOUT / 2
     finally:
         await client.close()
         await server.close()
+
+
+async def test_an_unknown_client_key_is_logged_once_with_its_address(
+    keys: dict[str, KeyPairFiles],
+    curve_server: tuple[ZmqTransport, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="waltz_transport_zmq")
+    _, endpoint = curve_server
+    intruder = ZmqTransport(client_options(keys, "intruder"))
+    try:
+        for _ in range(3):
+            with pytest.raises(AuthenticationError, match="refused this transport's curve client"):
+                await intruder.connect(endpoint, timeout=SLOW_TIMEOUT)
+    finally:
+        await intruder.close()
+    logged = await wait_logged(caplog, "refused a CurveZMQ client at 127.0.0.1")
+    assert len(logged) == 1 and keys["intruder"].public_key in logged[0]
 
 
 async def test_authorized_keys_as_a_list_of_z85_keys(

@@ -52,6 +52,9 @@ from waltz_transport_zmq.options import ZmqOptions, is_local_endpoint
 log = logging.getLogger(__name__)
 _trouble = PeerLog(log)
 """Lines about misbehaving peers (malformed messages, refused handshakes), rate-limited."""
+_refusals = PeerLog(log, repeat_after=60.0)
+"""Lines about peers refused by the security handshake: each peer (or, where libzmq does
+not say who it was, each kind of refusal) once a minute at most."""
 
 ZAP_DOMAIN = "waltz"
 # messages drained from a socket per wake-up before yielding to the event loop
@@ -76,6 +79,8 @@ _HANDSHAKE_FAILED = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+_CRYPTOGRAPHIC = zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC
 
 
 class _Pump:
@@ -731,10 +736,43 @@ class ZmqListener(Listener):
         self._lineages: dict[tuple[str, str], ServerConnection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._pump = _Pump(socket, handle_routed=self._on_stranger, routes=self._connections)
+        self._monitor = self._watch_handshakes()
 
     @property
     def endpoint(self) -> str:
         return self._endpoint
+
+    def _watch_handshakes(self) -> asyncio.Task[None] | None:
+        """Log the peers the security handshake refused (one rate-limited line each)."""
+        context = self._transport._context
+        if context is None:
+            return None
+        address = f"inproc://waltz-listener-monitor-{uuid.uuid4().hex}"
+        self._socket.monitor(
+            address, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )
+        monitor = context.socket(zmq.PAIR)
+        monitor.connect(address)
+        curve = self._transport.opts.curve_listen
+
+        async def watch() -> None:
+            try:
+                while True:
+                    event = parse_monitor_message(await monitor.recv_multipart())
+                    kind, value = event["event"], event["value"]
+                    if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                        key, line = "no-detail", "a peer's ZeroMQ handshake failed (no detail)"
+                    else:
+                        key, line = _handshake_refusal(value, curve)
+                    _refusals.log(
+                        logging.WARNING, (self._endpoint, key), "%s: %s", self._endpoint, line
+                    )
+            except (zmq.ZMQError, asyncio.CancelledError):
+                pass
+            finally:
+                monitor.close(linger=0)
+
+        return asyncio.get_running_loop().create_task(watch(), name=f"monitor-{self._endpoint}")
 
     def _reply(self, identity: bytes, message: bytes) -> None:
         """Best effort, never queued: to a peer that has no connection here."""
@@ -846,20 +884,55 @@ class ZmqListener(Listener):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._pump.close()
+        if self._monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
         self._socket.close(linger=int(self._transport.opts.linger * 1000))
 
 
 class _AuthorizedKeys:
-    """The ZAP credentials provider: the configured client public keys (Z85)."""
+    """The ZAP credentials provider: the configured client public keys (Z85). ``peer``
+    is the address of the request being decided (set by the authenticator)."""
 
     def __init__(self, keys: frozenset[bytes]) -> None:
         self._keys = keys
+        self.peer = "an unknown address"
 
     def callback(self, domain: str, key: bytes) -> bool:
         allowed = key in self._keys
         if not allowed:
-            log.warning("refused a client with an unknown curve public key %s", key.decode())
+            shown = key.decode("ascii", "replace")
+            _refusals.log(
+                logging.WARNING,
+                (self.peer, key),
+                "refused a CurveZMQ client at %s: its public key %s is not in "
+                "curve_authorized_keys",
+                self.peer,
+                shown,
+            )
         return allowed
+
+
+def _handshake_refusal(value: int, curve: bool) -> tuple[str, str]:
+    """What a failed handshake on a listener means: (kind, one line for the log)."""
+    if value == _MECHANISM_MISMATCH:
+        if curve:
+            return "plaintext", (
+                "refused a plaintext peer: this listener requires CurveZMQ (the peer needs "
+                "curve_server_public_key and an authorized curve_client_key)"
+            )
+        return "curve", "refused a CurveZMQ peer: this listener is plaintext"
+    if value == _CRYPTOGRAPHIC:
+        return "crypto", (
+            "refused a peer whose CurveZMQ handshake failed (it trusts another server "
+            "public key, or its stream is corrupted)"
+        )
+    return f"protocol-{value:x}", (
+        f"a peer's ZeroMQ handshake failed (protocol error 0x{value:x}: not a ZeroMQ peer, "
+        "or a broken one)"
+    )
 
 
 class ZmqTransport(Transport):
@@ -999,11 +1072,18 @@ class ZmqTransport(Transport):
         from zmq.auth.asyncio import AsyncioAuthenticator
 
         assert self.opts.curve_authorized_keys is not None
-        authenticator = AsyncioAuthenticator(context, log=log.getChild("zap"))
+        provider = _AuthorizedKeys(self.opts.curve_authorized_keys)
+
+        class Authenticator(AsyncioAuthenticator):
+            async def handle_zap_message(self, msg: list[bytes]) -> None:
+                # requests are decided one at a time: the provider logs who was refused
+                if len(msg) > 3:
+                    provider.peer = msg[3].decode("utf-8", "replace") or "an unknown address"
+                await super().handle_zap_message(msg)
+
+        authenticator = Authenticator(context, log=log.getChild("zap"))
         authenticator.start()
-        authenticator.configure_curve_callback(
-            domain=ZAP_DOMAIN, credentials_provider=_AuthorizedKeys(self.opts.curve_authorized_keys)
-        )
+        authenticator.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=provider)
         self._authenticator = authenticator
 
     async def connect(
@@ -1099,14 +1179,35 @@ class ZmqTransport(Transport):
         curve = self.opts.curve_connect
 
         async def handshake_failure() -> str:
-            # ZAP refusing the key is always an authentication failure; other handshake
-            # failures are only when curve is on (a wrong server key shows as a protocol
-            # failure). Without curve, libzmq retries and the timeout decides.
+            # ZAP refusing the key is always an authentication failure, and so is a
+            # security mechanism mismatch (plaintext against curve, either way); other
+            # handshake failures only when curve is on (a wrong server key shows as one).
+            # Without curve, libzmq retries and the timeout decides.
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
-                kind = event["event"]
-                if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (curve and kind & _HANDSHAKE_FAILED):
-                    return str(zmq.Event(kind).name)
+                kind, value = event["event"], event["value"]
+                if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
+                    if curve:
+                        return (
+                            "the listener does not use CurveZMQ (plaintext) while this "
+                            "transport is configured for curve; use the same security on both"
+                        )
+                    return (
+                        "the listener requires CurveZMQ and this transport connects in "
+                        "plaintext: set curve_server_public_key (the listener's public key) "
+                        "and curve_client_key (a key pair the listener authorizes)"
+                    )
+                if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    return (
+                        "the listener refused this transport's curve client key: add its "
+                        "public key to the listener's curve_authorized_keys"
+                    )
+                if curve and kind & _HANDSHAKE_FAILED:
+                    return (
+                        f"{zmq.Event(kind).name}: this side trusts another server public key "
+                        "(curve_server_public_key), the listener refused this key, or it "
+                        "does not use CurveZMQ"
+                    )
 
         failure_task = asyncio.ensure_future(handshake_failure())
         try:
@@ -1128,13 +1229,12 @@ class ZmqTransport(Transport):
             and failure_task.exception() is None
         ):
             raise AuthenticationError(
-                f"the security handshake with {endpoint} failed ({failure_task.result()}): the "
-                "listener does not accept this transport's curve key, or the keys or security "
-                "settings of the two ends do not match"
+                f"the security handshake with {endpoint} failed: {failure_task.result()}"
             )
         raise ConnectError(
             f"no answer from {endpoint} within {timeout} s: is a listener running there, and do "
-            "the security settings of both ends match?"
+            "the security settings of both ends match (a listener that requires CurveZMQ "
+            "refuses a plaintext peer)?"
         )
 
     async def close(self) -> None:
