@@ -451,3 +451,28 @@ async def test_a_data_fetch_during_recovery_waits_and_succeeds(
         assert response.success and response.data == b"fetch me", response.error
     finally:
         await moved.close()
+
+
+async def test_an_append_pending_when_the_partition_stops_here_is_not_refused(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    """The partition stops here (moved, or a graceful stop) with an append in flight:
+    the next owner's recovery may still commit it, so it is not refused by its request
+    id (a client would re-execute it: a duplicate); the client is told only that the
+    partition left (a partition-level STALE_GENERATION), and its mount at the new owner
+    decides the append."""
+    partition, nodes = env
+    stream = Stream()
+    assert await settle(partition, stream) == -1
+    for node in nodes.values():
+        node.append_delay = 0.2  # the append stays in flight
+    pending = append(data=b"pending")
+    await partition.submit(pending, stream)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TIMEOUT
+    while partition.store.session is None or partition.store.session.next_transaction_id < 1:
+        assert loop.time() < deadline
+        await asyncio.sleep(0.001)
+    await partition.close()
+    assert all(m.req_id != pending.req_id for m in stream.of(ErrorResponse))
+    assert all(m.req_id.client_id == -1 for m in stream.of(ErrorResponse))

@@ -388,9 +388,14 @@ class Partition:
                     )
                 )
         except (StaleGenerationError, StoreSessionClosedError) as exc:
-            # the partition moved or stopped: the client mounts the new owner, whose
-            # mount decides every pending append
-            pending.stream.post(self._moved_error(pending.req_id, exc))
+            # The partition moved or stopped here: this server cannot decide the append
+            # (the new owner's recovery does; it may well be committed). Refusing it by
+            # its request id would make the client re-execute it - a duplicate if it was
+            # committed - so the client is only told to mount the new owner, whose mount
+            # decides every pending append.
+            pending.stream.post(
+                self._moved_error(ReqId(-1, self.generation, self.partition_id, -1), exc)
+            )
         finally:
             # answered before a flush or mount waiting on it answers
             if not pending.decided.done():
