@@ -10,9 +10,13 @@ declines: a withdrawal without the funds), and writes the transaction's envelope
 (:func:`waltz_sim.checker.encode_txn`: op id, high-water mark, locks, body), so
 the checker recognises every transaction in the log.
 
+The ops themselves are pure (:class:`OpMix`: a random stream in, an :class:`OpSpec`
+out; :class:`WorkloadOp` turns one into a transaction), so clients on real processes
+(``waltz chaos``) submit the same ops and the same checker judges them.
+
 Adding a workload: a :class:`~waltz_sim.checker.Semantics` (what a transaction does
-to the state, and what it must not do) and a :class:`Workload` subclass choosing
-ops (:meth:`Workload.choose`), registered in :data:`WORKLOADS`.
+to the state, and what it must not do) and an :class:`OpMix` subclass choosing ops
+(:meth:`OpMix.choose`), registered in :data:`OP_MIXES`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import asyncio
 import logging
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +48,7 @@ from waltz_sim.checker import (
     FeedEvent,
     RegisterSemantics,
     Semantics,
+    StoredRecord,
     encode_txn,
 )
 from waltz_sim.checker.semantics import APPEND, READ, WRITE
@@ -118,19 +123,22 @@ class ReadOnlyCallbacks(WaltzClientCallbacks):
         return None
 
 
-class _Op(TransactionContext):
-    def __init__(self, op_id: str, spec: OpSpec, db: ClientDatabase) -> None:
+class WorkloadOp(TransactionContext):
+    """One op as a transaction: ``execute`` builds it from the partition's state in
+    ``states`` (the client's database), with the op's envelope as its data."""
+
+    def __init__(self, op_id: str, spec: OpSpec, states: Mapping[int, dict[str, Any]]) -> None:
         super().__init__()
         self.op_id = op_id
         self.spec = spec
-        self.db = db
+        self.states = states
         self.transaction_id = -1
 
     def partition_id(self, num_partitions: int) -> int:
         return self.spec.partition
 
     async def execute(self, builder: TransactionBuilder) -> bool:
-        built = self.spec.build(self.db.states[self.spec.partition])
+        built = self.spec.build(self.states[self.spec.partition])
         if built is None:
             return False
         kind, body, locks = built
@@ -143,18 +151,19 @@ class _Op(TransactionContext):
         self.transaction_id = transaction_id
 
 
-class Workload(ABC):
-    """Chooses the ops of every client; its :attr:`semantics` says what they mean."""
+class Workload:
+    """The simulated clients of a run: each submits the ops of :attr:`ops` (whose
+    :attr:`semantics` says what they mean) and keeps its database."""
 
-    name = ""
-
-    def __init__(self, world: World, semantics: Semantics) -> None:
+    def __init__(self, world: World, ops: OpMix) -> None:
         self.world = world
-        self.semantics = semantics
+        self.ops = ops
+        self.name = ops.name
+        self.semantics = ops.semantics
 
-    @abstractmethod
     def choose(self, rng: random.Random, partitions: int) -> OpSpec:
         """The next op of a client."""
+        return self.ops.choose(rng, partitions)
 
     def database(self, process: SimProcess) -> ClientDatabase:
         databases = self.world.client_databases
@@ -194,13 +203,13 @@ class Workload(ABC):
                 continue
             spec = self.choose(rng, config.partitions)
             db.ops += 1
-            op = _Op(f"{process.name}:{db.ops}", spec, db)
+            op = WorkloadOp(f"{process.name}:{db.ops}", spec, db.states)
             task = loop.create_task(self._submit(client, process, op))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
         await loop.create_future()  # the client stays up (its feed goes on) until the end
 
-    async def _submit(self, client: AsyncWaltzClient, process: SimProcess, op: _Op) -> None:
+    async def _submit(self, client: AsyncWaltzClient, process: SimProcess, op: WorkloadOp) -> None:
         history = self.world.history
         history.invoke(op.op_id, process.name, op.spec.partition, op.spec.detail)
         try:
@@ -218,16 +227,30 @@ class Workload(ABC):
                 history.end(FAIL, op.op_id, detail="declined by execute")
 
 
-class BankWorkload(Workload):
+class OpMix(ABC):
+    """The ops a workload's clients submit, chosen from a random stream (pure: no
+    client, no loop); :attr:`semantics` says what they mean."""
+
+    name = ""
+    semantics: Semantics
+
+    @abstractmethod
+    def choose(self, rng: random.Random, partitions: int) -> OpSpec:
+        """The next op of a client, on one of partitions ``0..partitions-1``."""
+
+
+class BankOps(OpMix):
     """Deposits (APPEND), withdrawals and transfers (WRITE), audits (READ on every account)."""
 
     name = "bank"
 
-    def __init__(self, world: World) -> None:
-        super().__init__(world, BankSemantics())
+    def __init__(self, semantics: BankSemantics | None = None) -> None:
+        self.semantics = semantics or BankSemantics()
 
     def choose(self, rng: random.Random, partitions: int) -> OpSpec:
-        accounts = self.semantics.accounts  # type: ignore[attr-defined]
+        semantics = self.semantics
+        assert isinstance(semantics, BankSemantics)
+        accounts = semantics.accounts
         partition = rng.randrange(partitions)
         roll = rng.random()
         if roll < 0.35:
@@ -273,13 +296,13 @@ class BankWorkload(Workload):
         return OpSpec(partition, "audit", audit)
 
 
-class RegisterWorkload(Workload):
+class RegisterOps(OpMix):
     """Registers (WRITE to set, READ to read) and counters (APPEND to increment)."""
 
     name = "register"
 
-    def __init__(self, world: World) -> None:
-        super().__init__(world, RegisterSemantics())
+    def __init__(self, semantics: RegisterSemantics | None = None) -> None:
+        self.semantics = semantics or RegisterSemantics()
 
     def choose(self, rng: random.Random, partitions: int) -> OpSpec:
         semantics = self.semantics
@@ -310,16 +333,50 @@ class RegisterWorkload(Workload):
         return OpSpec(partition, f"read register {reg}", read)
 
 
-WORKLOADS: dict[str, type[Workload]] = {"bank": BankWorkload, "register": RegisterWorkload}
+OP_MIXES: dict[str, type[OpMix]] = {"bank": BankOps, "register": RegisterOps}
+WORKLOADS = OP_MIXES
+"""The workloads by name (what ``--workload`` chooses)."""
 
 
-def make_workload(name: str, world: World) -> Workload:
+def op_mix(name: str) -> OpMix:
+    """The ops of the workload ``name`` (a ClientError naming the choices if unknown)."""
     try:
-        return WORKLOADS[name](world)  # type: ignore[call-arg]
+        return OP_MIXES[name]()
     except KeyError:
         raise ClientError(
-            f"unknown workload {name!r}; choose one of {', '.join(sorted(WORKLOADS))}"
+            f"unknown workload {name!r}; choose one of {', '.join(sorted(OP_MIXES))}"
         ) from None
 
 
-__all__ = ["WORKLOADS", "BankWorkload", "ClientDatabase", "RegisterWorkload", "Workload"]
+def make_workload(name: str, world: World) -> Workload:
+    return Workload(world, op_mix(name))
+
+
+def stored_record(record: Any) -> StoredRecord:
+    """A record (``waltz_api.types.Record``, or any object with its fields) as the
+    checker's :class:`~waltz_sim.checker.StoredRecord`."""
+    r = record.req_id
+    return StoredRecord(
+        record.transaction_id,
+        (r.client_id, r.generation, r.partition_id, r.seq_num),
+        record.header,
+        record.checksum,
+        bytes(record.data),
+    )
+
+
+__all__ = [
+    "OP_MIXES",
+    "WORKLOADS",
+    "BankOps",
+    "ClientDatabase",
+    "OpMix",
+    "OpSpec",
+    "ReadOnlyCallbacks",
+    "RegisterOps",
+    "Workload",
+    "WorkloadOp",
+    "make_workload",
+    "op_mix",
+    "stored_record",
+]

@@ -487,7 +487,7 @@ class World:
         """The cluster as the end finds it: the committed log of each partition through a
         client (high-water mark, range reads), and every replica read from its disk."""
         from waltz_client import AsyncWaltzClient, ClientConfig
-        from waltz_sim.workloads import ReadOnlyCallbacks
+        from waltz_sim.workloads import ReadOnlyCallbacks, stored_record
 
         served: dict[int, tuple[int | None, list[StoredRecord] | None]] = {}
         client = AsyncWaltzClient(
@@ -514,7 +514,7 @@ class World:
             high, records = served.get(partition, (None, None))
             replicas = {
                 process.name: [
-                    _stored(r)
+                    stored_record(r)
                     for r in self.disks[self.data_dir(process.name)].contents().get(partition, [])
                 ]
                 for process in self.of_kind("storage")
@@ -526,6 +526,8 @@ class World:
     async def _read_partition(
         self, client: Any, partition: int
     ) -> tuple[int | None, list[StoredRecord] | None]:
+        from waltz_sim.workloads import stored_record
+
         try:
             high = await client.high_water_mark(partition, timeout=15.0)
         except (WaltzError, TimeoutError) as exc:
@@ -537,7 +539,7 @@ class World:
                 _, batch = await client.range_read(partition, len(records), max_records=1000)
                 if not batch:
                     break
-                records.extend(_stored(r) for r in batch)
+                records.extend(stored_record(r) for r in batch)
         except (WaltzError, TimeoutError) as exc:
             self.trace.add("world", f"partition {partition}: range read failed: {exc}")
             return high, None
@@ -568,17 +570,6 @@ class World:
                 incarnation.state = ProcessState.DEAD
                 for resource in incarnation.resources:
                     resource.on_crash(False)
-
-
-def _stored(record: Any) -> StoredRecord:
-    r = record.req_id
-    return StoredRecord(
-        record.transaction_id,
-        (r.client_id, r.generation, r.partition_id, r.seq_num),
-        record.header,
-        record.checksum,
-        bytes(record.data),
-    )
 
 
 async def _forever() -> None:
