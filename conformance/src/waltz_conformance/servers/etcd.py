@@ -5,10 +5,13 @@ each in its own temp data dir, waits until the cluster has a leader and every
 member is healthy, and stops every process it started by its pid (SIGKILL as a
 last resort, and from ``atexit`` if a test run dies before its finaliser).
 It can kill -9 a member and restart it on the same data dir, and revoke a
-client's lease (a session expiry).
+client's lease (a session expiry). ``host``, ``ports`` and ``wrap`` run it
+elsewhere than loopback (``waltz chaos``: in a network namespace, the command
+wrapped in ``ip netns exec``).
 
-Use the session-scoped :func:`etcd_cluster` fixture (import it into a
-``conftest.py``), or the class directly.
+Tests use the session-scoped ``etcd_cluster`` fixture (the conformance pytest
+plugin's, :mod:`waltz_conformance.servers.fixtures`), or the class directly; this
+module does not import pytest.
 """
 
 from __future__ import annotations
@@ -24,12 +27,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
-
-import pytest
 
 from waltz_api.ports import free_ports
 from waltz_conformance.servers import stop_process, track_process
@@ -64,18 +65,19 @@ class EtcdMember:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = field(default=None, repr=False)
+    host: str = HOST
 
     @property
     def client_url(self) -> str:
-        return f"http://{HOST}:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://{HOST}:{self.peer_port}"
+        return f"http://{self.host}:{self.peer_port}"
 
     @property
     def endpoint(self) -> str:
-        return f"{HOST}:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def running(self) -> bool:
@@ -83,7 +85,9 @@ class EtcdMember:
 
 
 class EtcdCluster:
-    """A real etcd cluster of ``size`` members on loopback ports under ``base_dir``."""
+    """A real etcd cluster of ``size`` members on loopback ports under ``base_dir``
+    (or on ``host``, with ``ports``: a client and a peer port per member, when it is
+    not a local address; ``wrap`` is put before each member's command)."""
 
     def __init__(
         self,
@@ -92,11 +96,19 @@ class EtcdCluster:
         *,
         binary: str | None = None,
         start_timeout: float = 60.0,
+        host: str = HOST,
+        ports: Sequence[int] | None = None,
+        wrap: Sequence[str] = (),
     ) -> None:
+        if ports is not None and len(ports) != 2 * size:
+            raise ValueError(f"{size} etcd members need {2 * size} ports, got {len(ports)}")
         self.base_dir = Path(base_dir)
         self.size = size
         self.binary = binary or find_etcd_binary()
         self.start_timeout = start_timeout
+        self.host = host
+        self.ports = None if ports is None else list(ports)
+        self.wrap = list(wrap)
         self.token = f"waltz-test-{uuid.uuid4().hex[:12]}"
         self.members: list[EtcdMember] = []
 
@@ -117,7 +129,7 @@ class EtcdCluster:
                 log.warning("etcd cluster start attempt %d failed (%s); retrying", attempt, exc)
 
     def _start_once(self, attempt: int) -> None:
-        ports = free_ports(2 * self.size, HOST)
+        ports = self.ports or free_ports(2 * self.size, self.host)
         run_dir = self.base_dir if attempt == 1 else self.base_dir / f"attempt-{attempt}"
         self.token = f"waltz-test-{uuid.uuid4().hex[:12]}"
         self.members = [
@@ -127,6 +139,7 @@ class EtcdCluster:
                 peer_port=ports[2 * i + 1],
                 data_dir=run_dir / f"m{i}",
                 log_path=run_dir / f"m{i}.log",
+                host=self.host,
             )
             for i in range(self.size)
         ]
@@ -159,6 +172,7 @@ class EtcdCluster:
         member.log_path.parent.mkdir(parents=True, exist_ok=True)
         initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         command = [
+            *self.wrap,
             self.binary,
             f"--name={member.name}",
             f"--data-dir={member.data_dir}",
@@ -319,15 +333,4 @@ def _tail(path: Path, lines: int = 20) -> str:
 @atexit.register
 def _stop_leftover_clusters() -> None:
     for cluster in list(_live_clusters):
-        cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    """A real 3-member etcd cluster shared by the whole test session."""
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
-    cluster.start()
-    try:
-        yield cluster
-    finally:
         cluster.stop()

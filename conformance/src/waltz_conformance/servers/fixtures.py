@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from waltz_conformance.servers.etcd import etcd_cluster
+from waltz_conformance.servers.etcd import EtcdCluster
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 
 __all__ = ["etcd_cluster", "zookeeper_server"]
@@ -28,3 +28,14 @@ def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKe
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """A real 3-member etcd cluster shared by the whole test session."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

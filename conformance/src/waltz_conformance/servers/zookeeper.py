@@ -5,7 +5,9 @@ The server runs ``org.apache.zookeeper.server.ZooKeeperServerMain`` from
 needs under /usr/share/java) in a temp directory, on a free loopback port,
 with the four-letter-word commands kazoo uses enabled and the admin HTTP
 server off. It can be killed (-9) and restarted on the same port with its
-data, so sessions survive a short outage as they do in production.
+data, so sessions survive a short outage as they do in production. ``host`` and
+``wrap`` run it elsewhere than loopback: ``waltz chaos`` listens on an address of
+a network namespace and wraps the command in ``ip netns exec``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -59,7 +62,9 @@ class ZooKeeperServer:
     """One standalone ZooKeeper server process in a temp directory.
 
     ``tick_time_ms`` sets the session timeout bounds (2 to 120 ticks). Use as
-    a context manager, or call :meth:`start` and :meth:`stop` (by pid).
+    a context manager, or call :meth:`start` and :meth:`stop` (by pid). ``host``
+    is the address it listens on (give ``port`` too when it is not a local
+    address); ``wrap`` is put before the command (e.g. ``ip netns exec NAME``).
     """
 
     def __init__(
@@ -70,10 +75,14 @@ class ZooKeeperServer:
         tick_time_ms: int = 500,
         heap_mb: int = 256,
         java: str | None = None,
+        host: str = HOST,
+        wrap: Sequence[str] = (),
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="waltz-zk-")).resolve()
-        self.port = port or free_port(HOST)
+        self.host = host
+        self.wrap = list(wrap)
+        self.port = port or free_port(host)
         self.tick_time_ms = tick_time_ms
         self.heap_mb = heap_mb
         self.java = java or shutil.which("java") or "java"
@@ -85,7 +94,7 @@ class ZooKeeperServer:
 
     @property
     def connect_string(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def uri(self, root: str = "/waltz") -> str:
         """The Waltz coordination URI of this server: ``zk://127.0.0.1:PORT/root``."""
@@ -107,7 +116,7 @@ class ZooKeeperServer:
                     f"tickTime={self.tick_time_ms}",
                     f"dataDir={data}",
                     f"clientPort={self.port}",
-                    f"clientPortAddress={HOST}",
+                    f"clientPortAddress={self.host}",
                     "maxClientCnxns=0",
                     f"minSessionTimeout={2 * self.tick_time_ms}",
                     "maxSessionTimeout=120000",
@@ -127,6 +136,7 @@ class ZooKeeperServer:
         if SLF4J_BINDING.exists():
             classpath.append(str(SLF4J_BINDING))
         return [
+            *self.wrap,
             self.java,
             f"-Xmx{self.heap_mb}m",
             "-XX:+UseSerialGC",
@@ -167,7 +177,7 @@ class ZooKeeperServer:
                 if attempt == PORT_ATTEMPTS:
                     raise
                 log.warning("port %d was taken; starting ZooKeeper on another one", self.port)
-                self.port = free_port(HOST)
+                self.port = free_port(self.host)
         raise AssertionError("unreachable")
 
     def _spawn_and_wait(self, timeout: float) -> None:
@@ -203,10 +213,11 @@ class ZooKeeperServer:
                 f"its log ends with:\n{self.log_tail()}"
             )
         try:
-            if four_letter_word(self.port, "ruok") != "imok":
+            if four_letter_word(self.port, "ruok", self.host) != "imok":
                 return False
             # Make sure the server answering is ours, not another one on a reused port.
-            return f"dataDir={self.workdir / 'data'}" in four_letter_word(self.port, "conf")
+            conf = four_letter_word(self.port, "conf", self.host)
+            return f"dataDir={self.workdir / 'data'}" in conf
         except OSError:
             return False
 

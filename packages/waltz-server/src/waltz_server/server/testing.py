@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self, TypeVar
 
@@ -27,11 +28,24 @@ M = TypeVar("M", bound=Message)
 
 
 class ServerProcess:
-    """A ``waltz server --config`` child process (started, killed and restarted by pid)."""
+    """A ``waltz server --config`` child process (started, killed and restarted by pid).
 
-    def __init__(self, config_path: str | os.PathLike[str], log_path: Path) -> None:
+    ``wrap`` is put before the command (``ip netns exec NAME``: the server in a network
+    namespace); with ``new_session`` the server is not in this process's session (a
+    Ctrl-C at the terminal reaches this process only, which stops the server)."""
+
+    def __init__(
+        self,
+        config_path: str | os.PathLike[str],
+        log_path: Path,
+        *,
+        wrap: Sequence[str] = (),
+        new_session: bool = False,
+    ) -> None:
         self.config_path = Path(config_path)
         self.log_path = log_path
+        self.wrap = list(wrap)
+        self.new_session = new_session
         self.process: subprocess.Popen[bytes] | None = None
         self._ready_lines = 0
 
@@ -51,6 +65,7 @@ class ServerProcess:
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
                 [
+                    *self.wrap,
                     sys.executable,
                     "-m",
                     "waltz_server.cli",
@@ -61,6 +76,7 @@ class ServerProcess:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                start_new_session=self.new_session,
             )
         log.info("server started (pid %d)", self.process.pid)
 

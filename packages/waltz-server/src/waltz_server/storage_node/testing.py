@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -39,13 +40,20 @@ class StorageNodeProcess:
         log_path: Path,
         *,
         env: dict[str, str] | None = None,
+        wrap: Sequence[str] = (),
+        new_session: bool = False,
     ) -> None:
         """``config_path`` None: the node is configured by ``WALTZ_*`` variables in
-        ``env`` alone (added to this process's environment)."""
+        ``env`` alone (added to this process's environment). ``wrap`` is put before the
+        command (``ip netns exec NAME``: the node in a network namespace); with
+        ``new_session`` the node is not in this process's session (a Ctrl-C at the
+        terminal reaches this process only, which stops the node)."""
         self.config_path = None if config_path is None else Path(config_path)
         self.endpoint = endpoint
         self.log_path = log_path
         self.env = env
+        self.wrap = list(wrap)
+        self.new_session = new_session
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -56,7 +64,7 @@ class StorageNodeProcess:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"storage node already running (pid {self.process.pid})")
         with self.log_path.open("ab") as log_file:
-            args = [sys.executable, "-m", "waltz_server.cli", "storage"]
+            args = [*self.wrap, sys.executable, "-m", "waltz_server.cli", "storage"]
             if self.config_path is not None:
                 args += ["--config", str(self.config_path)]
             self.process = subprocess.Popen(
@@ -65,6 +73,7 @@ class StorageNodeProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=None if self.env is None else {**os.environ, **self.env},
+                start_new_session=self.new_session,
             )
         log.info("storage node started (pid %d)", self.process.pid)
 
