@@ -8,6 +8,11 @@ server off. It can be killed (-9) and restarted on the same port with its
 data, so sessions survive a short outage as they do in production. ``host`` and
 ``wrap`` run it elsewhere than loopback: ``waltz chaos`` listens on an address of
 a network namespace and wraps the command in ``ip netns exec``.
+
+Secured (``tls=ZooKeeperTls(...)``, ``sasl_users={...}``): the only client port is
+a TLS port (Netty; PEM key and trust stores; client certificates required), and
+SASL DIGEST-MD5 logins are checked against the given users (a JAAS file). The
+digest scheme (``addauth digest``) needs no server setting.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import logging
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import urlencode
 
 from waltz_conformance.servers import (
     free_port,
@@ -28,11 +36,17 @@ from waltz_conformance.servers import (
     track_process,
     wait_until,
 )
+from waltz_conformance.servers.certs import CertFiles
 
 log = logging.getLogger(__name__)
 
 ZOOKEEPER_JAR = Path(os.environ.get("WALTZ_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
 SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
+NETTY_JARS = [
+    Path(f"/usr/share/java/netty-{name}.jar")
+    for name in ("codec", "resolver", "transport-native-unix-common")
+]
+"""Netty jars the TLS port needs that zookeeper.jar's manifest does not name (Debian)."""
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 HOST = "127.0.0.1"
 PORT_ATTEMPTS = 3
@@ -42,9 +56,31 @@ class ZooKeeperUnavailableError(RuntimeError):
     """ZooKeeper or Java is not installed, or the server did not start."""
 
 
-def four_letter_word(port: int, command: str, host: str = HOST, timeout: float = 2.0) -> str:
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """A TLS-only ZooKeeper: its certificate (whose CA it trusts for clients too) and a
+    client certificate for the fixture's own health checks."""
+
+    server: CertFiles
+    client: CertFiles
+    client_auth: str = "need"
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.server.ca))
+        context.load_cert_chain(str(self.client.cert), str(self.client.key))
+        return context
+
+
+def four_letter_word(
+    port: int,
+    command: str,
+    host: str = HOST,
+    timeout: float = 2.0,
+    tls: ssl.SSLContext | None = None,
+) -> str:
     """Send a four-letter-word command (``ruok``, ``srvr``, ``cons``...) and return the reply."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=host)
         sock.sendall(command.encode("ascii"))
         chunks: list[bytes] = []
         while True:
@@ -77,6 +113,8 @@ class ZooKeeperServer:
         java: str | None = None,
         host: str = HOST,
         wrap: Sequence[str] = (),
+        tls: ZooKeeperTls | None = None,
+        sasl_users: Mapping[str, str] | None = None,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="waltz-zk-")).resolve()
@@ -89,6 +127,8 @@ class ZooKeeperServer:
         self.process: subprocess.Popen[bytes] | None = None
         self._auto_port = port is None
         self._started_once = False
+        self.tls = tls
+        self.sasl_users = dict(sasl_users or {})
 
     # -- addresses --------------------------------------------------------------------
 
@@ -96,9 +136,11 @@ class ZooKeeperServer:
     def connect_string(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def uri(self, root: str = "/waltz") -> str:
-        """The Waltz coordination URI of this server: ``zk://127.0.0.1:PORT/root``."""
-        return f"zk://{self.connect_string}/{root.strip('/')}"
+    def uri(self, root: str = "/waltz", options: Mapping[str, str] | None = None) -> str:
+        """The Waltz coordination URI of this server: ``zk://127.0.0.1:PORT/root``, with
+        ``options`` as query parameters (``tls=true&tls_ca=...``)."""
+        query = f"?{urlencode(dict(options))}" if options else ""
+        return f"zk://{self.connect_string}/{root.strip('/')}{query}"
 
     @property
     def min_session_timeout(self) -> float:
@@ -110,13 +152,29 @@ class ZooKeeperServer:
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "zoo.cfg"
+        if self.tls is None:
+            ports = [f"clientPort={self.port}", f"clientPortAddress={self.host}"]
+        else:
+            ports = [
+                f"secureClientPort={self.port}",
+                f"secureClientPortAddress={self.host}",
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                f"ssl.keyStore.location={self.tls.server.bundle}",
+                "ssl.keyStore.type=PEM",
+                f"ssl.trustStore.location={self.tls.server.ca}",
+                "ssl.trustStore.type=PEM",
+                f"ssl.clientAuth={self.tls.client_auth}",
+            ]
+        if self.sasl_users:
+            ports.append(
+                "authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider"
+            )
         config.write_text(
             "\n".join(
                 [
                     f"tickTime={self.tick_time_ms}",
                     f"dataDir={data}",
-                    f"clientPort={self.port}",
-                    f"clientPortAddress={self.host}",
+                    *ports,
                     "maxClientCnxns=0",
                     f"minSessionTimeout={2 * self.tick_time_ms}",
                     "maxSessionTimeout=120000",
@@ -135,9 +193,27 @@ class ZooKeeperServer:
         classpath = [str(ZOOKEEPER_JAR)]
         if SLF4J_BINDING.exists():
             classpath.append(str(SLF4J_BINDING))
+        extra: list[str] = []
+        if self.tls is not None:
+            classpath += [str(jar) for jar in NETTY_JARS if jar.exists()]
+            extra.append(
+                "-Dzookeeper.serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory"
+            )
+        if self.sasl_users:
+            jaas = self.workdir / "jaas.conf"
+            users = "".join(
+                f'\n    user_{name}="{password}"' for name, password in self.sasl_users.items()
+            )
+            jaas.write_text(
+                "Server {\n    org.apache.zookeeper.server.auth.DigestLoginModule required"
+                f"{users};\n}};\n"
+            )
+            jaas.chmod(0o600)
+            extra.append(f"-Djava.security.auth.login.config={jaas}")
         return [
             *self.wrap,
             self.java,
+            *extra,
             f"-Xmx{self.heap_mb}m",
             "-XX:+UseSerialGC",
             "-XX:TieredStopAtLevel=1",
@@ -212,11 +288,12 @@ class ZooKeeperServer:
                 f"ZooKeeper exited with code {self.process.returncode}; "
                 f"its log ends with:\n{self.log_tail()}"
             )
+        tls = None if self.tls is None else self.tls.client_context()
         try:
-            if four_letter_word(self.port, "ruok", self.host) != "imok":
+            if four_letter_word(self.port, "ruok", self.host, tls=tls) != "imok":
                 return False
             # Make sure the server answering is ours, not another one on a reused port.
-            conf = four_letter_word(self.port, "conf", self.host)
+            conf = four_letter_word(self.port, "conf", self.host, tls=tls)
             return f"dataDir={self.workdir / 'data'}" in conf
         except OSError:
             return False

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -26,16 +26,22 @@ from waltz_conformance.suites.coordination import (
     CoordinationHarness,
 )
 from waltz_coord_zk.coordination import ZooKeeperCoordination
+from waltz_coord_zk.security import ZkSecurity
 
 log = logging.getLogger(__name__)
 
 EXPIRY_ATTEMPTS = 5
 
 
-def expire_zookeeper_session(connect_string: str, session_id: int, password: bytes) -> None:
+def expire_zookeeper_session(
+    connect_string: str, session_id: int, password: bytes, **kazoo_options: Any
+) -> None:
     """End a session on the server by attaching to it from a second client and
-    closing that client (blocking; run it in a thread)."""
-    other = KazooClient(hosts=connect_string, client_id=(session_id, password), timeout=4.0)
+    closing that client (blocking; run it in a thread). ``kazoo_options``: TLS and
+    login of a secured server."""
+    other = KazooClient(
+        hosts=connect_string, client_id=(session_id, password), timeout=4.0, **kazoo_options
+    )
     try:
         other.start(timeout=15)
     finally:
@@ -45,9 +51,15 @@ def expire_zookeeper_session(connect_string: str, session_id: int, password: byt
 
 @dataclass
 class ZooKeeperCoordinationHarness(CoordinationHarness):
-    """Clients of ``zk`` on ``server`` (a :class:`ZooKeeperServer` that is running)."""
+    """Clients of ``zk`` on ``server`` (a :class:`ZooKeeperServer` that is running);
+    ``client_options`` are the URI query options of a secured server (TLS, login, ACL)."""
 
     server: ZooKeeperServer | None = None
+    client_options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def security(self) -> ZkSecurity:
+        return ZkSecurity.from_options(self.client_options)
 
     def _server(self) -> ZooKeeperServer:
         if self.server is None:
@@ -56,11 +68,14 @@ class ZooKeeperCoordinationHarness(CoordinationHarness):
 
     async def connect(self, root: str) -> Coordination:
         return ZooKeeperCoordination(
-            self._server().connect_string, root, session_timeout=self.session_timeout
+            self._server().connect_string,
+            root,
+            session_timeout=self.session_timeout,
+            security=self.security,
         )
 
     def client_uri(self, root: str) -> str:
-        return self._server().uri(root)
+        return self._server().uri(root, self.client_options)
 
     async def expire_session(self, client: Coordination) -> None:
         if not isinstance(client, ZooKeeperCoordination):
@@ -71,7 +86,11 @@ class ZooKeeperCoordinationHarness(CoordinationHarness):
             await loop.run_in_executor(
                 None,
                 functools.partial(
-                    expire_zookeeper_session, self._server().connect_string, session_id, password
+                    expire_zookeeper_session,
+                    self._server().connect_string,
+                    session_id,
+                    password,
+                    **self.security.kazoo_options(),
                 ),
             )
             # The client may, rarely, win its session back before the second client
@@ -99,4 +118,5 @@ def harness(options: Mapping[str, Any] | None = None) -> ZooKeeperCoordinationHa
         capabilities=frozenset({SERVER_RESTART, CROSS_PROCESS}),
         session_timeout=float(opts.get("session_timeout", 8.0)),
         server=opts["server"],
+        client_options=dict(opts.get("client_options", {})),
     )

@@ -31,6 +31,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -59,6 +61,7 @@ from waltz_api.coordination_support import (
     rooted_path,
 )
 from waltz_api.errors import (
+    AuthenticationError,
     BadVersionError,
     ConfigError,
     CoordinationError,
@@ -68,6 +71,7 @@ from waltz_api.errors import (
     NotEmptyError,
     SessionLostError,
 )
+from waltz_coord_zk.security import SECURITY_KEYS, ZkSecurity
 
 log = logging.getLogger(__name__)
 
@@ -121,18 +125,30 @@ def _float_option(options: Mapping[str, Any], key: str, default: float) -> float
     return value
 
 
+OPTION_KEYS = ("session_timeout", "connect_timeout", *SECURITY_KEYS)
+
+
 def create_zk_coordination(
     connect: str, options: Mapping[str, Any] | None = None
 ) -> ZooKeeperCoordination:
     """The plugin factory: ``connect`` is a ``zk://`` URI; options (or URI query
-    parameters) ``session_timeout`` and ``connect_timeout`` are in seconds."""
+    parameters) ``session_timeout`` and ``connect_timeout`` are in seconds; TLS, the
+    login and the ACLs are :mod:`waltz_coord_zk.security`'s."""
     hosts, root, query = parse_zk_uri(connect)
     merged: dict[str, Any] = {**query, **dict(options or {})}
+    unknown = sorted(set(merged) - set(OPTION_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"unknown zk coordination option(s) {', '.join(unknown)}; valid: "
+            f"{', '.join(OPTION_KEYS)}",
+            key=f"coordination.{unknown[0]}",
+        )
     return ZooKeeperCoordination(
         hosts,
         root,
         session_timeout=_float_option(merged, "session_timeout", DEFAULT_SESSION_TIMEOUT),
         connect_timeout=_float_option(merged, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+        security=ZkSecurity.from_options(merged),
     )
 
 
@@ -152,6 +168,17 @@ def _translate(exc: BaseException, what: str) -> BaseException:
         return CoordinationError(f"{what}: an ephemeral entry can have no children")
     if isinstance(exc, kz.SessionExpiredError):
         return SessionLostError(f"{what}: the ZooKeeper session expired; start a new client")
+    if isinstance(exc, kz.NoAuthError):
+        return CoordinationError(
+            f"{what}: ZooKeeper refused it (the znode's ACL does not allow this client's "
+            "identity): use the cluster's coordination username and password "
+            "(auth, username, password_file)"
+        )
+    if isinstance(exc, kz.AuthFailedError):
+        return AuthenticationError(
+            f"{what}: ZooKeeper refused this client's login (auth failed): check the "
+            "coordination username and password"
+        )
     unreachable = (
         kz.ConnectionLoss,
         kz.ConnectionClosedError,
@@ -224,8 +251,10 @@ class ZooKeeperCoordination(Coordination):
         session_timeout: float = DEFAULT_SESSION_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         operation_timeout: float | None = None,
+        security: ZkSecurity | None = None,
     ) -> None:
         self.hosts = hosts
+        self.security = security or ZkSecurity()
         self.root = join_path(root)
         self.session_timeout = session_timeout
         self.connect_timeout = connect_timeout
@@ -341,17 +370,21 @@ class ZooKeeperCoordination(Coordination):
                 "max_delay": 1.0,
                 "ignore_expire": False,
             },
+            **self.security.kazoo_options(),
         )
         client.add_listener(self._on_kazoo_state)
         try:
             await self._in_thread(functools.partial(client.start, timeout=self.connect_timeout))
-        except (KazooTimeoutError, kz.KazooException) as exc:
+        except (KazooTimeoutError, kz.KazooException, OSError) as exc:
             await self._in_thread(functools.partial(_stop_quietly, client))
             self._tracker.close()
             self._tracker = None
+            if isinstance(exc, kz.AuthFailedError):
+                raise _translate(exc, f"connect to ZooKeeper at {self.hosts}") from exc
+            hint = await self._in_thread(self._diagnose)
             raise CoordinationUnavailableError(
                 f"could not connect to ZooKeeper at {self.hosts} within "
-                f"{self.connect_timeout:.0f}s ({type(exc).__name__}); is it running?"
+                f"{self.connect_timeout:.0f}s ({type(exc).__name__}); {hint}"
             ) from exc
         self._client = client
         self._session_id = int(client.client_id[0])
@@ -361,7 +394,70 @@ class ZooKeeperCoordination(Coordination):
                     f"create root {self.root}",
                     lambda: client.create_async(self.root, b"", makepath=True),
                 )
+        if self.security.acl != "open":
+            await self._check_root_acl(client)
         log.debug("ZooKeeper session %#x open on %s%s", self._session_id, self.hosts, self.root)
+
+    async def _check_root_acl(self, client: KazooClient) -> None:
+        """Warn when the root znode (made before the cluster was secured) lets anyone
+        write: znodes created from now on get the ACL, older ones keep theirs."""
+        try:
+            acls, _ = await self._read(
+                f"read the ACL of {self.root}", lambda: client.get_acls_async(self.root)
+            )
+        except CoordinationError as exc:
+            log.warning("could not read the ACL of %s: %s", self.root, exc)
+            return
+        for acl in acls:
+            if acl.id.scheme == "world" and acl.perms & ~1:  # more than READ
+                log.warning(
+                    "the ZooKeeper root %s lets anyone change it (%s): it was created before "
+                    "auth was configured; restrict it and everything below it (zkCli: "
+                    "setAcl -R %s digest:USER:HASH:cdrwa,world:anyone:r)",
+                    self.root,
+                    ",".join(acl.acl_list),
+                    self.root,
+                )
+                return
+
+    def _diagnose(self) -> str:
+        """Why a connection failed, as far as one TLS handshake with the first host tells
+        (blocking: run it in a thread)."""
+        host, _, port = self.hosts.split(",")[0].rpartition(":")
+        host = host.strip("[]")
+        tls = self.security.tls
+        context = tls.context() if tls is not None else ssl.create_default_context()
+        if tls is None:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        try:
+            with (
+                socket.create_connection((host, int(port)), timeout=3) as raw,
+                context.wrap_socket(raw, server_hostname=host) as wrapped,
+            ):
+                wrapped.sendall(b"ruok")
+                wrapped.recv(16)
+        except ssl.SSLError as exc:
+            if tls is None:
+                if "WRONG_VERSION_NUMBER" in str(exc) or "record layer" in str(exc):
+                    return "is it running?"
+                return (
+                    "the port speaks TLS: set tls=true and tls_ca (and tls_cert/tls_key if it "
+                    "requires client certificates)"
+                )
+            return (
+                f"the TLS handshake failed ({exc.reason or exc}): check tls_ca (the CA of the "
+                "server's certificate), tls_cert/tls_key (a client certificate the server "
+                "trusts) and that the port is ZooKeeper's secureClientPort"
+            )
+        except OSError as exc:
+            return f"is it running? ({exc})"
+        if tls is None:
+            return (
+                "the port speaks TLS: set tls=true and tls_ca (and tls_cert/tls_key if it "
+                "requires client certificates)"
+            )
+        return "the TLS handshake works; is the ensemble serving (a quorum up)?"
 
     def _on_kazoo_state(self, state: str) -> None:
         """kazoo's listener (its connection thread): must not block."""

@@ -219,6 +219,63 @@ def zk_rows() -> list[Row]:
             zk.DEFAULT_CONNECT_TIMEOUT,
             "seconds to reach the ensemble at start",
         ),
+        *tls_rows("ZooKeeper's `secureClientPort`"),
+        Row(
+            "auth",
+            "str",
+            "",
+            "`digest` (ZooKeeper's digest scheme) or `sasl` (SASL DIGEST-MD5; needs "
+            "`waltz-coord-zk[sasl]`); with `username` and `password` or `password_file`",
+        ),
+        *login_rows(),
+        Row(
+            "acl",
+            "str",
+            "",
+            "ACL of the znodes this client creates: `world-read` (default with `auth`: the "
+            "cluster's identity may do anything, others only read), `private` (only the "
+            "cluster's identity), `open` (default without `auth`: anyone)",
+        ),
+    ]
+
+
+def tls_rows(port: str) -> list[Row]:
+    """The TLS options of ``waltz_api.security`` (zk and etcd)."""
+    return [
+        Row("tls", "bool", False, f"connect over TLS ({port}); implied by any `tls_*` option"),
+        Row(
+            "tls_ca",
+            "path",
+            "",
+            "PEM CA certificate(s) of the server's certificate (default: the system's)",
+        ),
+        Row(
+            "tls_cert",
+            "path",
+            "",
+            "this client's certificate (PEM), for a server requiring client certificates",
+        ),
+        Row("tls_key", "path", "", "the key of `tls_cert` (PEM)"),
+        Row("tls_key_password", "str", "", "the password of an encrypted `tls_key`"),
+        Row(
+            "tls_check_hostname",
+            "bool",
+            True,
+            "the server's certificate must name the host connected to",
+        ),
+    ]
+
+
+def login_rows() -> list[Row]:
+    return [
+        Row("username", "str", "", "the cluster's identity on the coordination service"),
+        Row(
+            "password",
+            "str",
+            "",
+            "its password (prefer `password_file`: URIs show up in process lists)",
+        ),
+        Row("password_file", "path", "", "a file holding the password (one line)"),
     ]
 
 
