@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from waltz_api.types import NO_SESSION, Record, SessionInfo
+from waltz_api.types import LOST_SESSION, NO_SESSION, Record, SessionInfo
 from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
@@ -302,6 +302,132 @@ async def test_power_loss_while_a_format_1_directory_is_migrated(tmp_path: Path)
                         failures.append(f"{where}: partition {pid} reads back {len(got)}")
                 if opened.partition(0).session_info() != SessionInfo(5, 27, 27):
                     failures.append(f"{where}: {opened.partition(0).session_info()}")
+            finally:
+                await opened.close()
+            shutil.rmtree(directory)
+    assert not failures, "\n".join(failures[:5])
+
+
+@dataclass
+class PrefixModel:
+    """What the prefix workload was told, each fact with its step."""
+
+    appended: list[tuple[int, Record]] = field(default_factory=list)
+    """(ack step, record), in the order appended."""
+    drops: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(start step, ack step, through, start returned)."""
+    truncations: list[tuple[int, int, int]] = field(default_factory=list)
+    """(start step, ack step, kept up to)."""
+
+
+async def test_power_loss_while_an_archived_prefix_is_dropped(tmp_path: Path) -> None:
+    """Drop a prefix (whole segments, then past the log's end), truncate below the start,
+    append after it, reopen: at every crash point the log opens without a hole or a
+    LOST mark, never starts above what a drop was asked to delete, keeps the start of
+    every acknowledged drop, and holds every acknowledged record at or above its start."""
+    snapshots: list[Snapshot] = []
+    base = tmp_path / "sim"
+    files = PowerLossFiles(base, on_step=recorder(snapshots))
+    model = PrefixModel()
+    location = str(base / "storage")
+    engine = await FsStorageEngine.open(
+        location, cluster_key=KEY, num_partitions=1, options=OPTIONS, files=files
+    )
+    part = await engine.add_partition(0)
+
+    async def append(ids: range, epoch: int = 1) -> None:
+        for t in ids:
+            await part.append([record(t, 0, epoch)])
+            model.appended.append((files.step, record(t, 0, epoch)))
+
+    async def drop(through: int) -> None:
+        started = files.step
+        start = await part.drop_prefix(through)
+        model.drops.append((started, files.step, through, start))
+
+    await append(range(0, 30))
+    await drop(12)
+    await append(range(30, 36))
+    await drop(40)  # past the end: the log continues at 41
+    await append(range(41, 45))
+    started = files.step
+    await part.truncate(38)  # below the start: empty, continues at 39
+    model.truncations.append((started, files.step, 38))
+    await append(range(39, 43), epoch=2)
+    await engine.close()
+    engine = await FsStorageEngine.open(location, options=OPTIONS, files=files)
+    part = engine.partition(0)
+    await append(range(43, 45), epoch=2)
+    await drop(43)
+    await engine.close()
+    assert len(snapshots) > 60, "the workload made too few steps to be a test"
+
+    def problem(opened: FsStorageEngine, step: int) -> str | None:
+        p = opened.partition(0)
+        if p.missing_ranges() or p.session_info().low_water_mark_session_id == LOST_SESSION:
+            return f"damage reported: {p.missing_ranges()} {p.session_info()}"
+        start = p.log_start()
+        asked = max((t for s, _, t, _ in model.drops if s < step), default=-1)
+        cut = [kept for s, _, kept in model.truncations if s < step]
+        if start > asked + 1 and not any(start == kept + 1 for kept in cut):
+            return f"the log starts at {start}, but no drop beyond {asked} was asked"
+        done = [(a, got) for _, a, _, got in model.drops if a <= step]
+        cutting = [s for s, _, _ in model.truncations if s < step]
+        moved_back = bool(cutting) and cutting[-1] > (done[-1][0] if done else -1)
+        if done and not moved_back and start < done[-1][1]:
+            return f"the log starts at {start}, before acknowledged drop's {done[-1][1]}"
+        return None
+
+    failures: list[str] = []
+    seen: set[str] = set()
+    for number, snapshot in enumerate(snapshots):
+        for name, tree in snapshot.states():
+            digest = tree_digest(tree)
+            if digest in seen:
+                continue
+            seen.add(digest)
+            directory = tmp_path / f"crash-{number}-{name}"
+            materialize(tree, directory)
+            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
+            storage = directory / "storage"
+            if not (storage / fmt.CONTROL_FILE_NAME).exists():
+                shutil.rmtree(directory)
+                continue
+            try:
+                opened = await FsStorageEngine.open(str(storage), options=OPTIONS)
+            except Exception as exc:
+                failures.append(f"{where}: does not open: {exc!r}")
+                continue
+            try:
+                if 0 not in opened.partition_ids():
+                    continue
+                found = problem(opened, snapshot.step)
+                p = opened.partition(0)
+                start, top = p.log_start(), p.max_transaction_id()
+                present = await p.read_records(start, 1000, 1 << 30) if top >= start else []
+                if [r.transaction_id for r in present] != list(range(start, top + 1)):
+                    found = found or f"reads back {len(present)} records from {start}, not dense"
+                latest: dict[int, Record] = {}
+                for acked, r in model.appended:
+                    if acked <= snapshot.step:
+                        latest[r.transaction_id] = r
+                truncated = max(  # a truncation under way may have cut any record after it
+                    (k for s, _, k in model.truncations if s < snapshot.step), default=None
+                )
+                for r in present:
+                    if r not in [x for _, x in model.appended]:
+                        found = found or f"transaction {r.transaction_id} is garbage"
+                for txid, r in latest.items():
+                    if txid < start or txid > top:
+                        if txid > top and truncated is None:
+                            found = found or f"lost acknowledged transaction {txid}"
+                        continue
+                    if truncated is not None and txid > truncated and not r.data.startswith(b"e2"):
+                        continue
+                    if present[txid - start] != r:
+                        found = found or f"transaction {txid} is not the acknowledged one"
+                if found:
+                    failures.append(f"{where}: {found}")
             finally:
                 await opened.close()
             shutil.rmtree(directory)

@@ -57,7 +57,7 @@ def storage(options: Mapping[str, Any] | None = None, root: Any = None) -> Any:
 
     return StorageHarness(
         name="memory",
-        capabilities=frozenset({"reopen", "availability"}),
+        capabilities=frozenset({"reopen", "availability", "prefix"}),
         engine_class=MemoryStorageEngine,
         root=Path(root) if root is not None else Path(f"memory-storage-{uuid.uuid4()}"),
         options=dict(options or {}),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from waltz_api.capabilities import AVAILABILITY, EXACT, PEER_FAULTS, REOPEN
+from waltz_api.capabilities import AVAILABILITY, EXACT, PEER_FAULTS, PREFIX, REOPEN
 from waltz_api.hookspecs import (
     CoordinationDescriptor,
     CoordinationFactory,
@@ -95,7 +95,7 @@ def waltz_storage_engines() -> list[StorageEngineDescriptor]:
         StorageEngineDescriptor(
             name="memory",
             load=load_storage,
-            capabilities=frozenset({REOPEN, AVAILABILITY}),
+            capabilities=frozenset({REOPEN, AVAILABILITY, PREFIX}),
             description="in-process reference storage (not durable); for tests",
             conformance_harness="waltz_conformance.reference.conformance:storage",
         )

@@ -21,6 +21,7 @@ from waltz_api.errors import (
     ChecksumError,
     PartitionClosedError,
     PartitionNotFoundError,
+    RecordsArchivedError,
     StorageAppendError,
     StorageError,
 )
@@ -32,6 +33,8 @@ _INT32 = (-(2**31), 2**31 - 1)
 @dataclass
 class _PartitionState:
     records: list[Record] = field(default_factory=list)
+    start: int = 0
+    """The id of ``records[0]``: the ones below were dropped (``drop_prefix``)."""
     info: SessionInfo = field(default_factory=SessionInfo)
     available: bool = True
 
@@ -67,7 +70,25 @@ class MemoryStoragePartition(StoragePartition):
         return self._state
 
     def max_transaction_id(self) -> int:
-        return len(self._check().records) - 1
+        state = self._check()
+        return state.start + len(state.records) - 1
+
+    def log_start(self) -> int:
+        return self._check().start
+
+    async def drop_prefix(self, through: int) -> int:
+        state = self._check()
+        if through >= state.start:
+            del state.records[: through - state.start + 1]
+            state.start = through + 1
+        await asyncio.sleep(0)
+        return state.start
+
+    def _archived(self, transaction_id: int) -> RecordsArchivedError:
+        return RecordsArchivedError(
+            f"partition {self.partition_id}: transaction {transaction_id} is below the local "
+            f"log's start {self._state.start} (archived, deleted here)"
+        )
 
     def session_info(self) -> SessionInfo:
         return self._check().info
@@ -85,7 +106,7 @@ class MemoryStoragePartition(StoragePartition):
 
     async def append(self, records: Sequence[Record]) -> None:
         state = self._check()
-        expected = len(state.records)
+        expected = state.start + len(state.records)
         for i, record in enumerate(records):
             if record.transaction_id != expected + i:
                 raise StorageAppendError(
@@ -111,14 +132,20 @@ class MemoryStoragePartition(StoragePartition):
         state = self._check()
         if transaction_id < NO_TRANSACTION:
             raise StorageError(f"cannot truncate after transaction {transaction_id} (min -1)")
-        del state.records[transaction_id + 1 :]
+        if transaction_id < state.start - 1:
+            state.records.clear()
+            state.start = transaction_id + 1
+        else:
+            del state.records[transaction_id + 1 - state.start :]
         await asyncio.sleep(0)
 
     async def read_record(self, transaction_id: int) -> Record | None:
-        records = self._check().records
+        state = self._check()
         await asyncio.sleep(0)
-        if 0 <= transaction_id < len(records):
-            return records[transaction_id]
+        if 0 <= transaction_id < state.start:
+            raise self._archived(transaction_id)
+        if 0 <= transaction_id - state.start < len(state.records):
+            return state.records[transaction_id - state.start]
         return None
 
     async def read_header(self, transaction_id: int) -> RecordHeader | None:
@@ -128,13 +155,16 @@ class MemoryStoragePartition(StoragePartition):
     async def read_records(
         self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
     ) -> list[Record]:
-        records = self._check().records
+        state = self._check()
         await asyncio.sleep(0)
         out: list[Record] = []
         size = 0
         if start < 0:
             return out
-        for record in records[start : start + max(max_records, 0)]:
+        if start < state.start and start <= self.max_transaction_id():
+            raise self._archived(start)
+        at = start - state.start
+        for record in state.records[at : at + max(max_records, 0)]:
             if out and size + len(record.data) > max_bytes:
                 break
             size += len(record.data)
@@ -142,11 +172,14 @@ class MemoryStoragePartition(StoragePartition):
         return out
 
     async def read_headers(self, start: int, max_records: int) -> list[RecordHeader]:
-        records = self._check().records
+        state = self._check()
         await asyncio.sleep(0)
         if start < 0:
             return []
-        return [r.record_header for r in records[start : start + max(max_records, 0)]]
+        if start < state.start and start <= self.max_transaction_id():
+            raise self._archived(start)
+        at = start - state.start
+        return [r.record_header for r in state.records[at : at + max(max_records, 0)]]
 
 
 class MemoryStorageEngine(StorageEngine):

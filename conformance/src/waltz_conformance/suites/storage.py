@@ -37,11 +37,15 @@ Capabilities (declared by the harness, never guessed):
   reports the damaged ones as ``missing_ranges``, which ``repair`` fills.
 - ``availability``: the engine keeps a partition's availability
   (``set_available``) across a reopen.
+- ``prefix``: the engine deletes an archived prefix of the log (``drop_prefix``),
+  keeps the log's start (``log_start``) across a reopen, and never reports the
+  deleted prefix as missing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -69,6 +73,7 @@ from waltz_api.errors import (
     CorruptionError,
     PartitionClosedError,
     PartitionNotFoundError,
+    RecordsArchivedError,
     StorageAppendError,
     StorageError,
 )
@@ -610,6 +615,111 @@ class StorageSuite:
             assert engine.partition(0).available()
         await engine.remove_partition(0)
         assert (await engine.add_partition(0)).available()
+
+    # -- deleting an archived prefix ------------------------------------------------------
+
+    async def _read_from(self, engine: StorageEngine, partition_id: int, start: int) -> list[int]:
+        part = engine.partition(partition_id)
+        got: list[Record] = []
+        while start + len(got) <= part.max_transaction_id():
+            chunk = await part.read_records(start + len(got), 1000)
+            assert chunk, f"read_records({start + len(got)}) returned nothing"
+            got.extend(chunk)
+        assert got == [make_record(r.transaction_id, partition_id) for r in got]
+        return [r.transaction_id for r in got]
+
+    async def test_without_prefix_the_log_starts_at_zero(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        await append_range(engine, 0, 0, 5)
+        assert part.log_start() == 0
+        extents = part.local_extents()
+        assert extents and extents[0].first == 0 and extents[-1].last == 4
+        if "prefix" not in store.harness.capabilities:
+            with pytest.raises(StorageError):
+                await part.drop_prefix(2)
+            await assert_log(engine, 0, 4)
+
+    @requires("prefix")
+    async def test_drop_prefix_never_deletes_beyond_through(self, store: Store) -> None:
+        options: dict[str, Any] = (
+            {"segment_size": 1024} if "segments" in store.harness.capabilities else {}
+        )
+        engine = await store.open(**options)
+        part = await engine.add_partition(1)
+        await append_range(engine, 1, 0, 120, batch=7)
+        start = await part.drop_prefix(61)
+        assert 0 <= start <= 62 and part.log_start() == start
+        assert part.max_transaction_id() == 119
+        assert await self._read_from(engine, 1, start) == list(range(start, 120))
+        if start > 0:
+            for read in (
+                part.read_records(start - 1, 10),
+                part.read_record(0),
+                part.read_headers(start - 1, 3),
+            ):
+                with pytest.raises(RecordsArchivedError):
+                    await read
+        extents = part.local_extents()
+        assert extents[0].first == start and extents[-1].last == 119
+        assert all(a.last + 1 == b.first for a, b in itertools.pairwise(extents))
+        assert part.missing_ranges() == []
+        again = await part.drop_prefix(10)  # below the start: nothing changes
+        assert again == start == part.log_start()
+        await append_range(engine, 1, 120, 125)
+        assert await self._read_from(engine, 1, start) == list(range(start, 125))
+        if "reopen" in store.harness.capabilities:
+            engine = await store.reopen(**options)
+            part = engine.partition(1)
+            assert part.log_start() == start and part.missing_ranges() == []
+            assert part.session_info() == SessionInfo()
+            assert await self._read_from(engine, 1, start) == list(range(start, 125))
+
+    @requires("prefix")
+    async def test_drop_prefix_past_the_end_starts_the_log_after_it(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        await append_range(engine, 0, 0, 40, batch=5)
+        assert await part.drop_prefix(99) == 100
+        assert part.log_start() == 100 and part.max_transaction_id() == 99
+        assert part.local_extents() == []
+        with pytest.raises(RecordsArchivedError):
+            await part.read_records(50, 10)
+        assert await part.read_records(100, 10) == []
+        with pytest.raises(StorageAppendError):
+            await part.append([make_record(40)])
+        await append_range(engine, 0, 100, 105)
+        assert await self._read_from(engine, 0, 100) == list(range(100, 105))
+        if "reopen" in store.harness.capabilities:
+            engine = await store.reopen()
+            part = engine.partition(0)
+            assert part.log_start() == 100 and part.max_transaction_id() == 104
+            assert part.missing_ranges() == []
+        # an empty partition started after the archive mark (a new replica)
+        fresh = await engine.add_partition(2)
+        assert await fresh.drop_prefix(7) == 8 and fresh.max_transaction_id() == 7
+        await append_range(engine, 2, 8, 10)
+        assert await self._read_from(engine, 2, 8) == [8, 9]
+
+    @requires("prefix")
+    async def test_truncate_below_the_log_start_empties_the_log(self, store: Store) -> None:
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        await append_range(engine, 0, 0, 30, batch=5)
+        await part.drop_prefix(49)
+        await append_range(engine, 0, 50, 60)
+        await part.truncate(55)
+        assert part.max_transaction_id() == 55 and part.log_start() == 50
+        await part.truncate(20)
+        assert part.max_transaction_id() == 20 and part.log_start() == 21
+        assert await part.read_records(21, 10) == []
+        await append_range(engine, 0, 21, 23)
+        assert await self._read_from(engine, 0, 21) == [21, 22]
+        if "reopen" in store.harness.capabilities:
+            engine = await store.reopen()
+            part = engine.partition(0)
+            assert (part.log_start(), part.max_transaction_id()) == (21, 22)
+            assert part.missing_ranges() == []
 
     # -- the damage sweep ----------------------------------------------------------------
 

@@ -29,6 +29,11 @@ REPAIR: Final = "repair"
 """Start-up recovery keeps intact records after damaged ones and reports the damaged ones
 as missing ranges, which ``repair`` fills (records copied from a peer)."""
 
+PREFIX: Final = "prefix"
+"""Records at the start of the log can be deleted (they were archived elsewhere):
+``log_start``, ``drop_prefix`` and ``local_extents``; an engine without it keeps every
+record (a storage node then never deletes below the archive mark)."""
+
 # -- coordination ------------------------------------------------------------------------
 SERVER_RESTART: Final = "server_restart"
 """Its harness can restart the coordination service under connected clients."""
@@ -65,7 +70,9 @@ combination and one combination of processes, and the others run the representat
 rest (feed, locking, fencing, faults while appending)."""
 
 BY_KIND: Final[Mapping[str, frozenset[str]]] = {
-    "storage": frozenset({REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, AVAILABILITY, REPAIR}),
+    "storage": frozenset(
+        {REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, AVAILABILITY, REPAIR, PREFIX}
+    ),
     "coordination": frozenset({SERVER_RESTART, CROSS_PROCESS}),
     "transport": frozenset({PEER_FAULTS, PROCESSES, MALFORMED_INPUT, CONTROL_FUZZ}),
     "lock_table": frozenset({EXACT, BOUNDED_MEMORY}),

@@ -115,6 +115,17 @@ class StorageAppendError(StorageError):
     """An append was refused (for example: its ids do not follow the last record)."""
 
 
+class RecordsArchivedError(StorageError):
+    """A read asked for records below the local log's start: they were archived and
+    deleted from this storage (``StoragePartition.drop_prefix``); read them from the
+    archive (a Waltz server does so by itself)."""
+
+
+class ArchiveError(WaltzError):
+    """The archive (tiered storage) could not be read or written, or an archived object
+    failed its checks; the message names the partition, the range and the object."""
+
+
 # -- coordination ---------------------------------------------------------------
 
 

@@ -29,12 +29,13 @@ from typing import Any, NoReturn, TypeVar
 
 import crc32c
 
-from waltz_api.contracts.storage import StorageEngine, StoragePartition
+from waltz_api.contracts.storage import LogExtent, StorageEngine, StoragePartition
 from waltz_api.errors import (
     ChecksumError,
     CorruptionError,
     PartitionClosedError,
     PartitionNotFoundError,
+    RecordsArchivedError,
     StorageAppendError,
     StorageError,
 )
@@ -44,7 +45,14 @@ from waltz_storage_fs import format as fmt
 from waltz_storage_fs.control import ControlFile
 from waltz_storage_fs.files import OPEN_NEW, REAL_FILES, Files, make_dirs, remove_tree
 from waltz_storage_fs.quarantine import Quarantine
-from waltz_storage_fs.recovery import PartitionRecovery, Segment, close_segment, missing_ranges
+from waltz_storage_fs.recovery import (
+    PartitionRecovery,
+    Segment,
+    close_segment,
+    delete_segment_files,
+    missing_ranges,
+    write_log_start,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +117,7 @@ class _SegView:
     end: int
     data_fd: int
     index_fd: int
+    created_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +125,8 @@ class _View:
     segments: tuple[_SegView, ...]
     max_txid: int
     missing: tuple[tuple[int, int], ...] = ()
+    start: int = 0
+    """The first id kept (below it: dropped, archived elsewhere)."""
 
 
 _EMPTY_VIEW = _View((), NO_TRANSACTION)
@@ -302,6 +313,7 @@ class FsStoragePartition(StoragePartition):
         self._files = engine.files
         self.directory = engine.directory / str(partition_id)
         self._segments: list[Segment] = []
+        self._start = 0  # committer side: the first id kept (the log-start file's)
         self._view = _EMPTY_VIEW
         self._info = struct.session_info
         self._flags = struct.flags
@@ -326,10 +338,16 @@ class FsStoragePartition(StoragePartition):
 
     def publish(self) -> None:
         segs = tuple(
-            _SegView(s.first, s.count, s.size, s.data_fd, s.index_fd) for s in self._segments
+            _SegView(s.first, s.count, s.size, s.data_fd, s.index_fd, s.created_ms)
+            for s in self._segments
         )
-        max_txid = segs[-1].first + segs[-1].count - 1 if segs else NO_TRANSACTION
-        self._view = _View(segs, max_txid, tuple(missing_ranges(self._segments)))
+        max_txid = segs[-1].first + segs[-1].count - 1 if segs else self._start - 1
+        self._view = _View(
+            segs,
+            max_txid,
+            tuple(missing_ranges(self._segments, self._start)),
+            self._start,
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -351,6 +369,7 @@ class FsStoragePartition(StoragePartition):
             mark_lost=self._mark_lost,
         ).run()
         self._segments = layout.segments
+        self._start = layout.start
         self.quarantined = layout.quarantined
         self.publish()
         self._next_txid = self._view.max_txid + 1
@@ -414,10 +433,11 @@ class FsStoragePartition(StoragePartition):
 
     def _create_segment(self, first: int) -> Segment:
         files = self._files
+        created_ms = fmt.now_ms()
         header = fmt.encode_segment_header(
             fmt.SegmentHeader(
                 fmt.SEGMENT_FORMAT_VERSION,
-                fmt.now_ms(),
+                created_ms,
                 self._engine.cluster_key,
                 self.partition_id,
                 first,
@@ -432,6 +452,7 @@ class FsStoragePartition(StoragePartition):
             files.close(data_fd)
             raise
         seg = Segment(self.directory, first, data_fd, index_fd)
+        seg.created_ms = created_ms
         try:
             files.pwrite(index_fd, header, 0)
             files.fsync(index_fd)
@@ -449,7 +470,7 @@ class FsStoragePartition(StoragePartition):
         """Write records copied from a peer into the lowest hole, flushed."""
         if self.broken is not None:
             raise self.broken_error()
-        missing = missing_ranges(self._segments)
+        missing = missing_ranges(self._segments, self._start)
         last = first + len(lengths) - 1
         if not missing or missing[0][0] != first or last > missing[0][1]:
             raise StorageAppendError(
@@ -486,22 +507,24 @@ class FsStoragePartition(StoragePartition):
 
     def _truncate_files(self, transaction_id: int) -> None:
         files = self._files
-        if any(a <= transaction_id for a, _ in missing_ranges(self._segments)):
+        if any(a <= transaction_id for a, _ in missing_ranges(self._segments, self._start)):
             # records in a hole at or below the new end were acknowledged once: the log
             # ends before them now, with nothing to say it ever held them
             self._mark_lost()
         removed = False
         while self._segments and self._segments[-1].first > transaction_id:
             seg = self._segments.pop()
-            close_segment(files, seg)
-            if files.exists(seg.index_path):  # first: never an index without its data
-                files.unlink(seg.index_path)
-            files.unlink(seg.data_path)
+            delete_segment_files(files, seg)  # the index first: never one without its data
             removed = True
         if removed:
             # durable before the cut below: a crash in between must not leave a later
             # segment after a shortened one (a hole)
             files.fsync_dir(self.directory)
+        if transaction_id + 1 < self._start:
+            # below the dropped prefix: the (now empty) log continues after the cut; a
+            # crash before this leaves it empty at the old start, which is no hole
+            write_log_start(files, self.directory, transaction_id + 1)
+            self._start = transaction_id + 1
         if self._segments:
             seg = self._segments[-1]
             keep = transaction_id - seg.first + 1
@@ -523,6 +546,43 @@ class FsStoragePartition(StoragePartition):
                 seg.count = keep
                 seg.size = end
         self.publish()
+
+    def drop_prefix_now(self, through: int) -> None:
+        """Delete the segments wholly at or below ``through`` (all of them when it is at
+        or past the log's end), after recording the new start durably."""
+        if self.broken is not None:
+            raise self.broken_error()
+        segments = self._segments
+        max_txid = segments[-1].end - 1 if segments else self._start - 1
+        if through >= max_txid:
+            doomed, kept, start = list(segments), [], through + 1
+        else:
+            doomed = [s for s in segments[:-1] if s.end - 1 <= through]
+            kept = segments[len(doomed) :]
+            start = min(through + 1, kept[0].first)
+        if start <= self._start:
+            return
+        files = self._files
+        try:
+            # first: a crash before the segments are gone leaves them below the start,
+            # which recovery then deletes; never a prefix that looks like a hole
+            write_log_start(files, self.directory, start)
+            for seg in doomed:
+                delete_segment_files(files, seg)
+            if doomed:
+                files.fsync_dir(self.directory)
+        except OSError as exc:  # the files are in an unknown state until recovery
+            self.mark_broken(exc)
+            raise self.broken_error() from exc
+        self._segments = kept
+        self._start = start
+        self.publish()
+        log.info(
+            "partition %d: deleted %d segment(s) of archived records; the local log starts at %d",
+            self.partition_id,
+            len(doomed),
+            start,
+        )
 
     def set_info_now(self, info: SessionInfo) -> None:
         self._set_struct_now(info, self._flags)
@@ -564,6 +624,34 @@ class FsStoragePartition(StoragePartition):
     def missing_ranges(self) -> list[tuple[int, int]]:
         self._check_open()
         return list(self._view.missing)
+
+    def log_start(self) -> int:
+        self._check_open()
+        view = self._view
+        return view.start if view.segments else view.max_txid + 1
+
+    def local_extents(self) -> list[LogExtent]:
+        self._check_open()
+        extents = []
+        for seg in self._view.segments:
+            if seg.count:
+                extents.append(
+                    LogExtent(seg.first, seg.first + seg.count - 1, seg.end, seg.created_ms)
+                )
+        return extents
+
+    async def drop_prefix(self, through: int) -> int:
+        self._check_open()
+        if through >= self._next_txid - 1:
+            self._next_txid = through + 1
+        await self._engine.run_committed(lambda: self.drop_prefix_now(through))
+        return self.log_start()
+
+    def _archived(self, view: _View, transaction_id: int) -> RecordsArchivedError:
+        return RecordsArchivedError(
+            f"partition {self.partition_id}: transaction {transaction_id} is below the local "
+            f"log's start {view.start}: it was archived and deleted from this storage"
+        )
 
     def available(self) -> bool:
         self._check_open()
@@ -690,6 +778,8 @@ class FsStoragePartition(StoragePartition):
         view = self._view
         if start < 0 or start > view.max_txid or max_records <= 0:
             return RecordBlock(0, b"")
+        if start < view.start:
+            raise self._archived(view, start)
         return await self._engine.run_read(
             lambda: self._read_block_now(view, start, max_records, max_bytes)
         )
@@ -701,6 +791,8 @@ class FsStoragePartition(StoragePartition):
         view = self._view
         if start < 0 or start > view.max_txid or max_records <= 0:
             return []
+        if start < view.start:
+            raise self._archived(view, start)
         return await self._engine.run_read(
             lambda: self._read_now(view, start, max_records, max_bytes, headers)
         )

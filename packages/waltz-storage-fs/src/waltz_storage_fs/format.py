@@ -292,6 +292,35 @@ def parse_segment_file_name(name: str) -> tuple[int, str] | None:
     return None
 
 
+# -- the log's start (a dropped prefix) ------------------------------------------------
+
+LOG_START_FILE_NAME = "log-start"
+"""In a partition directory: the id of the first record kept once a prefix of the log was
+dropped (archived elsewhere). Absent: the log starts at 0."""
+_LOG_START = struct.Struct(">4sq")  # magic, first id; then CRC-32C of both
+_LOG_START_MAGIC = b"WLS1"
+LOG_START_SIZE = _LOG_START.size + 4
+
+
+def encode_log_start(start: int) -> bytes:
+    head = _LOG_START.pack(_LOG_START_MAGIC, start)
+    return head + _HEADER_CRC.pack(crc32c.crc32c(head))
+
+
+def decode_log_start(raw: bytes) -> int | None:
+    """The start in a log-start file, or None when the bytes are not a valid one."""
+    if len(raw) != LOG_START_SIZE:
+        return None
+    head = raw[: _LOG_START.size]
+    (stored,) = _HEADER_CRC.unpack_from(raw, _LOG_START.size)
+    if stored != crc32c.crc32c(head):
+        return None
+    magic, start = _LOG_START.unpack(head)
+    if magic != _LOG_START_MAGIC or start < 0:
+        return None
+    return int(start)
+
+
 # -- records ----------------------------------------------------------------------------
 
 RECORD_HEAD = struct.Struct(">qiiiiiiI")  # id, ReqId x4, header, data length, data crc

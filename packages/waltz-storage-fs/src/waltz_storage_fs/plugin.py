@@ -10,6 +10,7 @@ from waltz_api.capabilities import (
     AVAILABILITY,
     CRASH_REOPEN,
     FILE_FAULTS,
+    PREFIX,
     REOPEN,
     REPAIR,
     SEGMENTS,
@@ -19,7 +20,9 @@ from waltz_api.hookspecs import StorageEngineDescriptor, hookimpl
 if TYPE_CHECKING:
     from waltz_api.contracts.storage import StorageEngine
 
-CAPABILITIES = frozenset({REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, REPAIR, AVAILABILITY})
+CAPABILITIES = frozenset(
+    {REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, REPAIR, AVAILABILITY, PREFIX}
+)
 
 
 def load_engine() -> type[StorageEngine]:

@@ -24,6 +24,13 @@ whatever does not read back:
   recovered; an index without its segment; an unreadable header): moved whole
   into the quarantine, the rest untouched.
 
+- **A dropped prefix** (records archived elsewhere and deleted, ``drop_prefix``): the
+  ``log-start`` file names the first id kept. It is written (flushed, renamed) before
+  any segment is deleted, so segments wholly below it are what an interrupted deletion
+  left: they are deleted now; the ids below it are never a hole. A damaged
+  ``log-start`` file is moved aside; the log then starts at its first segment and the
+  partition is LOST (it may have lost a hole at its start).
+
 Quarantine: ``<storage dir>/quarantine/<partition>/<UTC time>-<reason>/``, one
 folder per action, holding the moved files or the copied bytes and a
 ``README.txt`` that says what came from where and which transactions it held.
@@ -45,7 +52,14 @@ import crc32c
 
 from waltz_api.errors import CorruptionError
 from waltz_storage_fs import format as fmt
-from waltz_storage_fs.files import OPEN_CREATE, OPEN_NEW, OPEN_WRITE, Files, copy_range
+from waltz_storage_fs.files import (
+    OPEN_CREATE,
+    OPEN_NEW,
+    OPEN_READ,
+    OPEN_WRITE,
+    Files,
+    copy_range,
+)
 from waltz_storage_fs.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
@@ -62,7 +76,16 @@ _TXID = struct.Struct(">q")
 class Segment:
     """One segment's files. ``count``/``size`` are the committer's (written) view."""
 
-    __slots__ = ("count", "data_fd", "data_path", "first", "index_fd", "index_path", "size")
+    __slots__ = (
+        "count",
+        "created_ms",
+        "data_fd",
+        "data_path",
+        "first",
+        "index_fd",
+        "index_path",
+        "size",
+    )
 
     def __init__(self, directory: Path, first: int, data_fd: int, index_fd: int) -> None:
         self.first = first
@@ -72,6 +95,7 @@ class Segment:
         self.index_fd = index_fd
         self.count = 0
         self.size = fmt.HEADER_SIZE
+        self.created_ms = -1
 
     @property
     def end(self) -> int:
@@ -88,20 +112,61 @@ def close_segment(files: Files, seg: Segment) -> None:
             files.close(fd)
 
 
+def read_log_start(files: Files, directory: Path) -> int | None:
+    """The start recorded in ``directory``'s log-start file: 0 without one, None when
+    the file is damaged."""
+    path = directory / fmt.LOG_START_FILE_NAME
+    if not files.exists(path):
+        return 0
+    fd = files.open(path, OPEN_READ)
+    try:
+        raw = files.pread(fd, fmt.LOG_START_SIZE + 1, 0)
+    finally:
+        files.close(fd)
+    return fmt.decode_log_start(raw)
+
+
+def write_log_start(files: Files, directory: Path, start: int) -> None:
+    """Record ``start`` durably: a new file, flushed, renamed over the old one, and the
+    directory flushed (a crash leaves the old or the new start, never a torn one)."""
+    path = directory / fmt.LOG_START_FILE_NAME
+    temporary = directory / (fmt.LOG_START_FILE_NAME + ".tmp")
+    fd = files.open(temporary, OPEN_NEW, 0o644)
+    try:
+        files.pwrite(fd, fmt.encode_log_start(start), 0)
+        files.fdatasync(fd)
+    finally:
+        files.close(fd)
+    files.replace(temporary, path)
+    files.fsync_dir(directory)
+
+
+def delete_segment_files(files: Files, seg: Segment) -> None:
+    """Close and unlink a segment's files (the index first: never an index without its
+    data); the caller flushes the directory."""
+    close_segment(files, seg)
+    if files.exists(seg.index_path):
+        files.unlink(seg.index_path)
+    files.unlink(seg.data_path)
+
+
 @dataclass
 class PartitionLayout:
     """What recovery found: the segments (ascending, holes between them allowed)."""
 
     segments: list[Segment] = field(default_factory=list)
+    start: int = 0
+    """The first id kept (the ids below it were dropped: archived elsewhere)."""
     lost_tail: bool = False
     """Records after the last segment's end may have been acknowledged and lost."""
     quarantined: list[Path] = field(default_factory=list)
 
 
-def missing_ranges(segments: list[Segment]) -> list[tuple[int, int]]:
-    """The holes of a segment list: ids below the last end that no segment holds."""
+def missing_ranges(segments: list[Segment], start: int = 0) -> list[tuple[int, int]]:
+    """The holes of a segment list: ids from ``start`` below the last end that no
+    segment holds."""
     ranges = []
-    expected = 0
+    expected = start
     for seg in segments:
         if seg.first > expected:
             ranges.append((expected, seg.first - 1))
@@ -157,8 +222,10 @@ class PartitionRecovery:
                 f"the directory {self.directory} of hosted partition {self.partition_id} is missing"
             )
         try:
-            candidates = self._read_headers()
+            start = self._log_start()
+            candidates = self._drop_below(start, self._read_headers())
             self._chain(candidates)
+            self._finish_drop(start)
             if self._dir_changed:
                 self.files.fsync_dir(self.directory)
         except BaseException:
@@ -167,6 +234,62 @@ class PartitionRecovery:
             raise
         self.layout.quarantined = list(self.quarantine.folders)
         return self.layout
+
+    # -- the dropped prefix ----------------------------------------------------------------
+
+    def _log_start(self) -> int:
+        start = read_log_start(self.files, self.directory)
+        if start is not None:
+            return start
+        path = self.directory / fmt.LOG_START_FILE_NAME
+        self._move_aside(
+            [path],
+            "damaged-log-start",
+            "the file naming the log's first kept transaction fails its checksum; the log "
+            "now starts at its first segment (any records missing before it are lost)",
+        )
+        self._lose_tail()
+        return -1
+
+    def _drop_below(self, start: int, candidates: list[_Candidate]) -> list[_Candidate]:
+        """Delete the segments an interrupted ``drop_prefix`` left: those followed by a
+        segment starting at or below the log's start (so wholly below it)."""
+        kept: list[_Candidate] = []
+        for i, candidate in enumerate(candidates):
+            following = candidates[i + 1].first if i + 1 < len(candidates) else None
+            if following is not None and following <= start:
+                for path in reversed(self._paths(candidate.first)):
+                    self.files.unlink(path)
+                self._dir_changed = True
+                log.info(
+                    "partition %d: deleted segment %d, below the log's start %d (an "
+                    "interrupted deletion of an archived prefix)",
+                    self.partition_id,
+                    candidate.first,
+                    start,
+                )
+                continue
+            kept.append(candidate)
+        return kept
+
+    def _finish_drop(self, start: int) -> None:
+        segments = self.layout.segments
+        if start < 0:  # the log-start file was damaged: the log starts where it starts
+            self.layout.start = segments[0].first if segments else 0
+            return
+        while segments and segments[0].first < start and segments[0].end <= start:
+            seg = segments.pop(0)
+            delete_segment_files(self.files, seg)
+            self._dir_changed = True
+        if segments and segments[0].first < start:
+            log.warning(
+                "partition %d: segment %d holds records below the log's start %d; keeping them",
+                self.partition_id,
+                segments[0].first,
+                start,
+            )
+            start = segments[0].first
+        self.layout.start = start
 
     def _data_path(self, first: int) -> Path:
         return self.directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
@@ -202,6 +325,8 @@ class PartitionRecovery:
     def _read_headers(self) -> list[_Candidate]:
         found: dict[int, set[str]] = {}
         for entry in self.files.listdir(self.directory):
+            if entry in (fmt.LOG_START_FILE_NAME, fmt.LOG_START_FILE_NAME + ".tmp"):
+                continue
             parsed = fmt.parse_segment_file_name(entry)
             if parsed is None:
                 log.warning(
@@ -389,6 +514,7 @@ class PartitionRecovery:
             data_size = files.size(data_fd)
             header = fmt.decode_segment_header(files.pread(data_fd, fmt.HEADER_SIZE, 0))
             assert header is not None  # checked by _check_header (or fixed)
+            seg.created_ms = header.creation_time_ms
             expected_header = fmt.encode_segment_header(header)
             index_header = fmt.decode_segment_header(files.pread(index_fd, fmt.HEADER_SIZE, 0))
             trusted = 0

@@ -325,8 +325,17 @@ def list_quarantine(storage_directory: str | os.PathLike[str]) -> list[Quarantin
 def _verify_partition(
     pdir: Path, pid: int, key: object, part_report: PartitionReport, problems: list[str]
 ) -> None:
-    expected_first = 0
+    from waltz_storage_fs.files import REAL_FILES
+    from waltz_storage_fs.recovery import read_log_start
+
+    start = read_log_start(REAL_FILES, pdir)
+    if start is None:
+        problems.append(f"partition {pid}: {fmt.LOG_START_FILE_NAME} fails its checksum")
+        start = 0
+    expected_first = start
     for first in segment_firsts(pdir):
+        if first < start:
+            continue  # below the dropped (archived) prefix: recovery deletes it
         part_report.segments += 1
         data = pdir / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
         index = pdir / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)

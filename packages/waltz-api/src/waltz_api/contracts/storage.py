@@ -5,11 +5,27 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from waltz_api.errors import StorageAppendError, StorageError
 from waltz_api.types import Record, RecordHeader, SessionInfo
 from waltz_api.wire import RecordBlock
+
+
+@dataclass(frozen=True, slots=True)
+class LogExtent:
+    """A piece of a partition's local log as the engine keeps it (a segment file).
+
+    ``first..last`` (inclusive) are the transaction ids it holds, ``size`` its bytes on
+    disk (-1: unknown) and ``created_ms`` when it was started (ms since the epoch, -1:
+    unknown). Every extent but the last is *sealed*: nothing is appended to it again,
+    and its age is the next one's ``created_ms``."""
+
+    first: int
+    last: int
+    size: int = -1
+    created_ms: int = -1
 
 
 class StoragePartition(ABC):
@@ -18,7 +34,9 @@ class StoragePartition(ABC):
     The log is a dense sequence of records with transaction ids
     ``0 .. max_transaction_id()`` (``-1`` when empty). Records may be
     truncated away from the end and re-appended (by recovery), never changed
-    in the middle.
+    in the middle. An engine with the ``prefix`` capability may also delete a
+    prefix of records that were archived elsewhere (:meth:`drop_prefix`): it then
+    holds ``log_start() .. max_transaction_id()`` locally.
 
     Durability: when ``append``, ``truncate``, ``repair`` or ``set_session_info``
     returns, the change is on stable storage (for a disk engine: fdatasync'd)
@@ -101,6 +119,43 @@ class StoragePartition(ABC):
         until it restarts)."""
         raise StorageError(
             f"this storage engine does not keep partition {self.partition_id}'s availability"
+        )
+
+    def log_start(self) -> int:
+        """The id of the first record held locally (``max_transaction_id() + 1`` when the
+        log is empty): the records below it were deleted by :meth:`drop_prefix` (they are
+        in the archive) and reading one raises
+        :class:`~waltz_api.errors.RecordsArchivedError`. Kept across a reopen. 0 for an
+        engine without the ``prefix`` capability (this default)."""
+        return 0
+
+    def local_extents(self) -> list[LogExtent]:
+        """The pieces of the local log, ascending (what :meth:`drop_prefix` deletes whole).
+        This default: the whole log as one extent of unknown size (none when empty)."""
+        top = self.max_transaction_id()
+        start = self.log_start()
+        return [LogExtent(start, top)] if top >= start else []
+
+    async def drop_prefix(self, through: int) -> int:
+        """Delete local records with ids up to ``through`` (they were archived and the
+        archive verified them: the caller's promise), durably; returns the new
+        :meth:`log_start`.
+
+        The engine deletes whole extents and may keep records at or below ``through``
+        that share one with later records; it never deletes a record above
+        ``through``. When ``through >= max_transaction_id()`` every local record is
+        deleted and the log continues after it: ``max_transaction_id() == through`` and
+        the next append starts at ``through + 1`` (a replica started from the archive
+        mark). A crash during the call leaves the old or the new start, never a hole:
+        start-up recovery finishes an interrupted deletion and never reports the
+        deleted prefix as missing. :meth:`truncate` below the log start empties the
+        local log, which then starts after the truncation point.
+
+        This default raises StorageError: an engine without the ``prefix`` capability
+        keeps every record."""
+        raise StorageError(
+            f"this storage engine cannot delete the start of partition {self.partition_id}'s "
+            "log (no 'prefix' capability): it keeps every record"
         )
 
     @abstractmethod
