@@ -39,6 +39,22 @@ def text(driver: Any, selector: str) -> str | None:
     return found
 
 
+def click(driver: Any, selector: str, timeout: float = DEADLINE) -> None:
+    """Click the element matching ``selector``, finding it again when the page replaced
+    it between finding and clicking (it re-renders as the cluster changes)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            driver.find_element("css selector", selector).click()
+            return
+        except StaleElementReferenceException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def wait_for(driver: Any, check: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -258,7 +274,7 @@ def test_actions_are_refused_without_login(dev: DevProcess, browser: Any) -> Non
     )
     assert answer == [401, "log in first: actions need the console's token"]
     browser.find_element("css selector", "#login-token").send_keys("not-the-token-at-all")
-    browser.find_element("css selector", "#login-button").click()
+    click(browser, "#login-button")
     wait_for(
         browser,
         lambda: "wrong token" in (text(browser, "#login-message") or ""),
@@ -274,7 +290,7 @@ def _confirm_dialog(browser: Any, button: str) -> str:
         "the confirmation dialog",
     )
     question = text(browser, "#confirm-text") or ""
-    browser.find_element("css selector", f"#confirm-{button}").click()
+    click(browser, f"#confirm-{button}")
     return question
 
 
@@ -290,7 +306,7 @@ def test_a_replica_add_asks_for_confirmation(
     )[0]
     login.clear()
     login.send_keys(token)
-    browser.find_element("css selector", "#login-button").click()
+    click(browser, "#login-button")
     wait_for(browser, lambda: browser.find_elements("css selector", "#form-add-replica"), "forms")
     assert text(browser, "#who") == "logged in"
 
@@ -299,7 +315,7 @@ def test_a_replica_add_asks_for_confirmation(
             field = browser.find_element("css selector", f"#add-replica-{key}")
             field.clear()
             field.send_keys(value)
-        browser.find_element("css selector", "#add-replica-submit").click()
+        click(browser, "#add-replica-submit")
         return _confirm_dialog(browser, "cancel" if not confirmed else "ok")
 
     confirmed = False
@@ -322,7 +338,7 @@ def test_a_replica_add_asks_for_confirmation(
     screenshot(browser, "actions")
 
     # verify, with its findings in place
-    browser.find_element("css selector", "#verify-submit").click()
+    click(browser, "#verify-submit")
     _confirm_dialog(browser, "ok")
     wait_for(
         browser,

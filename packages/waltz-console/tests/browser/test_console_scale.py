@@ -42,6 +42,22 @@ def text(driver: Any, selector: str) -> str | None:
     return found
 
 
+def click(driver: Any, selector: str, timeout: float = DEADLINE) -> None:
+    """Click the element matching ``selector``, finding it again when the page replaced
+    it between finding and clicking (it re-renders as the cluster changes)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            driver.find_element("css selector", selector).click()
+            return
+        except StaleElementReferenceException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def wait_for(driver: Any, check: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -158,7 +174,7 @@ def test_no_cluster_then_a_thousand_partitions(
 
     assert rows() == [str(p) for p in range(50)]
     for page in range(1, 4):
-        browser.find_element("css selector", "#next-page").click()
+        click(browser, "#next-page")
         first = page * 50
         wait_for(
             browser,

@@ -436,7 +436,10 @@ async function render() {
         continue;
       }
       state.routeKey = location.hash;
-      main.replaceChildren(content);
+      // the same view with the same values: keep the page as it is (a button being
+      // clicked or text being selected stays where it is)
+      const current = main.firstElementChild;
+      if (!(current && current.outerHTML === content.outerHTML)) main.replaceChildren(content);
       main.dataset.version = state.overview ? state.overview.version : "";
     } while (state.pending);
   } finally {
