@@ -14,12 +14,14 @@ from waltz_api.contracts.coordination import SessionState, Versioned
 from waltz_api.errors import (
     BadVersionError,
     CoordinationUnavailableError,
+    CorruptionError,
     NodeExistsError,
     PartitionClosedError,
     SessionLostError,
+    StorageAppendError,
     StorageError,
 )
-from waltz_api.types import Record, ReqId
+from waltz_api.types import LOST_SESSION, Record, ReqId
 from waltz_api.wire import checksum
 from waltz_sim.coord import SimCoordination, sim_coordination_factory
 from waltz_sim.disk import PartitionImage, SimStorageEngine
@@ -240,3 +242,48 @@ def test_an_fsync_error_closes_the_partition_until_a_restart() -> None:
     failed, closed, end = in_world(scenario)
     assert "restarts" in failed and "restart" in closed
     assert end >= 1
+
+
+def test_damage_found_at_start_up_is_a_missing_range_until_repaired() -> None:
+    async def scenario(world: World) -> tuple[list[tuple[int, int]], str, int, bool]:
+        process = idle_process(world, "storage")
+        engine = await _engine(world, process)
+
+        async def fill() -> None:
+            await engine.partition(0).append(_records(0, 8))
+
+        await world._in(process, fill())
+        image = world.disks["disk"].partitions[0]
+        image.missing = [(2, 4)]  # what PartitionImage.damage leaves for a range
+        process.crash()
+        process.start()
+        engine = await _engine(world, process)
+
+        async def read_and_repair() -> tuple[list[tuple[int, int]], str, int, bool]:
+            part = engine.partition(0)
+            missing = part.missing_ranges()
+            with pytest.raises(CorruptionError) as damaged:
+                await part.read_records(0, 8)
+            with pytest.raises(StorageAppendError):
+                await part.repair(_records(3, 2))  # not from the range's start
+            await part.repair(_records(2, 3))
+            whole = await part.read_records(0, 8)
+            return missing, str(damaged.value), len(whole), part.missing_ranges() == []
+
+        return await world._in(process, read_and_repair())
+
+    missing, damaged, whole, repaired = in_world(scenario)
+    assert missing == [(2, 4)]
+    assert "transaction 2 was lost to damage" in damaged
+    assert whole == 8 and repaired
+
+
+def test_a_lost_tail_marks_the_session_info_lost() -> None:
+    image = PartitionImage(_records(0, 6), _records(0, 6), 6, 6)
+    found = None
+    rng = random.Random(0)
+    while found is None or "tail" not in found:
+        image = PartitionImage(_records(0, 6), _records(0, 6), 6, 6)
+        found = image.damage(rng)
+    assert image.written_info.low_water_mark_session_id == LOST_SESSION
+    assert len(image.written) < 6 and image.unrepaired

@@ -85,8 +85,7 @@ def _report(result: SeedResult, *, verbose: bool, show_trace: bool) -> None:
         click.echo(f"  {known.summary} ({known.where}); replay: {result.replay_command()}")
         for violation in result.violations[:3]:
             click.echo(f"  {violation}")
-        return
-    if not result.ok:
+    elif not result.ok:
         click.echo(f"  replay: {result.replay_command()}")
         if result.error:
             click.echo(f"  simulation error: {result.error}")
@@ -280,6 +279,7 @@ def simulate(  # noqa: PLR0917 - click passes options by name
                     stop = True
     wall = time.perf_counter() - started
     simulated = sum(r.sim_seconds for r in results)
+    cpu = sum(r.cpu_seconds for r in results)
     injected = sum(r.faults for r in results)
     known: dict[str, list[int]] = {}
     for result in results:
@@ -295,7 +295,8 @@ def simulate(  # noqa: PLR0917 - click passes options by name
         f"{len(results)} seeds, {passed} passed{known_text}, {len(failed)} failed; "
         f"{injected} faults injected ({injected / max(len(results), 1):.1f} per seed); "
         f"{simulated:.0f} s simulated in {wall:.1f} s wall "
-        f"({simulated / wall if wall else 0:.0f}x, {jobs} job{'s' if jobs > 1 else ''})"
+        f"({simulated / wall if wall else 0:.0f}x, {jobs} job{'s' if jobs > 1 else ''}) and "
+        f"{cpu:.1f} CPU s ({simulated / cpu if cpu else 0:.0f}x)"
     )
     if failed:
         click.echo(

@@ -21,6 +21,7 @@ world's supervisor restarts the node). The engine keeps the StorageEngine contra
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import uuid
@@ -33,12 +34,13 @@ import crc32c
 from waltz_api.contracts.storage import StorageEngine, StoragePartition
 from waltz_api.errors import (
     ChecksumError,
+    CorruptionError,
     PartitionClosedError,
     PartitionNotFoundError,
     StorageAppendError,
     StorageError,
 )
-from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, SessionInfo
+from waltz_api.types import LOST_SESSION, NO_TRANSACTION, Record, RecordHeader, SessionInfo
 from waltz_sim.loop import Incarnation, current_incarnation
 
 if TYPE_CHECKING:
@@ -70,6 +72,8 @@ class PartitionImage:
     written_info: SessionInfo = field(default_factory=SessionInfo)
     durable_info: SessionInfo = field(default_factory=SessionInfo)
     broken: str | None = None
+    missing: list[tuple[int, int]] = field(default_factory=list)
+    """Ranges (first, last) lost to damage below intact records, until repaired."""
 
     def sync(self) -> None:
         """An fdatasync completed: the durable state is the written one."""
@@ -81,6 +85,40 @@ class PartitionImage:
     def truncate_written(self, transaction_id: int) -> None:
         del self.written[transaction_id + 1 :]
         self.common = min(self.common, len(self.written))
+        self.missing = [
+            (first, min(last, transaction_id))
+            for first, last in self.missing
+            if first <= transaction_id
+        ]
+
+    def damage(self, rng: random.Random) -> str | None:
+        """Damage found at start-up: records lost below intact ones (a missing range),
+        or a lost tail of acknowledged records (LOST_SESSION). Returns what, or None."""
+        length = len(self.written)
+        if length < 4:
+            return None
+        if rng.random() < 0.5:
+            first = rng.randrange(0, length - 2)
+            last = min(first + rng.randint(0, 4), length - 2)
+            self.missing = sorted([*self.missing, (first, last)])
+            return f"transactions {first}..{last} lost to damage (intact ones after them)"
+        lost = rng.randint(1, min(5, length - 1))
+        del self.written[length - lost :]
+        del self.durable[length - lost :]
+        self.common = min(self.common, len(self.written))
+        self.visible = len(self.written)
+        info = dataclasses.replace(self.written_info, low_water_mark_session_id=LOST_SESSION)
+        self.written_info = self.durable_info = info
+        return f"its last {lost} transactions lost to damage (a lost tail)"
+
+    @property
+    def unrepaired(self) -> bool:
+        return bool(self.missing) or self.written_info.low_water_mark_session_id == LOST_SESSION
+
+    def intact(self) -> list[Record]:
+        """What a reader gets: the records up to the first missing one."""
+        end = min([len(self.written), *(first for first, _ in self.missing)])
+        return self.written[:end]
 
     def lose_unsynced(self, rng: random.Random) -> int:
         """A power loss: keep the durable state, or the unsynced writes cut short (the
@@ -99,6 +137,8 @@ class PartitionImage:
         self.common = len(self.written)
         self.durable_info = self.written_info
         self.visible = len(self.written)
+        end = len(self.written)
+        self.missing = [(first, min(last, end - 1)) for first, last in self.missing if first < end]
         return max(0, before - len(self.written))
 
 
@@ -118,6 +158,8 @@ class SimDisk:
         self.engine: SimStorageEngine | None = None
         self.fsyncs = 0
         self.fsync_errors = 0
+        self.pending_damage = False
+        """Damage the next start-up recovery finds (a fault)."""
 
     @property
     def rng(self) -> random.Random:
@@ -146,8 +188,23 @@ class SimDisk:
             image.broken = None
 
     def contents(self) -> dict[int, list[Record]]:
-        """Each partition's records, as a restarted engine would find them."""
-        return {p: list(image.written) for p, image in sorted(self.partitions.items())}
+        """Each partition's readable records, as a restarted engine would find them (up to
+        a range lost to damage and not repaired)."""
+        return {p: list(image.intact()) for p, image in sorted(self.partitions.items())}
+
+    @property
+    def unrepaired(self) -> bool:
+        return any(image.unrepaired for image in self.partitions.values())
+
+    def apply_damage(self) -> list[str]:
+        """The start-up recovery finds the pending damage (in one partition)."""
+        self.pending_damage = False
+        candidates = [p for p, image in sorted(self.partitions.items()) if len(image.written) >= 4]
+        if not candidates:
+            return []
+        partition = self.rng.choice(candidates)
+        found = self.partitions[partition].damage(self.rng)
+        return [] if found is None else [f"partition {partition}: {found}"]
 
 
 class SimStoragePartition(StoragePartition):
@@ -198,6 +255,37 @@ class SimStoragePartition(StoragePartition):
 
     def max_transaction_id(self) -> int:
         return self._check().visible - 1
+
+    def missing_ranges(self) -> list[tuple[int, int]]:
+        return list(self._check().missing)
+
+    async def repair(self, records: Sequence[Record]) -> None:
+        image = self._check()
+        if not image.missing:
+            raise StorageAppendError(
+                f"partition {self.partition_id} has no missing range to repair; nothing stored"
+            )
+        first, last = image.missing[0]
+        ids = [r.transaction_id for r in records]
+        if not records or ids != list(range(first, first + len(ids))) or ids[-1] > last:
+            raise StorageAppendError(
+                f"partition {self.partition_id}: repair records {ids[:1]}..{ids[-1:]} do not "
+                f"fill the missing range {first}..{last} from its start; nothing stored"
+            )
+        for record in records:
+            if crc32c.crc32c(record.data) != record.checksum:
+                raise ChecksumError(
+                    f"partition {self.partition_id}: transaction {record.transaction_id}: the "
+                    "data does not match its CRC-32C checksum; nothing was stored"
+                )
+        image = await self._write()
+        if image.missing[:1] != [(first, last)]:
+            raise StorageAppendError(f"partition {self.partition_id}: the range changed")
+        image.written[first : first + len(records)] = list(records)
+        image.common = min(image.common, first)
+        end = first + len(records) - 1
+        image.missing = ([(end + 1, last)] if end < last else []) + image.missing[1:]
+        await self._fsync()
 
     def session_info(self) -> SessionInfo:
         return self._check().written_info
@@ -254,13 +342,21 @@ class SimStoragePartition(StoragePartition):
         image.visible = min(image.visible, len(image.written))
         await self._fsync()
 
-    def _visible(self) -> list[Record]:
+    def _visible(self, start: int = 0, count: int | None = None) -> list[Record]:
+        """The visible records; a read reaching a range lost to damage raises."""
         image = self._check()
+        end = image.visible if count is None else min(image.visible, start + count)
+        for first, last in image.missing:
+            if first < end and last >= start:
+                raise CorruptionError(
+                    f"partition {self.partition_id}: transaction {max(first, start)} was lost "
+                    f"to damage (missing range {first}..{last}); repair it from a peer"
+                )
         return image.written[: image.visible]
 
     async def read_record(self, transaction_id: int) -> Record | None:
         await asyncio.sleep(0)
-        records = self._visible()
+        records = self._visible(transaction_id, 1)
         if 0 <= transaction_id < len(records):
             return records[transaction_id]
         return None
@@ -273,7 +369,7 @@ class SimStoragePartition(StoragePartition):
         self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
     ) -> list[Record]:
         await asyncio.sleep(0)
-        records = self._visible()
+        records = self._visible(start, max(max_records, 0))
         out: list[Record] = []
         size = 0
         if start < 0:
@@ -287,7 +383,7 @@ class SimStoragePartition(StoragePartition):
 
     async def read_headers(self, start: int, max_records: int) -> list[RecordHeader]:
         await asyncio.sleep(0)
-        records = self._visible()
+        records = self._visible(start, max(max_records, 0))
         if start < 0:
             return []
         return [r.record_header for r in records[start : start + max(max_records, 0)]]
@@ -328,6 +424,9 @@ class SimStorageEngine(StorageEngine):
                     "key and the number of partitions"
                 )
             disk = world.disks[location] = SimDisk(world, location, cluster_key, num_partitions)
+        if disk.pending_damage:
+            for found in disk.apply_damage():
+                world.trace.add("disk", f"{location}: start-up recovery: {found}")
         engine = cls(disk, incarnation)
         engine.check_cluster_key(
             cluster_key if cluster_key is not None else disk.cluster_key,

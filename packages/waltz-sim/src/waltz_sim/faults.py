@@ -55,7 +55,7 @@ class Profile:
 
 
 _NETWORK = {"partition": 3.0, "isolate": 1.0, "slow_link": 2.0, "reset": 2.0}
-_DISK = {"power_loss": 2.0, "slow_fsync": 2.0, "fsync_error": 1.5}
+_DISK = {"power_loss": 2.0, "slow_fsync": 2.0, "fsync_error": 1.5, "damage": 1.0}
 _PROCESS = {"crash": 3.0, "pause": 2.0}
 _COORDINATION = {
     "expire_session": 1.5,
@@ -239,6 +239,13 @@ class Nemesis:
 
     def _impaired(self, kind: str) -> set[str]:
         names = {p.name for p in self.world.of_kind(kind) if not p.running}
+        if kind == "storage":  # a disk whose damage is not repaired yet counts as down
+            names |= {
+                p.name
+                for p in self.world.of_kind(kind)
+                if (disk := self.world.disks.get(self.world.data_dir(p.name))) is not None
+                and (disk.unrepaired or disk.pending_damage)
+            }
         for fault in self.active:
             names |= {n for n in fault.impairs if n.startswith(kind)}
         return names
@@ -478,6 +485,27 @@ class Nemesis:
             duration=restart_after,
         )
         return fault
+
+    def _inject_damage(self, duration: float) -> ActiveFault | None:
+        """A storage node restarts and its start-up recovery finds records lost to
+        damage: a range below intact records (repaired from a peer), or its tail
+        (LOST_SESSION). One disk at a time, and counted as impaired until repaired."""
+        process = self._pick(("storage",))
+        if process is None:
+            return None
+        disk = self.world.disks.get(self.world.data_dir(process.name))
+        if disk is None:
+            return None
+        process.crash()
+        disk.pending_damage = True
+        restart_after = min(duration, 3.0)
+        return ActiveFault(
+            "damage",
+            f"damage on {process.name}'s disk, found at its restart in {restart_after:.1f}s",
+            lambda: None if process.alive else _restart([process]),
+            frozenset({process.name}),
+            duration=restart_after,
+        )
 
     # -- coordination faults -------------------------------------------------------------
 

@@ -39,25 +39,29 @@ class KnownIssue:
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
-        id="unanswered-appends",
-        summary="an append whose store session ended before it committed is never answered",
-        where="waltz_server/server/partition.py and store.py (the lead's rewrite answers it)",
+        id="rejoin-skips-repair",
+        summary="a replica that rejoins its store session with records lost to damage is "
+        "never repaired",
+        where="waltz_server/server/store.py (StoreSession._rejoin, plan_rejoin)",
         diagnosis=(
-            "The store session ends (its replicas lost the quorum, or it was fenced) with "
-            "appends pending; their store futures fail and Partition._append's _consume "
-            "swallows the error: the client hears nothing, the next session's recovery "
-            "decides the transaction but nobody tells the client, and the client waits "
-            "forever (nothing in it bounds an append in flight). With max_inflight ops "
-            "stuck, a client stops submitting: 'no-commit-after-heal' follows."
+            "A storage node restarts and its start-up recovery finds a range of records lost "
+            "to damage below intact ones (missing_ranges). Recovery repairs such a range from "
+            "a peer before the replica votes, but a replica that comes back while its store "
+            "session goes on rejoins the same session (plan_rejoin) without asking for its "
+            "missing ranges: it acknowledges new appends and counts toward the quorum with a "
+            "hole in its log, which nothing repairs until another session starts (and reads "
+            "there fail with CorruptionError). At the end the replica lacks committed records "
+            "('replica storage-2 holds 17 of the 155 committed transactions'); one more disk "
+            "failure could leave a committed record on one intact replica."
         ),
-        invariants=frozenset({"undecided", "late-decision", "no-commit-after-heal"}),
-        seeds=(9, 14, 15, 23, 25, 32, 43, 44, 49),
+        invariants=frozenset({"replica-behind"}),
+        seeds=(17, 29),
     ),
     KnownIssue(
         id="dead-usher",
         summary="a replica that dies after it voted keeps catching the others up: recovery "
         "never completes",
-        where="waltz_server/server/store.py and recovery.py (also on the lead's rewrite)",
+        where="waltz_server/server/store.py and recovery.py",
         diagnosis=(
             "In a new store session's recovery, a replica that has voted (and holds the "
             "highest log) crashes while it waits for the decision: nothing is in flight on "
@@ -66,14 +70,15 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
             "gets ConnectionClosedError from the dead replica's connection, and "
             "StoreSession._leave drops and retries *that other* replica (the error is "
             "attributed to the reader, not to the usher): recovery loops until the end, "
-            "the partition serves nothing ('left, retrying: ConnectionClosedError: "
-            "connection N to storage-0 ...' for storage-1 and storage-2)."
+            "the partition serves nothing ('replica storage-1 left, retrying: "
+            "ConnectionClosedError: connection 18 to sim://storage-0 is closed: the peer "
+            "storage-0 crashed', again and again)."
         ),
         invariants=frozenset(
             {"no-high-water-mark", "undecided", "late-decision", "no-commit-after-heal"}
         ),
-        seeds=(4,),
-        faults="disk",
+        seeds=(16,),
+        faults="chaos",
     ),
 )
 

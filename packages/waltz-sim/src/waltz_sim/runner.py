@@ -33,6 +33,8 @@ class SeedResult:
     trace_events: int = 0
     sim_seconds: float = 0.0
     wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    """CPU time of the run (this process): on a shared machine, the honest measure."""
     loop_errors: list[str] = field(default_factory=list)
     excerpt: str = ""
     """The trace before the first violation (or the error)."""
@@ -82,6 +84,7 @@ def run_seed(
     """Run ``config`` (its seed) to the end and check it."""
     result = SeedResult(config.seed, config)
     wall = time.perf_counter()
+    cpu = time.process_time()
     loop = SimLoop()
     world = World(config, loop)
     gc_enabled = gc.isenabled()
@@ -112,6 +115,7 @@ def run_seed(
         if gc_enabled:
             gc.enable()
     result.wall_seconds = time.perf_counter() - wall
+    result.cpu_seconds = time.process_time() - cpu
     result.faults = world.faults_injected
     result.fault_log = list(world.fault_log)
     result.loop_errors = list(world.loop_errors)

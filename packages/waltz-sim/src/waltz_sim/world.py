@@ -84,7 +84,9 @@ class SimConfig:
     workload: str = "bank"
     faults: str = "standard"
     session_timeout: float = 4.0
-    transaction_timeout: float = 15.0
+    transaction_timeout: float = 10.0
+    """The clients' (ClientConfig.transaction_timeout): below the decision deadline, so an op
+    waiting to be retried since before the heal expires within its deadline."""
     request_timeout: float = 10.0
     storage_engine: str = "sim"
     lock_table: str = "hwm-array"

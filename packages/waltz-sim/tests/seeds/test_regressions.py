@@ -23,6 +23,24 @@ REGRESSIONS = [
         "same as 111 (a LOST client's session kept alive by a reconnection)",
     ),
     (
+        16,
+        "standard",
+        "a server answered STALE_GENERATION for an append its store session took before the "
+        "partition moved; the client took it as not appended and re-executed it, and the next "
+        "owner's recovery kept the first one: committed twice (duplicate, false-failure); "
+        "fixed in waltz_client (the next mount decides such an append)",
+    ),
+    (27, "standard", "same as 16"),
+    (40, "standard", "same as 16"),
+    (
+        9,
+        "standard",
+        "an append whose store session ended before it committed was never answered: the "
+        "client waited forever (undecided); fixed by the server's rewrite (every append is "
+        "answered, NOT_COMMITTED when recovery left it out)",
+    ),
+    (14, "standard", "same as 9"),
+    (
         1,
         "none",
         "the simulated network could deliver two frames of one connection landing at the same "
