@@ -297,6 +297,11 @@ def test_a_password_in_the_coordination_uri_is_not_shown() -> None:
         redact_uri("etcd://ops:secret@10.0.0.2:2379/waltz") == "etcd://ops:***@10.0.0.2:2379/waltz"
     )
     assert redact_uri("zk://10.0.0.2:2181/waltz") == "zk://10.0.0.2:2181/waltz"
+    assert (
+        redact_uri("zk://h:2181/w?username=ops&password=s3cret&tls_key_password=k&tls=true")
+        == "zk://h:2181/w?username=ops&password=***&tls_key_password=***&tls=true"
+    )
+    assert redact_uri("local:///var/lib/waltz?root=/waltz") == "local:///var/lib/waltz?root=/waltz"
     meta = _meta({0: 1, 1: 1, 2: 1})
     meta.uri = "etcd://ops:secret@h:2379/w"
     assert (

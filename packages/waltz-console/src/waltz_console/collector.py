@@ -251,7 +251,7 @@ class Collector:
         fresh.error = None
         self.meta = fresh
         self._dirty.set()
-        log.info("console: following cluster %s at %s", config.cluster_key, self.uri)
+        log.info("console: following cluster %s at %s", config.cluster_key, redact_uri(self.uri))
 
     def _on_owner(self, state: MetaState, pid: int) -> Callable[[PartitionAssignment | None], None]:
         def on_owner(value: PartitionAssignment | None) -> None:

@@ -15,6 +15,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, PluginError
 from waltz_console.auth import Sessions, load_token
 from waltz_console.collector import Collector
+from waltz_console.views import redact_uri
 from waltz_console.web import Console
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ async def serve(config: ConsoleConfig, stop: asyncio.Event) -> None:
             sys.stderr.flush()
         elif made:
             log.info("a new console token was written to %s", config.token_file)
-        log.info("%s %s (coordination %s)", READY, url, config.coordination)
+        log.info("%s %s (coordination %s)", READY, url, redact_uri(config.coordination))
         await stop.wait()
     finally:
         console.end_streams()

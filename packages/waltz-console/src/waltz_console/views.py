@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from waltz_api.cluster import (
     NO_SERVER,
@@ -169,13 +170,26 @@ def metric_value(
 
 
 def redact_uri(uri: str) -> str:
-    """``uri`` without the password of its user part (the page is readable without a
-    login): ``etcd://ops:secret@h:2379/w`` -> ``etcd://ops:***@h:2379/w``."""
+    """``uri`` without its secrets (the page is readable without a login): the password
+    of its user part and the value of any query option naming a password, secret or
+    token (``?password=...``, ``tls_key_password``), each shown as ``***``."""
     parts = urlsplit(uri)
-    if parts.password is None:
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username}:***@{netloc.rpartition('@')[2]}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET.search(k) for k, _ in pairs):
+            query = "&".join(
+                f"{k}=***" if _SECRET.search(k) else urlencode({k: v}) for k, v in pairs
+            )
+    if netloc == parts.netloc and query == parts.query:
         return uri
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+_SECRET = re.compile(r"password|secret|token", re.IGNORECASE)
 
 
 # -- the snapshot -----------------------------------------------------------------------------
