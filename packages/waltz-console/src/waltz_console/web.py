@@ -39,7 +39,13 @@ from waltz_api.errors import ConfigError, WaltzError
 from waltz_console.actions import ACTIONS, ActionContext
 from waltz_console.auth import CSRF_HEADER, SESSION_COOKIE, Sessions
 from waltz_console.collector import Collector
-from waltz_console.transactions import MAX_RECORDS, ReadError, describe_record, read_range
+from waltz_console.transactions import (
+    MAX_RECORDS,
+    RangeAnswer,
+    ReadError,
+    describe_record,
+    read_range,
+)
 from waltz_console.views import DEFAULT_PAGE, Event, page, parse_int
 
 log = logging.getLogger(__name__)
@@ -278,26 +284,23 @@ class Console:
             raise ApiError(
                 503, f"partition {pid} has no live server now; its transactions cannot be read"
             )
-        answer = await read_range(
-            self.transport(),
-            endpoint,
-            pid,
-            generation,
-            start=start,
-            count=count,
-            timeout=self.timeout,
-        )
-        if latest and answer.high_water_mark >= 0:
-            start = max(0, answer.high_water_mark - count + 1)
-            answer = await read_range(
+
+        async def read(first: int, records: int) -> RangeAnswer:
+            return await read_range(
                 self.transport(),
                 endpoint,
                 pid,
                 generation,
-                start=start,
-                count=count,
+                start=first,
+                count=records,
                 timeout=self.timeout,
             )
+
+        if latest:
+            # the high-water mark first (any read answers it), then the range ending there
+            top = (await read(0, 1)).high_water_mark
+            start = max(0, top - count + 1)
+        answer = await read(start, count)
         return _json(
             {
                 "partition": pid,

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from waltz_server.dev import DevCluster
 CHROMIUM = os.environ.get("WALTZ_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("WALTZ_CHROMEDRIVER", "/usr/bin/chromedriver")
 START_DEADLINE = 150.0
+WAIT_DEADLINE = 30.0
+"""Seconds a page has to show what the cluster did (unless a test bounds it tighter)."""
 
 
 class DevProcess:
@@ -98,6 +101,54 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevProcess]:
         process.stop()
 
 
+class Browser:
+    """The WebDriver (its attributes pass through) with the waits the tests share."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.driver, name)
+
+    def text(self, selector: str) -> str | None:
+        """The text of the first element matching ``selector`` now (None when there is
+        none); read in the page, so a re-render between finding and reading cannot
+        interfere."""
+        found: str | None = self.driver.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
+            selector,
+        )
+        return found
+
+    def click(self, selector: str, timeout: float = WAIT_DEADLINE) -> None:
+        """Click the element matching ``selector``, finding it again when the page
+        replaced it between finding and clicking (it re-renders as the cluster changes)."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.driver.find_element("css selector", selector).click()
+                return
+            except StaleElementReferenceException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def wait_for(self, check: Callable[[], Any], what: str, timeout: float = WAIT_DEADLINE) -> Any:
+        """``check()``'s first true value, polled until ``timeout`` seconds; AssertionError
+        naming ``what`` and showing the page's text after that."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                body = self.driver.execute_script("return document.body.innerText")
+                raise AssertionError(f"not within {timeout} s: {what}\npage:\n{body[:3000]}")
+            time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from selenium import webdriver
@@ -128,7 +179,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     driver.set_page_load_timeout(60)
     driver.set_script_timeout(30)
     try:
-        yield driver
+        yield Browser(driver)
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)

@@ -34,42 +34,6 @@ PAGE_DEADLINE = 5.0
 builds more than one page of rows)."""
 
 
-def text(driver: Any, selector: str) -> str | None:
-    found: str | None = driver.execute_script(
-        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
-        selector,
-    )
-    return found
-
-
-def click(driver: Any, selector: str, timeout: float = DEADLINE) -> None:
-    """Click the element matching ``selector``, finding it again when the page replaced
-    it between finding and clicking (it re-renders as the cluster changes)."""
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            driver.find_element("css selector", selector).click()
-            return
-        except StaleElementReferenceException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def wait_for(driver: Any, check: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            body = driver.execute_script("return document.body.innerText")
-            raise AssertionError(f"not within {timeout} s: {what}\npage:\n{body[:2000]}")
-        time.sleep(0.05)
-
-
 class ConsoleProcess:
     """``waltz console --listen 127.0.0.1:0`` (the log says the port), stopped by its pid."""
 
@@ -146,22 +110,20 @@ def test_no_cluster_then_a_thousand_partitions(
     # without a token file or WALTZ_CONSOLE_TOKEN, a new token is printed once
     assert re.search(r"actions need the token \S{16,}", console.log.read_text())
     browser.get(base + "#/partitions")
-    wait_for(
-        browser,
+    browser.wait_for(
         lambda: (
             "no Waltz cluster at this coordination root"
-            in (text(browser, "#coordination-error") or "")
+            in (browser.text("#coordination-error") or "")
         ),
         "the page saying there is no cluster",
     )
-    assert text(browser, "#error-page h2") == "The cluster cannot be read"
+    assert browser.text("#error-page h2") == "The cluster cannot be read"
     screenshot(browser, "no-cluster")
 
     asyncio.run(_create_cluster(uri))
     # the console retries by itself, and the open page follows
-    wait_for(
-        browser,
-        lambda: text(browser, "#page-info") == f"1\u201350 of {PARTITIONS}",
+    browser.wait_for(
+        lambda: browser.text("#page-info") == f"1\u201350 of {PARTITIONS}",
         "the first page of the partitions",
     )
 
@@ -174,21 +136,19 @@ def test_no_cluster_then_a_thousand_partitions(
 
     assert rows() == [str(p) for p in range(50)]
     for page in range(1, 4):
-        click(browser, "#next-page")
+        browser.click("#next-page")
         first = page * 50
-        wait_for(
-            browser,
+        browser.wait_for(
             lambda first=first: rows() == [str(p) for p in range(first, first + 50)],
             f"partitions {first}..{first + 49}",
             timeout=PAGE_DEADLINE,
         )
     field = browser.find_element("css selector", "#partition-filter")
     field.send_keys("999\n")
-    wait_for(browser, lambda: rows() == ["999"], "partition 999 alone", timeout=PAGE_DEADLINE)
-    assert text(browser, '#partitions-table tr[data-partition="999"] td.owner') == "none"
+    browser.wait_for(lambda: rows() == ["999"], "partition 999 alone", timeout=PAGE_DEADLINE)
+    assert browser.text('#partitions-table tr[data-partition="999"] td.owner') == "none"
     browser.get(base + "#/partitions?offset=950")
-    wait_for(
-        browser,
+    browser.wait_for(
         lambda: rows() == [str(p) for p in range(950, 1000)],
         "the last page",
         timeout=PAGE_DEADLINE,
