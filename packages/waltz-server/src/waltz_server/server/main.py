@@ -40,9 +40,9 @@ from waltz_server.server.cluster_manager import (
     PartitionLost,
 )
 from waltz_server.server.config import ServerNodeConfig, load_server_config
-from waltz_server.server.partition import Partition
 from waltz_server.server.peers import PeerMonitor
 from waltz_server.server.server import WaltzServer
+from waltz_server.server.store import StorePartition
 from waltz_server.server.voting import Outcome
 from waltz_server.storage_node.client import StorageConnectionPool, StorageReplica
 
@@ -143,11 +143,10 @@ def feed_positions(server: WaltzServer) -> list[FeedPosition]:
     return list(furthest.values())
 
 
-def store_state(partition: Partition) -> str:
+def store_state(store: StorePartition) -> str:
     """``writable`` (recovered, taking appends), ``undecidable`` (the vote on the last
     session's closing mark waits for offline replicas), ``recovering`` (otherwise) or
-    ``closed`` (the store stopped: stale generation or failure)."""
-    store = partition.store
+    ``closed`` (a newer generation took the partition)."""
     if store.stale is not None:
         return "closed"
     session = store.session
@@ -177,7 +176,7 @@ def server_status(running: RunningServer) -> dict[str, Any]:
                 "partition": partition_id,
                 "generation": partition.generation,
                 "ready": partition.ready,
-                "state": store_state(partition),
+                "state": store_state(partition.store),
                 "high_water_mark": partition.high_water_mark,
                 "session_id": None if session is None else session.session_id,
                 "low_water_mark": None if session is None else session.low_water_mark,
