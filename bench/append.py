@@ -16,7 +16,10 @@ Runs, each for ``--seconds``:
 - 1 partition at a fixed ``--rate`` (transactions/s), for the latency at load.
 
 For each: committed transactions/s, p50/p99/max commit latency (append sent ->
-its FeedData received), lock failures, and the server's peak RSS (VmHWM).
+its FeedData received), lock failures, the server's peak RSS (VmHWM), and the CPU
+microseconds per committed transaction of the server and of the three storage nodes
+together (the steady figure on a loaded machine). ``--py-spy DIR`` records every
+process with py-spy during each run and prints where their samples fall.
 Data: 100 bytes per transaction.
 """
 
@@ -29,8 +32,10 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from process_cluster import peak_rss_mb, process_cluster
+from profiling import CpuMeter, Spy
 
 from waltz_api import wire
 from waltz_api.cluster import ClusterMetadata
@@ -170,7 +175,11 @@ async def main(args: argparse.Namespace) -> None:
         )
         print(
             f"{'run':<34} {'tx/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-            f"{'lock fail':>9} {'server RSS MB':>13}"
+            f"{'lock fail':>9} {'server RSS MB':>13} {'CPU us/tx: server':>17} {'storage':>7}"
+        )
+        pids = cluster.pids()
+        meter = CpuMeter(
+            {"server": [pids["server"]], "storage": [v for k, v in pids.items() if k != "server"]}
         )
         runs = [
             ("1 partition, no locks", 1, False, None),
@@ -181,20 +190,32 @@ async def main(args: argparse.Namespace) -> None:
         ]
         if args.only_rate:
             runs = runs[-1:]
+        if args.runs:
+            runs = [runs[int(i)] for i in args.runs.split(",")]
         for tag, (name, partitions, locks, rate) in enumerate(runs):
             lanes = await open_lanes(cluster.transport, cluster.metadata, partitions, locks, tag)
+            spy = Spy(args.py_spy, name, pids) if args.py_spy else None
             try:
+                if spy is not None:
+                    spy.start(args.seconds)
+                meter.start()
                 throughput, latencies, failures = await drive(
                     lanes, args.seconds, args.window, rate
                 )
+                meter.stop()
             finally:
                 for lane in lanes:
                     await lane.client.close()
+            cpu = meter.per_transaction_us(sum(lane.committed for lane in lanes))
             print(
                 f"{name:<34} {throughput:>9.0f} {pct(latencies, 0.5):>8.2f} "
                 f"{pct(latencies, 0.99):>8.2f} {max(latencies, default=0) * 1000:>8.2f} "
-                f"{failures:>9} {peak_rss_mb(cluster.server.pid):>13.1f}"
+                f"{failures:>9} {peak_rss_mb(cluster.server.pid):>13.1f} "
+                f"{cpu['server']:>17.0f} {cpu['storage']:>7.0f}"
             )
+            if spy is not None:
+                spy.stop()
+                print(spy.report())
 
 
 if __name__ == "__main__":
@@ -209,5 +230,9 @@ if __name__ == "__main__":
         help="a line of the server's [server] config section, e.g. 'data_cache_bytes = 1048576'",
     )
     parser.add_argument("--only-rate", action="store_true", help="run the fixed-rate run only")
+    parser.add_argument("--runs", help="comma-separated indexes of the runs to make (0-4)")
+    parser.add_argument(
+        "--py-spy", type=Path, help="record each process with py-spy into this directory"
+    )
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(main(parser.parse_args()))

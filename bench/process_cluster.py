@@ -41,6 +41,13 @@ class ProcessCluster:
     transport: Transport
     server: ServerProcess
     workdir: Path
+    storage: list[StorageNodeProcess]
+
+    def pids(self) -> dict[str, int | None]:
+        """The cluster's processes by role: ``server``, ``storage0``.."""
+        return {"server": self.server.pid} | {
+            f"storage{i}": node.pid for i, node in enumerate(self.storage)
+        }
 
 
 @contextlib.asynccontextmanager
@@ -97,7 +104,7 @@ async def process_cluster(
             if all(o.server_id >= 0 for o in owners):
                 break
             await asyncio.sleep(0.1)
-        yield ProcessCluster(uri, coordination, metadata, transport, server, workdir)
+        yield ProcessCluster(uri, coordination, metadata, transport, server, workdir, storage)
     finally:
         if coordination is not None:
             with contextlib.suppress(Exception):
