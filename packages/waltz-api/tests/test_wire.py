@@ -674,6 +674,16 @@ def test_encode_feed_data_matches_encode(feed: list[FeedData]) -> None:
     assert [wire.decode(f) for f in frames] == feed
 
 
+@FAST
+@given(st.lists(message_strategy(FeedData), max_size=20))
+def test_encode_feed_data_of_records_announces_them(feed: list[FeedData]) -> None:
+    # the server encodes the frames from the committed records themselves
+    records = [Record(m.transaction_id, m.req_id, m.header, b"x", 0) for m in feed]
+    headers = [r.record_header for r in records]
+    assert wire.encode_feed_data(records) == wire.encode_feed_data(headers)
+    assert [wire.decode(f) for f in wire.encode_feed_data(records)] == feed
+
+
 def test_encode_feed_data_refuses_bad_values() -> None:
     with pytest.raises(ProtocolError):
         wire.encode_feed_data([FeedData(ReqId(0, 0, 0, 0), 0, 2**31)])

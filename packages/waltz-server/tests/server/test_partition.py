@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 import pytest
@@ -38,7 +38,7 @@ from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
 )
-from waltz_server.server.caches import DATA_ENTRY_OVERHEAD, HEADER_COST, DataCache, FeedCache
+from waltz_server.server.caches import DATA_ENTRY_OVERHEAD, FRAME_COST, DataCache, FeedCache
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.store import StoreConfig, StorePartition
 
@@ -59,6 +59,16 @@ class Stream:
 
     async def send(self, message: Message) -> None:
         self.post(message)
+
+    async def send_feed(
+        self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
+    ) -> None:
+        feed = [wire.decode(frame) for frame in frames]
+        assert all(isinstance(m, FeedData) for m in feed)
+        assert feed[-1].transaction_id == last_transaction_id  # type: ignore[attr-defined]
+        assert {m.req_id.partition_id for m in feed} == {partition_id}  # type: ignore[attr-defined]
+        for message in feed:
+            self.post(message)
 
     def post(self, message: Message) -> None:
         self.messages.append(message)
@@ -103,7 +113,7 @@ async def env() -> AsyncIterator[tuple[Partition, dict[str, FakeStorageNode]]]:
     partition = Partition(
         store=store,
         config=PartitionConfig(
-            lock_table="exact", feed_cache_bytes=HEADER_COST * 50, data_cache_bytes=4096
+            lock_table="exact", feed_cache_bytes=FRAME_COST * 50, data_cache_bytes=4096
         ),
     )
     await partition.start()
@@ -325,13 +335,21 @@ async def test_recovery_resets_the_lock_table_conservatively(
 def test_caches_are_bounded_in_bytes() -> None:
     from waltz_api.types import RecordHeader
 
-    feed = FeedCache(HEADER_COST * 10)
-    feed.add(RecordHeader(i, ReqId(1, 1, 0, i), 0) for i in range(25))
+    def ids(frames: list[bytes]) -> list[int]:
+        return [wire.decode(f).transaction_id for f in frames]  # type: ignore[attr-defined]
+
+    feed = FeedCache(FRAME_COST * 10)
+    feed.add([RecordHeader(i, ReqId(1, 1, 0, i), 0) for i in range(25)])
     assert len(feed) == 10 and feed.first_id == 15 and feed.last_id == 24
-    assert [h.transaction_id for h in feed.get(20, 3)] == [20, 21, 22]
-    assert feed.get(3, 3) == []
+    assert ids(feed.frames(20, 3)) == [20, 21, 22]
+    assert ids(feed.frames(16, 3)) == [16, 17, 18]  # from the left end
+    assert ids(feed.frames(22, 100)) == [22, 23, 24]
+    assert feed.frames(3, 3) == [] and feed.frames(25, 3) == []
+    assert feed.frames(15, 1) == [
+        wire.encode(FeedData(ReqId(1, 1, 0, 15), 15, 0))
+    ]  # the frame every client is sent
     feed.add([RecordHeader(40, ReqId(1, 1, 0, 40), 0)])  # a gap: restart the range
-    assert feed.first_id == 40
+    assert feed.first_id == 40 and feed.last_id == 40
     data = DataCache(3 * (300 + DATA_ENTRY_OVERHEAD) + 10)
     for i in range(10):
         data.put(i, bytes(300), 0)

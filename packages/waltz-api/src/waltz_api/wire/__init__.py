@@ -133,7 +133,7 @@ and decoder of each message, generated from its schema; :func:`encode`,
 """
 
 from waltz_api.wire.blocks import RecordBlock, encode_records
-from waltz_api.wire.codec import decode, encode, encode_feed_data
+from waltz_api.wire.codec import FeedItem, decode, encode, encode_feed_data
 from waltz_api.wire.connection import (
     ConnectionState,
     FrameBuffer,
@@ -160,6 +160,7 @@ __all__ = [
     "RECORD_HEADER_SIZE",
     "SUPPORTED_VERSIONS",
     "ConnectionState",
+    "FeedItem",
     "FrameBuffer",
     "ProtocolConnection",
     "RecordBlock",

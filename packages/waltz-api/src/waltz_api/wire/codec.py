@@ -47,7 +47,7 @@ import textwrap
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from waltz_api.errors import ArgumentTypeError, FrameTooLargeError, ProtocolError
 from waltz_api.messages import (
@@ -614,11 +614,26 @@ def decode(
 _FEED_DATA: Final = struct.Struct(">BBiiiiqi")
 
 
-def encode_feed_data(feed: Iterable[FeedData]) -> list[bytes]:
-    """The frames of many FeedData messages at once, each exactly as :func:`encode`
-    builds it (one bound pack each, no per-message dispatch). The server sends its
-    feed one message at a time through its stream (with :func:`encode`); this is for
-    a sender that has a batch at hand (``bench/client.py``'s fake server)."""
+class FeedItem(Protocol):
+    """What a FeedData frame is made of: a FeedData, or the committed Record or
+    RecordHeader it announces."""
+
+    @property
+    def req_id(self) -> ReqId: ...
+
+    @property
+    def transaction_id(self) -> int: ...
+
+    @property
+    def header(self) -> int: ...
+
+
+def encode_feed_data(feed: Iterable[FeedItem]) -> list[bytes]:
+    """The FeedData frames of many committed transactions at once, each exactly as
+    :func:`encode` builds ``FeedData(item.req_id, item.transaction_id, item.header)``
+    (one bound pack each, no message object, no per-message dispatch). The frame of a
+    transaction is the same for every connection (one protocol version): the server
+    encodes each committed transaction once and sends that frame to every feed."""
     pack = _FEED_DATA.pack
     t = FeedData.TYPE
     v = PROTOCOL_VERSION

@@ -1,86 +1,88 @@
-"""Caches bounded in bytes: recent feed headers and transaction data."""
+"""Caches bounded in bytes: recent feed frames and transaction data."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+import itertools
+from collections.abc import Sequence
 
-from waltz_api.types import RecordHeader, ReqId
+from waltz_api.wire import FeedItem, encode_feed_data
 
-HEADER_COST = 160
-"""Bytes one cached header takes in memory (a tuple of six ints in a deque; measured)."""
+FRAME_COST = 72
+"""Bytes one cached feed frame takes in memory (a 30-byte bytes object in a deque;
+measured)."""
 
 DATA_ENTRY_OVERHEAD = 230
 """Bytes one data cache entry takes besides its data (bytes object, tuple, checksum int,
 ordered-dict slot; measured): the cache bounds its real memory, not just the payload."""
 
-_Packed = tuple[int, int, int, int, int, int]
-
-
-def _pack(header: RecordHeader) -> _Packed:
-    r = header.req_id
-    return (
-        header.transaction_id,
-        r.client_id,
-        r.generation,
-        r.partition_id,
-        r.seq_num,
-        header.header,
-    )
-
-
-def _unpack(packed: _Packed) -> RecordHeader:
-    transaction_id, client_id, generation, partition_id, seq_num, header = packed
-    return RecordHeader(transaction_id, ReqId(client_id, generation, partition_id, seq_num), header)
-
 
 class FeedCache:
-    """The most recent committed record headers, a contiguous id range, bounded in bytes.
+    """The FeedData frames of the most recent committed transactions, a contiguous id
+    range, bounded in bytes.
 
-    Feeds of clients near the head read from here; older positions fall back
-    to storage. Headers are kept as tuples of ints, which the cyclic garbage
-    collector stops tracking: a cache of a million headers adds nothing to a
-    collection's pause.
+    Each committed transaction's frame is encoded once, when it commits, and the same
+    bytes go to every client's feed (the frame is the same for every connection).
+    Feeds of clients near the head read from here; older positions fall back to
+    storage. Bytes objects are not tracked by the cyclic garbage collector: a cache of
+    a million frames adds nothing to a collection's pause.
     """
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_headers = max(1, max_bytes // HEADER_COST)
-        self._headers: collections.deque[_Packed] = collections.deque()
+        self.max_frames = max(1, max_bytes // FRAME_COST)
+        self._frames: collections.deque[bytes] = collections.deque()
+        self._first = 0
+        """The transaction id of ``_frames[0]``."""
         self.hits = 0
         self.misses = 0
 
     @property
     def first_id(self) -> int | None:
-        return self._headers[0][0] if self._headers else None
+        return self._first if self._frames else None
 
     @property
     def last_id(self) -> int | None:
-        return self._headers[-1][0] if self._headers else None
+        return self._first + len(self._frames) - 1 if self._frames else None
 
     def __len__(self) -> int:
-        return len(self._headers)
+        return len(self._frames)
 
-    def add(self, headers: Iterable[RecordHeader]) -> None:
-        for header in headers:
-            if self._headers and header.transaction_id != self._headers[-1][0] + 1:
-                self._headers.clear()  # keep the range contiguous
-            self._headers.append(_pack(header))
-            if len(self._headers) > self.max_headers:
-                self._headers.popleft()
+    def add(self, records: Sequence[FeedItem]) -> None:
+        """The transactions ``records`` (dense, ascending) committed: cache their frames."""
+        if not records:
+            return
+        frames = self._frames
+        first = records[0].transaction_id
+        if not frames or first != self._first + len(frames):
+            frames.clear()  # keep the range contiguous
+            self._first = first
+        frames.extend(encode_feed_data(records))
+        excess = len(frames) - self.max_frames
+        if excess > 0:
+            for _ in range(excess):
+                frames.popleft()
+            self._first += excess
 
     def clear(self) -> None:
-        self._headers.clear()
+        self._frames.clear()
 
-    def get(self, start: int, max_count: int) -> list[RecordHeader]:
-        """Headers from ``start`` when the cache holds ``start``, else []."""
-        first = self.first_id
-        if first is None or start < first or start > self._headers[-1][0]:
+    def frames(self, start: int, max_count: int) -> list[bytes]:
+        """The frames of the transactions from ``start`` (at most ``max_count``) when the
+        cache holds ``start``, else []."""
+        frames = self._frames
+        offset = start - self._first
+        size = len(frames)
+        if not frames or offset < 0 or offset >= size:
             self.misses += 1
             return []
         self.hits += 1
-        offset = start - first
-        end = min(len(self._headers), offset + max_count)
-        return [_unpack(self._headers[i]) for i in range(offset, end)]
+        end = min(size, offset + max_count)
+        if offset >= size // 2:
+            # near the head, where feeds usually are: walk from the right end
+            taken = list(itertools.islice(reversed(frames), size - end, size - offset))
+            taken.reverse()
+            return taken
+        return list(itertools.islice(frames, offset, end))
 
 
 class DataCache:

@@ -9,9 +9,11 @@ Committed records fill a feed cache and a transaction data cache, both
 bounded in bytes; each client stream's feed is its own task that reads from
 the cache, or from storage when it is behind.
 
-Replies go to a :class:`ClientStream`. Feeds ``await send`` (a slow client
+Replies go to a :class:`ClientStream`. Feeds ``await send_feed`` (a slow client
 slows only its own feed); the append task never waits for a client, it
 ``post``s (a stream whose bounded outbox is full is closed as too slow).
+A committed transaction's FeedData frame is encoded once, into the feed cache,
+and every feed sends that frame, as many at once as it has (``feed_batch``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from waltz_api.messages import (
     AppendRequest,
     ErrorCode,
     ErrorResponse,
-    FeedData,
     FeedRequest,
     FlushRequest,
     FlushResponse,
@@ -54,7 +55,7 @@ from waltz_api.messages import (
 )
 from waltz_api.plugins import get_registry
 from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, ReqId
-from waltz_api.wire import RecordBlock
+from waltz_api.wire import RecordBlock, encode_feed_data
 from waltz_server.observability import ServerMetrics
 from waltz_server.server.caches import DataCache, FeedCache
 from waltz_server.server.store import StorePartition
@@ -73,6 +74,12 @@ class ClientStream(Protocol):
 
     def post(self, message: Message) -> None:
         """Queue without waiting; a stream whose bounded outbox is full is closed."""
+
+    async def send_feed(
+        self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
+    ) -> None:
+        """Send encoded FeedData frames (of ``partition_id``, the last one announcing
+        ``last_transaction_id``), waiting while the client is slow."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +214,7 @@ class Partition:
     # -- commits and recovery -------------------------------------------------------------
 
     def _on_commit(self, high_water_mark: int, records: Sequence[Record]) -> None:
-        self.feed_cache.add(r.record_header for r in records)
+        self.feed_cache.add(records)
         for record in records:
             self.data_cache.put(record.transaction_id, record.data, record.checksum)
         self._wake_feeds()
@@ -499,17 +506,17 @@ class Partition:
                     event = self._committed
                     await event.wait()
                     continue
-                headers = self.feed_cache.get(next_id, batch)
-                if not headers:
+                frames = self.feed_cache.frames(next_id, batch)
+                if not frames:
                     try:
-                        headers = await self._read_headers(next_id, batch)
+                        frames = encode_feed_data(await self._read_headers(next_id, batch))
                     except StoreSessionClosedError:
                         # the session ended under the read: the next one serves it
                         await asyncio.sleep(0.05)
                         continue
-                for header in headers:
-                    await stream.send(FeedData(header.req_id, header.transaction_id, header.header))
-                next_id += len(headers)
+                if frames:
+                    next_id += len(frames)
+                    await stream.send_feed(frames, self.partition_id, next_id - 1)
         except StaleGenerationError as exc:
             # the partition moved: tell the client, which re-reads the assignment
             stream.post(

@@ -155,6 +155,37 @@ class ClientConnection:
         self._bytes += len(frame)
         self._wakeup.set()
 
+    async def send_feed(
+        self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
+    ) -> None:
+        """Send encoded FeedData frames (the feed cache's, shared by every connection),
+        waiting while the outbox is full."""
+        if self.protocol.version != wire.PROTOCOL_VERSION:
+            # the shared frames are of this version (the only one there is so far)
+            raise ProtocolError(
+                f"client {self.peer} speaks protocol version {self.protocol.version}: the "
+                f"feed frames are of version {wire.PROTOCOL_VERSION}"
+            )
+        index, count = 0, len(frames)
+        queue = self._frames
+        while index < count:
+            while self._full() and not self.closed:
+                self._room.clear()
+                await self._room.wait()
+            if self.closed:
+                raise ConnectionClosedError(f"client connection {self.peer} is closed")
+            # as many as the bounds leave room for (feed frames are all of one size)
+            room = min(
+                self.limit - len(queue),
+                max(1, (self.limit_bytes - self._bytes) // len(frames[index])),
+            )
+            chunk = frames[index : index + room]
+            index += len(chunk)
+            queue.extend(chunk)
+            self._bytes += sum(map(len, chunk))
+            self._wakeup.set()
+        self.feed_positions[partition_id] = last_transaction_id
+
     def _full(self) -> bool:
         return bool(self._frames) and (
             len(self._frames) >= self.limit or self._bytes >= self.limit_bytes
