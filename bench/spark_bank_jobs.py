@@ -1,4 +1,4 @@
-"""Benchmark of the bank pipeline jobs (``waltz_spark.jobs``): the batch report and the
+"""Benchmark of the bank pipeline jobs (``waltz_bank.spark_jobs``): the batch report and the
 streaming job, on a log of bank operations.
 
 Prints figures; never a pass/fail test. Usage::
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
 
-    from waltz_spark.jobs import bank_report, run_bank_stream, spark_session
+    from waltz_bank.spark_jobs import bank_report, run_bank_stream, spark_session
     from waltz_spark.testing import PARTITIONS, BackgroundCluster, append
 
     with tempfile.TemporaryDirectory(prefix="waltz-bench-bank-") as tmp:

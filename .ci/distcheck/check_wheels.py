@@ -10,7 +10,7 @@ from email.parser import Parser
 from pathlib import Path
 
 EXPECTED = {
-    "waltz_api", "waltz_client", "waltz_server", "waltz_storage_fs", "waltz_coord_zk",
+    "waltz_api", "waltz_cli", "waltz_client", "waltz_server", "waltz_storage_fs", "waltz_coord_zk",
     "waltz_coord_etcd", "waltz_coord_local", "waltz_transport_zmq", "waltz_spark",
     "waltz_conformance", "waltz_console", "waltz_sim",
 }  # fmt: skip

@@ -1,10 +1,12 @@
 """The `dist` tox environment's smoke test, on real processes, of the Waltz installed
 from wheels with plain pip (docs/operators.md, "Install"):
 
-- the server venv (`waltz-server[default]`): `waltz plugins list`, `waltz cluster
-  create`, three `waltz storage` nodes and one `waltz server` (each /readyz 200);
+- the server venv (`waltz-server[default]`): `waltz plugins list`, every command a
+  server node needs (the fs engine's storage tools and the client's commands come
+  from their packages), `waltz cluster create`, three `waltz storage` nodes and one
+  `waltz server` (each /readyz 200);
 - the client venv (`waltz-client[default]`): a client appends and reads back
-  (.ci/distcheck/client.py);
+  (.ci/distcheck/client.py), and `waltz client high-water-mark` answers;
 - every process stopped with SIGTERM exits 0.
 
 Standard library only: it runs on any Python 3.11+.
@@ -72,6 +74,10 @@ def main() -> None:
     for plugin in ("zk", "local", "zmq", "fs", "hwm-array", "exact"):
         if plugin not in listed:
             raise SystemExit(f"`waltz plugins list` does not show {plugin}")
+    commands = run(waltz, "--help") + run(waltz, "storage", "--help")
+    for command in ("cluster", "server", "storage", "dev", "client", "perf", "keys", "verify"):
+        if f"  {command} " not in commands:
+            raise SystemExit(f"the server venv's `waltz` has no command {command!r}")
     where = run(
         args.server_venv / "bin" / "python",
         "-c",
@@ -112,6 +118,12 @@ def main() -> None:
         processes.append(start("server", [waltz, "server", "--config", config], work))
         wait_ready(f"http://127.0.0.1:{http}", processes[-1][1], processes[-1][2])
         run(args.client_venv / "bin" / "python", HERE / "client.py", uri, timeout=180)
+        mark = run(
+            args.client_venv / "bin" / "waltz", "client", "high-water-mark",
+            "--coordination", uri, "--partition", "0", timeout=120,
+        )  # fmt: skip
+        if mark.strip() != "19":
+            raise SystemExit(f"`waltz client high-water-mark` in the client venv said {mark!r}")
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as answer:
             metrics = answer.read().decode()
         if 'waltz_server_appended_transactions_total{partition="0"} 20.0' not in metrics:

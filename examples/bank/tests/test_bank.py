@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+
 from waltz_bank.bank import Replay, Stats, check, run_bank
 from waltz_bank.demo import dev_cluster, main
 
@@ -48,7 +49,7 @@ def test_records_that_are_not_the_banks_are_skipped_with_a_warning(
     work.mkdir()
     with dev_cluster(tmp_path / "cluster", Console(quiet=True)) as info:
         appended = subprocess.run(
-            [sys.executable, "-m", "waltz_server.cli", "client", "append",
+            [sys.executable, "-m", "waltz_cli", "client", "append",
              "--coordination", info["coordination"], "--partition", "0", "--data", "hello"],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
@@ -98,7 +99,6 @@ def test_an_operation_carries_its_build_time_in_utc_milliseconds(tmp_path: Path)
     import time
 
     from waltz_bank.bank import Accounts, Operation
-
     from waltz_client.api import TransactionBuilder
 
     accounts = Accounts(str(tmp_path / "view.db"))

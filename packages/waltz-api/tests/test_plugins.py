@@ -15,6 +15,8 @@ import pytest
 from waltz_api import capabilities, plugins
 from waltz_api.errors import DuplicatePluginError, PluginError, UnknownPluginError
 from waltz_api.hookspecs import (
+    CommandDescriptor,
+    OptionSchema,
     PluginDescriptor,
     PluginKind,
     StorageEngineDescriptor,
@@ -478,3 +480,68 @@ def test_reading_every_installed_descriptor_imports_no_implementation() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+# -- commands and option tables ------------------------------------------------------------
+
+
+def command_plugin(*paths: str) -> Any:
+    class Plugin:
+        @hookimpl
+        def waltz_cli_commands(self) -> list[CommandDescriptor]:
+            return [
+                CommandDescriptor(
+                    path.split()[-1], dict, f"help of {path}", group=" ".join(path.split()[:-1])
+                )
+                for path in paths
+            ]
+
+        @hookimpl
+        def waltz_option_schemas(self) -> list[OptionSchema]:
+            return [OptionSchema(f"{paths[0].replace(' ', '-')}-options", lambda: [])]
+
+    return Plugin()
+
+
+def test_commands_and_option_tables_are_collected_from_every_plugin(
+    empty: PluginRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty.register(command_plugin("hello", "storage verify"), name="a")
+    empty.register(command_plugin("hello", "bye"), name="b")
+    with caplog.at_level(logging.ERROR, logger="waltz_api.plugins"):
+        paths = [(c.path, c.short_help) for c in empty.commands()]
+        schemas = [s.name for s in empty.option_schemas()]
+    assert paths == [
+        ("hello", "help of hello"),
+        ("storage verify", "help of storage verify"),
+        ("bye", "help of bye"),
+    ]
+    assert "CommandDescriptor 'hello' is offered by plugins 'a' and 'b'" in caplog.text
+    assert "OptionSchema 'hello-options' is offered by plugins 'a' and 'b'" in caplog.text
+    assert schemas == ["hello-options"]
+
+
+def test_a_plugin_whose_command_hook_fails_is_skipped(empty: PluginRegistry) -> None:
+    class Failing:
+        @hookimpl
+        def waltz_cli_commands(self) -> list[CommandDescriptor]:
+            raise ImportError("click is not installed")
+
+    class Bad:
+        @hookimpl
+        def waltz_cli_commands(self) -> Any:
+            return ["not a descriptor"]
+
+    empty.register(Failing(), name="failing")
+    empty.register(Bad(), name="bad")
+    empty.register(command_plugin("fine"), name="fine")
+    assert [c.path for c in empty.commands()] == ["fine"]
+    assert isinstance(empty.load_errors["failing"], ImportError)
+    assert "must return a list of CommandDescriptor" in str(empty.load_errors["bad"])
+
+
+def test_a_command_is_a_single_word_in_a_single_word_group() -> None:
+    with pytest.raises(PluginError, match="single words"):
+        CommandDescriptor("two words", dict, "x")  # type: ignore[arg-type]
+    with pytest.raises(PluginError, match="single words"):
+        CommandDescriptor("x", dict, "x", group="a b")  # type: ignore[arg-type]

@@ -16,12 +16,15 @@ import pytest
 
 from waltz_api.config import config_from_mapping, describe
 from waltz_api.errors import ConfigError
+from waltz_cli import load_all
+from waltz_cli import main as waltz
 from waltz_server import docs_gen
-from waltz_server.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 MARKDOWN = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+main = load_all(waltz)
+"""The whole `waltz` tree: every installed plugin's commands, loaded."""
 
 
 def _section(text: str, name: str) -> str:
@@ -92,23 +95,42 @@ def _field(schema: Any, key: str) -> dataclasses.Field[Any]:
     return {f.name: f for f in dataclasses.fields(schema)}[last]
 
 
+def _options(name: str) -> dict[str, Any]:
+    from waltz_api.plugins import get_registry
+
+    (schema,) = [s for s in get_registry().option_schemas() if s.name == name]
+    return {spec.key: spec.default for spec in schema.load()}
+
+
 def test_plugin_option_defaults_are_the_plugins_own() -> None:
     from waltz_coord_etcd.coordination import EtcdCoordination
     from waltz_server.locktables import HwmArrayLockTable
     from waltz_storage_fs.engine import FsOptions
     from waltz_transport_zmq.options import ZmqOptions
 
-    etcd = {row.key: row.default for row in docs_gen.etcd_rows()}
+    etcd = _options("etcd-options")
     client = EtcdCoordination("etcd://127.0.0.1:2379/docs")  # not started: no connection
     assert client._gateway.connect_timeout == etcd["connect_timeout"]
-    fs = {row.key: row.default for row in docs_gen.fs_rows()}
-    assert dataclasses.asdict(FsOptions.from_mapping({})) == fs
+    assert client._session_timeout == etcd["session_timeout"]
+    assert dataclasses.asdict(FsOptions.from_mapping({})) == _options("fs-options")
     zmq = ZmqOptions.from_mapping({})
-    for row in docs_gen.zmq_rows():
-        if not row.key.startswith("curve_"):
-            assert getattr(zmq, row.key) == row.default, row.key
-    (size,) = docs_gen.hwm_array_rows()
-    assert HwmArrayLockTable().size == size.default
+    for key, default in _options("zmq-options").items():
+        if not key.startswith("curve_"):
+            assert getattr(zmq, key) == default, key
+    assert _options("hwm-array-options") == {"size": HwmArrayLockTable().size}
+    assert _options("exact-options") == {}
+
+
+def test_every_generated_region_is_a_plugins_option_table() -> None:
+    """The tables come from the plugins (waltz_option_schemas): each region of the docs
+    has its table, and a region no installed plugin fills is an error, not left stale."""
+    text = (DOCS / "operators.md").read_text(encoding="utf-8")
+    regions = re.findall(r"<!-- generated: (\S+) ", text)
+    assert set(regions) == set(docs_gen.option_sections())
+    assert {"server-config", "client-config", "zk-options", "fs-options"} <= set(regions)
+    stale = text + f"\n{docs_gen.BEGIN.format(name='gone-options')}\nold\n{docs_gen.END}\n"
+    with pytest.raises(ConfigError, match="'gone-options' that no installed plugin"):
+        docs_gen.fill_sections(stale)
 
 
 @dataclasses.dataclass

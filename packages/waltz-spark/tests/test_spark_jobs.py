@@ -13,13 +13,13 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from waltz_bank.bank import DAY_MS, run_bank
 
 from waltz_api.errors import ConfigError
-from waltz_server.cli import main as waltz
+from waltz_bank.bank import DAY_MS, run_bank
+from waltz_bank.spark_jobs import BankStreamSink, read_stream_state, render_daily_chart
+from waltz_cli import main as waltz
 from waltz_spark import LogReader
 from waltz_spark.datasource import Settings, WaltzStreamReader, admit
-from waltz_spark.jobs import BankStreamSink, read_stream_state, render_daily_chart
 from waltz_spark.testing import BackgroundCluster, append
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.system, pytest.mark.slow]
@@ -313,7 +313,7 @@ def test_the_spark_submit_entry(
 ) -> None:
     """``waltz_spark/jobs.py`` as spark-submit runs it (here in process, on the active
     session): the stream from a new checkpoint, once, prints its figures."""
-    from waltz_spark.jobs import main
+    from waltz_bank.spark_jobs import main
 
     argv = ["bank-stream", "--coordination", bank.uri, "--database", str(tmp_path / "s.db"),
             "--checkpoint", str(tmp_path / "ckpt"), "--once"]  # fmt: skip

@@ -227,7 +227,7 @@ def test_bank_report_balances_equal_the_operations(
     import json
     import random
 
-    from waltz_spark.jobs import bank_report
+    from waltz_bank.spark_jobs import bank_report
 
     rng = random.Random(5)
     ops: list[dict[str, Any]] = []

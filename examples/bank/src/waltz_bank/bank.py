@@ -19,7 +19,7 @@ log holds one JSON operation per transaction:
 Every operation also carries ``id`` (unique per operation: an application-level
 key) and ``ts``: when it was built, in milliseconds since the Unix epoch (UTC).
 Records written before ``ts`` existed have none; readers treat it as optional
-(``waltz_spark.jobs`` counts them under an unknown day).
+(``waltz_bank.spark_jobs`` counts them under an unknown day).
 
 `verify` recomputes everything from the log alone and compares.
 

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from waltz_api.errors import WaltzError
 from waltz_bank.bank import Report, run_bank
-from waltz_server.dev import read_ready_file
+from waltz_cli.devfile import read_ready_file
 
 
 @contextlib.contextmanager
@@ -36,7 +36,7 @@ def dev_cluster(
     data_dir.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -26,11 +26,14 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args, get_origin
 
 from waltz_api.errors import ConfigError
+
+if TYPE_CHECKING:
+    from waltz_api.hookspecs import OptionSpec
 
 T = TypeVar("T")
 
@@ -335,3 +338,79 @@ def _parse_env_text(text: str, hint: Any) -> Any:
         return tomllib.loads(f"v = {stripped}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+# -- documentation ------------------------------------------------------------------------
+
+
+def type_name(hint: Any) -> str:
+    """A type as the docs write it: ``int``, ``list[int]``, ``str | None``, ``table``."""
+    origin = get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return " | ".join(type_name(a) for a in get_args(hint))
+    if hint is type(None):
+        return "None"
+    if origin in (dict, Mapping) or hint in (dict, Mapping):
+        return "table"
+    if origin in (list, tuple, Sequence):
+        args = get_args(hint)
+        return f"list[{type_name(args[0])}]" if args else "list"
+    return str(getattr(hint, "__name__", hint)).replace("typing.", "")
+
+
+def option_specs(schema: type[Any], meanings: Mapping[str, str] | None = None) -> list[OptionSpec]:
+    """Every key of a config schema (a nested dataclass) as documented options.
+
+    The meaning is the field's ``help`` metadata, else ``meanings[key]``; a key
+    with neither raises ConfigError (document it). Its ``choices``, ``min`` and ``max``
+    are added to the meaning."""
+    from waltz_api.hookspecs import OptionSpec
+
+    meanings = meanings or {}
+    specs: list[OptionSpec] = []
+    for key, _type, default, help_text in describe(schema):
+        field, hint = _field_of(schema, key)
+        meaning = help_text or meanings.get(key, "")
+        if not meaning:
+            raise ConfigError(
+                f"config key {key!r} of {schema.__name__} has no help text: add "
+                "metadata={'help': ...} to its field",
+                key=key,
+            )
+        required = (
+            field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        )
+        extra = []
+        if "choices" in field.metadata:
+            extra.append("one of " + ", ".join(f"`{c}`" for c in field.metadata["choices"]))
+        if "min" in field.metadata:
+            extra.append(f"at least {field.metadata['min']}")
+        if "max" in field.metadata:
+            extra.append(f"at most {field.metadata['max']}")
+        if extra:
+            meaning = f"{meaning} ({'; '.join(extra)})"
+        specs.append(OptionSpec(key, type_name(hint), default, meaning, required=required))
+    return specs
+
+
+def _field_of(schema: type[Any], key: str) -> tuple[dataclasses.Field[Any], Any]:
+    current: Any = schema
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(current)}
+        hint = typing.get_type_hints(current)[part]
+        if depth == len(parts) - 1:
+            return fields[part], hint
+        current = hint
+    raise KeyError(key)  # pragma: no cover - describe() only yields existing keys
+
+
+def same_keys(what: str, code: Iterable[str], documented: Iterable[str]) -> None:
+    """ConfigError when the options a component reads (``code``) and those it documents
+    differ: a new option cannot go undocumented, a removed one cannot stay in the docs."""
+    code, documented = set(code), set(documented)
+    if code != documented:
+        raise ConfigError(
+            f"the {what} options changed: undocumented {sorted(code - documented)}, gone "
+            f"{sorted(documented - code)}; update its option schema (waltz_option_schemas)"
+        )

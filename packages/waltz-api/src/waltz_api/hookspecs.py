@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 import pluggy
@@ -41,6 +42,8 @@ from waltz_api.capabilities import check as check_capabilities
 from waltz_api.errors import PluginError
 
 if TYPE_CHECKING:
+    import click
+
     from waltz_api.contracts.coordination import Coordination
     from waltz_api.contracts.locktable import LockTable
     from waltz_api.contracts.storage import StorageEngine
@@ -289,8 +292,80 @@ class LockTableDescriptor(PluginDescriptor):
         return factory
 
 
+# -- what a plugin adds to the command line and to the documented options -------------------
+
+
+@dataclass(frozen=True)
+class CommandDescriptor:
+    """A command a plugin adds to the ``waltz`` command line (hook ``waltz_cli_commands``).
+
+    - ``name``: the command's name (``verify``).
+    - ``load``: returns the click command (or group); it runs when the command is
+      chosen (or its help read), so the command's module and what it imports cost
+      nothing to a ``waltz`` run that does not use it.
+    - ``short_help``: the line ``waltz --help`` shows (the command is not loaded for it).
+    - ``group``: where it goes: ``""`` at the top (``waltz NAME``), or the name of a
+      top-level group another plugin contributes (``"storage"``: ``waltz storage NAME``);
+      such a command is loaded with its group.
+    """
+
+    name: str
+    load: Callable[[], click.Command]
+    short_help: str
+    group: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or " " in self.name or " " in self.group:
+            raise PluginError(
+                f"command {self.name!r} (group {self.group!r}): a command and its group "
+                "are single words"
+            )
+
+    @property
+    def path(self) -> str:
+        """``storage verify``: the words after ``waltz``."""
+        return f"{self.group} {self.name}" if self.group else self.name
+
+    @property
+    def origin(self) -> str:
+        """``module.name`` of the load function (where the command comes from)."""
+        load: Any = self.load
+        return f"{getattr(load, '__module__', '?')}.{getattr(load, '__qualname__', load)}"
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One documented option or config key: ``key`` (dotted for nested sections), its
+    type as written in the docs, its default, its meaning and whether it is required."""
+
+    key: str
+    type: str
+    default: Any
+    meaning: str
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class OptionSchema:
+    """A table of options a plugin documents (hook ``waltz_option_schemas``): a process's
+    config file (``server-config``), the client's constructor (``client-config``), or a
+    component's options (``zmq-options``, the mapping its factory takes).
+
+    - ``name``: the table's name; ``docs/operators.md`` holds it between
+      ``<!-- generated: NAME ... -->`` markers (``python -m waltz_server.docs_gen``).
+    - ``load``: returns the options (it may import the implementation, for its defaults).
+    - ``environment``: every key is also read from a ``WALTZ_SECTION__KEY`` variable (a
+      process's config file), shown as a column of the table.
+    """
+
+    name: str
+    load: Callable[[], Sequence[OptionSpec]]
+    environment: bool = False
+
+
 class WaltzHookSpecs:
-    """The hooks. Each returns the descriptors of one kind of component."""
+    """The hooks. Each of the first four returns the descriptors of one kind of
+    component; the last two what a plugin adds to the command line and the docs."""
 
     @hookspec
     def waltz_storage_engines(self) -> Sequence[PluginDescriptor]:  # type: ignore[empty-body]
@@ -309,6 +384,17 @@ class WaltzHookSpecs:
     @hookspec
     def waltz_lock_tables(self) -> Sequence[PluginDescriptor]:  # type: ignore[empty-body]
         """Lock tables: ``factory(high_water_mark: int, options: Mapping) -> LockTable``."""
+
+    @hookspec
+    def waltz_cli_commands(self) -> Sequence[CommandDescriptor]:  # type: ignore[empty-body]
+        """Commands of the ``waltz`` command line, each loaded when it is chosen. Two
+        plugins offering the same command path are reported; the first (by plugin name)
+        is kept."""
+
+    @hookspec
+    def waltz_option_schemas(self) -> Sequence[OptionSchema]:  # type: ignore[empty-body]
+        """Documented option tables (config files, the client, each component's options);
+        ``python -m waltz_server.docs_gen`` writes them into ``docs/operators.md``."""
 
 
 HOOK_FOR_KIND: dict[PluginKind, str] = {

@@ -13,7 +13,8 @@ import logging
 import os
 import threading
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import pluggy
@@ -22,12 +23,18 @@ from waltz_api.errors import DuplicatePluginError, PluginError, UnknownPluginErr
 from waltz_api.hookspecs import (
     HOOK_FOR_KIND,
     PROJECT_NAME,
+    CommandDescriptor,
+    OptionSchema,
     PluginDescriptor,
     PluginKind,
     WaltzHookSpecs,
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+HOOKS = sorted(name for name in vars(WaltzHookSpecs) if name.startswith("waltz_"))
+"""Every hook a plugin may implement."""
 
 _Index = dict[PluginKind, dict[str, list[tuple[str, PluginDescriptor]]]]
 """kind -> name -> [(plugin name, descriptor)], more than one when a name is duplicated."""
@@ -44,6 +51,8 @@ class PluginRegistry:
         self.manager.add_hookspecs(WaltzHookSpecs)
         self.load_errors: dict[str, BaseException] = {}
         """Plugins skipped because they failed to import, register or answer a hook."""
+        self._commands: list[CommandDescriptor] | None = None
+        self._schemas: list[OptionSchema] | None = None
         self._distributions: dict[str, tuple[str, str]] = {}
         """(distribution, version) of each plugin loaded from an entry point."""
         self._index: _Index | None = None
@@ -92,12 +101,14 @@ class PluginRegistry:
             self.manager.check_pending()
         except pluggy.PluginValidationError as exc:
             self.manager.unregister(plugin, name=registered)
-            known = ", ".join(HOOK_FOR_KIND.values())
+            known = ", ".join(HOOKS)
             raise PluginError(
                 f"plugin {name or plugin!r} implements an unknown hook ({exc}); "
                 f"the Waltz hooks are: {known}"
             ) from exc
         self._index = None
+        self._commands = None
+        self._schemas = None
 
     def register(self, plugin: Any, name: str | None = None) -> None:
         """Register a plugin module or object explicitly (tests, embedding).
@@ -152,6 +163,58 @@ class PluginRegistry:
                 self._skip(impl.plugin_name, hook_name, "its hook returned a bad value", error)
                 return []
         return descriptors
+
+    def _contributions(self, hook_name: str, kind: type[T], key: Callable[[T], str]) -> list[T]:
+        """What every plugin returns from ``hook_name`` (plugins in name order), each
+        checked to be a ``kind``; a plugin whose hook raises or returns anything else is
+        skipped and logged, and of two contributions with one ``key`` the first is kept
+        (the other reported)."""
+        hook = getattr(self.manager.hook, hook_name)
+        kept: dict[str, tuple[str, T]] = {}
+        for impl in sorted(hook.get_hookimpls(), key=lambda impl: impl.plugin_name):
+            try:
+                result = list(impl.function() or [])
+            except Exception as exc:
+                self._skip(impl.plugin_name, hook_name, f"its hook {hook_name} raised", exc)
+                continue
+            wrong = [item for item in result if not isinstance(item, kind)]
+            if wrong:
+                error = PluginError(
+                    f"{hook_name} of {impl.plugin_name!r} returned {wrong[0]!r}; it must "
+                    f"return a list of {kind.__name__}"
+                )
+                self._skip(impl.plugin_name, hook_name, "its hook returned a bad value", error)
+                continue
+            for item in result:
+                name = key(item)
+                if name in kept:
+                    log.error(
+                        "%s %r is offered by plugins %r and %r; %r is ignored",
+                        kind.__name__,
+                        name,
+                        kept[name][0],
+                        impl.plugin_name,
+                        impl.plugin_name,
+                    )
+                    continue
+                kept[name] = (impl.plugin_name, item)
+        return [item for _plugin, item in kept.values()]
+
+    def commands(self) -> list[CommandDescriptor]:
+        """The ``waltz`` commands every plugin contributes (none is loaded)."""
+        if self._commands is None:
+            self._commands = self._contributions(
+                "waltz_cli_commands", CommandDescriptor, lambda c: c.path
+            )
+        return self._commands
+
+    def option_schemas(self) -> list[OptionSchema]:
+        """The documented option tables every plugin contributes (none is loaded)."""
+        if self._schemas is None:
+            self._schemas = self._contributions(
+                "waltz_option_schemas", OptionSchema, lambda s: s.name
+            )
+        return self._schemas
 
     def names(self, kind: PluginKind | str) -> list[str]:
         """The names of the plugins of ``kind``, sorted."""

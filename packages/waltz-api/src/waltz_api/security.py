@@ -23,9 +23,12 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from waltz_api.errors import ConfigError
+
+if TYPE_CHECKING:
+    from waltz_api.hookspecs import OptionSpec
 
 TLS_KEYS = ("tls", "tls_ca", "tls_cert", "tls_key", "tls_key_password", "tls_check_hostname")
 LOGIN_KEYS = ("username", "password", "password_file")
@@ -161,3 +164,55 @@ class Login:
                 key="coordination.password",
             )
         return cls(str(username), str(password))
+
+
+def tls_option_specs(port: str) -> list[OptionSpec]:
+    """The documented TLS options (``TLS_KEYS``) of a plugin that reads them; ``port``
+    names the service's TLS port (``ZooKeeper's `secureClientPort```)."""
+    from waltz_api.hookspecs import OptionSpec
+
+    specs = [
+        OptionSpec(
+            "tls", "bool", False, f"connect over TLS ({port}); implied by any `tls_*` option"
+        ),
+        OptionSpec(
+            "tls_ca",
+            "path",
+            "",
+            "PEM CA certificate(s) of the server's certificate (default: the system's)",
+        ),
+        OptionSpec(
+            "tls_cert",
+            "path",
+            "",
+            "this client's certificate (PEM), for a server requiring client certificates",
+        ),
+        OptionSpec("tls_key", "path", "", "the key of `tls_cert` (PEM)"),
+        OptionSpec("tls_key_password", "str", "", "the password of an encrypted `tls_key`"),
+        OptionSpec(
+            "tls_check_hostname",
+            "bool",
+            True,
+            "the server's certificate must name the host connected to",
+        ),
+    ]
+    assert tuple(s.key for s in specs) == TLS_KEYS
+    return specs
+
+
+def login_option_specs() -> list[OptionSpec]:
+    """The documented login options (``LOGIN_KEYS``)."""
+    from waltz_api.hookspecs import OptionSpec
+
+    specs = [
+        OptionSpec("username", "str", "", "the cluster's identity on the coordination service"),
+        OptionSpec(
+            "password",
+            "str",
+            "",
+            "its password (prefer `password_file`: URIs show up in process lists)",
+        ),
+        OptionSpec("password_file", "path", "", "a file holding the password (one line)"),
+    ]
+    assert tuple(s.key for s in specs) == LOGIN_KEYS
+    return specs

@@ -1,5 +1,5 @@
-"""``waltz console``: the click command (registered on the ``waltz`` CLI with a lazy
-import, so ``waltz`` works without this package)."""
+"""``waltz console``: the click command (contributed to the ``waltz`` command line by
+:mod:`waltz_console.plugin`, imported when it is chosen)."""
 
 from __future__ import annotations
 

@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 2379
 DEFAULT_SESSION_TIMEOUT = 10.0
 DEFAULT_REQUEST_TIMEOUT = 10.0
+DEFAULT_CONNECT_TIMEOUT = 2.0
 MAX_CAS_ATTEMPTS = 10_000
 MAX_CREATE_ATTEMPTS = 16
 
@@ -152,7 +153,7 @@ class EtcdCoordination(Coordination):
         self.target = parse_connect(connect)
         self._session_timeout = seconds_option(options, "session_timeout", DEFAULT_SESSION_TIMEOUT)
         request_timeout = seconds_option(options, "request_timeout", DEFAULT_REQUEST_TIMEOUT)
-        connect_timeout = seconds_option(options, "connect_timeout", 2.0)
+        connect_timeout = seconds_option(options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT)
         self._gateway = EtcdGateway(
             list(self.target.endpoints),
             request_timeout=request_timeout,

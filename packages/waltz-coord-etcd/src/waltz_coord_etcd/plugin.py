@@ -1,13 +1,13 @@
-"""Registers the etcd coordination plugin (``etcd``, URIs ``etcd://...``).
+"""Registers the etcd coordination plugin (``etcd``, URIs ``etcd://...``) and its options.
 
 Light on purpose: the implementation is imported only when the plugin is chosen."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from waltz_api.hookspecs import CoordinationDescriptor, hookimpl
+from waltz_api.hookspecs import CoordinationDescriptor, OptionSchema, OptionSpec, hookimpl
 
 if TYPE_CHECKING:
     from waltz_api.contracts.coordination import Coordination
@@ -32,3 +32,34 @@ def waltz_coordinators() -> list[CoordinationDescriptor]:
             conformance_harness="waltz_coord_etcd.conformance:harness",
         )
     ]
+
+
+def options() -> Sequence[OptionSpec]:
+    """The options of an ``etcd`` client, with their defaults."""
+    from waltz_coord_etcd import coordination as etcd
+
+    return [
+        OptionSpec(
+            "session_timeout",
+            "float",
+            etcd.DEFAULT_SESSION_TIMEOUT,
+            "seconds, the lease TTL (whole seconds, rounded up); ephemeral keys carry the lease",
+        ),
+        OptionSpec(
+            "request_timeout",
+            "float",
+            etcd.DEFAULT_REQUEST_TIMEOUT,
+            "seconds per operation, failover to another member included",
+        ),
+        OptionSpec(
+            "connect_timeout",
+            "float",
+            etcd.DEFAULT_CONNECT_TIMEOUT,
+            "seconds per connection attempt to one member",
+        ),
+    ]
+
+
+@hookimpl
+def waltz_option_schemas() -> list[OptionSchema]:
+    return [OptionSchema("etcd-options", options)]

@@ -1,13 +1,14 @@
-"""Registers the embedded coordination plugin (``local``, URIs ``local:///path``).
+"""Registers the embedded coordination plugin (``local``, URIs ``local:///path``) and its
+options.
 
 Light on purpose: the implementation is imported only when the plugin is chosen."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from waltz_api.hookspecs import CoordinationDescriptor, hookimpl
+from waltz_api.hookspecs import CoordinationDescriptor, OptionSchema, OptionSpec, hookimpl
 
 if TYPE_CHECKING:
     from waltz_api.contracts.coordination import Coordination
@@ -36,3 +37,40 @@ def waltz_coordinators() -> list[CoordinationDescriptor]:
             conformance_harness="waltz_coord_local.conformance:harness",
         )
     ]
+
+
+def options() -> Sequence[OptionSpec]:
+    """The options of a ``local`` client (also the URI's query), with their defaults."""
+    from waltz_coord_local import coordination as local
+
+    return [
+        OptionSpec(
+            "root",
+            "str",
+            "/",
+            "path prefix of every entry (also the URI's `?root=`; the option wins)",
+        ),
+        OptionSpec(
+            "session_timeout",
+            "float",
+            local.DEFAULT_SESSION_TIMEOUT,
+            "seconds; a process that stops renewing loses its session and ephemeral entries",
+        ),
+        OptionSpec(
+            "poll_interval",
+            "float",
+            local.DEFAULT_POLL_INTERVAL,
+            "seconds between polls of the SQLite file for watches",
+        ),
+        OptionSpec(
+            "busy_timeout",
+            "float",
+            local.DEFAULT_BUSY_TIMEOUT,
+            "seconds to wait for the SQLite write lock",
+        ),
+    ]
+
+
+@hookimpl
+def waltz_option_schemas() -> list[OptionSchema]:
+    return [OptionSchema("local-options", options)]

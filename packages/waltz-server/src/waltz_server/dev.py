@@ -39,11 +39,14 @@ from typing import Any
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.errors import ConfigError, WaltzError
 from waltz_api.ports import free_port
+from waltz_cli.devfile import READY_FILE, read_ready_file
+from waltz_cli.devfile import alive as _alive
 
 log = logging.getLogger(__name__)
 
+__all__ = ["READY_FILE", "DevCluster", "coordination_uri", "read_ready_file"]
+
 STATE_FILE = "waltz-dev.json"
-READY_FILE = "waltz-dev.ready.json"
 PID_FILE = "waltz-dev.pid"
 COORDINATION_ROOT = "/waltz"
 STORAGE_READY = "storage node ready on"
@@ -59,18 +62,6 @@ def coordination_uri(data_dir: str | os.PathLike[str]) -> str:
     return f"local://{Path(data_dir).resolve() / 'coordination'}?root={COORDINATION_ROOT}"
 
 
-def read_ready_file(data_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The endpoints of the dev cluster running in ``data_dir``, or None when none runs."""
-    path = Path(data_dir) / READY_FILE
-    try:
-        info: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not _alive(int(info.get("pid", -1))):
-        return None
-    return info
-
-
 def port_free(port: int) -> bool:
     """Whether a listener could bind ``port`` (connections of a previous run in TIME_WAIT
     do not count: ZeroMQ binds with SO_REUSEADDR too)."""
@@ -81,18 +72,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
         return True
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _die_with_parent() -> None:
@@ -164,7 +143,7 @@ class Child:
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "waltz_server.cli", *self.args],
+                [sys.executable, "-m", "waltz_cli", *self.args],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

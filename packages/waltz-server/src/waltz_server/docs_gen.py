@@ -1,7 +1,7 @@
 """The generated parts of the docs, so they keep matching the code.
 
 - ``docs/operators.md``: the tables of every config key (server, storage node,
-  client) and of every built-in plugin's options, between
+  client) and of every plugin's options, between
   ``<!-- generated: NAME -->`` and ``<!-- end generated -->`` markers;
 - ``docs/cli.md``: the reference of every ``waltz`` command, from the click tree.
 
@@ -10,29 +10,30 @@
     python -m waltz_server.docs_gen [--root REPO]           # rewrite them
     python -m waltz_server.docs_gen [--root REPO] --check   # exit 1 when they are stale
 
-The config tables come from the schemas (``waltz_api.config.describe``) and the
-plugins' own default constants; a key without a meaning (schema ``help`` or the
-texts below) is an error, so a new key cannot go undocumented.
+The option tables are those the installed plugins contribute through the
+``waltz_option_schemas`` hook (each plugin documents its own options: a key without
+a meaning is an error, so a new key cannot go undocumented); the command reference
+is the whole ``waltz`` tree, every installed plugin's commands
+(``waltz_cli_commands``).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import inspect
 import logging
 import re
 import sys
-import types
-import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
-from waltz_api.config import describe
+from waltz_api.config import option_specs
 from waltz_api.errors import ConfigError
+from waltz_api.hookspecs import OptionSchema, OptionSpec
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +44,8 @@ _UNSET: Any = getattr(click.core, "UNSET", object())
 """click 8.2+ marks a parameter without a default with this sentinel."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One documented key: ``key`` (dotted), its type, default and meaning."""
-
-    key: str
-    type: str
-    default: Any
-    meaning: str
-    required: bool = False
+Row = OptionSpec
+"""One documented key: ``key`` (dotted), its type, default and meaning."""
 
 
 # -- formatting -------------------------------------------------------------------------
@@ -76,21 +70,6 @@ def format_default(value: Any, *, required: bool = False) -> str:
     if isinstance(value, dict):
         return "`{}`" if not value else f"`{value}`"
     return f"`{value}`"
-
-
-def type_name(hint: Any) -> str:
-    """A readable type: ``int``, ``list[int]``, ``str | None``, ``table``."""
-    origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        return " | ".join(type_name(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return "None"
-    if origin in (dict, Mapping) or hint in (dict, Mapping):
-        return "table"
-    if origin in (list, tuple, Sequence):
-        args = typing.get_args(hint)
-        return f"list[{type_name(args[0])}]" if args else "list"
-    return str(getattr(hint, "__name__", hint)).replace("typing.", "")
 
 
 def _cell(text: str) -> str:
@@ -119,360 +98,44 @@ def table(rows: Iterable[Row], *, env_prefix: str | None = "WALTZ_") -> str:
     return "\n".join(lines) + "\n"
 
 
-# -- config schemas ---------------------------------------------------------------------
+# -- the option tables ---------------------------------------------------------------------
 
 
-def schema_rows(schema: type[Any], meanings: Mapping[str, str] | None = None) -> list[Row]:
-    """Every key of a config schema (a nested dataclass), from ``describe``.
-
-    The meaning is the field's ``help`` metadata, else ``meanings[key]``; a key
-    with neither raises ConfigError (document it)."""
-    meanings = meanings or {}
-    rows: list[Row] = []
-    for key, _type, default, help_text in describe(schema):
-        field, hint = _field_of(schema, key)
-        meaning = help_text or meanings.get(key, "")
-        if not meaning:
-            raise ConfigError(
-                f"config key {key!r} of {schema.__name__} has no help text: add "
-                "metadata={'help': ...} to its field",
-                key=key,
-            )
-        required = (
-            field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        )
-        extra = []
-        if "choices" in field.metadata:
-            extra.append("one of " + ", ".join(f"`{c}`" for c in field.metadata["choices"]))
-        if "min" in field.metadata:
-            extra.append(f"at least {field.metadata['min']}")
-        if "max" in field.metadata:
-            extra.append(f"at most {field.metadata['max']}")
-        if extra:
-            meaning = f"{meaning} ({'; '.join(extra)})"
-        rows.append(Row(key, type_name(hint), default, meaning, required=required))
-    return rows
+schema_rows = option_specs
+"""Every key of a config schema (a nested dataclass): see :func:`waltz_api.config.option_specs`."""
 
 
-def _field_of(schema: type[Any], key: str) -> tuple[dataclasses.Field[Any], Any]:
-    current: Any = schema
-    parts = key.split(".")
-    for depth, part in enumerate(parts):
-        fields = {f.name: f for f in dataclasses.fields(current)}
-        hint = typing.get_type_hints(current)[part]
-        if depth == len(parts) - 1:
-            return fields[part], hint
-        current = hint
-    raise KeyError(key)  # pragma: no cover - describe() only yields existing keys
-
-
-CLIENT_MEANINGS = {
-    "coordination": "coordination URI (`zk://`, `etcd://`, `local://`) or a started "
-    "`Coordination` the caller owns",
-    "coordination_options": "coordination plugin options, passed as-is (tables below)",
-    "transport": "transport plugin name",
-    "transport_options": "transport plugin options, passed as-is (tables below)",
-    "partitions": "the partitions to mount (unset: all); submissions to others fail",
-    "max_concurrent_transactions": "transactions in flight per partition; `submit` waits beyond it",
-    "data_cache_bytes": "bound of the transaction data cache (LRU)",
-    "connect_timeout": "seconds to connect to a server",
-    "request_timeout": "seconds to wait for an answer (a mount is re-sent after it; a data "
-    "request fails after it)",
-    "retry_interval": "seconds before mounting or asking again after NOT_READY, a refusal or "
-    "a lost connection (doubling up to 1 s, with jitter, while attempts fail)",
-    "transaction_timeout": "deadline of a submission in seconds (waiting, retries and its "
-    "append in flight): then it is decided (committed, `TransactionExpiredError`, or "
-    "`TransactionOutcomeUnknownError` when the server cannot be asked); unset: none",
-    "prefetch_data": "fetch the data of feed items arriving together, pipelined, before the "
-    "callbacks ask",
-    "apply_retries": "times a transaction `apply_transaction` raised on is offered again "
-    "(back-off from `retry_interval` doubling to 10 s) before `poison_policy` decides",
-    "poison_policy": "`stop`: the partition stops with `PoisonTransactionError`; `skip`: the "
-    "transaction goes to `WaltzClientCallbacks.dead_letter` and the feed goes on",
-}
-
-
-def client_rows() -> list[Row]:
-    """``waltz_client.ClientConfig`` (a constructor, not a file: no environment)."""
-    from waltz_client import ClientConfig
-
-    return schema_rows(ClientConfig, CLIENT_MEANINGS)
-
-
-# -- plugin options ---------------------------------------------------------------------
-
-
-def zk_rows() -> list[Row]:
-    from waltz_coord_zk import coordination as zk
-
-    return [
-        Row(
-            "session_timeout",
-            "float",
-            zk.DEFAULT_SESSION_TIMEOUT,
-            "seconds; a client silent this long loses its session and its ephemeral entries "
-            "(a server whose session ends drops its partitions and registers again)",
-        ),
-        Row(
-            "connect_timeout",
-            "float",
-            zk.DEFAULT_CONNECT_TIMEOUT,
-            "seconds to reach the ensemble at start",
-        ),
-        *tls_rows("ZooKeeper's `secureClientPort`"),
-        Row(
-            "auth",
-            "str",
-            "",
-            "`digest` (ZooKeeper's digest scheme) or `sasl` (SASL DIGEST-MD5; needs "
-            "`waltz-coord-zk[sasl]`); with `username` and `password` or `password_file`",
-        ),
-        *login_rows(),
-        Row(
-            "acl",
-            "str",
-            "",
-            "ACL of the znodes this client creates: `world-read` (default with `auth`: the "
-            "cluster's identity may do anything, others only read), `private` (only the "
-            "cluster's identity), `open` (default without `auth`: anyone)",
-        ),
-    ]
-
-
-def tls_rows(port: str) -> list[Row]:
-    """The TLS options of ``waltz_api.security`` (zk and etcd)."""
-    return [
-        Row("tls", "bool", False, f"connect over TLS ({port}); implied by any `tls_*` option"),
-        Row(
-            "tls_ca",
-            "path",
-            "",
-            "PEM CA certificate(s) of the server's certificate (default: the system's)",
-        ),
-        Row(
-            "tls_cert",
-            "path",
-            "",
-            "this client's certificate (PEM), for a server requiring client certificates",
-        ),
-        Row("tls_key", "path", "", "the key of `tls_cert` (PEM)"),
-        Row("tls_key_password", "str", "", "the password of an encrypted `tls_key`"),
-        Row(
-            "tls_check_hostname",
-            "bool",
-            True,
-            "the server's certificate must name the host connected to",
-        ),
-    ]
-
-
-def login_rows() -> list[Row]:
-    return [
-        Row("username", "str", "", "the cluster's identity on the coordination service"),
-        Row(
-            "password",
-            "str",
-            "",
-            "its password (prefer `password_file`: URIs show up in process lists)",
-        ),
-        Row("password_file", "path", "", "a file holding the password (one line)"),
-    ]
-
-
-ETCD_CONNECT_TIMEOUT = 2.0
-"""The etcd plugin's connect_timeout default (a literal in its code; the docs test
-checks it against a constructed client)."""
-
-
-def etcd_rows() -> list[Row]:
-    from waltz_coord_etcd import coordination as etcd
-
-    return [
-        Row(
-            "session_timeout",
-            "float",
-            etcd.DEFAULT_SESSION_TIMEOUT,
-            "seconds, the lease TTL (whole seconds, rounded up); ephemeral keys carry the lease",
-        ),
-        Row(
-            "request_timeout",
-            "float",
-            etcd.DEFAULT_REQUEST_TIMEOUT,
-            "seconds per operation, failover to another member included",
-        ),
-        Row(
-            "connect_timeout",
-            "float",
-            ETCD_CONNECT_TIMEOUT,
-            "seconds per connection attempt to one member",
-        ),
-    ]
-
-
-def local_rows() -> list[Row]:
-    from waltz_coord_local import coordination as local
-
-    return [
-        Row(
-            "root",
-            "str",
-            "/",
-            "path prefix of every entry (also the URI's `?root=`; the option wins)",
-        ),
-        Row(
-            "session_timeout",
-            "float",
-            local.DEFAULT_SESSION_TIMEOUT,
-            "seconds; a process that stops renewing loses its session and ephemeral entries",
-        ),
-        Row(
-            "poll_interval",
-            "float",
-            local.DEFAULT_POLL_INTERVAL,
-            "seconds between polls of the SQLite file for watches",
-        ),
-        Row(
-            "busy_timeout",
-            "float",
-            local.DEFAULT_BUSY_TIMEOUT,
-            "seconds to wait for the SQLite write lock",
-        ),
-    ]
-
-
-ZMQ_MEANINGS = {
-    "max_frame_size": "largest frame sent or accepted, bytes (also `ZMQ_MAXMSGSIZE`)",
-    "heartbeat_interval": "seconds without sending after which a heartbeat is sent; the "
-    "watchdog period",
-    "heartbeat_timeout": "seconds of silence after which the peer is reported dead; must "
-    "exceed the interval",
-    "window_frames": "frames a peer may send beyond what this side's application consumed, "
-    "and the most this side keeps in flight to a peer (1..2^24)",
-    "window_bytes": "bytes a peer may send beyond what this side's application consumed, "
-    "and the most this side keeps in flight to a peer (1..2^40)",
-    "coalesce": "pack small frames sent in one loop iteration into one ZeroMQ message",
-    "high_water_mark": "`ZMQ_SNDHWM`/`ZMQ_RCVHWM`; 0: automatic (`2 * window_frames + "
-    "4096`); else must exceed `2 * window_frames`",
-    "reconnect_interval": "seconds, `ZMQ_RECONNECT_IVL`",
-    "reconnect_interval_max": "seconds, `ZMQ_RECONNECT_IVL_MAX`",
-    "linger": "seconds a closed socket may spend sending its last messages",
-    "io_threads": "ZeroMQ I/O threads of the transport's context",
-    "security": '`"auto"` (curve when keys are given, else plaintext on loopback and ipc '
-    'only), `"plaintext"` (anywhere, deliberately), `"curve"`',
-    "curve_server_key": "listener: path of this process's `NAME.key_secret` "
-    "(`waltz keys generate`)",
-    "curve_authorized_keys": "listener: a directory of the allowed clients' `NAME.key` files, "
-    "one such file or Z85 key, or a list of them",
-    "curve_server_public_key": "connecting side: the server's `NAME.key` file or its Z85 "
-    "public key",
-    "curve_client_key": "connecting side: path of this process's own `NAME.key_secret`",
-}
-
-
-def zmq_rows() -> list[Row]:
-    from waltz_transport_zmq import options as zmq_options
-
-    defaults: Mapping[str, Any] = zmq_options._DEFAULTS
-    _same_keys("zmq transport", defaults, ZMQ_MEANINGS)
-    return [
-        Row(key, _zmq_type(key, value), value, ZMQ_MEANINGS[key]) for key, value in defaults.items()
-    ]
-
-
-def _zmq_type(key: str, value: Any) -> str:
-    if key.startswith("curve_"):
-        return "str | list[str]" if key == "curve_authorized_keys" else "str"
-    return type(value).__name__
-
-
-FS_MEANINGS = {
-    "segment_size": "bytes; a new segment file starts once the current one reaches it",
-    "index_checkpoint_interval": "records between flushes of the index file",
-    "read_threads": "threads reading segments for range reads",
-    "verify_on_open": "1: start-up recovery checks every record, not only those after each "
-    "index's last flushed checkpoint (damage anywhere becomes a hole repaired from a peer)",
-}
-
-
-def fs_rows() -> list[Row]:
-    from waltz_storage_fs.engine import FsOptions
-
-    fields = {f.name: f for f in dataclasses.fields(FsOptions)}
-    _same_keys("fs storage", fields, FS_MEANINGS)
-    return [
-        Row(name, type_name(f.type), f.default, FS_MEANINGS[name]) for name, f in fields.items()
-    ]
-
-
-def hwm_array_rows() -> list[Row]:
-    from waltz_server.locktables import hwm_array
-
-    _same_keys("hwm-array lock table", dict.fromkeys(hwm_array._OPTIONS), {"size": ""})
-    return [
-        Row(
-            "size",
-            "int",
-            hwm_array.DEFAULT_SIZE,
-            f"slots of high-water marks (1 to {hwm_array.MAX_SIZE}); more slots, fewer "
-            "false lock failures, more memory (8 bytes a slot)",
-        )
-    ]
-
-
-def exact_rows() -> list[Row]:
-    from waltz_server.locktables import exact
-
-    _same_keys("exact lock table", dict.fromkeys(exact._OPTIONS), {})
-    return []
-
-
-def _same_keys(what: str, code: Mapping[str, Any], documented: Mapping[str, Any]) -> None:
-    if set(code) != set(documented):
-        missing = sorted(set(code) - set(documented))
-        extra = sorted(set(documented) - set(code))
-        raise ConfigError(
-            f"the {what} options changed: undocumented {missing}, gone {extra}; update "
-            "waltz_server.docs_gen"
-        )
-
-
-# -- the sections of docs/operators.md ----------------------------------------------------
-
-
-def _server_section() -> str:
-    from waltz_server.server.config import ServerNodeConfig
-
-    return table(schema_rows(ServerNodeConfig))
-
-
-def _storage_section() -> str:
-    from waltz_server.storage_node.config import StorageNodeConfig
-
-    return table(schema_rows(StorageNodeConfig))
-
-
-def _options(rows: list[Row]) -> str:
+def render(schema: OptionSchema) -> str:
+    """The markdown of one option table: a config file's keys with their environment
+    variables, or a component's options (or the line saying it takes none)."""
+    rows = list(schema.load())
+    if schema.environment:
+        return table(rows)
     if not rows:
         return "No options (an option given is refused).\n"
     return table(rows, env_prefix=None)
 
 
-SECTIONS: dict[str, Callable[[], str]] = {
-    "server-config": _server_section,
-    "storage-config": _storage_section,
-    "client-config": lambda: table(client_rows(), env_prefix=None),
-    "zk-options": lambda: _options(zk_rows()),
-    "etcd-options": lambda: _options(etcd_rows()),
-    "local-options": lambda: _options(local_rows()),
-    "zmq-options": lambda: _options(zmq_rows()),
-    "fs-options": lambda: _options(fs_rows()),
-    "hwm-array-options": lambda: _options(hwm_array_rows()),
-    "exact-options": lambda: _options(exact_rows()),
-}
+def option_sections() -> dict[str, Callable[[], str]]:
+    """Every option table the installed plugins contribute (``waltz_option_schemas``)."""
+    from waltz_api.plugins import get_registry
+
+    return {
+        schema.name: functools.partial(render, schema) for schema in get_registry().option_schemas()
+    }
 
 
-def fill_sections(text: str, sections: Mapping[str, Callable[[], str]] = SECTIONS) -> str:
-    """``text`` with every generated region replaced; every section must have a region."""
+def fill_sections(text: str, sections: Mapping[str, Callable[[], str]] | None = None) -> str:
+    """``text`` with every generated region replaced; every section must have a region,
+    and every region a section (a plugin that is not installed leaves its region stale)."""
+    if sections is None:
+        sections = option_sections()
+    for name in re.findall(re.escape(BEGIN).replace(r"\{name\}", r"(\S+)"), text):
+        if name not in sections:
+            raise ConfigError(
+                f"the docs have a region {name!r} that no installed plugin contributes "
+                "(waltz_option_schemas): install it, or remove the region"
+            )
     for name, make in sections.items():
         begin = BEGIN.format(name=name)
         pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(END), re.DOTALL)
@@ -596,7 +259,10 @@ CLI_INTRO = """\
 # `waltz` command reference
 
 Generated from the click command tree by `python -m waltz_server.docs_gen`
-(`packages/waltz-server/tests/test_docs.py` fails when it is stale). Every
+(`packages/waltz-server/tests/test_docs.py` fails when it is stale), with every
+package of the workspace installed: each command comes from the package that
+offers it (`waltz plugins list`, the `waltz_cli_commands` hook), so an installation
+has the commands of what it installed. Every
 command exits 0 on success, 1 with one `error: ...` line on stderr on any
 error, and 2 on a usage error. `waltz -v` logs at INFO, `-vv` at DEBUG;
 `--help` on any command prints its usage.
@@ -605,9 +271,10 @@ error, and 2 on a usage error. `waltz -v` logs at INFO, `-vv` at DEBUG;
 
 
 def cli_markdown() -> str:
-    from waltz_server.cli import main
+    """The reference of the whole ``waltz`` tree: every installed plugin's commands."""
+    from waltz_cli import load_all, main
 
-    return CLI_INTRO + command_reference(main)
+    return CLI_INTRO + command_reference(load_all(main))
 
 
 # -- files ----------------------------------------------------------------------------------

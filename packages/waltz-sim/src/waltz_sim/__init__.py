@@ -8,7 +8,16 @@ with faults chosen by a seed (:mod:`waltz_sim.faults`). Workloads
 (:mod:`waltz_sim.checker`, usable on its own) judges. :func:`run_seed` runs one seed.
 """
 
-from waltz_sim.runner import SeedResult, run_seed
-from waltz_sim.world import SimConfig
+from typing import TYPE_CHECKING
+
+from waltz_api.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from waltz_sim.runner import SeedResult, run_seed
+    from waltz_sim.world import SimConfig
 
 __all__ = ["SeedResult", "SimConfig", "run_seed"]
+# imported on first use: `waltz` imports this package for its entry point (commands.py)
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"SeedResult": ".runner", "run_seed": ".runner", "SimConfig": ".world"}
+)

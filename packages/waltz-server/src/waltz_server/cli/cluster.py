@@ -37,12 +37,12 @@ from waltz_api.errors import (
     PluginError,
     WaltzError,
 )
-from waltz_server.cli.coordination import (
+from waltz_cli.coordination import (
     coordination_option,
     remember_timeout,
     start_coordination,
 )
-from waltz_server.cli.output import emit, output_option
+from waltz_cli.output import emit, output_option
 
 T = TypeVar("T")
 

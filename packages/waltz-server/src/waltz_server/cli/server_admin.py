@@ -25,9 +25,9 @@ import click
 
 from waltz_api.cluster import NO_SERVER, ClusterMetadata, ServerInfo
 from waltz_api.errors import ConfigError
+from waltz_cli.coordination import coordination_option
+from waltz_cli.output import emitted, output_option
 from waltz_server.cli.cluster import _run_with_metadata as _run
-from waltz_server.cli.coordination import coordination_option
-from waltz_server.cli.output import emitted, output_option
 from waltz_server.server.preferred import (
     Overrides,
     PreferredPartitionStore,

@@ -1,9 +1,9 @@
-"""``waltz storage``: run a storage node (``--config``), and the offline storage tools.
+"""``waltz storage``: run a storage node (``--config``), its admin commands and snapshots.
 
-``waltz storage --config storage.toml`` runs the node until SIGINT/SIGTERM.
-``verify``, ``dump-segment`` and ``dump-control-file`` read a storage
-directory of the ``fs`` engine without changing it (stop the node first, or
-work on a copy).
+``waltz storage --config storage.toml`` runs the node until SIGINT/SIGTERM. The
+offline tools of a storage engine (the fs engine's ``verify``, ``dump-segment`` and
+``dump-control-file``) are contributed to this group by the engine's package, through
+the ``waltz_cli_commands`` hook.
 """
 
 from __future__ import annotations
@@ -36,51 +36,6 @@ def storage_group(ctx: click.Context, config_path: str | None) -> None:
             "install waltz-server completely"
         ) from exc
     run_from_config(config_path)
-
-
-@storage_group.command("verify")
-@click.argument("directory", type=click.Path(file_okay=False))
-def verify_command(directory: str) -> None:
-    """Check every record, index entry and control struct of a storage DIRECTORY.
-
-    Exits 1 when a problem is found (each is printed)."""
-    from waltz_storage_fs import tools
-
-    report = tools.verify(directory)
-    for line in tools.format_verify(report):
-        click.echo(line)
-    if not report.ok:
-        raise SystemExit(1)
-
-
-@storage_group.command("dump-segment")
-@click.argument("segment", type=click.Path(dir_okay=False))
-@click.option("--data", "show_data", is_flag=True, help="Also print each record's data (hex).")
-@click.option("--limit", type=int, default=None, help="Print at most this many records.")
-def dump_segment_command(segment: str, show_data: bool, limit: int | None) -> None:
-    """Print a segment data file (.seg): its header and every valid record.
-
-    Exits 1 when the file has no valid segment header (not a segment file)."""
-    from waltz_storage_fs import tools
-
-    header = False
-    for line in tools.format_segment(segment, show_data=show_data, limit=limit):
-        header = header or line.startswith("header: ")
-        click.echo(line)
-    if not header:
-        raise WaltzError(
-            f"{segment}: not a Waltz segment file (its header is short or fails its checksum)"
-        )
-
-
-@storage_group.command("dump-control-file")
-@click.argument("path", type=click.Path())
-def dump_control_file_command(path: str) -> None:
-    """Print a control file (PATH: the storage directory or its waltz-storage.ctl)."""
-    from waltz_storage_fs import tools
-
-    for line in tools.format_control_file(tools.read_control_file(path)):
-        click.echo(line)
 
 
 # The admin subcommands of a running node (list, add-partition, remove-partition,

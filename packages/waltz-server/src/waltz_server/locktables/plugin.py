@@ -1,11 +1,20 @@
-"""Registers the built-in lock tables: ``hwm-array`` (the default) and ``exact``.
+"""Registers the built-in lock tables: ``hwm-array`` (the default) and ``exact``, and
+their options.
 
 Light on purpose: a lock table is imported only when it is chosen."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from waltz_api.capabilities import BOUNDED_MEMORY, EXACT
-from waltz_api.hookspecs import LockTableDescriptor, LockTableFactory, hookimpl
+from waltz_api.hookspecs import (
+    LockTableDescriptor,
+    LockTableFactory,
+    OptionSchema,
+    OptionSpec,
+    hookimpl,
+)
 
 DEFAULT_LOCK_TABLE = "hwm-array"
 
@@ -43,4 +52,36 @@ def waltz_lock_tables() -> list[LockTableDescriptor]:
             "memory grows with the number of distinct locks",
             conformance_harness="waltz_server.locktables.conformance:exact",
         ),
+    ]
+
+
+def hwm_array_options() -> Sequence[OptionSpec]:
+    from waltz_api.config import same_keys
+    from waltz_server.locktables import hwm_array
+
+    same_keys("hwm-array lock table", hwm_array._OPTIONS, ["size"])
+    return [
+        OptionSpec(
+            "size",
+            "int",
+            hwm_array.DEFAULT_SIZE,
+            f"slots of high-water marks (1 to {hwm_array.MAX_SIZE}); more slots, fewer "
+            "false lock failures, more memory (8 bytes a slot)",
+        )
+    ]
+
+
+def exact_options() -> Sequence[OptionSpec]:
+    from waltz_api.config import same_keys
+    from waltz_server.locktables import exact
+
+    same_keys("exact lock table", exact._OPTIONS, [])
+    return []
+
+
+@hookimpl
+def waltz_option_schemas() -> list[OptionSchema]:
+    return [
+        OptionSchema("hwm-array-options", hwm_array_options),
+        OptionSchema("exact-options", exact_options),
     ]

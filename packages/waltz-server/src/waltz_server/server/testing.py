@@ -68,7 +68,7 @@ class ServerProcess:
                     *self.wrap,
                     sys.executable,
                     "-m",
-                    "waltz_server.cli",
+                    "waltz_cli",
                     "server",
                     "--config",
                     str(self.config_path),

@@ -23,7 +23,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, PluginError
 from waltz_api.plugins import get_registry
 from waltz_api.types import LOST_SESSION
-from waltz_server.cli.output import emitted, output_option, tables
+from waltz_cli.output import emitted, output_option, tables
 from waltz_server.storage_node.client import StorageAdminClient
 
 T = TypeVar("T")

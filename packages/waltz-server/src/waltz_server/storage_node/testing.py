@@ -64,7 +64,7 @@ class StorageNodeProcess:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"storage node already running (pid {self.process.pid})")
         with self.log_path.open("ab") as log_file:
-            args = [*self.wrap, sys.executable, "-m", "waltz_server.cli", "storage"]
+            args = [*self.wrap, sys.executable, "-m", "waltz_cli", "storage"]
             if self.config_path is not None:
                 args += ["--config", str(self.config_path)]
             self.process = subprocess.Popen(

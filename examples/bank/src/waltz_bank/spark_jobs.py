@@ -1,4 +1,5 @@
-"""Pipeline jobs on the Waltz log, for the bank demo (examples/bank).
+"""The bank demo's pipeline jobs on the Waltz log, on Apache Spark through the ``waltz``
+data source of waltz-spark (``pip install 'waltz-example-bank[spark]'``).
 
 The bank's log holds one JSON operation per transaction (``waltz_bank.bank``):
 ``deposit {account, amount}``, ``withdraw {account, amount}``, ``transfer {source,
@@ -25,11 +26,12 @@ writes, under ``out``:
 summary and the positions current in a SQLite database, exactly once across restarts
 (see :class:`BankStreamSink`).
 
-Both run from ``waltz spark bank-report`` / ``waltz spark bank-stream``, from
-``python -m waltz_spark.jobs bank-report ...``, or with spark-submit (this file is
+Both run from ``waltz spark bank-report`` / ``waltz spark bank-stream`` (commands this
+package adds to the ``waltz`` command line, :mod:`waltz_bank.spark_cli`), from
+``python -m waltz_bank.spark_jobs bank-report ...``, or with spark-submit (this file is
 the application; waltz-spark must be installed where the driver and executors run)::
 
-    JOBS=$(python -c 'import waltz_spark.jobs as j; print(j.__file__)')
+    JOBS=$(python -c 'import waltz_bank.spark_jobs as j; print(j.__file__)')
     spark-submit --master 'local[*]' "$JOBS" bank-report --coordination URI --out report/
 """
 
@@ -586,8 +588,10 @@ def spark_session(app: str, master: str | None = None) -> tuple[Any, bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m waltz_spark.jobs`` / ``spark-submit .../waltz_spark/jobs.py``."""
-    parser = argparse.ArgumentParser(prog="waltz_spark.jobs", description=__doc__.split("\n")[0])
+    """``python -m waltz_bank.spark_jobs`` / ``spark-submit .../waltz_bank/spark_jobs.py``."""
+    parser = argparse.ArgumentParser(
+        prog="waltz_bank.spark_jobs", description="The bank demo's pipeline jobs on Spark."
+    )
     parser.add_argument("--master", help="Spark master (default: spark-submit's, or local[*])")
     commands = parser.add_subparsers(dest="command", required=True)
     report = commands.add_parser("bank-report", help="balances, summaries and the daily chart")

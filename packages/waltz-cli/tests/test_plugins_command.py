@@ -9,7 +9,7 @@ import sys
 from click.testing import CliRunner
 
 from waltz_api.hookspecs import PluginKind
-from waltz_server.cli import main
+from waltz_cli import main
 
 
 def test_list_shows_the_installed_plugins_by_kind() -> None:
@@ -43,7 +43,7 @@ def test_list_shows_the_installed_plugins_by_kind() -> None:
 
 def test_list_in_its_own_process_prints_no_load_error() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "waltz_server.cli", "plugins", "list"],
+        [sys.executable, "-m", "waltz_cli", "plugins", "list"],
         capture_output=True,
         text=True,
         timeout=120,

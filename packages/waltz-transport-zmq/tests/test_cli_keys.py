@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from waltz_api.contracts.transport import Connection
 from waltz_api.errors import AuthenticationError, ConnectionClosedError
-from waltz_server.cli import main
+from waltz_cli import main
 
 
 def _generate(out: Path, name: str) -> str:

@@ -1,7 +1,7 @@
 """``waltz perf producers|consumers``: load a running cluster and measure it.
 
 The commands are here; the work (real ``waltz_client`` clients) is in
-:mod:`waltz_server.cli.perf.engine`, imported when a perf command runs so that other
+:mod:`waltz_client.cli.perf.engine`, imported when a perf command runs so that other
 ``waltz`` commands do not pay for the client library.
 """
 
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from waltz_api.errors import ConfigError, WaltzError
-from waltz_server.cli.client import _coordination_option, _transport_option
+from waltz_client.cli.client import _coordination_option, _transport_option
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from waltz_server.cli.perf.engine import Meter
+    from waltz_client.cli.perf.engine import Meter
 
 LOCK_NAME = "perf"
 """The lock name of ``--lock-pool`` WRITE locks (ids 0..K-1); the engine uses the same."""
@@ -30,7 +30,7 @@ LOCK_NAME = "perf"
 
 def _engine() -> ModuleType:
     try:
-        from waltz_server.cli.perf import engine
+        from waltz_client.cli.perf import engine
     except ImportError as exc:  # pragma: no cover - the workspace installs waltz-client
         raise WaltzError(f"`waltz perf` needs the waltz-client package ({exc})") from exc
     return engine

@@ -8,7 +8,7 @@ import click
 
 from waltz_api.hookspecs import PluginKind
 from waltz_api.plugins import get_registry
-from waltz_server.cli.output import emit, output_option
+from waltz_cli.output import emit, output_option
 
 
 @click.group("plugins")

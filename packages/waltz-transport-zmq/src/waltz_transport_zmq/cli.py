@@ -1,12 +1,11 @@
-"""``waltz keys``: CurveZMQ key pairs for the zmq transport."""
+"""``waltz keys``: CurveZMQ key pairs for the zmq transport, contributed through the
+``waltz_cli_commands`` hook (:mod:`waltz_transport_zmq.plugin`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
-
-from waltz_api.errors import ConfigError
 
 
 @click.group("keys")
@@ -32,12 +31,8 @@ def generate(out_dir: Path, name: str, force: bool) -> None:
     its NAME.key_secret as curve_client_key and the server's NAME.key as
     curve_server_public_key.
     """
-    try:
-        from waltz_transport_zmq.keys import generate_keypair
-    except ImportError as exc:
-        raise ConfigError(
-            f"key generation needs the zmq transport: install waltz-transport-zmq ({exc})"
-        ) from exc
+    from waltz_transport_zmq.keys import generate_keypair
+
     files = generate_keypair(out_dir, name, overwrite=force)
     click.echo(f"public key file: {files.public_file}")
     click.echo(f"secret key file: {files.secret_file} (keep it private)")

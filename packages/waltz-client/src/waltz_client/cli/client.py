@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from waltz_api.errors import ClientAheadError, ConfigError, WaltzError
-from waltz_server.cli.coordination import DEFAULT_TIMEOUT, check_uri, start_coordination
-from waltz_server.cli.output import emit, output_is_json, output_option
+from waltz_cli.coordination import DEFAULT_TIMEOUT, check_uri, start_coordination
+from waltz_cli.devfile import DEFAULT_DEV_DIR, read_ready_file
+from waltz_cli.output import emit, output_is_json, output_option
 
 if TYPE_CHECKING:
     from waltz_client import (
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 COORDINATION_HELP = "Coordination service URI of the cluster (e.g. from `waltz dev`)."
-DEFAULT_DEV_DIR = ".waltz-dev"
 
 
 def _default_coordination(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
@@ -44,8 +44,6 @@ def _default_coordination(ctx: click.Context, param: click.Parameter, value: str
     if value:
         checked: str = check_uri(ctx, param, value) or value
         return checked
-    from waltz_server.dev import read_ready_file
-
     info = read_ready_file(DEFAULT_DEV_DIR)
     if info is None:
         raise ConfigError(

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from waltz_server.cli import main
-from waltz_server.cli.perf.engine import cancel_until_done, latency_summary, percentile
-from waltz_server.dev import read_ready_file
+from waltz_cli import main
+from waltz_cli.devfile import read_ready_file
+from waltz_client.cli.perf.engine import cancel_until_done, latency_summary, percentile
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 def waltz_process(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """The real entry point in a child process."""
     return subprocess.run(
-        [sys.executable, "-m", "waltz_server.cli", *args],
+        [sys.executable, "-m", "waltz_cli", *args],
         env={k: v for k, v in os.environ.items() if k != "WALTZ_COORDINATION"},
         capture_output=True,
         text=True,
@@ -68,7 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir, log = base / ".waltz-dev", base / "dev.log"  # the default `waltz dev` dir
     with log.open("ab") as out:
         dev = subprocess.Popen(
-            [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir),
+            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir),
              "--partitions", "2"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
@@ -195,7 +195,7 @@ def run_on_a_terminal(*args: str) -> tuple[int, str, str]:
     controller, terminal = pty.openpty()
     try:
         child = subprocess.Popen(
-            [sys.executable, "-m", "waltz_server.cli", *args],
+            [sys.executable, "-m", "waltz_cli", *args],
             stdout=subprocess.PIPE, stderr=terminal, stdin=subprocess.DEVNULL,
             env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
         )  # fmt: skip
@@ -254,7 +254,7 @@ def test_without_coordination_the_dev_cluster_in_this_directory_is_used(
 def test_ctrl_c_says_how_far_the_run_got(cluster: str) -> None:
     before = high_water_marks(cluster)[0]
     child = subprocess.Popen(
-        [sys.executable, "-m", "waltz_server.cli", "perf", "producers", "--coordination",
+        [sys.executable, "-m", "waltz_cli", "perf", "producers", "--coordination",
          cluster, "-n", "10000000", "--partitions", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -114,10 +113,3 @@ async def start_coordination(uri: str, timeout: float | None = None) -> Coordina
             await asyncio.wait_for(coordination.close(), 5)
         raise
     return coordination
-
-
-def quiet_client_libraries(verbose: int) -> None:
-    """Coordination client libraries log every retry as a WARNING (kazoo: one line per
-    attempt); the command's own error says what failed. ``-vv`` shows them."""
-    if verbose < 2:
-        logging.getLogger("kazoo").setLevel(logging.ERROR)

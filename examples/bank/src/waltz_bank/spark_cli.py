@@ -1,4 +1,6 @@
-"""``waltz spark``: pipeline jobs on Apache Spark (needs the waltz-spark package)::
+"""``waltz spark``: the bank's pipeline jobs on Apache Spark (:mod:`waltz_bank.spark_jobs`;
+they need waltz-spark: ``pip install 'waltz-example-bank[spark]'``), contributed to the
+``waltz`` command line by :mod:`waltz_bank.plugin`::
 
 waltz spark bank-report --coordination URI --out DIR [--master local[*]]
 waltz spark bank-stream --coordination URI --database FILE --checkpoint DIR [--once]
@@ -26,17 +28,18 @@ _MASTER = click.option("--master", default="local[*]", show_default=True, help="
 
 @click.group("spark")
 def spark_group() -> None:
-    """Pipeline jobs on Apache Spark (pip install waltz-spark)."""
+    """The bank demo's pipeline jobs on Apache Spark (pip install 'waltz-example-bank[spark]')."""
 
 
 def _jobs() -> Any:
     try:
         import pyspark  # noqa: F401
 
-        from waltz_spark import jobs
+        from waltz_bank import spark_jobs as jobs
     except ImportError as exc:
         raise click.ClickException(
-            f"{exc}: install the Spark integration first (pip install -e packages/waltz-spark)"
+            f"{exc}: install the Spark integration first "
+            "(pip install 'waltz-example-bank[spark]', or -e packages/waltz-spark)"
         ) from exc
     return jobs
 

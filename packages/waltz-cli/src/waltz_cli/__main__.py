@@ -1,0 +1,3 @@
+from waltz_cli import main
+
+main()
