@@ -37,50 +37,10 @@ class KnownIssue:
         return bool(found) and all(v.invariant in self.invariants for v in found)
 
 
-KNOWN_ISSUES: tuple[KnownIssue, ...] = (
-    KnownIssue(
-        id="rejoin-skips-repair",
-        summary="a replica that rejoins its store session with records lost to damage is "
-        "never repaired",
-        where="waltz_server/server/store.py (StoreSession._rejoin, plan_rejoin)",
-        diagnosis=(
-            "A storage node restarts and its start-up recovery finds a range of records lost "
-            "to damage below intact ones (missing_ranges). Recovery repairs such a range from "
-            "a peer before the replica votes, but a replica that comes back while its store "
-            "session goes on rejoins the same session (plan_rejoin) without asking for its "
-            "missing ranges: it acknowledges new appends and counts toward the quorum with a "
-            "hole in its log, which nothing repairs until another session starts (and reads "
-            "there fail with CorruptionError). At the end the replica lacks committed records "
-            "('replica storage-2 holds 17 of the 155 committed transactions'); one more disk "
-            "failure could leave a committed record on one intact replica."
-        ),
-        invariants=frozenset({"replica-behind"}),
-        seeds=(17, 29),
-    ),
-    KnownIssue(
-        id="dead-usher",
-        summary="a replica that dies after it voted keeps catching the others up: recovery "
-        "never completes",
-        where="waltz_server/server/store.py and recovery.py",
-        diagnosis=(
-            "In a new store session's recovery, a replica that has voted (and holds the "
-            "highest log) crashes while it waits for the decision: nothing is in flight on "
-            "its connection, so its own replica task never notices and RecoveryManager "
-            "keeps it. Each other replica then reads its catch-up from it (_usher_for), "
-            "gets ConnectionClosedError from the dead replica's connection, and "
-            "StoreSession._leave drops and retries *that other* replica (the error is "
-            "attributed to the reader, not to the usher): recovery loops until the end, "
-            "the partition serves nothing ('replica storage-1 left, retrying: "
-            "ConnectionClosedError: connection 18 to sim://storage-0 is closed: the peer "
-            "storage-0 crashed', again and again)."
-        ),
-        invariants=frozenset(
-            {"no-high-water-mark", "undecided", "late-decision", "no-commit-after-heal"}
-        ),
-        seeds=(16,),
-        faults="chaos",
-    ),
-)
+KNOWN_ISSUES: tuple[KnownIssue, ...] = ()
+"""None open: the last ones (unanswered appends, STALE_GENERATION answers re-executed,
+a rejoining replica not repaired, a dead usher) are fixed; their seeds are regression
+cases in ``tests/seeds/test_regressions.py``."""
 
 
 def explained_by(violations: Iterable[Violation]) -> KnownIssue | None:

@@ -41,6 +41,21 @@ REGRESSIONS = [
     ),
     (14, "standard", "same as 9"),
     (
+        17,
+        "standard",
+        "a replica that came back with records lost to damage rejoined its store session "
+        "without a repair: the hole stayed (replica-behind); fixed in the server "
+        "(StoreSession._repair before a rejoin)",
+    ),
+    (29, "standard", "same as 17"),
+    (
+        16,
+        "chaos",
+        "a replica that voted in a recovery, then died, kept catching the others up: each "
+        "read from it failed and the reader was blamed, the recovery never completed "
+        "(no-high-water-mark); fixed in the server (the failed usher is dropped)",
+    ),
+    (
         1,
         "none",
         "the simulated network could deliver two frames of one connection landing at the same "
@@ -61,23 +76,23 @@ def test_a_seed_that_found_a_bug_passes(seed: int, profile: str, found: str) -> 
 _KNOWN_LIVENESS = frozenset().union(*(issue.invariants for issue in KNOWN_ISSUES))
 
 
-@pytest.mark.parametrize(
-    ("issue", "seed"),
-    [(issue.id, seed) for issue in KNOWN_ISSUES for seed in issue.seeds[:2]],
-)
-def test_a_known_issue_shows_only_its_symptoms(
-    issue: str, seed: int, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+def test_each_known_issue_shows_only_its_symptoms(
+    request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    known = next(i for i in KNOWN_ISSUES if i.id == issue)
-    result = run_seed(SimConfig(seed=seed, faults=known.faults))
-    assert result.error is None
-    if result.ok:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            with capsys.disabled():
-                reporter.write_line(
-                    f"\nknown issue {issue}: seed {seed} passes now; if the issue is fixed, "
-                    "move its seeds to REGRESSIONS and the entry out of waltz_sim.known_issues"
-                )
-        return
-    assert known.explains(result.violations), [str(v) for v in result.violations[:5]]
+    """The seeds of every open issue still fail by its symptoms alone (none hidden
+    behind it); one that passes is reported (the issue may be fixed)."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    for known in KNOWN_ISSUES:
+        for seed in known.seeds[:2]:
+            result = run_seed(SimConfig(seed=seed, faults=known.faults))
+            assert result.error is None
+            if result.ok:
+                if reporter is not None:
+                    with capsys.disabled():
+                        reporter.write_line(
+                            f"\nknown issue {known.id}: seed {seed} passes now; if the issue is "
+                            "fixed, move its seeds to REGRESSIONS and the entry out of "
+                            "waltz_sim.known_issues"
+                        )
+                continue
+            assert known.explains(result.violations), [str(v) for v in result.violations[:5]]
