@@ -46,6 +46,7 @@ from waltz_api.types import SessionInfo
 from waltz_conformance.records import make_record, make_records
 from waltz_server.storage_node import StorageAdminClient, StorageClient, StorageNode
 from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
+from waltz_storage_fs.engine import FsStorageEngine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -705,3 +706,60 @@ async def test_a_corrupted_record_is_refused_by_the_engine_and_nothing_is_stored
     assert await c.max_transaction_id(1, 0) == 0
     await c.append(1, 0, [good, make_record(2, partition_id=0)])
     assert await c.max_transaction_id(1, 0) == 2
+
+
+async def test_a_replica_deletes_its_archived_prefix_when_its_session_asks(
+    fx: NodeFixture,
+) -> None:
+    """``prune`` (an admin command the store session's owner sends once the records are
+    archived) deletes whole segments up to the asked id, fenced like a request; reads
+    below the new start are refused as archived; past the log's end the log continues
+    after the asked id (a replica started at the archive mark)."""
+    from waltz_server.storage_node.client import replica_connector
+
+    await fx.stop_node()
+    engine: StorageEngine
+    if fx.engine_name == "fs":  # small segments: the prefix is deleted in whole segments
+        engine = await FsStorageEngine.open(fx.location, options={"segment_size": 600})
+    else:
+        engine = await _open_engine(fx.location, fx.engine_name)
+    fx.server_transport = _transport()
+    fx.node = StorageNode(engine, fx.server_transport, f"memory://prune-{uuid.uuid4()}")
+    await fx.node.start()
+    fx.endpoint = fx.node.endpoint
+    connect = replica_connector(fx.client_transport, CLUSTER_KEY, NUM_PARTITIONS, sender="server")
+    replica = await connect(fx.endpoint, 1, 5)
+    admin = await fx.admin()
+    try:
+        for first in range(0, 60, 6):
+            await replica.append(make_records(first, 6, partition_id=1))
+        before = await replica.local_log()
+        assert (before.log_start, before.max_transaction_id) == (0, 59)
+        assert before.extents[0].first == 0 and before.extents[-1].last == 59
+        start = await replica.prune(30)
+        assert 0 < start <= 31 if fx.engine_name == "fs" else start == 31
+        after = await admin.local_log(1)
+        assert after.log_start == start and after.max_transaction_id == 59
+        if fx.engine_name == "fs":
+            assert after.local_bytes < before.local_bytes
+        with pytest.raises(StorageError, match="archived"):
+            await replica.read_records(start - 1, 5, 1 << 20)
+        assert await replica.read_records(start, 100, 1 << 20) == make_records(
+            start, 60 - start, partition_id=1
+        )
+        # an older session cannot delete anything
+        newer = await connect(fx.endpoint, 1, 6)
+        assert await newer.max_transaction_id() == 59
+        with pytest.raises(StorageError, match="fenced"):
+            await replica.prune(50)
+        assert (await admin.local_log(1)).log_start == start
+        # past the end: the log continues after the archive mark
+        assert await newer.prune(99) == 100
+        assert await newer.max_transaction_id() == 99
+        await newer.append([make_record(100, partition_id=1)])
+        assert await newer.read_records(100, 5, 1 << 20) == [make_record(100, partition_id=1)]
+        with pytest.raises(StorageError, match="cluster key"):
+            await admin.prune(1, 100, 6, uuid.uuid4())
+        await newer.close()
+    finally:
+        await replica.close()

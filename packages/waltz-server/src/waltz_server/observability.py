@@ -356,6 +356,18 @@ STORAGE_SCRAPED = (
         "1 when the hosted partition is available, 0 when an operator marked it unavailable",
         ("partition",),
     ),
+    (
+        "waltz_storage_log_start",
+        "The first transaction id a hosted partition holds locally (those below it were "
+        "archived and deleted here)",
+        ("partition",),
+    ),
+    (
+        "waltz_storage_local_bytes",
+        "Bytes of a hosted partition's local log (its segments; -1 when the engine cannot "
+        "tell): flat once archive retention applies",
+        ("partition",),
+    ),
 )
 
 
@@ -365,6 +377,8 @@ class PartitionState:
     max_transaction_id: int
     low_water_mark: int
     available: bool
+    log_start: int = 0
+    local_bytes: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,6 +513,8 @@ class StorageNodeMetrics:
                 ("waltz_storage_max_transaction_id", "max_transaction_id"),
                 ("waltz_storage_low_water_mark", "low_water_mark"),
                 ("waltz_storage_partition_available", "available"),
+                ("waltz_storage_log_start", "log_start"),
+                ("waltz_storage_local_bytes", "local_bytes"),
             ):
                 yield (
                     name,

@@ -15,15 +15,44 @@ storage node serves one partition's requests in arrival order.
 Optional calls (recovery uses them when a connection has them): ``missing_range()
 -> tuple[int, int] | None``, the lowest range of the replica's log its storage
 lost to damage, and ``repair(records)``, records copied from a healthy replica
-into it (the storage client's StorageReplica has both).
+into it (the storage client's StorageReplica has both). For the archive
+(docs/archive.md): ``local_log() -> LocalLog``, the replica's local log, and
+``prune(through) -> int``, delete its local records up to ``through`` (archived and
+verified; past its end: the log continues after ``through``), returning its new start.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from waltz_api.contracts.storage import LogExtent
 from waltz_api.types import Record, SessionInfo
+
+
+@dataclass(frozen=True)
+class LocalLog:
+    """A replica's local log: ``log_start .. max_transaction_id`` held, in ``extents``
+    (segments, ascending; the last one is not sealed)."""
+
+    log_start: int
+    max_transaction_id: int
+    extents: tuple[LogExtent, ...] = ()
+
+    @property
+    def local_bytes(self) -> int:
+        """Bytes of the local log (-1 when the engine cannot tell)."""
+        sizes = [e.size for e in self.extents]
+        return -1 if any(size < 0 for size in sizes) else sum(sizes)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> LocalLog:
+        return cls(
+            int(value["log_start"]),
+            int(value["max_transaction_id"]),
+            tuple(LogExtent(*(int(v) for v in e)) for e in value.get("extents", ())),
+        )
 
 
 class ReplicaConnection(Protocol):

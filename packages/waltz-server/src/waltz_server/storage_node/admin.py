@@ -13,6 +13,17 @@ Commands (``command``: arguments -> result):
   persisted}
 - ``stats``: {} -> {partitions: [{partition_id, queued, requests, append_requests,
   engine_appends, records_appended, fenced}]} (counters since the node started)
+- ``local_log``: {partition_id} -> {partition_id, log_start, max_transaction_id,
+  local_bytes, extents: [[first, last, bytes, created_ms]]} (the local log's pieces:
+  segments; what an archiver's retention reads)
+- ``prune``: {partition_id, through, session_id, cluster_key} -> {partition_id,
+  log_start}: delete the local records up to ``through`` (whole segments), which the
+  owner of store session ``session_id`` archived and verified; fenced like a storage
+  request (a newer session refuses it), in the partition's order (docs/archive.md)
+
+The archive's two commands ride on the admin request so that the wire protocol stays
+at version 1: a storage node of an older release answers them "unknown admin command",
+and its data is then simply never deleted.
 
 Mutating commands carry the cluster key, so a tool pointed at the wrong node
 or cluster changes nothing. An unavailable partition refuses every storage
@@ -166,7 +177,39 @@ async def _stats(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]
     }
 
 
+async def _local_log(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    partition_id = _partition_id(node, arguments)
+    node.worker_of(partition_id)
+    partition = node.engine.partition(partition_id)
+    extents = partition.local_extents()
+    return {
+        "partition_id": partition_id,
+        "log_start": partition.log_start(),
+        "max_transaction_id": partition.max_transaction_id(),
+        "local_bytes": sum(max(e.size, 0) for e in extents),
+        "extents": [[e.first, e.last, e.size, e.created_ms] for e in extents],
+    }
+
+
+def _int_argument(arguments: dict[str, Any], name: str, minimum: int) -> int:
+    value = arguments.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise StorageRequestError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+async def _prune(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    _require_key(node, arguments)
+    partition_id = _partition_id(node, arguments)
+    through = _int_argument(arguments, "through", -1)
+    session_id = _int_argument(arguments, "session_id", 0)
+    start = await node.worker_of(partition_id).drop_prefix(session_id, through)
+    return {"partition_id": partition_id, "log_start": start}
+
+
 COMMANDS: dict[str, AdminCommand] = {
+    "local_log": _local_log,
+    "prune": _prune,
     "info": _info,
     "list": _list,
     "max_transaction_id": _max_transaction_id,

@@ -64,6 +64,7 @@ from waltz_api.messages import (
 )
 from waltz_api.outbox import Outbox
 from waltz_api.types import PartitionInfo, Record, RecordHeader, SessionInfo
+from waltz_server.server.replica import LocalLog
 from waltz_server.storage_node.failures import error_from_failure
 
 log = logging.getLogger(__name__)
@@ -448,6 +449,25 @@ class StorageAdminClient:
             cluster_key=str(cluster_key),
         )
 
+    async def local_log(self, partition_id: int) -> LocalLog:
+        """The partition's local log (start, end, segments)."""
+        return LocalLog.from_json(await self.command("local_log", partition_id=partition_id))
+
+    async def prune(
+        self, partition_id: int, through: int, session_id: int, cluster_key: uuid.UUID | str
+    ) -> int:
+        """Delete the partition's local records up to ``through`` (archived and verified:
+        the caller's promise, docs/archive.md), fenced as store session ``session_id``;
+        the new log start."""
+        result = await self.command(
+            "prune",
+            partition_id=partition_id,
+            through=through,
+            session_id=session_id,
+            cluster_key=str(cluster_key),
+        )
+        return int(result["log_start"])
+
 
 class StorageReplica:
     """One partition on one storage node, for one store session (the server's
@@ -465,12 +485,14 @@ class StorageReplica:
         session_id: int,
         *,
         owns_client: bool = False,
+        cluster_key: uuid.UUID | None = None,
     ) -> None:
         self.client = client
         self._storage_node = storage_node
         self.partition_id = partition_id
         self.session_id = session_id
         self._owns_client = owns_client
+        self._cluster_key = cluster_key
 
     @property
     def storage_node(self) -> str:
@@ -513,6 +535,22 @@ class StorageReplica:
             self.session_id, self.partition_id, start, max_records
         )
 
+    async def local_log(self) -> LocalLog:
+        """The replica's local log (start, end, segments): an admin command."""
+        return await StorageAdminClient(self.client).local_log(self.partition_id)
+
+    async def prune(self, through: int) -> int:
+        """Delete the replica's local records up to ``through`` (archived and verified),
+        fenced by this session; the new log start."""
+        if self._cluster_key is None:
+            raise StorageError(
+                f"replica {self._storage_node} of partition {self.partition_id} was connected "
+                "without the cluster key: it cannot be pruned"
+            )
+        return await StorageAdminClient(self.client).prune(
+            self.partition_id, through, self.session_id, self._cluster_key
+        )
+
     async def close(self) -> None:
         if self._owns_client:
             await self.client.close()
@@ -539,7 +577,14 @@ def replica_connector(
         except BaseException:
             await client.close()
             raise
-        return StorageReplica(client, storage_node, partition_id, session_id, owns_client=True)
+        return StorageReplica(
+            client,
+            storage_node,
+            partition_id,
+            session_id,
+            owns_client=True,
+            cluster_key=cluster_key,
+        )
 
     return connect
 
@@ -597,7 +642,9 @@ class StorageConnectionPool:
         self, storage_node: str, partition_id: int, session_id: int
     ) -> StorageReplica:
         client = await self.client(storage_node)
-        return StorageReplica(client, storage_node, partition_id, session_id)
+        return StorageReplica(
+            client, storage_node, partition_id, session_id, cluster_key=self.cluster_key
+        )
 
     async def close(self) -> None:
         self._closed = True

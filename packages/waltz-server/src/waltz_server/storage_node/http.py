@@ -63,9 +63,16 @@ def partition_states(node: StorageNode) -> list[PartitionState]:
             partition = node.engine.partition(partition_id)
             info = partition.session_info()
             highest = partition.max_transaction_id()
+            start = partition.log_start()
+            sizes = [e.size for e in partition.local_extents()]
         except WaltzError:
             continue  # removed or closed meanwhile
-        states.append(PartitionState(partition_id, highest, info.low_water_mark, worker.available))
+        local = -1 if any(size < 0 for size in sizes) else sum(sizes)
+        states.append(
+            PartitionState(
+                partition_id, highest, info.low_water_mark, worker.available, start, local
+            )
+        )
     return states
 
 

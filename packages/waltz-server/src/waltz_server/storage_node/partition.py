@@ -255,6 +255,19 @@ class PartitionWorker:
         self._wakeup.set()
         return await control.done
 
+    async def drop_prefix(self, session_id: int, through: int) -> int:
+        """Delete the partition's local records up to ``through`` (archived: the owner
+        of store session ``session_id`` verified them), in the partition's order and
+        fenced like a request; returns the new log start."""
+
+        async def apply() -> int:
+            partition = self._partition()
+            await self._fence(partition, session_id)
+            return await partition.drop_prefix(through)
+
+        result: int = await self.run_in_order(apply)
+        return result
+
     def _gone(self) -> str:
         return f"partition {self.partition_id} is no longer hosted on this storage node"
 
