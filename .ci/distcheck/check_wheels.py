@@ -12,7 +12,7 @@ from pathlib import Path
 EXPECTED = {
     "waltz_api", "waltz_cli", "waltz_client", "waltz_server", "waltz_storage_fs", "waltz_coord_zk",
     "waltz_coord_etcd", "waltz_coord_local", "waltz_transport_zmq", "waltz_spark",
-    "waltz_conformance", "waltz_console", "waltz_sim",
+    "waltz_conformance", "waltz_console", "waltz_sim", "waltz_archive",
 }  # fmt: skip
 CONSOLE_ASSETS = ("index.html", "app.js", "app.css")
 """The console's page works offline only if its assets are in the wheel."""

@@ -1,0 +1,267 @@
+"""The archiver, the archive's format and its reader, against a real local directory
+(the S3 and real-process tests are in waltz-server's tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from waltz_api.contracts.storage import LogExtent
+from waltz_api.errors import ArchiveError, BadVersionError
+from waltz_api.types import Record
+from waltz_api.wire import RecordBlock
+from waltz_archive import layout
+from waltz_archive.archiver import ArchivePolicy, PartitionArchiver, plan_range
+from waltz_archive.manifest import Manifest
+from waltz_archive.metadata import ArchiveMark, advance_mark, read_mark
+from waltz_archive.objects import RangeWriter, WriteOptions, verify_object
+from waltz_archive.reader import ArchiveReader
+from waltz_archive.records import records_to_batch
+from waltz_archive.store import ArchiveStore
+from waltz_conformance.records import make_record
+from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def records(start: int, stop: int, partition: int = 0) -> list[Record]:
+    return [make_record(t, partition, size=50 + t % 200) for t in range(start, stop)]
+
+
+@dataclass
+class Log:
+    """A partition's committed log as an archiver sees it."""
+
+    records: list[Record] = field(default_factory=list)
+    high_water_mark: int = -1
+    pruned: list[int] = field(default_factory=list)
+    reads: int = 0
+    extents: tuple[LogExtent, ...] = ()
+
+    def committed(self) -> int:
+        return self.high_water_mark
+
+    async def read(self, start: int, max_records: int, max_bytes: int) -> Sequence[Record]:
+        self.reads += 1
+        await asyncio.sleep(0)
+        chosen: list[Record] = []
+        size = 0
+        for record in self.records[start : start + max_records]:
+            if record.transaction_id > self.high_water_mark:
+                break
+            if chosen and size + len(record.data) > max_bytes:
+                break
+            size += len(record.data)
+            chosen.append(record)
+        return RecordBlock.of(chosen)
+
+    async def local_log(self) -> Log:
+        return self
+
+    @property
+    def log_start(self) -> int:
+        return 0
+
+    @property
+    def max_transaction_id(self) -> int:
+        return self.high_water_mark
+
+    async def prune(self, through: int) -> None:
+        self.pruned.append(through)
+
+
+POLICY = ArchivePolicy(
+    min_range_bytes=1,
+    max_range_bytes=20_000,
+    max_local_bytes=0,
+    max_local_age=0,
+    keep_local_transactions=10,
+    read_batch_bytes=3_000,
+    interval=0.05,
+    timeout=10.0,
+    write=WriteOptions(row_group_bytes=4_000),
+)
+
+
+@pytest.fixture
+async def coordination() -> AsyncIterator[MemoryCoordination]:
+    client = MemoryCoordination(MemoryCoordinationService(), "/waltz")
+    await client.start()
+    yield client
+    await client.close()
+
+
+def archiver(
+    store: ArchiveStore,
+    coordination: MemoryCoordination,
+    log: Log,
+    policy: ArchivePolicy = POLICY,
+    manifests: list[Manifest] | None = None,
+) -> PartitionArchiver:
+    return PartitionArchiver(
+        partition_id=0,
+        coordination=coordination,
+        store=store,
+        source=log,
+        policy=policy,
+        on_mark=(manifests.append if manifests is not None else None),
+        rng=random.Random(1),
+    )
+
+
+def objects(root: Path) -> list[str]:
+    directory = root / "partition-0"
+    return sorted(p.name for p in directory.glob("*.parquet")) if directory.exists() else []
+
+
+async def test_ranges_are_archived_verified_and_read_back(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    store = ArchiveStore(f"file://{tmp_path}/archive")
+    log = Log(records(0, 400), high_water_mark=399)
+    manifests: list[Manifest] = []
+    arc = archiver(store, coordination, log, manifests=manifests)
+    archived = []
+    while (done := await arc.round()) is not None:
+        archived.append(done)
+    assert archived[0].first == 0 and archived[-1].last == 389  # 10 kept local
+    assert all(a.last + 1 == b.first for a, b in itertools.pairwise(archived))
+    assert all(a.data_bytes <= 20_000 + 300 for a in archived)
+    mark = await read_mark(coordination, 0)
+    assert mark.mark == 389 and mark.ranges == len(archived) and mark.url == store.url
+    assert manifests[-1].mark == 389 and len(manifests[-1].ranges) == len(archived)
+    assert log.pruned[-1] == 389
+    assert len(objects(tmp_path / "archive")) == len(archived)
+    manifest_files = sorted((tmp_path / "archive" / "partition-0" / "manifest").iterdir())
+    assert len(manifest_files) == len(archived)  # one new manifest per range, none rewritten
+
+    reader = ArchiveReader(store, 0, cache_bytes=1 << 20)
+    reader.set_manifest(manifests[-1])
+    got: list[Record] = []
+    while len(got) < 390:
+        chunk = reader.read(len(got), 1000, 1 << 20)
+        assert chunk, f"nothing read at {len(got)}"
+        got.extend(chunk)
+    assert got == log.records[:390]
+    assert reader.read(390, 10, 1 << 20) == []
+    assert reader.read(17, 5, 1 << 20) == log.records[17:22]
+    assert reader.cache_hits > 0
+    for a in archived:
+        assert verify_object(store, 0, a)[0] == a.records
+
+
+def test_the_plan_follows_retention() -> None:
+    mib = 1 << 20
+    extents = (
+        LogExtent(0, 99, 10 * mib, 1_000),
+        LogExtent(100, 199, 10 * mib, 2_000),
+        LogExtent(200, 299, 10 * mib, 3_000),
+        LogExtent(300, 350, 5 * mib, 4_000),  # the open segment
+    )
+
+    class Local:
+        log_start = 0
+        max_transaction_id = 350
+
+    local = Local()
+    local.extents = extents  # type: ignore[attr-defined]
+    base = ArchivePolicy(min_range_bytes=15 * mib, max_local_bytes=0, max_local_age=0)
+    assert plan_range(base, -1, 350, local, 5_000) is None  # no retention: nothing
+    by_bytes = ArchivePolicy(min_range_bytes=64 * mib, max_local_bytes=20 * mib, max_local_age=0)
+    assert plan_range(by_bytes, -1, 350, local, 5_000) == 199  # keep the newest 20 MiB
+    assert plan_range(by_bytes, 199, 350, local, 5_000) is None
+    by_age = ArchivePolicy(max_local_bytes=0, max_local_age=2.5)  # sealed > 2.5 s ago
+    assert plan_range(by_age, -1, 350, local, 5_600) == 199  # sealed at 2000 and 3000
+    assert plan_range(by_age, -1, 350, local, 7_000) == 299
+    assert plan_range(by_age, -1, 150, local, 7_000) == 150  # never above the mark
+    by_id = ArchivePolicy(max_local_bytes=0, max_local_age=0, keep_local_transactions=100)
+    by_id_small = ArchivePolicy(
+        min_range_bytes=15 * mib, max_local_bytes=0, max_local_age=0, keep_local_transactions=100
+    )
+    assert plan_range(by_id, -1, 350, local, 0) is None  # 250 ids: 25 MiB < 64 MiB
+    assert plan_range(by_id_small, -1, 350, local, 0) == 250
+    assert plan_range(by_id_small, 249, 350, local, 0) is None
+
+
+async def test_a_crashed_round_leaves_an_orphan_that_the_next_round_adopts(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    store = ArchiveStore(str(tmp_path / "archive"))
+    log = Log(records(0, 200), high_water_mark=199)
+    # the object a crashed round wrote for 0..99 (before its manifest and mark)
+    writer = RangeWriter(store, 0, 0, WriteOptions(row_group_bytes=3_000))
+    batch, heads = records_to_batch(log.records[:100])
+    writer.add(batch, heads)
+    orphan, _ = writer.finish()
+    # ... and a torn one, which must not be taken
+    torn = tmp_path / "archive" / "partition-0" / layout.RangeName(0, 150, "deadbeef").name
+    torn.write_bytes((tmp_path / "archive" / "partition-0" / orphan.name).read_bytes()[:500])
+    arc = archiver(store, coordination, log)
+    reads_before = log.reads
+    archived = await arc.round()
+    assert archived is not None and archived.name == orphan.name
+    assert log.reads == reads_before  # nothing read or written again
+    assert (await read_mark(coordination, 0)).mark == 99
+    following = await arc.round()
+    assert following is not None and following.first == 100
+
+
+async def test_two_archivers_racing_advance_the_mark_once(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    store = ArchiveStore(str(tmp_path / "archive"))
+    log = Log(records(0, 100), high_water_mark=99)
+    one, two = archiver(store, coordination, log), archiver(store, coordination, log)
+    await one.refresh()
+    await two.refresh()
+    current = await read_mark(coordination, 0)
+    first = await advance_mark(coordination, current, ArchiveMark(0, 10, "manifest/x.json"))
+    with pytest.raises(BadVersionError):
+        await advance_mark(coordination, current, ArchiveMark(0, 20, "manifest/y.json"))
+    assert first.version >= 0 and (await read_mark(coordination, 0)).mark == 10
+
+
+async def test_a_corrupted_object_is_reported_with_its_range_and_name(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    store = ArchiveStore(str(tmp_path / "archive"))
+    log = Log(records(0, 150), high_water_mark=149)
+    manifests: list[Manifest] = []
+    arc = archiver(store, coordination, log, manifests=manifests)
+    archived = await arc.round()
+    assert archived is not None
+    path = tmp_path / "archive" / "partition-0" / archived.name
+    raw = bytearray(path.read_bytes())
+    middle = len(raw) // 3
+    raw[middle : middle + 64] = bytes(64)  # zero a run of bytes inside the data
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(raw))
+    reader = ArchiveReader(store, 0)
+    reader.set_manifest(manifests[-1])
+    with pytest.raises(ArchiveError) as error:
+        for start in range(0, archived.last + 1, 10):
+            reader.read(start, 10, 1 << 20)
+    message = str(error.value)
+    assert f"{archived.first}..{archived.last}" in message and archived.name in message
+    with pytest.raises(ArchiveError, match=archived.name):
+        verify_object(store, 0, archived)
+
+
+async def test_an_unusable_archive_fails_the_round_and_deletes_nothing(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_bytes(b"x")
+    store = ArchiveStore(str(blocker / "archive"))
+    log = Log(records(0, 100), high_water_mark=99)
+    arc = archiver(store, coordination, log)
+    with pytest.raises(ArchiveError, match="not-a-directory"):
+        await arc.round()
+    assert log.pruned == [] and (await read_mark(coordination, 0)).mark == -1
