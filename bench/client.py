@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import TransportError
 from waltz_api.messages import (
@@ -57,6 +57,7 @@ from waltz_client import (
     TransactionContext,
     WaltzClientCallbacks,
 )
+from waltz_server.cluster_admin import ClusterAdmin
 
 DATA = bytes(range(100))
 WINDOW = 200
@@ -168,7 +169,7 @@ async def make_cluster(root: Path, endpoint: str) -> str:
     coordination = coordination_from_uri(uri)
     await coordination.start()
     try:
-        metadata = ClusterMetadata(coordination)
+        metadata = ClusterAdmin(coordination)
         await metadata.create_cluster(num_partitions=1, num_replicas=1, storage_nodes=["s:1"])
         current = await metadata.partition_assignment(0)
         await metadata.assign_partition(0, 1, endpoint, expected_version=current.version)
@@ -418,7 +419,7 @@ async def real_cases(submits: int, feed: int) -> None:
                     f"  AsyncWaltzClient.submit, {label}: {rate:8,.0f} tx/s   "
                     f"p50 {pct(latencies, 0.5):.2f} ms  p99 {pct(latencies, 0.99):.2f} ms"
                 )
-            owner = (await ClusterMetadata(cluster.coordination).partition_assignment(0)).value
+            owner = (await ClusterAdmin(cluster.coordination).partition_assignment(0)).value
             rate = await raw_case(submits, owner.endpoint, owner.generation)
             print(f"  raw protocol (no client):              {rate:8,.0f} tx/s")
             top = 3 * submits - 1

@@ -22,8 +22,9 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.cluster_manager import (
     ClusterManager,
     LossReason,
@@ -98,7 +99,7 @@ async def bench_preferred(partitions: int, moves: int) -> None:
 
         admin_client = new()
         await admin_client.start()
-        admin = ClusterMetadata(admin_client)
+        admin = ClusterAdmin(admin_client)
         await admin.create_cluster(
             num_partitions=partitions, num_replicas=1, storage_nodes=["127.0.0.1:7001"]
         )

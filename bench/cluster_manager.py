@@ -28,11 +28,12 @@ import statistics
 import time
 import uuid
 
-from waltz_api.cluster import ClusterMetadata, ServerInfo
+from waltz_api.cluster import ServerInfo
 from waltz_api.contracts.coordination import Coordination
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_coord_zk import ZooKeeperCoordination
 from waltz_coord_zk.conformance import harness as conformance_harness
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.observability import (
     HttpEndpoint,
     ServerMetrics,
@@ -62,7 +63,7 @@ async def bench_cluster(server: ZooKeeperServer, partitions: int, servers: int) 
 
     admin_client = new()
     await admin_client.start()
-    admin = ClusterMetadata(admin_client)
+    admin = ClusterAdmin(admin_client)
     await admin.create_cluster(
         num_partitions=partitions, num_replicas=1, storage_nodes=["127.0.0.1:7001"]
     )

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from waltz_api.cluster import ClusterMetadata, PartitionAssignment, coordination_from_uri
+from waltz_api.cluster import PartitionAssignment, coordination_from_uri
 from waltz_api.contracts.coordination import SessionState, Watch
 from waltz_api.errors import WaltzError
 from waltz_client import (
@@ -56,6 +56,7 @@ from waltz_client import (
 )
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_conformance.suites.system import SystemHarness
+from waltz_server.cluster_admin import ClusterAdmin
 
 KINDS = ("storage-kill", "owner-kill", "owner-stop", "coordination-restart")
 WINDOW_BEFORE = 1.0
@@ -217,7 +218,7 @@ async def ensure_coordination(harness: SystemHarness, moves: Moves) -> None:
         harness.coordination_uri, {"session_timeout": harness.session_timeout}
     )
     await harness.coordination.start()
-    harness.metadata = ClusterMetadata(harness.coordination)
+    harness.metadata = ClusterAdmin(harness.coordination)
     if moves.watch is not None:
         moves.watch.cancel()
     moves.watch = await harness.metadata.watch_partition_assignment(0, moves)

@@ -13,12 +13,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Transport
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
 from waltz_server.storage_node.testing import StorageNodeProcess
 
@@ -37,7 +38,7 @@ def peak_rss_mb(pid: int | None) -> float:
 class ProcessCluster:
     uri: str
     coordination: Coordination
-    metadata: ClusterMetadata
+    metadata: ClusterAdmin
     transport: Transport
     server: ServerProcess
     workdir: Path
@@ -69,7 +70,7 @@ async def process_cluster(
         ports = [free_port() for _ in range(3)]
         coordination = coordination_from_uri(uri)
         await coordination.start()
-        metadata = ClusterMetadata(coordination)
+        metadata = ClusterAdmin(coordination)
         await metadata.create_cluster(
             num_partitions=partitions,
             num_replicas=3,

@@ -1,4 +1,4 @@
-"""Membership changes in the cluster metadata (ClusterMetadata.add_storage_node,
+"""Membership changes in the cluster metadata (ClusterAdmin.add_storage_node,
 remove_storage_node, add_replica, remove_replica): compare-and-set on the replica
 assignments, built on the Coordination contract; checked on the memory reference and
 the embedded local service (files), which need no server process."""
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from waltz_api.cluster import ClusterMetadata, ReplicaAssignments, coordination_from_uri
+from waltz_api.cluster import ReplicaAssignments, coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import ClusterNotFoundError, ConfigError
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
+from waltz_server.cluster_admin import ClusterAdmin
 
 MakeClient = Callable[[], Awaitable[Coordination]]
 NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
@@ -46,8 +47,8 @@ async def make_client(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         await client.close()
 
 
-async def _cluster(make_client: MakeClient) -> ClusterMetadata:
-    meta = ClusterMetadata(await make_client())
+async def _cluster(make_client: MakeClient) -> ClusterAdmin:
+    meta = ClusterAdmin(await make_client())
     await meta.create_cluster(num_partitions=3, num_replicas=2, storage_nodes=NODES)
     return meta
 
@@ -67,7 +68,7 @@ async def test_add_storage_node_is_idempotent_and_keeps_its_group(
     with pytest.raises(ConfigError, match="non-negative"):
         await meta.add_storage_node("127.0.0.1:7005", group=-1)
     # a reader in another client sees the group (it is stored, not cached)
-    other = ClusterMetadata(await make_client())
+    other = ClusterAdmin(await make_client())
     assert (await other.replica_assignments()).group_of(NEW) == 2
     assert (await other.replica_assignments()).group_of(NODES[0]) == 0
 
@@ -127,7 +128,7 @@ async def test_concurrent_changes_all_apply(make_client: MakeClient) -> None:
     and none is lost."""
     meta = await _cluster(make_client)
     nodes = [f"127.0.0.1:{7100 + i}" for i in range(6)]
-    clients = [ClusterMetadata(await make_client()) for _ in nodes]
+    clients = [ClusterAdmin(await make_client()) for _ in nodes]
     await asyncio.gather(*(c.add_storage_node(n) for c, n in zip(clients, nodes, strict=True)))
     await asyncio.gather(
         *(c.add_replica(i % 3, n) for i, (c, n) in enumerate(zip(clients, nodes, strict=True)))
@@ -139,7 +140,7 @@ async def test_concurrent_changes_all_apply(make_client: MakeClient) -> None:
 
 
 async def test_no_cluster_is_a_clear_error(make_client: MakeClient) -> None:
-    meta = ClusterMetadata(await make_client())
+    meta = ClusterAdmin(await make_client())
     with pytest.raises(ClusterNotFoundError):
         await meta.add_storage_node(NEW)
     with pytest.raises(ClusterNotFoundError):

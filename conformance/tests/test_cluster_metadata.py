@@ -15,12 +15,10 @@ import pytest
 from waltz_api.cluster import (
     CONFIG_PATH,
     STORE_PARTITION_DIR,
-    ClusterMetadata,
     PartitionAssignment,
     PartitionStoreMetadata,
     ReplicaAssignments,
     coordination_from_uri,
-    default_replica_assignments,
 )
 from waltz_api.contracts.coordination import Coordination, join_path
 from waltz_api.errors import (
@@ -34,6 +32,7 @@ from waltz_api.types import UNRESOLVED, ReplicaState
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_conformance.suites.coordination import eventually
+from waltz_server.cluster_admin import ClusterAdmin, default_replica_assignments
 
 MakeClient = Callable[[], Awaitable[Coordination]]
 NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
@@ -81,21 +80,21 @@ async def make_client(
         await client.close()
 
 
-async def _cluster(make_client: MakeClient, partitions: int = 4) -> ClusterMetadata:
-    meta = ClusterMetadata(await make_client())
+async def _cluster(make_client: MakeClient, partitions: int = 4) -> ClusterAdmin:
+    meta = ClusterAdmin(await make_client())
     await meta.create_cluster(num_partitions=partitions, num_replicas=2, storage_nodes=NODES)
     return meta
 
 
 async def test_create_and_read_back(make_client: MakeClient) -> None:
-    meta = ClusterMetadata(await make_client())
+    meta = ClusterAdmin(await make_client())
     assert not await meta.exists()
     key = uuid.uuid4()
     config = await meta.create_cluster(
         num_partitions=5, num_replicas=2, storage_nodes=NODES, cluster_key=key
     )
     assert config.cluster_key == key
-    reader = ClusterMetadata(await make_client())
+    reader = ClusterAdmin(await make_client())
     assert await reader.config() == config
     assignments = await reader.replica_assignments()
     assert assignments == default_replica_assignments(NODES, 5, 2)
@@ -122,14 +121,14 @@ async def test_create_refused_on_existing_cluster(make_client: MakeClient) -> No
     meta = await _cluster(make_client)
     before = await meta.config()
     with pytest.raises(ClusterExistsError, match="already exists"):
-        await ClusterMetadata(await make_client()).create_cluster(
+        await ClusterAdmin(await make_client()).create_cluster(
             num_partitions=9, num_replicas=1, storage_nodes=NODES
         )
     assert await meta.config() == before, "a refused create changes nothing"
 
 
 async def test_concurrent_creates_exactly_one_wins(make_client: MakeClient) -> None:
-    metas = [ClusterMetadata(await make_client()) for _ in range(3)]
+    metas = [ClusterAdmin(await make_client()) for _ in range(3)]
     results = await asyncio.gather(
         *(m.create_cluster(num_partitions=2, num_replicas=1, storage_nodes=NODES) for m in metas),
         return_exceptions=True,
@@ -142,7 +141,7 @@ async def test_concurrent_creates_exactly_one_wins(make_client: MakeClient) -> N
 
 
 async def test_bad_input_is_refused_and_writes_nothing(make_client: MakeClient) -> None:
-    meta = ClusterMetadata(await make_client())
+    meta = ClusterAdmin(await make_client())
     with pytest.raises(ConfigError, match="replicas"):
         await meta.create_cluster(num_partitions=2, num_replicas=4, storage_nodes=NODES)
     with pytest.raises(ConfigError, match="host:port"):
@@ -169,7 +168,7 @@ async def test_incomplete_creation_is_detected(make_client: MakeClient) -> None:
     from waltz_api.cluster import ClusterConfig, encode_config
 
     await client.create(CONFIG_PATH, encode_config(ClusterConfig(uuid.uuid4(), 2, 1), ready=False))
-    meta = ClusterMetadata(client)
+    meta = ClusterAdmin(client)
     with pytest.raises(ClusterNotFoundError, match="did not complete"):
         await meta.config()
     with pytest.raises(ClusterExistsError, match="creation incomplete"):
@@ -194,7 +193,7 @@ async def test_newer_or_corrupt_format_refused(make_client: MakeClient) -> None:
 async def test_server_registration_is_ephemeral(make_client: MakeClient) -> None:
     meta = await _cluster(make_client)
     server_client = await make_client()
-    server_meta = ClusterMetadata(server_client)
+    server_meta = ClusterAdmin(server_client)
     server_id = await server_meta.allocate_server_id()
     seen: list[list[int]] = []
     await meta.watch_server_ids(seen.append)
@@ -210,9 +209,9 @@ async def test_server_registration_is_ephemeral(make_client: MakeClient) -> None
 
 
 async def test_ids_are_unique_under_concurrency(make_client: MakeClient) -> None:
-    metas = [ClusterMetadata(await make_client()) for _ in range(3)]
+    metas = [ClusterAdmin(await make_client()) for _ in range(3)]
 
-    async def take(meta: ClusterMetadata) -> list[int]:
+    async def take(meta: ClusterAdmin) -> list[int]:
         return [await meta.allocate_client_id() for _ in range(15)]
 
     results = await asyncio.gather(*(take(m) for m in metas))
@@ -224,7 +223,7 @@ async def test_ids_are_unique_under_concurrency(make_client: MakeClient) -> None
 
 async def test_partition_assignment_generations_by_cas(make_client: MakeClient) -> None:
     meta = await _cluster(make_client)
-    other = ClusterMetadata(await make_client())
+    other = ClusterAdmin(await make_client())
     first = await meta.partition_assignment(1)
     moved = await meta.assign_partition(1, 7, "tcp://a:1", expected_version=first.version)
     assert moved.value.generation == first.value.generation + 1
@@ -252,7 +251,7 @@ async def test_partition_assignment_generations_by_cas(make_client: MakeClient) 
 
 async def test_store_sessions_are_fenced_by_cas(make_client: MakeClient) -> None:
     meta = await _cluster(make_client)
-    rivals = [ClusterMetadata(await make_client()) for _ in range(3)]
+    rivals = [ClusterAdmin(await make_client()) for _ in range(3)]
     start = (await meta.store_metadata(2)).value.session_id
     sessions = await asyncio.gather(*(r.new_store_session(2, generation=1) for r in rivals))
     ids = sorted(s.value.session_id for s in sessions)
@@ -275,10 +274,10 @@ async def test_update_store_metadata_retries_and_records_replica_state(
     make_client: MakeClient,
 ) -> None:
     meta = await _cluster(make_client)
-    writers = [ClusterMetadata(await make_client()) for _ in range(3)]
+    writers = [ClusterAdmin(await make_client()) for _ in range(3)]
     node = (await meta.store_metadata(3)).value.replicas[0].replica_id.storage_node
 
-    async def close_replica(writer: ClusterMetadata, hwm: int) -> None:
+    async def close_replica(writer: ClusterAdmin, hwm: int) -> None:
         def update(current: PartitionStoreMetadata) -> PartitionStoreMetadata:
             state = current.replica(node)
             new_hwm = max(state.closing_high_water_mark, hwm)
@@ -316,7 +315,7 @@ async def test_delete_cluster_guarded_by_key_and_live_servers(make_client: MakeC
     await meta.allocate_client_id()
     with pytest.raises(ConfigError, match="refusing"):
         await meta.delete_cluster(uuid.uuid4())
-    server = ClusterMetadata(await make_client())
+    server = ClusterAdmin(await make_client())
     await server.register_server(await server.allocate_server_id(), "tcp://127.0.0.1:1")
     with pytest.raises(CoordinationError, match="registered"):
         await meta.delete_cluster(config.cluster_key)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from client_protocol_peer import PeerConnection, ProtocolTestPeer
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.messages import FeedData, MountRequest, MountResponse, MountStatus
 from waltz_api.types import ReqId
@@ -23,6 +23,7 @@ from waltz_client import (
     TransactionContext,
     WaltzClientCallbacks,
 )
+from waltz_server.cluster_admin import ClusterAdmin
 
 SERVER_ID = 1
 
@@ -31,7 +32,7 @@ SERVER_ID = 1
 class Cluster:
     uri: str
     coordination: Coordination
-    metadata: ClusterMetadata
+    metadata: ClusterAdmin
     num_partitions: int
 
     async def assign(
@@ -60,7 +61,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     uri = f"local://{tmp_path / 'coordination'}?root=/waltz"
     coordination = coordination_from_uri(uri, {"session_timeout": 5.0})
     await coordination.start()
-    metadata = ClusterMetadata(coordination)
+    metadata = ClusterAdmin(coordination)
     await metadata.create_cluster(num_partitions=2, num_replicas=1, storage_nodes=["storage:1"])
     try:
         yield Cluster(uri, coordination, metadata, 2)

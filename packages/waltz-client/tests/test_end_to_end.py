@@ -21,10 +21,11 @@ import pytest
 import scenarios
 from scenarios import Target
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.config import config_from_mapping
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.plugins import get_registry
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.config import ServerNodeConfig
 from waltz_server.server.main import RunningServer, start_server
 from waltz_server.storage_node import StorageNode
@@ -70,7 +71,7 @@ class RealCluster:
         """Stop the server, start a new one on another port (the partition moves)."""
         await self.server.stop()
         self.server = await start_server(server_config(self.uri))
-        await wait_served(self.server, ClusterMetadata(self.coordination))
+        await wait_served(self.server, ClusterAdmin(self.coordination))
 
 
 def server_config(uri: str) -> ServerNodeConfig:
@@ -88,7 +89,7 @@ def server_config(uri: str) -> ServerNodeConfig:
     )
 
 
-async def wait_served(server: RunningServer, metadata: ClusterMetadata) -> None:
+async def wait_served(server: RunningServer, metadata: ClusterAdmin) -> None:
     async with asyncio.timeout(60):
         while True:
             owner = (await metadata.partition_assignment(0)).value
@@ -120,7 +121,7 @@ async def real_cluster(tmp_path: Path) -> AsyncIterator[RealCluster]:
     await coordination.start()
     key = uuid.uuid4()
     connects = [f"127.0.0.1:{p}" for p in free_ports(3)]
-    metadata = ClusterMetadata(coordination)
+    metadata = ClusterAdmin(coordination)
     await metadata.create_cluster(
         num_partitions=1, num_replicas=3, storage_nodes=connects, cluster_key=key
     )

@@ -18,7 +18,7 @@ import pytest
 from client_protocol_peer import ProtocolTestPeer
 from client_support import Cluster, Ctx, RecordingApp, committed, mount
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.errors import ClientError
 from waltz_api.messages import (
     AppendRequest,
@@ -31,6 +31,7 @@ from waltz_api.messages import (
 from waltz_api.types import Record, ReqId
 from waltz_api.wire import checksum
 from waltz_client import SubmissionResult, Transaction, TransactionBuilder, WaltzClient
+from waltz_server.cluster_admin import ClusterAdmin
 
 pytestmark = pytest.mark.timeout(90)
 T = TypeVar("T")
@@ -61,7 +62,7 @@ def remote(tmp_path: Path) -> Iterator[tuple[LoopThread, Cluster, ProtocolTestPe
     async def setup() -> tuple[Cluster, ProtocolTestPeer]:
         coordination = coordination_from_uri(uri, {"session_timeout": 5.0})
         await coordination.start()
-        metadata = ClusterMetadata(coordination)
+        metadata = ClusterAdmin(coordination)
         await metadata.create_cluster(num_partitions=1, num_replicas=1, storage_nodes=["s:1"])
         peer = await ProtocolTestPeer(transport="zmq").start()
         cluster = Cluster(uri, coordination, metadata, 1)

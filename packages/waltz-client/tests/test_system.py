@@ -21,10 +21,11 @@ import pytest_asyncio
 import scenarios
 from scenarios import Target
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.plugins import get_registry
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
 from waltz_server.storage_node.testing import StorageNodeProcess
 
@@ -69,7 +70,7 @@ class System:
 
     async def serving(self, partition: int) -> ServerProcess:
         """The server process the partition is assigned to now."""
-        owner = (await ClusterMetadata(self.coordination).partition_assignment(partition)).value
+        owner = (await ClusterAdmin(self.coordination).partition_assignment(partition)).value
         return next(
             s
             for s in self.servers
@@ -151,7 +152,7 @@ async def system(
     servers: list[ServerProcess] = []
     transport = get_registry().get("transport", "zmq").factory({})
     try:
-        await ClusterMetadata(coordination).create_cluster(
+        await ClusterAdmin(coordination).create_cluster(
             num_partitions=len(PARTITIONS),
             num_replicas=3,
             storage_nodes=[f"127.0.0.1:{p}" for p in ports],

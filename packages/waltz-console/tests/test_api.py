@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.errors import ConfigError
 from waltz_api.ports import free_port
 from waltz_console.auth import CSRF_HEADER, Sessions, load_token
 from waltz_console.collector import Collector
 from waltz_console.main import make_transport, parse_listen
 from waltz_console.web import Console
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.preferred import PreferredPartitionStore
 
 TOKEN = "a-console-token-long-enough"
@@ -58,7 +59,7 @@ async def _create_cluster(uri: str) -> None:
     coordination = coordination_from_uri(uri)
     await coordination.start()
     try:
-        await ClusterMetadata(coordination).create_cluster(
+        await ClusterAdmin(coordination).create_cluster(
             num_partitions=3, num_replicas=2, storage_nodes=NODES, cluster_key=uuid.uuid4()
         )
     finally:

@@ -22,7 +22,6 @@ from click.testing import CliRunner
 
 from waltz_api.cluster import (
     ClusterConfig,
-    ClusterMetadata,
     PartitionAssignment,
     PartitionStoreMetadata,
     ReplicaAssignments,
@@ -33,6 +32,7 @@ from waltz_api.cluster import (
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.types import ReplicaId, ReplicaState
 from waltz_server.cli import main
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.cluster_check import (
     NOTE,
     PROBLEM,
@@ -61,7 +61,7 @@ def _kinds(report: dict[str, Any], severity: str = "problems") -> set[tuple[str,
 
 
 async def _prepare(coordination: Coordination) -> None:
-    meta = ClusterMetadata(coordination)
+    meta = ClusterAdmin(coordination)
     await meta.create_cluster(
         num_partitions=4, num_replicas=2, storage_nodes=NODES, cluster_key=KEY
     )

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_server.cli import main as waltz_cli
+from waltz_server.cluster_admin import ClusterAdmin
 
 READ_COMMANDS = [
     ["plugins", "list"],
@@ -44,7 +45,7 @@ async def _add_replica(uri: str, partition: int, node: str) -> None:
     coordination = coordination_from_uri(uri)
     await coordination.start()
     try:
-        await ClusterMetadata(coordination).add_replica(partition, node)
+        await ClusterAdmin(coordination).add_replica(partition, node)
     finally:
         await coordination.close()
 

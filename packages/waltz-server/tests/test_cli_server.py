@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from waltz_api.cluster import ClusterMetadata, ServerInfo, coordination_from_uri
+from waltz_api.cluster import ServerInfo, coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_conformance.suites.coordination import eventually
 from waltz_server.cli import main
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.cluster_manager import ClusterManager, compute_assignment
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,7 +57,7 @@ async def _create(uri: str, partitions: int) -> None:
     client = coordination_from_uri(uri, OPTIONS)
     await client.start()
     try:
-        await ClusterMetadata(client).create_cluster(
+        await ClusterAdmin(client).create_cluster(
             num_partitions=partitions, num_replicas=1, storage_nodes=["127.0.0.1:7001"]
         )
     finally:

@@ -20,17 +20,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waltz_api.cluster import (
-    NO_SERVER,
-    ClusterMetadata,
-    PartitionAssignment,
-    ServerInfo,
-    coordination_from_uri,
-)
+from waltz_api.cluster import NO_SERVER, PartitionAssignment, ServerInfo, coordination_from_uri
 from waltz_api.contracts.coordination import Coordination, SessionState
 from waltz_api.errors import BadVersionError, ClusterNotFoundError, ConfigError
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
 from waltz_conformance.suites.coordination import eventually
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.observability import ServerMetrics, new_registry
 from waltz_server.server.cluster_manager import (
     ClusterManager,
@@ -155,7 +150,7 @@ class Backend:
     name: str
     factory: Callable[[], Coordination]
     expire: Callable[[Coordination], object]
-    admin: ClusterMetadata
+    admin: ClusterAdmin
     managers: list[ClusterManager] = field(default_factory=list)
 
     async def expire_session(self, client: Coordination) -> None:
@@ -236,7 +231,7 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     admin_client = new()
     clients.append(admin_client)
     await admin_client.start()
-    backend = Backend(request.param, new, expire, ClusterMetadata(admin_client))
+    backend = Backend(request.param, new, expire, ClusterAdmin(admin_client))
     try:
         yield backend
     finally:
@@ -555,7 +550,7 @@ async def test_killed_server_process_loses_its_partitions(zookeeper_server: obje
 
     admin_client = new()
     await admin_client.start()
-    backend = Backend("zk", new, lambda c: None, ClusterMetadata(admin_client))
+    backend = Backend("zk", new, lambda c: None, ClusterAdmin(admin_client))
     worker: asyncio.subprocess.Process | None = None
     try:
         await backend.create(6)
@@ -644,7 +639,7 @@ async def test_zookeeper_outage_within_the_session_timeout_moves_nothing(
 
     admin_client = new()
     await admin_client.start()
-    backend = Backend("zk", new, lambda c: None, ClusterMetadata(admin_client))
+    backend = Backend("zk", new, lambda c: None, ClusterAdmin(admin_client))
     try:
         await backend.create(4)
         a = await backend.manager("a")
@@ -702,7 +697,7 @@ async def test_random_membership_changes_keep_the_invariants(seed: int) -> None:
         "memory",
         lambda: MemoryCoordination(service, root),
         lambda c: service.expire_session(c.session_id),
-        ClusterMetadata(admin_client),
+        ClusterAdmin(admin_client),
     )
     partitions = 10
     try:

@@ -28,7 +28,6 @@ from waltz_api import wire
 from waltz_api.cluster import (
     FORMAT_VERSION,
     ClusterConfig,
-    ClusterMetadata,
     LeaderRecord,
     PartitionAssignment,
     ReplicaAssignments,
@@ -41,6 +40,7 @@ from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
 )
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.preferred import PreferredPartitionStore
 from waltz_server.server.store_metadata import begin_store_session, update_replica_states
 
@@ -98,7 +98,7 @@ async def _write_scenario(coordination: Coordination) -> None:
     """The fixed scenario: create, a server registers, claims the leadership and is
     assigned a partition, which opens a store session and records its replicas'
     states; an operator pins a partition to another server."""
-    cluster = ClusterMetadata(coordination)
+    cluster = ClusterAdmin(coordination)
     await cluster.create_cluster(
         num_partitions=2,
         num_replicas=2,
@@ -171,7 +171,7 @@ async def test_the_current_code_reads_the_version_1_layout() -> None:
         for path, value in fixture["tree"].items():
             raw = b"" if value is None else json.dumps(value).encode()
             await coordination.create(path, raw)
-        cluster = ClusterMetadata(coordination)
+        cluster = ClusterAdmin(coordination)
         assert await cluster.config() == ClusterConfig(CLUSTER_KEY, 2, 2)
         assignments = await cluster.replica_assignments()
         assert assignments == ReplicaAssignments(2, {"st1:5500": (0, 1), "st2:5500": (0, 1)}, {})

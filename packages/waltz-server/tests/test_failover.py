@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from waltz_api import wire
-from waltz_api.cluster import ClusterMetadata, LeaderRecord
+from waltz_api.cluster import LeaderRecord
 from waltz_api.contracts.transport import Connection, Listener
 from waltz_api.errors import BadVersionError, ConfigError, TransportError, WaltzError
 from waltz_api.messages import PeerPing, PeerPong
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
 from waltz_conformance.reference.transport import MemoryTransport
 from waltz_conformance.suites.coordination import eventually
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.cluster_manager import ClusterManager
 from waltz_server.server.liveness import (
     Changes,
@@ -329,7 +330,7 @@ class Node:
 class Cluster:
     service: MemoryCoordinationService
     root: str
-    admin: ClusterMetadata
+    admin: ClusterAdmin
     nodes: list[Node] = field(default_factory=list)
     transports: list[MemoryTransport] = field(default_factory=list)
 
@@ -366,7 +367,7 @@ async def cluster() -> AsyncIterator[Cluster]:
     root = f"/failover-{uuid.uuid4().hex[:8]}"
     admin_client = MemoryCoordination(service, root)
     await admin_client.start()
-    admin = ClusterMetadata(admin_client)
+    admin = ClusterAdmin(admin_client)
     await admin.create_cluster(num_partitions=4, num_replicas=1, storage_nodes=["127.0.0.1:7001"])
     made = Cluster(service, root, admin)
     try:

@@ -1,5 +1,5 @@
 """The console's actions, through the cluster admin code the ``waltz cluster`` and ``waltz
-server`` commands use: :class:`~waltz_api.cluster.ClusterMetadata`'s membership
+server`` commands use: :class:`~waltz_server.cluster_admin.ClusterAdmin`'s membership
 changes (compare-and-set, bounded retries), the preferred partition overrides
 (:class:`~waltz_server.server.preferred.PreferredPartitionStore`) and
 :mod:`waltz_server.cluster_check` for ``verify``.
@@ -17,9 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from waltz_api.cluster import ClusterMetadata, validate_storage_node
+from waltz_api.cluster import validate_storage_node
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, WaltzError
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.cluster_check import PROBLEM, check, collect, replica_progress, storage_endpoint
 from waltz_server.server.preferred import (
     PreferredPartitionStore,
@@ -33,7 +34,7 @@ from waltz_server.storage_node.client import StorageAdminClient
 class ActionContext:
     """What an action works with: the console's metadata client and transport."""
 
-    metadata: ClusterMetadata
+    metadata: ClusterAdmin
     transport: Transport
     storage_endpoint: str = "tcp://{}"
     timeout: float = 5.0

@@ -47,6 +47,7 @@ from waltz_console.transactions import (
     read_range,
 )
 from waltz_console.views import DEFAULT_PAGE, Event, page, parse_int
+from waltz_server.cluster_admin import ClusterAdmin
 
 log = logging.getLogger(__name__)
 
@@ -412,7 +413,8 @@ class Console:
             raise ApiError(
                 503, f"the coordination service is not reachable: {self.collector.meta.error}"
             )
-        context = ActionContext(metadata, self.transport(), self.storage_endpoint, self.timeout)
+        admin = ClusterAdmin(metadata.coordination)
+        context = ActionContext(admin, self.transport(), self.storage_endpoint, self.timeout)
         async with self._action_lock:
             log.info(
                 "console: action %s %s", name, {k: v for k, v in body.items() if k != "confirm"}

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
+from waltz_server.cluster_admin import ClusterAdmin
 
 PARTITIONS = 1000
 DEADLINE = 30.0
@@ -90,7 +91,7 @@ async def _create_cluster(uri: str) -> None:
     coordination = coordination_from_uri(uri)
     await coordination.start()
     try:
-        await ClusterMetadata(coordination).create_cluster(
+        await ClusterAdmin(coordination).create_cluster(
             num_partitions=PARTITIONS,
             num_replicas=3,
             storage_nodes=[f"127.0.0.1:{port}" for port in (1, 2, 3, 4)],

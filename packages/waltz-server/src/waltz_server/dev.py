@@ -36,11 +36,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.errors import ConfigError, WaltzError
 from waltz_api.ports import free_port
 from waltz_cli.devfile import READY_FILE, read_ready_file
 from waltz_cli.devfile import alive as _alive
+from waltz_server.cluster_admin import ClusterAdmin
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +350,7 @@ class DevCluster:
         coordination = coordination_from_uri(self.coordination_uri)
         await coordination.start()
         try:
-            metadata = ClusterMetadata(coordination)
+            metadata = ClusterAdmin(coordination)
             if await metadata.exists():
                 config = await metadata.config()
                 if str(config.cluster_key) != state.cluster_key:
@@ -491,7 +492,7 @@ class DevCluster:
         coordination = coordination_from_uri(self.coordination_uri)
         await coordination.start()
         try:
-            metadata = ClusterMetadata(coordination)
+            metadata = ClusterAdmin(coordination)
             while True:
                 live = {s.server_id for s in await metadata.servers()}
                 owners = [a.server_id for a in await metadata.partition_assignments()]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.config import config_from_mapping
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.storage import StoragePartition
@@ -41,6 +41,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ServerError
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.config import ServerNodeConfig
 from waltz_server.server.main import RunningServer, start_server
 from waltz_server.storage_node import StorageNode
@@ -71,7 +72,7 @@ class InProcessCluster:
     cluster_key: uuid.UUID = field(default_factory=uuid.uuid4)
     coordination: Coordination | None = None
     """The builder's own client of the coordination service."""
-    metadata: ClusterMetadata | None = None
+    metadata: ClusterAdmin | None = None
     storage_connects: list[str] = field(default_factory=list)
     """Each storage node's host:port (its name in the cluster metadata)."""
     nodes: list[StorageNode | None] = field(default_factory=list)
@@ -105,7 +106,7 @@ class InProcessCluster:
         try:
             self.coordination = coordination_from_uri(self.coordination_uri)
             await self.coordination.start()
-            self.metadata = ClusterMetadata(self.coordination)
+            self.metadata = ClusterAdmin(self.coordination)
             self.storage_connects = [self._connect(i) for i in range(self.num_storage_nodes)]
             await self.metadata.create_cluster(
                 num_partitions=self.num_partitions,

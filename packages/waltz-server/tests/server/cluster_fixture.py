@@ -6,11 +6,11 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from waltz_api.cluster import ClusterMetadata
 from waltz_api.types import Record
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
 from waltz_conformance.reference.storage import MemoryStorageEngine, forget
 from waltz_conformance.reference.transport import MemoryTransport
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.storage_node import StorageConnectionPool, StorageNode, StorageReplica
 
 
@@ -88,7 +88,7 @@ class InProcessCluster:
             Node(f"sn-{tag}-{i}:{5500 + i}", f"mem-{tag}-{i}", key, num_partitions)
             for i in range(num_nodes)
         ]
-        await ClusterMetadata(coordination).create_cluster(
+        await ClusterAdmin(coordination).create_cluster(
             num_partitions=num_partitions,
             num_replicas=num_nodes,
             storage_nodes=[n.connect for n in nodes],

@@ -12,7 +12,6 @@ import pytest
 from fakes import FakeReplicaConnection, FakeStorageNode
 
 from waltz_api import wire
-from waltz_api.cluster import ClusterMetadata
 from waltz_api.messages import (
     AppendRequest,
     ErrorCode,
@@ -38,6 +37,7 @@ from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
 )
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.caches import DATA_ENTRY_OVERHEAD, FRAME_COST, DataCache, FeedCache
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.store import StoreConfig, StorePartition
@@ -93,7 +93,7 @@ class Stream:
 async def env() -> AsyncIterator[tuple[Partition, dict[str, FakeStorageNode]]]:
     coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
     await coordination.start()
-    await ClusterMetadata(coordination).create_cluster(
+    await ClusterAdmin(coordination).create_cluster(
         num_partitions=1, num_replicas=3, storage_nodes=list(NODES)
     )
     nodes = {n: FakeStorageNode(n) for n in NODES}

@@ -19,8 +19,8 @@ from test_store import (
     write_metadata,
 )
 
-from waltz_api.cluster import ClusterMetadata
 from waltz_api.types import UNRESOLVED
+from waltz_server.cluster_admin import ClusterAdmin
 
 A, B, C = NODES
 __all__ = ["cluster"]  # the fixture, re-exported for pytest
@@ -62,7 +62,7 @@ async def test_an_added_replica_is_caught_up_and_joins_the_metadata(cluster: Clu
     for name in NODES:
         preload(cluster.nodes[name], 6, 3, 2)
     cluster.nodes["d:1"] = FakeStorageNode("d:1")  # added: empty, not in the metadata
-    cluster_meta = ClusterMetadata(cluster.coordination)
+    cluster_meta = ClusterAdmin(cluster.coordination)
     await cluster_meta.add_storage_node("d:1")
     await cluster_meta.add_replica(P, "d:1")
     store = cluster.store()
@@ -74,7 +74,7 @@ async def test_an_added_replica_is_caught_up_and_joins_the_metadata(cluster: Clu
         assert ids == [6, 7, 8, 9, 10]
         await settle(cluster, 11)
         assert_no_fork(list(cluster.nodes.values()))
-        meta = (await ClusterMetadata(cluster.coordination).store_metadata(P)).value
+        meta = (await ClusterAdmin(cluster.coordination).store_metadata(P)).value
         assert meta.replica("d:1").session_id == session.session_id
         assert session.quorum == 3  # a majority of four
     finally:
@@ -86,7 +86,7 @@ async def test_a_removed_replica_leaves_the_metadata(cluster: Cluster) -> None:
     for name in NODES:
         preload(cluster.nodes[name], 6, 3, 2)
     removed = cluster.nodes[C]
-    await ClusterMetadata(cluster.coordination).remove_replica(P, C)
+    await ClusterAdmin(cluster.coordination).remove_replica(P, C)
     store = cluster.store()
     await store.start()
     try:
@@ -95,7 +95,7 @@ async def test_a_removed_replica_leaves_the_metadata(cluster: Cluster) -> None:
         assert session.low_water_mark == 5
         ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 3, b"n")), TIMEOUT)
         assert ids == [6, 7, 8]
-        meta = (await ClusterMetadata(cluster.coordination).store_metadata(P)).value
+        meta = (await ClusterAdmin(cluster.coordination).store_metadata(P)).value
         assert sorted(r.replica_id.storage_node for r in meta.replicas) == [A, B]
         assert len(removed.log(P)) == 6  # untouched
     finally:
@@ -178,7 +178,7 @@ async def test_one_to_five_voters_recover_the_majority_mark() -> None:
         coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
         await coordination.start()
         nodes = {name: FakeStorageNode(name) for name in names}
-        await ClusterMetadata(coordination).create_cluster(
+        await ClusterAdmin(coordination).create_cluster(
             num_partitions=1, num_replicas=count, storage_nodes=names
         )
         cluster = StoreCluster(coordination, nodes)
@@ -208,7 +208,7 @@ async def test_a_membership_change_while_writing_starts_a_session_over_the_new_s
 ) -> None:
     """The running partition follows the replica assignments: a replica added while
     appends go on is caught up and written; a removed one is no longer written."""
-    meta = ClusterMetadata(cluster.coordination)
+    meta = ClusterAdmin(cluster.coordination)
     store = cluster.store()
     await store.start()
     try:

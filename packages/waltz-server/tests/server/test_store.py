@@ -12,13 +12,14 @@ import pytest
 from fakes import FakeReplicaConnection, FakeStorageNode
 
 from waltz_api import wire
-from waltz_api.cluster import ClusterMetadata, PartitionStoreMetadata
+from waltz_api.cluster import PartitionStoreMetadata
 from waltz_api.errors import StaleGenerationError, StorageError, StoreSessionClosedError
 from waltz_api.types import UNRESOLVED, Record, ReplicaId, ReplicaState, ReqId, SessionInfo
 from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
 )
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.store import StoreConfig, StorePartition
 
 P = 0
@@ -54,7 +55,7 @@ async def cluster() -> AsyncIterator[Cluster]:
     coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
     await coordination.start()
     nodes = {name: FakeStorageNode(name) for name in NODES}
-    await ClusterMetadata(coordination).create_cluster(
+    await ClusterAdmin(coordination).create_cluster(
         num_partitions=1, num_replicas=3, storage_nodes=sorted(nodes)
     )
     yield Cluster(coordination, nodes)
@@ -109,7 +110,7 @@ async def test_fresh_partition_commits_dense_ids_on_every_replica(cluster: Clust
             await asyncio.sleep(0.01)
         assert_no_fork(list(cluster.nodes.values()))
         assert all(len(n.log(P)) == 300 for n in cluster.nodes.values())
-        meta = (await ClusterMetadata(cluster.coordination).store_metadata(P)).value
+        meta = (await ClusterAdmin(cluster.coordination).store_metadata(P)).value
         assert meta.generation == 1 and meta.session_id == 0
         assert {s.session_id for s in meta.replicas} == {0}
         # batching: far fewer storage appends than transactions
@@ -160,7 +161,7 @@ async def write_metadata(
         session_id,
         tuple(ReplicaState(ReplicaId(P, n), s, c) for n, (s, c) in sorted(states.items())),
     )
-    await ClusterMetadata(cluster.coordination).update_store_metadata(P, lambda _: meta)
+    await ClusterAdmin(cluster.coordination).update_store_metadata(P, lambda _: meta)
 
 
 def preload(
@@ -268,7 +269,7 @@ async def test_lagging_replica_catch_up_makes_it_decidable(cluster: Cluster) -> 
         # c copied 6..9 from a: a majority holds 9 now
         assert session.low_water_mark == 9
         assert cluster.nodes[C].log(P) == cluster.nodes[A].log(P)
-        meta = (await ClusterMetadata(cluster.coordination).store_metadata(P)).value
+        meta = (await ClusterAdmin(cluster.coordination).store_metadata(P)).value
         assert meta.replica(A).session_id == meta.replica(C).session_id == session.session_id
         # b missed the session: valid up to the closing mark, its session id unchanged
         assert meta.replica(B) == ReplicaState(ReplicaId(P, B), 3, 9)

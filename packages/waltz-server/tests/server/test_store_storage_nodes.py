@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from waltz_api import wire
-from waltz_api.cluster import ClusterMetadata
 from waltz_api.errors import StaleGenerationError, StoreSessionClosedError
 from waltz_api.types import Record, ReqId
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
 from waltz_conformance.reference.storage import MemoryStorageEngine
 from waltz_conformance.reference.transport import MemoryTransport
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.store import StoreConfig, StorePartition
 from waltz_server.storage_node import StorageConnectionPool, StorageNode, StorageReplica
 
@@ -102,7 +102,7 @@ async def cluster() -> AsyncIterator[Cluster]:
     coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
     await coordination.start()
     nodes = [Node(f"sn-{tag}-{i}:{5500 + i}", f"mem-{tag}-{i}", key) for i in range(3)]
-    await ClusterMetadata(coordination).create_cluster(
+    await ClusterAdmin(coordination).create_cluster(
         num_partitions=1,
         num_replicas=3,
         storage_nodes=[n.connect for n in nodes],

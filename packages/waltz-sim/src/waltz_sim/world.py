@@ -34,9 +34,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.errors import WaltzError
 from waltz_api.plugins import get_registry
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_sim.checker import (
     FAIL,
     INVOKE,
@@ -448,7 +449,7 @@ class World:
         )
         await coordination.start()
         try:
-            await ClusterMetadata(coordination).create_cluster(
+            await ClusterAdmin(coordination).create_cluster(
                 num_partitions=self.config.partitions,
                 num_replicas=self.config.storage_nodes,
                 storage_nodes=[self.storage_node_name(i) for i in range(self.config.storage_nodes)],
@@ -463,7 +464,7 @@ class World:
         )
         await coordination.start()
         try:
-            metadata = ClusterMetadata(coordination)
+            metadata = ClusterAdmin(coordination)
             deadline = self.loop.time() + 60.0
             while self.loop.time() < deadline:
                 owners = [

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from waltz_api.capabilities import PROCESSES
-from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import SessionFencedError, StorageError, TransportError
@@ -31,6 +31,7 @@ from waltz_conformance.suites.system.members import (
     StorageProcessMember,
     toml_document,
 )
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
 from waltz_server.storage_node.client import StorageClient
 from waltz_server.storage_node.testing import StorageNodeProcess
@@ -57,7 +58,7 @@ class SystemHarness(Harness):
     session_timeout: float = 4.0
     cluster_key: uuid.UUID = field(default_factory=uuid.uuid4)
     client_transport: Transport | None = None
-    metadata: ClusterMetadata | None = None
+    metadata: ClusterAdmin | None = None
     storage_nodes: list[str] = field(default_factory=list)
     """Each storage node's host:port name in the cluster metadata."""
     storage: list[Member] = field(default_factory=list)
@@ -120,7 +121,7 @@ class SystemHarness(Harness):
         options = {"session_timeout": self.session_timeout}
         self.coordination = coordination_from_uri(self.coordination_uri, options)
         await self.coordination.start()
-        self.metadata = ClusterMetadata(self.coordination)
+        self.metadata = ClusterAdmin(self.coordination)
         await self.metadata.create_cluster(
             num_partitions=self.num_partitions,
             num_replicas=self.num_storage_nodes,

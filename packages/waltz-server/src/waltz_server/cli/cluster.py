@@ -23,12 +23,7 @@ from typing import Any, TypeVar
 
 import click
 
-from waltz_api.cluster import (
-    ClusterConfig,
-    ClusterMetadata,
-    ReplicaAssignments,
-    validate_storage_node,
-)
+from waltz_api.cluster import ClusterConfig, ReplicaAssignments, validate_storage_node
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import (
     ClusterExistsError,
@@ -43,15 +38,16 @@ from waltz_cli.coordination import (
     start_coordination,
 )
 from waltz_cli.output import emit, output_option
+from waltz_server.cluster_admin import ClusterAdmin
 
 T = TypeVar("T")
 
 
-def _run_with_metadata(uri: str, work: Callable[[ClusterMetadata], Awaitable[T]]) -> T:
+def _run_with_metadata(uri: str, work: Callable[[ClusterAdmin], Awaitable[T]]) -> T:
     async def run() -> T:
         coordination = await start_coordination(uri)
         try:
-            return await work(ClusterMetadata(coordination))
+            return await work(ClusterAdmin(coordination))
         finally:
             await coordination.close()
 
@@ -134,14 +130,14 @@ def _reach_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _run_with_transport(
-    uri: str, reach: Reach, work: Callable[[ClusterMetadata, Transport], Awaitable[T]]
+    uri: str, reach: Reach, work: Callable[[ClusterAdmin, Transport], Awaitable[T]]
 ) -> T:
     async def run() -> T:
         transport = reach.create()
         try:
             coordination = await start_coordination(uri)
             try:
-                return await work(ClusterMetadata(coordination), transport)
+                return await work(ClusterAdmin(coordination), transport)
             finally:
                 await coordination.close()
         finally:
@@ -193,7 +189,7 @@ def create_cluster(
     if not nodes:
         raise ConfigError("give at least one storage node with --storage HOST:PORT", key="storage")
 
-    async def work(meta: ClusterMetadata) -> tuple[ClusterConfig, bool]:
+    async def work(meta: ClusterAdmin) -> tuple[ClusterConfig, bool]:
         try:
             created = await meta.create_cluster(
                 num_partitions=partitions,
@@ -245,7 +241,7 @@ def show_cluster(uri: str, output: str, with_replicas: bool, reach: Reach) -> No
     """Print the cluster config, replica assignments, servers and partition state."""
     from waltz_server.cluster_check import collect, replica_progress
 
-    async def work(meta: ClusterMetadata, transport: Transport) -> dict[str, Any]:
+    async def work(meta: ClusterAdmin, transport: Transport) -> dict[str, Any]:
         summary = await meta.describe()
         facts = await collect(
             meta, transport, endpoint_template=reach.storage_endpoint, timeout=reach.timeout
@@ -256,7 +252,7 @@ def show_cluster(uri: str, output: str, with_replicas: bool, reach: Reach) -> No
     if with_replicas:
         summary = _run_with_transport(uri, reach, work)
     else:
-        summary = _run_with_metadata(uri, ClusterMetadata.describe)
+        summary = _run_with_metadata(uri, ClusterAdmin.describe)
     counts = {p: 0 for p in range(summary["partitions"])}
     for parts in summary["storage"].values():
         for p in parts:
@@ -329,7 +325,7 @@ def _progress_text(replicas: list[dict[str, Any]]) -> str:
 def delete_cluster(uri: str, cluster_key: uuid.UUID, force: bool) -> None:
     """Delete a cluster's metadata (not the storage nodes' data)."""
 
-    async def work(meta: ClusterMetadata) -> None:
+    async def work(meta: ClusterAdmin) -> None:
         await meta.delete_cluster(cluster_key, force=force)
 
     _run_with_metadata(uri, work)
@@ -355,7 +351,7 @@ def verify_cluster(uri: str, output: str, metadata_only: bool, reach: Reach) -> 
     when there is no problem (notes do not count), 1 otherwise."""
     from waltz_server.cluster_check import PROBLEM, check, collect, replica_progress
 
-    async def work(meta: ClusterMetadata, transport: Transport) -> tuple[Any, Any]:
+    async def work(meta: ClusterAdmin, transport: Transport) -> tuple[Any, Any]:
         facts = await collect(
             meta,
             None if metadata_only else transport,
@@ -407,7 +403,7 @@ def _storage_node_argument(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 async def _host_partition(
-    meta: ClusterMetadata, transport: Transport, reach: Reach, node: str, partition_id: int | None
+    meta: ClusterAdmin, transport: Transport, reach: Reach, node: str, partition_id: int | None
 ) -> None:
     """Check that the storage node answers and belongs to this cluster; with a partition,
     make it host that partition (idempotent)."""
@@ -466,7 +462,7 @@ def add_storage_node(uri: str, storage_node: str, group: int, check: bool, reach
     (give it some with add-replica). Adding a member again does nothing."""
     node = validate_storage_node(storage_node)
 
-    async def work(meta: ClusterMetadata, transport: Transport) -> bool:
+    async def work(meta: ClusterAdmin, transport: Transport) -> bool:
         before = await meta.replica_assignments()
         if check:
             await _host_partition(meta, transport, reach, node, None)
@@ -494,7 +490,7 @@ def remove_storage_node(uri: str, storage_node: str, force: bool) -> None:
     --force. Its data stays on the node."""
     node = validate_storage_node(storage_node)
 
-    async def work(meta: ClusterMetadata) -> tuple[int, ...]:
+    async def work(meta: ClusterAdmin) -> tuple[int, ...]:
         held = (await meta.replica_assignments()).partitions_of(node)
         await meta.remove_storage_node(node, force=force)
         return held
@@ -536,7 +532,7 @@ def add_replica(
     the background. Adding it again does nothing."""
     node = validate_storage_node(storage_node)
 
-    async def work(meta: ClusterMetadata, transport: Transport) -> None:
+    async def work(meta: ClusterAdmin, transport: Transport) -> None:
         config = await meta.config()
         if partition >= config.num_partitions:
             raise ConfigError(
@@ -576,7 +572,7 @@ def add_replica(
 
 
 async def _wait_caught_up(
-    meta: ClusterMetadata,
+    meta: ClusterAdmin,
     *,
     transport: Transport,
     reach: Reach,
@@ -631,7 +627,7 @@ def remove_replica(uri: str, partition: int, storage_node: str) -> None:
     it). Refused for the partition's last replica; removing it again does nothing."""
     node = validate_storage_node(storage_node)
 
-    async def work(meta: ClusterMetadata) -> bool:
+    async def work(meta: ClusterAdmin) -> bool:
         config = await meta.config()
         if partition >= config.num_partitions:
             raise ConfigError(

@@ -19,7 +19,7 @@ Every server runs one :class:`ClusterManager`. It
   the leader computes the assignment (:func:`compute_assignment`: preferred
   partitions to the live server preferring them, the rest balanced, as few
   moves as possible) and writes every change with a compare-and-set on the
-  partition's assignment (:meth:`ClusterMetadata.assign_partition`), which
+  partition's assignment (:meth:`ClusterAdmin.assign_partition`), which
   bumps the partition's generation; a partition is written only when it moves;
 - watches every partition's assignment and tells its owner what it gained
   (:class:`PartitionGained`, with the generation) and lost
@@ -56,14 +56,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from waltz_api.cluster import (
-    NO_SERVER,
-    ClusterMetadata,
-    LeaderRecord,
-    PartitionAssignment,
-    ServerInfo,
-    Stored,
-)
+from waltz_api.cluster import NO_SERVER, LeaderRecord, PartitionAssignment, ServerInfo, Stored
 from waltz_api.contracts.coordination import Coordination, SessionState, Watch
 from waltz_api.errors import (
     BadVersionError,
@@ -72,6 +65,7 @@ from waltz_api.errors import (
     SessionLostError,
     WaltzError,
 )
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.observability import ServerMetrics
 from waltz_server.server.liveness import Leadership, decide_leadership
 from waltz_server.server.peers import PeerMonitor
@@ -355,7 +349,7 @@ class ClusterManager:
         most two pending events per partition, however fast the assignment changes."""
 
         self._client: Coordination | None = None
-        self._meta: ClusterMetadata | None = None
+        self._meta: ClusterAdmin | None = None
         self._num_partitions = 0
         self._server_id = NO_SERVER
         self._epoch = 0
@@ -394,7 +388,7 @@ class ClusterManager:
         return self._client
 
     @property
-    def metadata(self) -> ClusterMetadata | None:
+    def metadata(self) -> ClusterAdmin | None:
         return self._meta
 
     @property
@@ -510,7 +504,7 @@ class ClusterManager:
         client = self._factory()
         await client.start()
         try:
-            meta = ClusterMetadata(client)
+            meta = ClusterAdmin(client)
             config = await meta.config()
             missing = [p for p in self.preferred_partitions if p >= config.num_partitions]
             if missing:
@@ -853,7 +847,7 @@ class ClusterManager:
 
     # -- leadership --------------------------
 
-    async def _lead_or_follow(self, meta: ClusterMetadata, my_id: int) -> bool:
+    async def _lead_or_follow(self, meta: ClusterAdmin, my_id: int) -> bool:
         """Whether this server leads now (claiming or taking the leader record over when
         :func:`~waltz_server.server.liveness.decide_leadership` says so). A lost CAS
         raises BadVersionError after re-reading the record: the caller decides again."""

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
-from waltz_api.cluster import ClusterMetadata, PartitionStoreMetadata, Stored
+from waltz_api.cluster import PartitionStoreMetadata, Stored
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import (
     BadVersionError,
@@ -22,6 +22,7 @@ from waltz_api.errors import (
     StaleGenerationError,
 )
 from waltz_api.types import ReplicaState
+from waltz_server.cluster_admin import ClusterAdmin
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ async def begin_store_session(
             )
         return replace(metadata, generation=generation, session_id=metadata.session_id + 1)
 
-    stored = await ClusterMetadata(coordination).update_store_metadata(
+    stored = await ClusterAdmin(coordination).update_store_metadata(
         partition_id, next_session, max_attempts=MAX_CAS_ATTEMPTS
     )
     log.info(
@@ -75,7 +76,7 @@ async def update_replica_states(
     Retries on a concurrent change that kept the session id; raises
     SessionFencedError when a newer store session took over.
     """
-    cluster = ClusterMetadata(coordination)
+    cluster = ClusterAdmin(coordination)
     partition_id = current.value.partition_id
     session_id = current.value.session_id
     replicas = tuple(states[node] for node in sorted(states))
