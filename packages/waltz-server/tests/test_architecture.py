@@ -18,6 +18,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "waltz_client": {"waltz_api"},
     "waltz_server": {"waltz_api", "waltz_cli"},
     "waltz_storage_fs": {"waltz_api"},
+    "waltz_archive": {"waltz_api"},
     "waltz_coord_zk": {"waltz_api"},
     "waltz_coord_etcd": {"waltz_api"},
     "waltz_coord_local": {"waltz_api"},
