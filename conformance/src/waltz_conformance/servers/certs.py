@@ -70,9 +70,11 @@ class TestPKI:
         if done.returncode != 0:
             raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.strip()}")
 
-    def issue(self, name: str, *, server: bool = False) -> CertFiles:
+    def issue(self, name: str, *, server: bool = False, common_name: bool = True) -> CertFiles:
         """A certificate with common name ``name`` signed by this CA; with ``server``,
-        also valid for 127.0.0.1 and localhost (and still usable as a client)."""
+        also valid for 127.0.0.1 and localhost (and still usable as a client). Without
+        ``common_name`` the subject is ``O=waltz, OU=name`` only (etcd's JSON gateway
+        refuses client certificates with a CN when its authentication is on)."""
         key = self.directory / f"{name}.key"
         cert = self.directory / f"{name}.crt"
         if cert.exists():
@@ -88,7 +90,7 @@ class TestPKI:
         extensions.write_text("\n".join(lines) + "\n")
         self._run(
             "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", request,
-            "-subj", f"/CN={name}",
+            "-subj", f"/CN={name}" if common_name else f"/O=waltz/OU={name}",
         )  # fmt: skip
         self._run(
             "x509", "-req", "-in", request, "-CA", self.ca_cert, "-CAkey", self.ca_key,

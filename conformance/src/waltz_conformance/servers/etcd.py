@@ -12,28 +12,38 @@ wrapped in ``ip netns exec``).
 Tests use the session-scoped ``etcd_cluster`` fixture (the conformance pytest
 plugin's, :mod:`waltz_conformance.servers.fixtures`), or the class directly; this
 module does not import pytest.
+
+Secured (``tls=EtcdTls(...)``, ``auth=EtcdAuth(...)``): the client URLs are HTTPS
+and require client certificates (``--client-cert-auth``), and etcd's
+authentication is enabled with a root user and the given users, each with a role
+granting readwrite on its key prefixes only. The fixture's own requests (health,
+lease revocation) go as root over TLS.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import json
 import logging
 import os
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlencode
 
 from waltz_api.ports import free_ports
 from waltz_conformance.servers import stop_process, track_process
+from waltz_conformance.servers.certs import CertFiles
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,44 @@ def find_etcd_binary() -> str:
     return candidate
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """HTTPS client URLs: the members' certificate (its CA is the one clients must
+    present certificates of) and the fixture's own client certificate."""
+
+    server: CertFiles
+    client: CertFiles
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.server.ca))
+        context.load_cert_chain(str(self.client.cert), str(self.client.key))
+        return context
+
+
+@dataclass(frozen=True)
+class EtcdAuth:
+    """etcd authentication: the root password, and users with the key prefixes their
+    role may read and write (``{"waltz": ("secret", ["/waltz/"])}``)."""
+
+    root_password: str
+    users: Mapping[str, tuple[str, Sequence[str]]] = field(default_factory=dict)
+    token_ttl: int = 300
+    """Seconds a simple token lives (etcd's --auth-token-ttl)."""
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    end = bytearray(prefix)
+    for i in range(len(end) - 1, -1, -1):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\0"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
 @dataclass(eq=False)
 class EtcdMember:
     """One member of an :class:`EtcdCluster`."""
@@ -66,10 +114,11 @@ class EtcdMember:
     process: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = field(default=None, repr=False)
     host: str = HOST
+    scheme: str = "http"
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -99,6 +148,8 @@ class EtcdCluster:
         host: str = HOST,
         ports: Sequence[int] | None = None,
         wrap: Sequence[str] = (),
+        tls: EtcdTls | None = None,
+        auth: EtcdAuth | None = None,
     ) -> None:
         if ports is not None and len(ports) != 2 * size:
             raise ValueError(f"{size} etcd members need {2 * size} ports, got {len(ports)}")
@@ -111,6 +162,11 @@ class EtcdCluster:
         self.wrap = list(wrap)
         self.token = f"waltz-test-{uuid.uuid4().hex[:12]}"
         self.members: list[EtcdMember] = []
+        self.tls = tls
+        self.auth = auth
+        self._ssl = None if tls is None else tls.client_context()
+        self._root_token: str | None = None
+        self._auth_enabled = False
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -140,14 +196,19 @@ class EtcdCluster:
                 data_dir=run_dir / f"m{i}",
                 log_path=run_dir / f"m{i}.log",
                 host=self.host,
+                scheme="https" if self.tls is not None else "http",
             )
             for i in range(self.size)
         ]
         _live_clusters.add(self)
+        self._auth_enabled = False
+        self._root_token = None
         try:
             for index in range(self.size):
                 self._spawn(index, state="new")
             self.wait_healthy(self.start_timeout)
+            if self.auth is not None:
+                self._enable_auth(self.auth)
         except BaseException:
             self.stop()
             raise
@@ -188,6 +249,15 @@ class EtcdCluster:
             "--logger=zap",
             "--log-outputs=stderr",
         ]
+        if self.tls is not None:
+            command += [
+                f"--cert-file={self.tls.server.cert}",
+                f"--key-file={self.tls.server.key}",
+                f"--trusted-ca-file={self.tls.server.ca}",
+                "--client-cert-auth=true",
+            ]
+        if self.auth is not None:
+            command += ["--auth-token=simple", f"--auth-token-ttl={self.auth.token_ttl}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         if member._log_file is not None:
             member._log_file.close()
@@ -247,24 +317,80 @@ class EtcdCluster:
         """``host:port`` of every member's client URL."""
         return [m.endpoint for m in self.members]
 
-    def uri(self, root: str = "/waltz") -> str:
-        """The ``etcd://`` connect URI of the whole cluster with key prefix ``root``."""
-        return f"etcd://{','.join(self.endpoints)}/{root.strip('/')}"
+    def uri(self, root: str = "/waltz", options: Mapping[str, str] | None = None) -> str:
+        """The ``etcd://`` connect URI of the whole cluster with key prefix ``root``, with
+        ``options`` as query parameters (``tls_ca=...&username=...``)."""
+        query = f"?{urlencode(dict(options))}" if options else ""
+        return f"etcd://{','.join(self.endpoints)}/{root.strip('/')}{query}"
 
     def request(self, method: str, body: dict[str, Any], *, timeout: float = 5.0) -> Any:
-        """POST to ``/v3/<method>`` of the first running member that answers."""
+        """POST to ``/v3/<method>`` of the first running member that answers (as root,
+        over TLS, when the cluster is secured)."""
         last: BaseException | None = None
+        for _ in range(2):
+            for member in self.members:
+                if not member.running:
+                    continue
+                try:
+                    answer = self._post(f"{member.client_url}/v3/{method}", body, timeout)
+                except (OSError, ValueError) as exc:
+                    last = exc
+                    continue
+                if self._auth_enabled and "invalid auth token" in str(answer):
+                    self._root_token = None  # expired: log in again
+                    break
+                return answer
+            else:
+                break
+        raise RuntimeError(f"no etcd member answered {method}: {last!r}")
+
+    def _post(self, url: str, body: dict[str, Any], timeout: float) -> Any:
+        headers = {"Authorization": self._root_login()} if self._auth_enabled else {}
+        return _post_json(url, body, timeout, self._ssl, headers)
+
+    def _root_login(self) -> str:
+        if self._root_token is None:
+            assert self.auth is not None
+            login = {"name": "root", "password": self.auth.root_password}
+            self._root_token = str(self._admin("auth/authenticate", login)["token"])
+        return self._root_token
+
+    def _admin(self, method: str, body: dict[str, Any]) -> Any:
+        """An administrative request to the first running member (no failover)."""
         for member in self.members:
             if not member.running:
                 continue
-            try:
-                return _post_json(f"{member.client_url}/v3/{method}", body, timeout)
-            except (OSError, ValueError) as exc:
-                last = exc
-        raise RuntimeError(f"no etcd member answered {method}: {last!r}")
+            headers = {}
+            if self._auth_enabled and method != "auth/authenticate":
+                headers["Authorization"] = self._root_login()
+            url = f"{member.client_url}/v3/{method}"
+            answer = _post_json(url, body, 5.0, self._ssl, headers)
+            if isinstance(answer, dict) and "error" in answer:
+                raise RuntimeError(f"etcd refused {method}: {answer}")
+            return answer
+        raise RuntimeError("no etcd member is running")
+
+    def _enable_auth(self, auth: EtcdAuth) -> None:
+        """A root user, the users with roles limited to their key prefixes; auth on."""
+        self._admin("auth/user/add", {"name": "root", "password": auth.root_password})
+        self._admin("auth/user/grant", {"user": "root", "role": "root"})
+        for name, (password, prefixes) in auth.users.items():
+            self._admin("auth/user/add", {"name": name, "password": password})
+            self._admin("auth/role/add", {"name": name})
+            for prefix in prefixes:
+                key = prefix.encode()
+                permission = {
+                    "permType": "READWRITE",
+                    "key": _b64(key),
+                    "range_end": _b64(_prefix_end(key)),
+                }
+                self._admin("auth/role/grant", {"name": name, "perm": permission})
+            self._admin("auth/user/grant", {"user": name, "role": name})
+        self._admin("auth/enable", {})
+        self._auth_enabled = True
 
     def member_status(self, index: int, timeout: float = 2.0) -> dict[str, Any]:
-        status = _post_json(f"{self.members[index].client_url}/v3/maintenance/status", {}, timeout)
+        status = self._post(f"{self.members[index].client_url}/v3/maintenance/status", {}, timeout)
         if not isinstance(status, dict):
             raise ValueError(f"malformed status {status!r}")
         return status
@@ -295,7 +421,9 @@ class EtcdCluster:
                         f"see {member.log_path}:\n{_tail(member.log_path)}"
                     )
                 try:
-                    with urllib.request.urlopen(f"{member.client_url}/health", timeout=2) as r:
+                    with urllib.request.urlopen(
+                        f"{member.client_url}/health", timeout=2, context=self._ssl
+                    ) as r:
                         health = json.loads(r.read())
                 except (OSError, ValueError) as exc:
                     problem = f"{member.name}: {exc}"
@@ -309,15 +437,21 @@ class EtcdCluster:
         raise RuntimeError(f"etcd cluster not healthy after {timeout}s: {problem}")
 
 
-def _post_json(url: str, body: dict[str, Any], timeout: float) -> Any:
+def _post_json(
+    url: str,
+    body: dict[str, Any],
+    timeout: float,
+    context: ssl.SSLContext | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Any:
     request = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **dict(headers or {})},
         method="POST",
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return json.loads(exc.read() or b"{}")

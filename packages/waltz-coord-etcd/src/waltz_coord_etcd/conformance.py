@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from waltz_api.contracts.coordination import Coordination
@@ -27,6 +27,8 @@ class EtcdCoordinationHarness(CoordinationHarness):
     ``restart_server`` starts them again on their data dirs."""
 
     cluster: EtcdCluster | None = None
+    client_options: Mapping[str, str] = field(default_factory=dict)
+    """URI query options of a secured cluster (TLS, login)."""
 
     def _cluster(self) -> EtcdCluster:
         if self.cluster is None:
@@ -35,11 +37,12 @@ class EtcdCoordinationHarness(CoordinationHarness):
 
     async def connect(self, root: str) -> Coordination:
         return EtcdCoordination(
-            self._cluster().uri(root), {"session_timeout": self.session_timeout}
+            self._cluster().uri(root, self.client_options),
+            {"session_timeout": self.session_timeout},
         )
 
     def client_uri(self, root: str) -> str:
-        return self._cluster().uri(root)
+        return self._cluster().uri(root, self.client_options)
 
     async def expire_session(self, client: Coordination) -> None:
         if not isinstance(client, EtcdCoordination):
@@ -70,4 +73,5 @@ def harness(options: Mapping[str, Any] | None = None) -> EtcdCoordinationHarness
         capabilities=frozenset({SERVER_RESTART, "cross_process"}),
         session_timeout=float(options.get("session_timeout", 10.0)),
         cluster=cluster,
+        client_options=dict(options.get("client_options", {})),
     )

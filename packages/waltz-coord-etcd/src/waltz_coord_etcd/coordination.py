@@ -25,6 +25,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import aiohttp
 
@@ -43,11 +44,13 @@ from waltz_api.errors import (
     BadVersionError,
     ConfigError,
     CoordinationError,
+    CoordinationUnavailableError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
     SessionLostError,
 )
+from waltz_api.security import LOGIN_KEYS, TLS_KEYS, Login, TlsOptions
 from waltz_coord_etcd.gateway import (
     GRPC_NOT_FOUND,
     JSON,
@@ -77,13 +80,30 @@ class EtcdTarget:
 
     @property
     def uri(self) -> str:
-        hosts = ",".join(e.removeprefix("http://") for e in self.endpoints)
+        hosts = ",".join(e.split("://", 1)[-1] for e in self.endpoints)
         return f"etcd://{hosts}{self.root or '/'}"
 
 
+OPTION_KEYS = (
+    "session_timeout",
+    "request_timeout",
+    "connect_timeout",
+    "random",
+    *TLS_KEYS,
+    *LOGIN_KEYS,
+)
+
+
+def split_query(connect: str) -> tuple[str, dict[str, str]]:
+    """``etcd://h:p/root?tls=true&username=w`` -> (``etcd://h:p/root``, its options)."""
+    base, _, query = connect.partition("?")
+    return base, dict(parse_qsl(query))
+
+
 def parse_connect(connect: str) -> EtcdTarget:
-    """Parse ``etcd://host:port[,host:port...]/root`` (the scheme is optional)."""
-    text = connect.strip()
+    """Parse ``etcd://host:port[,host:port...]/root`` (the scheme is optional; a query
+    of options is left to :func:`split_query`)."""
+    text = split_query(connect)[0].strip()
     if text.startswith("etcd://"):
         text = text[len("etcd://") :]
     elif "://" in text:
@@ -143,14 +163,25 @@ class _EtcdWatch(Watch):
 class EtcdCoordination(Coordination):
     """A Coordination client of an etcd v3 cluster (>= 3.4), rooted at a key prefix.
 
-    Options: ``session_timeout`` (seconds, the lease TTL; default 10),
-    ``request_timeout`` (seconds per operation including failover; default 10),
-    ``connect_timeout`` (seconds per connection attempt; default 2).
+    Options (or URI query parameters; the options win): ``session_timeout``
+    (seconds, the lease TTL; default 10), ``request_timeout`` (seconds per operation
+    including failover; default 10), ``connect_timeout`` (seconds per connection
+    attempt; default 2), TLS and a login (:mod:`waltz_api.security`: ``tls``,
+    ``tls_ca``, ``tls_cert``, ``tls_key``, ``username``, ``password_file``...).
     """
 
     def __init__(self, connect: str, options: Mapping[str, Any] | None = None) -> None:
-        options = dict(options or {})
+        options = {**split_query(connect)[1], **dict(options or {})}
+        unknown = sorted(set(options) - set(OPTION_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"unknown etcd coordination option(s) {', '.join(unknown)}; valid: "
+                f"{', '.join(k for k in OPTION_KEYS if k != 'random')}",
+                key=f"coordination.{unknown[0]}",
+            )
         self.target = parse_connect(connect)
+        tls = TlsOptions.from_options(options)
+        self.login = Login.from_options(options)
         self._session_timeout = seconds_option(options, "session_timeout", DEFAULT_SESSION_TIMEOUT)
         request_timeout = seconds_option(options, "request_timeout", DEFAULT_REQUEST_TIMEOUT)
         connect_timeout = seconds_option(options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT)
@@ -158,6 +189,8 @@ class EtcdCoordination(Coordination):
             list(self.target.endpoints),
             request_timeout=request_timeout,
             connect_timeout=connect_timeout,
+            tls=None if tls is None else tls.context(),
+            login=self.login,
         )
         self._root = self.target.root
         # Not started yet: LOST until the session begins; listeners are called inline.
@@ -185,9 +218,19 @@ class EtcdCoordination(Coordination):
             raise CoordinationError("this etcd client was closed; start a new one")
         if self._started:
             return
-        await self._gateway.open()
         try:
+            await self._gateway.open()
             await self._grant_lease()
+            # one read of the whole prefix: a missing login or a role that does not
+            # cover the cluster's keys fails here, not at the first write
+            prefix = self._children_prefix("/")
+            await self._range(prefix, range_end=b64(prefix_end(prefix)), limit="1", keys_only=True)
+        except CoordinationUnavailableError as exc:
+            await self._gateway.close()
+            hint = await self._gateway.diagnose()
+            if hint:
+                raise CoordinationUnavailableError(f"{exc}; {hint}") from None
+            raise
         except BaseException:
             await self._gateway.close()
             raise

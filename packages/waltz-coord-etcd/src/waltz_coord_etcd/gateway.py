@@ -10,25 +10,46 @@ next one is tried. A request that may have been applied (the connection broke
 after it was sent) is retried only when it is idempotent; a mutation then
 fails with CoordinationUnavailableError, because retrying a compare-and-set
 whose first attempt succeeded would report a false failure.
+
+Security: over TLS (``https://`` members, an ``ssl.SSLContext`` with the CA and a
+client certificate) and with etcd's authentication: a user name and password are
+exchanged for a token (``/v3/auth/authenticate``) sent with every request; a
+request refused for its token (expired, or the member restarted) was not applied,
+so it is sent again after a new token, mutations included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 
-from waltz_api.errors import CoordinationError, CoordinationUnavailableError
+from waltz_api.errors import AuthenticationError, CoordinationError, CoordinationUnavailableError
+from waltz_api.security import Login
 
 log = logging.getLogger(__name__)
 
+GRPC_INVALID_ARGUMENT = 3
 GRPC_NOT_FOUND = 5
+GRPC_PERMISSION_DENIED = 7
 GRPC_UNAVAILABLE = 14
+GRPC_UNAUTHENTICATED = 16
+
+# Errors of a request refused for its token: nothing was applied; authenticate again.
+_TOKEN_MESSAGES = ("invalid auth token", "user name is empty", "auth: revision in header is old")
+_PLAIN_TO_TLS = b"Client sent an HTTP request to an HTTPS server"
+_CN_REFUSED = b"CommonName of client sending a request against gateway"
+_TLS_HINT = (
+    "the member speaks TLS: set tls=true and tls_ca (and tls_cert/tls_key when it "
+    "requires client certificates)"
+)
 
 # Errors after which etcd did not propose the request: safe to retry anywhere.
 _NOT_APPLIED_MESSAGES = ("etcdserver: no leader", "etcdserver: not capable")
@@ -73,14 +94,21 @@ class EtcdGateway:
         *,
         request_timeout: float = 10.0,
         connect_timeout: float = 2.0,
+        tls: ssl.SSLContext | None = None,
+        login: Login | None = None,
     ) -> None:
         if not endpoints:
             raise CoordinationError("no etcd endpoint given")
-        self._endpoints = list(endpoints)
+        scheme = "https://" if tls is not None else "http://"
+        self._endpoints = [scheme + e.split("://", 1)[-1] for e in endpoints]
         self._current = 0
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._tls = tls
+        self._login = login
+        self._token: str | None = None
+        self._token_lock = asyncio.Lock()
 
     @property
     def endpoints(self) -> list[str]:
@@ -89,9 +117,74 @@ class EtcdGateway:
     async def open(self) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                connector=aiohttp.TCPConnector(
+                    limit=0, force_close=False, ssl=self._tls if self._tls is not None else True
+                ),
                 json_serialize=json.dumps,
             )
+        if self._login is not None and self._token is None:
+            await self.authenticate()
+
+    async def authenticate(self, stale: str | None = None) -> None:
+        """Exchange the login for a token (again, when the one in use is ``stale``)."""
+        login = self._login
+        if login is None:
+            return
+        async with self._token_lock:
+            if self._token is not None and self._token != stale:
+                return  # another request renewed it meanwhile
+            self._token = None
+            try:
+                answer = await self.call(
+                    "auth/authenticate",
+                    {"name": login.username, "password": login.password},
+                    idempotent=True,
+                    _auth=False,
+                )
+            except EtcdRequestError as exc:
+                raise AuthenticationError(
+                    f"etcd refused the login of user {login.username!r} ({exc}): check the "
+                    "coordination username and password, and that etcd's authentication is "
+                    "enabled"
+                ) from None
+            token = answer.get("token")
+            if not isinstance(token, str) or not token:
+                raise AuthenticationError(
+                    f"etcd answered the login of user {login.username!r} without a token; "
+                    "is authentication enabled (etcdctl auth enable)?"
+                )
+            self._token = token
+
+    async def diagnose(self) -> str:
+        """Why the first member may not answer, as far as one TLS handshake tells: a
+        plaintext client at a TLS port, or the TLS error ("" when it tells nothing)."""
+        host, _, port = self._endpoints[0].split("://", 1)[-1].rpartition(":")
+        context = self._tls
+        if context is None:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        try:
+            async with asyncio.timeout(3):
+                _, writer = await asyncio.open_connection(host, int(port), ssl=context)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        except ssl.SSLError as exc:
+            if self._tls is not None:
+                return f"the TLS handshake with {host}:{port} failed ({exc.reason or exc})"
+            if "WRONG_VERSION_NUMBER" in str(exc) or "record layer" in str(exc):
+                return ""
+            return _TLS_HINT
+        except (OSError, TimeoutError):
+            return ""
+        return "" if self._tls is not None else _TLS_HINT
+
+    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        headers = dict(extra or {})
+        if self._token is not None:
+            headers["Authorization"] = self._token
+        return headers
 
     async def close(self) -> None:
         if self._session is not None:
@@ -114,9 +207,11 @@ class EtcdGateway:
         *,
         idempotent: bool,
         timeout: float | None = None,
+        _auth: bool = True,
     ) -> JSON:
         """POST ``body`` to ``/v3/<method>`` and return the decoded answer."""
         session = self._require_session()
+        reauthenticated = False
         loop = asyncio.get_running_loop()
         if not idempotent:
             # Let the loop process pending events of pooled connections first: a
@@ -146,9 +241,21 @@ class EtcdGateway:
             client_timeout = aiohttp.ClientTimeout(
                 total=remaining, sock_connect=min(self.connect_timeout, remaining)
             )
+            token = self._token if _auth else None
             try:
-                async with session.post(url, json=body, timeout=client_timeout) as response:
+                async with session.post(
+                    url,
+                    json=body,
+                    timeout=client_timeout,
+                    headers={"Authorization": token} if token else None,
+                ) as response:
                     raw = await response.read()
+            except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as exc:
+                raise CoordinationUnavailableError(
+                    f"the TLS handshake with etcd at {self._endpoints[index]} failed ({exc}): "
+                    "check tls_ca (the CA of the members' certificates) and tls_cert/tls_key "
+                    "(a client certificate the members trust)"
+                ) from None
             except aiohttp.ClientConnectorError as exc:
                 last_error = exc
                 self._rotate(index)
@@ -163,10 +270,44 @@ class EtcdGateway:
                     f"sent ({type(exc).__name__}: {exc}); it may or may not have been applied: "
                     "read the state again before retrying"
                 ) from exc
+            if raw.startswith(_PLAIN_TO_TLS):
+                raise CoordinationUnavailableError(
+                    f"etcd at {self._endpoints[index]} speaks TLS: set tls=true and tls_ca "
+                    "(and tls_cert/tls_key when it requires client certificates)"
+                )
+            if raw.startswith(_CN_REFUSED):
+                raise CoordinationError(
+                    f"etcd at {self._endpoints[index]} refuses this client certificate: with "
+                    "authentication on, etcd's JSON gateway takes no client certificate that "
+                    "carries a CommonName; issue tls_cert without a CN (e.g. subject O=waltz, "
+                    "OU=node), the user comes from username/password"
+                )
             data = _decode_single(raw, method)
             if "error" in data or ("code" in data and "message" in data):
                 code = int(data.get("code", 0))
                 message = str(data.get("message") or data.get("error"))
+                if (
+                    _auth
+                    and self._login is not None
+                    and not reauthenticated
+                    and any(m in message for m in _TOKEN_MESSAGES)
+                ):
+                    reauthenticated = True  # refused for its token: nothing was applied
+                    await self.authenticate(stale=token)
+                    continue
+                if code == GRPC_PERMISSION_DENIED:
+                    who = self._login.username if self._login else "an unauthenticated client"
+                    raise EtcdRequestError(
+                        f"etcd refused {method} for {who}: permission denied; the user's role "
+                        "must grant readwrite on the cluster's key prefix (the URI's root + '/')",
+                        code,
+                    )
+                if "user name is empty" in message:
+                    raise EtcdRequestError(
+                        f"etcd requires authentication for {method}: set the coordination "
+                        "username and password (or password_file)",
+                        code,
+                    )
                 if code == GRPC_UNAVAILABLE or response.status >= 500:
                     last_error = EtcdRequestError(message, code)
                     self._rotate(index)
@@ -200,7 +341,7 @@ class EtcdGateway:
                 response = await session.post(
                     f"{self._endpoints[index]}/v3/{method}",
                     json=body,
-                    headers=dict(headers or {}),
+                    headers=self._headers(headers),
                     timeout=aiohttp.ClientTimeout(
                         total=None, sock_connect=self.connect_timeout, sock_read=None
                     ),
@@ -232,9 +373,13 @@ class EtcdGateway:
                         raise CoordinationError(f"etcd sent a malformed {method} message")
                     if "error" in message:
                         error = message["error"]
+                        text = str(error.get("message") if isinstance(error, dict) else error)
+                        if self._login is not None and any(m in text for m in _TOKEN_MESSAGES):
+                            # the caller resumes the stream; it goes with a new token
+                            await self.authenticate(stale=self._token)
                         if isinstance(error, dict):
                             raise EtcdRequestError(
-                                f"etcd {method} stream failed: {error.get('message')}",
+                                f"etcd {method} stream failed: {text}",
                                 int(error.get("grpc_code") or error.get("code") or 0),
                             )
                         raise EtcdRequestError(f"etcd {method} stream failed: {error}", 0)

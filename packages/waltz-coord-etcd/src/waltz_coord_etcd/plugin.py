@@ -36,6 +36,7 @@ def waltz_coordinators() -> list[CoordinationDescriptor]:
 
 def options() -> Sequence[OptionSpec]:
     """The options of an ``etcd`` client, with their defaults."""
+    from waltz_api.security import login_option_specs, tls_option_specs
     from waltz_coord_etcd import coordination as etcd
 
     return [
@@ -57,6 +58,10 @@ def options() -> Sequence[OptionSpec]:
             etcd.DEFAULT_CONNECT_TIMEOUT,
             "seconds per connection attempt to one member",
         ),
+        *tls_option_specs(
+            "`https://` client URLs; with auth on, `tls_cert` must carry no CommonName"
+        ),
+        *login_option_specs(),
     ]
 
 
