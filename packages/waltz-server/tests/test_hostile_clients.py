@@ -16,8 +16,17 @@ from typing import Any
 import pytest
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
-from waltz_api.messages import TransactionDataRequest, TransactionDataResponse
-from waltz_api.types import ReqId
+from waltz_api.messages import (
+    AppendRequest,
+    ErrorCode,
+    ErrorResponse,
+    FlushRequest,
+    FlushResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
+)
+from waltz_api.types import MAX_LOCKS_PER_TRANSACTION, LockRequest, ReqId
+from waltz_api.wire import checksum
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
@@ -173,5 +182,31 @@ async def test_a_client_pipelining_large_reads_is_served_not_disconnected(
         replies = await reader.wait(TransactionDataResponse, 100, timeout=120)
         assert all(r.success and r.data == b"P" * MIB for r in replies)
         await reader.close()
+    finally:
+        await transport.close()
+
+
+async def test_an_append_with_too_many_locks_from_a_raw_client_is_refused(
+    cluster: Cluster,
+) -> None:
+    """The client library refuses it before sending; the server refuses it too."""
+    transport = ZmqTransport()
+    try:
+        raw = await RawClient.connect(transport, cluster.endpoint, "raw-locks", timeout=30)
+        await raw.send(FlushRequest(ReqId(78, cluster.generation, 0, 1)))
+        before = (await raw.wait(FlushResponse, 1, timeout=60))[0].transaction_id
+        locks = LockRequest(write=tuple(range(MAX_LOCKS_PER_TRANSACTION + 1)))
+        data = b"too many locks"
+        request = AppendRequest(
+            ReqId(78, cluster.generation, 0, 2), before, locks, 0, data, checksum(data)
+        )
+        await raw.send(request)
+        (refused,) = await raw.wait(ErrorResponse, 1, timeout=60)
+        assert refused.code is ErrorCode.BAD_REQUEST
+        assert f"limit of {MAX_LOCKS_PER_TRANSACTION}" in refused.message
+        await raw.send(FlushRequest(ReqId(78, cluster.generation, 0, 3)))
+        after = (await raw.wait(FlushResponse, 2, timeout=60))[-1].transaction_id
+        assert after == before  # nothing was appended
+        await raw.close()
     finally:
         await transport.close()

@@ -44,6 +44,7 @@ from waltz_api.errors import (
     WaltzError,
 )
 from waltz_api.messages import (
+    AppendRequest,
     ErrorCode,
     ErrorResponse,
     FeedData,
@@ -55,7 +56,7 @@ from waltz_api.messages import (
     PeerPing,
     PeerPong,
 )
-from waltz_api.types import ReqId
+from waltz_api.types import MAX_LOCKS_PER_TRANSACTION, ReqId
 from waltz_server.observability import ServerMetrics
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.replica import ReplicaConnector
@@ -417,6 +418,17 @@ class WaltzServer:
                     ReqId(-1, -1, -1, -1),
                     ErrorCode.BAD_REQUEST,
                     f"{type(message).__name__} is not a client request",
+                )
+            )
+            return
+        if type(message) is AppendRequest and len(message.locks) > MAX_LOCKS_PER_TRANSACTION:
+            # the client library refuses this before sending; a raw client gets told
+            client.post(
+                ErrorResponse(
+                    req_id,
+                    ErrorCode.BAD_REQUEST,
+                    f"an append with {len(message.locks)} locks is above the limit of "
+                    f"{MAX_LOCKS_PER_TRANSACTION}; nothing of it was done",
                 )
             )
             return
