@@ -15,6 +15,15 @@ Damaged storage: a replica whose log misses a range (its engine moved damaged
 files aside, with intact records after them) has the range copied from a peer
 before it votes; one whose storage lost records it may have acknowledged (a
 backup restored, a damaged tail: ``ReplicaPlan.suspect``) counts as offline.
+
+The archive (docs/archive.md): every id at or below the partition's archive mark
+is committed and in the archive. A replica whose log (once its plan's truncation
+is done) ends below the mark is *fast-forwarded* to it (its connection's
+``prune(mark)``: its local records are deleted and its log continues after the
+mark) instead of being caught up from id 0, and a hole at or below the mark is
+dropped the same way instead of being repaired. A partition without replica
+history whose archive mark is set (a cluster restored from the archive) opens at
+the mark.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import (
@@ -38,7 +47,13 @@ from waltz_server.server.store_metadata import (
     replica_states,
     update_replica_states,
 )
-from waltz_server.server.voting import Outcome, plan_replica, quorum_of, resolve_high_water_mark
+from waltz_server.server.voting import (
+    Outcome,
+    ReplicaPlan,
+    plan_replica,
+    quorum_of,
+    resolve_high_water_mark,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +83,7 @@ class RecoveryManager:
         replica_nodes: Sequence[str],
         catch_up_batch: int = 256,
         catch_up_bytes: int = 4 * 1024 * 1024,
+        archive_mark: int = NO_TRANSACTION,
     ) -> None:
         self._coordination = coordination
         self._metadata = metadata
@@ -79,9 +95,13 @@ class RecoveryManager:
         self.quorum = quorum_of(len(self._replica_nodes))
         self._catch_up_batch = catch_up_batch
         self._catch_up_bytes = catch_up_bytes
+        self.archive_mark = archive_mark
+        """Every id at or below it is committed and archived (-1: nothing is)."""
         self._states: dict[str, _Recovering] = {}
-        # a partition without replica history starts empty
-        self._resolved: int | None = None if self._last_replicas else NO_TRANSACTION
+        # a partition without replica history starts empty, or at its archive mark
+        self._resolved: int | None = (
+            None if self._last_replicas else max(NO_TRANSACTION, archive_mark)
+        )
         self._clean: set[str] = set()
         self._recovered: set[str] = set()
         self._aborted: BaseException | None = None
@@ -149,6 +169,7 @@ class RecoveryManager:
             max_transaction_id=max_id,
             storage_low_water_mark_session_id=info.low_water_mark_session_id,
         )
+        max_id, plan = await self._skip_archived(node, connection, plan, max_id)
         max_id = await self._repair_missing(node, connection, plan.mark_after(max_id), max_id)
         mark = max_id
         if plan.truncate_to is not None and max_id > plan.truncate_to:
@@ -250,6 +271,57 @@ class RecoveryManager:
             usher.failed = exc
             self.forget(usher.node, usher.connection)
             return None
+
+    async def _skip_archived(
+        self, node: str, connection: ReplicaConnection, plan: ReplicaPlan, max_id: int
+    ) -> tuple[int, ReplicaPlan]:
+        """A replica ending below the archive mark once its plan's truncation is done is
+        fast-forwarded to the mark (its records there are all archived: deleting them and
+        continuing the log after the mark is catching it up from the archive); one with a
+        hole at or below the mark drops its archived prefix instead of repairing it.
+        Returns its log end and the plan left to carry out."""
+        archive_mark = self.archive_mark
+        prune = getattr(connection, "prune", None)
+        if archive_mark < 0 or prune is None:
+            return max_id, plan
+        if plan.mark_after(max_id) < archive_mark:
+            if plan.truncate_to is not None and max_id > plan.truncate_to:
+                await connection.truncate(plan.truncate_to)  # its dirty tail, first
+                max_id = plan.truncate_to
+                plan = replace(plan, truncate_to=None)
+            try:
+                await prune(archive_mark)
+            except StorageError as exc:
+                if isinstance(exc, SessionFencedError):
+                    raise
+                log.warning(  # (an engine without the prefix capability): caught up instead
+                    "partition %d session %d: replica %s cannot start at the archive mark: %s",
+                    self.partition_id,
+                    self.session_id,
+                    node,
+                    exc,
+                )
+                return max_id, plan
+            max_id = await connection.max_transaction_id()
+            log.info(
+                "partition %d session %d: replica %s fast-forwarded to the archive mark %d",
+                self.partition_id,
+                self.session_id,
+                node,
+                archive_mark,
+            )
+            return max_id, replace(plan, truncate_to=None)
+        missing_range = getattr(connection, "missing_range", None)
+        if missing_range is not None:
+            missing = await missing_range()
+            if missing is not None and missing[0] <= archive_mark:
+                try:
+                    await prune(archive_mark)
+                except StorageError as exc:
+                    if isinstance(exc, SessionFencedError):
+                        raise
+                    log.info("partition %d: %s not pruned: %s", self.partition_id, node, exc)
+        return max_id, plan
 
     async def _repair_missing(
         self, node: str, connection: ReplicaConnection, keep: int, max_id: int
