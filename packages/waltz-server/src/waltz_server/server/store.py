@@ -18,6 +18,14 @@ generation exists), at the checkpoint interval, or for a new replica set.
 The appends pending when a session ends are decided by the next session's
 recovery: :meth:`StorePartition.closing_mark` tells which committed.
 
+The archive (docs/archive.md): with an :class:`ArchiveLink`, reads of ids at or below
+the archive mark come from the archive (the replicas may have deleted them; they are
+tried when the archive fails), each session's recovery fast-forwards replicas that end
+below the mark, a replica that rejoins behind it is fast-forwarded too, and
+:meth:`StorePartition.prune` lets the archiver ask the writers to delete what is
+archived (never past what a writer acknowledged, so no writer catching up from
+another finds its next record deleted).
+
 Membership: each session runs over the partition's replicas as the replica
 assignments in coordination name them when it starts (``waltz_api.cluster``,
 ``/store/assignment``). The partition watches the assignments; a change of its
@@ -37,12 +45,13 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from waltz_api.backoff import Backoff
 from waltz_api.cluster import ClusterMetadata, ReplicaAssignments
 from waltz_api.contracts.coordination import Coordination, Watch
 from waltz_api.errors import (
+    ArchiveError,
     ClusterNotFoundError,
     CoordinationError,
     SessionFencedError,
@@ -54,7 +63,7 @@ from waltz_api.errors import (
 )
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_server.server.recovery import RecoveryManager
-from waltz_server.server.replica import ReplicaConnection, ReplicaConnector
+from waltz_server.server.replica import LocalLog, ReplicaConnection, ReplicaConnector
 from waltz_server.server.replication import (
     CatchUp,
     Committed,
@@ -96,6 +105,22 @@ class StoreConfig:
     drain_timeout: float = 10.0
 
 
+class ArchiveLink(Protocol):
+    """The partition's archive, as the store sees it (``waltz_server.server.archiving``)."""
+
+    @property
+    def mark(self) -> int:
+        """The archive mark as last known: every id at or below it is archived (-1:
+        none)."""
+
+    async def refresh(self) -> int:
+        """Read the archive mark from the cluster metadata (CoordinationError: the
+        service is unreachable)."""
+
+    async def read(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
+        """Archived records from ``start`` (ArchiveError when the archive fails)."""
+
+
 CommitListener = Callable[[int, Sequence[Record]], None]
 """``listener(high_water_mark, records)``: ``records`` are the newly committed ones, in order."""
 RecoveryListener = Callable[[int], None]
@@ -122,9 +147,11 @@ class StoreSession:
         config: StoreConfig,
         rng: random.Random,
         on_commit: CommitListener | None = None,
+        archive: ArchiveLink | None = None,
     ) -> None:
         self.partition_id = metadata.value.partition_id
         self.session_id = metadata.value.session_id
+        self._archive = archive
         self._replica_nodes = list(replica_nodes)
         self._connector = connector
         self._config = config
@@ -137,6 +164,7 @@ class StoreSession:
             replica_nodes=self._replica_nodes,
             catch_up_batch=config.catch_up_batch,
             catch_up_bytes=config.max_batch_bytes,
+            archive_mark=archive.mark if archive is not None else NO_TRANSACTION,
         )
         self._replication: Replication | None = None
         self._connections: dict[str, ReplicaConnection] = {}
@@ -493,6 +521,13 @@ class StoreSession:
         assert replication is not None
         progress = replication.progress(node)
         acked = progress.acked if progress is not None else self.low_water_mark
+        archive_mark = self._archive.mark if self._archive is not None else NO_TRANSACTION
+        prune = getattr(connection, "prune", None)
+        if archive_mark >= 0 and prune is not None:
+            missing_range = getattr(connection, "missing_range", None)
+            missing = await missing_range() if missing_range is not None else None
+            if missing is not None and missing[0] <= archive_mark:
+                await prune(archive_mark)  # a hole in archived records: dropped, not repaired
         await self._repair(node, connection, acked)
         info = await connection.last_session_info()
         max_id = await connection.max_transaction_id()
@@ -518,14 +553,20 @@ class StoreSession:
                 plan.mark,
             )
             await connection.set_low_water_mark(self.low_water_mark)
+        mark = plan.mark
+        if archive_mark >= 0 and prune is not None and mark < archive_mark:
+            # behind the archive: its log continues after the mark (everything at or below
+            # it is committed and archived)
+            await prune(archive_mark)
+            mark = await connection.max_transaction_id()
         log.info(
             "partition %d session %d: replica %s rejoins at %d",
             self.partition_id,
             self.session_id,
             node,
-            plan.mark,
+            mark,
         )
-        return plan.mark
+        return mark
 
     async def _repair(self, node: str, connection: ReplicaConnection, upto: int) -> None:
         """A replica coming back with a hole in its log (damage its storage found when it
@@ -683,6 +724,12 @@ class StoreSession:
                 source,
                 exc,
             )
+            if self._archive is not None and action.start <= self._archive.mark:
+                # the sources deleted what it needs (archived): it rejoins at the mark
+                raise StorageError(
+                    f"replica {node} of partition {self.partition_id} is behind the archive "
+                    f"mark {self._archive.mark}: it rejoins there"
+                ) from exc
             await self._wait_progress(0.1)
             return None
         if not records or records[0].transaction_id != action.start:
@@ -697,6 +744,47 @@ class StoreSession:
             await self._wait_progress(0.1)
             return None
         return records
+
+    async def prune(self, through: int) -> None:
+        """Ask every writer to delete its records up to ``through`` (archived), but never
+        past the lowest id a writer acknowledged (a writer catching up reads from the
+        others)."""
+        replication = self._replication
+        if replication is None or self._done.is_set():
+            return
+        acked = replication.acknowledged_marks()
+        if not acked:
+            return
+        bound = min(through, *acked.values())
+        for node in sorted(acked):
+            connection = self._connections.get(node)
+            prune = getattr(connection, "prune", None)
+            if prune is None:
+                continue
+            try:
+                await prune(bound)
+            except (TransportError, StorageError) as exc:  # its own task sees a real failure
+                log.info(
+                    "partition %d: replica %s did not delete its archived records up to %d: %s",
+                    self.partition_id,
+                    node,
+                    bound,
+                    exc,
+                )
+
+    async def local_log(self) -> LocalLog | None:
+        """One writer's local log (start, end, segments), or None."""
+        for node in sorted(self.writable_replicas):
+            connection = self._connections.get(node)
+            local_log = getattr(connection, "local_log", None)
+            if local_log is None:
+                continue
+            try:
+                found: LocalLog = await local_log()
+                return found
+            except (TransportError, StorageError) as exc:
+                log.debug("partition %d: no local log from %s: %s", self.partition_id, node, exc)
+        return None
 
     async def _probe(self, node: str, connection: ReplicaConnection, expected: int) -> None:
         """Check an idle replica: it must answer, and hold exactly what it acknowledged."""
@@ -740,9 +828,11 @@ class StorePartition:
         rng: random.Random | None = None,
         on_commit: CommitListener | None = None,
         on_recovered: RecoveryListener | None = None,
+        archive: ArchiveLink | None = None,
     ) -> None:
         if not replica_nodes:
             raise WaltzError(f"partition {partition_id} has no replicas assigned")
+        self.archive = archive
         self.partition_id = partition_id
         self.generation = generation
         self._coordination = coordination
@@ -905,14 +995,52 @@ class StorePartition:
         """Committed records from ``start`` (from memory or a healthy replica: one failing
         the read is replaced by another); a read cut by the end of the session is retried
         on the next one."""
+        archived = await self._read_archive(start, max_records, max_bytes)
+        if archived:
+            return archived
         return await self._read_retrying(
             lambda session: session.read_committed(start, max_records, max_bytes)
         )
+
+    async def _read_archive(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
+        """Archived records from ``start`` when it is at or below the archive mark; empty
+        when it is not, or when the archive failed (the replicas may still hold it)."""
+        archive = self.archive
+        if archive is None or not 0 <= start <= archive.mark or max_records <= 0:
+            return []
+        try:
+            return await archive.read(start, max_records, max_bytes)
+        except ArchiveError as exc:
+            log.warning(
+                "partition %d: reading transaction %d from the archive failed, trying the "
+                "replicas: %s",
+                self.partition_id,
+                start,
+                exc,
+            )
+            return []
+
+    async def prune(self, through: int) -> None:
+        """Ask the open session's writers to delete their archived records up to
+        ``through`` (see StoreSession.prune); nothing without an open session."""
+        session = self._session
+        if session is not None and self._ready.is_set() and not session.done:
+            await session.prune(through)
+
+    async def local_log(self) -> LocalLog | None:
+        """One writer's local log, or None (no open session, or no writer can tell)."""
+        session = self._session
+        if session is None or not self._ready.is_set() or session.done:
+            return None
+        return await session.local_log()
 
     async def read_committed_block(
         self, start: int, max_records: int, max_bytes: int
     ) -> Sequence[Record]:
         """:meth:`read_committed` for a range read (see StoreSession.read_committed_block)."""
+        archived = await self._read_archive(start, max_records, max_bytes)
+        if archived:
+            return archived
         return await self._read_retrying(
             lambda session: session.read_committed_block(start, max_records, max_bytes)
         )
@@ -977,6 +1105,8 @@ class StorePartition:
         while not self._closed:
             try:
                 await self._follow_replicas()
+                if self.archive is not None:
+                    await self.archive.refresh()  # the mark the recovery starts replicas at
                 metadata = await begin_store_session(
                     self._coordination, self.partition_id, self.generation
                 )
@@ -1000,6 +1130,7 @@ class StorePartition:
                 config=self._config,
                 rng=self._rng,
                 on_commit=self._commit,
+                archive=self.archive,
             )
             self._session = session
             self.sessions_started += 1
