@@ -237,6 +237,7 @@ class ServerMetrics:
             ["kind"],
             registry=r,
         )
+        self._archive_families()
         self._appends: dict[int, Counter] = {}  # labelled children, for the hot path
         self._latency: dict[int, Histogram] = {}
         self._requests: dict[str, Counter] = {}
@@ -285,11 +286,66 @@ class ServerMetrics:
     def recovered(self, partition_id: int) -> None:
         self.recoveries.labels(str(partition_id)).inc()
 
+    def _archive_families(self) -> None:
+        r = self.registry
+        self.archive_mark = Gauge(
+            "waltz_server_archive_mark",
+            "The partition's archive mark: every id at or below it is archived and verified",
+            ["partition"],
+            registry=r,
+        )
+        self.archive_lag = Gauge(
+            "waltz_server_archive_lag",
+            "Committed transactions above the archive mark (not archived yet), at the "
+            "archiver's last round",
+            ["partition"],
+            registry=r,
+        )
+        self.archive_local_bytes = Gauge(
+            "waltz_server_archive_local_bytes",
+            "Bytes of the partition's local log on the replica the archiver asked (-1: "
+            "the engine cannot tell)",
+            ["partition"],
+            registry=r,
+        )
+        self.archived_records = Counter(
+            "waltz_server_archived_records",
+            "Transactions archived (the archive mark moved past them)",
+            ["partition"],
+            registry=r,
+        )
+        self.archived_bytes = Counter(
+            "waltz_server_archived_bytes",
+            "Bytes of the Parquet objects archived",
+            ["partition"],
+            registry=r,
+        )
+        self.archive_failures = Counter(
+            "waltz_server_archive_failures",
+            "Archive rounds that failed (the archive unreachable, slow, full or corrupting: "
+            "retried; nothing is deleted meanwhile)",
+            ["partition"],
+            registry=r,
+        )
+        self.archive_read_latency = Histogram(
+            "waltz_server_archive_read_latency_seconds",
+            "Time of one read of archived records (a feed, a data fetch or a range read "
+            "below the replicas), cache hits included",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
     def forget_partition(self, partition_id: int, replicas: tuple[str, ...] = ()) -> None:
         """Drop a partition's gauges once this server no longer serves it (counters stay)."""
         label = str(partition_id)
-        with suppress(KeyError):
-            self.high_water_mark.remove(label)
+        for gauge in (
+            self.high_water_mark,
+            self.archive_mark,
+            self.archive_lag,
+            self.archive_local_bytes,
+        ):
+            with suppress(KeyError):
+                gauge.remove(label)
         for replica in replicas:
             with suppress(KeyError):
                 self.replica_lag.remove(label, replica)

@@ -22,6 +22,8 @@ Example::
     lock_table = "hwm-array"               # a lock table plugin name
     [server.lock_table_options]
     size = 30000
+    [server.archive]                       # tiered storage (docs/archive.md); off by default
+    url = "s3://bucket/waltz"              # any fsspec URL: file://, s3://, gs://...
 
     [http]                                 # /livez, /readyz and Prometheus /metrics
     enabled = true
@@ -39,6 +41,7 @@ from typing import Any
 
 from waltz_api.config import load_config
 from waltz_api.errors import ConfigError
+from waltz_server.server.archiving import ArchiveSection
 from waltz_server.server.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_SUSPECT_AFTER,
@@ -144,6 +147,10 @@ class ServerSection:
             "max": 10.0,
             "help": "seconds between two pings of every other server (failure detection)",
         },
+    )
+    archive: ArchiveSection = field(
+        default_factory=ArchiveSection,
+        metadata={"help": "tiered storage: old records archived as Parquet (docs/archive.md)"},
     )
     peer_suspect_after: float = field(
         default=DEFAULT_SUSPECT_AFTER,

@@ -267,6 +267,11 @@ async def start_server(
     metrics = ServerMetrics() if config.http.enabled else None
     manager_ref: list[ClusterManager] = []
     coordination = CurrentCoordination(lambda: manager_ref[0].coordination if manager_ref else None)
+    archive = None
+    if config.server.archive.enabled:
+        from waltz_server.server.archiving import ServerArchive
+
+        archive = ServerArchive(config.server.archive, coordination, metrics, rng)
     server = WaltzServer(
         transport=transport,
         endpoint=config.transport.endpoint,
@@ -275,6 +280,7 @@ async def start_server(
         config=config.server.to_server_config(),
         rng=rng,
         metrics=metrics,
+        archive=archive,
     )
     await server.start()
 

@@ -58,6 +58,7 @@ from waltz_api.messages import (
 )
 from waltz_api.types import MAX_LOCKS_PER_TRANSACTION, ReqId
 from waltz_server.observability import ServerMetrics
+from waltz_server.server.archiving import ServerArchive
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.replica import ReplicaConnector
 from waltz_server.server.store import StoreConfig, StorePartition
@@ -262,8 +263,11 @@ class WaltzServer:
         rng: random.Random | None = None,
         name: str = "server",
         metrics: ServerMetrics | None = None,
+        archive: ServerArchive | None = None,
     ) -> None:
         self.transport = transport
+        self.archive = archive
+        """The archive (tiered storage) of the partitions served here, when configured."""
         self.requested_endpoint = endpoint
         self.coordination = coordination
         self.connector = connector
@@ -300,6 +304,8 @@ class WaltzServer:
         for connection in list(self._connections):
             await connection.close()
         async with self._partition_lock:
+            if self.archive is not None:
+                await self.archive.close()
             for partition in list(self.partitions.values()):
                 await partition.close()
             self.partitions.clear()
@@ -315,6 +321,8 @@ class WaltzServer:
             if current is not None:
                 if current.generation >= generation:
                     return current
+                if self.archive is not None:
+                    await self.archive.stop(partition_id)
                 await current.close()
             store = StorePartition(
                 partition_id=partition_id,
@@ -324,9 +332,12 @@ class WaltzServer:
                 connector=self.connector,
                 config=self.config.store,
                 rng=random.Random(self.rng.getrandbits(64)),
+                archive=self.archive.link(partition_id) if self.archive is not None else None,
             )
             partition = Partition(store=store, config=self.config.partition, metrics=self.metrics)
             await partition.start()
+            if self.archive is not None:
+                self.archive.start(store)
             self.partitions[partition_id] = partition
             if self.metrics is not None:
                 self.metrics.partitions_owned.set(len(self.partitions))
@@ -342,6 +353,8 @@ class WaltzServer:
             if current is None or (generation is not None and current.generation != generation):
                 return
             del self.partitions[partition_id]
+            if self.archive is not None:
+                await self.archive.stop(partition_id)
             await current.close()
             if self.metrics is not None:
                 self.metrics.partitions_owned.set(len(self.partitions))
