@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
-from test_store_storage_nodes import P, TIMEOUT, Cluster, cluster, submit
+from test_store_storage_nodes import TIMEOUT, Cluster, P, cluster, submit
 
 from waltz_api.types import Record
 from waltz_archive.archiver import ArchivePolicy, PartitionArchiver
@@ -41,9 +41,7 @@ def archived_store(cluster: Cluster, archive: ArchiveStore, generation: int = 1)
     async def connector(node: str, partition_id: int, session_id: int) -> StorageReplica:
         return await cluster.pool.connect(f"memory://{node}", partition_id, session_id)
 
-    link = PartitionArchiveLink(
-        P, cluster.coordination, archive, cache_bytes=1 << 20, timeout=10.0
-    )
+    link = PartitionArchiveLink(P, cluster.coordination, archive, cache_bytes=1 << 20, timeout=10.0)
     store = StorePartition(
         partition_id=P,
         generation=generation,
