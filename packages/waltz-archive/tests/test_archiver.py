@@ -13,20 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from waltz_api.cluster import ArchiveMark, ClusterMetadata
 from waltz_api.contracts.storage import LogExtent
-from waltz_api.errors import ArchiveError, BadVersionError
+from waltz_api.errors import ArchiveError, BadVersionError, CoordinationError
 from waltz_api.types import Record
 from waltz_api.wire import RecordBlock
 from waltz_archive import layout
 from waltz_archive.archiver import ArchivePolicy, PartitionArchiver, plan_range
 from waltz_archive.manifest import Manifest
-from waltz_archive.metadata import ArchiveMark, advance_mark, read_mark
 from waltz_archive.objects import RangeWriter, WriteOptions, verify_object
 from waltz_archive.reader import ArchiveReader
 from waltz_archive.records import records_to_batch
 from waltz_archive.store import ArchiveStore
 from waltz_conformance.records import make_record
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
+from waltz_server.cluster_admin import ClusterAdmin
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,6 +111,7 @@ def archiver(
         coordination=coordination,
         store=store,
         source=log,
+        advance=ClusterAdmin(coordination).advance_archive_mark,
         policy=policy,
         on_mark=(manifests.append if manifests is not None else None),
         rng=random.Random(1),
@@ -134,7 +136,7 @@ async def test_ranges_are_archived_verified_and_read_back(
     assert archived[0].first == 0 and archived[-1].last == 389  # 10 kept local
     assert all(a.last + 1 == b.first for a, b in itertools.pairwise(archived))
     assert all(a.data_bytes <= 20_000 + 300 for a in archived)
-    mark = await read_mark(coordination, 0)
+    mark = (await ClusterMetadata(coordination).archive_mark(0)).value
     assert mark.mark == 389 and mark.ranges == len(archived) and mark.url == store.url
     assert manifests[-1].mark == 389 and len(manifests[-1].ranges) == len(archived)
     assert log.pruned[-1] == 389
@@ -208,7 +210,7 @@ async def test_a_crashed_round_leaves_an_orphan_that_the_next_round_adopts(
     archived = await arc.round()
     assert archived is not None and archived.name == orphan.name
     assert log.reads == reads_before  # nothing read or written again
-    assert (await read_mark(coordination, 0)).mark == 99
+    assert (await ClusterMetadata(coordination).archive_mark(0)).value.mark == 99
     following = await arc.round()
     assert following is not None and following.first == 100
 
@@ -221,11 +223,14 @@ async def test_two_archivers_racing_advance_the_mark_once(
     one, two = archiver(store, coordination, log), archiver(store, coordination, log)
     await one.refresh()
     await two.refresh()
-    current = await read_mark(coordination, 0)
-    first = await advance_mark(coordination, current, ArchiveMark(0, 10, "manifest/x.json"))
+    admin = ClusterAdmin(coordination)
+    current = await admin.archive_mark(0)
+    first = await admin.advance_archive_mark(current, ArchiveMark(0, 10, "manifest/x.json"))
     with pytest.raises(BadVersionError):
-        await advance_mark(coordination, current, ArchiveMark(0, 20, "manifest/y.json"))
-    assert first.version >= 0 and (await read_mark(coordination, 0)).mark == 10
+        await admin.advance_archive_mark(current, ArchiveMark(0, 20, "manifest/y.json"))
+    with pytest.raises(CoordinationError, match="forward"):
+        await admin.advance_archive_mark(first, ArchiveMark(0, 5, "manifest/z.json"))
+    assert first.version >= 0 and (await admin.archive_mark(0)).value.mark == 10
 
 
 async def test_a_corrupted_object_is_reported_with_its_range_and_name(
@@ -264,4 +269,6 @@ async def test_an_unusable_archive_fails_the_round_and_deletes_nothing(
     arc = archiver(store, coordination, log)
     with pytest.raises(ArchiveError, match="not-a-directory"):
         await arc.round()
-    assert log.pruned == [] and (await read_mark(coordination, 0)).mark == -1
+    assert (
+        log.pruned == [] and (await ClusterMetadata(coordination).archive_mark(0)).value.mark == -1
+    )

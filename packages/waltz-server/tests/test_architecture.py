@@ -38,6 +38,7 @@ ALSO_IN: dict[str, set[str]] = {
     "waltz_conformance.suites.system_failover": {"waltz_server"},
     "waltz_spark.testing": {"waltz_server"},
     "waltz_server.locktables.conformance": {"waltz_conformance"},
+    "waltz_server.server.archiving": {"waltz_archive"},
     "waltz_storage_fs.conformance": {"waltz_conformance"},
     "waltz_coord_zk.conformance": {"waltz_conformance"},
     "waltz_coord_etcd.conformance": {"waltz_conformance"},

@@ -56,6 +56,8 @@ LEADER_PATH = "/assignment/leader"
 SERVERS_DIR = "/servers"
 SERVER_ID_COUNTER = "/ids/server"
 CLIENT_ID_COUNTER = "/ids/client"
+ARCHIVE_PARTITION_DIR = "/archive/partition"
+"""``<dir>/<p>``: partition p's archive mark (tiered storage, docs/archive.md)."""
 
 NO_SERVER = -1
 NO_SESSION = -1
@@ -186,6 +188,22 @@ class PartitionStoreMetadata:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ArchiveMark:
+    """A partition's archive mark (docs/archive.md): every id at or below ``mark`` is in
+    the archive at ``url``, in the ranges listed by ``manifest`` (an object name under
+    the partition's directory there), ``ranges`` of them, ``archived_bytes`` in all.
+    Absent (mark -1) until the partition archives; changed only by compare-and-set,
+    forward only (``waltz_server.cluster_admin.ClusterAdmin.advance_archive_mark``)."""
+
+    partition_id: int
+    mark: int = -1
+    manifest: str = ""
+    ranges: int = 0
+    archived_bytes: int = 0
+    url: str = ""
+
+
 # -- encoding --------------------------------------------------------------------------------
 
 
@@ -215,6 +233,38 @@ def _decode(kind: str, raw: bytes, path: str) -> dict[str, Any]:
     if doc.get("type", kind) != kind:
         raise CoordinationError(f"{path} holds {doc.get('type')!r} metadata, expected {kind!r}")
     return doc
+
+
+def encode_archive_mark(mark: ArchiveMark) -> bytes:
+    return _encode(
+        "archive_mark",
+        {
+            "partition_id": mark.partition_id,
+            "mark": mark.mark,
+            "manifest": mark.manifest,
+            "ranges": mark.ranges,
+            "bytes": mark.archived_bytes,
+            "url": mark.url,
+        },
+    )
+
+
+def decode_archive_mark(raw: bytes, path: str, partition_id: int) -> ArchiveMark:
+    doc = _decode("archive_mark", raw, path)
+    try:
+        found = ArchiveMark(
+            int(doc["partition_id"]),
+            int(doc["mark"]),
+            str(doc.get("manifest", "")),
+            int(doc.get("ranges", 0)),
+            int(doc.get("bytes", 0)),
+            str(doc.get("url", "")),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CoordinationError(f"{path} holds an invalid archive mark: {exc}") from None
+    if found.partition_id != partition_id:
+        raise CoordinationError(f"{path} holds partition {found.partition_id}'s archive mark")
+    return found
 
 
 def encode_config(config: ClusterConfig, *, ready: bool = True) -> bytes:
@@ -508,6 +558,17 @@ class ClusterMetadata:
         path = join_path(STORE_PARTITION_DIR, partition_id)
         found = await self._require(path)
         return Stored(decode_store_metadata(found.value, path, partition_id), found.version)
+
+    # -- the archive mark (tiered storage) ----------------------------------------------------
+
+    async def archive_mark(self, partition_id: int) -> Stored[ArchiveMark]:
+        """The partition's archive mark and its version (mark -1, version -1 when the
+        partition never archived)."""
+        path = join_path(ARCHIVE_PARTITION_DIR, partition_id)
+        found = await self.coordination.get(path)
+        if found is None:
+            return Stored(ArchiveMark(partition_id), -1)
+        return Stored(decode_archive_mark(found.value, path, partition_id), found.version)
 
     # -- a summary --------------------------------------------------------------------------------
 

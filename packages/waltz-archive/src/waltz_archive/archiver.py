@@ -21,11 +21,12 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from waltz_api.backoff import Backoff
+from waltz_api.cluster import ArchiveMark, ClusterMetadata, Stored
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.storage import LogExtent
 from waltz_api.errors import ArchiveError, BadVersionError, WaltzError
@@ -33,7 +34,6 @@ from waltz_api.types import Record
 from waltz_api.wire import RecordBlock
 from waltz_archive import layout
 from waltz_archive.manifest import ArchivedRange, Manifest
-from waltz_archive.metadata import ArchiveMark, advance_mark, read_mark
 from waltz_archive.objects import (
     RangeWriter,
     WriteOptions,
@@ -106,6 +106,11 @@ class ArchiveSource(Protocol):
     async def prune(self, through: int) -> None:
         """Ask the writing replicas to delete their records up to ``through`` (bounded by
         what each acknowledged)."""
+
+
+AdvanceMark = Callable[[Stored[ArchiveMark], ArchiveMark], Awaitable[Stored[ArchiveMark]]]
+"""``advance(current, new)``: the archive mark's compare-and-set (the server's
+``ClusterAdmin.advance_archive_mark``): BadVersionError when ``current`` is stale."""
 
 
 class ArchiveListener(Protocol):
@@ -189,6 +194,7 @@ class PartitionArchiver:
         coordination: Coordination,
         store: ArchiveStore,
         source: ArchiveSource,
+        advance: AdvanceMark,
         policy: ArchivePolicy | None = None,
         listener: ArchiveListener | None = None,
         on_mark: Callable[[Manifest], None] | None = None,
@@ -198,11 +204,12 @@ class PartitionArchiver:
         self.coordination = coordination
         self.store = store
         self.source = source
+        self.advance = advance
         self.policy = policy or ArchivePolicy()
         self.listener = listener
         self.on_mark = on_mark
         self.rng = rng or random.Random()
-        self.mark = ArchiveMark(partition_id)
+        self.stored: Stored[ArchiveMark] = Stored(ArchiveMark(partition_id), -1)
         self.manifest = Manifest(partition_id)
         self.rounds = 0
         self.last_error: BaseException | None = None
@@ -246,9 +253,14 @@ class PartitionArchiver:
                 f"{self.policy.timeout:g}s (archive unreachable or slow)"
             ) from None
 
+    @property
+    def mark(self) -> ArchiveMark:
+        return self.stored.value
+
     async def refresh(self) -> ArchiveMark:
         """The archive mark from the cluster metadata, and its manifest."""
-        mark = await read_mark(self.coordination, self.partition_id)
+        stored = await ClusterMetadata(self.coordination).archive_mark(self.partition_id)
+        mark = stored.value
         if mark.mark >= 0 and (mark.manifest != self.mark.manifest or self.manifest.mark < 0):
             manifest = await self.load_manifest(mark)
             self.manifest = manifest
@@ -256,7 +268,7 @@ class PartitionArchiver:
                 self.on_mark(manifest)
         elif mark.mark < 0:
             self.manifest = Manifest(self.partition_id)
-        self.mark = mark
+        self.stored = stored
         return mark
 
     async def load_manifest(self, mark: ArchiveMark) -> Manifest:
@@ -274,6 +286,7 @@ class PartitionArchiver:
         """One round (see the module docstring); the range archived, or None."""
         self.rounds += 1
         mark = await self.refresh()
+        current = self.stored
         high_water_mark = self.source.committed()
         local = await self.source.local_log()
         if self.listener is not None:
@@ -310,7 +323,7 @@ class PartitionArchiver:
             self.store.url,
         )
         try:
-            self.mark = await advance_mark(self.coordination, mark, new)
+            self.stored = await self.advance(current, new)
         except BadVersionError as exc:
             log.info(
                 "partition %d: another archiver advanced the archive mark first (%s); this "

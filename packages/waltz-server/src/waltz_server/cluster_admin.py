@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from waltz_api.cluster import (
+    ARCHIVE_PARTITION_DIR,
     CONFIG_PATH,
     DEFAULT_CAS_ATTEMPTS,
     LEADER_PATH,
@@ -26,6 +27,7 @@ from waltz_api.cluster import (
     SERVER_ID_COUNTER,
     SERVERS_DIR,
     STORE_PARTITION_DIR,
+    ArchiveMark,
     ClusterConfig,
     ClusterMetadata,
     LeaderRecord,
@@ -37,6 +39,7 @@ from waltz_api.cluster import (
     decode_config,
     decode_partition_assignment,
     decode_replica_assignments,
+    encode_archive_mark,
     encode_config,
     encode_leader,
     encode_partition_assignment,
@@ -434,6 +437,38 @@ class ClusterAdmin(ClusterMetadata):
             LEADER_PATH, encode_leader(record), expected_version=expected_version
         )
         return Stored(record, version)
+
+    # -- the archive mark (compare-and-set only, forward only) ----------------------------------
+
+    async def advance_archive_mark(
+        self, current: Stored[ArchiveMark], new: ArchiveMark
+    ) -> Stored[ArchiveMark]:
+        """Replace ``current`` (as read, with its version; -1: absent) by ``new`` only if
+        nothing changed it since, and only forward. BadVersionError on a lost race (the
+        caller's archive round is void; docs/archive.md)."""
+        partition_id = current.value.partition_id
+        if new.partition_id != partition_id:
+            raise CoordinationError(
+                f"archive mark of partition {new.partition_id} written over partition "
+                f"{partition_id}'s"
+            )
+        if new.mark <= current.value.mark:
+            raise CoordinationError(
+                f"partition {partition_id}: the archive mark only moves forward "
+                f"({current.value.mark} -> {new.mark} refused)"
+            )
+        path = join_path(ARCHIVE_PARTITION_DIR, partition_id)
+        raw = encode_archive_mark(new)
+        if current.version < 0:
+            try:
+                version = await self.coordination.create(path, raw)
+            except NodeExistsError:
+                raise BadVersionError(
+                    f"partition {partition_id}'s archive mark was created meanwhile"
+                ) from None
+        else:
+            version = await self.coordination.set(path, raw, expected_version=current.version)
+        return Stored(new, version)
 
     # -- partition store metadata (compare-and-set only) ---------------------------------------
 

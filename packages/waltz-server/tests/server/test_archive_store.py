@@ -18,6 +18,7 @@ from waltz_archive.archiver import ArchivePolicy, PartitionArchiver
 from waltz_archive.objects import WriteOptions
 from waltz_archive.store import ArchiveStore
 from waltz_conformance.reference.storage import MemoryStorageEngine, forget
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.archiving import PartitionArchiveLink, StoreArchiveSource
 from waltz_server.server.store import StoreConfig, StorePartition
 from waltz_server.storage_node import StorageReplica
@@ -65,6 +66,7 @@ async def archive_all(store: StorePartition, archive: ArchiveStore) -> Partition
         coordination=link.coordination,
         store=archive,
         source=StoreArchiveSource(store),
+        advance=ClusterAdmin(link.coordination).advance_archive_mark,
         policy=POLICY,
         on_mark=link.update,
         rng=random.Random(3),

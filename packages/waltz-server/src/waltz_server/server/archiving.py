@@ -23,9 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from waltz_api.cluster import ClusterMetadata
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import ArchiveError, ConfigError, CoordinationError
 from waltz_api.types import NO_TRANSACTION, Record
+from waltz_server.cluster_admin import ClusterAdmin
 
 if TYPE_CHECKING:
     from waltz_archive.archiver import ArchivePolicy, PartitionArchiver
@@ -183,9 +185,7 @@ class PartitionArchiveLink:
             self.metrics.archive_mark.labels(str(self.partition_id)).set(mark)
 
     async def refresh(self) -> int:
-        from waltz_archive.metadata import read_mark
-
-        found = await read_mark(self.coordination, self.partition_id)
+        found = (await ClusterMetadata(self.coordination).archive_mark(self.partition_id)).value
         if found.mark > self._mark:
             self._manifest_name = found.manifest
             self._set_mark(found.mark)
@@ -195,15 +195,14 @@ class PartitionArchiveLink:
         """The manifest of the mark, when the reader's is older (a mark another owner set)."""
         from waltz_archive import layout
         from waltz_archive.manifest import Manifest
-        from waltz_archive.metadata import read_mark
 
         async with self._loading:
             if self.reader.mark >= self._mark:
                 return
             name = self._manifest_name
             if not name:
-                found = await read_mark(self.coordination, self.partition_id)
-                name = found.manifest
+                metadata = ClusterMetadata(self.coordination)
+                name = (await metadata.archive_mark(self.partition_id)).value.manifest
             path = self.store.path(layout.partition_dir(self.partition_id), name)
             raw = await self._blocking(lambda: self.store.read_bytes(path))
             manifest = Manifest.decode(raw, self.store.where(path), self.partition_id)
@@ -321,6 +320,7 @@ class ServerArchive:
             coordination=self.coordination,
             store=self.store,
             source=StoreArchiveSource(store),
+            advance=ClusterAdmin(self.coordination).advance_archive_mark,
             policy=self.policy,
             listener=_Listener(partition_id, self.metrics) if self.metrics is not None else None,
             on_mark=link.update,
