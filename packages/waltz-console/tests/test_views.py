@@ -157,6 +157,21 @@ def test_rates_and_percentiles_over_the_window() -> None:
     assert p0["commit_p99_ms"] == pytest.approx(91.0)
 
 
+def test_a_histogram_that_appears_with_the_first_commit_counts_it() -> None:
+    """A partition's latency histogram has no series before its first commit: once the
+    server's metrics were read without it, its first buckets are observations."""
+    trackers = Trackers()
+    meta = _meta({0: 1, 1: 1, 2: 1})
+    build(meta, _probes(10), trackers, 100.0)  # metrics read, no histogram for partition 0
+    first = build(meta, _probes(11, buckets=_latency([1, 1, 1, 1])), trackers, 101.0)
+    p0 = first.partition(0)
+    assert p0 is not None and p0["commit_p99_ms"] == pytest.approx(0.99)
+    # without an earlier read of the server's metrics, history is not taken for the window
+    fresh = build(meta, _probes(11, buckets=_latency([1, 1, 1, 1])), Trackers(), 101.0)
+    p0 = fresh.partition(0)
+    assert p0 is not None and p0["commit_p99_ms"] is None
+
+
 def test_a_counter_that_restarts_is_not_a_negative_rate() -> None:
     series = Series()
     series.add(0.0, 100)

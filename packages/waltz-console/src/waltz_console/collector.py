@@ -319,7 +319,10 @@ class Collector:
             if status.get("role") == "server" and status.get("server_id") is not None:
                 self._url_server[url] = int(status["server_id"])
             probes.status[url] = status
-            probes.metrics[url] = self.probes.metrics.get(url, {}) if metrics is None else metrics
+            if metrics is not None:
+                probes.metrics[url] = metrics
+            elif url in self.probes.metrics:  # between two reads, the last one stands
+                probes.metrics[url] = self.probes.metrics[url]
         self.probes = probes
 
     # -- refreshing ----------------------------------------------------------------------------

@@ -56,7 +56,7 @@ class MetaState:
 @dataclass
 class Probes:
     """What each HTTP endpoint (by base URL) last answered: its ``/status`` document and
-    its parsed ``/metrics``, or why it did not answer."""
+    its parsed ``/metrics`` (absent until read once), or why it did not answer."""
 
     status: dict[str, dict[str, Any]] = field(default_factory=dict)
     metrics: dict[str, dict[str, list[tuple[dict[str, str], float]]]] = field(default_factory=dict)
@@ -289,6 +289,7 @@ def build(
     partitions: list[dict[str, Any]] = []
     clients: list[dict[str, Any]] = []
     total_rate = 0.0
+    metrics_seen = [sid for sid, url in server_urls.items() if url in probes.metrics]
     for pid in range(num_partitions):
         owner = meta.owners.get(pid)
         store = meta.store.get(pid)
@@ -315,6 +316,11 @@ def build(
             if buckets:
                 key = ("latency", pid, sid_row[0])
                 keep.add(key)
+                seen = trackers.get(("metrics", sid_row[0]))
+                if trackers.get(key) is None and seen is not None and seen.samples:
+                    # a partition's histogram appears with its first commit: it was
+                    # empty when this server's metrics were read before
+                    trackers.add(key, seen.samples[-1][0], [(le, 0.0) for le, _ in buckets])
                 window = trackers.add(key, now, buckets).delta()
                 p50 = histogram_quantile(0.5, window)
                 p99 = histogram_quantile(0.99, window)
@@ -370,6 +376,10 @@ def build(
                 "clients": len(partition_clients),
             }
         )
+
+    for sid in metrics_seen:  # after the partitions: "seen before this refresh" above
+        keep.add(("metrics", sid))
+        trackers.add(("metrics", sid), now, 0)
 
     # servers ---------------------------------------------------------------------------------
     owned: dict[int, list[int]] = {}

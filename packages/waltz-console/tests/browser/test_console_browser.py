@@ -114,6 +114,11 @@ def test_a_commit_shows_within_two_seconds(
         timeout=LIVE_BOUND,
     )
     assert time.monotonic() - committed <= LIVE_BOUND
+    # the commit latency percentiles come from the server's histogram (read every 5 s)
+    browser.wait_for(
+        lambda: browser.text('tr[data-partition="1"] td.p99') not in (None, NOTHING),
+        "partition 1's commit latency",
+    )
     screenshot(browser, "partitions")
 
 
@@ -307,6 +312,7 @@ def test_a_replica_add_asks_for_confirmation(
         lambda: browser.text(f'#replicas-table tr[data-node="{node}"]'),
         "the new replica on the partition page",
     )
+    screenshot(browser, "partition")
     open_view(browser, dev, "#/events")
     browser.wait_for(
         lambda: f"partition 2: replica added on {node}" in (browser.text("#events-table") or ""),

@@ -163,13 +163,13 @@ views.partitions = async (route) => {
         h("td", { class: "owner " + (p.owner_alive ? "" : "bad") }, p.owner === null ? "none" : `server ${p.owner}${p.owner_alive ? "" : " (gone)"}`),
         h("td", { class: "generation" }, show(p.generation)),
         h("td", { class: "hwm" }, show(p.high_water_mark)),
-        h("td", {}, show(p.commit_rate, "/s")),
+        h("td", { class: "rate" }, show(p.commit_rate, "/s")),
         h("td", {}, show(p.session_id)),
         h("td", { class: "state" }, h("span", { class: "pill " + stateClass(p.state) }, p.state || "unknown")),
         h("td", { class: "wrap" }, p.replicas.map((r) => `${r.node} ${show(r.max_transaction_id)}${r.lag ? " (-" + r.lag + ")" : ""}`).join(", ")),
         h("td", {}, show(p.low_water_mark)),
         h("td", {}, show(p.lock_failure_rate)),
-        h("td", {}, show(p.commit_p50_ms, "ms")), h("td", {}, show(p.commit_p99_ms, "ms")),
+        h("td", { class: "p50" }, show(p.commit_p50_ms, "ms")), h("td", { class: "p99" }, show(p.commit_p99_ms, "ms")),
         h("td", {}, p.clients)))));
 };
 
