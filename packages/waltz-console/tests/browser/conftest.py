@@ -63,7 +63,7 @@ class DevProcess:
     def run(self, *args: str) -> str:
         """A ``waltz`` command against this cluster; its output."""
         done = subprocess.run(
-            [sys.executable, "-m", "waltz_server.cli", *args],
+            [sys.executable, "-m", "waltz_cli", *args],
             capture_output=True,
             text=True,
             timeout=60,

@@ -175,7 +175,7 @@ def test_clients_and_a_followed_partition(
     """A connected client (``waltz client tail --follow``) shows with its feed position
     and lag; a transactions view that follows live shows a new commit by itself."""
     tail = subprocess.Popen(
-        [sys.executable, "-m", "waltz_server.cli", "client", "tail", "--follow", "--no-data",
+        [sys.executable, "-m", "waltz_cli", "client", "tail", "--follow", "--no-data",
          "--coordination", dev.info["coordination"], "--partition", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

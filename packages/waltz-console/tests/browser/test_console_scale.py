@@ -42,7 +42,7 @@ class ConsoleProcess:
         self.log = log
         with log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "waltz_server.cli", "console", "--coordination", uri,
+                [sys.executable, "-m", "waltz_cli", "console", "--coordination", uri,
                  "--listen", "127.0.0.1:0", "--interval", "0.5"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
