@@ -115,6 +115,16 @@ def test_an_acknowledged_transaction_missing_from_the_log_is_lost() -> None:
     assert "committed log ends at 2" in lost.message
 
 
+def test_an_acknowledgement_without_an_id_needs_the_op_somewhere_in_the_log() -> None:
+    log = clean_log()
+    ops = ops_for(log)
+    ops[-1] = replace(ops[-1], transaction_id=-1)  # c0:2 committed, id unknown: it is at 2
+    assert check(history(log, ops=ops), snapshot(log), BANK).violations == []
+    ops += [OpEvent(INVOKE, "c0:9", "c0", 9.0, 0), OpEvent(OK, "c0:9", "c0", 9.5, 0, -1)]
+    result = check(history(log, ops=ops), snapshot(log), BANK)
+    assert kinds(result) == {"acknowledged-lost"}
+
+
 def test_an_acknowledgement_at_another_ops_id_is_a_loss() -> None:
     log = clean_log()
     ops = ops_for(log)

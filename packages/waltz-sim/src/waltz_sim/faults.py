@@ -557,40 +557,39 @@ class Nemesis:
         count = len(members) // 2 + 1
         return self.rng.sample(members, count)
 
+    def _crash_all(
+        self, kind: str, victims: list[SimProcess], description: str, *, power_loss: bool = False
+    ) -> ActiveFault:
+        """Crash every one of ``victims`` at once; the heal restarts them."""
+        for process in victims:
+            process.crash(power_loss=power_loss)
+        return ActiveFault(
+            kind, description, lambda: _restart(victims), frozenset(p.name for p in victims)
+        )
+
     def _quorum_storage_majority_down(self, held: float) -> ActiveFault:
         victims = self._majority("storage")
         power = self.rng.random() < 0.5
-        for process in victims:
-            process.crash(power_loss=power)
         names = ", ".join(p.name for p in victims)
-        return ActiveFault(
+        how = "power loss of" if power else "crash"
+        return self._crash_all(
             "storage_majority_down",
-            f"{'power loss of' if power else 'crash'} {names} for {held:.1f}s (quorum lost)",
-            lambda: _restart(victims),
-            frozenset(p.name for p in victims),
+            victims,
+            f"{how} {names} for {held:.1f}s (quorum lost)",
+            power_loss=power,
         )
 
     def _quorum_storage_power_cut(self, held: float) -> ActiveFault:
-        victims = self.world.of_kind("storage")
-        for process in victims:
-            process.crash(power_loss=True)
-        return ActiveFault(
+        return self._crash_all(
             "storage_power_cut",
+            self.world.of_kind("storage"),
             f"power cut of every storage node for {held:.1f}s",
-            lambda: _restart(victims),
-            frozenset(p.name for p in victims),
+            power_loss=True,
         )
 
     def _quorum_servers_down(self, held: float) -> ActiveFault:
         victims = [p for p in self.world.of_kind("server") if p.alive]
-        for process in victims:
-            process.crash()
-        return ActiveFault(
-            "servers_down",
-            f"every server down for {held:.1f}s",
-            lambda: _restart(victims),
-            frozenset(p.name for p in victims),
-        )
+        return self._crash_all("servers_down", victims, f"every server down for {held:.1f}s")
 
     def _quorum_long_coordination_outage(self, held: float) -> ActiveFault:
         held = max(held, self.world.config.session_timeout * self.rng.uniform(1.2, 2.0))

@@ -348,6 +348,21 @@ def _check_ops_against_log(
             if log is None:
                 continue
             transaction_id = end.transaction_id
+            if transaction_id < 0:
+                # committed, its id unknown to the client: it must be in the log somewhere
+                if op_id not in committed_at:
+                    out.append(
+                        Violation(
+                            "acknowledged-lost",
+                            f"op {op_id} was acknowledged as committed, but no committed "
+                            "transaction is it",
+                            end.time,
+                            partition=end.partition,
+                            op_id=op_id,
+                            client=end.client,
+                        )
+                    )
+                continue
             found = infos[transaction_id] if 0 <= transaction_id < len(infos) else None
             if found is None or found.op_id != op_id:
                 where = (
@@ -471,37 +486,32 @@ def _check_feed(
         infos = txns.get(event.partition)
         if infos is None or (event.client, event.partition, "content") in reported:
             continue
+        committed = infos[event.transaction_id] if event.transaction_id < len(infos) else None
         if event.transaction_id >= len(infos):
-            reported.add((event.client, event.partition, "content"))
-            out.append(
-                Violation(
-                    "feed-content",
-                    f"applied transaction {event.transaction_id} (op {event.op_id}), which is not "
-                    f"committed (the committed log ends at {len(infos) - 1})",
-                    event.time,
-                    partition=event.partition,
-                    transaction_id=event.transaction_id,
-                    op_id=event.op_id,
-                    client=event.client,
-                )
+            problem = (
+                f"applied transaction {event.transaction_id} (op {event.op_id}), which is not "
+                f"committed (the committed log ends at {len(infos) - 1})"
             )
+        elif committed is None or committed.op_id != event.op_id:
+            problem = (
+                f"applied op {event.op_id} as transaction {event.transaction_id}, but the "
+                f"committed transaction {event.transaction_id} is op "
+                f"{committed.op_id if committed else '?'}"
+            )
+        else:
             continue
-        committed = infos[event.transaction_id]
-        if committed is None or committed.op_id != event.op_id:
-            reported.add((event.client, event.partition, "content"))
-            out.append(
-                Violation(
-                    "feed-content",
-                    f"applied op {event.op_id} as transaction {event.transaction_id}, but the "
-                    f"committed transaction {event.transaction_id} is op "
-                    f"{committed.op_id if committed else '?'}",
-                    event.time,
-                    partition=event.partition,
-                    transaction_id=event.transaction_id,
-                    op_id=event.op_id,
-                    client=event.client,
-                )
+        reported.add((event.client, event.partition, "content"))
+        out.append(
+            Violation(
+                "feed-content",
+                problem,
+                event.time,
+                partition=event.partition,
+                transaction_id=event.transaction_id,
+                op_id=event.op_id,
+                client=event.client,
             )
+        )
 
 
 def _check_clients(
