@@ -17,7 +17,7 @@ MAX_SEEDS = {
     "double-apply": 5,
     "early-ack": 60,
     "skip-generation": 100,
-    "skip-fencing": 60,
+    "skip-fencing": 150,
 }
 
 
