@@ -19,7 +19,6 @@ import concurrent.futures
 import dataclasses
 import itertools
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -306,7 +305,7 @@ def simulate(  # noqa: PLR0917 - click passes options by name
 
 
 def main() -> None:  # pragma: no cover - ``python -m waltz_sim``
-    simulate(prog_name=os.path.basename(sys.argv[0]) or "waltz-simulate")
+    simulate(prog_name="python -m waltz_sim")
 
 
 __all__ = ["main", "parse_seeds", "simulate"]
