@@ -1004,13 +1004,18 @@ class StorePartition:
 
     async def _read_archive(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
         """Archived records from ``start`` when it is at or below the archive mark; empty
-        when it is not, or when the archive failed (the replicas may still hold it)."""
+        when it is not, or when the archive failed and the replicas may still hold it
+        (ArchiveError, naming the range and the object, when they do not)."""
         archive = self.archive
         if archive is None or not 0 <= start <= archive.mark or max_records <= 0:
             return []
         try:
             return await archive.read(start, max_records, max_bytes)
         except ArchiveError as exc:
+            local = await self.local_log()
+            if local is not None and local.log_start > start:
+                log.error("partition %d: %s", self.partition_id, exc)
+                raise  # the replicas deleted it too: the reader is told what failed where
             log.warning(
                 "partition %d: reading transaction %d from the archive failed, trying the "
                 "replicas: %s",
