@@ -57,6 +57,10 @@ class SystemHarness(Harness):
     num_partitions: int = 2
     session_timeout: float = 4.0
     cluster_key: uuid.UUID = field(default_factory=uuid.uuid4)
+    server_settings: dict[str, Any] = field(default_factory=dict)
+    """Extra keys of every server's ``[server]`` table (e.g. its ``archive``)."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """Every storage node's engine options (``[storage.options]``)."""
     client_transport: Transport | None = None
     metadata: ClusterAdmin | None = None
     storage_nodes: list[str] = field(default_factory=list)
@@ -103,6 +107,7 @@ class SystemHarness(Harness):
                 "cluster_key": str(self.cluster_key),
                 "num_partitions": self.num_partitions,
                 "partitions": list(range(self.num_partitions)),
+                "options": dict(self.storage_options),
             },
             "transport": {"plugin": self.transport, "endpoint": self.storage_endpoint(index)},
         }
@@ -142,7 +147,7 @@ class SystemHarness(Harness):
                     "endpoint": self._server_endpoint(i),
                     "storage_endpoint": f"{scheme}://{{}}",
                 },
-                "server": {"lock_table": self.lock_table},
+                "server": {"lock_table": self.lock_table, **self.server_settings},
             }
             if self.processes:
                 assert self.workdir is not None
@@ -181,6 +186,8 @@ class SystemHarness(Harness):
             "num_servers": self.num_servers,
             "num_partitions": self.num_partitions,
             "session_timeout": self.session_timeout,
+            "server_settings": self.server_settings,
+            "storage_options": self.storage_options,
         }
         settings.update(changes)
         return SystemHarness(**settings)
