@@ -39,6 +39,7 @@ ALSO_IN: dict[str, set[str]] = {
     "waltz_spark.testing": {"waltz_server"},
     "waltz_server.locktables.conformance": {"waltz_conformance"},
     "waltz_server.server.archiving": {"waltz_archive"},
+    "waltz_server.cli.archive": {"waltz_archive"},
     "waltz_storage_fs.conformance": {"waltz_conformance"},
     "waltz_coord_zk.conformance": {"waltz_conformance"},
     "waltz_coord_etcd.conformance": {"waltz_conformance"},

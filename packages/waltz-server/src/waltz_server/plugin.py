@@ -33,6 +33,12 @@ def load_storage() -> click.Command:
     return storage_group
 
 
+def load_archive() -> click.Command:
+    from waltz_server.cli.archive import archive_group
+
+    return archive_group
+
+
 def load_dev() -> click.Command:
     from waltz_server.cli.dev import dev_command
 
@@ -55,6 +61,11 @@ def waltz_cli_commands() -> list[CommandDescriptor]:
             "storage",
             load_storage,
             "Run a storage node (with --config), or inspect a storage directory offline.",
+        ),
+        CommandDescriptor(
+            "archive",
+            load_archive,
+            "The archive: old records as Parquet in object storage (docs/archive.md).",
         ),
         CommandDescriptor(
             "dev",
