@@ -69,6 +69,10 @@ class InProcessCluster:
     """Default: a ``local`` coordination under ``root``."""
     log_level: str = "INFO"
     preload: Preload | None = None
+    server_settings: dict[str, Any] = field(default_factory=dict)
+    """Extra keys of every server's ``[server]`` table (e.g. its ``archive``)."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """Every storage node's engine options (e.g. the fs engine's ``segment_size``)."""
     cluster_key: uuid.UUID = field(default_factory=uuid.uuid4)
     coordination: Coordination | None = None
     """The builder's own client of the coordination service."""
@@ -167,6 +171,7 @@ class InProcessCluster:
             str(self.root / f"storage-{index}"),
             cluster_key=self.cluster_key,
             num_partitions=self.num_partitions,
+            options=self.storage_options or None,
         )
         try:
             for partition in range(self.num_partitions):
@@ -224,6 +229,7 @@ class InProcessCluster:
                 },
                 "http": {"enabled": False},
                 "log_level": self.log_level,
+                **({"server": dict(self.server_settings)} if self.server_settings else {}),
             },
         )
 
