@@ -24,7 +24,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "waltz_coord_local": {"waltz_api"},
     "waltz_transport_zmq": {"waltz_api"},
     "waltz_conformance": {"waltz_api"},
-    "waltz_spark": {"waltz_api", "waltz_client"},
+    "waltz_spark": {"waltz_api", "waltz_client", "waltz_archive"},
     "waltz_console": {"waltz_api", "waltz_server"},
     "waltz_sim": {"waltz_api", "waltz_server", "waltz_client"},
     "waltz_bank": {"waltz_api", "waltz_client", "waltz_cli"},

@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from waltz_spark.testing import BackgroundCluster
+
+sys.path.insert(0, str(Path(__file__).parent))  # the modules share helpers
 
 
 @pytest.fixture(scope="module")

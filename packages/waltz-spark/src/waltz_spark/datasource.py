@@ -22,6 +22,13 @@ Options (all strings, as Spark passes them):
 - write: ``onLockFailure`` = ``error`` (default: the job fails after the other rows
   were appended, with an error listing the rejected rows) or ``ignore``; ``timeout``
   seconds for each row (default 120).
+- the archive (docs/archive.md): ids at or below a partition's archive mark are read
+  from its Parquet files by the executors (no server in the path), the rest through the
+  servers. ``archive`` = ``false`` reads everything through the servers;
+  ``archiveUrl`` and ``archiveStorageOptions`` (a JSON object of fsspec options) name
+  the archive when the mark's URL is not enough (credentials, an endpoint);
+  ``verifyRecordChecksums`` = ``true`` checks every archived record's CRC-32C (Parquet's
+  page checksums and the ids are always checked).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from pyspark.sql.types import (
 
 from waltz_api.errors import ConfigError, LockFailureError
 from waltz_api.types import Lock, LockMode, Record
+from waltz_spark.archived import ArchiveOptions, ArchiveSplit, read_archive_split, split_archived
 from waltz_spark.blocks import block_to_batch
 from waltz_spark.reader import Endpoint, LogReader
 
@@ -122,6 +130,7 @@ class Settings:
     start: int
     end: int | None
     split: int
+    archive: ArchiveOptions = field(default_factory=ArchiveOptions)
 
     @classmethod
     def of(cls, given: Mapping[str, str]) -> Settings:
@@ -156,6 +165,7 @@ class Settings:
             start=max(start, 0),
             end=_int_option(options, "endtransactionid", None),
             split=split,
+            archive=ArchiveOptions.of(options),
         )
 
     def reader(self) -> LogReader:
@@ -266,6 +276,26 @@ class Split(InputPartition):
         InputPartition.__init__(self, (self.partition, self.start, self.end))
 
 
+def plan(
+    settings: Settings,
+    reader: LogReader,
+    ranges: dict[int, tuple[int, int]],
+    ids: frozenset[int] | None = None,
+) -> list[InputPartition]:
+    """The splits of each partition's ``[start, end)``: Parquet scans up to its archive
+    mark, then range reads through the servers."""
+    archived, live = split_archived(settings.archive, reader, ranges, settings.split, ids)
+    return [*archived, *plan_splits(reader, live, settings.split, ids)]
+
+
+def read_any(settings: Settings, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    if isinstance(partition, ArchiveSplit):
+        yield from read_archive_split(partition, ARROW_SCHEMA, settings.archive.verify_records)
+    else:
+        assert isinstance(partition, Split)
+        yield from read_split(settings.coordination, settings.transport, partition)
+
+
 def plan_splits(
     reader: LogReader,
     ranges: dict[int, tuple[int, int]],
@@ -334,13 +364,12 @@ class WaltzBatchReader(DataSourceReader):
                 top = marks[p] + 1
                 end = top if s.end is None else min(s.end, top)
                 ranges[p] = (max(s.start, self.bounds.low), min(end, self.bounds.high))
-            splits = plan_splits(reader, ranges, s.split, self.bounds.ids)
+            splits = plan(s, reader, ranges, self.bounds.ids)
         log.info("waltz: %d splits over partitions %s", len(splits), chosen)
         return splits
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, Split)
-        yield from read_split(self.settings.coordination, self.settings.transport, partition)
+        yield from read_any(self.settings, partition)
 
 
 class WaltzPushdownReader(WaltzBatchReader):
@@ -469,11 +498,10 @@ class WaltzStreamReader(DataSourceStreamReader):
         self.planned = {str(p): int(top) for p, top in end.items()}
         ranges = {int(p): (int(start.get(p, -1)) + 1, int(top) + 1) for p, top in end.items()}
         with self._lock:
-            return plan_splits(self._log(), ranges, self.settings.split)
+            return plan(self.settings, self._log(), ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, Split)
-        yield from read_split(self.settings.coordination, self.settings.transport, partition)
+        yield from read_any(self.settings, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         log.debug("waltz stream: committed through %s", json.dumps(end))

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from waltz_api import wire
-from waltz_api.cluster import ClusterMetadata, PartitionAssignment, coordination_from_uri
+from waltz_api.cluster import (
+    ArchiveMark,
+    ClusterMetadata,
+    PartitionAssignment,
+    coordination_from_uri,
+)
 from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import ConfigError, ServerError, TransportError, WaltzError
 from waltz_api.messages import (
@@ -154,6 +159,14 @@ class LogReader:
 
             self._num_partitions = self._run(self._ask(count))
         return self._num_partitions
+
+    def archive_marks(self, partitions: Sequence[int]) -> dict[int, ArchiveMark]:
+        """Each partition's archive mark (mark -1: nothing archived; docs/archive.md)."""
+
+        async def read(metadata: ClusterMetadata) -> dict[int, ArchiveMark]:
+            return {p: (await metadata.archive_mark(p)).value for p in partitions}
+
+        return self._run(self._ask(read))
 
     def locate(self, partition_id: int) -> Endpoint:
         """The partition's current server (from coordination)."""

@@ -30,16 +30,29 @@ class BackgroundCluster:
     storage nodes, ZeroMQ, one server) on a private event loop thread."""
 
     def __init__(
-        self, root: Path, partitions: int = PARTITIONS, preload: int = 0, data_size: int = 100
+        self,
+        root: Path,
+        partitions: int = PARTITIONS,
+        preload: int = 0,
+        data_size: int = 100,
+        *,
+        server_settings: dict[str, Any] | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         """``preload``: transactions per partition written straight to every storage
-        node's engine before the server starts (a large log in seconds)."""
+        node's engine before the server starts (a large log in seconds);
+        ``server_settings``: extra keys of the server's ``[server]`` table (an archive);
+        ``storage_options``: the storage engine's options."""
         self.root = root
         self.partitions = partitions
         self.preload = preload
         self.data_size = data_size
         self.cluster = InProcessCluster(
-            root, num_partitions=partitions, preload=self._preload if preload else None
+            root,
+            num_partitions=partitions,
+            preload=self._preload if preload else None,
+            server_settings=dict(server_settings or {}),
+            storage_options=dict(storage_options or {}),
         )
         self.uri = self.cluster.coordination_uri
         self.loop = asyncio.new_event_loop()

@@ -1,0 +1,131 @@
+"""Format ``waltz`` over a partly archived log (docs/archive.md, "Spark"): a real cluster
+whose server archives to a local directory, each partition about half archived (the
+storage nodes deleted that half) and half live; a real local Spark."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_spark_source import COLUMNS, log_rows, reader, spark_rows
+
+from waltz_spark import LogReader
+from waltz_spark.archived import ArchiveSplit
+from waltz_spark.datasource import Settings, Split, WaltzPushdownReader
+from waltz_spark.testing import PARTITIONS, BackgroundCluster, append
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.system, pytest.mark.slow]
+
+KEEP = 100
+"""Transactions kept local (not archived) per partition."""
+
+
+@pytest.fixture(scope="module")
+def half(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackgroundCluster, dict]]:
+    root = tmp_path_factory.mktemp("archived")
+    settings = {
+        "archive": {
+            "url": f"file://{root / 'archive'}",
+            "min_range_bytes": 1,
+            "max_range_bytes": 6000,
+            "max_local_bytes": 0,
+            "max_local_age": 0,
+            "keep_local_transactions": KEEP,
+            "row_group_bytes": 2048,
+            "interval": 0.1,
+        }
+    }
+    running = BackgroundCluster(
+        root, server_settings=settings, storage_options={"segment_size": 4096}
+    )
+    running.start()
+    try:
+        append(running.uri, [(i % PARTITIONS, i, f"row-{i}".encode() * 3) for i in range(420)])
+        deadline = time.monotonic() + 120
+        while True:
+            with LogReader(running.uri) as log:
+                marks = log.archive_marks(range(PARTITIONS))
+                tops = log.high_water_marks(range(PARTITIONS))
+            starts = [
+                node.engine.partition(p).log_start()
+                for node in running.nodes
+                for p in range(PARTITIONS)
+            ]
+            if all(marks[p].mark >= tops[p] - KEEP - 5 for p in range(PARTITIONS)) and all(
+                start > 0 for start in starts
+            ):
+                break
+            assert time.monotonic() < deadline, f"not archived: {marks} {tops} {starts}"
+            time.sleep(0.2)
+        yield running, {p: marks[p].mark for p in range(PARTITIONS)}
+    finally:
+        running.stop()
+
+
+def test_half_archived_half_live_equals_the_log(spark: Any, half: tuple) -> None:
+    cluster, marks = half
+    log = log_rows(cluster.uri)  # through the server: it reads the archived half too
+    assert len(log) == 420
+    df = reader(spark, cluster.uri, transactionsPerSplit="60")
+    assert df.columns == COLUMNS
+    assert spark_rows(df) == log
+    through_servers = reader(spark, cluster.uri, archive="false")
+    assert spark_rows(through_servers) == log
+    # the seam, exactly: each id once on either side of every partition's mark
+    near = " OR ".join(
+        f"(partition = {p} AND transaction_id BETWEEN {m - 3} AND {m + 3})"
+        for p, m in marks.items()
+    )
+    seam = spark_rows(df.where(near))
+    assert seam == [
+        r for r in log if any(r[0] == p and m - 3 <= r[1] <= m + 3 for p, m in marks.items())
+    ]
+    assert len(seam) == 7 * len(marks)
+
+
+def test_the_plan_cuts_at_the_mark(half: tuple) -> None:
+    cluster, marks = half
+    source = WaltzPushdownReader(
+        Settings.of({"coordination": cluster.uri, "transactionsPerSplit": "25"})
+    )
+    splits = source.partitions()
+    for p, mark in marks.items():
+        archived = sorted(
+            (s.start, s.end) for s in splits if isinstance(s, ArchiveSplit) and s.partition == p
+        )
+        live = sorted((s.start, s.end) for s in splits if isinstance(s, Split) and s.partition == p)
+        assert archived and live
+        covered = archived + live
+        assert covered[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(covered))
+        assert archived[-1][1] == mark + 1 == live[0][0]  # no gap, no overlap
+    rows = [b for s in splits if isinstance(s, ArchiveSplit) for b in source.read(s)]
+    assert sum(b.num_rows for b in rows) == sum(m + 1 for m in marks.values())
+
+
+def test_streaming_from_the_beginning_crosses_into_the_live_log(
+    spark: Any, half: tuple, tmp_path: Path
+) -> None:
+    cluster, _ = half
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run_once() -> None:
+        stream = spark.readStream.format("waltz").option("coordination", cluster.uri).load()
+        query = (
+            stream.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    run_once()
+    written = spark_rows(spark.read.parquet(str(out)).select(*COLUMNS))
+    assert written == log_rows(cluster.uri)
