@@ -320,6 +320,41 @@ def test_no_commit_after_the_heal() -> None:
     assert kinds(result) == {"no-commit-after-heal"}
 
 
+def test_fault_free_periods_before_the_last_heal_are_held_to_the_bounds() -> None:
+    log = clean_log()
+    stuck = [*ops_for(log), OpEvent(INVOKE, "c0:9", "c0", 12.0, 0, detail="deposit")]
+    stuck_ended = [*stuck, OpEvent(FAIL, "c0:9", "c0", 45.0, 0)]
+    # c0:9 waited 33 s, 30 of them in the fault-free period from 15 to 45
+    result = check(history(log, ops=stuck_ended, quiet=[(15.0, 45.0)]), snapshot(log), BANK)
+    late = [v for v in result.violations if v.invariant == "late-decision"]
+    assert [v.op_id for v in late] == ["c0:9"]
+    assert "the heal at 15.0" in late[0].message
+    # and the period had ops in flight but no commit
+    assert kinds(result) == {"late-decision", "no-commit-after-heal"}
+    # a period shorter than the deadline and the bound holds nothing
+    short = check(history(log, ops=stuck_ended, quiet=[(15.0, 20.0)]), snapshot(log), BANK)
+    assert short.violations == []
+    # without an answer at all (and the run goes on past the heal)
+    result = check(history(log, ops=stuck, quiet=[(15.0, 45.0)]), snapshot(log), BANK)
+    assert "undecided" in kinds(result)
+    # a commit soon after the period began
+    ok = [
+        *stuck,
+        OpEvent(INVOKE, "c0:10", "c0", 14.0, 0),
+        OpEvent(OK, "c0:10", "c0", 17.0, 0, 3),
+        OpEvent(FAIL, "c0:9", "c0", 20.0, 0),
+    ]
+    log4 = [*log, deposit(3, "c0:10", 1, 5)]
+    clean = history(
+        log4,
+        ops=ok,
+        quiet=[(15.0, 45.0)],
+        feed=[FeedEvent("c0", 1, 0, t, BANK.decode(r.data).op_id, 5.0) for t, r in enumerate(log4)],  # type: ignore[union-attr]
+        clients=[ClientSnapshot("c0", 0, 3, {"balances": {"0": 70, "1": 55}})],
+    )
+    assert check(clean, snapshot(log4), BANK).violations == []
+
+
 def test_a_missing_high_water_mark_falls_back_to_the_majority_prefix() -> None:
     log = clean_log()
     snap = snapshot(log, storage_2=log[:1])

@@ -28,7 +28,8 @@ Safety (each a ``Violation.invariant`` name):
 - ``client-state``: a client's database differs from the replay of the log up to
   its high-water mark (``client-ahead``: its mark is beyond the log).
 
-Liveness, from the moment the last fault healed (``History.healed_at``):
+Liveness, from the moment the last fault healed (``History.healed_at``), and in
+each fault-free period before it (``History.quiet``) long enough for the bound:
 
 - ``undecided``: a submission without an answer although its deadline passed;
 - ``late-decision``: an answer after the deadline;
@@ -627,6 +628,7 @@ def _check_liveness(
             first_ok_after = op.end.time
         if invoke.time >= healed or op.end.time >= healed:
             submitted_after = True
+    _check_quiet_periods(history, ops, bounds, out)
     if history.healed_at is None or not submitted_after:
         return
     if first_ok_after is None:
@@ -647,6 +649,93 @@ def _check_liveness(
                 first_ok_after,
             )
         )
+
+
+def _check_quiet_periods(
+    history: History, ops: dict[str, _Op], bounds: LivenessBounds, out: list[Violation]
+) -> None:
+    """The liveness bounds in the fault-free periods before the last heal."""
+    last = history.healed_at if history.healed_at is not None else history.end_time
+    periods = sorted((start, min(end, last)) for start, end in history.quiet if start < last)
+    deadline = bounds.decision_deadline
+    for op in ops.values():
+        invoke = op.invoke
+        if invoke is None:
+            continue
+        for start, end in periods:
+            if end <= invoke.time:
+                continue
+            begin = max(invoke.time, start)
+            if op.end is not None and op.end.time <= begin:
+                break  # decided before this period began
+            due = begin + deadline
+            if due > end:
+                continue  # a fault came before its deadline: not held to it here
+            since = (
+                f"the heal at {start - history.start_time:.1f}"
+                if begin > invoke.time
+                else ("its invocation")
+            )
+            if op.end is None:
+                out.append(
+                    Violation(
+                        "undecided",
+                        f"op {op.op_id} ({invoke.detail}) invoked at "
+                        f"{invoke.time - history.start_time:.3f} has no answer {deadline} s after "
+                        f"{since}, in a fault-free period",
+                        invoke.time,
+                        partition=invoke.partition,
+                        op_id=op.op_id,
+                        client=invoke.client,
+                    )
+                )
+            elif op.end.kind in (OK, FAIL) and op.end.time > due:
+                out.append(
+                    Violation(
+                        "late-decision",
+                        f"op {op.op_id} was decided ({op.end.kind}) "
+                        f"{op.end.time - begin:.1f} s after {since} (deadline {deadline} s), in "
+                        "a fault-free period",
+                        op.end.time,
+                        partition=invoke.partition,
+                        op_id=op.op_id,
+                        client=invoke.client,
+                    )
+                )
+            break
+    bound = bounds.commit_bound
+    for start, end in periods:
+        if end - start < bound:
+            continue
+        in_flight = any(
+            op.invoke is not None
+            and op.invoke.time < start + bound
+            and (op.end is None or op.end.time >= start)
+            for op in ops.values()
+        )
+        if not in_flight:
+            continue
+        commits = [
+            op.end.time
+            for op in ops.values()
+            if op.end is not None and op.end.kind == OK and start <= op.end.time < end
+        ]
+        first = min(commits, default=None)
+        if first is None or first - start > bound:
+            late = (
+                "nothing committed"
+                if first is None
+                else f"the first commit came {first - start:.1f} s into"
+            )
+            out.append(
+                Violation(
+                    "no-commit-after-heal",
+                    f"{late} in the fault-free period from "
+                    f"{start - history.start_time:.1f} to {end - history.start_time:.1f} "
+                    f"(bound {bound} s)",
+                    start if first is None else first,
+                )
+            )
 
 
 __all__ = ["LIVENESS", "SAFETY", "check"]

@@ -122,6 +122,12 @@ class History:
     end_time: float = 0.0
     healed_at: float | None = None
     """When the last fault healed (None: no fault). Liveness is checked from here."""
+    quiet: list[tuple[float, float]] = field(default_factory=list)
+    """Fault-free periods (start, end) before ``healed_at``, when faults come and go
+    through a run (``waltz chaos``): in each, as after the last heal, an op is decided
+    within its deadline (counted from the later of its invocation and the period's
+    start) when the period lasts that long, and a commit comes within the bound when
+    the period lasts that long and ops were in flight in it."""
     submissions_end: float | None = None
     """When the workload stopped starting new ops (liveness: each op has until its
     deadline; ops started later than ``end_time`` minus the deadline are not held to it)."""
