@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
+from waltz_api.config import toml_document
 from waltz_conformance.suites.system.clients import PartitionClient
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
-from waltz_conformance.suites.system.members import Member, toml_document
+from waltz_conformance.suites.system.members import Member
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 

@@ -104,6 +104,36 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
     return None
 
 
+def toml_document(config: Mapping[str, Any]) -> str:
+    """A TOML document of ``config`` (tables of str, int, float, bool, lists and tables):
+    the config file of a process that a program starts (tests, ``waltz chaos``)."""
+
+    def value(item: Any) -> str:
+        if isinstance(item, bool):
+            return "true" if item else "false"
+        if isinstance(item, int | float):
+            return repr(item)
+        if isinstance(item, str):
+            return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(item, list):
+            return "[" + ", ".join(value(v) for v in item) + "]"
+        raise TypeError(f"cannot write {item!r} as TOML")
+
+    lines: list[str] = []
+
+    def table(prefix: str, mapping: Mapping[str, Any]) -> None:
+        scalars = {k: v for k, v in mapping.items() if not isinstance(v, Mapping)}
+        tables = {k: v for k, v in mapping.items() if isinstance(v, Mapping)}
+        if prefix:
+            lines.append(f"[{prefix}]")
+        lines.extend(f"{k} = {value(v)}" for k, v in scalars.items())
+        for key, sub in tables.items():
+            table(f"{prefix}.{key}" if prefix else key, sub)
+
+    table("", config)
+    return "\n".join(lines) + "\n"
+
+
 def _deep_merge(target: dict[str, Any], source: Mapping[str, Any]) -> None:
     for key, value in source.items():
         if isinstance(value, Mapping) and isinstance(target.get(key), dict):

@@ -16,6 +16,7 @@ from typing import Any
 
 from waltz_api.capabilities import PROCESSES
 from waltz_api.cluster import coordination_from_uri
+from waltz_api.config import toml_document
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import SessionFencedError, StorageError, TransportError
@@ -29,7 +30,6 @@ from waltz_conformance.suites.system.members import (
     ServerProcessMember,
     StorageInLoop,
     StorageProcessMember,
-    toml_document,
 )
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess

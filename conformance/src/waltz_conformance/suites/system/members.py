@@ -13,35 +13,6 @@ from waltz_server.server.testing import ServerProcess
 from waltz_server.storage_node.testing import StorageNodeProcess
 
 
-def toml_document(config: dict[str, Any]) -> str:
-    """A TOML document of ``config`` (tables of str, int, float, bool, lists and tables)."""
-
-    def value(item: Any) -> str:
-        if isinstance(item, bool):
-            return "true" if item else "false"
-        if isinstance(item, int | float):
-            return repr(item)
-        if isinstance(item, str):
-            return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(item, list):
-            return "[" + ", ".join(value(v) for v in item) + "]"
-        raise TypeError(f"cannot write {item!r} as TOML")
-
-    lines: list[str] = []
-
-    def table(prefix: str, mapping: dict[str, Any]) -> None:
-        scalars = {k: v for k, v in mapping.items() if not isinstance(v, dict)}
-        tables = {k: v for k, v in mapping.items() if isinstance(v, dict)}
-        if prefix:
-            lines.append(f"[{prefix}]")
-        lines.extend(f"{k} = {value(v)}" for k, v in scalars.items())
-        for key, sub in tables.items():
-            table(f"{prefix}.{key}" if prefix else key, sub)
-
-    table("", config)
-    return "\n".join(lines) + "\n"
-
-
 class Member(ABC):
     """One storage node or server of the harness, in a process or in the loop."""
 
