@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -227,6 +228,12 @@ class NetworkLab:
         """Move this thread (the chaos process's main thread, before it starts any
         other) into ``role``'s namespace: its own connections then go through the
         run's links. :meth:`leave` goes back."""
+        if threading.active_count() > 1:
+            log.warning(
+                "entering %s with %d threads running: those stay outside it",
+                self.hosts[role].namespace,
+                threading.active_count() - 1,
+            )
         if self._home_fd is None:
             self._home_fd = os.open("/proc/self/ns/net", os.O_RDONLY)
         fd = os.open(os.path.join(_NETNS_DIR, self.hosts[role].namespace), os.O_RDONLY)

@@ -303,13 +303,45 @@ _COLOURS = {
 _WORKLOAD_COLOURS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
 
 
+def _lanes(s: Summary) -> list[tuple[str, list[FaultLine]]]:
+    """One lane per fault kind, split into rows where its faults overlap."""
+    lanes: list[tuple[str, list[FaultLine]]] = []
+    for kind in s.faults_by_kind():
+        rows: list[list[FaultLine]] = []
+        for fault in sorted(
+            (f for f in s.faults if f.kind == kind and f.end is not None), key=lambda f: f.start
+        ):
+            for row in rows:
+                last = row[-1]
+                if last.end is not None and last.end <= fault.start:
+                    row.append(fault)
+                    break
+            else:
+                rows.append([fault])
+        lanes += [(kind if i == 0 else "", row) for i, row in enumerate(rows)]
+    return lanes
+
+
+def _label(fault: FaultLine) -> str:
+    """The fault's targets, short (``storage-1`` -> ``s1``)."""
+    text = fault.description.split(": ", 1)[-1].split(" (")[0]
+    for long, short in (
+        ("storage-", "s"),
+        ("server-", "v"),
+        ("client-", "c"),
+        ("coordination", "coord"),
+    ):
+        text = text.replace(long, short)
+    return text
+
+
 def _plot(s: Summary) -> str:
-    width, left, right = 1100, 70, 20
+    width, left, right = 1100, 170, 20
     top, plot_h = 20, 220
-    kinds = list(s.faults_by_kind()) or ["(none)"]
-    lane_h = 18
-    lanes_top = top + plot_h + 40
-    height = lanes_top + lane_h * len(kinds) + 30
+    lanes = _lanes(s) or [("(no faults)", [])]
+    lane_h = 16
+    lanes_top = top + plot_h + 44
+    height = lanes_top + lane_h * len(lanes) + 20
     span = max(s.submissions_end, s.duration, 1.0)
 
     def x(t: float) -> float:
@@ -324,18 +356,20 @@ def _plot(s: Summary) -> str:
             if 0 <= t <= span and workload in series:
                 series[workload][int(t)] += 1
     peak = max([1, *(max(v) for v in series.values())])
-    y_max = max(5, int(math.ceil(peak / 5.0) * 5))
+    y_max = max(5, math.ceil(peak / 5.0) * 5)
 
     def y(v: float) -> float:
         return top + plot_h - plot_h * v / y_max
 
+    bottom = lanes_top + lane_h * len(lanes)
     parts: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="commits over time and faults">',
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="commits over time and faults" '
+        'font-family="system-ui, sans-serif">',
         f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{plot_h}" '
         'fill="#fafafa" stroke="#ccc"/>',
     ]
-    # outages, shaded, one thin band per partition at the top of the plot
+    # outages, shaded, one band per partition
     partitions = sorted(s.partitions)
     band = plot_h / max(len(partitions), 1)
     for outage in s.outages:
@@ -346,13 +380,17 @@ def _plot(s: Summary) -> str:
             f'fill="#d62728" fill-opacity="0.13"><title>partition {outage.partition}: no commit '
             f"from {outage.start:.1f} to {outage.end:.1f} s ({outage.length:.1f} s)</title></rect>"
         )
+    for row, partition in enumerate(partitions):
+        parts.append(
+            f'<text x="{left + 3}" y="{top + row * band + 11:.1f}" font-size="9" fill="#999">'
+            f"p{partition}</text>"
+        )
     # grid and axes
     step = _tick_step(span)
     t = 0.0
     while t <= span + 1e-9:
         parts.append(
-            f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" '
-            f'y2="{lanes_top + lane_h * len(kinds)}" stroke="#e4e4e4"/>'
+            f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{bottom}" stroke="#e4e4e4"/>'
         )
         parts.append(
             f'<text x="{x(t):.1f}" y="{top + plot_h + 16}" font-size="11" text-anchor="middle">'
@@ -368,8 +406,8 @@ def _plot(s: Summary) -> str:
             'stroke="#eee"/>'
         )
     parts.append(
-        f'<text x="14" y="{top + plot_h / 2:.0f}" font-size="12" text-anchor="middle" '
-        f'transform="rotate(-90 14 {top + plot_h / 2:.0f})">commits per second</text>'
+        f'<text x="{left - 40}" y="{top + plot_h / 2:.0f}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 {left - 40} {top + plot_h / 2:.0f})">commits per second</text>'
     )
     # the commit series
     for index, workload in enumerate(workloads):
@@ -383,44 +421,51 @@ def _plot(s: Summary) -> str:
             f"<title>{html.escape(workload)}</title></polyline>"
         )
         parts.append(
-            f'<rect x="{width - right - 150}" y="{top + 8 + 16 * index}" width="12" height="3" '
-            f'fill="{colour}"/><text x="{width - right - 132}" y="{top + 13 + 16 * index}" '
+            f'<rect x="{width - right - 110}" y="{top + 8 + 16 * index}" width="14" height="3" '
+            f'fill="{colour}"/><text x="{width - right - 92}" y="{top + 13 + 16 * index}" '
             f'font-size="11">{html.escape(workload)}</text>'
         )
     # the final heal and the end of submissions
     for when, label in ((s.final_heal, "final heal"), (s.submissions_end, "submissions end")):
         parts.append(
-            f'<line x1="{x(when):.1f}" y1="{top}" x2="{x(when):.1f}" y2="{top + plot_h}" '
+            f'<line x1="{x(when):.1f}" y1="{top}" x2="{x(when):.1f}" y2="{bottom}" '
             f'stroke="#333" stroke-dasharray="4 3"><title>{label} at {when:.1f} s</title></line>'
         )
         parts.append(
-            f'<text x="{x(when) + 3:.1f}" y="{top + plot_h - 6}" font-size="10">{label}</text>'
+            f'<text x="{x(when) - 3:.1f}" y="{top + plot_h + 30}" font-size="10" '
+            f'text-anchor="end">{label}</text>'
         )
     # fault lanes
     parts.append(
-        f'<text x="{left}" y="{lanes_top - 8}" font-size="12" font-weight="bold">faults</text>'
+        f'<text x="{left - 6}" y="{lanes_top - 8}" font-size="12" font-weight="bold" '
+        'text-anchor="end">faults</text>'
     )
-    for row, kind in enumerate(kinds):
+    for row, (kind, faults) in enumerate(lanes):
         ly = lanes_top + row * lane_h
-        parts.append(
-            f'<text x="{left - 6}" y="{ly + 12}" font-size="10" text-anchor="end">'
-            f"{html.escape(kind)}</text>"
-        )
-        parts.append(
-            f'<line x1="{left}" y1="{ly + lane_h - 1}" x2="{width - right}" '
-            f'y2="{ly + lane_h - 1}" stroke="#f0f0f0"/>'
-        )
-        for fault in s.faults:
-            if fault.kind != kind or fault.end is None:
-                continue
-            colour = _COLOURS.get(kind, "#7f7f7f")
+        if kind:
+            parts.append(
+                f'<line x1="{left}" y1="{ly}" x2="{width - right}" y2="{ly}" stroke="#ddd"/>'
+            )
+            parts.append(
+                f'<text x="{left - 6}" y="{ly + 12}" font-size="11" text-anchor="end">'
+                f"{html.escape(kind)}</text>"
+            )
+        for fault in faults:
+            assert fault.end is not None
+            colour = _COLOURS.get(fault.kind, "#7f7f7f")
             x0, x1 = x(fault.start), x(fault.end)
             parts.append(
                 f'<rect x="{x0:.1f}" y="{ly + 2}" width="{max(2.0, x1 - x0):.1f}" '
-                f'height="{lane_h - 5}" rx="2" fill="{colour}" fill-opacity="0.85">'
+                f'height="{lane_h - 4}" rx="2" fill="{colour}" fill-opacity="0.85">'
                 f"<title>{html.escape(fault.description)}: {fault.start:.1f} to "
                 f"{fault.end:.1f} s</title></rect>"
             )
+            label = _label(fault)
+            if (x1 - x0) > 6.0 * len(label) + 4:
+                parts.append(
+                    f'<text x="{x0 + 3:.1f}" y="{ly + 11}" font-size="9" fill="#fff">'
+                    f"{html.escape(label)}</text>"
+                )
     parts.append("</svg>")
     return "\n".join(parts)
 

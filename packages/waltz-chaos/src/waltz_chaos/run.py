@@ -158,7 +158,7 @@ async def run_chaos(config: ChaosConfig, echo: Callable[[str], None] = print) ->
                 ["admin", *roles.all],
                 [*roles.links(), *(("admin", r) for r in roles.all)],
             )
-            await asyncio.to_thread(lab.create)
+            lab.create()  # before any thread: the executor's threads are made in admin
             lab.enter("admin")
             if not lab.netem:
                 network_text += (

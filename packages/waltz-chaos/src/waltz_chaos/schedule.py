@@ -582,7 +582,9 @@ def generate(
             break
         if any(q.at <= t < q.end + QUORUM_RECOVERY for q in quorum):
             continue  # a quorum fault and the recovery after it: no other fault
-        limit = min([end, *(q.at for q in quorum if q.at > t)])
+        # a regular fault heals before the next quorum fault (with a margin: an injection
+        # can be late by the time a kill or a fill takes)
+        limit = min([end, *(q.at - 2.0 for q in quorum if q.at > t)])
         for _attempt in range(6):
             kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
             fault = gen.draw(kind, t, limit)
