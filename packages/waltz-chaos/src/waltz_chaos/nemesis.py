@@ -52,6 +52,9 @@ class FaultRecord:
     notes: list[str] = field(default_factory=list)
     _undo: list[Callable[[], object]] = field(default_factory=list, repr=False)
 
+    def __post_init__(self) -> None:
+        self.description = self.description or self.fault.describe()
+
     @property
     def kind(self) -> str:
         return self.fault.kind
@@ -78,7 +81,7 @@ class Nemesis:
         self.schedule = schedule
         self.start = start
         self.report = report
-        self.records = [FaultRecord(f, description=f.describe()) for f in schedule.faults]
+        self.records = [FaultRecord(f) for f in schedule.faults]
         self._lock = asyncio.Lock()
 
     def _now(self) -> float:
