@@ -304,10 +304,10 @@ class ZooKeeperServer:
 
     def kill(self) -> None:
         """Kill the server with SIGKILL (its data stays for :meth:`restart`)."""
-        if self.process is not None:
-            stop_process(self.process, kill=True)
-            log.info("killed ZooKeeper pid %d", self.process.pid)
-            self.process = None
+        process, self.process = self.process, None
+        if process is not None:
+            stop_process(process, kill=True)
+            log.info("killed ZooKeeper pid %d", process.pid)
 
     def restart(self, timeout: float = 90.0) -> None:
         """Start the server again on the same port with the same data."""

@@ -150,6 +150,33 @@ class _Duration(click.ParamType):  # type: ignore[type-arg]
     help="Liveness: seconds for commits to resume after a heal.",
 )
 @click.option(
+    "--attach",
+    metavar="URI",
+    help="Use the running cluster at this coordination URI (its workload partitions empty) "
+    "instead of starting one.",
+)
+@click.option(
+    "--process",
+    "processes",
+    multiple=True,
+    metavar="ROLE=PID",
+    help="With --attach: a process of it the faults may pause and kill (storage-N or "
+    "server-N); repeat it.",
+)
+@click.option(
+    "--storage-endpoint",
+    default="tcp://{}",
+    show_default=True,
+    help="With --attach: a storage node's endpoint, {} being its name in the metadata.",
+)
+@click.option(
+    "--transport-option",
+    "transport_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --attach: a transport option of the clients (e.g. security=plaintext).",
+)
+@click.option(
     "--clean",
     is_flag=True,
     help="Only remove what killed runs left (namespaces, their processes, mounts).",
@@ -173,6 +200,10 @@ def chaos(  # noqa: PLR0917 - click passes options by name
     keep_data: bool,
     decision_deadline: float,
     commit_bound: float,
+    attach: str | None,
+    processes: tuple[str, ...],
+    storage_endpoint: str,
+    transport_option: tuple[str, ...],
     clean: bool,
     verbose: int,
 ) -> None:
@@ -195,6 +226,22 @@ def chaos(  # noqa: PLR0917 - click passes options by name
             f"unknown workloads {unknown}; choose of {', '.join(OP_MIXES)}",
             param_hint="--workloads",
         )
+    pids: dict[str, int] = {}
+    for item in processes:
+        role, _, pid = item.partition("=")
+        if not pid.isdigit() or role.rpartition("-")[0] not in ("storage", "server"):
+            raise click.BadParameter(
+                f"{item!r}: give ROLE=PID, ROLE storage-N or server-N", param_hint="--process"
+            )
+        pids[role] = int(pid)
+    if pids and attach is None:
+        raise click.BadParameter("only with --attach", param_hint="--process")
+    options: dict[str, object] = {}
+    for item in transport_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r}: give KEY=VALUE", param_hint="--transport-option")
+        options[key] = value
     if duration < 30:
         raise click.BadParameter("at least 30 seconds", param_hint="--duration")
     config = ChaosConfig(
@@ -216,6 +263,10 @@ def chaos(  # noqa: PLR0917 - click passes options by name
         out=out,
         bounds=LivenessBounds(decision_deadline=decision_deadline, commit_bound=commit_bound),
         keep_data=keep_data,
+        attach=attach,
+        processes=pids,
+        storage_endpoint=storage_endpoint,
+        transport_options=options,
     )
     try:
         result = asyncio.run(_main(config))

@@ -148,6 +148,74 @@ class ClientProcess:
             self.process.wait(timeout=30)
 
 
+class ExternalProcess:
+    """A process of a cluster the run attached to (``--attach``): it did not start it.
+    Paused and killed by its pid; restarted with the command line, directory and
+    environment it had (read from /proc when the run attached), in a session of its
+    own, its output in the run's log; never stopped at the end (the cluster is the
+    user's)."""
+
+    def __init__(self, pid: int, log_path: Path) -> None:
+        self.original_pid = pid
+        self.log_path = log_path
+        try:
+            self.argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+            self.cwd = os.readlink(f"/proc/{pid}/cwd")
+            raw = Path(f"/proc/{pid}/environ").read_bytes().rstrip(b"\0").split(b"\0")
+        except OSError as exc:
+            raise ChaosError(f"cannot read process {pid} (/proc/{pid}): {exc}") from None
+        if not self.argv or self.argv == [b""]:
+            raise ChaosError(f"process {pid} has no command line to restart it with")
+        self.env = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_offset = 0
+
+    @property
+    def pid(self) -> int:
+        return self.original_pid if self.process is None else self.process.pid
+
+    @property
+    def running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        try:
+            state = Path(f"/proc/{self.original_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return False
+        return state[0] != "Z"
+
+    def start(self) -> None:
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [a.decode(errors="replace") for a in self.argv],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        with contextlib.suppress(OSError), self.log_path.open("rb") as f:
+            f.seek(self.log_offset)
+            return f.read().decode(errors="replace")
+        return ""
+
+    def kill(self) -> None:
+        if self.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            if self.process is not None:
+                self.process.wait(timeout=30)
+            else:
+                for _ in range(300):  # not our child: wait until it is gone
+                    if not self.running:
+                        break
+                    time.sleep(0.01)
+
+
 @dataclass(eq=False)
 class Member:
     """One process of the cluster (a storage node, a server or a client)."""
@@ -156,7 +224,7 @@ class Member:
     kind: str
     address: str
     port: int
-    handle: StorageNodeProcess | ServerProcess | ClientProcess
+    handle: StorageNodeProcess | ServerProcess | ClientProcess | ExternalProcess
     incarnation: int = 0
     down: bool = False
     """Killed by the nemesis (not restarted yet): not an unexpected exit."""
@@ -170,8 +238,14 @@ class Member:
 
     @property
     def running(self) -> bool:
+        if isinstance(self.handle, ExternalProcess):
+            return self.handle.running
         process = self.handle.process
         return process is not None and process.poll() is None
+
+    @property
+    def external(self) -> bool:
+        return isinstance(self.handle, ExternalProcess)
 
     def output(self) -> str:
         return self.handle.output()
@@ -198,7 +272,15 @@ class Cluster:
     stopping: bool = False
     coordination_down: bool = False
     """Killed by the nemesis (not restarted yet): not an unexpected exit."""
+    attached_partitions: int | None = None
+    """The attached cluster's partitions (None: the run started its own cluster)."""
+    attached_servers: int = 0
+    """The attached cluster's registered servers."""
+    extra_transport_options: dict[str, Any] = field(default_factory=dict)
+    storage_endpoints: dict[str, str] = field(default_factory=dict)
+    """Every storage node's endpoint (role -> endpoint), for the read-back."""
     _supervisor: asyncio.Task[None] | None = None
+    _coordination_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     # -- addresses ----------------------------------------------------------------------
 
@@ -213,8 +295,10 @@ class Cluster:
 
     @property
     def transport_options(self) -> dict[str, Any]:
-        """Plaintext between the namespaces' addresses (a private network of the run)."""
-        return {} if self.lab is None else {"security": "plaintext"}
+        """Plaintext between the namespaces' addresses (a private network of the run);
+        an attached cluster's options as given."""
+        base = {} if self.lab is None else {"security": "plaintext"}
+        return {**base, **self.extra_transport_options}
 
     @property
     def coordination_options(self) -> dict[str, Any]:
@@ -239,6 +323,9 @@ class Cluster:
             self._add_storage(f"storage-{i}")
         await self._create_metadata()
         await asyncio.gather(*(self.start_member(m) for m in self.of_kind("storage")))
+        self.storage_endpoints = {
+            m.name: f"tcp://{m.address}:{m.port}" for m in self.of_kind("storage")
+        }
         for i in range(settings.servers):
             self._add_server(f"server-{i}")
         await asyncio.gather(*(self.start_member(m) for m in self.of_kind("server")))
@@ -248,6 +335,79 @@ class Cluster:
         await asyncio.gather(*(self.start_member(m) for m in self.of_kind("client")))
         await asyncio.gather(*(self.wait_client(m, READY) for m in self.of_kind("client")))
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+
+    async def attach(
+        self, uri: str, processes: dict[str, int], storage_endpoint: str = "tcp://{}"
+    ) -> None:
+        """Use the running cluster at ``uri`` instead of starting one: its processes named
+        in ``processes`` (role -> pid) become members the nemesis may pause and kill;
+        the clients start as usual. Its storage nodes are ``storage-0``... in the order of
+        their names in the metadata. Refuses a cluster whose partitions the workloads
+        need are not empty (the checker replays them from their first transaction)."""
+        for sub in ("logs", "config", "clients"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.coordination_uri = uri
+        self.transport = get_registry().get("transport", "zmq").factory(self.transport_options)
+        coordination = coordination_from_uri(uri, self.coordination_options)
+        await coordination.start()
+        try:
+            metadata = ClusterMetadata(coordination)
+            config = await metadata.config()
+            nodes = sorted((await metadata.replica_assignments()).storage)
+            self.attached_servers = len(await metadata.servers())
+        finally:
+            await coordination.close()
+        if config.num_partitions < self.settings.num_partitions:
+            raise ChaosError(
+                f"the cluster at {uri} has {config.num_partitions} partitions; the workloads "
+                f"need {self.settings.num_partitions} (--partitions per workload x "
+                f"{len(self.settings.workloads)} workloads)"
+            )
+        self.cluster_key = config.cluster_key
+        self.attached_partitions = config.num_partitions
+        await self._check_empty()
+        for role, pid in sorted(processes.items()):
+            kind = role.rpartition("-")[0]
+            if kind not in ("storage", "server"):
+                raise ChaosError(f"--process {role}={pid}: name it storage-N or server-N")
+            handle = ExternalProcess(pid, self.run_dir / "logs" / f"{role}.log")
+            self.members[role] = Member(role, kind, "", 0, handle, incarnation=1)
+        for i in range(self.settings.clients):
+            self._add_client(f"client-{i}", self.settings.workload_of(i))
+        await asyncio.gather(*(self.start_member(m) for m in self.of_kind("client")))
+        await asyncio.gather(*(self.wait_client(m, READY) for m in self.of_kind("client")))
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        self.storage_endpoints = {
+            f"storage-{i}": storage_endpoint.format(node) for i, node in enumerate(nodes)
+        }
+
+    async def _check_empty(self) -> None:
+        from waltz_client import AsyncWaltzClient, ClientConfig
+        from waltz_sim.workloads import ReadOnlyCallbacks
+
+        partitions = list(range(self.settings.num_partitions))
+        client = AsyncWaltzClient(
+            ReadOnlyCallbacks(),
+            ClientConfig(
+                coordination=self.coordination_uri,
+                coordination_options=self.coordination_options,
+                transport_options=self.transport_options,
+                partitions=partitions,
+            ),
+        )
+        await client.start()
+        try:
+            for partition in partitions:
+                high = await client.high_water_mark(partition, timeout=30.0)
+                if high >= 0:
+                    raise ChaosError(
+                        f"partition {partition} of the cluster at {self.coordination_uri} holds "
+                        f"{high + 1} transactions: waltz chaos needs empty partitions (the "
+                        "checker replays each from its first transaction); create a cluster "
+                        "for it (waltz cluster create) or use another coordination root"
+                    )
+        finally:
+            await client.close()
 
     def _start_coordination(self) -> None:
         address = self._address("coordination")
@@ -421,6 +581,8 @@ class Cluster:
         else:
             handle.start()
         self._event(member.name, "start", member.incarnation)
+        if isinstance(handle, ExternalProcess):
+            return
         if not wait:
             return
         if isinstance(handle, StorageNodeProcess):
@@ -444,7 +606,9 @@ class Cluster:
     def kill(self, member: Member) -> None:
         """kill -9 (and reap); the member stays down until :meth:`start_member`."""
         member.down = True
-        if member.running:
+        if isinstance(member.handle, ExternalProcess):
+            member.handle.kill()
+        elif member.running:
             assert member.pid is not None
             os.kill(member.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -457,7 +621,7 @@ class Cluster:
         """A graceful restart (SIGTERM, SIGKILL after 10 s, start again)."""
         member.down = True
         handle = member.handle
-        if isinstance(handle, ClientProcess):
+        if isinstance(handle, ClientProcess | ExternalProcess):
             handle.kill()
         else:
             await asyncio.to_thread(handle.terminate, 10.0)
@@ -479,23 +643,28 @@ class Cluster:
                 os.kill(member.pid, signal.SIGCONT)
             self._event(member.name, "resume", member.incarnation)
 
-    def kill_coordination(self) -> None:
-        self.coordination_down = True
-        server = self.coordination_server
-        if self.settings.coordination == "zk":
-            server.kill()
-        else:
-            server.kill_member(0)
-        self._event("coordination", "kill", 0)
+    async def kill_coordination(self) -> None:
+        """kill -9 the coordination service (after a start in progress has finished)."""
+        async with self._coordination_lock:
+            self.coordination_down = True
+            server = self.coordination_server
+            if self.settings.coordination == "zk":
+                await asyncio.to_thread(server.kill)
+            else:
+                await asyncio.to_thread(server.kill_member, 0)
+            self._event("coordination", "kill", 0)
 
     async def start_coordination(self) -> None:
-        server = self.coordination_server
-        if self.settings.coordination == "zk":
-            await asyncio.to_thread(server.start)
-        else:
-            await asyncio.to_thread(server.restart_member, 0)
-        self.coordination_down = False
-        self._event("coordination", "start", 0)
+        """Start it again on its data and wait until it serves (one start or kill at a
+        time: its launcher is not meant for two threads)."""
+        async with self._coordination_lock:
+            server = self.coordination_server
+            if self.settings.coordination == "zk":
+                await asyncio.to_thread(server.start)
+            else:
+                await asyncio.to_thread(server.restart_member, 0)
+            self.coordination_down = False
+            self._event("coordination", "start", 0)
 
     @property
     def coordination_running(self) -> bool:
@@ -531,9 +700,12 @@ class Cluster:
         while not self.stopping:
             await asyncio.sleep(0.5)
             for member in list(self.members.values()):
-                if self.stopping or member.down or member.running or member.handle.process is None:
+                if self.stopping or member.down or member.running:
                     continue
-                code = member.handle.process.returncode
+                if not member.external and member.handle.process is None:
+                    continue
+                process = member.handle.process
+                code = None if process is None else process.returncode
                 self._event(
                     member.name,
                     "exit",
@@ -550,10 +722,13 @@ class Cluster:
                 and self.coordination_server is not None
                 and not self.coordination_running
                 and not self.coordination_down
+                and not self._coordination_lock.locked()
             ):
                 self._event("coordination", "exit", 0, "the coordination service exited")
-                with contextlib.suppress(Exception):
+                try:
                     await self.start_coordination()
+                except Exception as exc:
+                    log.warning("restarting the coordination service failed: %s", exc)
 
     # -- the end ----------------------------------------------------------------------------------
 
@@ -593,6 +768,8 @@ class Cluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(member.pid, signal.SIGCONT)
             handle = member.handle
+            if isinstance(handle, ExternalProcess):
+                continue  # the user's cluster: it stays up
             if isinstance(handle, ClientProcess):
                 handle.kill()
             else:
@@ -602,6 +779,7 @@ class Cluster:
         if server is not None:
             with contextlib.suppress(Exception):
                 server.stop()
+            self.coordination_server = None
 
     def unmount(self, keep: Path | None = None) -> None:
         """Unmount the storage nodes' file systems (their data copied to ``keep`` first)."""

@@ -98,9 +98,14 @@ class Nemesis:
             await self._inject(record)
             record.injected_at = time.monotonic()
             self.report(f"{self._now():7.1f}s  inject  {record.description}")
-        except (WaltzError, OSError) as exc:
-            record.notes.append(f"not injected: {exc}")
+        except Exception as exc:
+            # what it did so far is undone when it heals; the run goes on
+            log.exception("injecting %s failed", record.description)
+            record.notes.append(f"not injected: {type(exc).__name__}: {exc}")
             self.report(f"{self._now():7.1f}s  skip    {record.description}: {exc}")
+            if record._undo:
+                record.injected_at = time.monotonic()
+                await self._heal(record)
             return
         await asyncio.sleep(max(0.0, self.start + fault.end - time.monotonic()))
         await self._heal(record)
@@ -114,9 +119,9 @@ class Nemesis:
                 result = undo()
                 if asyncio.iscoroutine(result):
                     await result
-            except (WaltzError, OSError) as exc:
-                record.notes.append(f"heal: {exc}")
-                log.warning("healing %s: %s", record.description, exc)
+            except Exception as exc:
+                log.exception("healing %s failed", record.description)
+                record.notes.append(f"heal: {type(exc).__name__}: {exc}")
         record._undo.clear()
         self.report(f"{self._now():7.1f}s  heal    {record.description}")
 
@@ -156,7 +161,7 @@ class Nemesis:
                 cluster.pause(member)
                 record._undo.append(functools.partial(cluster.resume, member))
         elif kind in ("coordination_restart", "long_coordination_outage"):
-            cluster.kill_coordination()
+            await cluster.kill_coordination()
             record._undo.append(cluster.start_coordination)
         elif kind == "session_expiry":
             member = self._member(fault.targets[0])

@@ -67,6 +67,12 @@ class ChaosConfig:
         default_factory=lambda: LivenessBounds(decision_deadline=20.0, commit_bound=10.0)
     )
     keep_data: bool = False
+    attach: str | None = None
+    """The coordination URI of a running cluster to use instead of starting one."""
+    processes: dict[str, int] = field(default_factory=dict)
+    """With ``attach``: its processes the nemesis may pause and kill (role -> pid)."""
+    storage_endpoint: str = "tcp://{}"
+    transport_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -107,6 +113,8 @@ def _replay_command(config: ChaosConfig, run_dir: Path) -> str:
 async def run_chaos(config: ChaosConfig, echo: Callable[[str], None] = print) -> RunResult:
     """The whole run (see the module docstring)."""
     started = time.monotonic()
+    if config.attach is not None:
+        return await _run_attached(config, echo, started)
     settings = config.cluster
     if config.network not in NETWORK_MODES:
         raise ChaosError(f"--network {config.network!r}: choose one of {', '.join(NETWORK_MODES)}")
@@ -185,6 +193,75 @@ async def run_chaos(config: ChaosConfig, echo: Callable[[str], None] = print) ->
             lab.destroy()
 
 
+async def _run_attached(
+    config: ChaosConfig, echo: Callable[[str], None], started: float
+) -> RunResult:
+    """A run on a cluster that is already running (``--attach``): no namespaces, no
+    mounts, no coordination faults; process faults only on the processes named."""
+    assert config.attach is not None
+    settings = config.cluster
+    run_dir = _run_dir(config)
+    named = ", ".join(sorted(config.processes)) or "none"
+    network_text = (
+        f"attached to {config.attach}: no network, disk or coordination faults; process "
+        f"faults on the processes named ({named})"
+    )
+    echo(f"attaching to {config.attach}; faults only on: {named}")
+    cluster = Cluster(settings, run_dir, None, extra_transport_options=config.transport_options)
+    try:
+        await cluster.attach(config.attach, config.processes, config.storage_endpoint)
+        roles = Roles(
+            tuple(cluster.storage_endpoints),
+            tuple(
+                f"server-{i}"
+                for i in range(
+                    max(
+                        cluster.attached_servers,
+                        *(
+                            int(r.rpartition("-")[2]) + 1
+                            for r in config.processes
+                            if r.startswith("server-")
+                        ),
+                        0,
+                    )
+                )
+            ),
+            tuple(m.name for m in cluster.of_kind("client")),
+        )
+        eligible = set(config.processes) | set(roles.clients)
+        if config.schedule is not None:
+            schedule = Schedule.load(config.schedule)
+            schedule.check_fits(
+                roles, network=False, disk=False, coordination=False, eligible=eligible
+            )
+            config = replace(config, duration=schedule.duration, quiet=schedule.quiet)
+        else:
+            schedule = generate(
+                config.seed,
+                roles,
+                duration=config.duration,
+                quiet=config.quiet_seconds,
+                profile_spec=config.faults,
+                network=False,
+                disk=False,
+                coordination=False,
+                eligible=eligible,
+                session_timeout=settings.session_timeout,
+            )
+        schedule.save(run_dir / "schedule.json")
+        replay = (
+            f"waltz chaos --attach {config.attach} "
+            + "".join(f"--process {r}=PID " for r in sorted(config.processes))
+            + f"--schedule {run_dir / 'schedule.json'}"
+        )
+        echo(f"{len(schedule.faults)} faults scheduled; run directory {run_dir}")
+        return await _play(
+            config, schedule, cluster, None, run_dir, replay, network_text, echo, started
+        )
+    finally:
+        cluster.stop_all()
+
+
 async def _play(  # noqa: PLR0917 - the run's parts, once
     config: ChaosConfig,
     schedule: Schedule,
@@ -219,7 +296,7 @@ async def _play(  # noqa: PLR0917 - the run's parts, once
         transport_options=cluster.transport_options,
         transport=cluster.transport,
         partitions=list(range(settings.num_partitions)),
-        storage={m.name: m.handle.endpoint for m in cluster.of_kind("storage")},  # type: ignore[union-attr]
+        storage=cluster.storage_endpoints,
         cluster_key=cluster.cluster_key,
         num_partitions=settings.num_partitions,
     )

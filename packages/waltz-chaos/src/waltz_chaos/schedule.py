@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -314,10 +314,34 @@ class Schedule:
             counts[fault.kind] = counts.get(fault.kind, 0) + 1
         return counts
 
-    def check_fits(self, roles: Roles, *, network: bool, disk: bool) -> None:
+    def check_fits(
+        self,
+        roles: Roles,
+        *,
+        network: bool,
+        disk: bool,
+        coordination: bool = True,
+        eligible: Collection[str] | None = None,
+    ) -> None:
         """Refuse a (loaded) schedule this cluster cannot play."""
         known = set(roles.all)
         for fault in self.faults:
+            if eligible is not None and not set(fault.targets) <= set(eligible) | {
+                roles.coordination
+            }:
+                raise ChaosError(
+                    f"the schedule's fault at {fault.at:.1f} s acts on "
+                    f"{sorted(set(fault.targets) - set(eligible))}, which this run may not touch "
+                    "(name their pids with --process ROLE=PID)"
+                )
+            if (
+                fault.kind in ("coordination_restart", "long_coordination_outage")
+                and not coordination
+            ):
+                raise ChaosError(
+                    f"the schedule restarts the coordination service ({fault.describe()}), "
+                    "which this run did not start"
+                )
             named = set(fault.targets) | {r for link in fault.links for r in link}
             if not named <= known:
                 raise ChaosError(
@@ -376,26 +400,49 @@ class _Generator:
         network: bool,
         disk: bool,
         session_timeout: float,
+        coordination: bool = True,
+        eligible: Collection[str] | None = None,
     ) -> None:
         self.rng = rng
         self.roles = roles
         self.network = network
         self.disk = disk
+        self.coordination = coordination
         self.session_timeout = session_timeout
+        self.eligible = set(roles.all if eligible is None else eligible)
         self.placed: list[Fault] = []
 
+    def _pool(self, *groups: Sequence[str]) -> list[str]:
+        return [r for group in groups for r in group if r in self.eligible]
+
     def available(self, kind: str) -> bool:
+        roles = self.roles
+        majority = len(roles.storage) // 2 + 1
         if kind in NETWORK_FAULTS and not self.network:
             return False
         if kind == "disk_full" and not self.disk:
             return False
-        return not (kind == "storage_cut_off" and len(self.roles.storage) < 1)
+        if kind in ("coordination_restart", "long_coordination_outage") and not self.coordination:
+            return False
+        if kind in ("storage_majority_down", "storage_majority_paused"):
+            return len(self._pool(roles.storage)) >= majority
+        if kind == "servers_down":
+            return bool(roles.servers) and len(self._pool(roles.servers)) == len(roles.servers)
+        if kind in ("kill", "pause"):
+            return bool(self._pool(roles.storage, roles.servers, roles.clients))
+        if kind == "session_expiry":
+            return bool(self._pool(roles.servers, roles.clients))
+        if kind in ("disk_full", "isolate"):
+            return bool(self._pool(roles.storage)) or (
+                kind == "isolate" and bool(self._pool(roles.servers))
+            )
+        return True
 
     # -- drawing one fault ----------------------------------------------------------------
 
     def draw(self, kind: str, at: float, limit: float) -> Fault | None:
         rng, roles = self.rng, self.roles
-        processes = (*roles.storage, *roles.servers, *roles.clients)
+        processes = self._pool(roles.storage, roles.servers, roles.clients)
 
         def span(low: float, high: float) -> float:
             return round(min(rng.uniform(low, high), max(0.5, limit - at)), 3)
@@ -408,15 +455,18 @@ class _Generator:
         if kind == "coordination_restart":
             return Fault(at, kind, span(1.0, 4.0), (roles.coordination,))
         if kind == "session_expiry":
-            target = rng.choice((*roles.servers, *roles.clients))
+            target = rng.choice(self._pool(roles.servers, roles.clients))
             hold = self.session_timeout * 1.5 + rng.uniform(0.5, 1.5)
             if at + hold > limit:
                 return None
             return Fault(at, kind, round(hold, 3), (target,))
         if kind == "disk_full":
-            return Fault(at, kind, span(2.0, 6.0), (rng.choice(roles.storage),))
+            return Fault(at, kind, span(2.0, 6.0), (rng.choice(self._pool(roles.storage)),))
         if kind == "isolate":
-            return Fault(at, kind, span(1.0, 6.0), (rng.choice((*roles.storage, *roles.servers)),))
+            duration = span(1.0, 6.0)  # (drawn before the target: a seed's schedule stays)
+            return Fault(
+                at, kind, duration, (rng.choice(self._pool(roles.storage, roles.servers)),)
+            )
         if kind in LINK_FAULTS:
             a, b = self._pair()
             links: tuple[tuple[str, str], ...] = ((a, b), (b, a))
@@ -440,15 +490,9 @@ class _Generator:
             return fault
         hold = span(*QUORUM_HOLD)
         majority = len(roles.storage) // 2 + 1
-        if kind == "storage_majority_down":
-            return Fault(
-                at,
-                "storage_majority_down",
-                hold,
-                tuple(sorted(rng.sample(roles.storage, majority))),
-            )
-        if kind == "storage_majority_paused":
-            return Fault(at, kind, hold, tuple(sorted(rng.sample(roles.storage, majority))))
+        if kind in ("storage_majority_down", "storage_majority_paused"):
+            chosen = sorted(rng.sample(self._pool(roles.storage), majority))
+            return Fault(at, kind, hold, tuple(chosen))
         if kind == "servers_down":
             return Fault(at, kind, hold, roles.servers)
         if kind == "long_coordination_outage":
@@ -557,11 +601,23 @@ def generate(
     network: bool = True,
     disk: bool = True,
     session_timeout: float = 4.0,
+    coordination: bool = True,
+    eligible: Collection[str] | None = None,
 ) -> Schedule:
-    """The schedule of ``seed`` (see the module docstring)."""
+    """The schedule of ``seed`` (see the module docstring). Without ``network``, ``disk``
+    or ``coordination`` (a service the run does not own) the faults that need them
+    are left out; ``eligible``: the only processes faults may act on (default: all)."""
     chosen = profile_of(profile_spec)
     rng = random.Random(f"waltz-chaos:{seed}:schedule")
-    gen = _Generator(rng, roles, network=network, disk=disk, session_timeout=session_timeout)
+    gen = _Generator(
+        rng,
+        roles,
+        network=network,
+        disk=disk,
+        session_timeout=session_timeout,
+        coordination=coordination,
+        eligible=eligible,
+    )
     weights = {k: w for k, w in sorted(chosen.weights.items()) if gen.available(k) and w > 0}
     quorum_kinds = [k for k in chosen.quorum if gen.available(k)]
     end = duration - quiet
