@@ -42,6 +42,7 @@ from waltz_api.ports import free_port
 from waltz_chaos.client import DRAINED, READY, ClientSpec
 from waltz_chaos.errors import ChaosError
 from waltz_chaos.netns import NetworkLab
+from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
 from waltz_server.storage_node.testing import StorageNodeProcess
 
@@ -450,7 +451,7 @@ class Cluster:
         coordination = coordination_from_uri(self.coordination_uri, self.coordination_options)
         await coordination.start()
         try:
-            await ClusterMetadata(coordination).create_cluster(
+            await ClusterAdmin(coordination).create_cluster(
                 num_partitions=settings.num_partitions,
                 num_replicas=settings.storage_nodes,
                 storage_nodes=[self.storage_name(m) for m in self.of_kind("storage")],
