@@ -24,6 +24,6 @@ def waltz_cli_commands() -> list[CommandDescriptor]:
         CommandDescriptor(
             "chaos",
             load_chaos,
-            "Fault run on a real cluster (kills, partitions...), checked like simulate.",
+            "A Jepsen-style fault run on a real cluster, checked by the simulation's checker.",
         )
     ]
