@@ -161,6 +161,11 @@ class CoordinationSuite:
     # Margin on top of the session timeout, for a loaded test machine.
     SLACK = 15.0
 
+    RESTART_SESSION_TIMEOUT = 30.0
+    """The session timeout of the clients that must ride out a kill and restart of the
+    service: a restart (a JVM's start, on a loaded machine) can take longer than the
+    harness's usual timeout, and a session may then be lost, rightly."""
+
     @pytest.fixture(autouse=True)
     async def _coordination_harness_lifecycle(
         self, request: pytest.FixtureRequest, harness: CoordinationHarness
@@ -613,6 +618,7 @@ class CoordinationSuite:
 
     @requires(SERVER_RESTART)
     async def test_session_survives_server_restart(self, harness: CoordinationHarness) -> None:
+        harness.session_timeout = max(harness.session_timeout, self.RESTART_SESSION_TIMEOUT)
         client = await harness.new_client()
         states: list[SessionState] = []
         client.add_session_listener(states.append)
@@ -687,6 +693,7 @@ class CoordinationSuite:
         """Clients keep CAS-incrementing a value while the service is killed (-9) and
         restarted: no acknowledged update is lost, and an update whose outcome was
         unknown (CoordinationUnavailableError) was applied at most once."""
+        harness.session_timeout = max(harness.session_timeout, self.RESTART_SESSION_TIMEOUT)
         clients = [await harness.new_client() for _ in range(3)]
         await clients[0].create("/restart-sum", b"0")
         per_client = 15
