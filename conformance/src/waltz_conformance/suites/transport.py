@@ -26,6 +26,10 @@ Capabilities:
   that send any bytes. The suite fuzzes the codec and a live listener with seeded
   mutations of valid messages (``--waltz-fuzz-iterations`` and ``--waltz-fuzz-seed``,
   or WALTZ_FUZZ_ITERATIONS and WALTZ_FUZZ_SEED, for long runs).
+- ``authenticated_peers``: a listener authenticates its clients and every connection it
+  accepts carries the identity it accepted (``Connection.peer_identity``);
+  :meth:`TransportHarness.authenticated` makes the options of such a listener and of
+  clients with distinct credentials.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import Any
 
 import pytest
 
+from waltz_api.capabilities import AUTHENTICATED_PEERS as AUTHENTICATED_PEERS  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.capabilities import CONTROL_FUZZ as CONTROL_FUZZ  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.capabilities import MALFORMED_INPUT as MALFORMED_INPUT  # noqa: PLC0414 (re-exported for plugin authors)
 from waltz_api.capabilities import PEER_FAULTS as PEER_FAULTS  # noqa: PLC0414 (re-exported for plugin authors)
@@ -261,6 +266,22 @@ class TransportHarness(Harness):
     def raw_dialer(self, endpoint: str) -> RawDialer:
         """Raw connections to the listener at ``endpoint`` (capability ``control_fuzz``)."""
         raise NotImplementedError(f"{self.name} cannot open raw connections")
+
+    def authenticated(self, clients: int) -> Authenticated:
+        """Options of a listener that authenticates its clients, and of ``clients``
+        connecting transports with distinct credentials it accepts (capability
+        ``authenticated_peers``)."""
+        raise NotImplementedError(f"{self.name} does not authenticate peers")
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    """A listener's options and its accepted clients' (capability ``authenticated_peers``):
+    each client is (options of its transport, the ``peer_identity`` the listener must
+    give its connections). Both are merged over the harness's options."""
+
+    listener: Mapping[str, Any]
+    clients: Sequence[tuple[Mapping[str, Any], str]]
 
 
 @dataclass(frozen=True)
@@ -807,6 +828,59 @@ class TransportSuite:
             await self.roundtrip(bystander, b"b%d" % i)
         fresh = await client.connect(listener.endpoint)
         await self.roundtrip(fresh, b"fresh")
+
+    # -- peer identity -------------------------------------------------------------------------
+
+    @pytest.mark.timeout(60)
+    async def test_peer_identity_is_none_unless_authenticated(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        server, client = transports(), transports()
+        seen: list[str | None] = []
+
+        async def record(conn: Connection) -> None:
+            seen.append(conn.peer_identity)
+            await echo_handler(conn)
+
+        listener = await server.listen(harness.endpoint(), record)
+        conn = await client.connect(listener.endpoint)
+        await self.roundtrip(conn, b"who")
+        assert conn.peer_identity is None, "the connecting side proves nobody"
+        if AUTHENTICATED_PEERS not in harness.capabilities:
+            assert seen == [None]
+        else:
+            assert len(seen) == 1 and (seen[0] is None or isinstance(seen[0], str))
+
+    @requires(AUTHENTICATED_PEERS)
+    @pytest.mark.timeout(90)
+    async def test_accepted_connections_carry_the_authenticated_identity(
+        self, harness: TransportHarness, transports: TransportFactory
+    ) -> None:
+        setup = harness.authenticated(2)
+        assert len(setup.clients) == 2
+        expected = [identity for _, identity in setup.clients]
+        assert all(isinstance(i, str) and i for i in expected)
+        assert expected[0] != expected[1], "distinct credentials, distinct identities"
+
+        async def tell(conn: Connection) -> None:
+            # every frame is answered with the identity this side accepted for its sender
+            while True:
+                await conn.recv()
+                await conn.send(str(conn.peer_identity).encode())
+
+        server = transports(**setup.listener)
+        listeners = [await server.listen(harness.endpoint(), tell) for _ in range(2)]
+        for (options, identity), name in zip(setup.clients, ("first", "second"), strict=True):
+            client = transports(**options)
+            for listener in listeners:  # the same identity on every listener
+                for replace_key in (None, name, name):  # and on every connection, replaced too
+                    conn = await client.connect(listener.endpoint, replace_key=replace_key)
+                    assert conn.peer_identity is None
+                    async with asyncio.timeout(10):
+                        await conn.send(b"who am I?")
+                        assert (await conn.recv()).decode() == identity
+                    if replace_key is None:
+                        await conn.close()
 
     # -- malformed input -----------------------------------------------------------------------
 

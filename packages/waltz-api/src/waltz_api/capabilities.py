@@ -49,6 +49,10 @@ MALFORMED_INPUT: Final = "malformed_input"
 """Its harness can inject malformed frames at the byte level."""
 CONTROL_FUZZ: Final = "control_fuzz"
 """Its harness can fuzz the transport's own control messages."""
+AUTHENTICATED_PEERS: Final = "authenticated_peers"
+"""A listener authenticates its clients and gives each accepted connection the identity it
+accepted (``Connection.peer_identity``); the harness makes transports with distinct
+client credentials (``TransportHarness.authenticated``)."""
 
 # -- lock tables -------------------------------------------------------------------------
 EXACT: Final = "exact"
@@ -74,7 +78,9 @@ BY_KIND: Final[Mapping[str, frozenset[str]]] = {
         {REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, AVAILABILITY, REPAIR, PREFIX}
     ),
     "coordination": frozenset({SERVER_RESTART, CROSS_PROCESS}),
-    "transport": frozenset({PEER_FAULTS, PROCESSES, MALFORMED_INPUT, CONTROL_FUZZ}),
+    "transport": frozenset(
+        {PEER_FAULTS, PROCESSES, MALFORMED_INPUT, CONTROL_FUZZ, AUTHENTICATED_PEERS}
+    ),
     "lock_table": frozenset({EXACT, BOUNDED_MEMORY}),
     "system": frozenset({PROCESSES, VOTER_SWEEP, RECOVERY_CASES}),
 }

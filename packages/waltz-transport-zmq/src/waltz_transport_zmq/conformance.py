@@ -10,18 +10,27 @@ import contextlib
 import itertools
 import os
 import random
+import shutil
 import socket
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from waltz_api.capabilities import CONTROL_FUZZ, MALFORMED_INPUT, PEER_FAULTS, PROCESSES
+from waltz_api.capabilities import (
+    AUTHENTICATED_PEERS,
+    CONTROL_FUZZ,
+    MALFORMED_INPUT,
+    PEER_FAULTS,
+    PROCESSES,
+)
 from waltz_api.contracts.transport import DEFAULT_MAX_FRAME_SIZE, Transport
 from waltz_conformance.suites.transport import (
+    Authenticated,
     ControlPlane,
     Peer,
     ProcessPeer,
@@ -30,6 +39,7 @@ from waltz_conformance.suites.transport import (
     TransportHarness,
 )
 from waltz_transport_zmq import protocol as p
+from waltz_transport_zmq.keys import generate_keypair
 from waltz_transport_zmq.options import ZmqOptions
 from waltz_transport_zmq.protocol import KIND_HELLO
 from waltz_transport_zmq.transport import ZmqTransport
@@ -105,6 +115,33 @@ class ZmqTransportHarness(TransportHarness):
 
     def raw_dialer(self, endpoint: str) -> RawDialer:
         return _ZmqRawDialer(endpoint)
+
+    def authenticated(self, clients: int) -> Authenticated:
+        # CurveZMQ: a server key pair, one key pair per client, all clients authorized
+        keys = Path(tempfile.mkdtemp(prefix="waltz-zmq-keys-"))
+        authorized = keys / "authorized"
+        authorized.mkdir()
+        server = generate_keypair(keys, "server")
+        made: list[tuple[dict[str, Any], str]] = []
+        for index in range(clients):
+            pair = generate_keypair(keys, f"client{index}")
+            shutil.copy(pair.public_file, authorized)
+            made.append(
+                (
+                    {
+                        "curve_server_public_key": str(server.public_file),
+                        "curve_client_key": str(pair.secret_file),
+                    },
+                    pair.public_key,
+                )
+            )
+        return Authenticated(
+            listener={
+                "curve_server_key": str(server.secret_file),
+                "curve_authorized_keys": str(authorized),
+            },
+            clients=made,
+        )
 
     async def send_malformed(self, endpoint: str) -> None:
         rng = random.Random(7)
@@ -250,7 +287,9 @@ def harness(options: Mapping[str, Any] | None = None) -> ZmqTransportHarness:
     scheme = str(given.pop("scheme", "tcp"))
     return ZmqTransportHarness(
         name=f"zmq-{scheme}",
-        capabilities=frozenset({PROCESSES, PEER_FAULTS, MALFORMED_INPUT, CONTROL_FUZZ}),
+        capabilities=frozenset(
+            {PROCESSES, PEER_FAULTS, MALFORMED_INPUT, CONTROL_FUZZ, AUTHENTICATED_PEERS}
+        ),
         options=given,
         scheme=scheme,
     )

@@ -8,7 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from waltz_api.capabilities import CONTROL_FUZZ, MALFORMED_INPUT, PEER_FAULTS, PROCESSES
+from waltz_api.capabilities import (
+    AUTHENTICATED_PEERS,
+    CONTROL_FUZZ,
+    MALFORMED_INPUT,
+    PEER_FAULTS,
+    PROCESSES,
+)
 from waltz_api.hookspecs import (
     CommandDescriptor,
     OptionSchema,
@@ -21,7 +27,9 @@ from waltz_api.hookspecs import (
 if TYPE_CHECKING:
     import click
 
-CAPABILITIES = frozenset({PROCESSES, PEER_FAULTS, MALFORMED_INPUT, CONTROL_FUZZ})
+CAPABILITIES = frozenset(
+    {PROCESSES, PEER_FAULTS, MALFORMED_INPUT, CONTROL_FUZZ, AUTHENTICATED_PEERS}
+)
 
 
 def load_factory() -> TransportFactory:

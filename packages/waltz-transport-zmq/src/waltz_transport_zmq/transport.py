@@ -89,7 +89,8 @@ class _Pump:
     The ZMQ_FD is edge-triggered and any operation on the socket (a send too) may
     consume its signal, so after sending, :meth:`poke` makes the loop look again.
     ``handle`` gets each message (a DEALER) or ``handle_routed`` each identity and
-    body (a ROUTER).
+    body (a ROUTER). A ROUTER message from an identity without a connection is read as a
+    ``zmq.Frame``: its properties name the peer the security handshake accepted.
     """
 
     __slots__ = (
@@ -107,7 +108,7 @@ class _Pump:
         self,
         socket: zmq.Socket[bytes],
         handle: Callable[[bytes], None] | None = None,
-        handle_routed: Callable[[bytes, bytes], None] | None = None,
+        handle_routed: Callable[[bytes, zmq.Frame], None] | None = None,
         routes: dict[bytes, ServerConnection] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
@@ -140,7 +141,9 @@ class _Pump:
                 routes = self._routes
                 for _ in range(DRAIN):
                     identity = recv(socket, _NOBLOCK)
-                    body = recv(socket, _NOBLOCK)  # a message's parts arrive together
+                    conn = routes.get(identity)
+                    # a message's parts arrive together; a stranger's (a hello) as a Frame
+                    body: Any = recv(socket, _NOBLOCK, conn is not None)
                     if _get(socket, _RCVMORE):
                         extra = 0
                         while _get(socket, _RCVMORE) and extra < 1000:
@@ -150,7 +153,6 @@ class _Pump:
                             "dropped a multipart message (this transport sends single frames)"
                         )
                         continue
-                    conn = routes.get(identity)
                     try:
                         if conn is not None:
                             conn.on_message(body)
@@ -712,8 +714,14 @@ class ClientConnection(ZmqConnection):
 
 class ServerConnection(ZmqConnection):
     identity: bytes
-    lineage: tuple[str, str] | None = None
+    lineage: tuple[str, str, str] | None = None
     client_seq: int = 0
+    authenticated: str | None = None
+    """The client's CurveZMQ public key (Z85) that the ZAP handler accepted."""
+
+    @property
+    def peer_identity(self) -> str | None:
+        return self.authenticated
 
 
 class ZmqListener(Listener):
@@ -733,7 +741,9 @@ class ZmqListener(Listener):
         self._handler = handler
         self._closed = False
         self._connections: dict[bytes, ServerConnection] = {}
-        self._lineages: dict[tuple[str, str], ServerConnection] = {}
+        self._lineages: dict[tuple[str, str, str], ServerConnection] = {}
+        """(client key, client transport, replace_key) -> the newest connection: only a
+        peer with the same curve key can replace a connection."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._pump = _Pump(socket, handle_routed=self._on_stranger, routes=self._connections)
         self._monitor = self._watch_handshakes()
@@ -781,7 +791,8 @@ class ZmqListener(Listener):
             self._shadow.send(message, zmq.NOBLOCK)
         self._pump.poke()
 
-    def _on_stranger(self, identity: bytes, message: bytes) -> None:
+    def _on_stranger(self, identity: bytes, frame: zmq.Frame) -> None:
+        message = frame.bytes
         if not message or message[0] != p.KIND_HELLO:
             if message and message[0] != p.KIND_CLOSE:
                 self._reply(
@@ -789,7 +800,7 @@ class ZmqListener(Listener):
                 )
             return
         try:
-            self._accept(identity, message)
+            self._accept(identity, message, self._authenticated(frame))
         except ProtocolError as exc:
             _trouble.log(
                 logging.WARNING,
@@ -800,7 +811,21 @@ class ZmqListener(Listener):
             )
             self._reply(identity, p.close_message(f"refused: {exc}"))
 
-    def _accept(self, identity: bytes, message: bytes) -> None:
+    def _authenticated(self, frame: zmq.Frame) -> str | None:
+        """The public key (Z85) the ZAP handler accepted for the peer that sent ``frame``
+        (its User-Id: pyzmq's authenticator answers with the Z85 key), None in plaintext."""
+        if not self._transport.opts.curve_listen:
+            return None
+        try:
+            user_id = frame.get("User-Id")
+        except zmq.ZMQError as exc:
+            # curve without the ZAP reply's user id: refuse rather than serve an unknown peer
+            raise ProtocolError(f"the security handshake named no client key ({exc})") from None
+        if not isinstance(user_id, str) or not user_id:
+            raise ProtocolError("the security handshake named no client key")
+        return user_id
+
+    def _accept(self, identity: bytes, message: bytes, authenticated: str | None = None) -> None:
         transport = self._transport
         opts = transport.opts
         hello = p.parse_hello(message)
@@ -810,7 +835,7 @@ class ZmqListener(Listener):
         window_frames, window_bytes = transport._clamp_window(
             hello.window_frames, hello.window_bytes
         )
-        lineage = (client, key) if key is not None else None
+        lineage = (authenticated or "", client, key) if key is not None else None
         if lineage is not None:
             current = self._lineages.get(lineage)
             if current is not None:
@@ -832,6 +857,7 @@ class ZmqListener(Listener):
             peer_window_bytes=window_bytes,
         )
         conn.identity = identity
+        conn.authenticated = authenticated
         conn.lineage = lineage
         conn.client_seq = seq
         conn._wire = _Wire(self._shadow, self._pump, identity, conn, opts.hwm)

@@ -46,6 +46,19 @@ class Connection(ABC):
     def closed(self) -> bool:
         """True once the connection is closed or broken."""
 
+    @property
+    def peer_identity(self) -> str | None:
+        """Who the transport proved the remote end to be, or None when it proved nothing.
+
+        On a connection a listener accepted, a transport that authenticates its clients
+        (capability ``authenticated_peers``) gives the identity its security handshake
+        accepted, as a stable string: the same credentials give the same string on every
+        connection and every listener of that transport (for CurveZMQ, the client's
+        public key in Z85). The server's access control (``waltz acl``) grants
+        permissions to these strings. None on a plaintext connection and on the
+        connecting side; a transport that never authenticates keeps this default."""
+        return None
+
     @abstractmethod
     async def send(self, frame: bytes) -> None:
         """Send one frame (waits under back pressure)."""
