@@ -134,6 +134,8 @@ async def test_a_transport_failure_ends_it_and_wakes_waiting_senders() -> None:
     await asyncio.wait_for(outbox.task, 5)
     assert [type(f) for f in failures] == [TransportError]
     assert outbox.failure is failures[0]
+    # kept without the traceback, whose frames would hold the batch being sent
+    assert outbox.failure.__traceback__ is None
     assert outbox.closed and not outbox.post(_message(3))
     with pytest.raises(ConnectionClosedError):
         await outbox.put(_message(4))
@@ -163,3 +165,59 @@ async def test_an_unencodable_message_fails_its_sender_not_the_outbox() -> None:
         await outbox.put(_message(0))
     assert not outbox.closed
     await outbox.close()
+
+
+async def test_post_with_slack_goes_beyond_the_bound_up_to_its_multiple() -> None:
+    """A server's replies to requests already taken: beyond the bound that stops it
+    taking new ones, up to a ceiling."""
+    conn = _Conn()
+    conn.gate.clear()
+    outbox = Outbox(conn, _encode, max_frames=2)
+    await outbox.put(_message(0))
+    await _until(lambda: conn.entered == 1, "took the first")
+    assert outbox.post(_message(1)) and outbox.post(_message(2))
+    assert not outbox.post(_message(3)), "at the bound"
+    assert outbox.post(_message(3), slack=3) and outbox.post(_message(4), slack=3)
+    assert outbox.post(_message(5), slack=3) and outbox.post(_message(6), slack=3)
+    assert outbox.full(3) and not outbox.post(_message(7), slack=3), "at 3 times the bound"
+    assert outbox.queued_frames == 1 + 6
+    conn.gate.set()
+    await outbox.flush_and_stop(timeout=5)
+    assert [f for batch in conn.batches for f in batch] == [b"%d" % i for i in range(7)]
+
+
+async def test_put_frames_queues_within_the_bounds_and_waits_for_room() -> None:
+    conn = _Conn()
+    conn.gate.clear()
+    outbox = Outbox(conn, _encode, max_frames=3, max_bytes=100)
+    frames = [b"f%d" % i for i in range(10)]
+    feeding = asyncio.create_task(outbox.put_frames(frames))
+    await _until(lambda: conn.entered == 1, "took the first chunk")
+    await asyncio.sleep(0.01)
+    assert not feeding.done(), "put_frames did not wait for room"
+    assert outbox.full() and outbox.queued_frames <= 3 + 3
+    waited = asyncio.create_task(outbox.wait_room())
+    await asyncio.sleep(0.01)
+    assert not waited.done()
+    conn.gate.set()
+    await asyncio.wait_for(feeding, 5)
+    await asyncio.wait_for(waited, 5)
+    await outbox.flush_and_stop(timeout=5)
+    sent = [f for batch in conn.batches for f in batch]
+    assert sent == frames
+    assert max(len(batch) for batch in conn.batches) <= 3
+
+
+async def test_put_frames_respects_the_byte_bound_and_a_close() -> None:
+    conn = _Conn()
+    conn.gate.clear()
+    outbox = Outbox(conn, _encode, max_bytes=10)
+    feeding = asyncio.create_task(outbox.put_frames([b"12345"] * 6))
+    await _until(lambda: conn.entered == 1, "took the first chunk")
+    await asyncio.sleep(0.01)
+    assert outbox.queued_bytes <= 10
+    outbox.abort()
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(feeding, 5)
+    conn.gate.set()
+    await asyncio.wait_for(outbox.task, 5)

@@ -6,9 +6,11 @@ the transport in one ``send_many``, so a burst costs one wake-up and one write.
 
 Bounds: at most ``max_frames`` frames and ``max_bytes`` bytes wait in the queue (frames
 already handed to the transport do not count; one frame is always accepted when the
-queue is empty). :meth:`Outbox.put` waits for room (back pressure on the sender);
+queue is empty). :meth:`Outbox.put` waits for room (back pressure on the sender), and
+:meth:`Outbox.put_frames` for frames encoded once for many connections (a feed);
 :meth:`Outbox.post` never waits and answers False when it queued nothing (the caller
-decides what a full queue means: a server closes a client that does not read).
+decides what a full queue means: a server closes a client that does not read); its
+``slack`` lets replies already owed go beyond the bound, up to a multiple of it.
 
 The writer ends when the outbox is aborted or closed, after :meth:`Outbox.flush_and_stop`
 has sent everything queued, or when the transport fails (``on_failure`` is then called
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from waltz_api.contracts.transport import Connection
 from waltz_api.errors import ConnectionClosedError, WaltzError
@@ -73,12 +75,24 @@ class Outbox:
         """Frames queued and being handed to the transport (at most twice the bound)."""
         return len(self._frames) + self._in_flight
 
-    def full(self) -> bool:
+    def full(self, slack: int = 1) -> bool:
+        """Whether the queue is at its bounds (``slack`` times them)."""
         frames = self._frames
         return bool(frames) and (
-            (self.max_frames is not None and len(frames) >= self.max_frames)
-            or (self.max_bytes is not None and self._bytes >= self.max_bytes)
+            (self.max_frames is not None and len(frames) >= slack * self.max_frames)
+            or (self.max_bytes is not None and self._bytes >= slack * self.max_bytes)
         )
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued (not those being handed to the transport)."""
+        return self._bytes
+
+    async def wait_room(self) -> None:
+        """Until the queue is below its bounds, or the outbox is closed."""
+        while self.full() and not self.closed:
+            self._room.clear()
+            await self._room.wait()
 
     def _closed_error(self) -> ConnectionClosedError:
         return ConnectionClosedError(f"connection to {self.conn.peer} is closed")
@@ -98,10 +112,34 @@ class Outbox:
                 raise self._closed_error()
         self._append(frame)
 
-    def post(self, message: Message) -> bool:
+    async def put_frames(self, frames: Sequence[bytes]) -> None:
+        """Queue frames already encoded (for every connection at once: a feed), in
+        order, as many at a time as the bounds leave room for, waiting in between.
+
+        Raises ConnectionClosedError when the outbox is closed (before or while
+        waiting); the frames queued until then stay queued."""
+        index, count = 0, len(frames)
+        queue = self._frames
+        while index < count:
+            await self.wait_room()
+            if self.closed:
+                raise self._closed_error()
+            room = count - index
+            if self.max_frames is not None:
+                room = min(room, max(1, self.max_frames - len(queue)))
+            if self.max_bytes is not None:
+                room = min(room, max(1, (self.max_bytes - self._bytes) // len(frames[index])))
+            chunk = frames[index : index + room]
+            index += len(chunk)
+            queue.extend(chunk)
+            self._bytes += sum(map(len, chunk))
+            self._wakeup.set()
+
+    def post(self, message: Message, *, slack: int = 1) -> bool:
         """Queue ``message`` without waiting; False (nothing queued) when the outbox is
-        closed or full."""
-        if self.closed or self.full():
+        closed or full: at ``slack`` times its bounds (a reply to a request already
+        taken may go beyond the bound that stops taking new ones)."""
+        if self.closed or self.full(slack):
             return False
         self._append(self._encode(message))
         return True
@@ -129,7 +167,9 @@ class Outbox:
                 self._in_flight = 0
         except WaltzError as exc:
             log.debug("connection %s: writer ends: %s", self.conn.peer, exc)
-            self.failure = exc
+            # kept without its traceback: the traceback's frames would keep the batch
+            # being sent (megabytes of frames) alive as long as the outbox lives
+            self.failure = exc.with_traceback(None)
             if self._on_failure is not None:
                 self._on_failure(exc)
         finally:

@@ -25,7 +25,6 @@ announces or does.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
@@ -56,6 +55,7 @@ from waltz_api.messages import (
     PeerPing,
     PeerPong,
 )
+from waltz_api.outbox import Outbox
 from waltz_api.types import MAX_LOCKS_PER_TRANSACTION, ReqId
 from waltz_server.observability import ServerMetrics
 from waltz_server.server.archiving import ServerArchive
@@ -81,8 +81,34 @@ class ServerConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
 
 
+def _encoder(
+    protocol: wire.ProtocolConnection,
+    metrics: ServerMetrics | None,
+    feed_positions: dict[int, int],
+) -> Callable[[Message], bytes]:
+    """A client connection's encoder: a message's frame, noting each FeedData's position
+    and counting each error sent. (A function of these, not a method: an outbox holding
+    its connection would make a reference cycle, and a closed connection's buffers
+    would wait for the cyclic garbage collector.)"""
+
+    def encode(message: Message) -> bytes:
+        kind = type(message)
+        if kind is FeedData:
+            feed = typing.cast(FeedData, message)
+            feed_positions[feed.req_id.partition_id] = feed.transaction_id
+        elif kind is ErrorResponse and metrics is not None:
+            metrics.error(typing.cast(ErrorResponse, message).code.name.lower())
+        return protocol.send(message)
+
+    return encode
+
+
 class ClientConnection:
-    """One client connection: a :class:`~waltz_server.server.partition.ClientStream`."""
+    """One client connection: a :class:`~waltz_server.server.partition.ClientStream`.
+
+    Its replies and feed frames go through one bounded :class:`~waltz_api.outbox.Outbox`;
+    when the outbox's writer ends (aborted, or the transport failed) the connection is
+    closed here (an outbox never closes its connection)."""
 
     _ids = itertools.count(1)
 
@@ -106,56 +132,37 @@ class ClientConnection:
         not a client."""
         self.limit = limit
         self.limit_bytes = limit_bytes
-        self._bytes = 0
-        self._in_flight = 0
-        self._frames: collections.deque[bytes] = collections.deque()
-        self._room = asyncio.Event()
-        self._room.set()
-        self._wakeup = asyncio.Event()
-        self._closed = False
-        self.writer = asyncio.create_task(self._write(), name=f"client-out-{conn.connection_id}")
+        self.outbox = Outbox(
+            conn,
+            _encoder(protocol, metrics, self.feed_positions),
+            max_frames=limit,
+            max_bytes=limit_bytes,
+            name=f"client-out-{conn.connection_id}",
+        )
+        self.writer = asyncio.create_task(
+            self._close_after_writer(), name=f"client-close-{conn.connection_id}"
+        )
 
     @property
     def closed(self) -> bool:
-        return self._closed or self.conn.closed
+        return self.outbox.closed
 
     @property
     def queued_frames(self) -> int:
         """Frames this connection holds: queued, and being handed to the transport."""
-        return len(self._frames) + self._in_flight
+        return self.outbox.queued_frames
 
     async def wait_room(self) -> None:
         """Until the outbox is below its bound (or the connection closed): the next
         request of this connection is read only then."""
-        while self._full() and not self.closed:
-            self._room.clear()
-            await self._room.wait()
+        await self.outbox.wait_room()
 
     @property
     def peer(self) -> str:
         return self.protocol.peer or self.conn.peer
 
-    def _frame(self, message: Message) -> bytes:
-        kind = type(message)
-        if kind is FeedData:
-            feed = typing.cast(FeedData, message)
-            self.feed_positions[feed.req_id.partition_id] = feed.transaction_id
-        elif kind is ErrorResponse and self.metrics is not None:
-            self.metrics.error(typing.cast(ErrorResponse, message).code.name.lower())
-        return self.protocol.send(message)
-
     async def send(self, message: Message) -> None:
-        if self.closed:
-            raise ConnectionClosedError(f"client connection {self.peer} is closed")
-        frame = self._frame(message)
-        while self._full():
-            self._room.clear()
-            await self._room.wait()
-            if self.closed:
-                raise ConnectionClosedError(f"client connection {self.peer} is closed")
-        self._frames.append(frame)
-        self._bytes += len(frame)
-        self._wakeup.set()
+        await self.outbox.put(message)
 
     async def send_feed(
         self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
@@ -168,83 +175,39 @@ class ClientConnection:
                 f"client {self.peer} speaks protocol version {self.protocol.version}: the "
                 f"feed frames are of version {wire.PROTOCOL_VERSION}"
             )
-        index, count = 0, len(frames)
-        queue = self._frames
-        while index < count:
-            while self._full() and not self.closed:
-                self._room.clear()
-                await self._room.wait()
-            if self.closed:
-                raise ConnectionClosedError(f"client connection {self.peer} is closed")
-            # as many as the bounds leave room for (feed frames are all of one size)
-            room = min(
-                self.limit - len(queue),
-                max(1, (self.limit_bytes - self._bytes) // len(frames[index])),
-            )
-            chunk = frames[index : index + room]
-            index += len(chunk)
-            queue.extend(chunk)
-            self._bytes += sum(map(len, chunk))
-            self._wakeup.set()
+        await self.outbox.put_frames(frames)
         self.feed_positions[partition_id] = last_transaction_id
 
-    def _full(self) -> bool:
-        return bool(self._frames) and (
-            len(self._frames) >= self.limit or self._bytes >= self.limit_bytes
-        )
-
     def post(self, message: Message) -> None:
-        if self.closed:
+        """Queue a reply without waiting: beyond the outbox's bound (a reply to a request
+        already taken), up to OUTBOX_CEILING times it; at the ceiling the client does not
+        read its replies and its connection is closed."""
+        outbox = self.outbox
+        if outbox.post(message, slack=OUTBOX_CEILING) or outbox.closed:
             return
-        if self._frames and (
-            len(self._frames) >= OUTBOX_CEILING * self.limit
-            or self._bytes >= OUTBOX_CEILING * self.limit_bytes
-        ):
-            log.warning(
-                "client %s does not read its replies (%d frames, %d bytes queued): closing "
-                "its connection",
-                self.peer,
-                len(self._frames),
-                self._bytes,
-            )
-            self.abort()
-            return
-        frame = self._frame(message)
-        self._frames.append(frame)
-        self._bytes += len(frame)
-        self._wakeup.set()
+        log.warning(
+            "client %s does not read its replies (%d frames, %d bytes queued): closing "
+            "its connection",
+            self.peer,
+            outbox.queued_frames,
+            outbox.queued_bytes,
+        )
+        self.abort()
 
     def abort(self) -> None:
-        self._closed = True
-        self._wakeup.set()
-        self._room.set()
+        """Stop now (what is queued is dropped); the connection is closed."""
+        self.outbox.abort()
 
-    async def _write(self) -> None:
+    async def _close_after_writer(self) -> None:
         try:
-            while not self._closed:
-                if not self._frames:
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                    continue
-                batch = list(self._frames)
-                self._frames.clear()
-                self._bytes = 0
-                self._room.set()
-                self._in_flight = len(batch)
-                await self.conn.send_many(batch)
-                self._in_flight = 0
-        except TransportError as exc:
-            log.debug("client %s: writer ends: %s", self.peer, exc)
+            await asyncio.wait([self.outbox.task])
         finally:
-            self._closed = True
-            self._frames.clear()
-            self._room.set()
+            self.outbox.abort()
             with contextlib.suppress(WaltzError):
                 await self.conn.close()
 
     async def close(self) -> None:
-        self.abort()
-        self.writer.cancel()
+        await self.outbox.close()
         with contextlib.suppress(BaseException):
             await self.writer
 
