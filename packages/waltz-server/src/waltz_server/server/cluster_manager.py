@@ -26,7 +26,8 @@ Every server runs one :class:`ClusterManager`. It
   (:class:`PartitionLost`), in order, through a bounded, coalescing
   :class:`PartitionEvents` (:attr:`ClusterManager.events`: at most two pending
   events per partition, however fast the assignment churns) or an async
-  callback (``on_event``).
+  callback (``on_event``). The events are in :mod:`.partition_events`, the
+  assignment rule (pure) in :mod:`.assignment`.
 
 Session-state rules (:class:`waltz_api.contracts.coordination.SessionState`):
 
@@ -50,248 +51,64 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+import random
+from collections.abc import Callable, Sequence
 
-from waltz_api.cluster import NO_SERVER, LeaderRecord, PartitionAssignment, ServerInfo, Stored
+from waltz_api.backoff import Backoff
+from waltz_api.cluster import NO_SERVER, LeaderRecord, PartitionAssignment, Stored
 from waltz_api.contracts.coordination import Coordination, SessionState, Watch
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
-    CoordinationError,
     SessionLostError,
     WaltzError,
 )
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.observability import ServerMetrics
+from waltz_server.server.assignment import compute_assignment
 from waltz_server.server.liveness import Leadership, decide_leadership
+from waltz_server.server.partition_events import (
+    EventHandler,
+    LossReason,
+    PartitionEvent,
+    PartitionEvents,
+    PartitionGained,
+    PartitionLost,
+)
 from waltz_server.server.peers import PeerMonitor
 from waltz_server.server.preferred import Overrides, PreferredPartitionStore, apply_overrides
 
 log = logging.getLogger(__name__)
 
 
-class LossReason(enum.Enum):
-    """Why a server stopped holding a partition."""
-
-    MOVED = "moved"
-    """The leader assigned it to another server (or to this one at a newer generation)."""
-    SESSION_LOST = "session_lost"
-    """This server's coordination session expired: everything it held is gone."""
-    STOPPED = "stopped"
-    """The cluster manager was stopped."""
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionGained:
-    """This server now serves ``partition_id`` at ``generation``: open it (start a
-    store session with this generation; requests carrying another generation are refused)."""
-
-    partition_id: int
-    generation: int
-    server_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionLost:
-    """This server no longer serves ``partition_id`` (held at ``generation``): close it."""
-
-    partition_id: int
-    generation: int
-    server_id: int
-    reason: LossReason
-
-
-PartitionEvent = PartitionGained | PartitionLost
-EventHandler = Callable[[PartitionEvent], Awaitable[None]]
 CoordinationFactory = Callable[[], Coordination]
 
 LEADER_RENEWALS = "leader-record"
 """The peer monitor's key for the leader record's changes (renewals, takeovers)."""
 
-
-class PartitionEvents:
-    """A manager's gains and losses for its consumer: bounded, coalescing, in order.
-
-    Not a queue of every change: it keeps what the manager holds and what the
-    consumer has been told it holds (partition -> generation and server id), and
-    hands out the events that take the consumer from the second to the first.
-    A partition that changes many times before the consumer looks yields at most
-    two events (the loss of what the consumer was told, the gain of what is held
-    now), so its size is at most twice the number of partitions however long the
-    consumer is away or however fast the assignment churns.
-
-    Order: every pending loss comes before every pending gain (closing early and
-    opening late are both safe), each in the order the partitions first changed;
-    for one partition a :class:`PartitionLost` always ends the
-    :class:`PartitionGained` the consumer got before it, at that generation, with
-    the reason of the first loss since.
-
-    The consumer side mirrors ``asyncio.Queue``: :meth:`get`, :meth:`get_nowait`
-    (``asyncio.QueueEmpty`` when nothing is pending), :meth:`empty`, :meth:`qsize`.
-    """
-
-    def __init__(self) -> None:
-        self._held: dict[int, tuple[int, int]] = {}  # partition -> (generation, server id)
-        self._told: dict[int, tuple[int, int]] = {}
-        # Insertion-ordered: the order in which the partitions first changed.
-        self._losses: dict[int, None] = {}
-        self._gains: dict[int, None] = {}
-        self._reasons: dict[int, LossReason] = {}  # the first loss since the consumer's gain
-        self._wakeup = asyncio.Event()
-        self._closed = False
-        self.peak = 0
-        """The most events ever pending at once (for tests and figures)."""
-
-    def put(self, event: PartitionEvent) -> None:
-        """Record a change of what the manager holds (never blocks, never grows past
-        two entries per partition)."""
-        partition = event.partition_id
-        if isinstance(event, PartitionGained):
-            self._held[partition] = (event.generation, event.server_id)
-        else:
-            self._held.pop(partition, None)
-            if partition in self._told:
-                self._reasons.setdefault(partition, event.reason)
-        self._refresh(partition)
-        self.peak = max(self.peak, self.qsize())
-        self._wakeup.set()
-
-    def _refresh(self, partition: int) -> None:
-        told, held = self._told.get(partition), self._held.get(partition)
-        if told is not None and told != held:
-            self._losses.setdefault(partition, None)
-        else:
-            self._losses.pop(partition, None)
-            self._reasons.pop(partition, None)
-        if held is not None and told != held:
-            self._gains.setdefault(partition, None)
-        else:
-            self._gains.pop(partition, None)
-
-    def qsize(self) -> int:
-        """How many events are pending (at most twice the number of partitions)."""
-        return len(self._losses) + len(self._gains)
-
-    def empty(self) -> bool:
-        return not self._losses and not self._gains
-
-    def get_nowait(self) -> PartitionEvent:
-        """The next event; ``asyncio.QueueEmpty`` when none is pending."""
-        if self._losses:
-            partition = next(iter(self._losses))
-            del self._losses[partition]
-            generation, server_id = self._told.pop(partition)
-            reason = self._reasons.pop(partition, LossReason.MOVED)
-            self._refresh(partition)
-            return PartitionLost(partition, generation, server_id, reason)
-        if self._gains:
-            partition = next(iter(self._gains))
-            del self._gains[partition]
-            self._told[partition] = held = self._held[partition]
-            return PartitionGained(partition, held[0], held[1])
-        raise asyncio.QueueEmpty
-
-    async def get(self) -> PartitionEvent:
-        """Wait for the next event."""
-        while self.empty():
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        return self.get_nowait()
-
-    async def next_or_none(self) -> PartitionEvent | None:
-        """The next event, or None once :meth:`close` was called and nothing is pending."""
-        while self.empty():
-            if self._closed:
-                return None
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        return self.get_nowait()
-
-    def close(self) -> None:
-        """No more changes come: :meth:`next_or_none` returns None once drained."""
-        self._closed = True
-        self._wakeup.set()
-
-
-# -- the assignment -----------------------------------------------------------------------------
-
-
-def compute_assignment(
-    num_partitions: int, servers: Sequence[ServerInfo], current: Mapping[int, int]
-) -> dict[int, int]:
-    """The partition -> server id assignment the leader aims for.
-
-    - A partition preferred by live servers goes to the lowest-id one of them.
-    - The other partitions are spread so that every server without more
-      preferred partitions than that holds the same number, give or take one.
-    - A partition stays with its ``current`` owner whenever that owner is live
-      and within its share, so a change of membership moves as few as possible.
-
-    ``current`` maps a partition to its owner (missing or :data:`NO_SERVER` when
-    unassigned; owners not in ``servers`` are dead). Deterministic: the same
-    input gives the same answer on every server. Empty when no server is live.
-    """
-    if num_partitions < 0:
-        raise ConfigError(f"the number of partitions must be non-negative, got {num_partitions}")
-    ids = sorted({s.server_id for s in servers})
-    if not ids:
-        return {}
-    target: dict[int, int] = {}
-    for server in sorted(servers, key=lambda s: s.server_id):
-        for partition in server.preferred_partitions:
-            if 0 <= partition < num_partitions and partition not in target:
-                target[partition] = server.server_id
-    load = dict.fromkeys(ids, 0)
-    for owner in target.values():
-        load[owner] += 1
-    free = [p for p in range(num_partitions) if p not in target]
-
-    def room(level: int) -> int:
-        return sum(max(0, level - load[s]) for s in ids)
-
-    # The water level: every server is filled up to `level`; `extra` servers get one more.
-    level = 0
-    while level < num_partitions and room(level + 1) <= len(free):
-        level += 1
-    extra = len(free) - room(level)
-
-    unplaced: list[int] = []
-    for partition in free:  # keep what is within its owner's share
-        owner = current.get(partition, NO_SERVER)
-        if owner in load and load[owner] < level:
-            target[partition] = owner
-            load[owner] += 1
-        else:
-            unplaced.append(partition)
-    rest: list[int] = []
-    for partition in unplaced:  # and one more, while servers may hold level + 1
-        owner = current.get(partition, NO_SERVER)
-        if extra > 0 and owner in load and load[owner] == level:
-            target[partition] = owner
-            load[owner] += 1
-            extra -= 1
-        else:
-            rest.append(partition)
-    for partition in rest:
-        below = [s for s in ids if load[s] < level]
-        if below:
-            chosen = min(below, key=lambda s: (load[s], s))
-        else:
-            at_level = [s for s in ids if load[s] == level]
-            if extra <= 0 or not at_level:  # cannot happen: the room is exactly len(free)
-                raise CoordinationError(f"no server has room for partition {partition}")
-            chosen = at_level[0]
-            extra -= 1
-        target[partition] = chosen
-        load[chosen] += 1
-    return target
+__all__ = [
+    "LEADER_RENEWALS",
+    "ClusterManager",
+    "CoordinationFactory",
+    "EventHandler",
+    "LossReason",
+    "PartitionEvent",
+    "PartitionEvents",
+    "PartitionGained",
+    "PartitionLost",
+    "compute_assignment",
+]
 
 
 # -- the manager ----------------------------------------------------------------------------------
+
+
+LIVE_RETRY_MAX = 1.0
+"""Seconds at most between the leader's attempts to rebalance (and between reads of the
+servers' endpoints) while they fail: a partition's move waits on them, so they stay
+short whatever ``max_retry_delay`` says."""
 
 
 class ClusterManager:
@@ -323,6 +140,7 @@ class ClusterManager:
         on_leader_write: Callable[[PartitionAssignment], None] | None = None,
         metrics: ServerMetrics | None = None,
         peers: PeerMonitor | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         if not endpoint.strip():
             raise ConfigError("a server needs an endpoint clients can reach", key="endpoint")
@@ -344,6 +162,8 @@ class ClusterManager:
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
         self._settle_delay = settle_delay
+        self._rng = rng or random.Random()
+        """The jitter of every retry's back-off (inject a seeded one to replay a run)."""
         self.events = PartitionEvents()
         """Gains and losses in order (unless ``on_event`` consumes them), coalesced: at
         most two pending events per partition, however fast the assignment changes."""
@@ -573,9 +393,15 @@ class ClusterManager:
         self._peers_changed.set()  # the ids arrived before the registration completed
         self._rebalance.set()
 
+    def _backoff(self, maximum: float | None = None) -> Backoff:
+        """The back-off of one retry loop: from ``retry_delay`` doubling to ``maximum``
+        (default ``max_retry_delay``), with jitter."""
+        top = self._max_retry_delay if maximum is None else maximum
+        return Backoff(self._retry_delay, max(top, self._retry_delay), self._rng)
+
     async def _reregister(self) -> None:
         await self._close_client()
-        delay = self._retry_delay
+        backoff = self._backoff()
         while not self._stopped:
             try:
                 await self._register()
@@ -583,9 +409,9 @@ class ClusterManager:
             except asyncio.CancelledError:
                 raise
             except WaltzError as exc:
+                delay = backoff.next_delay()
                 log.warning("re-registering failed (%s); retrying in %.1fs", exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._max_retry_delay)
+                await asyncio.sleep(delay)
 
     def _cancel_watches(self) -> None:
         watches, self._watches = self._watches, []
@@ -683,6 +509,7 @@ class ClusterManager:
     async def _follow_peers(self) -> None:
         """Keep the peer monitor on the registered servers (their endpoints read once)."""
         assert self._peers is not None
+        backoff = self._backoff(LIVE_RETRY_MAX)
         while not self._stopped:
             await self._peers_changed.wait()
             self._peers_changed.clear()
@@ -698,9 +525,10 @@ class ClusterManager:
                     raise
                 except WaltzError as exc:
                     log.info("reading the servers' endpoints failed (%s); retrying", exc)
-                    await asyncio.sleep(self._retry_delay)
+                    await backoff.sleep()
                     self._peers_changed.set()
                     continue
+                backoff.reset()
                 if epoch != self._epoch:
                     continue
                 for server in servers:
@@ -795,7 +623,7 @@ class ClusterManager:
         meta = self._meta
         if meta is None:
             return
-        delay = self._retry_delay
+        backoff = self._backoff()
         try:
             partition = 0
             while partition < self._num_partitions:
@@ -805,8 +633,7 @@ class ClusterManager:
                     found = await meta.partition_assignment(partition)
                 except WaltzError as exc:
                     log.info("re-reading the assignment failed (%s); retrying", exc)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self._max_retry_delay)
+                    await backoff.sleep()
                     continue
                 if epoch != self._epoch:
                     return
@@ -892,12 +719,14 @@ class ClusterManager:
         return fresh is not None and fresh.value.server_id == my_id
 
     async def _lead(self) -> None:
+        backoff = self._backoff(LIVE_RETRY_MAX)
         while not self._stopped:
             await self._rebalance.wait()
             self._rebalance.clear()
             await asyncio.sleep(self._settle_delay)  # let a burst of changes arrive
             try:
                 await self._rebalance_once()
+                backoff.reset()
             except asyncio.CancelledError:
                 raise
             except BadVersionError as exc:
@@ -906,9 +735,10 @@ class ClusterManager:
             except SessionLostError:
                 self._leader = False
             except WaltzError as exc:
-                log.warning("rebalancing failed (%s); retrying in %.1fs", exc, self._retry_delay)
+                delay = backoff.next_delay()
+                log.warning("rebalancing failed (%s); retrying in %.1fs", exc, delay)
                 self._leader = False
-                await asyncio.sleep(self._retry_delay)
+                await asyncio.sleep(delay)
                 self._rebalance.set()
 
     async def _rebalance_once(self) -> None:

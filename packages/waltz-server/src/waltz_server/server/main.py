@@ -298,6 +298,7 @@ async def start_server(
         on_event=on_event,
         on_leader_write=None if metrics is None else lambda _: metrics.assignment_changes.inc(),
         peers=PeerMonitor(transport, config.server.liveness_config()),
+        rng=None if rng is None else random.Random(rng.getrandbits(64)),
     )
     manager_ref.append(manager)
     server.identity = lambda: manager.server_id
