@@ -1,5 +1,9 @@
 """The file-segment storage engine (plugin ``fs``).
 
+(Above 800 lines on purpose: the engine, its partitions and the committer share the open
+files and the group commit's state; the format, recovery, the control file, the files
+and the quarantine are modules of their own.)
+
 Threads: one *committer* thread owns every write. Appends of all partitions
 queue to it; each round it writes every queued batch (one ``pwrite`` per
 batch for the data, one for the index entries), then issues one

@@ -1,5 +1,8 @@
 """Start-up recovery of one partition directory: never delete what may be data.
 
+(Above 800 lines on purpose: one decision procedure, read top to bottom, whose every
+case is listed below; split, its cases would lose their order.)
+
 Recovery reads every segment file's header, trusts each index up to its last
 flushed checkpoint (a non-last segment's index was flushed whole before the
 next segment began), scans the records after it, and decides what to do with

@@ -1,5 +1,10 @@
 """The ZeroMQ transport: pyzmq asyncio sockets, one packed frame per message.
 
+(Above 800 lines on purpose: the socket pumps, the connections, the listener and the
+transport share one ZeroMQ context, its sockets and every connection's credit state, so
+a frame is followed here from ``send`` to the peer's ``recv``; the wire protocol, the
+options and the keys are modules of their own.)
+
 Shape:
 
 - A listener is one ROUTER socket; every connection a client makes is its own
