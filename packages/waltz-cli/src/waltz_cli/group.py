@@ -31,6 +31,7 @@ PROVIDERS = {
     "server": "waltz-server",
     "storage": "waltz-server",
     "dev": "waltz-server",
+    "archive": "waltz-server",
     "client": "waltz-client",
     "perf": "waltz-client",
     "keys": "waltz-transport-zmq",
