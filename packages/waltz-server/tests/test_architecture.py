@@ -27,6 +27,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "waltz_spark": {"waltz_api", "waltz_client", "waltz_archive"},
     "waltz_console": {"waltz_api", "waltz_server"},
     "waltz_sim": {"waltz_api", "waltz_server", "waltz_client"},
+    "waltz_chaos": {"waltz_api", "waltz_server", "waltz_client", "waltz_sim"},
     "waltz_bank": {"waltz_api", "waltz_client", "waltz_cli"},
 }
 """Package -> the Waltz packages any of its modules may import."""
@@ -37,6 +38,7 @@ ALSO_IN: dict[str, set[str]] = {
     "waltz_conformance.suites.system": {"waltz_server"},
     "waltz_conformance.suites.system_failover": {"waltz_server"},
     "waltz_spark.testing": {"waltz_server"},
+    "waltz_chaos.cluster": {"waltz_conformance"},
     "waltz_server.locktables.conformance": {"waltz_conformance"},
     "waltz_server.server.archiving": {"waltz_archive"},
     "waltz_server.cli.archive": {"waltz_archive"},

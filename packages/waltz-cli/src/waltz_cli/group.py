@@ -37,6 +37,7 @@ PROVIDERS = {
     "keys": "waltz-transport-zmq",
     "console": "waltz-console",
     "simulate": "waltz-sim",
+    "chaos": "waltz-chaos",
     "spark": "'waltz-example-bank[spark]'",
 }
 """Which package brings each first-party command: named when it is not installed."""
