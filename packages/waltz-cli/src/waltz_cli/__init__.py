@@ -1,30 +1,25 @@
 """The ``waltz`` command line: one entry point, each command contributed by a plugin.
 
 The commands come from the installed packages through the ``waltz_cli_commands``
-hook (see :mod:`waltz_cli.group`); this package holds the root, the options every
-command shares (:mod:`waltz_cli.output`, :mod:`waltz_cli.coordination`) and
-``waltz plugins list``.
+hook (see :mod:`waltz_cli.group`); this package holds the root (:mod:`waltz_cli.app`),
+the options every command shares (:mod:`waltz_cli.output`, :mod:`waltz_cli.coordination`)
+and ``waltz plugins list``.
+
+The names below are imported on first use: the package's entry point
+(:mod:`waltz_cli.plugin`) is read by every process that reads the plugins, which must
+not cost click.
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING
 
-import logging
-import sys
+from waltz_api.lazy import lazy_exports
 
-import click
-
-from waltz_cli.group import PluginCommands, WaltzGroup, load_all, quiet_client_libraries
+if TYPE_CHECKING:
+    from waltz_cli.app import main
+    from waltz_cli.group import PluginCommands, WaltzGroup, load_all
 
 __all__ = ["PluginCommands", "WaltzGroup", "load_all", "main"]
-
-
-@click.group(cls=PluginCommands)
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-@click.version_option(package_name="waltz-cli")
-def main(verbose: int) -> None:
-    """Waltz: a distributed, replicated write-ahead log."""
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    quiet_client_libraries(verbose)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {"main": ".app", "PluginCommands": ".group", "WaltzGroup": ".group", "load_all": ".group"},
+)

@@ -1,3 +1,3 @@
-from waltz_cli import main
+from waltz_cli.app import main
 
 main()
