@@ -176,3 +176,54 @@ async def test_a_replica_away_while_the_others_archived_rejoins_at_the_mark(
         return await local(cluster, 1) == (mark + 1, 254)
 
     await wait_for(has_all, "it takes the new appends")
+
+
+class StaleLink(PartitionArchiveLink):
+    """A link whose mark was read before another archiver advanced it (the new owner's
+    read raced the old owner's last round)."""
+
+    stale = -1
+
+    async def refresh(self) -> int:
+        self._set_mark(self.stale)
+        return self.stale
+
+
+async def test_a_replica_behind_ushers_that_deleted_more_than_the_mark_said_starts_after_them(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    archive = ArchiveStore(str(tmp_path / "archive"))
+    store = archived_store(cluster, archive)
+    await store.start()
+    await asyncio.wait_for(asyncio.gather(*await submit(store, "a", 300)), TIMEOUT)
+    await archive_all(store, archive)
+    assert store.archive is not None and store.archive.mark == 279
+    await store.close()
+    wiped = cluster.nodes[2]
+    await wiped.crash()
+    forget(wiped.location)
+    await wiped.start()
+
+    async def connector(node: str, partition_id: int, session_id: int) -> StorageReplica:
+        return await cluster.pool.connect(f"memory://{node}", partition_id, session_id)
+
+    link = StaleLink(P, cluster.coordination, archive, cache_bytes=1 << 20, timeout=10.0)
+    link.stale = 100  # the others deleted up to 279
+    again = StorePartition(
+        partition_id=P,
+        generation=2,
+        coordination=cluster.coordination,
+        replica_nodes=[n.connect for n in cluster.nodes],
+        connector=connector,
+        config=StoreConfig(retry_initial=0.005, retry_max=0.05),
+        rng=random.Random(5),
+        archive=link,
+    )
+    cluster.stores.append(again)
+    await again.start()
+    await again.wait_ready(TIMEOUT)
+
+    async def started_after() -> bool:
+        return await local(cluster, 2) == (280, 299)
+
+    await wait_for(started_after, "the wiped replica starts after what the ushers deleted")

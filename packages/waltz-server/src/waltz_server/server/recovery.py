@@ -72,6 +72,13 @@ class _Recovering:
     this and retries the replica (nothing it has in flight would tell it)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Archived:
+    """An usher deleted the records asked for: everything up to ``through`` is archived."""
+
+    through: int
+
+
 class RecoveryManager:
     """Resolves the last session's closing high-water mark across the replicas."""
 
@@ -219,6 +226,9 @@ class RecoveryManager:
             self._check_alive(me)
             if records is None:
                 continue  # the usher failed: another one, or wait
+            if isinstance(records, _Archived):
+                await self._start_after(node, connection, me, records.through)
+                continue
             if not records:
                 # the usher was truncated meanwhile; the next evaluation picks another
                 await asyncio.sleep(0)
@@ -250,15 +260,45 @@ class RecoveryManager:
         if me.failed is not None:
             raise me.failed
 
-    async def _read_usher(self, usher: _Recovering, start: int, count: int) -> list[Record] | None:
+    async def _start_after(
+        self, node: str, connection: ReplicaConnection, me: _Recovering, through: int
+    ) -> None:
+        """The ushers deleted what ``node`` needs next (archived, after an archive mark
+        newer than this recovery's): it starts after ``through`` instead."""
+        prune = getattr(connection, "prune", None)
+        if prune is None:
+            raise StorageError(
+                f"replica {node} cannot be caught up: the others archived and deleted "
+                f"transactions up to {through}, and it cannot start after them"
+            )
+        await prune(through)
+        me.mark = await connection.max_transaction_id()
+        log.info(
+            "partition %d session %d: replica %s starts after %d, archived and deleted by "
+            "the replica it caught up from",
+            self.partition_id,
+            self.session_id,
+            node,
+            through,
+        )
+        self._evaluate()
+        self._notify()
+
+    async def _read_usher(
+        self, usher: _Recovering, start: int, count: int
+    ) -> list[Record] | _Archived | None:
         """Records from ``usher`` for another replica; None when the usher failed the
         read: it is forgotten (no longer a source or a voter until it recovers again)
-        and its own task is told, so the reader is not blamed for the usher's fault."""
+        and its own task is told, so the reader is not blamed for the usher's fault.
+        :class:`_Archived` when the usher deleted them (archived): not its fault either."""
         try:
             return await usher.connection.read_records(start, count, self._catch_up_bytes)
         except (TransportError, StorageError) as exc:
             if isinstance(exc, SessionFencedError):
                 raise
+            archived = await self._archived_below(usher, start, exc)
+            if archived is not None:
+                return archived
             log.warning(
                 "partition %d session %d: replica %s failed a catch-up read (%s: %s); "
                 "it is retried",
@@ -323,6 +363,20 @@ class RecoveryManager:
                     log.info("partition %d: %s not pruned: %s", self.partition_id, node, exc)
         return max_id, plan
 
+    async def _archived_below(
+        self, usher: _Recovering, start: int, error: BaseException
+    ) -> _Archived | None:
+        """Whether ``usher`` failed a read at ``start`` because it deleted the records
+        there (its log starts above: everything below was archived and verified)."""
+        local_log = getattr(usher.connection, "local_log", None)
+        if not isinstance(error, StorageError) or local_log is None:
+            return None
+        try:
+            found = await local_log()
+        except (TransportError, StorageError):
+            return None
+        return _Archived(found.log_start - 1) if found.log_start > start else None
+
     async def _repair_missing(
         self, node: str, connection: ReplicaConnection, keep: int, max_id: int
     ) -> int:
@@ -384,6 +438,12 @@ class RecoveryManager:
                     usher, next_id, min(self._catch_up_batch, last - next_id + 1)
                 )
                 self._check()
+                if isinstance(records, _Archived):
+                    prune = getattr(connection, "prune", None)
+                    if prune is None:
+                        break
+                    await prune(records.through)  # the hole was archived: dropped
+                    break
                 if not records:
                     break  # the usher failed or was truncated meanwhile: choose again
                 if records[0].transaction_id != next_id:
