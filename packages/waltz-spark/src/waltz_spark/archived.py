@@ -148,7 +148,8 @@ def read_archive_split(
             table = reader.read_row_group(index, verify_data=verify_records)
             low = max(split.start, group_first) - group_first
             high = min(split.end, group_end) - group_first
-            yield _to_schema(split, table.slice(low, high - low), schema)
+            for batch in table.slice(low, high - low).to_batches():
+                yield _to_schema(split, batch, schema)
     except ArchiveError:
         raise
     except Exception as exc:  # fsspec, pyarrow: named, with the range and the object
@@ -157,24 +158,23 @@ def read_archive_split(
         reader.close()
 
 
-def _to_schema(split: ArchiveSplit, table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
-    n = table.num_rows
+def _to_schema(split: ArchiveSplit, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """An archived batch as the data source's schema (no copy of the data column)."""
+    n = batch.num_rows
     columns: dict[str, Any] = {
         "partition": pa.array(np.full(n, split.partition, dtype=np.int32)),
-        "transaction_id": table.column("transaction_id"),
-        "header": table.column("header"),
-        "client_id": table.column("client_id"),
-        "generation": table.column("generation"),
-        "req_partition": table.column("req_partition"),
-        "seq_num": table.column("seq_num"),
-        "data": table.column("data"),
+        "transaction_id": batch.column("transaction_id"),
+        "header": batch.column("header"),
+        "client_id": batch.column("client_id"),
+        "generation": batch.column("generation"),
+        "req_partition": batch.column("req_partition"),
+        "seq_num": batch.column("seq_num"),
+        "data": batch.column("data"),
     }
-    batch = pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
+    out = pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
     if split.ids is not None:
         chosen = np.isin(
-            table.column("transaction_id").to_numpy(), np.fromiter(split.ids, np.int64)
+            batch.column("transaction_id").to_numpy(), np.fromiter(split.ids, np.int64)
         )
-        batch = batch.filter(pa.array(chosen))
-    combined = batch.combine_chunks()
-    batches = combined.to_batches()
-    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
+        out = out.filter(pa.array(chosen))
+    return out
