@@ -272,3 +272,30 @@ async def test_an_unusable_archive_fails_the_round_and_deletes_nothing(
     assert (
         log.pruned == [] and (await ClusterMetadata(coordination).archive_mark(0)).value.mark == -1
     )
+
+
+class CorruptingStore(ArchiveStore):
+    """An archive that stores something else than it was given (a faulty gateway)."""
+
+    def put_file(self, local_path: str, path: str) -> None:
+        super().put_file(local_path, path)
+        target = Path(path)
+        raw = bytearray(target.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        target.write_bytes(bytes(raw))
+
+
+async def test_a_corrupting_archive_never_moves_the_mark_nor_deletes(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    store = CorruptingStore(str(tmp_path / "archive"))
+    log = Log(records(0, 200), high_water_mark=199)
+    arc = archiver(store, coordination, log)
+    for _ in range(3):
+        with pytest.raises(ArchiveError, match="partition 0"):
+            await arc.round()
+    assert log.pruned == []
+    assert (await ClusterMetadata(coordination).archive_mark(0)).value.mark == -1
+    # each failed round's object stays as an orphan that is never taken (it reads back
+    # wrong), and nothing was written over another
+    assert len(objects(tmp_path / "archive")) == 3

@@ -213,6 +213,7 @@ class DevCluster:
         start_timeout: float = 90.0,
         metrics: bool = False,
         console: bool = False,
+        archive: str = "",
     ) -> None:
         """``metrics``: every child serves /livez, /readyz and /metrics on a free
         loopback port (``metrics_urls``); ``console``: a ``waltz console`` child too
@@ -237,6 +238,8 @@ class DevCluster:
         self._owns_pid_file = False
         self._hosted: list[list[int]] = []
         self.metrics = metrics or console
+        self.archive = archive
+        """The servers' archive URL (tiered storage), "" for none."""
         self.console: Child | None = None
         self.console_url: str | None = None
         self._want_console = console
@@ -415,6 +418,7 @@ class DevCluster:
             'storage_endpoint = "tcp://{}"',
             "[server]",
             'lock_table = "hwm-array"',
+            *([f"[server.archive]\nurl = {json.dumps(self.archive)}"] if self.archive else []),
             *self._http_lines(f"server {index}"),
         ]
         path.write_text("\n".join(lines) + "\n")

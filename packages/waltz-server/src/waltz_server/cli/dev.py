@@ -47,8 +47,15 @@ from waltz_api.errors import WaltzError
     help="Also run `waltz console` (when waltz-console is installed; implies --metrics): "
     "its URL is printed, the token for its actions is in DATA_DIR/console.token.",
 )
+@click.option(
+    "--archive",
+    default="",
+    help="Archive old records to this fsspec URL (e.g. file:///tmp/waltz-archive): "
+    "tiered storage with the default retention (docs/archive.md).",
+)
 def dev_command(
     *,
+    archive: str,
     data_dir: str,
     servers: int,
     storage_nodes: int | None,
@@ -72,6 +79,7 @@ def dev_command(
         partitions=partitions,
         metrics=metrics,
         console=console,
+        archive=archive,
     )
 
     async def run() -> int:
