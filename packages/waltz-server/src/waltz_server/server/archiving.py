@@ -281,7 +281,14 @@ class ServerArchive:
         metrics: ServerMetrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        from waltz_archive.store import ArchiveStore
+        try:
+            from waltz_archive.store import ArchiveStore
+        except ImportError as exc:
+            raise ConfigError(
+                f"config key 'server.archive.url' is set but the archive cannot be used: "
+                f"{exc}; install it: pip install 'waltz-server[archive]' (or [s3])",
+                "server.archive.url",
+            ) from None
 
         self.section = section
         self.coordination = coordination
