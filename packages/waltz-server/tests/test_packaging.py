@@ -112,6 +112,27 @@ def test_siblings_pinned_to_the_release_and_third_parties_bounded(path: Path) ->
             )
 
 
+@pytest.mark.parametrize(
+    "path",
+    [p for p in PROJECTS if "third-party" not in str(p)],
+    ids=_ids([p for p in PROJECTS if "third-party" not in str(p)]),
+)
+def test_siblings_resolve_from_the_workspace(path: Path) -> None:
+    """uv refuses to build a member whose sibling requirement has no `tool.uv.sources` entry
+    (CI's fresh install failed that way when an extra named a new sibling)."""
+    document = tomllib.loads(path.read_text(encoding="utf-8"))
+    sources = set(document.get("tool", {}).get("uv", {}).get("sources", {}))
+    for requirement in _requirements(document["project"]):
+        match = REQUIREMENT.match(requirement)
+        assert match is not None, requirement
+        name = match.group(1)
+        if name.startswith("waltz-"):
+            assert name in sources, (
+                f"{path.relative_to(ROOT)}: add `{name} = {{ workspace = true }}` to "
+                f"[tool.uv.sources] (it is required by {requirement!r})"
+            )
+
+
 def _tox_dist_commands() -> list[str]:
     import configparser
 
