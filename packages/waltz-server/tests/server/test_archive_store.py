@@ -227,3 +227,69 @@ async def test_a_replica_behind_ushers_that_deleted_more_than_the_mark_said_star
         return await local(cluster, 2) == (280, 299)
 
     await wait_for(started_after, "the wiped replica starts after what the ushers deleted")
+
+
+async def test_a_whole_cluster_lost_is_restored_from_the_archive(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Every storage node and the coordination service are lost: a new cluster restored
+    from the archive alone (`waltz archive restore --url`) holds the log up to the last
+    archived range, serves it from the archive, and appends after it."""
+    from waltz_conformance.reference.coordination import (
+        MemoryCoordination,
+        MemoryCoordinationService,
+    )
+    from waltz_server.cli.archive import _restore_cluster
+
+    archive = ArchiveStore(str(tmp_path / "archive"))
+    store = archived_store(cluster, archive)
+    await store.start()
+    await asyncio.wait_for(asyncio.gather(*await submit(store, "a", 300)), TIMEOUT)
+    await archive_all(store, archive)
+    assert store.archive is not None
+    mark = store.archive.mark
+    original = await read_all(store, 0, mark)
+    await store.close()
+    for node in cluster.nodes:  # the disaster
+        await node.crash()
+        forget(node.location)
+    fresh = MemoryCoordination(MemoryCoordinationService(), "/waltz")
+    await fresh.start()
+    try:
+        await ClusterAdmin(fresh).create_cluster(
+            num_partitions=1,
+            num_replicas=3,
+            storage_nodes=[n.connect for n in cluster.nodes],
+            cluster_key=cluster.nodes[0].key,
+        )
+        rows = await _restore_cluster(fresh, "", str(tmp_path / "archive"), "")
+        assert rows == [{"partition": P, "mark": mark, "manifest": rows[0]["manifest"]}]
+        with pytest.raises(Exception, match="already has a log"):
+            await _restore_cluster(fresh, "", str(tmp_path / "archive"), "")
+        for node in cluster.nodes:
+            await node.start()
+
+        async def connector(node: str, partition_id: int, session_id: int) -> StorageReplica:
+            return await cluster.pool.connect(f"memory://{node}", partition_id, session_id)
+
+        restored = StorePartition(
+            partition_id=P,
+            generation=1,
+            coordination=fresh,
+            replica_nodes=[n.connect for n in cluster.nodes],
+            connector=connector,
+            config=StoreConfig(retry_initial=0.005, retry_max=0.05),
+            rng=random.Random(9),
+            archive=PartitionArchiveLink(P, fresh, archive, cache_bytes=1 << 20, timeout=10.0),
+        )
+        cluster.stores.append(restored)
+        await restored.start()
+        await restored.wait_ready(TIMEOUT)
+        assert restored.high_water_mark == mark
+        assert await read_all(restored, 0, mark) == original
+        ids = await asyncio.wait_for(asyncio.gather(*await submit(restored, "b", 5)), TIMEOUT)
+        assert ids == list(range(mark + 1, mark + 6))
+        for i in range(3):
+            assert (await local(cluster, i))[0] == mark + 1
+    finally:
+        await fresh.close()

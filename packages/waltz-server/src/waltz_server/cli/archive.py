@@ -249,7 +249,7 @@ async def _restore_cluster(
     for partition_id in await _partitions(admin, partitions):
         current = await admin.archive_mark(partition_id)
         store_meta = await admin.store_metadata(partition_id)
-        if store_meta.value.replicas or current.value.mark >= 0:
+        if store_meta.value.session_id >= 0 or current.value.mark >= 0:
             raise WaltzError(
                 f"partition {partition_id} already has a log (store sessions or an archive "
                 "mark): restore into a new cluster only"
