@@ -299,3 +299,28 @@ async def test_a_corrupting_archive_never_moves_the_mark_nor_deletes(
     # each failed round's object stays as an orphan that is never taken (it reads back
     # wrong), and nothing was written over another
     assert len(objects(tmp_path / "archive")) == 3
+
+
+async def test_a_range_object_of_a_newer_format_is_refused(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    """An object a newer Waltz wrote (``waltz.format`` above this one's) is refused with
+    its range, its name and what to do, never read as if it were this format."""
+    import pyarrow.parquet as pq
+
+    store = ArchiveStore(str(tmp_path / "archive"))
+    log = Log(records(0, 60), high_water_mark=59)
+    arc = archiver(store, coordination, log)
+    archived = await arc.round()
+    assert archived is not None
+    assert verify_object(store, 0, archived)[0] == archived.records
+    path = tmp_path / "archive" / "partition-0" / archived.name
+    table = pq.read_table(path)
+    footer = dict(pq.read_metadata(path).metadata or {})
+    footer[b"waltz.format"] = b"2"
+    os.chmod(path, 0o644)
+    pq.write_table(table.replace_schema_metadata(footer), path)
+    with pytest.raises(ArchiveError) as error:
+        verify_object(store, 0, archived)
+    message = str(error.value)
+    assert "format 2" in message and "upgrade" in message and archived.name in message

@@ -194,6 +194,12 @@ class RangeFile:
 
     def check_footer(self) -> None:
         """The footer and the row count say what the manifest says."""
+        found = self.footer.get("format") or "0"
+        if not found.isdigit() or int(found) > OBJECT_FORMAT:
+            raise ArchiveError(
+                f"{self.where}: its format {found} is not one this Waltz reads "
+                f"({OBJECT_FORMAT}): a newer Waltz wrote it, upgrade"
+            )
         a = self.archived
         expected = {
             "partition": str(self.partition_id),
