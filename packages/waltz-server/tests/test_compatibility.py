@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from waltz_api import wire
+from waltz_api.access import EVERY_PARTITION, AccessControl, KeyGrants, Permission
 from waltz_api.cluster import (
     FORMAT_VERSION,
     ClusterConfig,
@@ -53,6 +54,8 @@ number in SQLite); the layout fixes only the path."""
 
 CLUSTER_KEY = uuid.UUID("6f1c3d7e-0a4f-4c1e-9a51-3d2b8f6e7c90")
 SERVER_ENDPOINT = "tcp://srv1.example.com:5600"
+APP_KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
+"""A client's CurveZMQ public key (Z85), as `waltz keys generate` writes it."""
 
 
 # -- wire protocol ---------------------------------------------------------------------------------
@@ -121,6 +124,15 @@ async def _write_scenario(coordination: Coordination) -> None:
     )
     await cluster.allocate_client_id()
     await PreferredPartitionStore(coordination).change("tcp://srv2.example.com:5600", lambda _: [0])
+    # an operator grants a client key read everywhere and write on partition 1, then
+    # enforces the ACL (`waltz acl grant`, `waltz acl enable`)
+    await cluster.change_access_control(
+        lambda acl: (
+            acl.granted(APP_KEY, [EVERY_PARTITION], Permission.READ, name="app1")
+            .granted(APP_KEY, [1], Permission.WRITE)
+            .with_enforced(True)
+        )
+    )
 
 
 async def _dump(coordination: Coordination) -> dict[str, Any]:
@@ -189,6 +201,38 @@ async def test_the_current_code_reads_the_version_1_layout() -> None:
         } == {"st1:5500": (0, 41), "st2:5500": (-1, UNRESOLVED)}
         overrides = await PreferredPartitionStore(coordination).read()
         assert overrides.endpoints == {"tcp://srv2.example.com:5600": (0,)}
+        acl = await cluster.access_control()
+        assert acl is not None
+        assert acl.value == AccessControl(
+            True,
+            {APP_KEY: KeyGrants({EVERY_PARTITION: Permission.READ, 1: Permission.WRITE}, "app1")},
+        )
+    finally:
+        await coordination.close()
+
+
+async def test_a_layout_without_an_acl_enforces_nothing() -> None:
+    """Clusters created before ACLs existed have no /acl: every key may do everything."""
+    fixture = json.loads(LAYOUT_V1.read_text(encoding="utf-8"))
+    coordination = await _started()
+    try:
+        for path, value in fixture["tree"].items():
+            if path != "/acl":
+                raw = b"" if value is None else json.dumps(value).encode()
+                await coordination.create(path, raw)
+        cluster = ClusterAdmin(coordination)
+        assert await cluster.access_control() is None
+        seen: list[AccessControl | None] = []
+        called = asyncio.Event()
+
+        def on_acl(acl: AccessControl | None) -> None:
+            seen.append(acl)
+            called.set()
+
+        watch = await cluster.watch_access_control(on_acl)
+        await asyncio.wait_for(called.wait(), 10)
+        watch.cancel()
+        assert seen == [None]
     finally:
         await coordination.close()
 

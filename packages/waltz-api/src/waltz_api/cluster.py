@@ -11,6 +11,9 @@ names them)::
     /assignment/leader               LeaderRecord: the server that assigns partitions (CAS)
     /servers/<server id>             ServerInfo, ephemeral (a live server's registration)
     /ids/server, /ids/client         counters: server and client id allocation
+    /archive/partition/<id>          ArchiveMark: the partition's archive mark (CAS)
+    /acl                             AccessControl: client keys' partition permissions
+                                     (waltz_api.access; absent: not enforced; CAS)
 
 Every value is JSON (UTF-8 bytes) with ``"format": 1`` and a ``"type"``; a
 reader refuses a format newer than it knows, with a clear error.
@@ -36,6 +39,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
+from waltz_api.access import ACL_PATH, AccessControl, decode_access_control
 from waltz_api.contracts.coordination import Coordination, Versioned, Watch, join_path
 from waltz_api.errors import (
     ClusterNotFoundError,
@@ -569,6 +573,34 @@ class ClusterMetadata:
         if found is None:
             return Stored(ArchiveMark(partition_id), -1)
         return Stored(decode_archive_mark(found.value, path, partition_id), found.version)
+
+    # -- access control (waltz acl) -------------------------------------------------------------
+
+    async def access_control(self) -> Stored[AccessControl] | None:
+        """The cluster's ACL and its version (None: there is none, nothing is enforced)."""
+        found = await self.coordination.get(ACL_PATH)
+        if found is None:
+            return None
+        return Stored(decode_access_control(found.value), found.version)
+
+    async def watch_access_control(
+        self, callback: Callable[[AccessControl | None], Awaitable[None] | None]
+    ) -> Watch:
+        """Call ``callback`` with the ACL now and after every change (None: none). An
+        ACL this Waltz cannot read (damaged, or a newer format) is logged and passed as
+        enforced with no grants: a server refuses every request rather than guess."""
+
+        def on_value(value: Versioned | None) -> Awaitable[None] | None:
+            if value is None:
+                return callback(None)
+            try:
+                acl = decode_access_control(value.value)
+            except CoordinationError as exc:
+                log.error("%s; every client request is refused until it is fixed", exc)
+                acl = AccessControl(enforced=True)
+            return callback(acl)
+
+        return await self.coordination.watch(ACL_PATH, on_value)
 
     # -- a summary --------------------------------------------------------------------------------
 

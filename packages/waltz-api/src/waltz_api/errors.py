@@ -214,6 +214,21 @@ class StaleGenerationError(ServerError):
         self.current_generation = current_generation
 
 
+class PermissionDeniedError(ServerError):
+    """The cluster's access control does not grant this client's key ``permission``
+    (``read``, ``write`` or ``admin``) on partition ``partition_id``: the server refused
+    the request (ErrorCode.ACCESS_DENIED) and did nothing. Never retried: a refused
+    append, data fetch, range read, flush or high-water-mark request fails alone (the
+    next one is asked again); a refused mount stops the partition in that client
+    (every submission to it fails with this error) until the client is restarted,
+    once an operator granted the permission (``waltz acl grant``)."""
+
+    def __init__(self, message: str, partition_id: int = -1, permission: str = "") -> None:
+        super().__init__(message)
+        self.partition_id = partition_id
+        self.permission = permission
+
+
 class StoreSessionClosedError(ServerError):
     """The store session ended (a replica failed, a newer session fenced it, or the
     partition closed) before the append was acknowledged by a quorum.

@@ -205,6 +205,11 @@ class ErrorCode(enum.IntEnum):
     """An append that was given a transaction id in a store session that ended before a
     quorum of replicas acknowledged it, and that the next session's recovery left out of
     the log: it is decided, not committed (never committed later). Re-execute it."""
+    ACCESS_DENIED = 14
+    """The cluster's access control (``waltz acl``) does not grant the connection's
+    client key the permission the request needs on its partition (read: mount, feed,
+    data fetch, range read, high-water mark, flush; write: append). Nothing was done.
+    Final: asking again changes nothing until an operator grants the permission."""
 
 
 @dataclass(frozen=True, slots=True)

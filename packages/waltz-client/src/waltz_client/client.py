@@ -53,6 +53,7 @@ from waltz_api.errors import (
 )
 from waltz_api.messages import (
     AppendRequest,
+    ErrorCode,
     ErrorResponse,
     HighWaterMarkRequest,
     HighWaterMarkResponse,
@@ -72,7 +73,13 @@ from waltz_client.api import (
 )
 from waltz_client.channel import Channel, ChannelLost
 from waltz_client.errors import TransactionExpiredError
-from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition, call_hook
+from waltz_client.partition import (
+    MAX_RETRY_DELAY,
+    MOVED_CODES,
+    Partition,
+    access_denied,
+    call_hook,
+)
 from waltz_client.state import (
     ApplyFailures,
     ConcurrencyLimit,
@@ -647,6 +654,11 @@ class AsyncWaltzClient:
                     req_id = self._next_req_id(partition.id, partition.mount.generation)
                     remaining = deadline - loop.time()
                     response = await channel.call(make(req_id), req_id, max(remaining, 0.001))
+                    if (
+                        isinstance(response, ErrorResponse)
+                        and response.code is ErrorCode.ACCESS_DENIED
+                    ):
+                        raise access_denied(partition.id, "read", what, response)
                     if not (isinstance(response, ErrorResponse) and response.code in MOVED_CODES):
                         return response
                     log.debug("%s refused (%s), retrying", what, response.message)

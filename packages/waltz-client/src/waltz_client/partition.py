@@ -23,6 +23,7 @@ from waltz_api.cluster import NO_SERVER, PartitionAssignment
 from waltz_api.errors import (
     ClientAheadError,
     ClientError,
+    PermissionDeniedError,
     ProtocolError,
     ServerError,
     TransportError,
@@ -71,6 +72,21 @@ MOVED_CODES = frozenset(
     {ErrorCode.PARTITION_NOT_ASSIGNED, ErrorCode.STALE_GENERATION, ErrorCode.SERVER_BUSY}
 )
 """Refusals that mean "ask again (maybe elsewhere)": the request is retried."""
+
+
+def access_denied(
+    partition_id: int, permission: str, what: str, refusal: ErrorResponse
+) -> PermissionDeniedError:
+    """The final error of a request the server refused as ACCESS_DENIED (never retried:
+    asking again changes nothing until an operator grants the permission)."""
+    return PermissionDeniedError(
+        f"{what} on partition {partition_id} refused: this client's key lacks the "
+        f"{permission} permission there ({refusal.message})",
+        partition_id,
+        permission,
+    )
+
+
 MAX_RETRY_DELAY = 1.0
 """The longest pause between two attempts of a mount or a request (back-off cap)."""
 MAX_APPLY_RETRY_DELAY = 10.0
@@ -660,6 +676,9 @@ class Partition:
 
     def _on_error(self, message: ErrorResponse) -> None:
         req_id = message.req_id
+        if message.code is ErrorCode.ACCESS_DENIED:
+            self._on_denied(message)
+            return
         if req_id == self.mount.mount_req_id:
             log.warning("partition %d: mount refused: %s", self.id, message.message)
             if self.mount.on_mount_refused(req_id) is MountDecision.RETRY:
@@ -700,6 +719,31 @@ class Partition:
             self._unmount_and_refresh()
             return
         log.warning("partition %d: server error %s: %s", self.id, message.code.name, message)
+
+    def _on_denied(self, message: ErrorResponse) -> None:
+        """ACCESS_DENIED: final for what it answers. A refused mount stops the partition
+        (nothing can be read: it fails what waits and every later submission); a refused
+        append or request fails that one alone."""
+        req_id = message.req_id
+        if req_id == self.mount.mount_req_id:
+            self._fail_partition(access_denied(self.id, "read", "mounting", message))
+            return
+        future = self.requests.pop(req_id, None)
+        if future is not None:
+            if not future.done():
+                future.set_exception(access_denied(self.id, "read", "a request", message))
+            return
+        if req_id in self.monitor:
+            self.monitor.on_refused(req_id)
+            append = self.appends.pop(req_id, None)
+            if append is not None and not append.outcome.done():
+                append.outcome.set_exception(access_denied(self.id, "write", "an append", message))
+            return
+        if self.mount.state is MountState.MOUNTED:
+            # not about a request of ours: the server stopped this client's reads here
+            self._fail_partition(access_denied(self.id, "read", "reading", message))
+            return
+        log.warning("partition %d: %s", self.id, message.message)
 
     def _unmount_and_refresh(self) -> None:
         self.mount.unmount()

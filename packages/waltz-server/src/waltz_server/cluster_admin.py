@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from waltz_api.access import ACL_PATH, AccessControl, encode_access_control
 from waltz_api.cluster import (
     ARCHIVE_PARTITION_DIR,
     CONFIG_PATH,
@@ -194,7 +195,7 @@ class ClusterAdmin(ClusterMetadata):
                 f"{len(live)} server(s) are registered ({', '.join(live)}); stop them first "
                 "(or force the deletion)"
             )
-        for top in ("/servers", "/assignment", "/store", "/ids"):
+        for top in ("/servers", "/assignment", "/store", "/ids", ACL_PATH):
             await self.coordination.delete(top, recursive=True)
         # The config goes last: until then a re-run sees the (partial) cluster.
         await self.coordination.delete("/cluster", recursive=True)
@@ -469,6 +470,39 @@ class ClusterAdmin(ClusterMetadata):
         else:
             version = await self.coordination.set(path, raw, expected_version=current.version)
         return Stored(new, version)
+
+    # -- access control (compare-and-set on /acl) -----------------------------------------------
+
+    async def change_access_control(
+        self,
+        change: Callable[[AccessControl], AccessControl | None],
+        *,
+        max_attempts: int = DEFAULT_CAS_ATTEMPTS,
+    ) -> AccessControl:
+        """Read the ACL (an empty, not enforced one when there is none), apply ``change``
+        and compare-and-set (creating it), retrying on a concurrent change (bounded).
+        ``change`` returns None when there is nothing to do, or raises to refuse. Every
+        server watching it applies the result within the watch's delay."""
+        await self.config()  # no cluster: the clear error
+        for _ in range(max_attempts):
+            stored = await self.access_control()
+            current = AccessControl() if stored is None else stored.value
+            new = change(current)
+            if new is None:
+                return current
+            raw = encode_access_control(new)
+            try:
+                if stored is None:
+                    await self.coordination.create(ACL_PATH, raw)
+                else:
+                    await self.coordination.set(ACL_PATH, raw, expected_version=stored.version)
+            except (BadVersionError, NodeExistsError):
+                continue
+            return new
+        raise CoordinationError(
+            f"the ACL kept changing: no compare-and-set succeeded in {max_attempts} attempts; "
+            "try again"
+        )
 
     # -- partition store metadata (compare-and-set only) ---------------------------------------
 

@@ -33,6 +33,7 @@ from waltz_api.errors import ConfigError, CoordinationError, PluginError
 from waltz_api.plugins import get_registry
 from waltz_server.observability import Check, FeedPosition, HttpEndpoint, ServerMetrics
 from waltz_server.process import run_until_signalled
+from waltz_server.server.access import AccessGate
 from waltz_server.server.cluster_manager import (
     ClusterManager,
     PartitionEvent,
@@ -121,6 +122,8 @@ class RunningServer:
     async def stop(self) -> None:
         await self.manager.stop()
         await self.server.close()
+        if self.server.access is not None:
+            await self.server.access.close()
         await self.pool.close()
         await self.transport.close()
         if self.http is not None:
@@ -272,6 +275,8 @@ async def start_server(
         from waltz_server.server.archiving import ServerArchive
 
         archive = ServerArchive(config.server.archive, coordination, metrics, rng)
+    access = AccessGate(lambda: coordination_from_uri(uri, options))
+    await access.start()  # nothing is served before the ACL is known
     server = WaltzServer(
         transport=transport,
         endpoint=config.transport.endpoint,
@@ -281,8 +286,13 @@ async def start_server(
         rng=rng,
         metrics=metrics,
         archive=archive,
+        access=access,
     )
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await access.close()
+        raise
 
     async def on_event(event: PartitionEvent) -> None:
         if isinstance(event, PartitionGained):
@@ -306,6 +316,7 @@ async def start_server(
         await manager.start()
     except BaseException:
         await server.close()
+        await access.close()
         await pool.close()
         await transport.close()
         raise

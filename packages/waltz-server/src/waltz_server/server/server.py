@@ -6,7 +6,10 @@ messages are routed by the partition id in their ReqId to the
 :class:`~waltz_server.server.partition.Partition` this server holds. A
 request for a partition held elsewhere is refused (a MountRequest gets
 NOT_READY, anything else ErrorResponse PARTITION_NOT_ASSIGNED), so the client
-re-reads the assignment. Another server's :class:`~waltz_api.messages.PeerPing` (its
+re-reads the assignment. With an :class:`~waltz_server.server.access.AccessGate` (the
+cluster's ACL, ``waltz acl``), a request whose connection's key lacks the permission
+it needs on its partition is answered ErrorResponse ACCESS_DENIED before anything
+else looks at it. Another server's :class:`~waltz_api.messages.PeerPing` (its
 failure detector, :mod:`waltz_server.server.peers`) is answered with a ``PeerPong``
 carrying this server's current id.
 
@@ -34,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from waltz_api import wire
+from waltz_api.access import AccessControl
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Connection, Listener, Transport
 from waltz_api.errors import (
@@ -58,6 +62,7 @@ from waltz_api.messages import (
 from waltz_api.outbox import Outbox
 from waltz_api.types import MAX_LOCKS_PER_TRANSACTION, ReqId
 from waltz_server.observability import ServerMetrics
+from waltz_server.server.access import AccessGate
 from waltz_server.server.archiving import ServerArchive
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.replica import ReplicaConnector
@@ -227,8 +232,14 @@ class WaltzServer:
         name: str = "server",
         metrics: ServerMetrics | None = None,
         archive: ServerArchive | None = None,
+        access: AccessGate | None = None,
     ) -> None:
         self.transport = transport
+        self.access = access
+        """The cluster's ACL, checked before any request reaches a partition (None:
+        every connection may do everything)."""
+        if access is not None:
+            access.on_change = self._access_changed
         self.archive = archive
         """The archive (tiered storage) of the partitions served here, when configured."""
         self.requested_endpoint = endpoint
@@ -244,6 +255,7 @@ class WaltzServer:
         manager); a :class:`PeerPing` is answered with it."""
         self._listener: Listener | None = None
         self._connections: set[ClientConnection] = set()
+        self._closing: set[asyncio.Task[None]] = set()
         self._partition_lock = asyncio.Lock()
 
     @property
@@ -360,6 +372,26 @@ class WaltzServer:
                 partition.detach(client)
             await client.close()
 
+    def _access_changed(self, acl: AccessControl) -> None:
+        """The ACL changed: a connection that mounted a partition its key may no longer
+        read is closed (its client mounts again, and that mount is refused)."""
+        access = self.access
+        if access is None:
+            return
+        for client in self.connections:
+            identity = client.conn.peer_identity
+            lost = [p for p in client.feed_positions if not access.may_read(identity, p)]
+            if lost and not client.closed:
+                log.warning(
+                    "client %s (key %s) may no longer read partition(s) %s: closing its connection",
+                    client.peer,
+                    identity,
+                    ", ".join(map(str, sorted(lost))),
+                )
+                task = asyncio.get_running_loop().create_task(client.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+
     async def _handshake(self, conn: Connection) -> wire.ProtocolConnection | None:
         protocol = wire.ProtocolConnection(
             wire.Role.ACCEPTOR, sender=self.name, max_frame_size=self.transport.max_frame_size
@@ -397,6 +429,12 @@ class WaltzServer:
                 )
             )
             return
+        access = self.access
+        if access is not None and access.enforced:
+            refused = access.refusal(client.conn.peer_identity, req_id.partition_id, message)
+            if refused is not None:
+                client.post(ErrorResponse(req_id, ErrorCode.ACCESS_DENIED, refused))
+                return
         if type(message) is AppendRequest and len(message.locks) > MAX_LOCKS_PER_TRANSACTION:
             # the client library refuses this before sending; a raw client gets told
             client.post(
