@@ -26,6 +26,8 @@ READ_COMMANDS = [
     ["storage", "max-transaction-id"],
     ["client", "tail"],
     ["client", "high-water-mark"],
+    ["acl", "list"],
+    ["acl", "check"],
 ]
 
 

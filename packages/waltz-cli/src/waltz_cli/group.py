@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROVIDERS = {
+    "acl": "waltz-server",
     "cluster": "waltz-server",
     "server": "waltz-server",
     "storage": "waltz-server",

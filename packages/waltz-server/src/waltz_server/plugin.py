@@ -39,6 +39,12 @@ def load_archive() -> click.Command:
     return archive_group
 
 
+def load_acl() -> click.Command:
+    from waltz_server.cli.acl import acl_group
+
+    return acl_group
+
+
 def load_dev() -> click.Command:
     from waltz_server.cli.dev import dev_command
 
@@ -61,6 +67,12 @@ def waltz_cli_commands() -> list[CommandDescriptor]:
             "storage",
             load_storage,
             "Run a storage node (with --config), or inspect a storage directory offline.",
+        ),
+        CommandDescriptor(
+            "acl",
+            load_acl,
+            "Per-partition permissions (read, write, admin) of client keys, enforced by "
+            "every server once enabled.",
         ),
         CommandDescriptor(
             "archive",
