@@ -1,11 +1,14 @@
-"""A server's memory against clients that stop reading, on real processes: a ``waltz
-dev`` cluster and hostile clients in their own processes (``hostile_client.py``),
-while a good client keeps committing. Figures: ``bench/hostile_clients.py``."""
+"""Hostile input on real processes: a ``waltz dev`` cluster against hostile clients in
+their own processes (``hostile_client.py``) and raw sockets, while a good client keeps
+committing. The server's memory against clients that stop reading (the RSS figures are
+printed; more in ``bench/hostile_clients.py``), a nesting-bomb handshake to a server and a
+storage node, a transaction above the frame limit, too many locks from a raw client."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -14,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.contracts.transport import DEFAULT_MAX_FRAME_SIZE
 from waltz_api.messages import (
     AppendRequest,
     ErrorCode,
@@ -33,10 +39,12 @@ from waltz_client import (
     Transaction,
     TransactionBuilder,
     TransactionContext,
+    TransactionTooLargeError,
     WaltzClientCallbacks,
 )
 from waltz_server.server.testing import RawClient
 from waltz_transport_zmq import ZmqTransport
+from waltz_transport_zmq import protocol as zmq_protocol
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -141,6 +149,7 @@ async def test_hostile_clients_leave_server_memory_bounded_and_others_committing
             ("data", ["--absurd-window"]),
         ]
         plateau = 0
+        figures = [f"server RSS before the attacks: {cluster.rss() / MIB:.0f} MiB"]
         for index, (mode, flags) in enumerate(rounds):
             peak = cluster.rss()
             done = asyncio.Event()
@@ -157,6 +166,11 @@ async def test_hostile_clients_leave_server_memory_bounded_and_others_committing
                 done.set()
             committed = await asyncio.wait_for(good, 120)
             assert committed > 0, f"round {index}: the good client committed nothing"
+            growth = "(the plateau)" if index == 0 else f"({(peak - plateau) / MIB:+.0f} MiB)"
+            figures.append(
+                f"{mode} {' '.join(flags) or '(plain)'}: server RSS peak {peak / MIB:.0f} MiB "
+                f"{growth}, the good client committed {committed}"
+            )
             if index == 0:
                 plateau = peak
             else:
@@ -164,6 +178,9 @@ async def test_hostile_clients_leave_server_memory_bounded_and_others_committing
                     f"round {index} ({mode} {flags}): the server grew by "
                     f"{(peak - plateau) / MIB:.0f} MiB over its plateau of {plateau / MIB:.0f} MiB"
                 )
+        # the figure (pytest -s shows it; the assertion above is the check)
+        print(f"\nhostile clients (bound {BOUND // MIB} MiB over the plateau):")  # noqa: T201
+        print("\n".join(f"  {line}" for line in figures))  # noqa: T201
 
 
 async def test_a_client_pipelining_large_reads_is_served_not_disconnected(
@@ -210,3 +227,83 @@ async def test_an_append_with_too_many_locks_from_a_raw_client_is_refused(
         await raw.close()
     finally:
         await transport.close()
+
+
+async def raw_answer(endpoint: str, message: bytes, timeout: float = 30.0) -> bytes:
+    """Send ``message`` to ``endpoint`` from a bare DEALER (a fresh identity); the first
+    message the listener sends back."""
+    context = zmq.asyncio.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.ROUTING_ID, os.urandom(16))
+    try:
+        dealer.connect(endpoint)
+        await dealer.send(message)
+        async with asyncio.timeout(timeout):
+            return bytes(await dealer.recv())
+    finally:
+        dealer.close(linger=0)
+        context.term()
+
+
+async def test_a_nesting_bomb_hello_is_refused_by_a_server_and_a_storage_node_in_one_line(
+    cluster: Cluster,
+) -> None:
+    """The issue's input, ``s.send(b"\\x10" + b"[" * 200000)``, to the listeners of a real
+    server and a real storage node: it raised an uncaught RecursionError in the reader
+    callback, which stopped rescheduling itself. Now each is refused on its own
+    connection, logged in one line, and the listener serves on."""
+    bomb = bytes([zmq_protocol.KIND_HELLO]) + b"[" * 200_000
+    logs = Path(cluster.info["logs"])
+    listeners = {
+        "server": (cluster.endpoint, logs / "server-0.log"),
+        "storage node": (str(cluster.info["storage_nodes"][0]), logs / "storage-0.log"),
+    }
+    before = {name: log.read_text() for name, (_, log) in listeners.items()}
+    config = ClientConfig(cluster.info["coordination"], transport="zmq", request_timeout=60)
+    async with AsyncWaltzClient(Marks(), config) as client:
+        first = (await client.submit(Put(b"before the bombs"))).transaction_id
+        for name, (endpoint, _) in listeners.items():
+            for _ in range(3):
+                answer = await raw_answer(endpoint, bomb)
+                assert answer[:1] == bytes([zmq_protocol.KIND_CLOSE]), (name, answer[:40])
+                reason = zmq_protocol.parse_close(answer)
+                assert "refused: hello of 200000 bytes is above the limit of" in reason, name
+            # the listener still takes a new connection: a valid hello is welcomed
+            hello = zmq_protocol.Hello(
+                version=zmq_protocol.PROTOCOL_VERSION,
+                client=os.urandom(16).hex(),
+                seq=1,
+                replace_key=None,
+                window_frames=16,
+                window_bytes=1 << 20,
+                max_frame_size=1 << 20,
+            )
+            welcome = await raw_answer(endpoint, hello.encode())
+            assert welcome[:1] == bytes([zmq_protocol.KIND_WELCOME]), (name, welcome[:40])
+        # and the cluster commits on its existing connections
+        after = (await client.submit(Put(b"after the bombs"))).transaction_id
+        assert after > first
+    for pid in cluster.info["child_pids"]:
+        os.kill(pid, 0)  # every process of the cluster still runs
+    for name, (_, log) in listeners.items():
+        new = log.read_text()[len(before[name]) :]
+        refusals = [line for line in new.splitlines() if "refused a connection" in line]
+        assert 1 <= len(refusals) <= 3, f"{name} logged {len(refusals)} refusals:\n{new[-2000:]}"
+        assert all("hello of 200000 bytes is above the limit" in line for line in refusals)
+        assert "Traceback" not in new and "RecursionError" not in new, new[-3000:]
+
+
+async def test_a_transaction_above_the_frame_limit_fails_submit_at_once(
+    cluster: Cluster,
+) -> None:
+    """Before: a payload above the 64 MiB frame limit made submit() hang (no result
+    after 90 s). Now it fails at once naming the limit; the client commits on."""
+    config = ClientConfig(cluster.info["coordination"], transport="zmq", request_timeout=60)
+    async with AsyncWaltzClient(Marks(), config) as client:
+        await client.submit(Put(b"warm"))  # mounted: the refusal below is not a start-up
+        with pytest.raises(TransactionTooLargeError) as refused:
+            # the deadline is the check: it hung for good before
+            await asyncio.wait_for(client.submit(Put(b"x" * DEFAULT_MAX_FRAME_SIZE)), 20)
+        assert f"max_frame_size of {DEFAULT_MAX_FRAME_SIZE} bytes" in str(refused.value)
+        assert (await client.submit(Put(b"fits"))).transaction_id >= 0
