@@ -8,7 +8,8 @@ permission on each partition or on every partition:
 
 - ``read``: mount, feed, data fetch, range read, high-water mark, flush;
 - ``write``: append, and read (a writer learns its outcomes from its feed);
-- ``admin``: write and read, and the partition's administration.
+- ``admin``: write and read. No request of the client protocol needs more than write
+  today; admin is the level for administrative requests the servers may serve later.
 
 A permission includes those below it; a key's permission on a partition is the
 higher of its grant there and its grant on every partition. ``enforced`` turns the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -328,5 +330,5 @@ def denial(identity: str | None, partition_id: int, needed: Permission, acl: Acc
     return (
         f"access denied: partition {partition_id} needs the {needed.label} permission, and "
         f"client key {identity} {has}; an operator grants it with `waltz acl grant --key "
-        f"{identity} --partition {partition_id} --permission {needed.label}`"
+        f"{shlex.quote(identity)} --partition {partition_id} --permission {needed.label}`"
     )
