@@ -1,0 +1,794 @@
+"""A store session: one partition's quorum writes to its replicas, from recovery to end.
+
+:class:`StoreSession` is the I/O shell of the pure :mod:`waltz_server.server.replication`:
+it takes a new session id by CAS in coordination, recovers
+(:mod:`waltz_server.server.recovery`), then one writer task per replica appends batches
+from the in-memory window, in order and several in flight, to its storage node. A record
+is committed when a quorum of replicas has acknowledged it. A replica that fails leaves
+the writers and is retried with back-off; the others go on while they are a quorum; when
+it returns it rejoins the same session and catches up (from the window, or from a healthy
+replica's storage). A session ends only when the connected replicas are no longer a
+quorum, when it is fenced, at the checkpoint interval, or for a new replica set
+(:mod:`waltz_server.server.store` runs sessions one after another). With an
+:class:`ArchiveLink` (docs/archive.md) replicas behind the archive mark are fast-forwarded
+to it, and :meth:`StoreSession.prune` deletes what is archived (never past what a writer
+acknowledged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from waltz_api.backoff import Backoff
+from waltz_api.contracts.coordination import Coordination
+from waltz_api.errors import (
+    SessionFencedError,
+    StorageError,
+    StoreSessionClosedError,
+    TransportError,
+    WaltzError,
+)
+from waltz_api.types import NO_TRANSACTION, Record, ReqId
+from waltz_server.server.recovery import RecoveryManager
+from waltz_server.server.replica import LocalLog, ReplicaConnection, ReplicaConnector
+from waltz_server.server.replication import (
+    CatchUp,
+    Committed,
+    Replication,
+    ReplicationLimits,
+    Send,
+    plan_rejoin,
+)
+from waltz_server.server.store_metadata import VersionedMetadata
+from waltz_server.server.voting import quorum_of
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Tuning of the store layer (``[server.store]``)."""
+
+    max_batch_records: int = 512
+    max_batch_bytes: int = 4 * 1024 * 1024
+    max_pending_records: int = 8192
+    """Appends not yet committed before ``append`` waits (back pressure)."""
+    max_window_bytes: int = 32 * 1024 * 1024
+    """Bytes of recent records kept in memory for lagging replicas; older ones are read
+    back from a healthy replica's storage."""
+    catch_up_batch: int = 256
+    max_inflight_batches: int = 4
+    """Append batches in flight to one replica at once (its storage node groups
+    consecutive ones into one flush)."""
+    checkpoint_interval: int = 250_000
+    """A new session (so a short recovery) once this many transactions were written."""
+    idle_probe_interval: float = 2.0
+    """An idle replica is asked its max transaction id this often: a storage node that
+    died (or a session that was fenced) while nothing was written is noticed."""
+    retry_initial: float = 0.05
+    retry_max: float = 2.0
+    drain_timeout: float = 10.0
+
+
+class ArchiveLink(Protocol):
+    """The partition's archive, as the store sees it (``waltz_server.server.archiving``)."""
+
+    @property
+    def mark(self) -> int:
+        """The archive mark as last known: every id at or below it is archived (-1:
+        none)."""
+
+    async def refresh(self) -> int:
+        """Read the archive mark from the cluster metadata (CoordinationError: the
+        service is unreachable)."""
+
+    async def read(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
+        """Archived records from ``start`` (ArchiveError when the archive fails)."""
+
+
+CommitListener = Callable[[int, Sequence[Record]], None]
+"""``listener(high_water_mark, records)``: ``records`` are the newly committed ones, in order."""
+RecoveryListener = Callable[[int], None]
+
+
+class StoreSession:
+    """One store session: recovery, then quorum writes until it ends.
+
+    The I/O shell around :class:`~waltz_server.server.replication.Replication`: one
+    task per replica connects, recovers (or rejoins) the replica, then carries out
+    what the replication core decides for it (append batches from the window,
+    several in flight; catch up from a healthy replica's storage). A replica that
+    fails leaves the writers and is retried with back-off; the session ends when
+    the replicas still connected can no longer form a quorum, or when it is fenced.
+    """
+
+    def __init__(
+        self,
+        *,
+        coordination: Coordination,
+        metadata: VersionedMetadata,
+        replica_nodes: Sequence[str],
+        connector: ReplicaConnector,
+        config: StoreConfig,
+        rng: random.Random,
+        on_commit: CommitListener | None = None,
+        archive: ArchiveLink | None = None,
+    ) -> None:
+        self.partition_id = metadata.value.partition_id
+        self.session_id = metadata.value.session_id
+        self._archive = archive
+        self._replica_nodes = list(replica_nodes)
+        self._connector = connector
+        self._config = config
+        self._rng = rng
+        self._on_commit = on_commit
+        self.quorum = quorum_of(len(self._replica_nodes))
+        self.recovery = RecoveryManager(
+            coordination=coordination,
+            metadata=metadata,
+            replica_nodes=self._replica_nodes,
+            catch_up_batch=config.catch_up_batch,
+            catch_up_bytes=config.max_batch_bytes,
+            archive_mark=archive.mark if archive is not None else NO_TRANSACTION,
+        )
+        self._replication: Replication | None = None
+        self._connections: dict[str, ReplicaConnection] = {}
+        self._joined: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._waiters: collections.deque[tuple[int, asyncio.Future[int]]] = collections.deque()
+        self.low_water_mark = NO_TRANSACTION
+        self.high_water_mark = NO_TRANSACTION
+        self._accepting = False
+        self._error: BaseException | None = None
+        self._opened = asyncio.Event()
+        self._done = asyncio.Event()
+        self._progress = asyncio.Event()
+        self.checkpoint_reached = False
+
+    # -- life cycle ------------------------------------------------------------------
+
+    @property
+    def next_transaction_id(self) -> int:
+        if self._replication is None:
+            return self.high_water_mark + 1
+        return self._replication.next_transaction_id
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    @property
+    def writable_replicas(self) -> list[str]:
+        return [] if self._replication is None else self._replication.writers
+
+    def acknowledged_marks(self) -> dict[str, int]:
+        """The highest transaction id each writing replica acknowledged."""
+        return {} if self._replication is None else self._replication.acknowledged_marks()
+
+    async def open(self) -> int:
+        """Start the replica sessions and wait for recovery; returns the high-water mark."""
+        for node in self._replica_nodes:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._run_replica(node), name=f"replica-{self.partition_id}-{node}"
+                )
+            )
+        waiter = asyncio.ensure_future(self.recovery.wait_complete())
+        done_waiter = asyncio.ensure_future(self._done.wait())
+        try:
+            await asyncio.wait({waiter, done_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done_waiter.cancel()
+        if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError, WaltzError):
+                await waiter
+            raise self._closed_error("recovery did not complete")
+        resolved = waiter.result()
+        config = self._config
+        self._replication = Replication(
+            replicas=self._replica_nodes,
+            low_water_mark=resolved,
+            limits=ReplicationLimits(
+                max_batch_records=config.max_batch_records,
+                max_batch_bytes=config.max_batch_bytes,
+                max_pending_records=config.max_pending_records,
+                max_window_bytes=config.max_window_bytes,
+                catch_up_batch=config.catch_up_batch,
+                max_inflight_batches=config.max_inflight_batches,
+            ),
+        )
+        self.low_water_mark = resolved
+        self.high_water_mark = resolved
+        self._accepting = True
+        self._opened.set()
+        self._wake()
+        log.info(
+            "partition %d: store session %d open at high-water mark %d",
+            self.partition_id,
+            self.session_id,
+            resolved,
+        )
+        return resolved
+
+    async def wait_done(self) -> None:
+        await self._done.wait()
+
+    def fail(self, cause: BaseException) -> None:
+        """End the session: pending appends fail (decided by the next session's
+        recovery), tasks stop."""
+        if self._done.is_set():
+            return
+        self._error = cause
+        self._accepting = False
+        log.warning(
+            "partition %d: store session %d ends: %s: %s",
+            self.partition_id,
+            self.session_id,
+            type(cause).__name__,
+            cause,
+        )
+        self.recovery.abort(cause)
+        error = self._closed_error(str(cause))
+        while self._waiters:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_exception(error)
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        self._done.set()
+        self._wake()
+
+    async def close(self) -> None:
+        self.fail(StoreSessionClosedError(f"store session {self.session_id} closed"))
+        current = asyncio.current_task()
+        others = [t for t in self._tasks if t is not current]
+        if others:
+            await asyncio.gather(*others, return_exceptions=True)
+        for connection in list(self._connections.values()):
+            with contextlib.suppress(Exception):
+                await connection.close()
+        self._connections.clear()
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking appends and wait (bounded) until every pending one committed."""
+        self._accepting = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (
+            not self._done.is_set()
+            and self.high_water_mark < self.next_transaction_id - 1
+            and loop.time() < deadline
+        ):
+            await self._wait_progress(deadline - loop.time())
+
+    def _closed_error(self, why: str) -> StoreSessionClosedError:
+        error = StoreSessionClosedError(
+            f"store session {self.session_id} of partition {self.partition_id} ended: {why}"
+        )
+        error.__cause__ = self._error
+        return error
+
+    def _wake(self) -> None:
+        """Something changed (records appended, committed, a replica joined or left):
+        every task waiting on the session looks again."""
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def _wait_progress(self, timeout: float | None = None) -> None:
+        event = self._progress
+        if timeout is None:
+            await event.wait()
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), max(timeout, 0.0))
+
+    # -- appends ------------------------------------------------------------------------
+
+    def has_room(self) -> bool:
+        replication = self._replication
+        return replication is not None and replication.has_room()
+
+    async def wait_for_room(self) -> None:
+        while not self.has_room():
+            if not self._accepting:
+                raise self._closed_error("not accepting appends")
+            await self._wait_progress()
+        if not self._accepting:
+            raise self._closed_error("not accepting appends")
+
+    def append(
+        self, req_id: ReqId, header: int, data: bytes, checksum: int
+    ) -> tuple[int, asyncio.Future[int]]:
+        """Assign the next transaction id and queue the record; the future resolves to
+        the id when a quorum acknowledged it. Call :meth:`wait_for_room` first."""
+        replication = self._replication
+        if not self._accepting or replication is None:
+            raise self._closed_error("not accepting appends")
+        record = replication.append(req_id, header, data, checksum)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters.append((record.transaction_id, future))
+        self._wake()
+        return record.transaction_id, future
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def read_committed(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
+        """Committed records from ``start`` (at most up to the high-water mark)."""
+        end = self.high_water_mark
+        if start > end or max_records <= 0:
+            return []
+        count = min(max_records, end - start + 1)
+        replication = self._replication
+        if replication is not None:
+            records = replication.read_window(start, count, max_bytes)
+            if records is not None:
+                return records
+        records = await self._read_from_replicas(
+            start, lambda connection: connection.read_records(start, count, max_bytes)
+        )
+        return [r for r in records if r.transaction_id <= end]
+
+    async def read_committed_block(
+        self, start: int, max_records: int, max_bytes: int
+    ) -> Sequence[Record]:
+        """:meth:`read_committed` for a range read: records read from a replica come as
+        its storage node sent them (a RecordBlock, nothing decoded) when the connection
+        can (``read_block``); the block never goes past the high-water mark."""
+        end = self.high_water_mark
+        if start > end or max_records <= 0:
+            return []
+        count = min(max_records, end - start + 1)
+        replication = self._replication
+        if replication is not None and start >= replication.window_start:
+            return await self.read_committed(start, count, max_bytes)
+
+        async def read(connection: ReplicaConnection) -> Sequence[Record]:
+            read_block = getattr(connection, "read_block", None)
+            if read_block is None:
+                return await connection.read_records(start, count, max_bytes)
+            block: Sequence[Record] = await read_block(start, count, max_bytes)
+            return block
+
+        block = await self._read_from_replicas(start, read)
+        if len(block) > count:
+            cut = getattr(block, "cut", None)
+            block = cut(count) if cut is not None else block[:count]
+        return block
+
+    async def _read_from_replicas(
+        self, start: int, read: Callable[[ReplicaConnection], Awaitable[R]]
+    ) -> R:
+        """``read`` from a writer holding ``start``. A replica failing the read is that
+        replica's problem (its own task notices and rejoins): another one is tried, each
+        at most once while any is left, for up to the drain timeout; a fenced read ends
+        the session."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.drain_timeout
+        failed: set[str] = set()
+        while True:
+            source = await self._read_source(start, deadline, failed)
+            try:
+                return await read(self._connections[source])
+            except SessionFencedError as exc:
+                self.fail(exc)
+                raise self._closed_error(str(exc)) from exc
+            except (TransportError, StorageError) as exc:
+                log.info(
+                    "partition %d: a read of %d from replica %s failed, trying another: %s",
+                    self.partition_id,
+                    start,
+                    source,
+                    exc,
+                )
+                failed.add(source)
+
+    async def _read_source(self, start: int, deadline: float, failed: set[str]) -> str:
+        """A connected writer holding ``start``, preferably not one in ``failed`` (all of
+        them failed: start over after a pause). Right after recovery the replicas are
+        still joining the writers: wait for one, up to ``deadline``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._done.is_set() or loop.time() > deadline:
+                raise self._closed_error(f"no replica could serve transaction {start}")
+            replication = self._replication
+            holding = replication.sources(start) if replication is not None else []
+            source = self._source(start, [n for n in holding if n not in failed])
+            if source is not None:
+                return source
+            if failed and not any(n in self._connections for n in holding if n not in failed):
+                failed.clear()
+            await self._wait_progress(0.1)
+
+    def _source(self, transaction_id: int, among: Sequence[str] | None = None) -> str | None:
+        """A connected writer that acknowledged ``transaction_id``, chosen at random."""
+        replication = self._replication
+        if replication is None:
+            return None
+        candidates = [
+            node
+            for node in (among if among is not None else replication.sources(transaction_id))
+            if node in self._connections
+        ]
+        return self._rng.choice(candidates) if candidates else None
+
+    # -- replica sessions ------------------------------------------------------------
+
+    async def _connect(self, node: str) -> ReplicaConnection:
+        backoff = Backoff(self._config.retry_initial, self._config.retry_max, self._rng)
+        while True:
+            try:
+                return await self._connector(node, self.partition_id, self.session_id)
+            except (TransportError, StorageError, OSError) as exc:
+                if isinstance(exc, SessionFencedError):
+                    raise
+                log.debug("partition %d: replica %s unreachable: %s", self.partition_id, node, exc)
+            await backoff.sleep()
+
+    async def _run_replica(self, node: str) -> None:
+        """Connect, recover or rejoin, write; after a failure, leave and do it again.
+
+        A replica that refuses to join (its partition unavailable or not hosted, a
+        storage error, a broken connection) or that fails while writing is left out
+        and tried again with back-off: the others commit as long as they are a
+        quorum. A fenced replica (a newer session exists) ends the session, and so
+        does losing the quorum of connected replicas once the session is open."""
+        backoff = Backoff(self._config.retry_initial, self._config.retry_max, self._rng)
+        try:
+            while not self._done.is_set():
+                connection = await self._connect(node)
+                if self._done.is_set():
+                    await connection.close()
+                    return
+                self._connections[node] = connection
+                try:
+                    mark = await self._prepare(node, connection)
+                    if mark is None:
+                        return
+                    self._join(node, mark)
+                    backoff.reset()
+                    await self._write_loop(node, connection)
+                except (StorageError, TransportError, OSError) as exc:
+                    if isinstance(exc, SessionFencedError) or self._done.is_set():
+                        raise
+                    self._leave(node, connection, exc)
+                    with contextlib.suppress(WaltzError, OSError):
+                        await connection.close()
+                await backoff.sleep()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.fail(exc)
+
+    async def _prepare(self, node: str, connection: ReplicaConnection) -> int | None:
+        """Bring the replica to a mark it may join the writers at: recovery the first
+        time (it may still be deciding the opening mark), a rejoin after that."""
+        if node in self._joined:
+            return await self._rejoin(node, connection)
+        resolved = await self.recovery.recover(node, connection)
+        done = asyncio.ensure_future(self._done.wait())
+        opened = asyncio.ensure_future(self._opened.wait())
+        try:
+            await asyncio.wait({done, opened}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done.cancel()
+            opened.cancel()
+        return None if self._done.is_set() else resolved
+
+    async def _rejoin(self, node: str, connection: ReplicaConnection) -> int:
+        replication = self._replication
+        assert replication is not None
+        progress = replication.progress(node)
+        acked = progress.acked if progress is not None else self.low_water_mark
+        archive_mark = self._archive.mark if self._archive is not None else NO_TRANSACTION
+        prune = getattr(connection, "prune", None)
+        if archive_mark >= 0 and prune is not None:
+            missing_range = getattr(connection, "missing_range", None)
+            missing = await missing_range() if missing_range is not None else None
+            if missing is not None and missing[0] <= archive_mark:
+                await prune(archive_mark)  # a hole in archived records: dropped, not repaired
+        await self._repair(node, connection, acked)
+        info = await connection.last_session_info()
+        max_id = await connection.max_transaction_id()
+        plan = plan_rejoin(
+            session_id=self.session_id,
+            low_water_mark=self.low_water_mark,
+            acked=acked,
+            storage=info,
+            max_transaction_id=max_id,
+        )
+        if plan.truncate_to is not None:
+            await connection.truncate(plan.truncate_to)
+        if plan.set_low_water_mark:
+            log.warning(
+                "partition %d session %d: replica %s came back with storage that changed "
+                "(session info %s, log end %d, acknowledged %d): keeping up to %d",
+                self.partition_id,
+                self.session_id,
+                node,
+                info,
+                max_id,
+                acked,
+                plan.mark,
+            )
+            await connection.set_low_water_mark(self.low_water_mark)
+        mark = plan.mark
+        if archive_mark >= 0 and prune is not None and mark < archive_mark:
+            # behind the archive: its log continues after the mark (everything at or below
+            # it is committed and archived)
+            await prune(archive_mark)
+            mark = await connection.max_transaction_id()
+        log.info(
+            "partition %d session %d: replica %s rejoins at %d",
+            self.partition_id,
+            self.session_id,
+            node,
+            mark,
+        )
+        return mark
+
+    async def _repair(self, node: str, connection: ReplicaConnection, upto: int) -> None:
+        """A replica coming back with a hole in its log (damage its storage found when it
+        restarted, the damaged bytes moved aside): the missing records at or below
+        ``upto``, which it acknowledged in this session, are copied from writers that
+        acknowledged them before it rejoins (their records there are the same: committed,
+        or this session's)."""
+        missing_range = getattr(connection, "missing_range", None)
+        repair = getattr(connection, "repair", None)
+        if missing_range is None or repair is None:
+            return  # a connection that cannot report damage has none to report
+        while (missing := await missing_range()) is not None and missing[0] <= upto:
+            first, last = missing[0], min(missing[1], upto)
+            log.warning(
+                "partition %d session %d: repairing replica %s: transactions %d..%d, lost to "
+                "damage, copied from the writers",
+                self.partition_id,
+                self.session_id,
+                node,
+                first,
+                last,
+            )
+            next_id = first
+            while next_id <= last:
+                count = min(self._config.catch_up_batch, last - next_id + 1)
+                start = next_id
+                try:
+                    records = await self._read_from_replicas(
+                        start,
+                        functools.partial(
+                            _read_records,
+                            start=start,
+                            count=count,
+                            max_bytes=self._config.max_batch_bytes,
+                        ),
+                    )
+                except StoreSessionClosedError as exc:
+                    if self._done.is_set():
+                        raise
+                    raise StorageError(f"no writer could serve {start} to repair {node}") from exc
+                records = [r for r in records if r.transaction_id <= last]
+                if not records or records[0].transaction_id != start:
+                    raise StorageError(
+                        f"repair of replica {node}: asked for records from {start}, got "
+                        f"{records[0].transaction_id if records else 'none'}"
+                    )
+                await repair(records)
+                next_id += len(records)
+
+    def _join(self, node: str, mark: int) -> None:
+        replication = self._replication
+        assert replication is not None
+        self._joined.add(node)
+        self._committed(replication.join(node, mark))
+        self._wake()
+
+    def _leave(self, node: str, connection: ReplicaConnection, cause: BaseException) -> None:
+        """The replica failed: out of the writers (or of the recovery), connection
+        dropped; the session ends when the connected replicas are no longer a quorum."""
+        log.warning(
+            "partition %d session %d: replica %s left, retrying: %s: %s",
+            self.partition_id,
+            self.session_id,
+            node,
+            type(cause).__name__,
+            cause,
+        )
+        self.recovery.forget(node, connection)
+        if self._replication is not None:
+            self._replication.leave(node)
+        if self._connections.get(node) is connection:
+            del self._connections[node]
+        if self._opened.is_set() and len(self._connections) < self.quorum:
+            self.fail(
+                StorageError(
+                    f"replica {node} left and only {len(self._connections)} of "
+                    f"{len(self._replica_nodes)} replicas are connected: the quorum "
+                    f"({self.quorum}) is lost"
+                )
+            )
+        self._wake()
+
+    async def _write_loop(self, node: str, connection: ReplicaConnection) -> None:
+        """Send the replica what the replication core plans, several batches in flight;
+        their acknowledgements come back in order (one ordered connection)."""
+        replication = self._replication
+        assert replication is not None
+        inflight: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        try:
+            while not self._done.is_set():
+                while inflight and inflight[0][1].done():
+                    last, sent = inflight.popleft()
+                    sent.result()
+                    self._committed(replication.on_appended(node, last))
+                action = replication.next_send(node)
+                if isinstance(action, CatchUp):
+                    records = await self._read_catch_up(node, action)
+                    action = replication.caught_up_read(node, records) if records else None
+                    if action is None:
+                        continue
+                if isinstance(action, Send):
+                    appending = asyncio.ensure_future(connection.append(action.records))
+                    inflight.append((action.last_transaction_id, appending))
+                    continue
+                await self._wait_for_work(node, connection, inflight)
+        finally:
+            for _, sent in inflight:
+                sent.cancel()
+                with contextlib.suppress(BaseException):
+                    await sent
+
+    async def _wait_for_work(
+        self,
+        node: str,
+        connection: ReplicaConnection,
+        inflight: collections.deque[tuple[int, asyncio.Future[None]]],
+    ) -> None:
+        """Nothing to send now: wait for the oldest batch's acknowledgement, or for new
+        records (or progress of the others); an idle replica is probed."""
+        event = self._progress
+        if inflight:
+            woken = asyncio.ensure_future(event.wait())
+            waiting: set[asyncio.Future[Any]] = {inflight[0][1], woken}
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+            return
+        try:
+            await asyncio.wait_for(event.wait(), self._config.idle_probe_interval)
+        except TimeoutError:
+            replication = self._replication
+            progress = replication.progress(node) if replication is not None else None
+            if progress is not None and progress.sent + 1 >= self.next_transaction_id:
+                await self._probe(node, connection, progress.acked)
+
+    async def _read_catch_up(self, node: str, action: CatchUp) -> list[Record] | None:
+        """Records for a lagging replica from one of the writers holding them. A source
+        failing is that source's problem (its own task sees it): wait and plan again."""
+        source = self._source(action.start, action.sources)
+        if source is None:
+            await self._wait_progress(0.1)
+            return None
+        try:
+            records = await self._connections[source].read_records(
+                action.start, action.count, self._config.max_batch_bytes
+            )
+        except (TransportError, StorageError) as exc:
+            if isinstance(exc, SessionFencedError):
+                raise
+            log.info(
+                "partition %d: catch-up of %s from %s failed: %s",
+                self.partition_id,
+                node,
+                source,
+                exc,
+            )
+            if self._archive is not None and action.start <= self._archive.mark:
+                # the sources deleted what it needs (archived): it rejoins at the mark
+                raise StorageError(
+                    f"replica {node} of partition {self.partition_id} is behind the archive "
+                    f"mark {self._archive.mark}: it rejoins there"
+                ) from exc
+            await self._wait_progress(0.1)
+            return None
+        if not records or records[0].transaction_id != action.start:
+            log.warning(
+                "partition %d: catch-up of %s: %s answered records from %s, asked from %d",
+                self.partition_id,
+                node,
+                source,
+                records[0].transaction_id if records else "none",
+                action.start,
+            )
+            await self._wait_progress(0.1)
+            return None
+        return records
+
+    async def prune(self, through: int) -> None:
+        """Ask every writer to delete its records up to ``through`` (archived), but never
+        past the lowest id a writer acknowledged (a writer catching up reads from the
+        others)."""
+        replication = self._replication
+        if replication is None or self._done.is_set():
+            return
+        acked = replication.acknowledged_marks()
+        if not acked:
+            return
+        bound = min(through, *acked.values())
+        for node in sorted(acked):
+            connection = self._connections.get(node)
+            prune = getattr(connection, "prune", None)
+            if prune is None:
+                continue
+            try:
+                await prune(bound)
+            except (TransportError, StorageError) as exc:  # its own task sees a real failure
+                log.info(
+                    "partition %d: replica %s did not delete its archived records up to %d: %s",
+                    self.partition_id,
+                    node,
+                    bound,
+                    exc,
+                )
+
+    async def local_log(self) -> LocalLog | None:
+        """One writer's local log (start, end, segments), or None."""
+        for node in sorted(self.writable_replicas):
+            connection = self._connections.get(node)
+            local_log = getattr(connection, "local_log", None)
+            if local_log is None:
+                continue
+            try:
+                found: LocalLog = await local_log()
+                return found
+            except (TransportError, StorageError) as exc:
+                log.debug("partition %d: no local log from %s: %s", self.partition_id, node, exc)
+        return None
+
+    async def _probe(self, node: str, connection: ReplicaConnection, expected: int) -> None:
+        """Check an idle replica: it must answer, and hold exactly what it acknowledged."""
+        found = await connection.max_transaction_id()
+        if found != expected:
+            raise StorageError(
+                f"replica {node} of partition {self.partition_id} holds up to {found}, "
+                f"but acknowledged {expected} in store session {self.session_id}: "
+                "its storage changed under the session"
+            )
+
+    def _committed(self, committed: Committed | None) -> None:
+        if committed is None:
+            return
+        high_water_mark = committed.high_water_mark
+        self.high_water_mark = high_water_mark
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= high_water_mark:
+            transaction_id, future = waiters.popleft()
+            if not future.done():
+                future.set_result(transaction_id)
+        if high_water_mark - self.low_water_mark >= self._config.checkpoint_interval:
+            self.checkpoint_reached = True
+        if self._on_commit is not None:
+            self._on_commit(high_water_mark, committed.records)
+        self._wake()
+
+
+async def _read_records(
+    connection: ReplicaConnection, *, start: int, count: int, max_bytes: int
+) -> list[Record]:
+    return await connection.read_records(start, count, max_bytes)
