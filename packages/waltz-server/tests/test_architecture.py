@@ -164,3 +164,24 @@ def _source_of(function: object) -> str:
     import inspect
 
     return inspect.getsource(function)  # type: ignore[arg-type]
+
+
+def test_long_modules_say_why() -> None:
+    """No source module above about 800 lines unless the docs' table says why it is one."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Long modules", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(waltz_[\w/]+\.py)`", section))
+    for suite in re.findall(r"`waltz_conformance/suites/storage.py`, (.*?) \|", section):
+        named |= {f"waltz_conformance/suites/{n}" for n in re.findall(r"`(\w+\.py)`", suite)}
+    too_long = []
+    for source in sorted(
+        [*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("conformance/src/**/*.py")]
+    ):
+        lines = source.read_text(encoding="utf-8").count("\n")
+        relative = source.as_posix().split("/src/", 1)[1]
+        if lines > 850 and relative not in named:
+            too_long.append(f"{relative} ({lines} lines)")
+    assert not too_long, (
+        f"split these along their seams, or say at their top and in docs/architecture.md's "
+        f"'Long modules' table why each is one module: {too_long}"
+    )

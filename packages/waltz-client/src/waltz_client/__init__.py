@@ -23,7 +23,8 @@ if TYPE_CHECKING:
         TransactionContext,
         WaltzClientCallbacks,
     )
-    from waltz_client.client import AsyncWaltzClient, ClientConfig
+    from waltz_client.client import AsyncWaltzClient
+    from waltz_client.config import ClientConfig
     from waltz_client.errors import (
         PoisonTransactionError,
         TransactionExpiredError,
@@ -70,7 +71,7 @@ __getattr__, __dir__ = lazy_exports(
             ".api",
         ),
         "AsyncWaltzClient": ".client",
-        "ClientConfig": ".client",
+        "ClientConfig": ".config",
         **dict.fromkeys(
             [
                 "PoisonTransactionError",

@@ -1,12 +1,14 @@
-"""The asyncio client: configuration, submissions, flush, reads.
+"""The asyncio client: submissions, flush, reads.
 
-Layout, one event loop, three modules:
+Layout, one event loop, four modules:
 
+- :mod:`waltz_client.config`: :class:`~waltz_client.config.ClientConfig`.
 - :mod:`waltz_client.channel`: :class:`~waltz_client.channel.Channel`, the two
   connections to one server (stream and RPC).
 - :mod:`waltz_client.partition`: :class:`~waltz_client.partition.Partition`, one
   partition's mounting, feed and appends' outcomes (the I/O shell around the pure
-  machines of :mod:`waltz_client.state`).
+  machines of :mod:`waltz_client.state`); how appends are decided (flush rounds,
+  deadlines) is its part in :mod:`waltz_client.decisions`.
 - here: :class:`AsyncWaltzClient`: discovery (cluster metadata watches),
   submissions, flush, high-water mark, lazy data fetch with a bounded cache.
 
@@ -35,9 +37,8 @@ import itertools
 import logging
 import random
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -72,21 +73,17 @@ from waltz_client.api import (
     WaltzClientCallbacks,
 )
 from waltz_client.channel import Channel, ChannelLost
+from waltz_client.config import POISON_POLICIES, ClientConfig
+from waltz_client.decisions import call_hook
 from waltz_client.errors import TransactionExpiredError
-from waltz_client.partition import (
-    MAX_RETRY_DELAY,
-    MOVED_CODES,
-    Partition,
-    access_denied,
-    call_hook,
-)
+from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition, access_denied
 from waltz_client.state import (
-    ApplyFailures,
-    ConcurrencyLimit,
     Outcome,
     Resolution,
     TransactionDataCache,
 )
+
+__all__ = ["CALLBACK_THREAD_PREFIX", "POISON_POLICIES", "AsyncWaltzClient", "ClientConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -94,75 +91,8 @@ R = TypeVar("R")
 M = TypeVar("M", bound=Message)
 INT32_MAX = 2**31 - 1
 CALLBACK_THREAD_PREFIX = "waltz-callbacks"
-POISON_POLICIES = ("stop", "skip")
 _MAX_COORDINATION_DELAY = 5.0
 """The longest pause between two attempts to renew a lost coordination session."""
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """How a client finds and talks to a cluster.
-
-    - ``coordination``: a URI (``zk://127.0.0.1:2181/waltz``, ``local:///var/lib/waltz``)
-      or a started :class:`~waltz_api.contracts.coordination.Coordination` the caller owns.
-    - ``transport``: the transport plugin name (``zmq``) and its options.
-    - ``partitions``: the partitions to mount (None: all); submissions to others fail.
-    - ``max_concurrent_transactions``: per partition; ``submit`` waits beyond it.
-    - ``data_cache_bytes``: the bound of the transaction data cache.
-    """
-
-    coordination: str | Coordination
-    coordination_options: Mapping[str, Any] = field(default_factory=dict)
-    transport: str = "zmq"
-    transport_options: Mapping[str, Any] = field(default_factory=dict)
-    partitions: Sequence[int] | None = None
-    max_concurrent_transactions: int = 100
-    data_cache_bytes: int = 64 * 1024 * 1024
-    connect_timeout: float = 10.0
-    request_timeout: float = 30.0
-    retry_interval: float = 0.2
-    """Pause before mounting or asking again after NOT_READY, a refusal or a lost
-    connection (doubling up to 1 s, with jitter, while attempts fail)."""
-    transaction_timeout: float | None = 120.0
-    """The deadline of a submission, in seconds from its start (once it holds a slot):
-    waiting for its partition, re-executions and its append in flight. When it passes,
-    an append in flight is decided by asking the server (a flush): committed (the
-    result), or not (:class:`TransactionExpiredError`); unknown only when the server
-    cannot be asked within ``request_timeout`` more (:class:`TransactionOutcomeUnknownError`).
-    None: no deadline."""
-    prefetch_data: bool = False
-    """Fetch the data of feed items that arrive together concurrently, before the
-    callbacks ask (for applications that read the data of most transactions)."""
-    apply_retries: int = 8
-    """How many times a transaction whose ``apply_transaction`` raised is offered again
-    (the feed restarts from ``client_high_water_mark`` after a back-off: from
-    ``retry_interval`` doubling up to 10 s, about half a minute in all by default)
-    before ``poison_policy`` decides."""
-    poison_policy: str = "stop"
-    """What to do with a transaction ``apply_transaction`` still fails on after
-    ``apply_retries``: ``"stop"`` the partition (:class:`PoisonTransactionError`), or
-    ``"skip"`` it: hand it to :meth:`WaltzClientCallbacks.dead_letter` and go on."""
-
-    def __post_init__(self) -> None:
-        if self.transaction_timeout is not None and (
-            not isinstance(self.transaction_timeout, int | float) or self.transaction_timeout <= 0
-        ):
-            raise ClientError(
-                "ClientConfig.transaction_timeout must be a positive number or None, "
-                f"got {self.transaction_timeout!r}"
-            )
-        for name in ("connect_timeout", "request_timeout", "retry_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or value <= 0:
-                raise ClientError(f"ClientConfig.{name} must be a positive number, got {value!r}")
-        ConcurrencyLimit[object](self.max_concurrent_transactions)
-        TransactionDataCache[object](self.data_cache_bytes)
-        ApplyFailures(self.apply_retries)
-        if self.poison_policy not in POISON_POLICIES:
-            raise ClientError(
-                f"ClientConfig.poison_policy must be one of {', '.join(POISON_POLICIES)}, "
-                f"got {self.poison_policy!r}"
-            )
 
 
 class _Expired(WaltzError):

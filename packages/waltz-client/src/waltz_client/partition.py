@@ -1,5 +1,7 @@
 """One partition as the client sees it: mounting, the feed, appends' outcomes.
 
+(How appends are decided, flush rounds and deadlines, is :mod:`waltz_client.decisions`.)
+
 :class:`Partition` holds the partition's mount sequencing, transaction monitor,
 feed position, retry queue and concurrency limit (the pure machines of
 :mod:`waltz_client.state`) and turns their decisions into I/O: a worker task
@@ -15,7 +17,6 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from waltz_api.backoff import Backoff
@@ -33,7 +34,6 @@ from waltz_api.messages import (
     ErrorCode,
     ErrorResponse,
     FeedData,
-    FlushRequest,
     FlushResponse,
     HighWaterMarkResponse,
     LockFailure,
@@ -42,9 +42,10 @@ from waltz_api.messages import (
     MountResponse,
 )
 from waltz_api.types import NO_TRANSACTION, ReqId
-from waltz_client.api import Transaction, TransactionContext
+from waltz_client.api import Transaction
 from waltz_client.channel import Channel, ChannelLost
-from waltz_client.errors import PoisonTransactionError, TransactionOutcomeUnknownError
+from waltz_client.decisions import AppendDecisions, SentAppend
+from waltz_client.errors import PoisonTransactionError
 from waltz_client.state import (
     ApplyDecision,
     ApplyFailures,
@@ -54,8 +55,6 @@ from waltz_client.state import (
     MountDecision,
     MountSequencer,
     MountState,
-    Outcome,
-    Resolution,
     RetryQueue,
     RunningSubmissions,
     TransactionMonitor,
@@ -93,20 +92,7 @@ MAX_APPLY_RETRY_DELAY = 10.0
 """The longest pause before a transaction apply_transaction failed on is offered again."""
 
 
-@dataclass(slots=True)
-class _Append:
-    """An append of ours sent to the partition and not yet decided."""
-
-    outcome: asyncio.Future[Resolution]
-    context: TransactionContext
-    data: bytes
-    deadline: float | None = None
-    """The submission's deadline (loop time): then, still in flight, it is overdue."""
-    overdue: bool = False
-    """Its deadline passed: the server is being asked to decide it."""
-
-
-class Partition:
+class Partition(AppendDecisions):
     def __init__(self, client: AsyncWaltzClient, partition_id: int) -> None:
         self.client = client
         self.id = partition_id
@@ -117,7 +103,7 @@ class Partition:
         self.limit: ConcurrencyLimit[asyncio.Future[None]] = ConcurrencyLimit(
             client.config.max_concurrent_transactions
         )
-        self.appends: dict[ReqId, _Append] = {}
+        self.appends: dict[ReqId, SentAppend] = {}
         self.requests: dict[ReqId, asyncio.Future[Message]] = {}
         self.submissions = RunningSubmissions()
         """The running submissions (what a flush waits for)."""
@@ -750,27 +736,6 @@ class Partition:
         self.mounted.clear()
         self._remount_later(refresh=True)
 
-    def _decided(self, resolutions: list[Resolution]) -> list[Resolution]:
-        """The feed carried appends of ours: their data goes into the client's cache
-        (an application reading it is not sent to the server for what it just sent)."""
-        for resolution in resolutions:
-            if resolution.outcome is Outcome.COMMITTED:
-                append = self.appends.get(resolution.req_id)
-                if append is not None:
-                    self.client._cache_put(self.id, resolution.transaction_id, append.data)
-        return resolutions
-
-    def _resolve(self, resolutions: list[Resolution], *, applied: bool = False) -> None:
-        for resolution in resolutions:
-            append = self.appends.pop(resolution.req_id, None)
-            if append is None:
-                continue
-            if append.outcome.done():
-                continue
-            if resolution.outcome is Outcome.COMMITTED and applied:
-                call_hook(append.context.on_application, resolution.transaction_id)
-            append.outcome.set_result(resolution)
-
     # -- used by submissions -----------------------------------------------------------------------
 
     def check_usable(self) -> None:
@@ -814,74 +779,6 @@ class Partition:
         self._release_retries()
         await future
 
-    def register(
-        self,
-        req_id: ReqId,
-        context: TransactionContext,
-        data: bytes,
-        deadline: float | None = None,
-    ) -> asyncio.Future[Resolution]:
-        """Record an append about to be sent; its resolution comes through the future
-        (an exception when it cannot be decided after ``deadline``)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Resolution] = loop.create_future()
-        self.monitor.register(req_id)
-        self.appends[req_id] = _Append(future, context, data, deadline)
-        if deadline is not None and (self._deadline_timer is None or deadline < self._deadline_at):
-            self._arm_deadline_timer(deadline)
-        return future
-
-    def _arm_deadline_timer(self, when: float) -> None:
-        """One timer per partition, at the earliest deadline of its appends in flight
-        (not one per append: that is a timer handle per transaction)."""
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-        self._deadline_at = when
-        self._deadline_timer = asyncio.get_running_loop().call_at(when, self._deadlines_due)
-
-    def _deadlines_due(self) -> None:
-        self._deadline_timer = None
-        now = asyncio.get_running_loop().time()
-        earliest: float | None = None
-        for req_id, append in list(self.appends.items()):
-            deadline = append.deadline
-            if deadline is None or append.overdue or append.outcome.done():
-                continue
-            if deadline <= now:
-                self._overdue(req_id)
-            elif earliest is None or deadline < earliest:
-                earliest = deadline
-        if earliest is not None:
-            self._arm_deadline_timer(earliest)
-
-    def finished(self, number: int) -> None:
-        """Submission ``number`` is decided (and its slot given back)."""
-        self.release_slot()
-        self.submissions.finish(number)
-        waiters = self._flush_waiters
-        if waiters:
-            still = []
-            for mark, future in waiters:
-                if future.done():
-                    continue
-                if self.submissions.running_up_to(mark):
-                    still.append((mark, future))
-                else:
-                    future.set_result(None)
-            self._flush_waiters = still
-
-    async def wait_submissions(self, mark: int, timeout: float) -> int:
-        """Wait until no submission numbered up to ``mark`` runs; returns how many still
-        run after ``timeout`` (0: all decided)."""
-        if not self.submissions.running_up_to(mark):
-            return 0
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._flush_waiters.append((mark, future))
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await future
-        return self.submissions.running_up_to(mark)
-
     def unwritable(self) -> str:
         """Why appends are not flowing now (for an expiry's message)."""
         state, endpoint = self.mount.state, self.mount.endpoint
@@ -896,81 +793,6 @@ class Partition:
         if state is MountState.MOUNTING:
             return f"partition {self.id}'s mount at {endpoint} was not answered yet (recovering?)"
         return f"partition {self.id} was mounted at {endpoint}"
-
-    # -- deciding appends ------------------------------------------------------------------------
-
-    async def flush_round(self, timeout: float) -> int:
-        """Flush: the server answers once every append it received before the request
-        is decided, with the high-water mark that includes the committed ones; once the
-        feed has reached it, those of ours not seen in it are decided not committed.
-        Returns that high-water mark."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        mark = 0
-
-        def flush_request(req_id: ReqId) -> FlushRequest:
-            nonlocal mark
-            mark = self.monitor.flush_mark()  # taken as it is sent (again on a retry)
-            return FlushRequest(req_id)
-
-        response = await self.request(flush_request, timeout)
-        if not isinstance(response, FlushResponse):
-            raise ServerError(f"partition {self.id}: unexpected answer to a flush: {response}")
-        high_water_mark = response.transaction_id
-        await self.wait_position(high_water_mark, max(deadline - loop.time(), 0.0))
-        self._resolve(self.monitor.on_flushed(mark, high_water_mark))
-        return high_water_mark
-
-    def _overdue(self, req_id: ReqId) -> None:
-        """A submission's deadline passed with its append in flight: ask the server to
-        decide it (one flush covers every append sent before it)."""
-        append = self.appends.get(req_id)
-        order = self.monitor.order_of(req_id)
-        if append is None or order is None or append.outcome.done():
-            return  # decided, or abandoned by the application
-        append.overdue = True
-        if self._decision is not None and self._decision_covers >= order:
-            return  # a decision under way covers it
-        self._decision_covers = self.monitor.flush_mark()
-        self._decision = asyncio.get_running_loop().create_task(
-            self._decide(self._decision_covers), name=f"waltz-client-decide-{self.id}"
-        )
-        self._background.add(self._decision)
-        self._decision.add_done_callback(self._background.discard)
-
-    async def _decide(self, covers: int) -> None:
-        grace = self.client.config.request_timeout
-        try:
-            await self.flush_round(grace)
-        except asyncio.CancelledError:
-            raise
-        except WaltzError as exc:
-            self._undecided(covers, grace, exc)
-        finally:
-            if self._decision is asyncio.current_task():
-                self._decision = None
-
-    def _undecided(self, covers: int, grace: float, exc: WaltzError) -> None:
-        """The server could not be asked: the overdue appends the decision covered and
-        that are still pending end with an unknown outcome (they stay in the monitor, so
-        that a late feed item is still recognized as ours)."""
-        for req_id, append in list(self.appends.items()):
-            order = self.monitor.order_of(req_id)
-            if not append.overdue or order is None or order > covers:
-                continue
-            del self.appends[req_id]
-            if append.outcome.done():
-                continue
-            append.outcome.set_exception(
-                TransactionOutcomeUnknownError(
-                    f"the outcome of {type(append.context).__name__} is unknown: its deadline "
-                    f"passed with its append {req_id} in flight, and partition {self.id}'s "
-                    f"server could not be asked to decide it within {grace} s: {exc}. It may "
-                    "be committed: if so, the feed delivers it like any transaction; it is "
-                    "not re-executed",
-                    req_id,
-                )
-            )
 
     async def request(self, make: Callable[[ReqId], Message], timeout: float) -> Message:
         """A stream request answered by one message (flush, high-water mark); retried
@@ -1027,11 +849,3 @@ class Partition:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
                     await future
-
-
-def call_hook(fn: Callable[..., Any], *args: Any) -> None:
-    """Call an application hook; its exception is logged, never breaks the client."""
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("transaction context hook %s raised", getattr(fn, "__name__", fn))

@@ -1,0 +1,243 @@
+"""How a partition's appends are decided: the client side of "every submission gets a
+true answer".
+
+An append sent is registered with the partition's transaction monitor
+(:class:`~waltz_client.state.TransactionMonitor`); the feed resolves it (ours, seen
+committed), a lock failure or an error resolves it (not committed), and a flush round
+decides the rest: the server answers a flush once every append it received before it
+is decided, with the high-water mark including the committed ones, so once the feed
+reaches that mark, those of ours not seen in it were not committed. A submission's
+deadline passing with its append in flight starts such a round (one timer per
+partition, at the earliest deadline); only when the server cannot be asked is the
+outcome unknown (:class:`~waltz_client.errors.TransactionOutcomeUnknownError`).
+
+:class:`AppendDecisions` is a part of :class:`~waltz_client.partition.Partition`
+(a mixin: it shares the partition's state), kept here so each reads on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from waltz_api.errors import ServerError, WaltzError
+from waltz_api.messages import FlushRequest, FlushResponse, Message
+from waltz_api.types import ReqId
+from waltz_client.api import TransactionContext
+from waltz_client.errors import TransactionOutcomeUnknownError
+from waltz_client.state import Outcome, Resolution, RunningSubmissions, TransactionMonitor
+
+if TYPE_CHECKING:
+    from waltz_client.client import AsyncWaltzClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SentAppend:
+    """An append of ours sent to the partition and not yet decided."""
+
+    outcome: asyncio.Future[Resolution]
+    context: TransactionContext
+    data: bytes
+    deadline: float | None = None
+    """The submission's deadline (loop time): then, still in flight, it is overdue."""
+    overdue: bool = False
+    """Its deadline passed: the server is being asked to decide it."""
+
+
+class AppendDecisions:
+    """Registering, resolving and deciding a partition's appends (see the module)."""
+
+    # the partition's state this part uses (set by Partition.__init__)
+    client: AsyncWaltzClient
+    id: int
+    monitor: TransactionMonitor
+    appends: dict[ReqId, SentAppend]
+    submissions: RunningSubmissions
+    _flush_waiters: list[tuple[int, asyncio.Future[None]]]
+    _decision: asyncio.Task[None] | None
+    _deadline_timer: asyncio.TimerHandle | None
+    _deadline_at: float
+    _decision_covers: int
+    _background: set[asyncio.Task[None]]
+    # and the partition's methods it calls
+    release_slot: Callable[[], None]
+    request: Callable[[Callable[[ReqId], Message], float], Awaitable[Message]]
+    wait_position: Callable[[int, float], Awaitable[None]]
+
+    def _decided(self, resolutions: list[Resolution]) -> list[Resolution]:
+        """The feed carried appends of ours: their data goes into the client's cache
+        (an application reading it is not sent to the server for what it just sent)."""
+        for resolution in resolutions:
+            if resolution.outcome is Outcome.COMMITTED:
+                append = self.appends.get(resolution.req_id)
+                if append is not None:
+                    self.client._cache_put(self.id, resolution.transaction_id, append.data)
+        return resolutions
+
+    def _resolve(self, resolutions: list[Resolution], *, applied: bool = False) -> None:
+        for resolution in resolutions:
+            append = self.appends.pop(resolution.req_id, None)
+            if append is None:
+                continue
+            if append.outcome.done():
+                continue
+            if resolution.outcome is Outcome.COMMITTED and applied:
+                call_hook(append.context.on_application, resolution.transaction_id)
+            append.outcome.set_result(resolution)
+
+    def register(
+        self,
+        req_id: ReqId,
+        context: TransactionContext,
+        data: bytes,
+        deadline: float | None = None,
+    ) -> asyncio.Future[Resolution]:
+        """Record an append about to be sent; its resolution comes through the future
+        (an exception when it cannot be decided after ``deadline``)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Resolution] = loop.create_future()
+        self.monitor.register(req_id)
+        self.appends[req_id] = SentAppend(future, context, data, deadline)
+        if deadline is not None and (self._deadline_timer is None or deadline < self._deadline_at):
+            self._arm_deadline_timer(deadline)
+        return future
+
+    def _arm_deadline_timer(self, when: float) -> None:
+        """One timer per partition, at the earliest deadline of its appends in flight
+        (not one per append: that is a timer handle per transaction)."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = when
+        self._deadline_timer = asyncio.get_running_loop().call_at(when, self._deadlines_due)
+
+    def _deadlines_due(self) -> None:
+        self._deadline_timer = None
+        now = asyncio.get_running_loop().time()
+        earliest: float | None = None
+        for req_id, append in list(self.appends.items()):
+            deadline = append.deadline
+            if deadline is None or append.overdue or append.outcome.done():
+                continue
+            if deadline <= now:
+                self._overdue(req_id)
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._arm_deadline_timer(earliest)
+
+    def finished(self, number: int) -> None:
+        """Submission ``number`` is decided (and its slot given back)."""
+        self.release_slot()
+        self.submissions.finish(number)
+        waiters = self._flush_waiters
+        if waiters:
+            still = []
+            for mark, future in waiters:
+                if future.done():
+                    continue
+                if self.submissions.running_up_to(mark):
+                    still.append((mark, future))
+                else:
+                    future.set_result(None)
+            self._flush_waiters = still
+
+    async def wait_submissions(self, mark: int, timeout: float) -> int:
+        """Wait until no submission numbered up to ``mark`` runs; returns how many still
+        run after ``timeout`` (0: all decided)."""
+        if not self.submissions.running_up_to(mark):
+            return 0
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((mark, future))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await future
+        return self.submissions.running_up_to(mark)
+
+    # -- deciding appends ------------------------------------------------------------------------
+
+    async def flush_round(self, timeout: float) -> int:
+        """Flush: the server answers once every append it received before the request
+        is decided, with the high-water mark that includes the committed ones; once the
+        feed has reached it, those of ours not seen in it are decided not committed.
+        Returns that high-water mark."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        mark = 0
+
+        def flush_request(req_id: ReqId) -> FlushRequest:
+            nonlocal mark
+            mark = self.monitor.flush_mark()  # taken as it is sent (again on a retry)
+            return FlushRequest(req_id)
+
+        response = await self.request(flush_request, timeout)
+        if not isinstance(response, FlushResponse):
+            raise ServerError(f"partition {self.id}: unexpected answer to a flush: {response}")
+        high_water_mark = response.transaction_id
+        await self.wait_position(high_water_mark, max(deadline - loop.time(), 0.0))
+        self._resolve(self.monitor.on_flushed(mark, high_water_mark))
+        return high_water_mark
+
+    def _overdue(self, req_id: ReqId) -> None:
+        """A submission's deadline passed with its append in flight: ask the server to
+        decide it (one flush covers every append sent before it)."""
+        append = self.appends.get(req_id)
+        order = self.monitor.order_of(req_id)
+        if append is None or order is None or append.outcome.done():
+            return  # decided, or abandoned by the application
+        append.overdue = True
+        if self._decision is not None and self._decision_covers >= order:
+            return  # a decision under way covers it
+        self._decision_covers = self.monitor.flush_mark()
+        self._decision = asyncio.get_running_loop().create_task(
+            self._decide(self._decision_covers), name=f"waltz-client-decide-{self.id}"
+        )
+        self._background.add(self._decision)
+        self._decision.add_done_callback(self._background.discard)
+
+    async def _decide(self, covers: int) -> None:
+        grace = self.client.config.request_timeout
+        try:
+            await self.flush_round(grace)
+        except asyncio.CancelledError:
+            raise
+        except WaltzError as exc:
+            self._undecided(covers, grace, exc)
+        finally:
+            if self._decision is asyncio.current_task():
+                self._decision = None
+
+    def _undecided(self, covers: int, grace: float, exc: WaltzError) -> None:
+        """The server could not be asked: the overdue appends the decision covered and
+        that are still pending end with an unknown outcome (they stay in the monitor, so
+        that a late feed item is still recognized as ours)."""
+        for req_id, append in list(self.appends.items()):
+            order = self.monitor.order_of(req_id)
+            if not append.overdue or order is None or order > covers:
+                continue
+            del self.appends[req_id]
+            if append.outcome.done():
+                continue
+            append.outcome.set_exception(
+                TransactionOutcomeUnknownError(
+                    f"the outcome of {type(append.context).__name__} is unknown: its deadline "
+                    f"passed with its append {req_id} in flight, and partition {self.id}'s "
+                    f"server could not be asked to decide it within {grace} s: {exc}. It may "
+                    "be committed: if so, the feed delivers it like any transaction; it is "
+                    "not re-executed",
+                    req_id,
+                )
+            )
+
+
+def call_hook(fn: Callable[..., Any], *args: Any) -> None:
+    """Call an application hook; its exception is logged, never breaks the client."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("transaction context hook %s raised", getattr(fn, "__name__", fn))
