@@ -75,8 +75,8 @@ from waltz_client.api import (
 from waltz_client.channel import Channel, ChannelLost
 from waltz_client.config import POISON_POLICIES, ClientConfig
 from waltz_client.decisions import call_hook
-from waltz_client.errors import TransactionExpiredError
-from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition, access_denied
+from waltz_client.errors import TransactionExpiredError, access_denied
+from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition
 from waltz_client.state import (
     Outcome,
     Resolution,

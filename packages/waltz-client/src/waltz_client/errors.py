@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from waltz_api.errors import ClientError
+from waltz_api.errors import ClientError, PermissionDeniedError
+from waltz_api.messages import ErrorResponse
 from waltz_api.types import ReqId
 
 
@@ -43,3 +44,16 @@ class PoisonTransactionError(ClientError):
         super().__init__(message)
         self.partition_id = partition_id
         self.transaction_id = transaction_id
+
+
+def access_denied(
+    partition_id: int, permission: str, what: str, refusal: ErrorResponse
+) -> PermissionDeniedError:
+    """The final error of a request the server refused as ACCESS_DENIED (never retried:
+    asking again changes nothing until an operator grants the permission)."""
+    return PermissionDeniedError(
+        f"{what} on partition {partition_id} refused: this client's key lacks the "
+        f"{permission} permission there ({refusal.message})",
+        partition_id,
+        permission,
+    )

@@ -24,7 +24,6 @@ from waltz_api.cluster import NO_SERVER, PartitionAssignment
 from waltz_api.errors import (
     ClientAheadError,
     ClientError,
-    PermissionDeniedError,
     ProtocolError,
     ServerError,
     TransportError,
@@ -45,7 +44,7 @@ from waltz_api.types import NO_TRANSACTION, ReqId
 from waltz_client.api import Transaction
 from waltz_client.channel import Channel, ChannelLost
 from waltz_client.decisions import AppendDecisions, SentAppend
-from waltz_client.errors import PoisonTransactionError
+from waltz_client.errors import PoisonTransactionError, access_denied
 from waltz_client.state import (
     ApplyDecision,
     ApplyFailures,
@@ -71,20 +70,6 @@ MOVED_CODES = frozenset(
     {ErrorCode.PARTITION_NOT_ASSIGNED, ErrorCode.STALE_GENERATION, ErrorCode.SERVER_BUSY}
 )
 """Refusals that mean "ask again (maybe elsewhere)": the request is retried."""
-
-
-def access_denied(
-    partition_id: int, permission: str, what: str, refusal: ErrorResponse
-) -> PermissionDeniedError:
-    """The final error of a request the server refused as ACCESS_DENIED (never retried:
-    asking again changes nothing until an operator grants the permission)."""
-    return PermissionDeniedError(
-        f"{what} on partition {partition_id} refused: this client's key lacks the "
-        f"{permission} permission there ({refusal.message})",
-        partition_id,
-        permission,
-    )
-
 
 MAX_RETRY_DELAY = 1.0
 """The longest pause between two attempts of a mount or a request (back-off cap)."""
