@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import itertools
 import os
 import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
@@ -324,3 +327,70 @@ async def test_a_range_object_of_a_newer_format_is_refused(
         verify_object(store, 0, archived)
     message = str(error.value)
     assert "format 2" in message and "upgrade" in message and archived.name in message
+
+
+async def test_the_read_cache_stays_within_its_bound(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    """A feed reading the whole history keeps at most ``cache_bytes`` of row groups (one
+    when a single group is larger); what it dropped is read again, never served stale."""
+    store = ArchiveStore(str(tmp_path / "archive"))
+    log = Log(records(0, 400), high_water_mark=399)
+    manifests: list[Manifest] = []
+    arc = archiver(store, coordination, log, manifests=manifests)
+    while await arc.round() is not None:
+        pass
+    bound = 12_000  # a few of the ~4 KB row groups
+    reader = ArchiveReader(store, 0, cache_bytes=bound)
+    reader.set_manifest(manifests[-1])
+    got: list[Record] = []
+    largest = 0
+    while len(got) < 390:
+        got.extend(reader.read(len(got), 7, 1 << 20))
+        assert reader.cached_bytes <= bound, reader.cached_bytes
+        largest = max(largest, reader.cached_bytes)
+    assert got == log.records[:390]
+    assert largest > bound // 2  # it did cache
+    assert reader.cache_hits > 0  # small reads within a row group hit the cache
+    reads = reader.reads
+    hits = reader.cache_hits
+    assert reader.read(0, 5, 1 << 20) == log.records[:5]  # long evicted: read again
+    assert reader.reads == reads + 1 and reader.cache_hits == hits
+    tiny = ArchiveReader(store, 0, cache_bytes=1)  # smaller than any group: keeps one
+    tiny.set_manifest(manifests[-1])
+    assert tiny.read(100, 3, 1 << 20) == log.records[100:103]
+    assert 1 < tiny.cached_bytes <= largest
+    assert tiny.read(101, 2, 1 << 20) == log.records[101:103] and tiny.cache_hits == 1
+
+
+class FullStore(ArchiveStore):
+    """An archive directory on a full file system: a write fails with ENOSPC after the
+    first KiB of each file."""
+
+    def _local_durable(self, path: str, write: Any) -> None:
+        def full(out: IO[bytes]) -> None:
+            out.write(b"x" * 1024)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        super()._local_durable(path, full)
+
+
+async def test_a_full_archive_fails_the_round_and_deletes_nothing(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    store = FullStore(str(tmp_path / "archive"))
+    log = Log(records(0, 100), high_water_mark=99)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    policy = dataclasses.replace(
+        POLICY, write=dataclasses.replace(POLICY.write, spool_dir=str(spool))
+    )
+    arc = archiver(store, coordination, log, policy)
+    for _ in range(2):
+        with pytest.raises(ArchiveError, match="No space left"):
+            await arc.round()
+    assert log.pruned == []
+    assert (await ClusterMetadata(coordination).archive_mark(0)).value.mark == -1
+    assert objects(tmp_path / "archive") == []
+    assert list((tmp_path / "archive" / "partition-0").iterdir()) == []  # no partial file
+    assert list(spool.iterdir()) == []  # the spooled ranges were removed

@@ -51,6 +51,12 @@ class ArchiveReader:
     def mark(self) -> int:
         return self.manifest.mark
 
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the row groups held in the cache: at most ``cache_bytes``, or one
+        row group when a single one is larger."""
+        return self._cached
+
     def set_manifest(self, manifest: Manifest) -> None:
         """A newer manifest (the mark moved): ranges only ever get added."""
         if manifest.partition_id != self.partition_id:
