@@ -1,6 +1,6 @@
 """Per-partition permissions on real processes: a ``waltz storage`` node (fs engine) and
 a ``waltz server``, CurveZMQ on every listener (a server's transport uses curve both
-ways), a real ZooKeeper (the conformance fixture) or the ``local`` coordination, and
+ways), a real ZooKeeper or etcd (the conformance fixtures) or the ``local`` coordination, and
 clients with their own keys (the client library, and raw protocol clients for the exact
 answers). The ACL is changed with ``waltz acl`` (a real CLI process) and through
 ``ClusterAdmin`` while the server runs; each change must reach the server within
@@ -56,6 +56,7 @@ from waltz_client import (
     TransactionContext,
     WaltzClientCallbacks,
 )
+from waltz_conformance.servers.etcd import EtcdCluster
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import RawClient, ServerProcess
@@ -236,7 +237,7 @@ def waltz_cli(*args: str, uri: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["zk", "local"])
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["zk", "etcd", "local"])
 async def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Cluster]:
@@ -251,6 +252,10 @@ async def cluster(
     if request.param == "zk":
         zookeeper: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
         uri = zookeeper.uri(root)
+    elif request.param == "etcd":
+        etcd: EtcdCluster = request.getfixturevalue("etcd_cluster")
+        etcd.ensure_all_running()
+        uri = etcd.uri(root)
     else:
         (workdir / "coordination").mkdir()
         uri = f"local://{workdir}/coordination?root={root}"
