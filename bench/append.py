@@ -194,7 +194,7 @@ async def main(args: argparse.Namespace) -> None:
             runs = [runs[int(i)] for i in args.runs.split(",")]
         for tag, (name, partitions, locks, rate) in enumerate(runs):
             lanes = await open_lanes(cluster.transport, cluster.metadata, partitions, locks, tag)
-            spy = Spy(args.py_spy, name, pids) if args.py_spy else None
+            spy = Spy(args.py_spy, name, pids, gil=args.gil) if args.py_spy else None
             try:
                 if spy is not None:
                     spy.start(args.seconds)
@@ -233,6 +233,9 @@ if __name__ == "__main__":
     parser.add_argument("--runs", help="comma-separated indexes of the runs to make (0-4)")
     parser.add_argument(
         "--py-spy", type=Path, help="record each process with py-spy into this directory"
+    )
+    parser.add_argument(
+        "--gil", action="store_true", help="py-spy: only samples holding the GIL (CPU time)"
     )
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(main(parser.parse_args()))

@@ -369,7 +369,9 @@ class Cell:
     p99_ms: float
     attempts_per_commit: float
     errors: int
-    server_cpu_us: float = float("nan")
+    cpu_us: dict[str, float] = field(default_factory=dict)
+    """Waltz: CPU microseconds per commit of the server, the storage nodes together and
+    the client processes together."""
     server_rss_mb: float = float("nan")
 
 
@@ -469,7 +471,10 @@ def print_table(workload: str, ks: list[int], cells: dict[tuple[str, str, int], 
     header = f"{'K':>3}"
     for system in SYSTEMS:
         header += f" | {LABELS[system] + ' /s':>13} {'p50':>6} {'p99':>6}"
-    print(header + " | Waltz/ZK  Waltz/etcd | Waltz: tries/commit, server us/commit, RSS MB")
+    print(
+        header + " | Waltz/ZK  Waltz/etcd | Waltz: tries/commit, CPU us/commit "
+        "(server+storage+clients), server RSS MB"
+    )
     for k in ks:
         line = f"{k:>3}"
         for system in SYSTEMS:
@@ -484,8 +489,10 @@ def print_table(workload: str, ks: list[int], cells: dict[tuple[str, str, int], 
             f"{ratio(waltz, cells.get((workload, 'etcd', k))):>10}"
         )
         if waltz is not None:
+            cpu = waltz.cpu_us
             line += (
-                f" | {waltz.attempts_per_commit:.2f}, {waltz.server_cpu_us:.0f}, "
+                f" | {waltz.attempts_per_commit:.2f}, {cpu.get('server', 0):.0f}+"
+                f"{cpu.get('storage', 0):.0f}+{cpu.get('clients', 0):.0f}, "
                 f"{waltz.server_rss_mb:.0f}"
             )
         errors = {s: c.errors for (w, s, kk), c in cells.items() if w == workload and kk == k}
@@ -546,7 +553,12 @@ async def main(args: argparse.Namespace) -> None:
                 f"a cell, K workers in min(K, {args.processes}) processes (one client each)"
             )
             pids = cluster.pids()
-            meter = CpuMeter({"server": [pids["server"]]})
+            meter = CpuMeter(
+                {
+                    "server": [pids["server"]],
+                    "storage": [pid for role, pid in pids.items() if role != "server"],
+                }
+            )
             for workload in WORKLOADS:
                 for k in ks:
                     for system in systems:
@@ -565,7 +577,10 @@ async def main(args: argparse.Namespace) -> None:
                         cell = summarize(results, args.seconds)
                         if system == "waltz":
                             commits = sum(r["commits"] for r in results)
-                            cell.server_cpu_us = meter.per_transaction_us(commits)["server"]
+                            cell.cpu_us = meter.per_transaction_us(commits)
+                            if commits:
+                                clients = sum(r["cpu"] for r in results)
+                                cell.cpu_us["clients"] = clients / commits * 1e6
                             cell.server_rss_mb = peak_rss_mb(cluster.server.pid)
                         cells[(workload, system, k)] = cell
                         if spy is not None:

@@ -63,7 +63,12 @@ class CpuMeter:
 class Spy:
     """py-spy records of processes for one run (raw collapsed stacks, one file each)."""
 
-    def __init__(self, directory: Path, run: str, pids: Mapping[str, int | None]) -> None:
+    def __init__(
+        self, directory: Path, run: str, pids: Mapping[str, int | None], *, gil: bool = False
+    ) -> None:
+        """``gil``: only samples of threads holding the GIL (Python CPU time, not the
+        time a thread waits for the disk, a lock or the CPU)."""
+        self.gil = gil
         self.directory = directory
         self.run = run
         self.pids = {name: pid for name, pid in pids.items() if pid is not None}
@@ -95,6 +100,7 @@ class Spy:
                     "--rate",
                     "100",
                     "--nonblocking",
+                    *(["--gil"] if self.gil else []),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -22,6 +22,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import operator
+import queue
 import struct
 import threading
 import time
@@ -156,46 +157,121 @@ class _Job:
     action: Callable[[], None] | None = None
 
 
+_STOP = None
+"""Queued after the last job: the committer ends once it is reached."""
+
+
+class _SyncThreads:
+    """Flushes the files of a round at once: the committer flushes the first one
+    itself and up to ``helpers`` threads the others (each the files handed to it, in
+    turn). The threads start when a round first has several files and stay for the
+    engine's life; a hand-off is a SimpleQueue put and get, no future, no executor."""
+
+    def __init__(self, name: str, fdatasync: Callable[[int], None], helpers: int = 3) -> None:
+        self._name = name
+        self._fdatasync = fdatasync
+        self._helpers = helpers
+        self._inboxes: list[queue.SimpleQueue[tuple[int, int] | None]] = []
+        self._threads: list[threading.Thread] = []
+        self._done: queue.SimpleQueue[tuple[int, BaseException | None]] = queue.SimpleQueue()
+
+    def _sync(self, fd: int) -> BaseException | None:
+        try:
+            self._fdatasync(fd)
+        except BaseException as exc:  # handed back: the committer decides
+            return exc
+        return None
+
+    def _helper(self, inbox: queue.SimpleQueue[tuple[int, int] | None]) -> None:
+        while (item := inbox.get()) is not None:
+            index, fd = item
+            self._done.put((index, self._sync(fd)))
+
+    def sync_all(self, fds: list[int]) -> list[OSError | None]:
+        """fdatasync every one of ``fds`` (concurrently); the error of each (None: ok).
+        Anything else than an OSError is raised, once every flush has ended."""
+        errors: list[BaseException | None] = [None] * len(fds)
+        if len(fds) > 1:
+            while len(self._inboxes) < min(self._helpers, len(fds) - 1):
+                inbox: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+                thread = threading.Thread(
+                    target=self._helper,
+                    args=(inbox,),
+                    name=f"{self._name}-{len(self._inboxes)}",
+                    daemon=True,
+                )
+                thread.start()
+                self._threads.append(thread)
+                self._inboxes.append(inbox)
+            inboxes = self._inboxes
+            for index in range(1, len(fds)):
+                inboxes[(index - 1) % len(inboxes)].put((index, fds[index]))
+        if fds:
+            errors[0] = self._sync(fds[0])
+        for _ in range(len(fds) - 1):
+            index, error = self._done.get()
+            errors[index] = error
+        flushed: list[OSError | None] = []
+        for error in errors:
+            if error is not None and not isinstance(error, OSError):
+                raise error
+            flushed.append(error)
+        return flushed
+
+    def stop(self) -> None:
+        """End the threads (after the round under way: called by the committer)."""
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for thread in self._threads:
+            thread.join()
+
+
 class _Committer(threading.Thread):
-    """The one thread that writes. Appends are group-committed; others are barriers."""
+    """The one thread that writes. Appends are group-committed; others are barriers.
+
+    Jobs come through a SimpleQueue (a put from the event loop, a get here that takes
+    everything queued as one round); a round's results go back to the loop in one
+    ``call_soon_threadsafe``. ``submit`` and ``stop`` are called on the event loop."""
 
     def __init__(self, engine: FsStorageEngine, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name=f"waltz-fs-committer:{engine.directory}", daemon=True)
         self._engine = engine
         self._loop = loop
-        self._cond = threading.Condition()
-        self._pending: list[_Job] = []
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = False
-        self._sync_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=4, thread_name_prefix="waltz-fs-sync"
-        )
+        # engine.files read at each flush (a test may replace the file layer's methods)
+        self._syncs = _SyncThreads("waltz-fs-sync", lambda fd: engine.files.fdatasync(fd))
 
     def submit(self, job: _Job) -> None:
-        with self._cond:
-            if self._stopping:
-                raise StorageError("the storage engine is closed")
-            self._pending.append(job)
-            self._cond.notify()
+        if self._stopping:
+            raise StorageError("the storage engine is closed")
+        self._queue.put(job)
 
     def stop(self) -> None:
-        with self._cond:
+        if not self._stopping:
             self._stopping = True
-            self._cond.notify()
+            self._queue.put(_STOP)
 
     def run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._stopping:
-                    self._cond.wait()
-                if not self._pending:
-                    self._sync_pool.shutdown(wait=True)
-                    return
-                jobs, self._pending = self._pending, []
+        pending = self._queue
+        stopped = False
+        while not stopped:
+            first = pending.get()
+            if first is _STOP:
+                break
+            jobs = [first]
+            while not pending.empty():
+                job = pending.get_nowait()
+                if job is _STOP:
+                    stopped = True
+                    break
+                jobs.append(job)
             try:
                 self._round(jobs)
             except BaseException as exc:  # never leave a waiter hanging
                 log.exception("storage committer failed")
                 self._finish([(job, exc) for job in jobs if not job.future.done()])
+        self._syncs.stop()
 
     def _round(self, jobs: list[_Job]) -> None:
         results: list[tuple[_Job, BaseException | None]] = []
@@ -256,24 +332,10 @@ class _Committer(threading.Thread):
         return results
 
     def _sync_all(self, syncs: list[tuple[FsStoragePartition, int, int]]) -> list[OSError | None]:
-        """Flush the files of a round (data, and index files at a checkpoint)."""
-
-        fdatasync = self._engine.files.fdatasync
-
-        def sync(kind: int, fd: int) -> OSError | None:
-            # fdatasync for both kinds: it flushes the size too, not the mtime
-            try:
-                fdatasync(fd)
-            except OSError as exc:
-                return exc
-            return None
-
+        """Flush the files of a round (data, and index files at a checkpoint); fdatasync
+        for both kinds: it flushes the size too, not the mtime."""
         started = time.perf_counter()
-        if len(syncs) == 1:
-            errors = [sync(syncs[0][1], syncs[0][2])]
-        else:
-            futures = [self._sync_pool.submit(sync, kind, fd) for _, kind, fd in syncs]
-            errors = [f.result() for f in futures]
+        errors = self._syncs.sync_all([fd for _, _, fd in syncs]) if syncs else []
         observer = self._engine.fsync_observer
         if observer is not None and syncs:
             observer(time.perf_counter() - started)
