@@ -17,9 +17,11 @@ Runs, each for ``--seconds``:
 
 For each: committed transactions/s, p50/p99/max commit latency (append sent ->
 its FeedData received), lock failures, the server's peak RSS (VmHWM), and the CPU
-microseconds per committed transaction of the server and of the three storage nodes
-together (the steady figure on a loaded machine). ``--py-spy DIR`` records every
-process with py-spy during each run and prints where their samples fall.
+microseconds per committed transaction of the server, of the three storage nodes
+together and of this client (the steady figures on a loaded machine), and how many
+records a storage append request carried on average (on the first storage node).
+``--py-spy DIR`` records every process with py-spy during each run and prints where
+their samples fall.
 Data: 100 bytes per transaction.
 """
 
@@ -29,6 +31,7 @@ import argparse
 import asyncio
 import itertools
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -175,11 +178,16 @@ async def main(args: argparse.Namespace) -> None:
         )
         print(
             f"{'run':<34} {'tx/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-            f"{'lock fail':>9} {'server RSS MB':>13} {'CPU us/tx: server':>17} {'storage':>7}"
+            f"{'lock fail':>9} {'server RSS MB':>13} {'CPU us/tx: server':>17} {'storage':>7} "
+            f"{'client':>6} {'records/storage append':>22}"
         )
         pids = cluster.pids()
         meter = CpuMeter(
-            {"server": [pids["server"]], "storage": [v for k, v in pids.items() if k != "server"]}
+            {
+                "server": [pids["server"]],
+                "storage": [v for k, v in pids.items() if k != "server"],
+                "client": [os.getpid()],
+            }
         )
         runs = [
             ("1 partition, no locks", 1, False, None),
@@ -198,20 +206,25 @@ async def main(args: argparse.Namespace) -> None:
             try:
                 if spy is not None:
                     spy.start(args.seconds)
+                counters = await cluster.storage_counters()
                 meter.start()
                 throughput, latencies, failures = await drive(
                     lanes, args.seconds, args.window, rate
                 )
                 meter.stop()
+                after = await cluster.storage_counters()
             finally:
                 for lane in lanes:
                     await lane.client.close()
             cpu = meter.per_transaction_us(sum(lane.committed for lane in lanes))
+            records = after["records_appended"] - counters["records_appended"]
+            requests = max(1, after["append_requests"] - counters["append_requests"])
             print(
                 f"{name:<34} {throughput:>9.0f} {pct(latencies, 0.5):>8.2f} "
                 f"{pct(latencies, 0.99):>8.2f} {max(latencies, default=0) * 1000:>8.2f} "
                 f"{failures:>9} {peak_rss_mb(cluster.server.pid):>13.1f} "
-                f"{cpu['server']:>17.0f} {cpu['storage']:>7.0f}"
+                f"{cpu['server']:>17.0f} {cpu['storage']:>7.0f} {cpu['client']:>6.0f} "
+                f"{records / requests:>22.1f}"
             )
             if spy is not None:
                 spy.stop()

@@ -566,7 +566,10 @@ async def main(args: argparse.Namespace) -> None:
                         if system == "waltz" and args.py_spy:
                             worker_pid = workers[system].processes[0].pid
                             spy = Spy(
-                                args.py_spy, f"{workload}-K{k}", {**pids, "client0": worker_pid}
+                                args.py_spy,
+                                f"{workload}-K{k}",
+                                {**pids, "client0": worker_pid},
+                                gil=args.gil,
                             )
                             spy.start(args.seconds)
                         meter.start()
@@ -608,6 +611,9 @@ if __name__ == "__main__":
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="which systems to measure")
     parser.add_argument(
         "--py-spy", type=Path, help="record the Waltz processes with py-spy into this directory"
+    )
+    parser.add_argument(
+        "--gil", action="store_true", help="py-spy: only samples holding the GIL (CPU time)"
     )
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(main(parser.parse_args()))

@@ -21,6 +21,7 @@ from waltz_api.ports import free_port
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
+from waltz_server.storage_node.client import StorageAdminClient
 from waltz_server.storage_node.testing import StorageNodeProcess
 
 
@@ -43,6 +44,20 @@ class ProcessCluster:
     server: ServerProcess
     workdir: Path
     storage: list[StorageNodeProcess]
+
+    async def storage_counters(self, node: int = 0) -> dict[str, int]:
+        """Storage node ``node``'s request counters (admin ``stats``), summed over its
+        partitions: requests, append_requests, engine_appends, records_appended."""
+        async with await StorageAdminClient.connect(
+            self.transport, self.storage[node].endpoint
+        ) as admin:
+            stats = await admin.command("stats")
+        totals: dict[str, int] = {}
+        for partition in stats["partitions"]:
+            for key, value in partition.items():
+                if key != "partition_id" and isinstance(value, int):
+                    totals[key] = totals.get(key, 0) + value
+        return totals
 
     def pids(self) -> dict[str, int | None]:
         """The cluster's processes by role: ``server``, ``storage0``.."""
