@@ -240,7 +240,7 @@ class _Committer(threading.Thread):
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = False
         # engine.files read at each flush (a test may replace the file layer's methods)
-        self._syncs = _SyncThreads("waltz-fs-sync", lambda fd: engine.files.fdatasync(fd))
+        self._syncs = _SyncThreads("waltz-fs-sync", lambda fd: engine.files.fdatasync(fd))  # noqa: PLW0108
 
     def submit(self, job: _Job) -> None:
         if self._stopping:
