@@ -61,6 +61,9 @@ class SystemHarness(Harness):
     """Extra keys of every server's ``[server]`` table (e.g. its ``archive``)."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """Every storage node's engine options (``[storage.options]``)."""
+    before_servers: Callable[[SystemHarness], Awaitable[None]] | None = None
+    """Run by :meth:`start` once the cluster exists and its storage nodes run, before
+    any server starts (e.g. ``waltz archive restore`` into the new cluster)."""
     client_transport: Transport | None = None
     metadata: ClusterAdmin | None = None
     storage_nodes: list[str] = field(default_factory=list)
@@ -161,6 +164,8 @@ class SystemHarness(Harness):
         try:
             # processes start in parallel (each is a Python interpreter's start-up)
             await start_all(self.storage)
+            if self.before_servers is not None:
+                await self.before_servers(self)
             await start_all(self.servers)
             await self.wait_assigned()
         except BaseException:
