@@ -418,6 +418,27 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
     async with client_of(cluster, "writer", [0]) as writing:
         result = await writing.submit(Put(0, b"written"))
         assert result.committed and result.transaction_id == before + 1
+
+    # the command line with a key (--transport-option): the writer's append is committed,
+    # the reader's is refused with the same clear error
+    def key_options(who: str) -> list[str]:
+        return [f"--transport-option={k}={v}" for k, v in cluster.options(who).items()]
+
+    done = waltz_cli(
+        "client", "append", "--partition", "0", "--data", "from-cli", *key_options("writer"),
+        uri=uri,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"appended transaction {before + 2} to partition 0" in done.stdout, done.stdout
+    done = waltz_cli(
+        "client", "append", "--partition", "0", "--data", "refused", *key_options("reader"),
+        uri=uri,
+    )  # fmt: skip
+    assert done.returncode != 0 and "write permission" in done.stderr, done.stderr
+    done = waltz_cli(
+        "client", "high-water-mark", "--partition", "0", *key_options("reader"), uri=uri
+    )
+    assert done.returncode == 0 and done.stdout.strip() == str(before + 2), done.stderr
     # a client of a key without read: its mount is refused, every submission fails
     async with client_of(cluster, "writer", [1]) as unmounted:
         with pytest.raises(PermissionDeniedError) as caught:

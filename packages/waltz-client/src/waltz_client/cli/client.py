@@ -26,6 +26,7 @@ from waltz_api.errors import ClientAheadError, ConfigError, WaltzError
 from waltz_cli.coordination import DEFAULT_TIMEOUT, check_uri, start_coordination
 from waltz_cli.devfile import DEFAULT_DEV_DIR, read_ready_file
 from waltz_cli.output import emit, output_is_json, output_option
+from waltz_cli.transport import parse_transport_options, transport_options
 
 if TYPE_CHECKING:
     from waltz_client import (
@@ -71,12 +72,6 @@ def _partition_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--partition", type=click.IntRange(min=0), default=0, show_default=True)(f)
 
 
-def _transport_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--transport", default="zmq", show_default=True, help="Transport plugin.")(
-        f
-    )
-
-
 def _lock(spec: str, option: str) -> tuple[str, int]:
     """NAME:ID; a usage error (exit 2) otherwise."""
     name, sep, lock_id = spec.rpartition(":")
@@ -92,7 +87,7 @@ def _lock(spec: str, option: str) -> tuple[str, int]:
 
 def _run(
     uri: str,
-    transport: str,
+    transport: tuple[str, tuple[str, ...]],
     partition: int,
     *,
     start_hwm: int,
@@ -127,10 +122,17 @@ def _run(
             self.error = exception
             self.progress.set()
 
+    options = parse_transport_options(transport[1])
+
     async def main() -> T:
         callbacks = Callbacks()
         coordination = await start_coordination(uri, DEFAULT_TIMEOUT)
-        config = ClientConfig(coordination, transport=transport, partitions=[partition])
+        config = ClientConfig(
+            coordination,
+            transport=transport[0],
+            transport_options=options,
+            partitions=[partition],
+        )
         client = AsyncWaltzClient(callbacks, config)
         try:
             await client.start()
@@ -160,7 +162,7 @@ def client_group() -> None:
 @client_group.command("append")
 @_coordination_option
 @_partition_option
-@_transport_option
+@transport_options
 @click.option(
     "--data",
     "data",
@@ -175,6 +177,7 @@ def append_command(  # noqa: PLR0917 - click passes options by name
     uri: str,
     partition: int,
     transport: str,
+    transport_options: tuple[str, ...],
     data: tuple[str, ...],
     header: int,
     write_lock: tuple[str, ...],
@@ -220,14 +223,16 @@ def append_command(  # noqa: PLR0917 - click passes options by name
             ids.append(context.transaction_id)
         return ids
 
-    for transaction_id in _run(uri, transport, partition, start_hwm=-1, work=work):
+    for transaction_id in _run(
+        uri, (transport, transport_options), partition, start_hwm=-1, work=work
+    ):
         click.echo(f"appended transaction {transaction_id} to partition {partition}")
 
 
 @client_group.command("tail")
 @_coordination_option
 @_partition_option
-@_transport_option
+@transport_options
 @click.option("--from", "start", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most N.")
 @click.option("--follow", is_flag=True, help="Keep printing new transactions until Ctrl-C.")
@@ -238,6 +243,7 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
     uri: str,
     partition: int,
     transport: str,
+    transport_options: tuple[str, ...],
     start: int,
     limit: int | None,
     follow: bool,
@@ -303,7 +309,14 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
                     loop.remove_signal_handler(signum)
 
     try:
-        _run(uri, transport, partition, start_hwm=start - 1, work=work, on_transaction=show)
+        _run(
+            uri,
+            (transport, transport_options),
+            partition,
+            start_hwm=start - 1,
+            work=work,
+            on_transaction=show,
+        )
     except ClientAheadError:
         raise WaltzError(
             f"--from {start} is beyond the end of partition {partition} (see "
@@ -314,13 +327,15 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
 @client_group.command("high-water-mark")
 @_coordination_option
 @_partition_option
-@_transport_option
+@transport_options
 @output_option
-def high_water_mark_command(uri: str, partition: int, transport: str, output: str) -> None:
+def high_water_mark_command(
+    uri: str, partition: int, transport: str, transport_options: tuple[str, ...], output: str
+) -> None:
     """Print the partition's high-water mark (the last committed id; -1 when empty)."""
 
     async def work(client: AsyncWaltzClient, callbacks: Any) -> int:
         return await client.high_water_mark(partition)
 
-    mark = _run(uri, transport, partition, start_hwm=-1, work=work)
+    mark = _run(uri, (transport, transport_options), partition, start_hwm=-1, work=work)
     emit(output, {"partition": partition, "high_water_mark": mark}, lambda: click.echo(str(mark)))

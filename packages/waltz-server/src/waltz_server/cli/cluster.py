@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -38,6 +37,7 @@ from waltz_cli.coordination import (
     start_coordination,
 )
 from waltz_cli.output import emit, output_option
+from waltz_cli.transport import parse_transport_options, transport_options
 from waltz_server.cluster_admin import ClusterAdmin
 
 T = TypeVar("T")
@@ -74,29 +74,10 @@ class Reach:
         return transport
 
 
-def _transport_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(
-                f"--transport-option takes KEY=VALUE, got {pair!r}", key="transport_option"
-            )
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options
-
-
 def _reach_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--transport, --transport-option, --storage-endpoint, --timeout -> ``reach``."""
 
-    @click.option("--transport", default="zmq", show_default=True, help="Transport plugin.")
-    @click.option(
-        "--transport-option", "transport_options", multiple=True, metavar="KEY=VALUE",
-        help="A transport option (JSON value or text); repeatable.",
-    )  # fmt: skip
+    @transport_options
     @click.option(
         "--storage-endpoint",
         default="tcp://{}",
@@ -123,7 +104,9 @@ def _reach_options(func: Callable[..., Any]) -> Callable[..., Any]:
         from waltz_server.cluster_check import storage_endpoint as check_template
 
         check_template(storage_endpoint, "host:1")
-        reach = Reach(transport, _transport_options(transport_options), storage_endpoint, timeout)
+        reach = Reach(
+            transport, parse_transport_options(transport_options), storage_endpoint, timeout
+        )
         return func(reach=reach, **kwargs)
 
     return wrapper

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from waltz_api.errors import ConfigError, WaltzError
-from waltz_client.cli.client import _coordination_option, _transport_option
+from waltz_cli.transport import parse_transport_options, transport_options
+from waltz_client.cli.client import _coordination_option
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -63,7 +64,7 @@ def parse_partitions(value: str) -> list[int] | None:
 def _common_options(f: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         _coordination_option,
-        _transport_option,
+        transport_options,
         click.option(
             "--partitions",
             "partitions",
@@ -276,6 +277,7 @@ def _render(title: str, rows: Iterator[tuple[str, str]]) -> None:
 def producers_command(  # noqa: PLR0917 - click passes options by name
     uri: str,
     transport: str,
+    transport_options: tuple[str, ...],
     partitions: str,
     timeout: float,
     as_json: bool,
@@ -304,7 +306,13 @@ def producers_command(  # noqa: PLR0917 - click passes options by name
     first build's wall-clock time in ns and random bytes (header 0x57504631), which
     `waltz perf consumers` recognizes."""
     perf = _engine()
-    target = perf.Target(uri, transport, parse_partitions(partitions), timeout)
+    target = perf.Target(
+        uri,
+        transport,
+        parse_partitions(partitions),
+        timeout,
+        parse_transport_options(transport_options),
+    )
     spec = perf.ProduceSpec(transactions, size, producers, in_flight, lock_pool, rate, seed)
     tally = perf.Tally()
 
@@ -372,6 +380,7 @@ def producers_command(  # noqa: PLR0917 - click passes options by name
 def consumers_command(  # noqa: PLR0917 - click passes options by name
     uri: str,
     transport: str,
+    transport_options: tuple[str, ...],
     partitions: str,
     timeout: float,
     as_json: bool,
@@ -403,7 +412,13 @@ def consumers_command(  # noqa: PLR0917 - click passes options by name
       (after its data arrived), same host and clock. Without --produce it is not
       reported: an old transaction's timestamp tells its age, not its delivery."""
     perf = _engine()
-    target = perf.Target(uri, transport, parse_partitions(partitions), timeout)
+    target = perf.Target(
+        uri,
+        transport,
+        parse_partitions(partitions),
+        timeout,
+        parse_transport_options(transport_options),
+    )
     produce_spec = (
         perf.ProduceSpec(transactions, size, producers, in_flight, lock_pool, rate, seed)
         if produce

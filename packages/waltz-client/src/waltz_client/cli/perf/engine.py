@@ -219,6 +219,7 @@ class Target:
     transport: str
     partitions: list[int] | None
     timeout: float
+    transport_options: dict[str, Any] = field(default_factory=dict)
 
 
 async def open_client(
@@ -235,6 +236,7 @@ async def open_client(
     config = ClientConfig(
         target.uri,
         transport=target.transport,
+        transport_options=target.transport_options,
         partitions=target.partitions,
         max_concurrent_transactions=window,
         connect_timeout=target.timeout,
