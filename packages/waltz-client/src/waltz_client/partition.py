@@ -111,6 +111,9 @@ class Partition(AppendDecisions):
         self._progress = 0
         """Feed progress so far (what keeps a mount that is streaming a catch-up alive)."""
         self.failure: WaltzError | None = None
+        self._unreachable: str | None = None
+        """Why the last connect to the partition's server failed (for an expiry's
+        message: a listener that requires CurveZMQ, a refused key), None once one worked."""
         self.mounts = 0
         """Mounts completed (READY) so far."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -262,11 +265,13 @@ class Partition(AppendDecisions):
                     if self.mount.endpoint != endpoint or self.mount.generation != generation:
                         continue  # reassigned meanwhile: need_mount is set
                     raise
+                self._unreachable = None
                 app_hwm = await client._call_callback(
                     client.callbacks.client_high_water_mark, self.id
                 )
             except (TransportError, ProtocolError, ChannelLost) as exc:
                 log.warning("partition %d: cannot reach %s: %s", self.id, endpoint, exc)
+                self._unreachable = str(exc)
                 self._remount_later(refresh=True)
                 continue
             except Exception as exc:
@@ -772,6 +777,8 @@ class Partition(AppendDecisions):
         if state is MountState.UNASSIGNED:
             return f"partition {self.id} had no server assigned"
         if state is MountState.UNMOUNTED:
+            if self._unreachable is not None:
+                return f"partition {self.id} could not be mounted: {self._unreachable}"
             return (
                 f"partition {self.id} could not be mounted at {endpoint} (unreachable or not ready)"
             )

@@ -1,0 +1,322 @@
+"""docs/operators.md's "A secured deployment", end to end on real processes: a ZooKeeper
+with a TLS-only client port (client certificates required), the cluster's digest login
+and ACLs on its znodes; CurveZMQ keys made by ``waltz keys generate``; the cluster made
+by ``waltz cluster create`` with the secured URI; a ``waltz storage`` node and a ``waltz
+server`` configured as the guide's TOML shows (Curve on every listener, the server's
+coordination options in its ``[coordination.options]`` table); an application with its
+own key commits and reads back. Then what an attacker gets: another ZooKeeper identity
+reads but cannot change the cluster's metadata, a plaintext client and a client with an
+unknown key are refused at once with errors that say why, and each listener logs each
+refused peer once however often it retries. Certificates are made by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq.auth
+
+from waltz_api.cluster import PARTITION_ASSIGNMENT_DIR, ClusterMetadata, coordination_from_uri
+from waltz_api.config import toml_document
+from waltz_api.errors import AuthenticationError, CoordinationError
+from waltz_api.ports import free_port
+from waltz_client import (
+    AsyncWaltzClient,
+    ClientConfig,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    TransactionExpiredError,
+    WaltzClientCallbacks,
+)
+from waltz_conformance.servers.certs import TestPKI
+from waltz_conformance.servers.zookeeper import ZooKeeperServer, ZooKeeperTls
+from waltz_server.server.testing import ServerProcess
+from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_transport_zmq import ZmqTransport
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+PASSWORD = "a-long-random-password"
+DEADLINE = 60.0
+"""Seconds for a process to start, a partition to be assigned, a commit to be read back
+(a loaded machine)."""
+REFUSAL = 15.0
+"""A refusal comes from the security handshake, far sooner than this; the connect
+timeout given is twice as long, so a refusal that waited it out fails the test."""
+RETRIES = 3
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
+    return TestPKI(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def zookeeper(pki: TestPKI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """Step 2: a TLS-only client port (no plaintext one), client certificates required."""
+    tls = ZooKeeperTls(pki.issue("zookeeper", server=True), pki.issue("zk-health"))
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zk-tls"), tls=tls)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def waltz(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The ``waltz`` command, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "waltz_cli", *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+class Marks(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.applied: list[bytes] = []
+        self.hwm: dict[int, int] = {}
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm.get(partition_id, -1)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.hwm[transaction.partition_id] = transaction.transaction_id
+        self.applied.append(transaction.get_data())
+
+
+class Put(TransactionContext):
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data = data
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_data(self.data)
+        return True
+
+
+def log_lines(path: Path, says: str) -> list[str]:
+    return [line for line in path.read_text().splitlines() if says in line]
+
+
+async def logged(path: Path, says: str) -> list[str]:
+    """The lines of ``path`` that say ``says``, once there is one (the log is written by
+    another process); fails after DEADLINE."""
+    deadline = time.monotonic() + DEADLINE
+    while not (lines := log_lines(path, says)):
+        assert time.monotonic() < deadline, f"{path.name} never said {says!r}"
+        await asyncio.sleep(0.1)
+    return lines
+
+
+async def refused_fast(options: dict[str, Any], endpoint: str, says: str) -> None:
+    """RETRIES connects with ``options`` to ``endpoint``: each refused with an
+    AuthenticationError that says ``says``, well within the connect timeout."""
+    transport = ZmqTransport(options)
+    try:
+        for _ in range(RETRIES):
+            start = time.monotonic()
+            with pytest.raises(AuthenticationError, match=says):
+                await transport.connect(endpoint, timeout=2 * REFUSAL)
+            took = time.monotonic() - start
+            assert took < REFUSAL, f"the refusal took {took:.1f} s: it waited out the timeout"
+    finally:
+        await transport.close()
+
+
+async def test_a_secured_deployment_end_to_end(
+    zookeeper: ZooKeeperServer, pki: TestPKI, tmp_path: Path
+) -> None:
+    etc = tmp_path / "etc"
+    keys = etc / "keys"
+    # -- 1. certificates (the CA's, made by the test) and the login's password file
+    node = pki.issue("waltz-node")
+    password_file = etc / "zk.password"
+    etc.mkdir()
+    password_file.write_text(PASSWORD + "\n")
+    password_file.chmod(0o600)
+    # -- transport keys: `waltz keys generate`, one pair per role and per application
+    for name in ("storage", "server", "app1", "intruder"):
+        made = waltz("keys", "generate", "--out", str(keys), "--name", name)
+        assert made.returncode == 0, made.stderr
+    authorized_servers, authorized_clients = etc / "authorized-servers", etc / "authorized-clients"
+    authorized_servers.mkdir()
+    authorized_clients.mkdir()
+    (authorized_servers / "server.key").write_bytes((keys / "server.key").read_bytes())
+    (authorized_clients / "app1.key").write_bytes((keys / "app1.key").read_bytes())
+    # -- 3. the coordination URI, the same for every process (tls implied by tls_*)
+    security = {
+        "tls_ca": str(node.ca),
+        "tls_cert": str(node.cert),
+        "tls_key": str(node.key),
+        "auth": "digest",
+        "username": "waltz",
+        "password_file": str(password_file),
+    }
+    uri = zookeeper.uri("/waltz", security)
+    storage_name = f"127.0.0.1:{free_port()}"
+    created = waltz(
+        "cluster", "create", "--partitions", "2", "--replicas", "1", "--storage", storage_name,
+        env={"WALTZ_COORDINATION": uri},
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert PASSWORD not in created.stdout + created.stderr
+    found = re.search(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", created.stdout
+    )
+    assert found, f"no cluster key in: {created.stdout}"
+    # -- 4. the storage node: Curve, only the servers' key authorized
+    storage_config = {
+        "log_level": "INFO",
+        "storage": {
+            "data_dir": str(tmp_path / "var" / "storage"),
+            "cluster_key": found.group(0),
+            "num_partitions": 2,
+            "partitions": [0, 1],
+        },
+        "transport": {
+            "endpoint": f"tcp://{storage_name}",
+            "options": {
+                "curve_server_key": str(keys / "storage.key_secret"),
+                "curve_authorized_keys": str(authorized_servers),
+            },
+        },
+    }
+    # -- 5. the server: the URI without its query, the options in the table
+    server_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server_config = {
+        "log_level": "INFO",
+        "coordination": {
+            "uri": zookeeper.uri("/waltz"),
+            "options": {**security, "session_timeout": 10},
+        },
+        "transport": {
+            "endpoint": server_endpoint,
+            "storage_endpoint": "tcp://{}",
+            "options": {
+                "curve_server_key": str(keys / "server.key_secret"),
+                "curve_authorized_keys": str(authorized_clients),
+                "curve_server_public_key": str(keys / "storage.key"),
+                "curve_client_key": str(keys / "server.key_secret"),
+            },
+        },
+    }
+    (etc / "storage.toml").write_text(toml_document(storage_config))
+    (etc / "server.toml").write_text(toml_document(server_config))
+    storage_log, server_log = tmp_path / "storage.log", tmp_path / "server.log"
+    storage = StorageNodeProcess(etc / "storage.toml", f"tcp://{storage_name}", storage_log)
+    server = ServerProcess(etc / "server.toml", server_log)
+    as_server = {
+        "curve_server_public_key": str(keys / "storage.key"),
+        "curve_client_key": str(keys / "server.key_secret"),
+    }
+    app1 = {
+        "curve_server_public_key": str(keys / "server.key"),
+        "curve_client_key": str(keys / "app1.key_secret"),
+    }
+    probe = ZmqTransport(as_server)
+    watcher = coordination_from_uri(uri)
+    try:
+        storage.start()
+        await storage.wait_ready(probe, timeout=DEADLINE)
+        server.start()
+        await server.wait_ready(timeout=DEADLINE)
+        await watcher.start()
+        metadata = ClusterMetadata(watcher)
+        deadline = time.monotonic() + DEADLINE
+        for partition in (0, 1):
+            while (await metadata.partition_assignment(partition)).value.server_id < 0:
+                assert time.monotonic() < deadline, f"partition {partition} never assigned"
+                await asyncio.sleep(0.1)
+
+        # -- an application with its own key commits, and its feed reads it back
+        config = ClientConfig(
+            uri,
+            transport="zmq",
+            transport_options=app1,
+            partitions=[0],
+            request_timeout=DEADLINE,
+            transaction_timeout=DEADLINE,
+        )
+        marks = Marks()
+        async with AsyncWaltzClient(marks, config) as client:
+            committed = [
+                (await client.submit(Put(b"secured %d" % i))).transaction_id for i in range(3)
+            ]
+            assert committed == sorted(committed) and len(set(committed)) == 3
+            deadline = time.monotonic() + DEADLINE
+            while marks.hwm.get(0, -1) < committed[-1]:
+                assert time.monotonic() < deadline, "the feed never delivered the commits"
+                await asyncio.sleep(0.05)
+            assert marks.applied[-3:] == [b"secured 0", b"secured 1", b"secured 2"]
+
+        # -- another ZooKeeper identity (a valid client certificate, no login): it reads
+        # the cluster's state, it cannot change it
+        stranger = coordination_from_uri(
+            zookeeper.uri(
+                "/waltz",
+                {"tls_ca": str(node.ca), "tls_cert": str(node.cert), "tls_key": str(node.key)},
+            )
+        )
+        await stranger.start()
+        try:
+            path = f"{PARTITION_ASSIGNMENT_DIR}/0"
+            value = await stranger.get(path)
+            assert value is not None
+            with pytest.raises(CoordinationError, match="ACL does not allow"):
+                await stranger.set(path, b"hijacked", expected_version=value.version)
+            with pytest.raises(CoordinationError, match="ACL does not allow"):
+                await stranger.delete(path)
+        finally:
+            await stranger.close()
+        still = await watcher.get(path)
+        assert still is not None and still.version == value.version
+
+        # -- a plaintext client and a client with an unknown key, at the server and at
+        # the storage node: refused at once, saying why
+        intruder = {**app1, "curve_client_key": str(keys / "intruder.key_secret")}
+        await refused_fast({}, server_endpoint, "the listener requires CurveZMQ")
+        await refused_fast(intruder, server_endpoint, "refused this transport's curve client")
+        await refused_fast({}, f"tcp://{storage_name}", "the listener requires CurveZMQ")
+        # the application's library too: a plaintext client's submission expires with an
+        # error that says the listener requires CurveZMQ (it keeps trying to mount: the
+        # server's keys may be what is wrong)
+        plain = ClientConfig(
+            uri, transport="zmq", partitions=[0], request_timeout=REFUSAL,
+            transaction_timeout=REFUSAL / 3,
+        )  # fmt: skip
+        async with AsyncWaltzClient(Marks(), plain) as client:
+            with pytest.raises(TransactionExpiredError, match="the listener requires CurveZMQ"):
+                await asyncio.wait_for(client.submit(Put(b"from a plaintext client")), REFUSAL)
+
+        # -- each listener logged each refused peer once, however often it tried
+        plaintext = "refused a plaintext peer: this listener requires CurveZMQ"
+        assert len(await logged(server_log, plaintext)) == 1
+        unknown = await logged(server_log, "refused a CurveZMQ client at 127.0.0.1")
+        assert len(unknown) == 1
+        intruder_key, _ = zmq.auth.load_certificate(keys / "intruder.key")
+        assert intruder_key.decode() in unknown[0]
+        assert len(await logged(storage_log, plaintext)) == 1
+        for log in (server_log, storage_log):
+            assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+        assert PASSWORD not in server_log.read_text() + storage_log.read_text()
+    finally:
+        server.terminate()
+        storage.terminate()
+        await probe.close()
+        await watcher.close()
