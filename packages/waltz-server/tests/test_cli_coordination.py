@@ -59,6 +59,18 @@ def test_an_unreachable_zookeeper_fails_fast_in_one_line(command: list[str]) -> 
     assert took < wait + 30, took
 
 
+def test_an_unreachable_etcd_fails_within_the_timeout_in_one_line() -> None:
+    """A plugin without a connect timeout of its own (etcd) is cut at --timeout itself
+    (before: --timeout + 5 s, and the message said so)."""
+    uri = f"etcd://127.0.0.1:{free_port()}/waltz"  # nothing listens there
+    done, took = _waltz("cluster", "show", "--coordination", uri, "--timeout", "1")
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ") and "within 1s" in lines[0], lines[0]
+    assert took < 30, took
+
+
 def test_a_uri_without_a_scheme_is_a_usage_error_with_a_hint() -> None:
     for command in (["cluster", "show"], ["client", "tail"]):
         done, _ = _waltz(*command, "--coordination", "127.0.0.1:2181")

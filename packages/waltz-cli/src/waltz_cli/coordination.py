@@ -96,16 +96,20 @@ async def start_coordination(uri: str, timeout: float | None = None) -> Coordina
     coordination = coordination_from_uri(uri)
     # A plugin with its own connect timeout (zk, etcd) gives up by itself, and stops its
     # connecting thread (a wait cut short would leave kazoo's running for 15 s more).
+    # Others (etcd, local) are cut at the wait itself.
     own = getattr(coordination, "connect_timeout", None)
-    if isinstance(own, int | float) and not isinstance(own, bool) and own > wait:
-        coordination.connect_timeout = wait  # type: ignore[attr-defined]
+    grace = 0.0
+    if isinstance(own, int | float) and not isinstance(own, bool):
+        grace = 5.0  # the plugin's own give-up comes first; this only guards a hang
+        if own > wait:
+            coordination.connect_timeout = wait  # type: ignore[attr-defined]
     try:
-        await asyncio.wait_for(coordination.start(), wait + 5)
+        await asyncio.wait_for(coordination.start(), wait + grace)
     except TimeoutError:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(coordination.close(), 5)
         raise WaltzError(
-            f"the coordination service at {uri} did not answer within {wait + 5:g}s; is it "
+            f"the coordination service at {uri} did not answer within {wait:g}s; is it "
             "running and reachable? (--timeout waits longer)"
         ) from None
     except BaseException:
