@@ -10,7 +10,8 @@ S3-compatible server (moto's, started on loopback, driven through s3fs).
   0); a storage node wiped and restored (`waltz archive restore --storage-node`) starts
   at the mark and catches up; `waltz archive status` and `verify`.
 - A whole cluster lost (storage nodes and coordination) and restored from the archive
-  alone (`waltz archive restore --url` before the new cluster's servers start).
+  alone (`waltz archive restore --url` before the new cluster's servers start); the
+  client library's feed from 0 and its lazy data fetch read that archived log.
 - S3: archive under load, the archive frozen mid-run (appends go on, nothing is
   deleted, the mark stays), then back (archiving resumes); an archived object
   corrupted in the bucket is reported, with its range and name, by `waltz archive
@@ -50,6 +51,7 @@ from waltz_api.types import ReqId
 from waltz_archive.store import ArchiveStore
 from waltz_archive.testing import S3Server
 from waltz_archive.tools import load_manifest
+from waltz_client import AsyncWaltzClient, ClientConfig, Transaction, WaltzClientCallbacks
 from waltz_conformance.suites.system.clients import PartitionClient, read_log
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
 from waltz_server.observability import http_get
@@ -241,6 +243,37 @@ async def new_and_wiped_replicas(tmp_path: Path, url: str, options: dict[str, An
         await h.close()
 
 
+class Applied(WaltzClientCallbacks):
+    """A client application's callbacks: every transaction the feed delivers, kept."""
+
+    def __init__(self) -> None:
+        self.transactions: list[Transaction] = []
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return self.transactions[-1].transaction_id if self.transactions else -1
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.transactions.append(transaction)
+
+
+async def the_client_library_reads(h: SystemHarness, high: int, expected: dict[int, bytes]) -> None:
+    """The client library (``AsyncWaltzClient``) mounting from the start: its feed gets
+    every id once and in order, and the lazy data fetch of archived transactions works."""
+    applied = Applied()
+    config = ClientConfig(h.coordination_uri, transport="zmq", partitions=[PARTITION])
+    async with AsyncWaltzClient(applied, config):
+
+        async def caught_up() -> bool:
+            return applied.client_high_water_mark(PARTITION) >= high
+
+        await wait_for(caught_up, DEADLINE, "the client's feed to reach the high-water mark")
+        ids = [t.transaction_id for t in applied.transactions]
+        assert ids[: high + 1] == list(range(high + 1))
+        for transaction_id in (0, high // 2, high):
+            data = await applied.transactions[transaction_id].fetch_data()
+            assert data == expected[transaction_id], transaction_id
+
+
 async def test_a_whole_cluster_lost_is_restored_from_the_archive(tmp_path: Path) -> None:
     """Every storage node and the coordination service are lost; a new cluster gets the
     archive's marks from `waltz archive restore --url` before its servers start, then
@@ -275,6 +308,7 @@ async def test_a_whole_cluster_lost_is_restored_from_the_archive(tmp_path: Path)
         assert (current.mark, current.manifest) == (lost.mark, lost.manifest)
         expected = {i: payload("old", i) for i in range(lost.mark + 1)}
         await everything_in_order(new, lost.mark, expected)
+        await the_client_library_reads(new, lost.mark, expected)
         client = await PartitionClient.connect(new, PARTITION, None)
         high = await commit(client, "new", 40)
         assert high == lost.mark + 40
