@@ -265,6 +265,19 @@ async def test_a_secured_deployment_end_to_end(
                 await asyncio.sleep(0.05)
             assert marks.applied[-3:] == [b"secured 0", b"secured 1", b"secured 2"]
 
+        # -- 6. check: the `waltz client` commands with the application's key
+        with_key = [f"--transport-option={key}={value}" for key, value in app1.items()]
+        env = {"WALTZ_COORDINATION": uri}
+        appended = await asyncio.to_thread(
+            waltz, "client", "append", *with_key, "--data", "from the cli", env=env
+        )
+        assert appended.returncode == 0, appended.stderr
+        assert f"appended transaction {committed[-1] + 1} " in appended.stdout, appended.stdout
+        mark = await asyncio.to_thread(
+            waltz, "client", "high-water-mark", *with_key, "-o", "json", env=env
+        )
+        assert mark.returncode == 0 and str(committed[-1] + 1) in mark.stdout, mark.stderr
+
         # -- another ZooKeeper identity (a valid client certificate, no login): it reads
         # the cluster's state, it cannot change it
         stranger = coordination_from_uri(
