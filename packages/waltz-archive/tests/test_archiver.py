@@ -394,3 +394,54 @@ async def test_a_full_archive_fails_the_round_and_deletes_nothing(
     assert objects(tmp_path / "archive") == []
     assert list((tmp_path / "archive" / "partition-0").iterdir()) == []  # no partial file
     assert list(spool.iterdir()) == []  # the spooled ranges were removed
+
+
+async def test_a_cluster_restore_takes_the_highest_manifest_whose_ranges_verify(
+    tmp_path: Path, coordination: MemoryCoordination
+) -> None:
+    """What `waltz archive restore --url` records as a new cluster's mark: the highest
+    manifest whose every range reads back and verifies; an unreadable manifest and one
+    naming a corrupted range are passed over, each with its reason. Objects no manifest
+    names (orphans) are listed."""
+    from waltz_archive.tools import best_manifest, orphans, verify_manifest
+
+    store = ArchiveStore(str(tmp_path / "archive"))
+    log = Log(records(0, 400), high_water_mark=399)
+    manifests: list[Manifest] = []
+    arc = archiver(store, coordination, log, manifests=manifests)
+    archived = []
+    while (done := await arc.round()) is not None:
+        archived.append(done)
+    assert len(archived) >= 3
+    found = best_manifest(store, 0)
+    assert found is not None and found[0].mark == 389 and found[2] == []
+    assert verify_manifest(store, manifests[-1]).ok
+
+    # the newest range object corrupted: its manifest (the highest) is passed over
+    newest = tmp_path / "archive" / "partition-0" / archived[-1].name
+    raw = bytearray(newest.read_bytes())
+    raw[len(raw) // 3 : len(raw) // 3 + 64] = bytes(64)
+    os.chmod(newest, 0o644)
+    newest.write_bytes(bytes(raw))
+    # and a manifest above every other that cannot be read
+    (tmp_path / "archive" / "partition-0" / layout.ManifestName(999, "0badc0de").name).write_text(
+        "{not json"
+    )
+    found = best_manifest(store, 0)
+    assert found is not None
+    manifest, name, passed_over = found
+    assert manifest.mark == archived[-2].last and manifest.ranges == manifests[-2].ranges
+    parsed = layout.ManifestName.parse(name)
+    assert parsed is not None and parsed.mark == archived[-2].last
+    assert len(passed_over) == 2
+    assert "0badc0de" in passed_over[0]
+    assert archived[-1].name in passed_over[1] and f"{archived[-1].first}.." in passed_over[1]
+    problems = verify_manifest(store, manifests[-1]).problems
+    assert len(problems) == 1 and archived[-1].name in problems[0]
+
+    # an orphan (a crashed round's object) is named by no manifest
+    writer = RangeWriter(store, 0, 390, WriteOptions(row_group_bytes=3_000))
+    batch, heads = records_to_batch(log.records[390:395])
+    writer.add(batch, heads)
+    orphan, _ = writer.finish()
+    assert orphans(store, manifests[-1]) == [orphan.name]
