@@ -1,6 +1,7 @@
 """docs/operators.md's "A secured deployment", end to end on real processes: a ZooKeeper
 with a TLS-only client port (client certificates required), the cluster's digest login
-and ACLs on its znodes; CurveZMQ keys made by ``waltz keys generate``; the cluster made
+and ACLs on its znodes (or etcd with HTTPS, client certificates and a user whose role
+covers the cluster's prefix); CurveZMQ keys made by ``waltz keys generate``; the cluster made
 by ``waltz cluster create`` with the secured URI; a ``waltz storage`` node and a ``waltz
 server`` configured as the guide's TOML shows (Curve on every listener, the server's
 coordination options in its ``[coordination.options]`` table); an application with its
@@ -17,7 +18,8 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from waltz_client import (
     WaltzClientCallbacks,
 )
 from waltz_conformance.servers.certs import TestPKI
+from waltz_conformance.servers.etcd import EtcdAuth, EtcdCluster, EtcdTls
 from waltz_conformance.servers.zookeeper import ZooKeeperServer, ZooKeeperTls
 from waltz_server.server.testing import ServerProcess
 from waltz_server.storage_node.testing import StorageNodeProcess
@@ -70,6 +73,64 @@ def zookeeper(pki: TestPKI, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd(pki: TestPKI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """etcd instead: HTTPS client URLs requiring client certificates, authentication on,
+    the user's role limited to the cluster's prefix (and another user's to another)."""
+    cluster = EtcdCluster(
+        tmp_path_factory.mktemp("etcd-tls"),
+        size=1,
+        tls=EtcdTls(pki.issue("etcd", server=True), pki.issue("etcd-admin", common_name=False)),
+        auth=EtcdAuth(
+            "root-secret", {"waltz": (PASSWORD, ["/waltz/"]), "other": (PASSWORD, ["/other/"])}
+        ),
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@dataclass
+class Secured:
+    """A secured coordination service as the guide configures it: its URI with the
+    given options, the options of the cluster's identity (step 3), and what another
+    identity may not do."""
+
+    kind: str
+    uri: Callable[[dict[str, str] | None], str]
+    security: dict[str, str]
+    stranger: dict[str, str]
+
+
+@pytest.fixture(params=["zk", "etcd"])
+def secured(request: pytest.FixtureRequest, pki: TestPKI, tmp_path: Path) -> Secured:
+    password_file = tmp_path / "coordination.password"
+    password_file.write_text(PASSWORD + "\n")
+    password_file.chmod(0o600)
+    if request.param == "zk":
+        zk: ZooKeeperServer = request.getfixturevalue("zookeeper")
+        node = pki.issue("waltz-node")
+        tls = {"tls_ca": str(node.ca), "tls_cert": str(node.cert), "tls_key": str(node.key)}
+        return Secured(
+            "zk",
+            lambda options: zk.uri("/waltz", options),
+            {**tls, "auth": "digest", "username": "waltz", "password_file": str(password_file)},
+            tls,  # a valid client certificate, no login
+        )
+    cluster: EtcdCluster = request.getfixturevalue("etcd")
+    node = pki.issue("waltz-etcd-node", common_name=False)
+    tls = {"tls_ca": str(node.ca), "tls_cert": str(node.cert), "tls_key": str(node.key)}
+    login = {"username": "waltz", "password_file": str(password_file)}
+    return Secured(
+        "etcd",
+        lambda options: cluster.uri("/waltz", options),
+        {**tls, **login},
+        {**tls, **login, "username": "other"},  # a user whose role covers another prefix
+    )
 
 
 def waltz(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -139,17 +200,11 @@ async def refused_fast(options: dict[str, Any], endpoint: str, says: str) -> Non
         await transport.close()
 
 
-async def test_a_secured_deployment_end_to_end(
-    zookeeper: ZooKeeperServer, pki: TestPKI, tmp_path: Path
-) -> None:
+async def test_a_secured_deployment_end_to_end(secured: Secured, tmp_path: Path) -> None:
     etc = tmp_path / "etc"
     keys = etc / "keys"
-    # -- 1. certificates (the CA's, made by the test) and the login's password file
-    node = pki.issue("waltz-node")
-    password_file = etc / "zk.password"
     etc.mkdir()
-    password_file.write_text(PASSWORD + "\n")
-    password_file.chmod(0o600)
+    # -- 1. certificates and the login's password file: the fixture's (made by the test)
     # -- transport keys: `waltz keys generate`, one pair per role and per application
     for name in ("storage", "server", "app1", "intruder"):
         made = waltz("keys", "generate", "--out", str(keys), "--name", name)
@@ -160,15 +215,8 @@ async def test_a_secured_deployment_end_to_end(
     (authorized_servers / "server.key").write_bytes((keys / "server.key").read_bytes())
     (authorized_clients / "app1.key").write_bytes((keys / "app1.key").read_bytes())
     # -- 3. the coordination URI, the same for every process (tls implied by tls_*)
-    security = {
-        "tls_ca": str(node.ca),
-        "tls_cert": str(node.cert),
-        "tls_key": str(node.key),
-        "auth": "digest",
-        "username": "waltz",
-        "password_file": str(password_file),
-    }
-    uri = zookeeper.uri("/waltz", security)
+    security = secured.security
+    uri = secured.uri(security)
     storage_name = f"127.0.0.1:{free_port()}"
     created = waltz(
         "cluster", "create", "--partitions", "2", "--replicas", "1", "--storage", storage_name,
@@ -202,7 +250,7 @@ async def test_a_secured_deployment_end_to_end(
     server_config = {
         "log_level": "INFO",
         "coordination": {
-            "uri": zookeeper.uri("/waltz"),
+            "uri": secured.uri(None),
             "options": {**security, "session_timeout": 10},
         },
         "transport": {
@@ -278,27 +326,28 @@ async def test_a_secured_deployment_end_to_end(
         )
         assert mark.returncode == 0 and str(committed[-1] + 1) in mark.stdout, mark.stderr
 
-        # -- another ZooKeeper identity (a valid client certificate, no login): it reads
-        # the cluster's state, it cannot change it
-        stranger = coordination_from_uri(
-            zookeeper.uri(
-                "/waltz",
-                {"tls_ca": str(node.ca), "tls_cert": str(node.cert), "tls_key": str(node.key)},
-            )
-        )
-        await stranger.start()
+        # -- another identity of the coordination service: ZooKeeper's ACLs let it read
+        # the cluster's state, not change it; etcd's roles refuse it the prefix at start
+        path = f"{PARTITION_ASSIGNMENT_DIR}/0"
+        before = await watcher.get(path)
+        assert before is not None
+        stranger = coordination_from_uri(secured.uri(secured.stranger))
         try:
-            path = f"{PARTITION_ASSIGNMENT_DIR}/0"
-            value = await stranger.get(path)
-            assert value is not None
-            with pytest.raises(CoordinationError, match="ACL does not allow"):
-                await stranger.set(path, b"hijacked", expected_version=value.version)
-            with pytest.raises(CoordinationError, match="ACL does not allow"):
-                await stranger.delete(path)
+            if secured.kind == "zk":
+                await stranger.start()
+                value = await stranger.get(path)
+                assert value is not None and value.version == before.version
+                with pytest.raises(CoordinationError, match="ACL does not allow"):
+                    await stranger.set(path, b"hijacked", expected_version=value.version)
+                with pytest.raises(CoordinationError, match="ACL does not allow"):
+                    await stranger.delete(path)
+            else:
+                with pytest.raises(CoordinationError, match="permission denied"):
+                    await asyncio.wait_for(stranger.start(), DEADLINE)
         finally:
             await stranger.close()
         still = await watcher.get(path)
-        assert still is not None and still.version == value.version
+        assert still is not None and still.version == before.version
 
         # -- a plaintext client and a client with an unknown key, at the server and at
         # the storage node: refused at once, saying why
