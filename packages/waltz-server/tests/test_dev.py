@@ -379,3 +379,26 @@ async def test_sigterm_drains_a_server_and_its_partition_moves_before_the_sessio
         assert "server shutting down" in draining.log_path.read_text()
     finally:
         await cluster.stop()
+
+
+def test_dev_archive_gives_every_server_the_archive(tmp_path: Path) -> None:
+    """`waltz dev --archive URL`: each server's config names the archive (a path with
+    quotes and spaces stays one TOML string); without it there is no archive."""
+    from waltz_server.dev import DevState
+    from waltz_server.server.config import load_server_config
+
+    url = "file://" + str(tmp_path / "an archive" / 'with "quotes"')
+    state = DevState(
+        cluster_key="00000000-0000-0000-0000-000000000001",
+        partitions=1,
+        storage_ports=[1],
+        server_ports=[2, 3],
+    )
+    archived = DevCluster(tmp_path / "a", servers=2, archive=url)
+    archived.data_dir.mkdir()
+    for index in range(2):
+        config = load_server_config(archived._server_config(index, state), env={})
+        assert config.server.archive.enabled and config.server.archive.url == url
+    plain = DevCluster(tmp_path / "b")
+    plain.data_dir.mkdir()
+    assert not load_server_config(plain._server_config(0, state), env={}).server.archive.enabled
