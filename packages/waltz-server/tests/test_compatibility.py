@@ -28,6 +28,7 @@ from waltz_api import wire
 from waltz_api.access import EVERY_PARTITION, AccessControl, KeyGrants, Permission
 from waltz_api.cluster import (
     FORMAT_VERSION,
+    ArchiveMark,
     ClusterConfig,
     LeaderRecord,
     PartitionAssignment,
@@ -56,6 +57,14 @@ CLUSTER_KEY = uuid.UUID("6f1c3d7e-0a4f-4c1e-9a51-3d2b8f6e7c90")
 SERVER_ENDPOINT = "tcp://srv1.example.com:5600"
 APP_KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
 """A client's CurveZMQ public key (Z85), as `waltz keys generate` writes it."""
+ARCHIVE_MARK = ArchiveMark(
+    0,
+    999,
+    "manifest/00000000000000000999-5e1f0c2a.json",
+    2,
+    1_234_567,
+    "s3://waltz-archive/cluster-a",
+)
 
 
 # -- wire protocol ---------------------------------------------------------------------------------
@@ -124,6 +133,8 @@ async def _write_scenario(coordination: Coordination) -> None:
     )
     await cluster.allocate_client_id()
     await PreferredPartitionStore(coordination).change("tcp://srv2.example.com:5600", lambda _: [0])
+    # partition 0 archived ids 0..999 in two ranges (tiered storage, docs/archive.md)
+    await cluster.advance_archive_mark(await cluster.archive_mark(0), ARCHIVE_MARK)
     # an operator grants a client key read everywhere and write on partition 1, then
     # enforces the ACL (`waltz acl grant`, `waltz acl enable`)
     await cluster.change_access_control(
@@ -199,6 +210,8 @@ async def test_the_current_code_reads_the_version_1_layout() -> None:
             r.replica_id.storage_node: (r.session_id, r.closing_high_water_mark)
             for r in store.replicas
         } == {"st1:5500": (0, 41), "st2:5500": (-1, UNRESOLVED)}
+        assert (await cluster.archive_mark(0)).value == ARCHIVE_MARK
+        assert (await cluster.archive_mark(1)).value == ArchiveMark(1)  # none: -1
         overrides = await PreferredPartitionStore(coordination).read()
         assert overrides.endpoints == {"tcp://srv2.example.com:5600": (0,)}
         acl = await cluster.access_control()
