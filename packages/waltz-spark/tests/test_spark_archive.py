@@ -1,10 +1,14 @@
 """Format ``waltz`` over a partly archived log (docs/archive.md, "Spark"): a real cluster
-whose server archives to a local directory, each partition about half archived (the
-storage nodes deleted that half) and half live; a real local Spark."""
+whose server archives, each partition about half archived (the storage nodes deleted
+that half) and half live; a real local Spark. The archive is a local directory, and for
+one test a real S3-compatible server (moto on loopback) that the executors read through
+s3fs. About 25 s with Spark's start."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +28,16 @@ KEEP = 100
 """Transactions kept local (not archived) per partition."""
 
 
-@pytest.fixture(scope="module")
-def half(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackgroundCluster, dict]]:
-    root = tmp_path_factory.mktemp("archived")
+@contextlib.contextmanager
+def half_archived(
+    root: Path, url: str, storage_options: dict[str, Any] | None = None
+) -> Iterator[tuple[BackgroundCluster, dict]]:
+    """A running cluster archiving to ``url``, each partition about half archived (its
+    storage nodes deleted that half); its archive marks."""
     settings = {
         "archive": {
-            "url": f"file://{root / 'archive'}",
+            "url": url,
+            "storage_options": storage_options or {},
             "min_range_bytes": 1,
             "max_range_bytes": 6000,
             "max_local_bytes": 0,
@@ -64,6 +72,13 @@ def half(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackgroundC
         yield running, {p: marks[p].mark for p in range(PARTITIONS)}
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="module")
+def half(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackgroundCluster, dict]]:
+    root = tmp_path_factory.mktemp("archived")
+    with half_archived(root, f"file://{root / 'archive'}") as running:
+        yield running
 
 
 def test_half_archived_half_live_equals_the_log(spark: Any, half: tuple) -> None:
@@ -129,3 +144,29 @@ def test_streaming_from_the_beginning_crosses_into_the_live_log(
     run_once()
     written = spark_rows(spark.read.parquet(str(out)).select(*COLUMNS))
     assert written == log_rows(cluster.uri)
+
+
+def test_a_half_archived_log_on_s3_is_read_by_the_executors(
+    spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The archive on a real S3-compatible server (moto on loopback): the executors read
+    the archived half through s3fs with ``archiveStorageOptions``, the rest comes from
+    the servers, and the whole equals the log."""
+    from waltz_archive.testing import S3Server
+
+    root = tmp_path_factory.mktemp("archived-s3")
+    with S3Server(root / "s3") as s3:
+        s3.create_bucket("spark-archive")
+        with half_archived(root, s3.url("spark-archive"), s3.storage_options) as (
+            cluster,
+            marks,
+        ):
+            options = json.dumps(s3.storage_options)
+            log = log_rows(cluster.uri)
+            settings = Settings.of({"coordination": cluster.uri, "archiveStorageOptions": options})
+            splits = WaltzPushdownReader(settings).partitions()
+            archived = [s for s in splits if isinstance(s, ArchiveSplit)]
+            assert archived and all(s.url.startswith("s3://") for s in archived)
+            assert {s.partition for s in archived} == set(marks)
+            df = reader(spark, cluster.uri, archiveStorageOptions=options)
+            assert spark_rows(df) == log
