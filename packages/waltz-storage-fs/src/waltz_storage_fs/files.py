@@ -13,6 +13,7 @@ its directory returned.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -37,7 +38,22 @@ class Files:
         return os.pread(fd, n, offset)
 
     def pwrite(self, fd: int, data: bytes, offset: int) -> int:
-        return os.pwrite(fd, data, offset)
+        """Write all of ``data`` at ``offset`` (returns its length), or raise.
+
+        ``os.pwrite`` may write fewer bytes than asked without an error, when the file
+        system fills up in the middle of the write: the rest goes in another call, which
+        completes it or raises (``ENOSPC``). Taking a short write for whole left a hole
+        in a record the engine had acknowledged as durable (found by ``waltz chaos``
+        with a full disk)."""
+        written = os.pwrite(fd, data, offset)
+        while written < len(data):
+            more = os.pwrite(fd, data[written:], offset + written)
+            if more <= 0:
+                raise OSError(
+                    errno.EIO, f"pwrite wrote {written} of {len(data)} bytes at offset {offset}"
+                )
+            written += more
+        return written
 
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
