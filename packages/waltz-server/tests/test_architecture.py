@@ -185,3 +185,21 @@ def test_long_modules_say_why() -> None:
         f"split these along their seams, or say at their top and in docs/architecture.md's "
         f"'Long modules' table why each is one module: {too_long}"
     )
+
+
+def test_every_backoff_is_given_its_random_generator() -> None:
+    """A back-off's jitter comes from an injected generator: one drawn from the global
+    one made the simulation's replays differ (the ACL gate's retry loop did)."""
+    unseeded = []
+    for source in sorted(ROOT.glob("packages/*/src/**/*.py")):
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "Backoff"
+                and len(node.args) < 3
+                and not any(k.arg == "rng" for k in node.keywords)
+            ):
+                unseeded.append(f"{source.relative_to(ROOT)}:{node.lineno}")
+    assert not unseeded, f"pass the component's rng to these Backoff(...): {unseeded}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable
 
 from waltz_api.access import AccessControl, Permission, denial, needed_for
@@ -41,8 +42,11 @@ class AccessGate:
         self,
         coordination: Callable[[], Coordination],
         on_change: Callable[[AccessControl], None] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self._new_client = coordination
+        self._rng = rng or random.Random()
+        """The retry back-off's jitter (injected: a simulation replays it)."""
         self.on_change = on_change
         self.acl: AccessControl | None = None
         """The ACL in force (None before the first value: nothing is served)."""
@@ -124,7 +128,7 @@ class AccessGate:
     async def _follow(self) -> None:
         """One coordination client after another (a LOST session is final for a client),
         each watching the ACL until its session is lost."""
-        backoff = Backoff(0.2, 5.0)
+        backoff = Backoff(0.2, 5.0, self._rng)
         while not self._closed:
             client = self._new_client()
             lost = asyncio.Event()

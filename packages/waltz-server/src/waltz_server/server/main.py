@@ -275,7 +275,10 @@ async def start_server(
         from waltz_server.server.archiving import ServerArchive
 
         archive = ServerArchive(config.server.archive, coordination, metrics, rng)
-    access = AccessGate(lambda: coordination_from_uri(uri, options))
+    access = AccessGate(
+        lambda: coordination_from_uri(uri, options),
+        rng=None if rng is None else random.Random(rng.getrandbits(64)),
+    )
     await access.start()  # nothing is served before the ACL is known
     server = WaltzServer(
         transport=transport,
