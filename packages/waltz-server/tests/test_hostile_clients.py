@@ -307,3 +307,22 @@ async def test_a_transaction_above_the_frame_limit_fails_submit_at_once(
             await asyncio.wait_for(client.submit(Put(b"x" * DEFAULT_MAX_FRAME_SIZE)), 20)
         assert f"max_frame_size of {DEFAULT_MAX_FRAME_SIZE} bytes" in str(refused.value)
         assert (await client.submit(Put(b"fits"))).transaction_id >= 0
+
+
+async def test_a_transaction_above_the_servers_smaller_frame_limit_fails_submit_at_once(
+    cluster: Cluster,
+) -> None:
+    """A client whose own max_frame_size is larger than the server's: the server's limit
+    (announced in the handshake) is the one that counts."""
+    config = ClientConfig(
+        cluster.info["coordination"],
+        transport="zmq",
+        transport_options={"max_frame_size": 2 * DEFAULT_MAX_FRAME_SIZE},
+        request_timeout=60,
+    )
+    async with AsyncWaltzClient(Marks(), config) as client:
+        await client.submit(Put(b"warm"))
+        with pytest.raises(TransactionTooLargeError) as refused:
+            await asyncio.wait_for(client.submit(Put(b"x" * DEFAULT_MAX_FRAME_SIZE)), 20)
+        assert f"max_frame_size of {DEFAULT_MAX_FRAME_SIZE} bytes" in str(refused.value)
+        assert (await client.submit(Put(b"fits"))).transaction_id >= 0

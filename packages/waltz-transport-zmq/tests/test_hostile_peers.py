@@ -12,7 +12,7 @@ import zmq
 import zmq.asyncio
 
 from waltz_api.contracts.transport import Connection
-from waltz_api.errors import ConfigError, ConnectionClosedError, ProtocolError
+from waltz_api.errors import ConfigError, ConnectionClosedError, FrameTooLargeError, ProtocolError
 from waltz_transport_zmq import ZmqTransport
 from waltz_transport_zmq import protocol as p
 from waltz_transport_zmq.logs import PeerLog
@@ -226,3 +226,32 @@ def test_the_peer_log_writes_each_peer_once_and_bounds_the_rate(
     ]
     now[0] = 700.0  # long after: the same peer is written about again
     assert peers.log(logging.WARNING, "a", "refused %s", "a")
+
+
+async def test_a_frame_above_the_peers_smaller_limit_is_refused_at_send() -> None:
+    """Each side learns the other's max_frame_size in the handshake: a frame the peer
+    would refuse (and close the connection for) fails ``send`` at once instead, and the
+    connection stays usable."""
+    server = ZmqTransport({"max_frame_size": 1 << 16})
+    client = ZmqTransport({"max_frame_size": 1 << 20})
+    accepted: asyncio.Queue[Connection] = asyncio.Queue()
+
+    async def keep(conn: Connection) -> None:
+        await accepted.put(conn)
+        await asyncio.Event().wait()
+
+    try:
+        listener = await server.listen("tcp://127.0.0.1:*", keep)
+        conn = await client.connect(listener.endpoint, timeout=30)
+        served = await asyncio.wait_for(accepted.get(), 30)
+        assert conn.max_frame_size == served.max_frame_size == 1 << 16
+        with pytest.raises(FrameTooLargeError, match="the peer's max_frame_size 65536"):
+            await conn.send(b"x" * ((1 << 16) + 1))
+        with pytest.raises(FrameTooLargeError):
+            await conn.send_many([b"ok", b"x" * ((1 << 16) + 1)])
+        await conn.send(b"y" * (1 << 16))
+        assert await asyncio.wait_for(served.recv(), 30) == b"y" * (1 << 16)
+        assert not conn.closed
+    finally:
+        await client.close()
+        await server.close()

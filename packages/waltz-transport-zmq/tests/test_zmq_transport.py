@@ -166,7 +166,9 @@ def test_local_endpoints() -> None:
 
 async def test_frame_beyond_zmq_maxmsgsize_closes_only_that_connection() -> None:
     """A frame far above the receiver's limit is dropped by libzmq itself (ZMQ_MAXMSGSIZE
-    cuts the TCP link); the sequence check turns the loss into a closed connection."""
+    cuts the TCP link); the sequence check turns the loss into a closed connection. (A
+    sender refuses such a frame at ``send``, knowing the receiver's limit from the
+    handshake; this one ignores it, as a hostile or broken peer would.)"""
     server = ZmqTransport(
         {"max_frame_size": 64 * 1024, "heartbeat_interval": 0.2, "heartbeat_timeout": 1.0}
     )
@@ -178,6 +180,7 @@ async def test_frame_beyond_zmq_maxmsgsize_closes_only_that_connection() -> None
         for conn in (victim, bystander):
             await conn.send(b"hi")
             assert await asyncio.wait_for(conn.recv(), 10) == b"hi"
+        victim._send_max = victim._max  # type: ignore[attr-defined]
         await victim.send(b"z" * (1024 * 1024))
         await victim.send(b"after the big one")
         with pytest.raises(ConnectionClosedError):

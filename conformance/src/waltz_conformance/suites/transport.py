@@ -824,10 +824,22 @@ class TransportSuite:
         bystander = await client.connect(listener.endpoint)
         await self.roundtrip(victim, b"v")
         await self.roundtrip(bystander, b"b")
-        with contextlib.suppress(ConnectionClosedError):
+        # a connection that knows the peer's limit (Connection.max_frame_size) refuses the
+        # frame at send and stays usable; one that does not sends it, and the receiver
+        # closes the connection
+        known = victim.max_frame_size
+        assert known is None or known <= 64 * 1024, f"max_frame_size {known} above the peer's"
+        try:
             await victim.send(b"z" * (200 * 1024))
-
-        await self.closed_within(victim.recv, client.failure_detection_bound, "oversized frame")
+        except FrameTooLargeError:
+            assert known is not None, "send refused a frame below max_frame_size"
+            await self.roundtrip(victim, b"still usable")
+        except ConnectionClosedError:
+            pass
+        else:
+            assert known is None, "send took a frame above the peer's max_frame_size"
+        if known is None:
+            await self.closed_within(victim.recv, client.failure_detection_bound, "oversized frame")
         for i in range(50):
             await self.roundtrip(bystander, b"b%d" % i)
         fresh = await client.connect(listener.endpoint)

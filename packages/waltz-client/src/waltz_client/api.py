@@ -157,13 +157,14 @@ class TransactionBuilder:
         """Bytes of the transaction's append frame."""
         return APPEND_OVERHEAD + 8 * len(self._locks) + len(self._data)
 
-    def check_size(self, max_frame_size: int) -> None:
-        """TransactionTooLargeError when the append frame exceeds ``max_frame_size``."""
+    def check_size(self, max_frame_size: int, whose: str = "the transport's") -> None:
+        """TransactionTooLargeError when the append frame exceeds ``max_frame_size``
+        (``whose``: the transport's own, or the server's when it announced a smaller one)."""
         size = self.wire_size
         if size > max_frame_size:
             raise TransactionTooLargeError(
                 f"the transaction is {size} bytes on the wire ({len(self._data)} bytes of data, "
-                f"{len(self._locks)} locks), above the transport's max_frame_size of "
+                f"{len(self._locks)} locks), above {whose} max_frame_size of "
                 f"{max_frame_size} bytes: store less per transaction (e.g. a reference to the "
                 "data), or raise max_frame_size on every client, server and storage node"
             )

@@ -52,6 +52,14 @@ class Channel:
         self.closed = False
         self._tasks: list[asyncio.Task[None]] = []
 
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame the stream connection takes: the transport's, or the
+        server's if it announced a smaller one."""
+        own = self.client.transport.max_frame_size
+        announced = None if self.stream is None else self.stream.max_frame_size
+        return own if announced is None else min(own, announced)
+
     async def _connect(self, kind: str) -> tuple[Connection, ProtocolConnection]:
         client = self.client
         conn = await client.transport.connect(

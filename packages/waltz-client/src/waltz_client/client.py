@@ -380,6 +380,8 @@ class AsyncWaltzClient:
                 channel = partition.channel
                 if not partition.mount.appends_allowed or channel is None:
                     continue  # a mount started while executing: build again after it
+                if channel.max_frame_size < self.transport.max_frame_size:
+                    builder.check_size(channel.max_frame_size, "the server's")
                 req_id = self._next_req_id(p, partition.mount.generation)
                 data = builder.data
                 outcome = partition.register(req_id, context, data, deadline)

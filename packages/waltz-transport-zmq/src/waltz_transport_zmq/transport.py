@@ -307,6 +307,8 @@ class ZmqConnection(Connection):
         self._id = connection_id
         self._peer = peer
         self._max = opts.max_frame_size
+        self._send_max = opts.max_frame_size
+        """The largest frame sent: this side's limit, or the peer's announced one if smaller."""
         self._coalesce = opts.coalesce
         self._wire: _Wire | None = None
         self._closed = False
@@ -367,7 +369,21 @@ class ZmqConnection(Connection):
             f"connection {self._id} with {self._peer} is closed: {self._reason}"
         )
 
+    @property
+    def max_frame_size(self) -> int:
+        return self._send_max
+
+    def _peer_limit(self, announced: int) -> None:
+        """The peer's max_frame_size from its hello or welcome."""
+        self._send_max = min(self._max, announced)
+
     def _too_large(self, size: int) -> FrameTooLargeError:
+        if self._send_max < self._max:
+            return FrameTooLargeError(
+                f"frame of {size} bytes exceeds the peer's max_frame_size {self._send_max} "
+                f"(this side's is {self._max}); split the payload, or raise max_frame_size "
+                "on the peer"
+            )
         return FrameTooLargeError(
             f"frame of {size} bytes exceeds max_frame_size {self._max}; split the payload "
             "or raise the transport's max_frame_size option"
@@ -375,7 +391,7 @@ class ZmqConnection(Connection):
 
     async def send(self, frame: bytes) -> None:
         size = len(frame)
-        if size > self._max:
+        if size > self._send_max:
             raise self._too_large(size)
         if self._closed or self._eof:
             raise self._closed_error()
@@ -405,7 +421,7 @@ class ZmqConnection(Connection):
 
     async def send_many(self, frames: list[bytes]) -> None:
         for frame in frames:
-            if len(frame) > self._max:
+            if len(frame) > self._send_max:
                 raise self._too_large(len(frame))
         if self._closed or self._eof:
             raise self._closed_error()
@@ -688,6 +704,7 @@ class ClientConnection(ZmqConnection):
             self._peer_window_frames, self._peer_window_bytes = self._transport._clamp_window(
                 welcome_message.window_frames, welcome_message.window_bytes
             )
+            self._peer_limit(welcome_message.max_frame_size)
             self._heard = True
             welcome.set_result(None)
         elif kind == bytes([p.KIND_CLOSE]):
@@ -861,6 +878,7 @@ class ZmqListener(Listener):
             peer_window_frames=window_frames,
             peer_window_bytes=window_bytes,
         )
+        conn._peer_limit(hello.max_frame_size)
         conn.identity = identity
         conn.authenticated = authenticated
         conn.lineage = lineage

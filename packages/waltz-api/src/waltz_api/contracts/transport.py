@@ -59,6 +59,15 @@ class Connection(ABC):
         connecting side; a transport that never authenticates keeps this default."""
         return None
 
+    @property
+    def max_frame_size(self) -> int | None:
+        """The largest frame ``send`` takes on this connection: the smaller of this
+        side's maximum frame size and the one the peer announced when the transport
+        learns it (a frame above the peer's limit would only break the connection at the
+        peer), or None when the transport does not know the peer's (then its own
+        ``Transport.max_frame_size`` applies)."""
+        return None
+
     @abstractmethod
     async def send(self, frame: bytes) -> None:
         """Send one frame (waits under back pressure)."""
