@@ -793,7 +793,7 @@ class ZmqListener(Listener):
                     event = parse_monitor_message(await monitor.recv_multipart())
                     kind, value = event["event"], event["value"]
                     if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                        key, line = "no-detail", "a peer's ZeroMQ handshake failed (no detail)"
+                        key, line = "no-detail", _NO_DETAIL[curve]
                     else:
                         key, line = _handshake_refusal(value, curve)
                     _refusals.log(
@@ -962,6 +962,17 @@ class _AuthorizedKeys:
                 shown,
             )
         return allowed
+
+
+_NO_DETAIL = {
+    # a plaintext peer that saw the mechanism mismatch and hung up before this side did
+    # is reported this way too (a race in libzmq's handshake): say what the listener needs
+    True: (
+        "refused a peer whose ZeroMQ handshake ended without detail (this listener requires "
+        "CurveZMQ: a plaintext peer that hung up first, or a broken one)"
+    ),
+    False: "a peer's ZeroMQ handshake ended without detail (a peer that hung up, or a broken one)",
+}
 
 
 def _handshake_refusal(value: int, curve: bool) -> tuple[str, str]:
