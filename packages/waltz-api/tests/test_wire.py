@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
 import struct
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from waltz_api import wire
@@ -616,21 +618,45 @@ def blocks_agree(frame: bytes, eager: Message | None, error: ProtocolError | Non
 
 
 # -- fuzz ------------------------------------------------------------------------------------------
+#
+# The same inputs on every CI run (derandomized); for a long run, WALTZ_FUZZ_ITERATIONS inputs
+# per fuzzer and WALTZ_FUZZ_SEED (as the transport suite's control-plane fuzzers take them):
+#     WALTZ_FUZZ_ITERATIONS=200000 WALTZ_FUZZ_SEED=7 pytest test_wire.py -k fuzz
+
+FUZZ_ITERATIONS = int(os.environ.get("WALTZ_FUZZ_ITERATIONS") or 0)
+FUZZ_SEED = os.environ.get("WALTZ_FUZZ_SEED")
+Test = TypeVar("Test", bound=Callable[..., None])
 
 
-@settings(max_examples=300, deadline=None)
+def fuzzer(ci_examples: int) -> Callable[[Test], Test]:
+    """Settings of a codec fuzzer (put above ``@given``): ``ci_examples`` fixed inputs, or
+    the long run's iterations and seed."""
+
+    def decorate(test: Test) -> Test:
+        configured = settings(
+            max_examples=FUZZ_ITERATIONS or ci_examples,
+            deadline=None,
+            derandomize=FUZZ_SEED is None,
+            database=None,
+        )(test)
+        return configured if FUZZ_SEED is None else seed(int(FUZZ_SEED))(configured)
+
+    return decorate
+
+
+@fuzzer(300)
 @given(st.binary(max_size=200))
 def test_fuzz_random_bytes(frame: bytes) -> None:
     decodes_or_protocol_error(frame)
 
 
-@settings(max_examples=300, deadline=None)
+@fuzzer(300)
 @given(st.sampled_from([cls.TYPE for cls in ALL_MESSAGES]), st.binary(max_size=200))
 def test_fuzz_random_bodies_of_every_type(type_code: int, body: bytes) -> None:
     decodes_or_protocol_error(bytes([type_code, 1]) + body)
 
 
-@settings(max_examples=60, deadline=None)
+@fuzzer(60)
 @given(ANY_MESSAGE, st.data())
 def test_fuzz_mutated_valid_frames(message: Message, data: st.DataObject) -> None:
     frame = bytearray(wire.encode(message))
