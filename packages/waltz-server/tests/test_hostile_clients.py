@@ -2,13 +2,15 @@
 their own processes (``hostile_client.py``) and raw sockets, while a good client keeps
 committing. The server's memory against clients that stop reading (the RSS figures are
 printed; more in ``bench/hostile_clients.py``), a nesting-bomb handshake to a server and a
-storage node, a transaction above the frame limit, too many locks from a raw client."""
+storage node, a transaction above the frame limit (the client's or the server's), bad
+lock sets through the client library and too many locks from a raw client."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import os
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +24,7 @@ import zmq.asyncio
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.contracts.transport import DEFAULT_MAX_FRAME_SIZE
+from waltz_api.errors import InvalidArgumentError
 from waltz_api.messages import (
     AppendRequest,
     ErrorCode,
@@ -326,3 +329,41 @@ async def test_a_transaction_above_the_servers_smaller_frame_limit_fails_submit_
             await asyncio.wait_for(client.submit(Put(b"x" * DEFAULT_MAX_FRAME_SIZE)), 20)
         assert f"max_frame_size of {DEFAULT_MAX_FRAME_SIZE} bytes" in str(refused.value)
         assert (await client.submit(Put(b"fits"))).transaction_id >= 0
+
+
+class Locked(TransactionContext):
+    def __init__(self, locks: list[tuple[str, int]]) -> None:
+        super().__init__()
+        self.locks = locks
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        for name, lock_id in self.locks:
+            builder.write_lock(name, lock_id)
+        builder.set_data(b"locked")
+        return True
+
+
+@pytest.mark.parametrize(
+    ("locks", "says"),
+    [
+        ([("account", i) for i in range(MAX_LOCKS_PER_TRANSACTION + 1)], "above the limit of"),
+        ([("bad\ud800name", 1)], "cannot be encoded as UTF-8"),
+        ([("n" * 100_000, 1)], "100000 UTF-8 bytes, above the limit of"),
+        ([("account", 2**63)], "does not fit in a signed 64-bit integer"),
+    ],
+    ids=["too-many-locks", "lone-surrogate", "long-name", "id-out-of-range"],
+)
+async def test_a_bad_lock_set_fails_submit_at_once_naming_what_is_wrong(
+    cluster: Cluster, locks: list[tuple[str, int]], says: str
+) -> None:
+    config = ClientConfig(cluster.info["coordination"], transport="zmq", request_timeout=60)
+    async with AsyncWaltzClient(Marks(), config) as client:
+        before = (await client.submit(Put(b"before"))).transaction_id
+        with pytest.raises(InvalidArgumentError, match=re.escape(says)):
+            # the deadline is the check: a raw UnicodeEncodeError or a retry would miss it
+            await asyncio.wait_for(client.submit(Locked(locks)), 20)
+        after = (await client.submit(Put(b"after"))).transaction_id
+        assert after == before + 1  # nothing was appended in between
