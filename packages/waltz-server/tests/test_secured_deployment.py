@@ -36,7 +36,6 @@ from waltz_client import (
     Transaction,
     TransactionBuilder,
     TransactionContext,
-    TransactionExpiredError,
     WaltzClientCallbacks,
 )
 from waltz_conformance.servers.certs import TestPKI
@@ -355,16 +354,28 @@ async def test_a_secured_deployment_end_to_end(secured: Secured, tmp_path: Path)
         await refused_fast({}, server_endpoint, "the listener requires CurveZMQ")
         await refused_fast(intruder, server_endpoint, "refused this transport's curve client")
         await refused_fast({}, f"tcp://{storage_name}", "the listener requires CurveZMQ")
-        # the application's library too: a plaintext client's submission expires with an
-        # error that says the listener requires CurveZMQ (it keeps trying to mount: the
-        # server's keys may be what is wrong)
+        # the application's library too: a plaintext client's submission and request fail
+        # at once with the refusal (its transaction timeout is far longer); so does the
+        # `waltz client` command without the keys
         plain = ClientConfig(
-            uri, transport="zmq", partitions=[0], request_timeout=REFUSAL,
-            transaction_timeout=REFUSAL / 3,
+            uri, transport="zmq", partitions=[0], request_timeout=2 * REFUSAL,
+            transaction_timeout=2 * REFUSAL,
         )  # fmt: skip
         async with AsyncWaltzClient(Marks(), plain) as client:
-            with pytest.raises(TransactionExpiredError, match="the listener requires CurveZMQ"):
+            with pytest.raises(AuthenticationError, match="the listener requires CurveZMQ"):
                 await asyncio.wait_for(client.submit(Put(b"from a plaintext client")), REFUSAL)
+            with pytest.raises(AuthenticationError, match="the listener requires CurveZMQ"):
+                await asyncio.wait_for(client.high_water_mark(0), REFUSAL)
+        start = time.monotonic()
+        refused = await asyncio.to_thread(
+            waltz, "client", "append", "--data", "no keys", env={"WALTZ_COORDINATION": uri}
+        )
+        took = time.monotonic() - start
+        assert refused.returncode != 0 and "the listener requires CurveZMQ" in refused.stderr, (
+            refused.returncode,
+            refused.stderr[-2000:],
+        )
+        assert took < 2 * REFUSAL, f"`waltz client append` took {took:.0f} s to give up"
 
         # -- each listener logged each refused peer once, however often it tried
         # (libzmq reports a refused plaintext peer as a mechanism mismatch, or without

@@ -340,8 +340,10 @@ class AsyncWaltzClient:
         true when committed (with the transaction id), false when ``execute`` declined.
         Raises :class:`TransactionExpiredError` (not committed by the deadline),
         :class:`TransactionOutcomeUnknownError` (the server could not be asked), what
-        ``execute`` raised (after ``on_exception``), ClientAheadError, or ClientError
-        when the client closes. Waits for a slot first (back pressure)."""
+        ``execute`` raised (after ``on_exception``), ClientAheadError,
+        AuthenticationError (the partition's server refuses this client's transport
+        credentials; nothing was sent), or ClientError when the client closes. Waits
+        for a slot first (back pressure)."""
         partition = await self._slot(context)
         return await self._run(partition, context)
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from waltz_api.backoff import Backoff
 from waltz_api.cluster import NO_SERVER, PartitionAssignment
 from waltz_api.errors import (
+    AuthenticationError,
     ClientAheadError,
     ClientError,
     ProtocolError,
@@ -114,6 +115,10 @@ class Partition(AppendDecisions):
         self._unreachable: str | None = None
         """Why the last connect to the partition's server failed (for an expiry's
         message: a listener that requires CurveZMQ, a refused key), None once one worked."""
+        self.refused: AuthenticationError | None = None
+        """The server's refusal of this client's credentials at the last connect (the
+        mounts go on: the server's keys may be what is wrong), None once one worked."""
+        self._refusal = asyncio.Event()
         self.mounts = 0
         """Mounts completed (READY) so far."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -266,12 +271,17 @@ class Partition(AppendDecisions):
                         continue  # reassigned meanwhile: need_mount is set
                     raise
                 self._unreachable = None
+                self.refused = None
+                self._refusal.clear()
                 app_hwm = await client._call_callback(
                     client.callbacks.client_high_water_mark, self.id
                 )
             except (TransportError, ProtocolError, ChannelLost) as exc:
                 log.warning("partition %d: cannot reach %s: %s", self.id, endpoint, exc)
                 self._unreachable = str(exc)
+                if isinstance(exc, AuthenticationError):
+                    self.refused = exc
+                    self._refusal.set()
                 self._remount_later(refresh=True)
                 continue
             except Exception as exc:
@@ -757,11 +767,24 @@ class Partition(AppendDecisions):
             waiter.set_result(None)
 
     async def wait_mounted(self) -> None:
+        """Wait until appends may flow; AuthenticationError at once while the server
+        refuses this client's credentials (nothing is waiting on the server then: a
+        submission or request waits here only between attempts)."""
         while True:
             self.check_usable()
             if self.mount.appends_allowed:
                 return
-            await self.mounted.wait()
+            if self.refused is not None:
+                raise AuthenticationError(
+                    f"partition {self.id}: the server refused this client: {self.refused}"
+                )
+            mounted = asyncio.ensure_future(self.mounted.wait())
+            refusal = asyncio.ensure_future(self._refusal.wait())
+            try:
+                await asyncio.wait((mounted, refusal), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                mounted.cancel()
+                refusal.cancel()
 
     async def wait_retry(self, wait_for: int | None) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
