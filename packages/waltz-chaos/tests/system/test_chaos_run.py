@@ -3,11 +3,13 @@
 - the fixed-seed run: ZooKeeper x ZeroMQ x fs, 90 s of workload, at least 30 faults
   with network partitions between namespaces; any violation fails it;
 - Ctrl-C in the middle of a run: every process, namespace and mount it made is gone;
-- without namespaces (``--network off``): process faults only, and it says so.
+- without namespaces (``--network off``): process faults only, and it says so;
+- ``--attach`` to a running ``waltz dev`` cluster.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -15,12 +17,14 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from waltz_chaos.netns import NAMESPACE_PREFIX, leftover_namespaces, namespaces_available
+from waltz_cli.devfile import read_ready_file
 
 WHY_NOT = namespaces_available()
 if WHY_NOT is not None and os.environ.get("WALTZ_CHAOS_REQUIRE_NETNS") == "1":
@@ -160,7 +164,9 @@ def test_without_namespaces_process_faults_only(tmp_path: Path) -> None:
             "--seed",
             "3",
             "--duration",
-            "45",
+            "30",
+            "--decision-deadline",
+            "8",
             "--network",
             "off",
             "--faults",
@@ -179,3 +185,97 @@ def test_without_namespaces_process_faults_only(tmp_path: Path) -> None:
     assert result.returncode == 0, (result.stderr[-3000:], summary["violations"])
     assert set(summary["faults_by_kind"]) <= {"kill", "pause"} and summary["faults"] >= 3
     assert "loopback" in summary["network"]
+
+
+def _storage_pids(info: dict[str, Any]) -> dict[str, int]:
+    """The dev cluster's storage nodes: metadata name (host:port) -> pid."""
+    found: dict[str, int] = {}
+    for pid in info["child_pids"]:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"storage" not in args:
+            continue
+        config = Path(args[args.index(b"--config") + 1].decode())
+        endpoint = tomllib.loads(config.read_text())["transport"]["endpoint"]
+        found[endpoint.removeprefix("tcp://")] = pid
+    return found
+
+
+def test_attach_to_a_running_cluster(tmp_path: Path) -> None:
+    """waltz chaos --attach on a waltz dev cluster: its clients, pauses of the one storage
+    node named (and of its own clients), the checker; the cluster stays up. (Pauses
+    only: waltz dev stops the whole cluster when one of its children dies; a killed
+    external process's restart is tested in test_external.py.)"""
+    data = tmp_path / "dev"
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data), "--partitions", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    relaunched: list[int] = []
+    try:
+        info = None
+        for _ in range(1200):
+            info = read_ready_file(data)
+            if info is not None or dev.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert info is not None, "waltz dev did not start"
+        storage = _storage_pids(info)
+        first = sorted(storage)[0]
+        out = tmp_path / "run"
+        result = subprocess.run(
+            chaos(
+                "--attach",
+                info["coordination"],
+                "--process",
+                f"storage-0={storage[first]}",
+                "--faults",
+                "pause",
+                "--duration",
+                "30",
+                "--decision-deadline",
+                "8",
+                "--out",
+                str(out),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        sys.stdout.write(result.stdout[-3000:])
+        summary = json.loads((out / "summary.json").read_text())
+        assert result.returncode == 0, (result.stderr[-3000:], summary["violations"])
+        assert "attached to" in summary["network"]
+        faults = [line for line in (out / "report.txt").read_text().splitlines() if " -> " in line]
+        assert any("storage-0" in line for line in faults), faults
+        assert summary["acknowledgements"] > 100
+        # the cluster is still up: its server and the other storage nodes run
+        assert read_ready_file(data) is not None
+        assert all(alive(pid) for name, pid in storage.items() if name != first)
+        relaunched = [
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit()
+            and int(p.name) not in info["child_pids"]
+            and b"storage-" in _cmdline(int(p.name))
+            and str(data).encode() in _cmdline(int(p.name))
+        ]
+    finally:
+        for pid in relaunched:  # started by the run: stopped by their pids
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        dev.send_signal(signal.SIGINT)
+        try:
+            dev.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            dev.kill()
+            dev.wait()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
