@@ -30,7 +30,9 @@ def ops_every(
     return events
 
 
-def summary(violations: list[tuple[str, Violation]] | None = None):  # type: ignore[no-untyped-def]
+def summary(  # type: ignore[no-untyped-def]
+    violations: list[tuple[str, Violation]] | None = None, notes: list[str] | None = None
+):
     kill = FaultRecord(Fault(10.0, "kill", 5.0, ("server-0",)), START + 10.0, START + 15.0)
     cut = FaultRecord(
         Fault(30.0, "partition", 2.0, links=(("client-0", "server-1"), ("server-1", "client-0"))),
@@ -59,7 +61,7 @@ def summary(violations: list[tuple[str, Violation]] | None = None):  # type: ign
         final_heal=START + 32.0,
         submissions_end=START + 60.0,
         replay="waltz chaos --seed 9",
-        notes=[],
+        notes=notes or [],
     )
 
 
@@ -92,6 +94,11 @@ def test_the_text_report_tells_the_verdict_the_faults_and_the_exits() -> None:
     )
     assert "FAILED: 1 violations" in bad
     assert "[bank] [duplicate] op c:1 committed 2 times (partition 0, transaction 7, op c:1)" in bad
+    # a replica that could not be read is told beside the violations, before the
+    # timeline (the console prints the report up to it)
+    unread = "replica storage-0 of partition 2: could not be read: CorruptionError: x"
+    told = text_report(summary(notes=[unread]))
+    assert 0 <= told.index(f"note: {unread}") < told.index("timeline")
 
 
 def test_the_html_page_is_self_contained_and_shows_the_plot() -> None:

@@ -264,6 +264,9 @@ def text_report(summary: Summary) -> str:
             when = "" if violation.time is None else f"{violation.time:7.1f}s "
             out.append(f"  {when}[{workload}] {violation}")
         out.append("")
+    if s.notes:  # before the timeline: the console prints the report up to it
+        out.extend(f"note: {note}" for note in s.notes)
+        out.append("")
     out.append("timeline (seconds since the workload started):")
     for fault in sorted(s.faults, key=lambda f: f.start):
         end = "(not injected)" if fault.end is None else f"-> {fault.end:7.1f}"
@@ -276,8 +279,6 @@ def text_report(summary: Summary) -> str:
             f"  partition {outage.partition} ({s.partitions.get(outage.partition, '?')}): "
             f"{outage.start:.1f} -> {outage.end:.1f} ({outage.length:.1f} s)"
         )
-    for note in s.notes:
-        out.append(f"note: {note}")
     return "\n".join(out) + "\n"
 
 
