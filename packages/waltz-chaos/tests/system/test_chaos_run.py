@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from waltz_chaos.netns import NAMESPACE_PREFIX, leftover_namespaces, namespaces_available
+from waltz_chaos.schedule import Fault, Roles, Schedule
 from waltz_cli.devfile import read_ready_file
 
 WHY_NOT = namespaces_available()
@@ -205,8 +206,9 @@ def _storage_pids(info: dict[str, Any]) -> dict[str, int]:
 
 
 def test_attach_to_a_running_cluster(tmp_path: Path) -> None:
-    """waltz chaos --attach on a waltz dev cluster: its clients, pauses of the one storage
-    node named (and of its own clients), the checker; the cluster stays up. (Pauses
+    """waltz chaos --attach on a waltz dev cluster, replaying a schedule: its clients, a
+    pause of the one storage node named and one of its own clients, the checker; the
+    cluster stays up. (Pauses
     only: waltz dev stops the whole cluster when one of its children dies; a killed
     external process's restart is tested in test_external.py.)"""
     data = tmp_path / "dev"
@@ -227,6 +229,16 @@ def test_attach_to_a_running_cluster(tmp_path: Path) -> None:
         storage = _storage_pids(info)
         assert storage, info
         first = sorted(storage)[0]
+        # a schedule of our own: a drawn one may leave the named node alone in 30 s
+        schedule = Schedule(
+            0,
+            30.0,
+            16.0,
+            "pause",
+            Roles.of(len(storage), 1, 4),
+            [Fault(6.0, "pause", 3.0, ("storage-0",)), Fault(10.0, "pause", 2.0, ("client-1",))],
+        )
+        schedule.save(tmp_path / "schedule.json")
         out = tmp_path / "run"
         result = subprocess.run(
             chaos(
@@ -234,10 +246,8 @@ def test_attach_to_a_running_cluster(tmp_path: Path) -> None:
                 info["coordination"],
                 "--process",
                 f"storage-0={storage[first]}",
-                "--faults",
-                "pause",
-                "--duration",
-                "30",
+                "--schedule",
+                str(tmp_path / "schedule.json"),
                 "--decision-deadline",
                 "8",
                 "--out",
@@ -252,8 +262,9 @@ def test_attach_to_a_running_cluster(tmp_path: Path) -> None:
         summary = json.loads((out / "summary.json").read_text())
         assert result.returncode == 0, (result.stderr[-3000:], summary["violations"])
         assert "attached to" in summary["network"]
-        faults = [line for line in (out / "report.txt").read_text().splitlines() if " -> " in line]
-        assert any("storage-0" in line for line in faults), faults
+        assert summary["faults_by_kind"] == {"pause": 2}, summary["faults_by_kind"]
+        timeline = (out / "report.txt").read_text().split("\ntimeline")[1]
+        assert "pause: storage-0" in timeline and "pause: client-1" in timeline, timeline
         assert summary["acknowledgements"] > 100
         # the cluster is still up, the paused node running again (SIGCONT at the heal)
         assert read_ready_file(data) is not None
