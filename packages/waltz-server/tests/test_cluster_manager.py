@@ -22,7 +22,12 @@ from hypothesis import strategies as st
 
 from waltz_api.cluster import NO_SERVER, PartitionAssignment, ServerInfo, coordination_from_uri
 from waltz_api.contracts.coordination import Coordination, SessionState
-from waltz_api.errors import BadVersionError, ClusterNotFoundError, ConfigError
+from waltz_api.errors import (
+    BadVersionError,
+    ClusterNotFoundError,
+    ConfigError,
+    CoordinationUnavailableError,
+)
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
 from waltz_conformance.suites.coordination import eventually
 from waltz_server.cluster_admin import ClusterAdmin
@@ -854,3 +859,52 @@ async def test_assignment_burst_is_coalesced(backend: Backend) -> None:
     await eventually(lambda: b_view == b.owned, CONVERGE, "b's handler catches up")
     assert b_view == {p: s.generation for p, s in final.items() if s.server_id == b.server_id}
     assert len(b_seen) <= 4 * partitions
+
+
+async def test_start_rides_out_a_coordination_service_that_restarts() -> None:
+    """Registering lost mid-way (a ZooKeeper restart at a server's start: ConnectionLoss,
+    seen by `waltz chaos`) is retried until ``start_timeout``; a server exited instead."""
+    service = MemoryCoordinationService()
+    root = f"/cluster-manager-tests/{uuid.uuid4().hex[:10]}"
+    admin_client = MemoryCoordination(service, root)
+    await admin_client.start()
+    await ClusterAdmin(admin_client).create_cluster(
+        num_partitions=2, num_replicas=2, storage_nodes=NODES
+    )
+    attempts = 0
+
+    class Restarting(MemoryCoordination):
+        async def start(self) -> None:
+            nonlocal attempts
+            attempts += 1
+            if attempts <= 2:
+                raise CoordinationUnavailableError("ConnectionLoss (the service restarts)")
+            await super().start()
+
+    manager = ClusterManager(
+        lambda: Restarting(service, root),
+        "tcp://127.0.0.1/restarting",
+        retry_delay=0.01,
+        max_retry_delay=0.05,
+        rng=random.Random(1),
+    )
+    try:
+        await asyncio.wait_for(manager.start(), CONVERGE)
+        assert attempts == 3 and manager.server_id != NO_SERVER
+    finally:
+        await manager.stop()
+    # a service that stays away: start fails once start_timeout has passed
+    down = ClusterManager(
+        lambda: Restarting(service, root),
+        "tcp://127.0.0.1/down",
+        retry_delay=0.01,
+        max_retry_delay=0.05,
+        start_timeout=0.3,
+        rng=random.Random(2),
+    )
+    attempts = -1000
+    started = time.monotonic()
+    with pytest.raises(CoordinationUnavailableError, match="ConnectionLoss"):
+        await down.start()
+    assert 0.2 < time.monotonic() - started < CONVERGE
+    await admin_client.close()

@@ -62,6 +62,7 @@ from waltz_api.contracts.coordination import Coordination, SessionState, Watch
 from waltz_api.errors import (
     BadVersionError,
     ConfigError,
+    CoordinationUnavailableError,
     SessionLostError,
     WaltzError,
 )
@@ -141,6 +142,7 @@ class ClusterManager:
         metrics: ServerMetrics | None = None,
         peers: PeerMonitor | None = None,
         rng: random.Random | None = None,
+        start_timeout: float = 30.0,
     ) -> None:
         if not endpoint.strip():
             raise ConfigError("a server needs an endpoint clients can reach", key="endpoint")
@@ -164,6 +166,8 @@ class ClusterManager:
         self._settle_delay = settle_delay
         self._rng = rng or random.Random()
         """The jitter of every retry's back-off (inject a seeded one to replay a run)."""
+        self._start_timeout = start_timeout
+        """How long ``start`` retries a coordination service that went away mid-way."""
         self.events = PartitionEvents()
         """Gains and losses in order (unless ``on_event`` consumes them), coalesced: at
         most two pending events per partition, however fast the assignment changes."""
@@ -253,12 +257,26 @@ class ClusterManager:
 
         Raises ClusterNotFoundError when there is no cluster, ConfigError when a
         preferred partition does not exist, CoordinationUnavailableError when the
-        service cannot be reached."""
+        service cannot be reached. A service that is lost while registering (it
+        restarts: ConnectionLoss, a lost session) is retried with back-off for up to
+        ``start_timeout`` seconds first."""
         if self._started:
             return
         self._started = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._start_timeout
+        backoff = self._backoff()
         try:
-            await self._register()
+            while True:
+                try:
+                    await self._register()
+                    break
+                except (CoordinationUnavailableError, SessionLostError) as exc:
+                    delay = backoff.next_delay()
+                    if loop.time() + delay > deadline:
+                        raise
+                    log.warning("registering failed (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
         except BaseException:
             self._started = False
             raise
