@@ -8,6 +8,7 @@ lock sets through the client library and too many locks from a raw client."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import re
@@ -24,7 +25,7 @@ import zmq.asyncio
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_api.contracts.transport import DEFAULT_MAX_FRAME_SIZE
-from waltz_api.errors import InvalidArgumentError
+from waltz_api.errors import ConnectionClosedError, InvalidArgumentError
 from waltz_api.messages import (
     AppendRequest,
     ErrorCode,
@@ -367,3 +368,42 @@ async def test_a_bad_lock_set_fails_submit_at_once_naming_what_is_wrong(
             await asyncio.wait_for(client.submit(Locked(locks)), 20)
         after = (await client.submit(Put(b"after"))).transaction_id
         assert after == before + 1  # nothing was appended in between
+
+
+async def refused_connections(endpoint: str, count: int) -> None:
+    """``count`` connections that each send a frame no Waltz handshake is made of; each
+    must be closed by the listener (after its refusal, if it sends one)."""
+    transport = ZmqTransport()
+    try:
+        for i in range(count):
+            conn = await transport.connect(endpoint, timeout=30)
+            await conn.send(b"\xff not a waltz hello %d" % i)
+            async with asyncio.timeout(30):
+                with contextlib.suppress(ConnectionClosedError):
+                    while True:
+                        await conn.recv()
+    finally:
+        await transport.close()
+
+
+async def test_a_flood_of_bad_handshakes_is_refused_and_logged_at_a_bounded_rate(
+    cluster: Cluster,
+) -> None:
+    """Each refused connection was one warning line: a client opening connection after
+    connection could flood the log. Now at most 10 lines a minute (the next one says how
+    many were left out), while the cluster commits on."""
+    logs = Path(cluster.info["logs"])
+    listeners = {
+        "server": (cluster.endpoint, logs / "server-0.log"),
+        "storage node": (str(cluster.info["storage_nodes"][0]), logs / "storage-0.log"),
+    }
+    before = {name: log.read_text() for name, (_, log) in listeners.items()}
+    config = ClientConfig(cluster.info["coordination"], transport="zmq", request_timeout=60)
+    async with AsyncWaltzClient(Marks(), config) as client:
+        for endpoint, _ in listeners.values():
+            await refused_connections(endpoint, 40)
+        assert (await client.submit(Put(b"after the flood"))).transaction_id >= 0
+    for name, (_, log) in listeners.items():
+        new = log.read_text()[len(before[name]) :]
+        refused = [line for line in new.splitlines() if "handshake failed" in line]
+        assert 1 <= len(refused) <= 10, f"{name} logged {len(refused)} refusals:\n{new[-3000:]}"

@@ -60,6 +60,7 @@ from waltz_api.messages import (
     PeerPong,
 )
 from waltz_api.outbox import Outbox
+from waltz_api.peerlog import PeerLog
 from waltz_api.types import MAX_LOCKS_PER_TRANSACTION, ReqId
 from waltz_server.observability import ServerMetrics
 from waltz_server.server.access import AccessGate
@@ -69,6 +70,9 @@ from waltz_server.server.replica import ReplicaConnector
 from waltz_server.server.store import StoreConfig, StorePartition
 
 log = logging.getLogger(__name__)
+_refusals = PeerLog(log)
+"""Clients refused for bad input (a failed handshake, a malformed frame): one line each,
+at most 10 a minute in all, so that a hostile client cannot flood the log."""
 
 OUTBOX_CEILING = 4
 """A reply that finds a connection's outbox at this many times its bound closes it."""
@@ -354,7 +358,9 @@ class WaltzServer:
                 try:
                     message = protocol.receive_frame(frame)
                 except ProtocolError as exc:
-                    log.warning(
+                    _refusals.log(
+                        logging.WARNING,
+                        client.peer,
                         "client %s sent a malformed frame (%d bytes), closing: %s",
                         client.peer,
                         len(frame),
@@ -401,7 +407,13 @@ class WaltzServer:
             protocol.receive_frame(frame)
             await conn.send(protocol.send(protocol.hello_response()))
         except (TimeoutError, ProtocolError, TransportError) as exc:
-            log.warning("client connection %s: handshake failed: %s", conn.peer, exc)
+            _refusals.log(
+                logging.WARNING,
+                conn.peer,
+                "client connection %s: handshake failed: %s",
+                conn.peer,
+                str(exc) or type(exc).__name__,
+            )
             return None
         if protocol.state is not wire.ConnectionState.OPEN:
             log.warning(

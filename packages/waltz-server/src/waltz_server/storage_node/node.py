@@ -46,6 +46,7 @@ from waltz_api.messages import (
     SuccessResponse,
 )
 from waltz_api.outbox import Outbox
+from waltz_api.peerlog import PeerLog
 from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
 from waltz_server.storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
 
@@ -53,6 +54,9 @@ if TYPE_CHECKING:
     from waltz_server.observability import StorageNodeMetrics
 
 log = logging.getLogger(__name__)
+_refusals = PeerLog(log)
+"""Peers refused for bad input (a failed handshake, a malformed frame): one line each, at
+most 10 a minute in all, so that a hostile peer cannot flood the log."""
 
 OUTBOX_FRAMES = 4096
 """Responses queued per connection before a partition worker waits for the peer to read."""
@@ -289,7 +293,9 @@ class StorageNode:
             hello = protocol.receive_frame(frame)
             response = protocol.hello_response()
         except ProtocolError as exc:
-            log.warning("connection %s: handshake failed: %s", conn.peer, exc)
+            _refusals.log(
+                logging.WARNING, conn.peer, "connection %s: handshake failed: %s", conn.peer, exc
+            )
             failure = FailureResponse(-1, -1, -1, ErrorCode.BAD_REQUEST, str(exc))
             with contextlib.suppress(WaltzError):
                 await conn.send(wire.encode(failure))
@@ -320,7 +326,9 @@ class StorageNode:
             try:
                 message = protocol.receive_frame(frame)
             except ProtocolError as exc:
-                log.warning(
+                _refusals.log(
+                    logging.WARNING,
+                    conn.peer,
                     "connection %s sent a malformed frame (%d bytes), closing it: %s",
                     conn.peer,
                     len(frame),
