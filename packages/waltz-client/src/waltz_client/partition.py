@@ -112,13 +112,7 @@ class Partition(AppendDecisions):
         self._progress = 0
         """Feed progress so far (what keeps a mount that is streaming a catch-up alive)."""
         self.failure: WaltzError | None = None
-        self._unreachable: str | None = None
-        """Why the last connect to the partition's server failed (for an expiry's
-        message: a listener that requires CurveZMQ, a refused key), None once one worked."""
-        self.refused: AuthenticationError | None = None
-        """The server's refusal of this client's credentials at the last connect (the
-        mounts go on: the server's keys may be what is wrong), None once one worked."""
-        self._refusal = asyncio.Event()
+        self._unreachable: Exception | None = None  # why the last connect failed
         self.mounts = 0
         """Mounts completed (READY) so far."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -271,17 +265,17 @@ class Partition(AppendDecisions):
                         continue  # reassigned meanwhile: need_mount is set
                     raise
                 self._unreachable = None
-                self.refused = None
-                self._refusal.clear()
+                self.mounted.clear()
                 app_hwm = await client._call_callback(
                     client.callbacks.client_high_water_mark, self.id
                 )
             except (TransportError, ProtocolError, ChannelLost) as exc:
                 log.warning("partition %d: cannot reach %s: %s", self.id, endpoint, exc)
-                self._unreachable = str(exc)
+                self._unreachable = exc
                 if isinstance(exc, AuthenticationError):
-                    self.refused = exc
-                    self._refusal.set()
+                    self.mounted.set()  # wake waiters: they fail; mounts go on (keys change)
+                else:
+                    self.mounted.clear()
                 self._remount_later(refresh=True)
                 continue
             except Exception as exc:
@@ -767,24 +761,15 @@ class Partition(AppendDecisions):
             waiter.set_result(None)
 
     async def wait_mounted(self) -> None:
-        """Wait until appends may flow; AuthenticationError at once while the server
-        refuses this client's credentials (nothing is waiting on the server then: a
-        submission or request waits here only between attempts)."""
+        """Until appends may flow; AuthenticationError while the server refuses this
+        client's credentials (what waits here has nothing in flight)."""
         while True:
             self.check_usable()
             if self.mount.appends_allowed:
                 return
-            if self.refused is not None:
-                raise AuthenticationError(
-                    f"partition {self.id}: the server refused this client: {self.refused}"
-                )
-            mounted = asyncio.ensure_future(self.mounted.wait())
-            refusal = asyncio.ensure_future(self._refusal.wait())
-            try:
-                await asyncio.wait((mounted, refusal), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                mounted.cancel()
-                refusal.cancel()
+            if isinstance(self._unreachable, AuthenticationError):
+                raise AuthenticationError(f"partition {self.id}: refused: {self._unreachable}")
+            await self.mounted.wait()
 
     async def wait_retry(self, wait_for: int | None) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -800,11 +785,8 @@ class Partition(AppendDecisions):
         if state is MountState.UNASSIGNED:
             return f"partition {self.id} had no server assigned"
         if state is MountState.UNMOUNTED:
-            if self._unreachable is not None:
-                return f"partition {self.id} could not be mounted: {self._unreachable}"
-            return (
-                f"partition {self.id} could not be mounted at {endpoint} (unreachable or not ready)"
-            )
+            why = self._unreachable or "unreachable or not ready"
+            return f"partition {self.id} could not be mounted at {endpoint} ({why})"
         if state is MountState.MOUNTING:
             return f"partition {self.id}'s mount at {endpoint} was not answered yet (recovering?)"
         return f"partition {self.id} was mounted at {endpoint}"
