@@ -42,9 +42,11 @@ def chaos(*args: str) -> list[str]:
     return [sys.executable, "-m", "waltz_chaos", *args]
 
 
-def our_mounts() -> list[str]:
+def our_mounts(besides: set[str] | None = None) -> list[str]:
+    """The chaos runs' mounts, less ``besides`` (another run's, made before the test)."""
     with open("/proc/mounts") as mounts:
-        return [line.split()[1] for line in mounts if line.startswith("waltz-chaos-")]
+        found = [line.split()[1] for line in mounts if line.startswith("waltz-chaos-")]
+    return [m for m in found if m not in (besides or set())]
 
 
 def process_state(pid: int) -> str | None:
@@ -63,6 +65,7 @@ def alive(pid: int) -> bool:
 @needs_root
 def test_the_ci_run_finds_no_violation(tmp_path: Path) -> None:
     before = set(leftover_namespaces())
+    mounts_before = set(our_mounts())
     out = tmp_path / "run"
     started = time.monotonic()
     result = subprocess.run(
@@ -96,13 +99,14 @@ def test_the_ci_run_finds_no_violation(tmp_path: Path) -> None:
     page = (out / "report.html").read_text()
     assert "<svg" in page and "OK: no violation" in page
     assert set(leftover_namespaces()) == before
-    assert our_mounts() == []
+    assert our_mounts(mounts_before) == []
     sys.stdout.write(f"\nthe CI chaos run took {wall:.0f} s of wall time\n")
 
 
 @needs_root
 def test_ctrl_c_removes_everything_the_run_made(tmp_path: Path) -> None:
     before = set(leftover_namespaces())
+    mounts_before = set(our_mounts())
     process = subprocess.Popen(
         chaos(
             "--seed",
@@ -144,7 +148,7 @@ def test_ctrl_c_removes_everything_the_run_made(tmp_path: Path) -> None:
             ).stdout.split()
         ]
         assert len(pids) >= 9, pids  # zk, 3 storage nodes, 2 servers, 4 clients (one may be down)
-        assert our_mounts()
+        assert our_mounts(mounts_before)
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=120)
     finally:
@@ -153,7 +157,7 @@ def test_ctrl_c_removes_everything_the_run_made(tmp_path: Path) -> None:
             process.wait()
     assert process.returncode != 0
     assert set(leftover_namespaces()) == before, output[-3000:]
-    assert our_mounts() == []
+    assert our_mounts(mounts_before) == []
     assert [pid for pid in pids if alive(pid)] == []
 
 
