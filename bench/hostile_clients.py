@@ -39,11 +39,9 @@ from waltz_api.cluster import ClusterMetadata, coordination_from_uri
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
-    Transaction,
-    TransactionBuilder,
-    TransactionContext,
-    WaltzClientCallbacks,
 )
+from waltz_client.simple import MemoryMarks as Marks
+from waltz_client.simple import Put
 
 HOSTILE = Path(__file__).parent.parent / "packages/waltz-server/tests/hostile_client.py"
 MIB = 1024 * 1024
@@ -61,30 +59,6 @@ def load_hostile() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-class Marks(WaltzClientCallbacks):
-    def __init__(self) -> None:
-        self.hwm: dict[int, int] = {}
-
-    def client_high_water_mark(self, partition_id: int) -> int:
-        return self.hwm.get(partition_id, -1)
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self.hwm[transaction.partition_id] = transaction.transaction_id
-
-
-class Put(TransactionContext):
-    def __init__(self, data: bytes) -> None:
-        super().__init__()
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return 0
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
 
 
 async def commit_for(client: AsyncWaltzClient, seconds: float, window: int = 16) -> int:

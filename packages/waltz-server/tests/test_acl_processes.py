@@ -51,11 +51,8 @@ from waltz_api.wire import checksum
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
-    Transaction,
-    TransactionBuilder,
-    TransactionContext,
-    WaltzClientCallbacks,
 )
+from waltz_client.simple import MemoryMarks, Put
 from waltz_conformance.servers.etcd import EtcdCluster
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.cluster_admin import ClusterAdmin
@@ -267,31 +264,6 @@ async def cluster(
         await made.close()
 
 
-class Marks(WaltzClientCallbacks):
-    def __init__(self) -> None:
-        self.hwm: dict[int, int] = {}
-
-    def client_high_water_mark(self, partition_id: int) -> int:
-        return self.hwm.get(partition_id, -1)
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self.hwm[transaction.partition_id] = transaction.transaction_id
-
-
-class Put(TransactionContext):
-    def __init__(self, partition: int, data: bytes) -> None:
-        super().__init__()
-        self.partition = partition
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.partition
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
-
-
 def client_of(cluster: Cluster, who: str, partitions: list[int]) -> AsyncWaltzClient:
     config = ClientConfig(
         cluster.uri,
@@ -301,7 +273,7 @@ def client_of(cluster: Cluster, who: str, partitions: list[int]) -> AsyncWaltzCl
         request_timeout=ANSWER,
         transaction_timeout=60,
     )
-    return AsyncWaltzClient(Marks(), config)
+    return AsyncWaltzClient(MemoryMarks(), config)
 
 
 def mount(req: ReqId) -> Message:
@@ -405,7 +377,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
     async with client_of(cluster, "reader", [0]) as reading:
         started = time.monotonic()
         with pytest.raises(PermissionDeniedError) as caught:
-            await reading.submit(Put(0, b"never"))
+            await reading.submit(Put(b"never", 0))
         assert caught.value.partition_id == 0 and caught.value.permission == "write"
         said = str(caught.value)
         assert "partition 0" in said and "write permission" in said
@@ -416,7 +388,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
         assert await reading.high_water_mark(0) == before
     # the writer commits on partition 0, the next id: the refused appends took none
     async with client_of(cluster, "writer", [0]) as writing:
-        result = await writing.submit(Put(0, b"written"))
+        result = await writing.submit(Put(b"written", 0))
         assert result.committed and result.transaction_id == before + 1
 
     # the command line with a key (--transport-option): the writer's append is committed,
@@ -442,7 +414,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
     # a client of a key without read: its mount is refused, every submission fails
     async with client_of(cluster, "writer", [1]) as unmounted:
         with pytest.raises(PermissionDeniedError) as caught:
-            await unmounted.submit(Put(1, b"nowhere"))
+            await unmounted.submit(Put(b"nowhere", 1))
         assert caught.value.partition_id == 1 and caught.value.permission == "read"
         with pytest.raises(PermissionDeniedError):
             await unmounted.range_read(1, 0)
@@ -452,7 +424,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
     # admin: everything on every partition
     async with client_of(cluster, "admin", [0, 1]) as administering:
         for partition in (0, 1):
-            assert (await administering.submit(Put(partition, b"admin"))).committed
+            assert (await administering.submit(Put(b"admin", partition))).committed
         assert await administering.flush(1) >= 0
 
     # a plaintext client is refused by the Curve listener itself, at once
@@ -496,7 +468,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
 
         figures.append(("revoke-feed", await applied_within(partition_failed, "a revocation")))
         with pytest.raises(PermissionDeniedError):
-            await reading.submit(Put(0, b"after revoke"))
+            await reading.submit(Put(b"after revoke", 0))
 
     # disable: every authorized key may do everything again
     done = waltz_cli("acl", "disable", uri=uri)

@@ -40,12 +40,12 @@ from waltz_api.wire import checksum
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
-    Transaction,
     TransactionBuilder,
     TransactionContext,
     TransactionTooLargeError,
-    WaltzClientCallbacks,
 )
+from waltz_client.simple import MemoryMarks as Marks
+from waltz_client.simple import Put
 from waltz_server.server.testing import RawClient
 from waltz_transport_zmq import ZmqTransport
 from waltz_transport_zmq import protocol as zmq_protocol
@@ -65,30 +65,6 @@ assert _spec is not None and _spec.loader is not None
 hostile = importlib.util.module_from_spec(_spec)
 sys.modules["hostile_client"] = hostile
 _spec.loader.exec_module(hostile)
-
-
-class Marks(WaltzClientCallbacks):
-    def __init__(self) -> None:
-        self.hwm: dict[int, int] = {}
-
-    def client_high_water_mark(self, partition_id: int) -> int:
-        return self.hwm.get(partition_id, -1)
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self.hwm[transaction.partition_id] = transaction.transaction_id
-
-
-class Put(TransactionContext):
-    def __init__(self, data: bytes) -> None:
-        super().__init__()
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return 0
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
 
 
 @dataclass

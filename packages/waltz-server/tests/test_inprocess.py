@@ -12,46 +12,18 @@ from waltz_api.types import Record
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
-    Transaction,
-    TransactionBuilder,
-    TransactionContext,
-    WaltzClientCallbacks,
 )
+from waltz_client.simple import MemoryMarks, Put
 from waltz_conformance.reference.storage import forget
 from waltz_server.inprocess import InProcessCluster
 
 pytestmark = pytest.mark.timeout(120)
 
 
-class _Seen(WaltzClientCallbacks):
-    def __init__(self) -> None:
-        self.marks: dict[int, int] = {}
-
-    def client_high_water_mark(self, partition_id: int) -> int:
-        return self.marks.get(partition_id, -1)
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self.marks[transaction.partition_id] = transaction.transaction_id
-
-
-class _Put(TransactionContext):
-    def __init__(self, partition: int, data: bytes) -> None:
-        super().__init__()
-        self.partition = partition
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.partition
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
-
-
 async def _put(cluster: InProcessCluster, items: list[tuple[int, bytes]]) -> list[int]:
     config = ClientConfig(cluster.coordination_uri, transport=cluster.transport)
-    async with AsyncWaltzClient(_Seen(), config) as client:
-        return [(await client.submit(_Put(p, data))).transaction_id for p, data in items]
+    async with AsyncWaltzClient(MemoryMarks(), config) as client:
+        return [(await client.submit(Put(data, p))).transaction_id for p, data in items]
 
 
 async def _stored(cluster: InProcessCluster, partition: int) -> list[Record]:

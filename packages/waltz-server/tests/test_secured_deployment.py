@@ -34,10 +34,8 @@ from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
     Transaction,
-    TransactionBuilder,
-    TransactionContext,
-    WaltzClientCallbacks,
 )
+from waltz_client.simple import MemoryMarks, Put
 from waltz_conformance.servers.certs import TestPKI
 from waltz_conformance.servers.etcd import EtcdAuth, EtcdCluster, EtcdTls
 from waltz_conformance.servers.zookeeper import ZooKeeperServer, ZooKeeperTls
@@ -144,30 +142,14 @@ def waltz(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
-class Marks(WaltzClientCallbacks):
+class Marks(MemoryMarks):
     def __init__(self) -> None:
+        super().__init__()
         self.applied: list[bytes] = []
-        self.hwm: dict[int, int] = {}
-
-    def client_high_water_mark(self, partition_id: int) -> int:
-        return self.hwm.get(partition_id, -1)
 
     def apply_transaction(self, transaction: Transaction) -> None:
-        self.hwm[transaction.partition_id] = transaction.transaction_id
+        super().apply_transaction(transaction)
         self.applied.append(transaction.get_data())
-
-
-class Put(TransactionContext):
-    def __init__(self, data: bytes) -> None:
-        super().__init__()
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return 0
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
 
 
 def log_lines(path: Path, says: str) -> list[str]:
