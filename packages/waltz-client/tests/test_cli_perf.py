@@ -376,3 +376,44 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     zero = waltz("perf", "producers", "--coordination", idle, "-n", "0")
     assert zero.returncode == 2 and "--transactions" in zero.stderr
     assert waltz("perf", "producers", "--help").returncode == 0
+
+
+STUBBORN_RUN = """
+import asyncio, sys
+from waltz_client.cli import perf
+
+perf.INTERRUPT_GRACE = 1.0
+
+async def work(meter):
+    print("running", flush=True)
+    while True:  # a run that never gives up (every cancellation lost)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+perf._run_with_meter(work, False, [], "committed")
+"""
+
+
+def test_ctrl_c_ends_even_a_run_that_will_not_stop() -> None:
+    """Ctrl-C stops `waltz perf` whatever the load: a run that loses every cancellation
+    (or a close that hangs) is ended after INTERRUPT_GRACE with the same one line."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", STUBBORN_RUN],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "running\n"
+        child.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, err = child.communicate(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+    assert child.returncode == 130, err
+    assert err.startswith("interrupted: 0 transactions committed") and err.count("\n") == 1
+    assert 0.9 < took < 60

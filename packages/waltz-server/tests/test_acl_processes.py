@@ -222,7 +222,13 @@ def the_grant_it_names(refusal: str) -> list[str]:
     return words[1:]
 
 
-def waltz_cli(*args: str, uri: str) -> subprocess.CompletedProcess[str]:
+async def waltz_cli(*args: str, uri: str) -> subprocess.CompletedProcess[str]:
+    """The command in a thread: the test's event loop keeps running meanwhile (its
+    coordination session's keep-alives; a blocked loop lost an etcd lease under load)."""
+    return await asyncio.to_thread(_waltz_cli, *args, uri=uri)
+
+
+def _waltz_cli(*args: str, uri: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WALTZ_COORDINATION": uri}
     return subprocess.run(
         [sys.executable, "-m", "waltz_cli", *args],
@@ -321,7 +327,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
         ("admin", "all", "admin"),
     ]
     for who, partition, permission in grants:
-        done = waltz_cli(
+        done = await waltz_cli(
             "acl", "grant", "--key", str(cluster.keys[who].public_file), "--partition",
             partition, "--permission", permission, uri=uri,
         )  # fmt: skip
@@ -329,7 +335,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
         assert f"({who}) now holds" in done.stdout and "not enforced" in done.stdout
     # not enforced yet: the stranger still appends
     assert isinstance(await cluster.ask(stranger, append(b"prepared"), 0), FeedData)
-    done = waltz_cli("acl", "enable", uri=uri)
+    done = await waltz_cli("acl", "enable", uri=uri)
     assert done.returncode == 0, done.stderr
     mounted_stranger = stranger
 
@@ -396,18 +402,18 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
     def key_options(who: str) -> list[str]:
         return [f"--transport-option={k}={v}" for k, v in cluster.options(who).items()]
 
-    done = waltz_cli(
+    done = await waltz_cli(
         "client", "append", "--partition", "0", "--data", "from-cli", *key_options("writer"),
         uri=uri,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert f"appended transaction {before + 2} to partition 0" in done.stdout, done.stdout
-    done = waltz_cli(
+    done = await waltz_cli(
         "client", "append", "--partition", "0", "--data", "refused", *key_options("reader"),
         uri=uri,
     )  # fmt: skip
     assert done.returncode != 0 and "write permission" in done.stderr, done.stderr
-    done = waltz_cli(
+    done = await waltz_cli(
         "client", "high-water-mark", "--partition", "0", *key_options("reader"), uri=uri
     )
     assert done.returncode == 0 and done.stdout.strip() == str(before + 2), done.stderr
@@ -440,7 +446,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
     # changes on the running server: the grant a refusal names, run as it is written
     refused = await cluster.ask(stranger, HighWaterMarkRequest, 1)
     assert denied(refused, "read", 1), refused
-    done = waltz_cli(*the_grant_it_names(refused.message), uri=uri)  # type: ignore[attr-defined]
+    done = await waltz_cli(*the_grant_it_names(refused.message), uri=uri)  # type: ignore[attr-defined]
     assert done.returncode == 0, done.stderr
     assert f"key {cluster.key('stranger')} now holds 1: read" in done.stdout, done.stdout
 
@@ -471,7 +477,7 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
             await reading.submit(Put(b"after revoke", 0))
 
     # disable: every authorized key may do everything again
-    done = waltz_cli("acl", "disable", uri=uri)
+    done = await waltz_cli("acl", "disable", uri=uri)
     assert done.returncode == 0, done.stderr
 
     async def stranger_mounts() -> bool:

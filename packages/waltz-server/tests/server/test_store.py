@@ -470,10 +470,17 @@ async def test_replicas_failing_one_at_a_time_never_stop_the_session(cluster: Cl
 
         async def chaos() -> None:
             for _ in range(6):
-                victim = cluster.nodes[rng.choice(NODES)]
+                name = rng.choice(NODES)
+                victim = cluster.nodes[name]
                 victim.crash()
                 await asyncio.sleep(rng.uniform(0.005, 0.02))
                 victim.restart()
+                # one at a time: the next crash waits for this replica to be writing again
+                # (on a loaded machine its reconnection can take longer than the pause)
+                await wait_until(
+                    lambda name=name: name in session.writable_replicas,
+                    f"replica {name} writes again",
+                )
                 await asyncio.sleep(rng.uniform(0.005, 0.02))
 
         await asyncio.wait_for(asyncio.gather(writer(), chaos()), TIMEOUT)

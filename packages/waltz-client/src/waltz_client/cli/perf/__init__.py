@@ -10,6 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -143,27 +147,69 @@ def perf_group() -> None:
     """Load a running cluster and measure it (progress bar on stderr, summary on stdout)."""
 
 
+INTERRUPT_GRACE = 15.0
+"""After Ctrl-C, how long the run may take to stop cleanly (cancel the submissions,
+close the clients) before the process exits anyway."""
+
+
 def _run_with_meter(
     work: Callable[[Meter], Awaitable[dict[str, Any]]],
     progress: bool,
     tallies: list[Any],
     what: str,
 ) -> Any:
-    """Run ``work``; on Ctrl-C say how far it got (``tallies``) and exit 130."""
+    """Run ``work``; on Ctrl-C say how far it got (``tallies``) and exit 130.
+
+    Ctrl-C cancels the run (again every second: a cancellation can be lost), and if it
+    has not stopped within ``INTERRUPT_GRACE`` seconds (a machine so loaded that closing
+    the clients takes that long) the process says how far it got and exits anyway."""
     engine = _engine()
+    interrupted = threading.Event()
 
-    async def main() -> dict[str, Any]:
-        with engine.Meter(progress) as meter:
-            return await work(meter)
-
-    try:
-        return asyncio.run(main())
-    except KeyboardInterrupt:
+    def report() -> str:
         done = sum(t.done for t in tallies)
         starts = [t.started for t in tallies if t.started is not None]
         elapsed = time.monotonic() - min(starts) if starts else 0.0
         rate = f", {done / elapsed:,.0f} tx/s" if elapsed > 0 else ""
-        click.echo(f"interrupted: {done:,} transactions {what} in {elapsed:.2f} s{rate}", err=True)
+        return f"interrupted: {done:,} transactions {what} in {elapsed:.2f} s{rate}"
+
+    def give_up() -> None:
+        sys.stderr.write(report() + "\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        assert me is not None
+
+        def cancel_again() -> None:
+            if not me.done():
+                me.cancel()
+                loop.call_later(1.0, cancel_again)
+
+        def on_sigint() -> None:
+            if interrupted.is_set():
+                return
+            interrupted.set()
+            watchdog = threading.Timer(INTERRUPT_GRACE, give_up)
+            watchdog.daemon = True
+            watchdog.start()
+            cancel_again()
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            with engine.Meter(progress) as meter:
+                return await work(meter)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    try:
+        return asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        if not interrupted.is_set() and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            raise
+        click.echo(report(), err=True)
         raise SystemExit(130) from None
 
 
