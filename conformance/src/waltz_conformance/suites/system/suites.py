@@ -351,6 +351,12 @@ class SystemSuite(LockingSuite, LivenessSuite):
         ]
         for round_ in range(2):
             old_session = await harness.session_id(0)
+
+            # the owner notices the storage nodes left (at its next idle probe): wait
+            async def new_session(old_session: int = old_session) -> bool:
+                return await harness.session_id(0) > old_session
+
+            waiting = f"a store session of partition 0 after {old_session}"
             if round_ == 0:  # a new owner's recovery
                 try:
                     await harness.kill_owner(0)
@@ -361,16 +367,13 @@ class SystemSuite(LockingSuite, LivenessSuite):
             else:  # the same owner's recovery, forced by the quorum of storage leaving
                 await harness.kill_storage_node(1)
                 await harness.kill_storage_node(2)
+                # both stay down until the owner has seen the quorum go (its session ends and
+                # it begins the next): a replica that came back first would rejoin the running
+                # session, which a minority fault never ends
+                await wait_for(new_session, TIMEOUT, waiting)
                 await start_all([harness.storage[1], harness.storage[2]])
             assert [await read_log(harness, p) for p in partitions] == committed
-
-            # the owner notices the storage nodes left (at its next idle probe): wait
-            async def new_session(old_session: int = old_session) -> bool:
-                return await harness.session_id(0) > old_session
-
-            await wait_for(
-                new_session, TIMEOUT, f"a store session of partition 0 after {old_session}"
-            )
+            await wait_for(new_session, TIMEOUT, waiting)
             for p in partitions:
                 assert [
                     await harness.replica_log(i, p) for i in range(harness.num_storage_nodes)
