@@ -112,7 +112,7 @@ def test_ctrl_c_removes_everything_the_run_made(tmp_path: Path) -> None:
             "--seed",
             "2",
             "--duration",
-            "60",
+            "600",  # never over before the Ctrl-C, however slow the machine
             "--network",
             "namespaces",
             "--out",
@@ -149,6 +149,7 @@ def test_ctrl_c_removes_everything_the_run_made(tmp_path: Path) -> None:
         ]
         assert len(pids) >= 9, pids  # zk, 3 storage nodes, 2 servers, 4 clients (one may be down)
         assert our_mounts(mounts_before)
+        assert process.poll() is None, "the run ended before the Ctrl-C"
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=120)
     finally:
