@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from waltz_api.cluster import coordination_from_uri
 from waltz_api.config import config_from_mapping
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_ports
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.config import ServerNodeConfig
 from waltz_server.server.main import RunningServer, start_server
@@ -32,18 +32,6 @@ from waltz_server.storage_node import StorageNode
 from waltz_storage_fs.engine import FsStorageEngine
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.system]
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @dataclass

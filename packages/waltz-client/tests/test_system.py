@@ -9,7 +9,6 @@ run in the test process, except the application process of the kill -9 scenario.
 
 from __future__ import annotations
 
-import socket
 import tomllib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +23,7 @@ from scenarios import Target
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
@@ -44,13 +44,6 @@ PARTITIONS = {
     "server-term": 4,
     "counter-server-kill": 5,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
