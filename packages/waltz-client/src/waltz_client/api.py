@@ -36,6 +36,9 @@ version, ReqId, high-water mark, lock counts, header, data length, checksum."""
 
 T = TypeVar("T")
 
+_NO_LOCKS = LockRequest()
+"""The lock request of a transaction without locks (immutable: one for all of them)."""
+
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
@@ -150,7 +153,8 @@ class TransactionBuilder:
         return tuple(self._locks)
 
     def lock_request(self) -> LockRequest:
-        return LockRequest.from_locks(self._locks)
+        locks = self._locks
+        return LockRequest.from_locks(locks) if locks else _NO_LOCKS
 
     @property
     def wire_size(self) -> int:

@@ -68,6 +68,7 @@ from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_api.wire import checksum
 from waltz_client.api import (
     SubmissionResult,
+    Transaction,
     TransactionBuilder,
     TransactionContext,
     WaltzClientCallbacks,
@@ -99,8 +100,17 @@ class _Expired(WaltzError):
     """Internal: the deadline passed; the message says what the submission was doing."""
 
 
+_NO_OP_ON_COMPLETION = TransactionContext.on_completion
+"""The default hook, which does nothing (not called: a call per submission saved)."""
+
 _Built = tuple[TransactionBuilder, bool]
 """A context's builder, and whether ``execute`` wants it sent."""
+
+_Build = tuple[TransactionContext, int, "asyncio.Future[Any]", TransactionBuilder | None]
+"""A build waiting for the callback thread: its context, partition and outcome future,
+and its builder when the high-water mark was read on the loop already (then only
+``execute`` runs there, and the future gets what it returned; else the future gets the
+:data:`_Built`)."""
 
 
 def _checked_builder(context: TransactionContext, p: int, hwm: object) -> TransactionBuilder:
@@ -110,16 +120,13 @@ def _checked_builder(context: TransactionContext, p: int, hwm: object) -> Transa
     return TransactionBuilder(p, hwm)
 
 
-def _deliver_builds(
-    outcomes: list[tuple[asyncio.Future[_Built], _Built | None, BaseException | None]],
-) -> None:
+def _deliver_builds(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     for future, built, exc in outcomes:
         if future.done():
             continue
         if exc is not None:
             future.set_exception(exc)
         else:
-            assert built is not None
             future.set_result(built)
 
 
@@ -164,7 +171,11 @@ class AsyncWaltzClient:
         self.apply_is_async = inspect.iscoroutinefunction(callbacks.apply_transaction)
         self._async_functions: dict[object, bool] = {}
         """function -> is it a coroutine function (``execute`` of each context class)."""
-        self._builds: list[tuple[TransactionContext, int, asyncio.Future[_Built]]] = []
+        self._context_types: set[type] = set()
+        """The classes of the contexts submitted so far (all TransactionContexts)."""
+        self._submit_names: dict[int, str] = {}
+        """partition id -> the name of its submission tasks."""
+        self._builds: list[_Build] = []
         """Builds waiting for the callback thread (taken there in one hop)."""
         self.client_id = -1
         self.num_partitions = 0
@@ -307,8 +318,13 @@ class AsyncWaltzClient:
     # -- submissions -------------------------------------------------------------------------------
 
     def _partition_of(self, context: TransactionContext) -> Partition:
-        if not isinstance(context, TransactionContext):
-            raise ClientError(f"submit() takes a TransactionContext, got {type(context).__name__}")
+        kind = type(context)
+        if kind not in self._context_types:  # (an ABC's isinstance is a Python call)
+            if not isinstance(context, TransactionContext):
+                raise ClientError(f"submit() takes a TransactionContext, got {kind.__name__}")
+            if len(self._context_types) > 1000:  # contexts of ever new classes
+                self._context_types.clear()
+            self._context_types.add(kind)
         if not self._started or self.closing:
             raise ClientError("the Waltz client is not running (not started, or closed)")
         p = context.partition_id(self.num_partitions)
@@ -331,9 +347,10 @@ class AsyncWaltzClient:
         gives up the submission and its slot (an append already sent may still commit;
         the feed then delivers it like any other transaction)."""
         partition = await self._slot(context)
-        return asyncio.get_running_loop().create_task(
-            self._run(partition, context), name=f"waltz-submit-{partition.id}"
-        )
+        name = self._submit_names.get(partition.id)
+        if name is None:
+            name = self._submit_names[partition.id] = f"waltz-submit-{partition.id}"
+        return asyncio.get_running_loop().create_task(self._run(partition, context), name=name)
 
     async def submit(self, context: TransactionContext) -> SubmissionResult:
         """Execute ``context`` until its outcome is known: a :class:`SubmissionResult`,
@@ -350,6 +367,8 @@ class AsyncWaltzClient:
     async def _slot(self, context: TransactionContext) -> Partition:
         partition = self._partition_of(context)
         partition.check_usable()
+        if partition.limit.try_acquire_free():
+            return partition  # a free slot, taken without waiting: nothing changed meanwhile
         await partition.acquire_slot()
         try:
             partition.check_usable()
@@ -378,16 +397,18 @@ class AsyncWaltzClient:
                 if not go:
                     call_hook(context.on_completion, False)
                     return SubmissionResult(False, p, NO_TRANSACTION, context.attempts)
-                builder.check_size(self.transport.max_frame_size)  # before anything is sent
+                size = builder.wire_size  # checked before anything is sent
+                if size > self.transport.max_frame_size:
+                    builder.check_size(self.transport.max_frame_size)
                 channel = partition.channel
                 if not partition.mount.appends_allowed or channel is None:
                     continue  # a mount started while executing: build again after it
-                if channel.max_frame_size < self.transport.max_frame_size:
+                if size > channel.max_frame_size:  # below the transport's: the server's
                     builder.check_size(channel.max_frame_size, "the server's")
                 req_id = self._next_req_id(p, partition.mount.generation)
                 data = builder.data
                 outcome = partition.register(req_id, context, data, deadline)
-                with contextlib.suppress(ChannelLost):  # the next mount fails it; then a retry
+                try:  # noqa: SIM105 (no context manager object per submission)
                     await channel.send_stream(
                         AppendRequest(
                             req_id,
@@ -398,12 +419,16 @@ class AsyncWaltzClient:
                             checksum(data),
                         )
                     )
+                except ChannelLost:
+                    pass  # the next mount fails it; then a retry
                 resolution = await outcome
                 if resolution.outcome is Outcome.COMMITTED:
                     transaction_id = resolution.transaction_id
                     if transaction_id > partition.committed_top:
                         partition.committed_top = transaction_id
-                    call_hook(context.on_completion, True)
+                    hook = context.on_completion
+                    if getattr(hook, "__func__", None) is not _NO_OP_ON_COMPLETION:
+                        call_hook(hook, True)
                     return SubmissionResult(True, p, transaction_id, context.attempts)
                 await self._before_retry(partition, context, resolution, deadline)
         except _Expired as expired:
@@ -486,19 +511,37 @@ class AsyncWaltzClient:
     async def _build(self, context: TransactionContext, p: int) -> _Built:
         """Read the client high-water mark and execute the context. When both are plain
         methods they run together on the callback thread, so an apply never runs in
-        between; the builds waiting at the same time go there in one hop."""
+        between; the builds waiting at the same time go there in one hop (a plain
+        ``execute`` after an async high-water mark too)."""
         execute = context.execute
-        if self.hwm_is_async or self._is_async(execute):
+        if self.hwm_is_async:
+            hwm = await self.callbacks.client_high_water_mark(p)  # type: ignore[misc]
+            builder = _checked_builder(context, p, hwm)
+            if self._is_async(execute):
+                return builder, bool(await execute(builder))  # type: ignore[misc]
+            value = await self._queue_build(context, p, builder)
+            if inspect.isawaitable(value):
+                value = await value
+            return builder, bool(value)
+        if self._is_async(execute):
             builder = _checked_builder(
                 context, p, await self._call_callback(self.callbacks.client_high_water_mark, p)
             )
-            return builder, bool(await self._call_callback(execute, builder))
-        assert self._loop is not None
-        future: asyncio.Future[_Built] = self._loop.create_future()
+            return builder, bool(await execute(builder))  # type: ignore[misc]
+        built: _Built = await self._queue_build(context, p, None)
+        return built
+
+    def _queue_build(
+        self, context: TransactionContext, p: int, builder: TransactionBuilder | None
+    ) -> asyncio.Future[Any]:
+        """A build for the callback thread, sent there with the others of this loop turn."""
+        loop = self._loop
+        assert loop is not None
+        future: asyncio.Future[Any] = loop.create_future()
         if not self._builds:
-            self._loop.call_soon(self._send_builds)  # once this turn's builds have joined
-        self._builds.append((context, p, future))
-        return await future
+            loop.call_soon(self._send_builds)  # once this turn's builds have joined
+        self._builds.append((context, p, future, builder))
+        return future
 
     def _send_builds(self) -> None:
         builds, self._builds = self._builds, []
@@ -506,23 +549,24 @@ class AsyncWaltzClient:
         try:
             self._executor.submit(self._run_builds, builds)
         except RuntimeError as exc:  # the executor is shut down: the client is closing
-            for _, _, future in builds:
+            for _, _, future, _ in builds:
                 if not future.done():
                     future.set_exception(ClientError(f"the Waltz client is closed ({exc})"))
 
-    def _run_builds(
-        self, builds: list[tuple[TransactionContext, int, asyncio.Future[_Built]]]
-    ) -> None:
-        """On the callback thread: each build's high-water mark read and execute, in
-        order; the outcomes go back to the loop in one call."""
+    def _run_builds(self, builds: list[_Build]) -> None:
+        """On the callback thread: each build's high-water mark read (unless it was read
+        already) and execute, in order; the outcomes go back to the loop in one call."""
         read_hwm = self.callbacks.client_high_water_mark
-        outcomes: list[tuple[asyncio.Future[_Built], _Built | None, BaseException | None]] = []
-        for context, p, future in builds:
+        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        for context, p, future, builder in builds:
             if future.done():
                 continue  # the submission was cancelled meanwhile
             try:
-                builder = _checked_builder(context, p, read_hwm(p))
-                outcomes.append((future, (builder, bool(context.execute(builder))), None))
+                if builder is None:
+                    built = _checked_builder(context, p, read_hwm(p))
+                    outcomes.append((future, (built, bool(context.execute(built))), None))
+                else:
+                    outcomes.append((future, context.execute(builder), None))
             except BaseException as exc:
                 outcomes.append((future, None, exc))
         assert self._loop is not None
@@ -764,6 +808,14 @@ class AsyncWaltzClient:
             value = await value
         done: R = value
         return done
+
+    def _apply(self, transaction: Transaction) -> Awaitable[None]:
+        """``apply_transaction(transaction)``, to await: the callback's own coroutine when
+        it is an ``async def`` (no frame in between), else its run on the callback thread."""
+        apply = self.callbacks.apply_transaction
+        if self.apply_is_async:
+            return apply(transaction)  # type: ignore[return-value]
+        return self._call_callback(apply, transaction)
 
     def _blocking_fetch(self, partition_id: int, transaction_id: int) -> bytes:
         if threading.get_ident() == self._loop_thread:

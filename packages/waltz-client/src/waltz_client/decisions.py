@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_NO_OP_ON_APPLICATION = TransactionContext.on_application
+"""The default hook, which does nothing (not called: a call per transaction saved)."""
+
 
 @dataclass(slots=True)
 class SentAppend:
@@ -88,7 +91,9 @@ class AppendDecisions:
             if append.outcome.done():
                 continue
             if resolution.outcome is Outcome.COMMITTED and applied:
-                call_hook(append.context.on_application, resolution.transaction_id)
+                hook = append.context.on_application
+                if getattr(hook, "__func__", None) is not _NO_OP_ON_APPLICATION:
+                    call_hook(hook, resolution.transaction_id)
             append.outcome.set_result(resolution)
 
     def register(

@@ -43,7 +43,7 @@ from waltz_api.messages import (
 )
 from waltz_api.types import NO_TRANSACTION, ReqId
 from waltz_client.api import Transaction
-from waltz_client.channel import Channel, ChannelLost
+from waltz_client.channel import Channel, ChannelLost, Inbox
 from waltz_client.decisions import AppendDecisions, SentAppend
 from waltz_client.errors import PoisonTransactionError, access_denied
 from waltz_client.state import (
@@ -103,7 +103,7 @@ class Partition(AppendDecisions):
         """The monitor's flush mark when the running decision flush started (it covers
         every append registered up to it)."""
         self.channel: Channel | None = None
-        self.inbox: asyncio.Queue[tuple[Channel, Message]] = asyncio.Queue(_INBOX_SIZE)
+        self.inbox: Inbox[tuple[Channel, Message]] = Inbox(_INBOX_SIZE)
         self.mounted = asyncio.Event()
         self.need_mount = asyncio.Event()
         self._position_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
@@ -565,7 +565,7 @@ class Partition(AppendDecisions):
                 blocking=client._blocking_fetch,
             )
             try:
-                await client._call_callback(client.callbacks.apply_transaction, transaction)
+                await client._apply(transaction)
             except Exception as exc:
                 self._resolve(resolutions, applied=False)
                 if not await self._apply_failed(transaction, exc):

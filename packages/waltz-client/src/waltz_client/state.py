@@ -100,10 +100,11 @@ class TransactionMonitor:
 
     def register(self, req_id: ReqId) -> None:
         """Record an append about to be sent."""
-        if req_id in self._pending:
+        order = self._order + 1
+        # one lookup: a registered req_id keeps its own (earlier) order
+        if self._pending.setdefault(req_id, order) != order:
             raise ClientError(f"request {req_id} is registered already (req ids must be unique)")
-        self._order += 1
-        self._pending[req_id] = self._order
+        self._order = order
 
     def order_of(self, req_id: ReqId) -> int | None:
         """The registration order of a pending append (None: decided)."""
@@ -115,13 +116,14 @@ class TransactionMonitor:
 
     def on_feed(self, req_id: ReqId, transaction_id: int) -> list[Resolution]:
         """A committed transaction: resolves it and every older pending append."""
-        if req_id not in self._pending:
+        pending = self._pending
+        order = pending.get(req_id)
+        if order is None:
             return []
         resolved: list[Resolution] = []
-        pending = self._pending
         while pending:
-            oldest, _ = pending.popitem(last=False)
-            if oldest == req_id:
+            oldest, oldest_order = pending.popitem(last=False)
+            if oldest_order == order:  # orders are unique: it is req_id
                 resolved.append(Resolution(oldest, Outcome.COMMITTED, transaction_id))
                 break
             resolved.append(
