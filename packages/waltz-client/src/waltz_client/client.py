@@ -520,7 +520,7 @@ class AsyncWaltzClient:
             if self._is_async(execute):
                 return builder, bool(await execute(builder))  # type: ignore[misc]
             value = await self._queue_build(context, p, builder)
-            if inspect.isawaitable(value):
+            if type(value) is not bool and inspect.isawaitable(value):  # (an ABC check)
                 value = await value
             return builder, bool(value)
         if self._is_async(execute):
