@@ -76,11 +76,13 @@ class AppendDecisions:
     def _decided(self, resolutions: list[Resolution]) -> list[Resolution]:
         """The feed carried appends of ours: their data goes into the client's cache
         (an application reading it is not sent to the server for what it just sent)."""
+        client = self.client
         for resolution in resolutions:
             if resolution.outcome is Outcome.COMMITTED:
                 append = self.appends.get(resolution.req_id)
                 if append is not None:
-                    self.client._cache_put(self.id, resolution.transaction_id, append.data)
+                    with client._cache_lock:  # (AsyncWaltzClient._cache_put, inlined)
+                        client.cache.put((self.id, resolution.transaction_id), append.data)
         return resolutions
 
     def _resolve(self, resolutions: list[Resolution], *, applied: bool = False) -> None:

@@ -221,7 +221,7 @@ class FeedTracker:
         return self._position
 
     def classify(self, transaction_id: int) -> FeedAction:
-        position = self.position
+        position = NO_TRANSACTION if self._position is None else self._position
         if transaction_id <= position:
             return FeedAction.DUPLICATE
         if transaction_id > position + 1:
@@ -229,7 +229,8 @@ class FeedTracker:
         return FeedAction.APPLY if transaction_id > self._floor else FeedAction.SKIP
 
     def advance(self, transaction_id: int) -> None:
-        if transaction_id != self.position + 1:
+        position = NO_TRANSACTION if self._position is None else self._position
+        if transaction_id != position + 1:
             raise ClientError(
                 f"feed position {self.position} cannot advance to {transaction_id}: "
                 "transactions are processed in order"
