@@ -476,10 +476,15 @@ async def test_replicas_failing_one_at_a_time_never_stop_the_session(cluster: Cl
                 await asyncio.sleep(rng.uniform(0.005, 0.02))
                 victim.restart()
                 # one at a time: the next crash waits for this replica to be writing again
-                # (on a loaded machine its reconnection can take longer than the pause)
+                # on a connection made after the restart (on a loaded machine its
+                # reconnection can take longer than the pause; and until the session
+                # next writes to it, a crashed replica still counts as a writer on its
+                # broken connection: crashing the next one then would take two at once)
                 await wait_until(
-                    lambda name=name: name in session.writable_replicas,
-                    f"replica {name} writes again",
+                    lambda name=name, victim=victim: (
+                        bool(victim.connections) and name in session.writable_replicas
+                    ),
+                    f"replica {name} writes again on a new connection",
                 )
                 await asyncio.sleep(rng.uniform(0.005, 0.02))
 
