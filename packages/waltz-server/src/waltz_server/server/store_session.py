@@ -152,7 +152,9 @@ class StoreSession:
         self._error: BaseException | None = None
         self._opened = asyncio.Event()
         self._done = asyncio.Event()
-        self._progress = asyncio.Event()
+        self._sleepers: list[asyncio.Future[bool]] = []
+        """Tasks waiting for the session to change: one future each, resolved (False) by
+        the next :meth:`_wake`, or (True) by the waiter's own timeout."""
         self.checkpoint_reached = False
 
     # -- life cycle ------------------------------------------------------------------
@@ -288,16 +290,42 @@ class StoreSession:
     def _wake(self) -> None:
         """Something changed (records appended, committed, a replica joined or left):
         every task waiting on the session looks again."""
-        self._progress.set()
-        self._progress = asyncio.Event()
+        sleepers = self._sleepers
+        if sleepers:
+            self._sleepers = []
+            for sleeper in sleepers:
+                if not sleeper.done():
+                    sleeper.set_result(False)
+
+    async def _sleep(
+        self, timeout: float | None = None, also: asyncio.Future[Any] | None = None
+    ) -> bool:
+        """Until the next :meth:`_wake` (or ``also`` is done): False; True when
+        ``timeout`` seconds passed first. One plain future per wait, no Event, no task."""
+        loop = asyncio.get_running_loop()
+        sleeper: asyncio.Future[bool] = loop.create_future()
+        self._sleepers.append(sleeper)
+        timer = None
+        if timeout is not None:
+            timer = loop.call_later(max(timeout, 0.0), _time_out, sleeper)
+        wake = None
+        if also is not None:
+            wake = functools.partial(_wake_sleeper, sleeper)
+            also.add_done_callback(wake)
+        try:
+            return await sleeper
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if also is not None and wake is not None:
+                also.remove_done_callback(wake)
+            if sleeper.cancelled() or sleeper.result() or (also is not None and also.done()):
+                # perhaps not woken by _wake (which takes the list): no longer waiting
+                with contextlib.suppress(ValueError):
+                    self._sleepers.remove(sleeper)
 
     async def _wait_progress(self, timeout: float | None = None) -> None:
-        event = self._progress
-        if timeout is None:
-            await event.wait()
-        else:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), max(timeout, 0.0))
+        await self._sleep(timeout)
 
     # -- appends ------------------------------------------------------------------------
 
@@ -661,18 +689,11 @@ class StoreSession:
     ) -> None:
         """Nothing to send now: wait for the oldest batch's acknowledgement, or for new
         records (or progress of the others); an idle replica is probed."""
-        event = self._progress
         if inflight:
-            woken = asyncio.ensure_future(event.wait())
-            waiting: set[asyncio.Future[Any]] = {inflight[0][1], woken}
-            try:
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
+            if not inflight[0][1].done():
+                await self._sleep(also=inflight[0][1])
             return
-        try:
-            await asyncio.wait_for(event.wait(), self._config.idle_probe_interval)
-        except TimeoutError:
+        if await self._sleep(self._config.idle_probe_interval):
             replication = self._replication
             progress = replication.progress(node) if replication is not None else None
             if progress is not None and progress.sent + 1 >= self.next_transaction_id:
@@ -786,6 +807,16 @@ class StoreSession:
         if self._on_commit is not None:
             self._on_commit(high_water_mark, committed.records)
         self._wake()
+
+
+def _time_out(sleeper: asyncio.Future[bool]) -> None:
+    if not sleeper.done():
+        sleeper.set_result(True)
+
+
+def _wake_sleeper(sleeper: asyncio.Future[bool], _: asyncio.Future[Any]) -> None:
+    if not sleeper.done():
+        sleeper.set_result(False)
 
 
 async def _read_records(
