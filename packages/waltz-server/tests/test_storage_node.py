@@ -491,6 +491,50 @@ async def test_raw_responses_match_requests_by_seq_num(fx: NodeFixture) -> None:
     assert b == MaxTransactionIdResponse(1, 1001, 3, 0)
 
 
+async def test_start_append_posts_at_once_and_settles_like_append(fx: NodeFixture) -> None:
+    """The store session's append: posted before it returns (so in order), a future of
+    None on success, the FailureResponse's error otherwise, StorageError after its
+    timeout, the connection's error once it failed; nothing is left pending."""
+    c = await fx.client()
+    p = 3
+    records = make_records(0, 50, partition_id=p)
+    futures = [c.start_append(1, p, [r]) for r in records]
+    assert await asyncio.gather(*futures) == [None] * 50
+    assert await c.records(1, p, 0, 100) == records
+    # a newer session fences this one: the future raises what append raises
+    await (await fx.client()).last_session_info(2, p)
+    with pytest.raises(SessionFencedError) as fenced:
+        await c.start_append(1, p, [make_record(50, partition_id=p)])
+    assert fenced.value.highest_session_id == 2
+    with pytest.raises(StorageAppendError):  # a gap: refused, nothing stored
+        await c.start_append(2, p, [make_record(60, partition_id=p)])
+    assert not c._pending and not c._started
+    # no response in time: StorageError, and the late response is dropped quietly
+    worker = fx.node.worker_of(p) if fx.node is not None else None
+    assert worker is not None
+    gate = asyncio.Event()
+    blocked = asyncio.ensure_future(worker.run_in_order(gate.wait))
+    late = c.start_append(2, p, [make_record(50, partition_id=p)], timeout=0.05)
+    with pytest.raises(StorageError, match="no response"):
+        await late
+    gate.set()
+    await blocked
+    assert await c.max_transaction_id(2, p) == 50
+    assert not c._pending and not c._started
+    # the connection fails: pending ones fail with it, later ones at once
+    gate = asyncio.Event()
+    blocked = asyncio.ensure_future(worker.run_in_order(gate.wait))
+    pending = c.start_append(2, p, [make_record(51, partition_id=p)])
+    await c.close()
+    with pytest.raises(ConnectionClosedError):
+        await pending
+    with pytest.raises(ConnectionClosedError):
+        await c.start_append(2, p, [make_record(52, partition_id=p)])
+    assert not c._pending and not c._started
+    gate.set()
+    await blocked
+
+
 async def test_a_peer_that_stops_reading_holds_its_partition_only_until_it_goes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -658,6 +658,11 @@ class StoreSession:
         replication = self._replication
         assert replication is not None
         inflight: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        # a connection that can post an append at once and hand back its future (no task
+        # per batch: StorageReplica.start_append); any other one runs append in a task
+        start_append: Callable[[Sequence[Record]], asyncio.Future[None]] | None = getattr(
+            connection, "start_append", None
+        )
         try:
             while not self._done.is_set():
                 while inflight and inflight[0][1].done():
@@ -671,7 +676,11 @@ class StoreSession:
                     if action is None:
                         continue
                 if isinstance(action, Send):
-                    appending = asyncio.ensure_future(connection.append(action.records))
+                    appending = (
+                        start_append(action.records)
+                        if start_append is not None
+                        else asyncio.ensure_future(connection.append(action.records))
+                    )
                     inflight.append((action.last_transaction_id, appending))
                     continue
                 await self._wait_for_work(node, connection, inflight)

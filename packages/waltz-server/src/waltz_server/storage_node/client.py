@@ -82,7 +82,10 @@ class StorageClient:
         self.protocol = protocol
         self.version = protocol.version
         self._seq = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._started: dict[int, asyncio.TimerHandle] = {}
+        """Requests of :meth:`start_append`: their timeout; their response is checked
+        here, their future resolves to None or to the response's error."""
         self._failure: WaltzError | None = None
         # unbounded: what is in flight is bounded by the callers (one per request)
         self._outbox = Outbox(
@@ -163,6 +166,62 @@ class StorageClient:
         finally:
             self._pending.pop(seq_num, None)
 
+    def start_append(
+        self,
+        session_id: int,
+        partition_id: int,
+        records: Sequence[Record],
+        *,
+        timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    ) -> asyncio.Future[None]:
+        """:meth:`append`, posted now, as a future: None once the storage node answered
+        success, else the error :meth:`append` raises (a FailureResponse's, or
+        StorageError when no response came within ``timeout``). The request is queued
+        before this returns, so appends started one after another are sent in order;
+        no task and no timeout wrapper per request (the store session's hot path).
+        Cancelling the future does not recall the request."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        if self._failure is not None:
+            future.set_exception(self._failure)
+            return future
+        seq_num = self.next_seq_num()
+        message = StorageAppendRequest(session_id, seq_num, partition_id, tuple(records))
+        if not self._outbox.post(message):
+            future.set_exception(
+                self._failure or ConnectionClosedError(f"connection to {self.conn.peer} is closed")
+            )
+            return future
+        self._pending[seq_num] = future
+        self._started[seq_num] = loop.call_later(timeout, self._expire, seq_num, timeout)
+        return future
+
+    def _expire(self, seq_num: int, timeout: float) -> None:
+        """A :meth:`start_append` request got no response in time."""
+        self._started.pop(seq_num, None)
+        future = self._pending.pop(seq_num, None)
+        if future is not None and not future.done():
+            future.set_exception(
+                StorageError(
+                    f"no response from the storage node {self.conn.peer} to "
+                    f"StorageAppendRequest (seq_num {seq_num}) within {timeout}s"
+                )
+            )
+
+    @staticmethod
+    def _settle_append(future: asyncio.Future[Any], response: Message) -> None:
+        """A :meth:`start_append` request's response, checked as :meth:`_call` does."""
+        if isinstance(response, SuccessResponse):
+            future.set_result(None)
+        elif isinstance(response, FailureResponse):
+            future.set_exception(error_from_failure(response))
+        else:
+            future.set_exception(
+                ProtocolError(
+                    f"expected SuccessResponse from the storage node, got {type(response).__name__}"
+                )
+            )
+
     async def _call(self, message: Message, expected: type[R]) -> R:
         response = await self.request(message)
         if isinstance(response, FailureResponse):
@@ -197,7 +256,15 @@ class StorageClient:
                         seq_num,
                     )
                     continue
-                if not future.done():
+                if (
+                    isinstance(seq_num, int)
+                    and (timer := self._started.pop(seq_num, None)) is not None
+                ):  # a start_append request: settled here
+                    timer.cancel()
+                    del self._pending[seq_num]
+                    if not future.done():
+                        self._settle_append(future, message)
+                elif not future.done():
                     future.set_result(message)
         except WaltzError as exc:
             self._fail(exc)
@@ -213,6 +280,10 @@ class StorageClient:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(self._failure)
+        for seq_num, timer in self._started.items():
+            timer.cancel()
+            self._pending.pop(seq_num, None)
+        self._started.clear()
 
     async def close(self) -> None:
         self._fail(
@@ -512,6 +583,11 @@ class StorageReplica:
 
     async def append(self, records: Sequence[Record]) -> None:
         await self.client.append(self.session_id, self.partition_id, records)
+
+    def start_append(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        """:meth:`append` as a future, the request posted now
+        (:meth:`StorageClient.start_append`): the store session's write loop."""
+        return self.client.start_append(self.session_id, self.partition_id, records)
 
     async def missing_range(self) -> tuple[int, int] | None:
         return await self.client.missing_range(self.session_id, self.partition_id)
