@@ -221,3 +221,58 @@ async def test_put_frames_respects_the_byte_bound_and_a_close() -> None:
         await asyncio.wait_for(feeding, 5)
     conn.gate.set()
     await asyncio.wait_for(outbox.task, 5)
+
+
+class _DirectConn(_Conn):
+    """A connection that also sends without waiting (``send_nowait``), as the ZeroMQ
+    transport does, while ``credit`` frames are left."""
+
+    def __init__(self, credit: int) -> None:
+        super().__init__()
+        self.credit = credit
+        self.direct: list[list[bytes]] = []
+        self.sent: list[bytes] = []
+        """Every frame, in the order it went out (either way)."""
+
+    def send_nowait(self, frames: list[bytes]) -> bool:
+        if self._closed or len(frames) > self.credit:
+            return False
+        self.credit -= len(frames)
+        self.direct.append(list(frames))
+        self.sent.extend(frames)
+        return True
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        await super().send_many(frames)
+        self.sent.extend(frames)
+
+
+async def test_an_idle_writer_lets_a_connection_send_at_once_in_order() -> None:
+    conn = _DirectConn(credit=3)
+    outbox = Outbox(conn, _encode, max_frames=100)
+    await asyncio.sleep(0)  # the writer is waiting for frames
+    # idle: each message goes out at once, no batch through the writer
+    await outbox.put(_message(0))
+    assert outbox.post(_message(1))
+    await outbox.put_frames([b"f2"])
+    assert conn.direct == [[b"0"], [b"1"], [b"f2"]] and conn.batches == []
+    assert outbox.queued_frames == 0
+    # no credit left: queued for the writer, and what follows waits behind it
+    await outbox.put(_message(3))
+    conn.credit = 10
+    await outbox.put(_message(4))
+    await outbox.put_frames([b"f5", b"f6"])
+    await _until(lambda: len(conn.sent) == 7, "every frame sent")
+    assert conn.sent == [b"0", b"1", b"f2", b"3", b"4", b"f5", b"f6"]
+    assert conn.batches == [[b"3", b"4", b"f5", b"f6"]]
+    # the writer idle again: direct again
+    await asyncio.sleep(0)
+    assert outbox.post(_message(7))
+    assert conn.direct[-1] == [b"7"]
+    # closed: nothing goes out either way
+    outbox.abort()
+    assert not outbox.post(_message(8))
+    with pytest.raises(ConnectionClosedError):
+        await outbox.put(_message(9))
+    await outbox.close()
+    assert conn.sent[-1] == b"7"

@@ -12,6 +12,11 @@ queue is empty). :meth:`Outbox.put` waits for room (back pressure on the sender)
 decides what a full queue means: a server closes a client that does not read); its
 ``slack`` lets replies already owed go beyond the bound, up to a multiple of it.
 
+A connection that can send without waiting (a ``send_nowait(frames) -> bool`` method,
+as the ZeroMQ transport's) is handed a message at once while the writer is idle and
+nothing is queued: a lone reply costs no task switch; what it cannot take at once (no
+credit, ...) is queued for the writer as before, so the order never changes.
+
 The writer ends when the outbox is aborted or closed, after :meth:`Outbox.flush_and_stop`
 has sent everything queued, or when the transport fails (``on_failure`` is then called
 with the error); every sender waiting for room is then woken and raises
@@ -61,6 +66,11 @@ class Outbox:
         self._room = asyncio.Event()
         self._room.set()
         self._wakeup = asyncio.Event()
+        self._send_now: Callable[[Sequence[bytes]], bool] | None = getattr(
+            conn, "send_nowait", None
+        )
+        self._idle = False
+        """The writer waits for frames (none queued, none being sent)."""
         self._draining = False
         self._ended = False
         self.task = asyncio.create_task(self._write(), name=name or f"outbox-{conn.connection_id}")
@@ -131,6 +141,8 @@ class Outbox:
                 room = min(room, max(1, (self.max_bytes - self._bytes) // len(frames[index])))
             chunk = frames[index : index + room]
             index += len(chunk)
+            if self._idle and not queue and self._send_now is not None and self._send_now(chunk):
+                continue
             queue.extend(chunk)
             self._bytes += sum(map(len, chunk))
             self._wakeup.set()
@@ -145,6 +157,13 @@ class Outbox:
         return True
 
     def _append(self, frame: bytes) -> None:
+        if (
+            self._idle
+            and not self._frames
+            and self._send_now is not None
+            and self._send_now((frame,))
+        ):
+            return
         self._frames.append(frame)
         self._bytes += len(frame)
         self._wakeup.set()
@@ -156,7 +175,11 @@ class Outbox:
                     if self._draining:
                         return
                     self._wakeup.clear()
-                    await self._wakeup.wait()
+                    self._idle = True
+                    try:
+                        await self._wakeup.wait()
+                    finally:
+                        self._idle = False
                     continue
                 batch = list(self._frames)
                 self._frames.clear()
