@@ -65,7 +65,8 @@ class Outbox:
         self._in_flight = 0
         self._room = asyncio.Event()
         self._room.set()
-        self._wakeup = asyncio.Event()
+        self._wakeup: asyncio.Future[None] | None = None
+        """The idle writer's: resolved by the next frame queued, or an end."""
         self._send_now: Callable[[Sequence[bytes]], bool] | None = getattr(
             conn, "send_nowait", None
         )
@@ -145,7 +146,7 @@ class Outbox:
                 continue
             queue.extend(chunk)
             self._bytes += sum(map(len, chunk))
-            self._wakeup.set()
+            self._wake()
 
     def post(self, message: Message, *, slack: int = 1) -> bool:
         """Queue ``message`` without waiting; False (nothing queued) when the outbox is
@@ -166,7 +167,12 @@ class Outbox:
             return
         self._frames.append(frame)
         self._bytes += len(frame)
-        self._wakeup.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
     async def _write(self) -> None:
         try:
@@ -174,12 +180,13 @@ class Outbox:
                 if not self._frames:
                     if self._draining:
                         return
-                    self._wakeup.clear()
+                    self._wakeup = asyncio.get_running_loop().create_future()
                     self._idle = True
                     try:
-                        await self._wakeup.wait()
+                        await self._wakeup
                     finally:
                         self._idle = False
+                        self._wakeup = None
                     continue
                 batch = list(self._frames)
                 self._frames.clear()
@@ -205,13 +212,13 @@ class Outbox:
     def abort(self) -> None:
         """Stop now; what is still queued is dropped."""
         self._ended = True
-        self._wakeup.set()
+        self._wake()
         self._room.set()
 
     async def flush_and_stop(self, timeout: float) -> None:
         """Send everything queued, then stop (cancelled after ``timeout`` seconds)."""
         self._draining = True
-        self._wakeup.set()
+        self._wake()
         try:
             await asyncio.wait_for(asyncio.shield(self.task), timeout)
         except (TimeoutError, asyncio.CancelledError):

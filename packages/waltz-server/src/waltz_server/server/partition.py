@@ -167,7 +167,8 @@ class Partition:
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._reads = asyncio.Semaphore(self.config.read_concurrency)
-        self._committed = asyncio.Event()
+        self._feed_waiters: list[asyncio.Future[None]] = []
+        """Feeds waiting for the next commit (or recovery, or close): one future each."""
         self._append_task: asyncio.Task[None] | None = None
         self._closed = False
         store.set_listeners(on_commit=self._on_commit, on_recovered=self._on_recovered)
@@ -252,8 +253,12 @@ class Partition:
         self._wake_feeds()
 
     def _wake_feeds(self) -> None:
-        self._committed.set()
-        self._committed = asyncio.Event()
+        waiters = self._feed_waiters
+        if waiters:
+            self._feed_waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -503,8 +508,9 @@ class Partition:
                     await stream.send(mount_response)
                     mount_response = None
                 if next_id > self.high_water_mark:
-                    event = self._committed
-                    await event.wait()
+                    waiter = asyncio.get_running_loop().create_future()
+                    self._feed_waiters.append(waiter)
+                    await waiter
                     continue
                 frames = self.feed_cache.frames(next_id, batch)
                 if not frames:
