@@ -192,7 +192,8 @@ class PartitionWorker:
         self._queue_bytes = queue_bytes
         self._queued_bytes = 0
         self._room = asyncio.Event()
-        self._wakeup = asyncio.Event()
+        self._wakeup: asyncio.Future[None] | None = None
+        """The idle loop's: resolved by the next request queued, or by stop."""
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -207,7 +208,7 @@ class PartitionWorker:
     async def stop(self) -> None:
         """Stop after the queued requests (they are answered) and wait for the task."""
         self._stopping = True
-        self._wakeup.set()
+        self._wake()
         self._room.set()
         if self._task is not None:
             await self._task
@@ -216,6 +217,11 @@ class PartitionWorker:
     @property
     def queued(self) -> int:
         return len(self._pending)
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
     # -- input ---------------------------------------------------------------------
 
@@ -240,7 +246,7 @@ class PartitionWorker:
             return
         self._queued_bytes += size
         self._pending.append(_Job(request, reply, size))
-        self._wakeup.set()
+        self._wake()
 
     async def run_in_order(self, action: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``action`` after every request queued so far, before any later one."""
@@ -252,7 +258,7 @@ class PartitionWorker:
             raise PartitionNotFoundError(self._gone())
         control = _Control(action)
         self._pending.append(control)
-        self._wakeup.set()
+        self._wake()
         return await control.done
 
     async def drop_prefix(self, session_id: int, through: int) -> int:
@@ -286,8 +292,11 @@ class PartitionWorker:
             if not self._pending:
                 if self._stopping:
                     return
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                self._wakeup = asyncio.get_running_loop().create_future()
+                try:
+                    await self._wakeup
+                finally:
+                    self._wakeup = None
                 continue
             item = self._pop()
             try:
