@@ -13,9 +13,10 @@ decides what a full queue means: a server closes a client that does not read); i
 ``slack`` lets replies already owed go beyond the bound, up to a multiple of it.
 
 A connection that can send without waiting (a ``send_nowait(frames) -> bool`` method,
-as the ZeroMQ transport's) is handed a message at once while the writer is idle and
-nothing is queued: a lone reply costs no task switch; what it cannot take at once (no
-credit, ...) is queued for the writer as before, so the order never changes.
+as the ZeroMQ transport's, which sends at the end of the loop iteration) is handed a
+message at once while the writer is idle and nothing is queued: a reply costs no task
+switch; what it cannot take at once (no credit, ...) is queued for the writer as
+before, so the order never changes.
 
 The writer ends when the outbox is aborted or closed, after :meth:`Outbox.flush_and_stop`
 has sent everything queued, or when the transport fails (``on_failure`` is then called

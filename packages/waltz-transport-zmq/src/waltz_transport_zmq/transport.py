@@ -450,11 +450,12 @@ class ZmqConnection(Connection):
             self._flush()
 
     def send_nowait(self, frames: Sequence[bytes]) -> bool:
-        """Send ``frames`` now, in order, when the connection takes them all without
+        """Send ``frames``, in order, when the connection takes them all without
         waiting: open, each within max_frame_size, within the peer's credit. False:
-        nothing was sent (``send_many`` waits, or raises what is wrong). Used by an
-        outbox whose writer is idle, so a lone message costs no task switch; frames of
-        the same loop iteration still coalesce as with ``send``."""
+        nothing was sent (``send_many`` waits, or raises what is wrong). They leave at
+        the end of this loop iteration, packed with every other frame sent to the peer
+        in it (one message for a burst, as an outbox writer's ``send_many`` of it
+        would be), for the cost of one callback instead of a writer task's turn."""
         if self._closed or self._eof or not frames:
             return False
         size = 0
@@ -472,23 +473,11 @@ class ZmqConnection(Connection):
             return False
         self._sent_frames += count
         self._sent_bytes += size
-        if self._coalesce and self._flush_scheduled:
-            # a frame already left in this loop iteration: these wait for the flush at
-            # the end of it, packed together
-            self._out.extend(frames)
-            self._out_bytes += size
-            if self._out_bytes >= _BATCH_LIMIT:
-                self._flush()
-            return True
-        if count == 1:
-            seq = self._seq_out
-            self._seq_out = (seq + 1) & _SEQ_MASK
-            self._wire.send(_pack_data(_DATA, seq) + frames[0])  # type: ignore[union-attr]
-        else:
-            self._out.extend(frames)
-            self._out_bytes += size
+        self._out.extend(frames)
+        self._out_bytes += size
+        if self._out_bytes >= _BATCH_LIMIT:
             self._flush()
-        if self._coalesce:
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
         return True
