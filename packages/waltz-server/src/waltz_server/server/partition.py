@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import weakref
@@ -510,7 +511,12 @@ class Partition:
                 if next_id > self.high_water_mark:
                     waiter = asyncio.get_running_loop().create_future()
                     self._feed_waiters.append(waiter)
-                    await waiter
+                    try:
+                        await waiter
+                    except asyncio.CancelledError:  # the feed stops: not left behind
+                        with contextlib.suppress(ValueError):
+                            self._feed_waiters.remove(waiter)
+                        raise
                     continue
                 frames = self.feed_cache.frames(next_id, batch)
                 if not frames:
