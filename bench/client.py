@@ -20,6 +20,7 @@ callbacks), an upper bound of what it can do with a real server.
 Also printed: peak RSS. Figures only; never pass/fail.
 
     .venv/bin/python bench/client.py [--feed 50000] [--submits 20000] [--real]
+        [--processes] [--window 200]
 """
 
 from __future__ import annotations
@@ -300,12 +301,13 @@ class RealCluster:
 
 
 async def client_throughput(
-    uri: str, context: type[Append], n: int, window: int = WINDOW
+    uri: str, context: type[Append], n: int, window: int | None = None
 ) -> tuple[float, list[float], float]:
     """``n`` submissions through the client, ``window`` in flight: tx/s, latencies, and
     this process's CPU seconds per transaction."""
     latencies: list[float] = []
     callbacks = AsyncCounting(10**12, False)
+    window = WINDOW if window is None else window
     config = ClientConfig(uri, transport="zmq", partitions=[0], max_concurrent_transactions=window)
     async with AsyncWaltzClient(callbacks, config) as client:
         await client.submit(context())  # mounted
@@ -445,6 +447,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main() -> None:
+    global WINDOW  # noqa: PLW0603 (--window: read by every case)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--feed", type=int, default=50000)
     parser.add_argument("--data-feed", type=int, default=5000)
@@ -455,10 +458,14 @@ async def main() -> None:
         action="store_true",
         help="also against a cluster of real processes (needs ZooKeeper installed)",
     )
+    parser.add_argument(
+        "--window", type=int, default=WINDOW, help="submissions (and raw appends) in flight"
+    )
     parser.add_argument("--one-at-a-time", type=int, default=300, help="K=1 submissions")
     parser.add_argument("--no-echo", action="store_true", help="skip the echo peer cases")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    WINDOW = args.window
 
     if args.no_echo:
         if args.real:
