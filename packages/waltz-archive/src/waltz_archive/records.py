@@ -44,7 +44,7 @@ SCHEMA = pa.schema(
 HEAD_SIZE = 32
 """Bytes per record in the digest."""
 
-_WIRE_HEAD = np.dtype(
+WIRE_HEAD = np.dtype(
     [
         ("transaction_id", ">i8"),
         ("client_id", ">i4"),
@@ -56,7 +56,8 @@ _WIRE_HEAD = np.dtype(
         ("data_len", ">u4"),
     ]
 )
-assert _WIRE_HEAD.itemsize == RECORD_FIXED_SIZE
+assert WIRE_HEAD.itemsize == RECORD_FIXED_SIZE
+"""A record's fixed head on the wire (and in a RecordBlock), before its data."""
 _DIGEST_HEAD = np.dtype(
     [
         ("transaction_id", ">i8"),
@@ -72,25 +73,38 @@ assert _DIGEST_HEAD.itemsize == HEAD_SIZE
 _HEAD_BYTES = np.arange(RECORD_FIXED_SIZE, dtype=np.int64)
 
 
-def block_to_batch(block: RecordBlock) -> tuple[pa.RecordBatch, bytes]:
-    """The rows of ``block`` (its records' checksums verified) and their heads (what
-    :meth:`Digest.add_heads` takes)."""
+def cut_block(
+    block: RecordBlock, offsets: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """The records of ``block`` cut into columns with numpy, no Python object per row
+    (``offsets``: :meth:`RecordBlock.check`'s answer, where each record starts and the
+    block's end): each record's fixed head as a row of the wire's layout
+    (:data:`WIRE_HEAD`), the same heads as bytes (one row of ``RECORD_FIXED_SIZE`` each),
+    and the records' data as one Arrow binary array."""
     n = block.record_count
-    if n == 0:
-        return empty_batch(), b""
-    offsets = block.check()  # every data checksum, and where each record starts
     raw = np.frombuffer(block.raw, dtype=np.uint8)
     starts = np.asarray(offsets[:-1], dtype=np.int64)
     head_index = starts[:, None] + _HEAD_BYTES
     head_bytes = raw[head_index]
-    heads = head_bytes.view(_WIRE_HEAD).reshape(n)
-    digest_heads = np.ascontiguousarray(head_bytes[:, :HEAD_SIZE]).tobytes()
-    lengths = heads["data_len"].astype(np.int64)
+    heads = head_bytes.view(WIRE_HEAD).reshape(n)
     keep = np.ones(raw.shape[0], dtype=np.bool_)
     keep[head_index.ravel()] = False
-    data = raw[keep]
     data_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=data_offsets[1:])
+    np.cumsum(heads["data_len"].astype(np.int64), out=data_offsets[1:])
+    data = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(data_offsets), pa.py_buffer(raw[keep])]
+    )
+    return heads, head_bytes, data
+
+
+def block_to_batch(block: RecordBlock) -> tuple[pa.RecordBatch, bytes]:
+    """The rows of ``block`` (its records' checksums verified) and their heads (what
+    :meth:`Digest.add_heads` takes)."""
+    if block.record_count == 0:
+        return empty_batch(), b""
+    # block.check(): every data checksum, and where each record starts
+    heads, head_bytes, data = cut_block(block, block.check())
+    digest_heads = np.ascontiguousarray(head_bytes[:, :HEAD_SIZE]).tobytes()
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array(heads["transaction_id"].astype(np.int64)),
@@ -100,9 +114,7 @@ def block_to_batch(block: RecordBlock) -> tuple[pa.RecordBatch, bytes]:
             pa.array(heads["seq_num"].astype(np.int32)),
             pa.array(heads["header"].astype(np.int32)),
             pa.array(heads["checksum"].astype(np.int64)),
-            pa.Array.from_buffers(
-                pa.binary(), n, [None, pa.py_buffer(data_offsets), pa.py_buffer(data)]
-            ),
+            data,
         ],
         schema=SCHEMA,
     )

@@ -4,7 +4,8 @@ A range read's answer is a :class:`~waltz_api.wire.RecordBlock`: the records in 
 wire form, back to back (``i64 transaction_id, 4 x i32 ReqId, i32 header, u32
 checksum, u32 data_len`` then the data). The reader has verified every checksum and
 the ids (:meth:`RecordBlock.check`, which also gives where each record starts); the
-columns are then cut out of the block with numpy, without a Python object per row.
+columns are then cut out of the block with numpy, without a Python object per row
+(:func:`waltz_archive.records.cut_block`, which the archive uses too).
 """
 
 from __future__ import annotations
@@ -14,22 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from waltz_api.wire import RECORD_FIXED_SIZE, RecordBlock
-
-_HEAD = np.dtype(
-    [
-        ("transaction_id", ">i8"),
-        ("client_id", ">i4"),
-        ("generation", ">i4"),
-        ("partition_id", ">i4"),
-        ("seq_num", ">i4"),
-        ("header", ">i4"),
-        ("checksum", ">u4"),
-        ("data_len", ">u4"),
-    ]
-)
-assert _HEAD.itemsize == RECORD_FIXED_SIZE
-_HEAD_BYTES = np.arange(RECORD_FIXED_SIZE, dtype=np.int64)
+from waltz_api.wire import RecordBlock
+from waltz_archive.records import cut_block
 
 COLUMNS = (
     "partition",
@@ -57,16 +44,7 @@ def block_to_batch(
     n = block.record_count
     if n == 0:
         return _empty(schema)
-    raw = np.frombuffer(block.raw, dtype=np.uint8)
-    starts = np.asarray(offsets[:-1], dtype=np.int64)
-    head_index = starts[:, None] + _HEAD_BYTES
-    heads = raw[head_index].view(_HEAD).reshape(n)
-    lengths = heads["data_len"].astype(np.int64)
-    keep = np.ones(raw.shape[0], dtype=np.bool_)
-    keep[head_index.ravel()] = False
-    data = raw[keep]
-    data_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=data_offsets[1:])
+    heads, _, data = cut_block(block, offsets)
     columns = [
         pa.array(np.full(n, partition, dtype=np.int32)),
         pa.array(heads["transaction_id"].astype(np.int64)),
@@ -75,9 +53,7 @@ def block_to_batch(
         pa.array(heads["generation"].astype(np.int32)),
         pa.array(heads["partition_id"].astype(np.int32)),
         pa.array(heads["seq_num"].astype(np.int32)),
-        pa.Array.from_buffers(
-            pa.binary(), n, [None, pa.py_buffer(data_offsets), pa.py_buffer(data)]
-        ),
+        data,
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     if ids is not None:
