@@ -15,9 +15,16 @@ import logging
 import math
 import threading
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from waltz_api.contracts.coordination import SessionListener, SessionState, Watch, join_path
+from waltz_api.contracts.coordination import (
+    Coordination,
+    SessionListener,
+    SessionState,
+    Versioned,
+    Watch,
+    join_path,
+)
 from waltz_api.errors import ArgumentTypeError, ConfigError, CoordinationError
 
 log = logging.getLogger(__name__)
@@ -336,3 +343,89 @@ def seconds_option(options: Mapping[str, Any], name: str, default: float) -> flo
             key=f"coordination.{name}",
         )
     return number
+
+
+class InProcessService(Protocol):
+    """The data operations of an in-process coordination service, each on behalf of a
+    session (what :class:`InProcessServiceClient` forwards to)."""
+
+    def get(self, session_id: int, path: str) -> Versioned | None: ...
+
+    def create(
+        self, session_id: int, path: str, value: bytes, ephemeral: bool, make_parents: bool
+    ) -> int: ...
+
+    def set(
+        self, session_id: int, path: str, value: bytes, expected_version: int | None
+    ) -> int: ...
+
+    def delete(
+        self, session_id: int, path: str, expected_version: int | None, recursive: bool
+    ) -> None: ...
+
+    def children(self, session_id: int, path: str) -> list[str]: ...
+
+    def increment(self, session_id: int, path: str) -> int: ...
+
+
+class TrackedSessionCoordination(Coordination):
+    """A Coordination whose session state a :class:`SessionStateTracker` keeps (none
+    before ``start``: CONNECTED is reported until then); its ``__init__`` sets the
+    fields below."""
+
+    _session_id: int
+    _tracker: SessionStateTracker | None
+
+    @property
+    def session_state(self) -> SessionState:
+        return SessionState.CONNECTED if self._tracker is None else self._tracker.state
+
+    def add_session_listener(self, listener: SessionListener) -> None:
+        if self._tracker is None:
+            raise CoordinationError("start the client before adding session listeners")
+        self._tracker.add_listener(listener)
+
+    @property
+    def session_id(self) -> int:
+        return self._session_id
+
+
+class InProcessServiceClient(TrackedSessionCoordination):
+    """A client (one session) of a coordination service in this process: the
+    conformance suite's memory plugin, the simulation's. The contract's data operations
+    go to the service's methods of the same name, under the client's root, each through
+    :meth:`_op`: how a request reaches the service, and how long it may wait, is the
+    subclass's. Its ``__init__`` sets the fields below."""
+
+    _service: InProcessService
+    _root: str
+
+    async def _op(self, operation: Callable[..., T], *args: Any) -> T:
+        raise NotImplementedError
+
+    def _full(self, path: str) -> str:
+        return rooted_path(self._root, path)
+
+    async def get(self, path: str) -> Versioned | None:
+        return await self._op(self._service.get, self._full(path))
+
+    async def create(
+        self, path: str, value: bytes = b"", *, ephemeral: bool = False, make_parents: bool = True
+    ) -> int:
+        return await self._op(
+            self._service.create, self._full(path), bytes(value), ephemeral, make_parents
+        )
+
+    async def set(self, path: str, value: bytes, *, expected_version: int | None = None) -> int:
+        return await self._op(self._service.set, self._full(path), bytes(value), expected_version)
+
+    async def delete(
+        self, path: str, *, expected_version: int | None = None, recursive: bool = False
+    ) -> None:
+        await self._op(self._service.delete, self._full(path), expected_version, recursive)
+
+    async def children(self, path: str) -> list[str]:
+        return await self._op(self._service.children, self._full(path))
+
+    async def increment(self, path: str) -> int:
+        return await self._op(self._service.increment, self._full(path))

@@ -46,9 +46,7 @@ from kazoo.recipe.watchers import DataWatch
 
 from waltz_api.contracts.coordination import (
     ChildrenCallback,
-    Coordination,
     DataCallback,
-    SessionListener,
     SessionState,
     Versioned,
     Watch,
@@ -58,6 +56,7 @@ from waltz_api.coordination_support import (
     DeliveryWatch,
     LoopDelivery,
     SessionStateTracker,
+    TrackedSessionCoordination,
     rooted_path,
 )
 from waltz_api.errors import (
@@ -240,7 +239,7 @@ class _ChildrenWatcher:
             log.warning("children watch on %s stopped: %s", self._path, _translate(exc, "watch"))
 
 
-class ZooKeeperCoordination(Coordination):
+class ZooKeeperCoordination(TrackedSessionCoordination):
     """A Coordination client on a ZooKeeper ensemble, rooted at ``root``."""
 
     def __init__(
@@ -539,19 +538,6 @@ class ZooKeeperCoordination(Coordination):
                 with contextlib.suppress(Exception):
                     await self._stop_task
             await self._in_thread(functools.partial(_stop_quietly, client))
-
-    @property
-    def session_state(self) -> SessionState:
-        return SessionState.CONNECTED if self._tracker is None else self._tracker.state
-
-    def add_session_listener(self, listener: SessionListener) -> None:
-        if self._tracker is None:
-            raise CoordinationError("start the client before adding session listeners")
-        self._tracker.add_listener(listener)
-
-    @property
-    def session_id(self) -> int:
-        return self._session_id
 
     # -- operations -------------------------------------------------------------------------
 

@@ -37,9 +37,7 @@ from urllib.parse import urlsplit
 
 from waltz_api.contracts.coordination import (
     ChildrenCallback,
-    Coordination,
     DataCallback,
-    SessionListener,
     SessionState,
     Versioned,
     Watch,
@@ -47,9 +45,9 @@ from waltz_api.contracts.coordination import (
 )
 from waltz_api.coordination_support import (
     DeliveryWatch,
+    InProcessServiceClient,
     LoopDelivery,
     SessionStateTracker,
-    rooted_path,
 )
 from waltz_api.errors import (
     BadVersionError,
@@ -401,12 +399,12 @@ class SimCoordinationService:
                 watcher.client._notify(watcher, self._children(parent))
 
 
-class SimCoordination(Coordination):
+class SimCoordination(InProcessServiceClient):
     """One process's client (one session) of the world's coordination service."""
 
     def __init__(self, service: SimCoordinationService, root: str, session_timeout: float) -> None:
         self.incarnation = current_incarnation()
-        self._service = service
+        self._service: SimCoordinationService = service
         self._root = join_path(root)
         self.session_timeout = session_timeout
         self._session_id = 0
@@ -422,9 +420,6 @@ class SimCoordination(Coordination):
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._service.loop
-
-    def _full(self, path: str) -> str:
-        return rooted_path(self._root, path)
 
     def _check(self) -> int:
         if self._closed:
@@ -613,43 +608,6 @@ class SimCoordination(Coordination):
                     f"{self.session_timeout + 1.0:.1f}s"
                 )
             await asyncio.sleep(RETRY_INTERVAL)
-
-    @property
-    def session_state(self) -> SessionState:
-        return SessionState.CONNECTED if self._tracker is None else self._tracker.state
-
-    def add_session_listener(self, listener: SessionListener) -> None:
-        if self._tracker is None:
-            raise CoordinationError("start the client before adding session listeners")
-        self._tracker.add_listener(listener)
-
-    @property
-    def session_id(self) -> int:
-        return self._session_id
-
-    async def get(self, path: str) -> Versioned | None:
-        return await self._op(self._service.get, self._full(path))
-
-    async def create(
-        self, path: str, value: bytes = b"", *, ephemeral: bool = False, make_parents: bool = True
-    ) -> int:
-        return await self._op(
-            self._service.create, self._full(path), bytes(value), ephemeral, make_parents
-        )
-
-    async def set(self, path: str, value: bytes, *, expected_version: int | None = None) -> int:
-        return await self._op(self._service.set, self._full(path), bytes(value), expected_version)
-
-    async def delete(
-        self, path: str, *, expected_version: int | None = None, recursive: bool = False
-    ) -> None:
-        await self._op(self._service.delete, self._full(path), expected_version, recursive)
-
-    async def children(self, path: str) -> list[str]:
-        return await self._op(self._service.children, self._full(path))
-
-    async def increment(self, path: str) -> int:
-        return await self._op(self._service.increment, self._full(path))
 
     async def watch(self, path: str, callback: DataCallback) -> Watch:
         return await self._watch(path, callback, children=False)
