@@ -4,7 +4,8 @@ ways), a real ZooKeeper or etcd (the conformance fixtures) or the ``local`` coor
 clients with their own keys (the client library, and raw protocol clients for the exact
 answers). The ACL is changed with ``waltz acl`` (a real CLI process) and through
 ``ClusterAdmin`` while the server runs; each change must reach the server within
-``APPLIED``. The figures (how long each change took to apply) are logged."""
+``APPLIED``. The figures (how long each change took to apply) are logged. A server
+restarted while the ACL is enforced enforces it from its first answer."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from waltz_api.access import AccessControl
+from waltz_api.access import AccessControl, Permission
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.config import toml_document
 from waltz_api.errors import AuthenticationError, PermissionDeniedError
@@ -493,3 +494,50 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
     refusals = [line for line in cluster.server_log.read_text().splitlines() if "refused a" in line]
     assert any(cluster.key("stranger") in line for line in refusals)
     assert len(refusals) < 20, "refusals are logged once a minute per key and partition"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_restarted_server_enforces_the_acl_from_its_first_answer(cluster: Cluster) -> None:
+    """The ACL lives in the coordination service, not in the server: a server started
+    while it is enforced refuses a key without a grant from its first answer (never a
+    window after start-up where every authorized key is served), and serves the keys
+    that hold one; the log committed before the restart is all there, unchanged."""
+    writer, stranger_key = cluster.key("writer"), cluster.key("stranger")
+    await cluster.change(
+        lambda acl: (
+            acl.granted(writer, [0], Permission.WRITE).revoked(stranger_key).with_enforced(True)
+        )
+    )
+    admin = await cluster.raw("admin")
+    hwm = await cluster.ask(admin, HighWaterMarkRequest, 0)
+    assert isinstance(hwm, HighWaterMarkResponse)
+    before = hwm.transaction_id
+    history = await cluster.ask(admin, lambda req: RangeReadRequest(req, 0, before + 1, 1 << 20), 0)
+    assert isinstance(history, RangeReadResponse) and len(history.records) == before + 1
+
+    server = next(p for p in cluster.processes if isinstance(p, ServerProcess))
+    old_owners = {partition: (await cluster.owner(partition))[0] for partition in (0, 1)}
+    assert server.terminate() == 0, server.output()[-3000:]
+    server.start()
+    await server.wait_ready(timeout=60)
+    deadline = time.monotonic() + 60
+    for partition in (0, 1):
+        while (await cluster.owner(partition))[0] in (old_owners[partition], -1):
+            assert time.monotonic() < deadline, "the restarted server was not assigned in 60 s"
+            await asyncio.sleep(0.02)
+
+    # the stranger's first requests to the new server: refused, nothing written
+    stranger = await cluster.raw("stranger")
+    assert denied(await cluster.ask(stranger, mount, 0), "read", 0)
+    assert denied(await cluster.ask(stranger, append(b"after restart"), 0), "write", 0)
+    assert denied(await cluster.ask(stranger, HighWaterMarkRequest, 1), "read", 1)
+    # the writer commits the next id; the log before the restart is unchanged
+    async with client_of(cluster, "writer", [0]) as writing:
+        result = await writing.submit(Put(b"after restart", 0))
+        assert result.committed and result.transaction_id == before + 1
+    admin = await cluster.raw("admin")
+    after = await cluster.ask(admin, lambda req: RangeReadRequest(req, 0, before + 2, 1 << 20), 0)
+    assert isinstance(after, RangeReadResponse)
+    assert after.records[: before + 1] == history.records
+    assert [r.transaction_id for r in after.records] == list(range(before + 2))
+    await cluster.change(lambda acl: acl.with_enforced(False))
