@@ -9,7 +9,9 @@ import errno
 import itertools
 import os
 import random
-from collections.abc import AsyncIterator, Sequence
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -394,6 +396,69 @@ async def test_a_full_archive_fails_the_round_and_deletes_nothing(
     assert objects(tmp_path / "archive") == []
     assert list((tmp_path / "archive" / "partition-0").iterdir()) == []  # no partial file
     assert list(spool.iterdir()) == []  # the spooled ranges were removed
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A real file system of 8 KiB (tmpfs, mounted as root), unmounted after the test."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root (the CI runs as root)")
+    mountpoint = tmp_path / "small"
+    mountpoint.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8k", "waltz-test-archive", str(mountpoint)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False, timeout=30)
+
+
+async def test_an_archive_on_a_really_full_file_system_fails_then_resumes_when_space_returns(
+    tmp_path: Path, coordination: MemoryCoordination, small_filesystem: Path
+) -> None:
+    """The archive directory on a real 8 KiB file system: the range's object (about 6
+    KB) fits, its manifest does not. The round fails with the file system's ENOSPC,
+    deletes nothing local, moves no mark and leaves no partial manifest; a second round
+    fails the same way and does not add a second object. Once the file system has room
+    (grown by a remount) the next round archives the range, and it reads back."""
+    store = ArchiveStore(str(small_filesystem / "archive"))
+    log = Log(records(0, 100), high_water_mark=99)
+    manifests: list[Manifest] = []
+    arc = archiver(store, coordination, log, manifests=manifests)
+    manifest_dir = small_filesystem / "archive" / "partition-0" / "manifest"
+    for _ in range(2):
+        with pytest.raises(ArchiveError, match="No space left on device"):
+            await arc.round()
+        assert log.pruned == []
+        assert (await ClusterMetadata(coordination).archive_mark(0)).value.mark == -1
+        assert len(objects(small_filesystem / "archive")) <= 1
+        assert not manifest_dir.exists() or list(manifest_dir.iterdir()) == []
+
+    await asyncio.to_thread(
+        subprocess.run,
+        ["mount", "-o", "remount,size=4m", str(small_filesystem)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    done = await arc.round()
+    assert done is not None and done.first == 0
+    assert objects(small_filesystem / "archive") == [done.name]
+    assert verify_object(store, 0, done)[0] == done.records
+    mark = (await ClusterMetadata(coordination).archive_mark(0)).value.mark
+    assert mark == done.last and manifests[-1].mark == mark
+    reader = ArchiveReader(store, 0)
+    reader.set_manifest(manifests[-1])
+    got: list[Record] = []
+    for _ in range(mark + 1):  # a read returns at most a row group
+        if len(got) > mark:
+            break
+        got.extend(reader.read(len(got), mark + 1 - len(got), 1 << 22))
+    assert got == log.records[: mark + 1]
 
 
 async def test_a_cluster_restore_takes_the_highest_manifest_whose_ranges_verify(
