@@ -281,11 +281,15 @@ def chaos(  # noqa: PLR0917 - click passes options by name
 
 
 async def _main(config: ChaosConfig):  # type: ignore[no-untyped-def]
-    """The run as the main task: SIGTERM cancels it as Ctrl-C does (its clean-up runs)."""
+    """The run as the main task: Ctrl-C (SIGINT) and SIGTERM cancel it (its clean-up
+    runs). SIGINT has a handler of its own: asyncio's Ctrl-C handling is not installed
+    when the process started with SIGINT ignored (a background job of a script), and the
+    run then played on after the signal."""
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    loop.add_signal_handler(signal.SIGINT, task.cancel)
     return await run_chaos(config, click.echo)
 
 

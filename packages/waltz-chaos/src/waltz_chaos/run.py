@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -404,11 +404,14 @@ def _settings_table(config: ChaosConfig, schedule: Schedule) -> dict[str, Any]:
     }
 
 
-def clean_leftovers(echo: Callable[[str], None] = print) -> int:
+def clean_leftovers(echo: Callable[[str], None] = print, spare: Collection[str] = ()) -> int:
     """Remove what runs that were killed -9 left: their namespaces (and the processes in
-    them, by pid) and their storage file systems (by mount source name)."""
+    them, by pid) and their storage file systems (by mount source name); not the
+    namespaces and mount points named in ``spare`` (another run's, still going)."""
     removed = 0
     for namespace in leftover_namespaces():
+        if namespace in spare:
+            continue
         pids = subprocess.run(
             ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False
         ).stdout.split()
@@ -421,7 +424,7 @@ def clean_leftovers(echo: Callable[[str], None] = print) -> int:
     with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
         for line in mounts:
             source, target = line.split()[:2]
-            if source.startswith("waltz-chaos-storage-"):
+            if source.startswith("waltz-chaos-storage-") and target not in spare:
                 subprocess.run(["umount", "-l", target], check=False)
                 echo(f"unmounted {target}")
                 removed += 1

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
 import signal
@@ -23,8 +24,11 @@ from typing import Any
 import pytest
 
 from waltz_chaos.netns import NAMESPACE_PREFIX, leftover_namespaces, namespaces_available
+from waltz_chaos.run import clean_leftovers
 from waltz_chaos.schedule import Fault, Roles, Schedule
 from waltz_cli.devfile import read_ready_file
+
+log = logging.getLogger(__name__)
 
 WHY_NOT = namespaces_available()
 if WHY_NOT is not None and os.environ.get("WALTZ_CHAOS_REQUIRE_NETNS") == "1":
@@ -103,21 +107,40 @@ def test_the_ci_run_finds_no_violation(tmp_path: Path) -> None:
     sys.stdout.write(f"\nthe CI chaos run took {wall:.0f} s of wall time\n")
 
 
+def with_sigint_ignored(command: list[str]) -> list[str]:
+    """``command`` started as a background job of a script starts it: SIGINT ignored on
+    entry (``cmd &`` in a non-interactive shell; a CI script's run in the background)."""
+    return [
+        sys.executable,
+        "-c",
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "os.execv(sys.argv[1], sys.argv[1:])",
+        *command,
+    ]
+
+
 @needs_root
-def test_ctrl_c_removes_everything_the_run_made(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint", ["default", "ignored on entry"])
+def test_ctrl_c_removes_everything_the_run_made(tmp_path: Path, sigint: str) -> None:
+    """Ctrl-C (SIGINT) ends a run and removes everything it made: its processes, network
+    namespaces and mounts. Also when the run was started with SIGINT ignored (a background
+    job of a script): asyncio's own Ctrl-C handling is then not installed, and a run
+    relying on it played on for minutes after the signal (found by a CI run started in
+    the background)."""
     before = set(leftover_namespaces())
     mounts_before = set(our_mounts())
+    command = chaos(
+        "--seed",
+        "2",
+        "--duration",
+        "600",  # never over before the Ctrl-C, however slow the machine
+        "--network",
+        "namespaces",
+        "--out",
+        str(tmp_path / "run"),
+    )
     process = subprocess.Popen(
-        chaos(
-            "--seed",
-            "2",
-            "--duration",
-            "600",  # never over before the Ctrl-C, however slow the machine
-            "--network",
-            "namespaces",
-            "--out",
-            str(tmp_path / "run"),
-        ),
+        command if sigint == "default" else with_sigint_ignored(command),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -156,6 +179,7 @@ def test_ctrl_c_removes_everything_the_run_made(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+            clean_leftovers(log.warning, spare=before | mounts_before)  # killed -9: by pid
     assert process.returncode != 0
     assert set(leftover_namespaces()) == before, output[-3000:]
     assert our_mounts(mounts_before) == []
@@ -282,3 +306,33 @@ def test_attach_to_a_running_cluster(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             dev.kill()
             dev.wait()
+
+
+@needs_root
+def test_clean_removes_what_a_killed_run_left_and_spares_what_it_is_told() -> None:
+    """``waltz chaos --clean`` (``clean_leftovers``): a killed run's namespace goes, with
+    the process in it (by pid); a namespace named in ``spare`` (a run still going) stays."""
+    tag = f"{NAMESPACE_PREFIX}cleantest{os.getpid()}"
+    left, going = f"{tag}-left", f"{tag}-going"
+    for namespace in (left, going):
+        subprocess.run(["ip", "netns", "add", namespace], check=True, timeout=30)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", left, "sleep", "300"])
+    try:
+        deadline = time.monotonic() + 30
+        while not subprocess.run(
+            ["ip", "netns", "pids", left], capture_output=True, text=True, check=True
+        ).stdout.split():
+            assert time.monotonic() < deadline, "the sleeper never ran in its namespace"
+            time.sleep(0.05)
+        others = set(leftover_namespaces()) - {left}
+        said: list[str] = []
+        assert clean_leftovers(said.append, spare=others) >= 1
+        assert left not in leftover_namespaces() and going in leftover_namespaces()
+        assert sleeper.wait(timeout=30) == -signal.SIGKILL
+        assert any(left in line and "1 processes killed" in line for line in said), said
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+        for namespace in (left, going):
+            subprocess.run(["ip", "netns", "delete", namespace], check=False, timeout=30)
