@@ -14,6 +14,7 @@ import inspect
 import logging
 import math
 import threading
+from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -400,8 +401,9 @@ class InProcessServiceClient(TrackedSessionCoordination):
     _service: InProcessService
     _root: str
 
+    @abstractmethod
     async def _op(self, operation: Callable[..., T], *args: Any) -> T:
-        raise NotImplementedError
+        """``operation(session_id, *args)`` on the service, as this client reaches it."""
 
     def _full(self, path: str) -> str:
         return rooted_path(self._root, path)
