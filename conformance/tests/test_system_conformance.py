@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from waltz_api.contracts.coordination import SessionState
+from waltz_conformance.reference.coordination import MemoryCoordination
 from waltz_conformance.suites.system import (
     PROCESSES,
     RECOVERY_CASES,
@@ -119,3 +121,29 @@ def test_a_process_harness_declares_processes(tmp_path: Path) -> None:
     made = SystemHarness(name="p", processes=True, workdir=tmp_path)
     assert PROCESSES in made.capabilities
     assert PROCESSES not in SystemHarness(name="m").capabilities
+
+
+async def test_the_harness_replaces_its_lost_coordination_client() -> None:
+    """A test that stalls the coordination service past the harness's own session
+    timeout costs that test, not every later test of the class (a CI run lost 24
+    tests of one class to one stalled session before the harness reconnected)."""
+    made = SystemHarness(
+        name="memory",
+        coordination_uri=f"memory://reconnect-{uuid.uuid4().hex[:8]}/waltz",
+        transport="memory",
+        storage_engine="memory",
+        session_timeout=2.0,
+    )
+    await made.start()
+    try:
+        lost = made.coordination
+        assert isinstance(lost, MemoryCoordination)
+        owner = await made.owner(0)
+        lost.service.expire_session(lost.session_id)
+        assert lost.session_state is SessionState.LOST
+        assert await made.owner(0) == owner  # through a new client
+        assert made.coordination is not lost
+        assert made.coordination is not None
+        assert made.coordination.session_state is SessionState.CONNECTED
+    finally:
+        await made.close()

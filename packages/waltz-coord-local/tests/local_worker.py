@@ -10,6 +10,8 @@ work and prints JSON lines. Modes:
 - ``ephemeral URI PATH TIMEOUT``: create PATH ephemeral, print ready, wait to be
   killed (heartbeating); print {"lost": true} if the session is lost.
 - ``setter URI N``: set /w to 1..N.
+- ``busy URI``: set /busy in a loop (most of its time inside a write
+  transaction), print ready after the first, until killed.
 """
 
 from __future__ import annotations
@@ -67,6 +69,14 @@ async def main(mode: str, uri: str, args: list[str]) -> None:
         for i in range(1, int(args[0]) + 1):
             await client.set("/w", str(i).encode())
         emit({"done": True})
+    elif mode == "busy":
+        await client.create("/busy", b"0")
+        emit({"ready": True})
+        deadline = asyncio.get_running_loop().time() + MAX_LIFETIME
+        count = 0
+        while asyncio.get_running_loop().time() < deadline:
+            count += 1
+            await client.set("/busy", str(count).encode())
     await client.close()
 
 

@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 
 from waltz_api.contracts.coordination import SessionState, Versioned
-from waltz_api.errors import ConfigError, CoordinationError, SessionLostError
+from waltz_api.errors import (
+    ConfigError,
+    CoordinationError,
+    CoordinationUnavailableError,
+    SessionLostError,
+)
 from waltz_api.hookspecs import PluginKind
 from waltz_api.plugins import PluginRegistry
 from waltz_coord_local import LocalCoordination, parse_location
@@ -200,6 +205,84 @@ async def test_paused_process_loses_its_session(
     assert await observer.get("/owners/paused") is None  # reaped while paused
     owner.signal(signal.SIGCONT)
     assert await owner.line() == {"lost": True}
+
+
+async def test_a_paused_process_never_holds_the_database(
+    spawn: Callable[..., Awaitable[Worker]], new_client: ClientFactory
+) -> None:
+    """A process stopped (SIGSTOP) in the middle of a write stalls nobody: SQLite's
+    write lock is never held by a client's own process. Before, a process paused
+    inside a write transaction held the lock for its whole pause, and every other
+    process of the machine waited (a CI run lost its whole system suite to it)."""
+    observer = await new_client(busy_timeout=2.0, session_timeout=30)
+    busy = await spawn("busy")
+    assert await busy.line() == {"ready": True}
+    loop = asyncio.get_running_loop()
+    for round_ in range(6):
+        # Paused at a random point of its loop: mostly inside a write transaction.
+        await asyncio.sleep(0.05 + 0.037 * round_)
+        busy.signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(0.05)
+            started = loop.time()
+            await observer.set("/busy", f"observer-{round_}".encode())
+            await observer.create(f"/observer/{round_}", b"")
+            assert [s for s in await observer.children("/observer")][-1] == str(round_)
+            elapsed = loop.time() - started
+            assert elapsed < 1.5, f"round {round_}: the observer waited {elapsed:.2f} s"
+        finally:
+            busy.signal(signal.SIGCONT)
+    resumed: list[bool] = []
+
+    async def writer_went_on() -> None:
+        for _ in range(500):
+            current = await observer.get("/busy")
+            if current is not None and current.value.isdigit():
+                resumed.append(True)
+                return
+            await asyncio.sleep(0.02)
+
+    await writer_went_on()
+    assert resumed, "the resumed process wrote nothing more"
+
+
+def writer_pids() -> list[int]:
+    """This process's writer processes (children running waltz_coord_local.writer)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and b"waltz_coord_local.writer" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_killed_writer_process_is_replaced_in_the_same_session(
+    new_client: ClientFactory, tmp_path: Path
+) -> None:
+    assert writer_pids() == []
+    client = await new_client()
+    other = await new_client()  # the clients of one file in one process share a writer
+    [writer] = writer_pids()
+    await client.create("/mine", b"1", ephemeral=True)
+    os.kill(writer, signal.SIGKILL)
+    with pytest.raises(CoordinationUnavailableError, match=r"writer process .* exited"):
+        await client.set("/mine", b"2")
+    assert await client.set("/mine", b"3") > 0  # a new writer, the same session
+    assert client.session_state is SessionState.CONNECTED
+    current = await other.get("/mine")
+    assert current is not None and current.value == b"3"
+    [replacement] = writer_pids()
+    assert replacement != writer
+    await client.close()
+    await other.close()
+    await eventually(lambda: writer_pids() == [], 10, "the last close to end the writer")
 
 
 async def test_watch_sees_another_process_final_state(

@@ -1,7 +1,9 @@
 """The Coordination contract, embedded: a SQLite file shared by the processes of one machine.
 
-Each client owns one SQLite connection used by one worker thread (every
-blocking call runs there, off the event loop), a session row it heartbeats
+Each client owns one SQLite connection for its reads, used by one worker thread
+(every blocking call runs there, off the event loop), a store in the writer
+process of its file for its writes (:mod:`waltz_coord_local.writer`: a stopped
+client process holds no write lock), a session row it heartbeats
 every ``session_timeout / 3`` (at most every 2 s), and one poll loop for all of
 its watches, which reads the global change log every ``poll_interval``.
 """
@@ -39,6 +41,7 @@ from waltz_api.errors import (
     SessionLostError,
 )
 from waltz_coord_local.store import LocalStore, NodeState, PollResult, SessionGone
+from waltz_coord_local.writer import WriterClient
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +153,8 @@ class LocalCoordination(Coordination):
         self._poll_interval = seconds_option(options, "poll_interval", DEFAULT_POLL_INTERVAL)
         self._busy_timeout = seconds_option(options, "busy_timeout", DEFAULT_BUSY_TIMEOUT)
         self._executor: ThreadPoolExecutor | None = None
-        self._store: LocalStore | None = None
+        self._store: LocalStore | None = None  # reads, in this process
+        self._writer: WriterClient | None = None  # writes, in the writer process
         # Not started yet: LOST until the session begins; listeners are called inline.
         self._session = SessionStateTracker(
             None,
@@ -185,6 +189,13 @@ class LocalCoordination(Coordination):
                 f"the local coordination session {self._session_id} expired and its "
                 "ephemeral entries are gone; close this client and start a new one"
             ) from exc
+
+    async def _write(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run the store write ``name`` in this client's writer process."""
+        writer = self._writer
+        if writer is None:
+            raise CoordinationError("the local coordination client is not started")
+        return await self._run(writer.call, name, *args, **kwargs)
 
     def _written(self) -> None:
         """Wake the watch polls of this process's clients of the same file."""
@@ -222,13 +233,19 @@ class LocalCoordination(Coordination):
             return
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="waltz-local-coord")
         try:
+            # The writer first: it creates the database and its schema.
+            self._writer = await self._run(
+                WriterClient, self.db_path, busy_timeout=self._busy_timeout
+            )
             self._store = await self._run(LocalStore, self.db_path, busy_timeout=self._busy_timeout)
-            await self._run(self._store.setup)
-            self._session_id = await self._run(self._store.open_session, self._session_timeout)
+            self._store.reap_expired = functools.partial(self._writer.call, "reap")
+            self._session_id = await self._write("open_session", self._session_timeout)
+            self._store.session_id = self._session_id
         except BaseException:
-            if self._store is not None:
-                with contextlib.suppress(Exception):
-                    await self._run(self._store.close)
+            for closing in (self._store, self._writer):
+                if closing is not None:
+                    with contextlib.suppress(Exception):
+                        await self._run(closing.close)
             self._executor.shutdown(wait=False)
             self._executor = None
             raise
@@ -269,7 +286,7 @@ class LocalCoordination(Coordination):
         if store is not None:
             if self._session.state is not SessionState.LOST:
                 try:
-                    await self._run(store.end_session)
+                    await self._write("end_session")
                     self._written()
                 except CoordinationError as exc:
                     log.warning(
@@ -281,6 +298,9 @@ class LocalCoordination(Coordination):
                     )
             with contextlib.suppress(Exception):
                 await self._run(store.close)
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await self._run(self._writer.close)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         self._session.close(final=SessionState.LOST)  # closed on purpose: no notification
@@ -318,7 +338,7 @@ class LocalCoordination(Coordination):
                 return
             sent = loop.time()
             try:
-                alive = await self._run(store.heartbeat, self._session_timeout)
+                alive = await self._write("heartbeat", self._session_timeout)
             except Exception as exc:  # any failure to heartbeat counts, never ends the loop
                 log.warning("local coordination heartbeat failed: %s", exc)
                 if self._session.state is SessionState.CONNECTED:
@@ -344,11 +364,11 @@ class LocalCoordination(Coordination):
     async def create(
         self, path: str, value: bytes = b"", *, ephemeral: bool = False, make_parents: bool = True
     ) -> int:
-        store = self._store_or_raise()
+        self._store_or_raise()
         if check_path(path) == "/":
             raise NodeExistsError("the root always exists")
-        version = await self._run(
-            store.create,
+        version = await self._write(
+            "create",
             self._full(path),
             bytes(value),
             ephemeral=ephemeral,
@@ -356,14 +376,14 @@ class LocalCoordination(Coordination):
             top=self._top,
         )
         self._written()
-        return version
+        return int(version)
 
     async def set(self, path: str, value: bytes, *, expected_version: int | None = None) -> int:
-        store = self._store_or_raise()
+        self._store_or_raise()
         if check_path(path) == "/":
             raise CoordinationError("the root holds no value; set a path below it")
-        version, current = await self._run(
-            store.set, self._full(path), bytes(value), expected_version
+        version, current = await self._write(
+            "set", self._full(path), bytes(value), expected_version
         )
         self._written()
         if current is not None:
@@ -371,15 +391,15 @@ class LocalCoordination(Coordination):
                 f"compare-and-set of {path!r} lost: expected version {expected_version}, "
                 f"current version {current}; read it again"
             )
-        return version
+        return int(version)
 
     async def delete(
         self, path: str, *, expected_version: int | None = None, recursive: bool = False
     ) -> None:
-        store = self._store_or_raise()
+        self._store_or_raise()
         if check_path(path) == "/":
             raise CoordinationError("the root cannot be deleted; delete the paths below it")
-        current = await self._run(store.delete, self._full(path), expected_version, recursive)
+        current = await self._write("delete", self._full(path), expected_version, recursive)
         self._written()
         if current is not None:
             raise BadVersionError(
@@ -392,12 +412,12 @@ class LocalCoordination(Coordination):
         return await self._run(store.children, self._full(path))
 
     async def increment(self, path: str) -> int:
-        store = self._store_or_raise()
+        self._store_or_raise()
         if check_path(path) == "/":
             raise CoordinationError("the root cannot be a counter")
-        value = await self._run(store.increment, self._full(path), self._top)
+        value = await self._write("increment", self._full(path), self._top)
         self._written()
-        return value
+        return int(value)
 
     # -- watches ----------------------------------------------------------------------------
 
@@ -474,10 +494,10 @@ class LocalCoordination(Coordination):
     async def expire_session_of(self, session_id: int) -> int:
         """Expire another session now, as if it had stopped heartbeating (tests,
         operators); returns how many ephemeral entries went with it."""
-        store = self._store_or_raise()
-        count = await self._run(store.expire_session, session_id)
+        self._store_or_raise()
+        count = await self._write("expire_session", session_id)
         self._written()
-        return count
+        return int(count)
 
 
 def _versioned(state: NodeState | None) -> Versioned | None:

@@ -17,7 +17,8 @@ on the machine that uses the same location:
 
 Every write runs in ``BEGIN IMMEDIATE`` (SQLite's single writer lock), so a
 compare-and-set is a read and a write under one lock: atomic across
-threads and processes.
+threads and processes. A client's writes run in its writer process
+(:mod:`waltz_coord_local.writer`), its reads in its own process.
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ class LocalStore:
         self.boot = boot_id()
         self.session_id = 0
         self._seq: int | None = None  # the sequence number of the open write transaction
+        # How a read that finds expired sessions has them reaped first: a write here,
+        # or (in a client's process, which never writes) a request to its writer.
+        self.reap_expired: Callable[[], object] = self.reap
         try:
             self.conn = sqlite3.connect(
                 str(db_path), timeout=busy_timeout, isolation_level=None, check_same_thread=False
@@ -308,9 +312,15 @@ class LocalStore:
 
     # -- operations ---------------------------------------------------------------------------
 
+    def reap(self) -> None:
+        """Reap the expired sessions now (one write transaction); raises SessionGone
+        when this store's own session was among them."""
+        with _errors(self.db_path):
+            self._write(lambda: None)
+
     def _maybe_reap(self) -> None:
         if self.has_expired_sessions():
-            self._write(lambda: None)
+            self.reap_expired()
 
     def get(self, path: str) -> NodeState | None:
         with _errors(self.db_path):

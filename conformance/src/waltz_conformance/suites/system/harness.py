@@ -17,7 +17,7 @@ from typing import Any
 from waltz_api.capabilities import PROCESSES
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.config import toml_document
-from waltz_api.contracts.coordination import Coordination
+from waltz_api.contracts.coordination import Coordination, SessionState
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import SessionFencedError, StorageError, TransportError
 from waltz_api.plugins import get_registry
@@ -75,6 +75,7 @@ class SystemHarness(Harness):
     retired: set[int] = field(default_factory=set)
     """Storage nodes (indexes) removed from the cluster: :meth:`heal` leaves them down."""
     _locations: list[str] = field(default_factory=list)
+    _reconnecting: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -127,9 +128,8 @@ class SystemHarness(Harness):
     async def start(self) -> None:
         self.storage_nodes = [self._storage_name(i) for i in range(self.num_storage_nodes)]
         options = {"session_timeout": self.session_timeout}
-        self.coordination = coordination_from_uri(self.coordination_uri, options)
-        await self.coordination.start()
-        self.metadata = ClusterAdmin(self.coordination)
+        await self._connect_coordination()
+        assert self.metadata is not None
         await self.metadata.create_cluster(
             num_partitions=self.num_partitions,
             num_replicas=self.num_storage_nodes,
@@ -197,6 +197,43 @@ class SystemHarness(Harness):
         settings.update(changes)
         return SystemHarness(**settings)
 
+    async def _connect_coordination(self) -> None:
+        """The harness's own coordination client. Should its session be lost (a test
+        that stalls the coordination service longer than the session timeout), the
+        next one replaces it: one test fails, not every later test of the class."""
+        client = coordination_from_uri(
+            self.coordination_uri, {"session_timeout": self.session_timeout}
+        )
+        await client.start()
+        loop = asyncio.get_running_loop()
+
+        def on_state(state: SessionState) -> None:
+            if state is SessionState.LOST and self.coordination is client:
+                loop.call_soon_threadsafe(self._reconnect_soon, client)
+
+        client.add_session_listener(on_state)
+        self.coordination, self.metadata = client, ClusterAdmin(client)
+
+    def _reconnect_soon(self, lost: Coordination) -> None:
+        if self.coordination is not lost or self._reconnecting is not None:
+            return
+        log.warning("the harness's coordination session was lost; starting a new client")
+        self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect(lost))
+
+    async def _reconnect(self, lost: Coordination) -> None:
+        try:
+            with contextlib.suppress(Exception):
+                await lost.close()
+            for attempt in range(30):
+                try:
+                    await self._connect_coordination()
+                    return
+                except Exception as exc:  # the service may still be stalled: retry
+                    log.warning("harness coordination reconnect %d failed: %s", attempt, exc)
+                    await asyncio.sleep(1.0)
+        finally:
+            self._reconnecting = None
+
     async def close(self) -> None:
         """Stop every member (by pid for processes), also after a failed start."""
         for member in [*self.servers, *self.storage]:
@@ -204,6 +241,9 @@ class SystemHarness(Harness):
                 await member.kill()
         if self.client_transport is not None:
             await self.client_transport.close()
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            await asyncio.gather(self._reconnecting, return_exceptions=True)
         if self.coordination is not None:
             await self.coordination.close()
         if self.storage_engine == "memory":
@@ -214,14 +254,25 @@ class SystemHarness(Harness):
 
     # -- the cluster's state --------------------------------------------------------
 
+    async def coordination_ready(self) -> ClusterAdmin:
+        """The harness's metadata client, once a replacement of a lost one is up."""
+        if self.coordination is not None and self.coordination.session_state is SessionState.LOST:
+            self._reconnect_soon(self.coordination)
+        if self._reconnecting is not None:
+            await asyncio.shield(self._reconnecting)
+        assert self.metadata is not None
+        return self.metadata
+
     async def owner(self, partition: int) -> tuple[int, str, int]:
         """The partition's owner: (server id, endpoint, generation); id -1 if none."""
+        await self.coordination_ready()
         assert self.metadata is not None
         owner = (await self.metadata.partition_assignment(partition)).value
         return owner.server_id, owner.endpoint, owner.generation
 
     async def session_id(self, partition: int) -> int:
         """The partition's current store session id (from the coordination service)."""
+        await self.coordination_ready()
         assert self.metadata is not None
         return (await self.metadata.store_metadata(partition)).value.session_id
 
