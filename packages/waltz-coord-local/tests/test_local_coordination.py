@@ -338,3 +338,15 @@ async def test_roots_share_one_file_but_not_paths(
             await one.get("a")
     finally:
         await two.close()
+
+
+async def test_a_writer_that_cannot_start_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fds = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    client = LocalCoordination(f"local://{tmp_path}")
+    with pytest.raises(CoordinationError, match="cannot start the writer process"):
+        await client.start()
+    assert len(os.listdir("/proc/self/fd")) == fds  # no pipe left open
+    assert writer_pids() == []

@@ -111,16 +111,15 @@ class WriterProcess:
                 env=env,
             )
         except OSError as exc:
-            for fd in (request_read, request_write, reply_read, reply_write):
-                os.close(fd)
+            os.close(request_write)
+            os.close(reply_read)
             raise CoordinationError(
                 f"cannot start the writer process of {db_path}: {exc}; check that "
                 f"{sys.executable} can run"
             ) from exc
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(request_read)
-                os.close(reply_write)
+        finally:  # the child's ends: it has its own copies now
+            os.close(request_read)
+            os.close(reply_write)
         self._requests = Connection(request_write, readable=False)
         self._replies = Connection(reply_read, writable=False)
         # Closing the request pipe ends the writer, also when nobody closed this object.
