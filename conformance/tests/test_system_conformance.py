@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -42,6 +43,18 @@ def coordination_uri(request: pytest.FixtureRequest, kind: str, workdir: Path) -
     return f"local://{directory}?root={root}"
 
 
+def memory_harness(**settings: Any) -> SystemHarness:
+    """The in-process combination: memory coordination, transport and storage."""
+    return SystemHarness(
+        name="memory",
+        coordination_uri=f"memory://system-{uuid.uuid4().hex[:8]}/waltz",
+        transport="memory",
+        storage_engine="memory",
+        session_timeout=2.0,
+        **settings,
+    )
+
+
 @pytest_asyncio.fixture(scope="class", loop_scope="class")
 async def harness(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -55,12 +68,7 @@ async def harness(
     if coordination in ("memory", "zk"):
         capabilities.add(VOTER_SWEEP)
     if coordination == "memory":
-        made = SystemHarness(
-            name="memory",
-            coordination_uri=f"memory://system-{uuid.uuid4().hex[:8]}/waltz",
-            transport="memory",
-            storage_engine="memory",
-            session_timeout=2.0,
+        made = memory_harness(
             lock_table=getattr(request.cls, "lock_table", "hwm-array"),
             capabilities=frozenset(capabilities),
         )
@@ -127,13 +135,7 @@ async def test_the_harness_replaces_its_lost_coordination_client() -> None:
     """A test that stalls the coordination service past the harness's own session
     timeout costs that test, not every later test of the class (a CI run lost 24
     tests of one class to one stalled session before the harness reconnected)."""
-    made = SystemHarness(
-        name="memory",
-        coordination_uri=f"memory://reconnect-{uuid.uuid4().hex[:8]}/waltz",
-        transport="memory",
-        storage_engine="memory",
-        session_timeout=2.0,
-    )
+    made = memory_harness()
     await made.start()
     try:
         lost = made.coordination

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from waltz_api.backoff import Backoff
 from waltz_api.capabilities import PROCESSES
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.config import toml_document
@@ -224,13 +226,18 @@ class SystemHarness(Harness):
         try:
             with contextlib.suppress(Exception):
                 await lost.close()
-            for attempt in range(30):
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + TIMEOUT
+            backoff = Backoff(0.05, 1.0, random.Random(self.name))
+            while True:
                 try:
                     await self._connect_coordination()
                     return
                 except Exception as exc:  # the service may still be stalled: retry
-                    log.warning("harness coordination reconnect %d failed: %s", attempt, exc)
-                    await asyncio.sleep(1.0)
+                    if loop.time() >= deadline:
+                        raise
+                    log.warning("harness coordination reconnect failed, retrying: %s", exc)
+                    await backoff.sleep()
         finally:
             self._reconnecting = None
 
