@@ -537,6 +537,7 @@ async def test_random_moves_between_generations_fence_the_old_owner(
     owners = [cluster.store(generation=1, seed=seed, idle_probe_interval=0.02)]
     await owners[0].start()
     acknowledged: dict[int, bytes] = {}
+    appended: list[tuple[StorePartition, asyncio.Future[int]]] = []
     opened_at: dict[int, int] = {}  # generation -> low-water mark of its first session
 
     moved = asyncio.Event()
@@ -563,6 +564,7 @@ async def test_random_moves_between_generations_fence_the_old_owner(
                     acknowledged[f.result()] = data
 
             future.add_done_callback(done)
+            appended.append((store, future))
 
     async def mover() -> None:
         for generation in range(2, 6):
@@ -587,6 +589,13 @@ async def test_random_moves_between_generations_fence_the_old_owner(
         )
         final = owners[-1]
         await final.wait_ready(TIMEOUT)
+        # The writers do not wait for their appends' commits: wait for the final
+        # owner's to be decided, so its high-water mark covers every commit (a loaded
+        # CI run read one record past a mark taken while one was still in flight).
+        in_flight = [f for store, f in appended if store is final and not f.done()]
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=TIMEOUT)
+        assert all(f.done() for f in in_flight), "an append to the final owner stayed undecided"
         hwm = final.high_water_mark
         records: list[Record] = []
         while len(records) <= hwm:
