@@ -186,11 +186,25 @@ class Scrubber:
         pacer = pacer if pacer is not None else Pacer(self.rate)
         if node.metrics is not None:
             node.metrics.scrub_partitions(ids)
+        started = time.monotonic()
         results = []
         for partition_id in ids:
             results.append(await self._scrub(partition_id, pacer))
         if everything and node.metrics is not None:
             node.metrics.scrub_pass_completed(self._clock())
+        damaged = [f"{a}..{b} of {r.partition_id}" for r in results for a, b in r.damaged]
+        stopped = [f"{r.partition_id} ({r.error})" for r in results if r.error]
+        log.log(
+            logging.WARNING if damaged or stopped else logging.INFO,
+            "scrub pass over %d partition(s): %d records (%d bytes) verified in %.1fs; "
+            "damaged: %s; not finished: %s",
+            len(results),
+            sum(r.records for r in results),
+            sum(r.bytes_read for r in results),
+            time.monotonic() - started,
+            ", ".join(damaged) or "none",
+            ", ".join(stopped) or "none",
+        )
         return results
 
     async def _scrub(self, partition_id: int, pacer: Pacer) -> PartitionScrub:
@@ -221,14 +235,12 @@ class Scrubber:
                 log.error("%s", line)
                 await node.end_sessions(partition_id, line)
 
-        started = time.monotonic()
         result = await scrub_partition(partition_id, step, pacer, on_progress)
-        log.info(
-            "partition %d: scrubbed %d records (%d bytes) in %.1fs%s",
+        log.debug(
+            "partition %d: scrubbed %d records (%d bytes)%s",
             partition_id,
             result.records,
             result.bytes_read,
-            time.monotonic() - started,
             f"; stopped: {result.error}" if result.error else "",
         )
         return result
