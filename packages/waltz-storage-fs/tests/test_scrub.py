@@ -253,3 +253,33 @@ async def test_a_damaged_index_entry_is_damage_at_its_record(engine: FsStorageEn
             assert await part.read_record(t) == make_record(t)
     await part.repair([make_record(victim)])
     await assert_log(engine, 0, LAST)
+
+
+async def test_a_hole_at_a_segments_first_record_after_a_repaired_one(
+    engine: FsStorageEngine,
+) -> None:
+    """Damage at X (a split: the segment is cut before X, X+1.. move to a new segment),
+    X repaired (written where the cut was, the segment now ends at X+1 with room left),
+    then damage at X+1, the new segment's first record (it keeps no record): the repair of
+    X+1 must land where reads look for it, and survive a restart."""
+    part = engine.partition(0)
+    victim = part.local_extents()[1].first + 1
+    flip(engine, victim)
+    calls = await full_pass(part)
+    assert [c.damaged for c in calls if c.damaged] == [((victim, victim),)]
+    await part.repair([make_record(victim)])
+    flip(engine, victim + 1)
+    calls = await full_pass(part)
+    assert [c.damaged for c in calls if c.damaged] == [((victim + 1, victim + 1),)]
+    await part.repair([make_record(victim + 1)])
+    await assert_log(engine, 0, LAST)
+    for t in range(LAST + 1):
+        assert await part.read_record(t) == make_record(t)
+    directory = engine.directory
+    await engine.close()
+    engine = await open_engine(directory)
+    try:
+        assert engine.partition(0).missing_ranges() == []
+        await assert_log(engine, 0, LAST)
+    finally:
+        await engine.close()

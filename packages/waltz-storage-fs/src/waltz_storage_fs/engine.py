@@ -555,8 +555,10 @@ class FsStoragePartition(StoragePartition):
             )
         files = self._files
         try:
+            # the last segment ending at the hole: an empty one (the damage began at its
+            # first record) is where reads look for these ids, not the one before it
             before = [s for s in self._segments if s.end == first]
-            seg = before[0] if before else None
+            seg = before[-1] if before else None
             if seg is None or seg.size >= self._engine.options.segment_size:
                 if seg is not None:
                     files.fdatasync(seg.data_fd)
@@ -572,8 +574,8 @@ class FsStoragePartition(StoragePartition):
 
     def commit_scrub(self, plan: scrubbing.Plan) -> tuple[int, int] | None:
         """Make the hole a scrub planned (:func:`waltz_storage_fs.scrub.commit`); None
-        when the segment changed since it was planned."""
-        if self.broken is not None:
+        when the segment changed since it was planned (the plan's files deleted)."""
+        if self.broken is not None or self._closed:
             plan.discard(self._files)
             return None
         try:
@@ -867,11 +869,15 @@ class FsStoragePartition(StoragePartition):
             )
         )
         made: list[tuple[int, int] | None] = []
+        future: asyncio.Future[None] = engine.loop.create_future()
         try:
-            await engine.run_committed(lambda: made.append(self.commit_scrub(plan)))
-        finally:
-            if not made:  # never reached the committer (the engine closed)
-                await engine.run_read(lambda: plan.discard(self._files))
+            committer = engine.committer()
+        except StorageError:  # closed meanwhile: the plan's files are nobody's
+            plan.discard(self._files)
+            raise
+        # the committer carries the plan out or discards it, even if this call is cancelled
+        committer.submit(_Job(future, action=lambda: made.append(self.commit_scrub(plan))))
+        await asyncio.shield(future)
         hole = made[0]
         if hole is None:
             log.warning(

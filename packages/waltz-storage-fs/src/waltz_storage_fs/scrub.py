@@ -190,8 +190,14 @@ class Plan:
     data_path: Path | None = None
     index_path: Path | None = None
 
+    def hand_over(self) -> None:
+        """The new segment's files are the log's now: :meth:`discard` leaves them."""
+        self.data_fd = self.index_fd = -1
+        self.data_path = self.index_path = None
+
     def discard(self, files: Files) -> None:
-        """Close and delete the new segment's files (a plan not carried out)."""
+        """Close and delete the new segment's files (a plan not carried out; nothing once
+        they were handed over)."""
         for fd in (self.data_fd, self.index_fd):
             if fd >= 0:
                 files.close(fd)
@@ -339,7 +345,7 @@ def commit(
         ) from exc
     if plan.moved_to is not None:
         new = Segment(seg.data_path.parent, plan.moved_to, plan.data_fd, plan.index_fd)
-        plan.data_fd = plan.index_fd = -1  # the segment's now
+        plan.hand_over()
         new.count, new.size, new.created_ms = plan.new_count, plan.new_size, seg.created_ms
         segments.insert(segments.index(seg) + 1, new)
     seg.count = first - seg.first
