@@ -13,17 +13,21 @@ committing throughout.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import tomllib
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from waltz_api.config import toml_document
 from waltz_conformance.suites.system.clients import PartitionClient
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
 from waltz_conformance.suites.system.members import Member
+from waltz_server.cli import main
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 
@@ -138,5 +142,18 @@ async def test_damage_a_running_nodes_scrub_finds_is_repaired_from_its_peers(
         assert f"repaired transactions {victim}..{victim} from a peer" in text
         (entry,) = tools.list_quarantine(data_dir)
         assert f"a scrub found transactions {victim}..{victim}" in entry.readme
+
+        # `waltz storage scrub` asks the running node for a pass now: nothing is left
+        def scrub_now() -> tuple[int, str]:
+            endpoint = harness.storage_endpoint(victim_node)
+            result = CliRunner().invoke(
+                main, ["storage", "scrub", "--endpoint", endpoint, "--rate", "0", "-o", "json"]
+            )
+            return result.exit_code, result.output
+
+        code, out = await asyncio.get_running_loop().run_in_executor(None, scrub_now)
+        assert code == 0, out
+        (row,) = json.loads(out)["partitions"]
+        assert row["complete"] and row["records"] > 100 and row["damaged"] == []
     finally:
         await harness.close()
