@@ -144,6 +144,9 @@ class StoreSession:
         self._replication: Replication | None = None
         self._connections: dict[str, ReplicaConnection] = {}
         self._joined: set[str] = set()
+        self._suspect_rejoins: set[str] = set()
+        """Replicas whose last rejoin found storage that lost what they acknowledged: they
+        join as suspects (see Replication.join)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: collections.deque[tuple[int, asyncio.Future[int]]] = collections.deque()
         self.low_water_mark = NO_TRANSACTION
@@ -543,10 +546,11 @@ class StoreSession:
         )
         if plan.truncate_to is not None:
             await connection.truncate(plan.truncate_to)
-        if plan.set_low_water_mark:
+        if plan.suspect:
             log.warning(
-                "partition %d session %d: replica %s came back with storage that changed "
-                "(session info %s, log end %d, acknowledged %d): keeping up to %d",
+                "partition %d session %d: replica %s came back with storage that lost what "
+                "it acknowledged (session info %s, log end %d, acknowledged %d): keeping up "
+                "to %d; suspect (not a voter) until it holds the committed prefix (%d)",
                 self.partition_id,
                 self.session_id,
                 node,
@@ -554,8 +558,10 @@ class StoreSession:
                 max_id,
                 acked,
                 plan.mark,
+                self.high_water_mark,
             )
-            await connection.set_low_water_mark(self.low_water_mark)
+            # durably suspect before it writes: a recovery must not count it as a voter
+            await connection.mark_replica(self.low_water_mark, clean=False)
         mark = plan.mark
         if archive_mark >= 0 and prune is not None and mark < archive_mark:
             # behind the archive: its log continues after the mark (everything at or below
@@ -569,6 +575,8 @@ class StoreSession:
             node,
             mark,
         )
+        if plan.suspect:
+            self._suspect_rejoins.add(node)
         return mark
 
     async def _repair(self, node: str, connection: ReplicaConnection, upto: int) -> None:
@@ -623,7 +631,9 @@ class StoreSession:
         replication = self._replication
         assert replication is not None
         self._joined.add(node)
-        self._committed(replication.join(node, mark))
+        suspect = node in self._suspect_rejoins
+        self._suspect_rejoins.discard(node)
+        self._committed(replication.join(node, mark, suspect=suspect))
         self._wake()
 
     def _leave(self, node: str, connection: ReplicaConnection, cause: BaseException) -> None:
@@ -663,12 +673,20 @@ class StoreSession:
         start_append: Callable[[Sequence[Record]], asyncio.Future[None]] | None = getattr(
             connection, "start_append", None
         )
+        progress = replication.progress(node)
+        suspect = progress is not None and progress.clean_at is not None
+        if suspect and (log_end := replication.clean_due(node)) is not None:
+            await self._mark_clean(node, connection, log_end)
+            suspect = False
         try:
             while not self._done.is_set():
                 while inflight and inflight[0][1].done():
                     last, sent = inflight.popleft()
                     sent.result()
                     self._committed(replication.on_appended(node, last))
+                    if suspect and (log_end := replication.clean_due(node)) is not None:
+                        await self._mark_clean(node, connection, log_end)
+                        suspect = False
                 action = replication.next_send(node)
                 if isinstance(action, CatchUp):
                     records = await self._read_catch_up(node, action)
@@ -689,6 +707,22 @@ class StoreSession:
                 sent.cancel()
                 with contextlib.suppress(BaseException):
                     await sent
+
+    async def _mark_clean(self, node: str, connection: ReplicaConnection, log_end: int) -> None:
+        """A suspect replica holds the committed prefix again (up to ``log_end``): its
+        storage records it clean in this session, so a recovery counts it as a voter."""
+        await connection.mark_replica(self.low_water_mark, clean=True, log_end=log_end)
+        replication = self._replication
+        if replication is not None:
+            replication.marked_clean(node)
+        log.info(
+            "partition %d session %d: replica %s holds the committed prefix again (up to "
+            "%d): clean",
+            self.partition_id,
+            self.session_id,
+            node,
+            log_end,
+        )
 
     async def _wait_for_work(
         self,
