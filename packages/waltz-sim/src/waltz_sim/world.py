@@ -292,6 +292,12 @@ class World:
         self.submissions_end = loop.time() + config.duration
         self.faults_injected = 0
         self.fault_log: list[str] = []
+        from waltz_sim.faults import profile
+        from waltz_sim.points import PointStriker
+
+        self.points = PointStriker(
+            self, self.rng("points"), strike=profile(config.faults).point_strikes
+        )
         self.client_databases: dict[str, Any] = {}
         self.snapshot: ClusterSnapshot | None = None
         self.ready_at: float | None = None
@@ -426,6 +432,8 @@ class World:
         self.submissions_end = end - 3.0
         gc_task = self.loop.create_task(self._collect_garbage(end), context=WORLD_CONTEXT)
         nemesis = Nemesis(self, self.rng("faults"))
+        self.points.nemesis = nemesis
+        self.points.strike_until = nemesis.safety_end(end - config.quiet)
         await nemesis.run(until=end - config.quiet)
         self.healed_at = nemesis.healed_at
         await asyncio.sleep(max(0.0, end - self.loop.time()))

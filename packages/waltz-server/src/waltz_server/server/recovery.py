@@ -40,6 +40,7 @@ from waltz_api.errors import (
     StoreSessionClosedError,
     TransportError,
 )
+from waltz_api.faultpoints import point
 from waltz_api.types import NO_TRANSACTION, UNRESOLVED, Record, ReplicaId, ReplicaState
 from waltz_server.server.replica import ReplicaConnection
 from waltz_server.server.store_metadata import (
@@ -201,6 +202,7 @@ class RecoveryManager:
         self._states[node] = me
         self._evaluate()
         self._notify()
+        point("recovery.voted", partition=self.partition_id, replica=node, mark=mark)
 
         low_water_mark_set = False
         while True:
@@ -456,6 +458,7 @@ class RecoveryManager:
                     )
                 records = [r for r in records if r.transaction_id <= last]
                 await repair(records)
+                point("replica.repaired", partition=self.partition_id, replica=node)
                 next_id += len(records)
 
     def forget(self, node: str, connection: ReplicaConnection) -> None:
@@ -501,6 +504,7 @@ class RecoveryManager:
             # write, a restore within the session) cannot outvote the intact copy.
             self._resolved = max(resolution.high_water_mark, *voters)
             self.at_risk = None
+            point("recovery.decided", partition=self.partition_id, mark=self._resolved)
             log.info(
                 "partition %d session %d: closing high-water mark of the last session is %s "
                 "(a quorum votes for %s)",

@@ -24,8 +24,7 @@ import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from waltz_api.backoff import Backoff
 from waltz_api.contracts.coordination import Coordination
@@ -36,6 +35,7 @@ from waltz_api.errors import (
     TransportError,
     WaltzError,
 )
+from waltz_api.faultpoints import point
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replica import LocalLog, ReplicaConnection, ReplicaConnector
@@ -47,58 +47,17 @@ from waltz_server.server.replication import (
     Send,
     plan_rejoin,
 )
+from waltz_server.server.store_config import (
+    ArchiveLink,
+    CommitListener,
+    StoreConfig,
+)
 from waltz_server.server.store_metadata import VersionedMetadata
 from waltz_server.server.voting import quorum_of
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    """Tuning of the store layer (``[server.store]``)."""
-
-    max_batch_records: int = 512
-    max_batch_bytes: int = 4 * 1024 * 1024
-    max_pending_records: int = 8192
-    """Appends not yet committed before ``append`` waits (back pressure)."""
-    max_window_bytes: int = 32 * 1024 * 1024
-    """Bytes of recent records kept in memory for lagging replicas; older ones are read
-    back from a healthy replica's storage."""
-    catch_up_batch: int = 256
-    max_inflight_batches: int = 4
-    """Append batches in flight to one replica at once (its storage node groups
-    consecutive ones into one flush)."""
-    checkpoint_interval: int = 250_000
-    """A new session (so a short recovery) once this many transactions were written."""
-    idle_probe_interval: float = 2.0
-    """An idle replica is asked its max transaction id this often: a storage node that
-    died (or a session that was fenced) while nothing was written is noticed."""
-    retry_initial: float = 0.05
-    retry_max: float = 2.0
-    drain_timeout: float = 10.0
-
-
-class ArchiveLink(Protocol):
-    """The partition's archive, as the store sees it (``waltz_server.server.archiving``)."""
-
-    @property
-    def mark(self) -> int:
-        """The archive mark as last known: every id at or below it is archived (-1:
-        none)."""
-
-    async def refresh(self) -> int:
-        """Read the archive mark from the cluster metadata (CoordinationError: the
-        service is unreachable)."""
-
-    async def read(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
-        """Archived records from ``start`` (ArchiveError when the archive fails)."""
-
-
-CommitListener = Callable[[int, Sequence[Record]], None]
-"""``listener(high_water_mark, records)``: ``records`` are the newly committed ones, in order."""
-RecoveryListener = Callable[[int], None]
 
 
 class StoreSession:
@@ -228,6 +187,7 @@ class StoreSession:
             self.session_id,
             resolved,
         )
+        point("store.session_opened", partition=self.partition_id, session=self.session_id)
         return resolved
 
     async def wait_done(self) -> None:
@@ -248,6 +208,7 @@ class StoreSession:
             cause,
         )
         self.recovery.abort(cause)
+        point("store.session_closing", partition=self.partition_id, session=self.session_id)
         error = self._closed_error(str(cause))
         while self._waiters:
             _, future = self._waiters.popleft()
@@ -562,6 +523,7 @@ class StoreSession:
             )
             # durably suspect before it writes: a recovery must not count it as a voter
             await connection.mark_replica(self.low_water_mark, clean=False)
+            point("replica.marked_suspect", partition=self.partition_id, replica=node)
         mark = plan.mark
         if archive_mark >= 0 and prune is not None and mark < archive_mark:
             # behind the archive: its log continues after the mark (everything at or below
@@ -577,6 +539,7 @@ class StoreSession:
         )
         if plan.suspect:
             self._suspect_rejoins.add(node)
+        point("replica.rejoined", partition=self.partition_id, replica=node, mark=mark)
         return mark
 
     async def _repair(self, node: str, connection: ReplicaConnection, upto: int) -> None:
@@ -625,6 +588,7 @@ class StoreSession:
                         f"{records[0].transaction_id if records else 'none'}"
                     )
                 await repair(records)
+                point("replica.repaired", partition=self.partition_id, replica=node)
                 next_id += len(records)
 
     def _join(self, node: str, mark: int) -> None:
@@ -715,6 +679,7 @@ class StoreSession:
         replication = self._replication
         if replication is not None:
             replication.marked_clean(node)
+        point("replica.marked_clean", partition=self.partition_id, replica=node)
         log.info(
             "partition %d session %d: replica %s holds the committed prefix again (up to "
             "%d): clean",
