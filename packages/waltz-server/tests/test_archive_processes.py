@@ -617,12 +617,20 @@ async def test_a_restored_cluster_never_serves_the_lost_clusters_orphan(tmp_path
         # the lost server's upload, once more after the restore
         (archive / f"partition-{PARTITION}" / late.name).write_bytes(uploaded)
 
-    new = old.sibling("restored", before_servers=restore, cluster_key=old.cluster_key)
+    # the new cluster keeps more ids local than the orphan holds: its first range can
+    # only be planned once the orphan lies below its high-water mark (so it is looked at)
+    keep = orphan.last - lost.mark + 20
+    new = old.sibling(
+        "restored",
+        before_servers=restore,
+        cluster_key=old.cluster_key,
+        server_settings=archive_settings(url, keep_local_transactions=keep),
+    )
     await new.start()
     try:
         assert f"starts at the archive mark {lost.mark}" in restored_output[0]
         client = await PartitionClient.connect(new, PARTITION, None)
-        count = orphan.last - lost.mark + 150
+        count = orphan.last - lost.mark + keep + 60
         high = await commit(client, "new", count)
         assert high == lost.mark + count
         await wait_for(
