@@ -61,13 +61,20 @@ class PointStriker:
             return
         target = incarnation.process
         replica = detail.get("replica")
-        if isinstance(replica, str) and self.rng.random() < 0.3:
-            node = self._storage_process(replica)
-            if node is not None:
+        node = self._storage_process(replica) if isinstance(replica, str) else None
+        action = "crash" if self.rng.random() < 0.6 else "pause"
+        if node is not None:
+            choice = self.rng.random()
+            if choice < 0.4:
+                # the replica's disk turns slow (a live but lagging copy) and the process
+                # that hit the point dies a moment later: the window between a rejoin and
+                # the end of its catch-up
+                self._slow_disk(node)
+                action = "crash"
+            elif choice < 0.6:
                 target = node
         if not target.running or not self.nemesis._allowed({target.name}):
             return
-        action = "crash" if self.rng.random() < 0.6 else "pause"
         delay = 0.0 if self.rng.random() < 0.5 else self.rng.uniform(0.001, 0.02)
         self.strikes += 1
         self._next_strike = now + STRIKE_GAP
@@ -79,6 +86,25 @@ class PointStriker:
             if replica.split(":", maxsplit=1)[0] == process.name:
                 return process
         return None
+
+    def _slow_disk(self, node: SimProcess) -> None:
+        disk = self.world.disks.get(self.world.data_dir(node.name))
+        if disk is None:
+            return
+        extra = self.rng.uniform(0.3, 2.0)
+        held = self.rng.uniform(2.0, 6.0)
+        disk.extra_fsync.append(extra)
+        loop = self.world.loop
+        self.world.fault_log.append(
+            f"{loop.time() - self.world.started_at:.2f} slow fsyncs on {node.name} "
+            f"(+{extra * 1000:.0f} ms) for {held:.1f}s (strike)"
+        )
+
+        def heal() -> None:
+            if extra in disk.extra_fsync:
+                disk.extra_fsync.remove(extra)
+
+        loop.call_at(loop.time() + held, heal, context=WORLD_CONTEXT)
 
     def _strike(self, target: SimProcess, action: str, name: str) -> None:
         if not target.running:
