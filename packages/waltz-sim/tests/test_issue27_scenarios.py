@@ -88,7 +88,7 @@ async def interleaving(s: Scenario, v: Variant) -> None:
     p = PARTITION
     a, c = s.storage(0), s.storage(2)
     checkpoints = s.watch(message_is(CHECKPOINT, p))
-    s.on_log(message_is(CLOSING_MARK, p), lambda r: _replicas_at(s, r), once=False)
+    s.on_log(message_is(CLOSING_MARK, p, prefix=True), lambda r: _replicas_at(s, r), once=False)
 
     opened = await s.session_opened(p)
     earlier: dict[int, PartitionImage] | None = None

@@ -52,6 +52,8 @@ class Profile:
     """Seconds between two faults of the safety phase."""
     quorum_faults: tuple[str, ...] = ()
     """Faults of the quorum phase (one is chosen); none: no quorum phase."""
+    point_strikes: bool = False
+    """Crash or pause processes at protocol points (``waltz_sim.points``)."""
 
 
 _NETWORK = {"partition": 3.0, "isolate": 1.0, "slow_link": 2.0, "reset": 2.0}
@@ -113,6 +115,22 @@ PROFILES: dict[str, Profile] = {
             quorum_faults=_QUORUM,
         ),
         Profile(
+            "points",
+            "protocol-timed faults: crashes and pauses exactly at protocol points (a replica's "
+            "rejoin, a recovery's vote, a session opening...), among slow fsyncs, damaged "
+            "disks, pauses and network faults that leave a slow but live quorum",
+            {
+                **_NETWORK,
+                **_PROCESS,
+                "slow_fsync": 3.0,
+                "damage": 2.0,
+                "power_loss": 1.0,
+                "zombie": 1.0,
+            },
+            gap=(1.5, 4.0),
+            point_strikes=True,
+        ),
+        Profile(
             "chaos",
             "every fault, three times as often",
             {**_NETWORK, **_DISK, **_PROCESS, **_COORDINATION},
@@ -166,6 +184,10 @@ class Nemesis:
         return self.world.loop
 
     # -- the phases ---------------------------------------------------------------------
+
+    def safety_end(self, until: float) -> float:
+        """When the safety phase of a run that heals at ``until`` ends."""
+        return until - QUORUM_PHASE if self.profile.quorum_faults else until
 
     async def run(self, until: float) -> None:
         profile = self.profile

@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from waltz_api import faultpoints
 from waltz_sim.checker import SAFETY, SEMANTICS, Violation, check
 from waltz_sim.loop import WORLD_CONTEXT, SimLoop, SimulationError
 from waltz_sim.trace import capture_logs
@@ -42,6 +43,8 @@ class SeedResult:
     """The trace before the first violation (or the error)."""
     trace_text: str = ""
     """The whole trace, when asked for."""
+    point_hits: dict[str, int] = field(default_factory=dict)
+    """How often each protocol point (waltz_api.faultpoints) was hit."""
 
     @property
     def ok(self) -> bool:
@@ -98,7 +101,7 @@ def run_seed(
     gc.disable()
     gc.freeze()  # what exists before the run is never collected during it: cheap collections
     try:
-        with capture_logs(world.trace, config.trace_level):
+        with capture_logs(world.trace, config.trace_level), faultpoints.installed(world.points):
             try:
                 task = loop.create_task(
                     asyncio.wait_for(world.run(script), config.duration + EXTRA_TIME),
@@ -124,6 +127,7 @@ def run_seed(
     result.wall_seconds = time.perf_counter() - wall
     result.cpu_seconds = time.process_time() - cpu
     result.faults = world.faults_injected
+    result.point_hits = dict(world.points.hits)
     result.fault_log = list(world.fault_log)
     result.loop_errors = list(world.loop_errors)
     if snapshot is not None:

@@ -57,7 +57,8 @@ session, replica, the mark it rejoins at)."""
 CHECKPOINT = "partition %d: checkpoint interval reached in session %d, starting a new one"
 """waltz_server.server.store: a session rolls over (partition, session)."""
 CLOSING_MARK = "partition %d session %d: closing high-water mark of the last session is %s"
-"""waltz_server.server.recovery: a recovery decided (partition, new session, mark)."""
+"""waltz_server.server.recovery: a recovery decided (partition, new session, mark), the
+start of its message (match it with ``message_is(CLOSING_MARK, ..., prefix=True)``)."""
 
 Script = Callable[["Scenario"], Awaitable[None]]
 
@@ -81,11 +82,17 @@ class LogHook:
         return bool(self.records)
 
 
-def message_is(template: str, *args: object) -> Callable[[logging.LogRecord], bool]:
-    """A record of the message ``template`` whose leading arguments are ``args`` (None: any)."""
+def message_is(
+    template: str, *args: object, prefix: bool = False
+) -> Callable[[logging.LogRecord], bool]:
+    """A record of the message ``template`` (``prefix``: a message that starts with it)
+    whose leading arguments are ``args`` (None: any)."""
 
     def match(record: logging.LogRecord) -> bool:
-        if record.msg != template or not isinstance(record.args, tuple):
+        msg = record.msg
+        if not isinstance(msg, str) or not isinstance(record.args, tuple):
+            return False
+        if msg != template and not (prefix and msg.startswith(template)):
             return False
         return all(a is None or a == b for a, b in zip(args, record.args, strict=False))
 

@@ -297,6 +297,12 @@ class World:
         """When the read-back starts (the workload stops submitting 3 s before)."""
         self.faults_injected = 0
         self.fault_log: list[str] = []
+        from waltz_sim.faults import profile
+        from waltz_sim.points import PointStriker
+
+        self.points = PointStriker(
+            self, self.rng("points"), strike=profile(config.faults).point_strikes
+        )
         self.client_databases: dict[str, Any] = {}
         self.snapshot: ClusterSnapshot | None = None
         self.ready_at: float | None = None
@@ -440,9 +446,11 @@ class World:
             self.submissions_end = end - 3.0
         else:
             self.run_end = float("inf")  # until the script is done
-        nemesis = Nemesis(self, self.rng("faults"))
         gc_task = self.loop.create_task(self._collect_garbage(), context=WORLD_CONTEXT)
+        nemesis = Nemesis(self, self.rng("faults"))
         if scripted is None:
+            self.points.nemesis = nemesis
+            self.points.strike_until = nemesis.safety_end(end - config.quiet)
             await nemesis.run(until=end - config.quiet)
             self.healed_at = nemesis.healed_at
         else:
