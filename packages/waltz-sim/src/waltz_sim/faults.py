@@ -208,7 +208,7 @@ class Nemesis:
             fault = getattr(self, f"_quorum_{kind}")(held)
             self._record(fault, held)
         await asyncio.sleep(max(0.0, until - loop.time()))
-        self._heal_all()
+        self.heal_all()
         self.healed_at = loop.time()
         self.world.trace.add("fault", f"all faults healed ({self.stats.injected} injected)")
 
@@ -247,7 +247,8 @@ class Nemesis:
         self.world.trace.add("fault", f"heal {fault.description}")
         fault.heal()
 
-    def _heal_all(self) -> None:
+    def heal_all(self) -> None:
+        """End every fault: resume the paused processes, restart the dead ones."""
         for fault in list(self.active):
             self._heal(fault)
         for process in self.world.processes.values():

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import gc
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from waltz_api import faultpoints
 from waltz_sim.checker import SAFETY, SEMANTICS, Violation, check
@@ -82,9 +84,14 @@ def replay_command(config: SimConfig) -> str:
 
 
 def run_seed(
-    config: SimConfig, *, keep_trace: bool = False, excerpt_events: int = 80
+    config: SimConfig,
+    *,
+    keep_trace: bool = False,
+    excerpt_events: int = 80,
+    script: Callable[[World], Coroutine[Any, Any, None]] | None = None,
 ) -> SeedResult:
-    """Run ``config`` (its seed) to the end and check it."""
+    """Run ``config`` (its seed) to the end and check it. ``script``: a scripted scenario
+    places the faults instead of the nemesis (:mod:`waltz_sim.scenario`)."""
     result = SeedResult(config.seed, config)
     wall = time.perf_counter()
     cpu = time.process_time()
@@ -97,7 +104,7 @@ def run_seed(
         with capture_logs(world.trace, config.trace_level), faultpoints.installed(world.points):
             try:
                 task = loop.create_task(
-                    asyncio.wait_for(world.run(), config.duration + EXTRA_TIME),
+                    asyncio.wait_for(world.run(script), config.duration + EXTRA_TIME),
                     context=WORLD_CONTEXT,
                 )
                 loop.run_until_complete(task)
