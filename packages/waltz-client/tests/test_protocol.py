@@ -784,6 +784,49 @@ async def test_flush_returns_only_when_every_submission_it_covers_is_decided(
         assert ctx.attempts == 2
 
 
+class SlowApp(RecordingApp):
+    """An application whose apply_transaction takes ``delay`` seconds (on the loop)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def apply_transaction(self, transaction: Transaction) -> None:  # type: ignore[override]
+        await asyncio.sleep(self.delay)
+        super().apply_transaction(transaction)
+
+
+async def test_flush_waits_for_a_mount_whose_catch_up_outlasts_its_timeout(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    """A new client mounts a partition with a long log and flushes: the server answers
+    the mount at once, after the catch-up feed; the client applies the feed before the
+    answer, for longer than the flush's timeout. The feed advancing is an answer: the
+    flush waits (it gave up with "the mount was not answered" while the client was
+    busy applying; a CI run under load failed so, a 806-transaction catch-up taking
+    55 s)."""
+    app = SlowApp(delay=0.05)
+    feed = [(tid, tid) for tid in range(50)]  # 2.5 s of applying, flushed with 1 s
+    async with serving(cluster, peer, app) as client:
+        conn, _ = await mount(peer, 0, feed=feed)  # the feed, then READY
+        flushed = asyncio.ensure_future(client.flush(0, timeout=1.0))
+        expecting = asyncio.ensure_future(peer.expect(FlushRequest, timeout=30))
+        await asyncio.wait({flushed, expecting}, return_when=asyncio.FIRST_COMPLETED)
+        if flushed.done():
+            expecting.cancel()
+            flushed.result()  # it gave up before the mount completed: its error
+        _, flush = await expecting
+        assert app.hwm.get(0) == 49  # sent once the mount completed: after the catch-up
+        await conn.send(FlushResponse(flush.req_id, 49))
+        assert await asyncio.wait_for(flushed, 10) == 49
+    # a server that does not answer still fails the flush after its timeout
+    app = SlowApp(delay=0.0)
+    async with serving(cluster, peer, app) as client:
+        await peer.expect(MountRequest)  # never answered
+        with pytest.raises(ServerError, match="was not answered yet"):
+            await client.flush(0, timeout=0.5)
+
+
 async def test_flush_gives_up_on_an_undecided_submission_after_its_timeout(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:

@@ -554,7 +554,9 @@ class AsyncWaltzClient:
         the partition committed before the call; returns the partition's high-water
         mark (at least that of every submission it covered). Raises ServerError when the
         server does not answer, ClientError when a covered submission is still undecided,
-        both after ``timeout`` (default ``request_timeout``)."""
+        both after ``timeout`` (default ``request_timeout``). A feed being delivered
+        answers: while it advances (a long catch-up before the mount completes, a slow
+        apply_transaction) the wait for it goes on."""
         timeout = timeout or self.config.request_timeout
         partition = self._partition(partition_id)
         loop = asyncio.get_running_loop()

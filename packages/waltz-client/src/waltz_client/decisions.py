@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,9 @@ from waltz_client.api import TransactionBuilder, TransactionContext
 from waltz_client.channel import Channel, ChannelLost
 from waltz_client.errors import TransactionOutcomeUnknownError
 from waltz_client.state import (
+    FeedTracker,
     MountSequencer,
+    MountState,
     Outcome,
     Resolution,
     RunningSubmissions,
@@ -102,10 +105,16 @@ class AppendDecisions:
     _deadline_at: float
     _decision_covers: int
     _background: set[asyncio.Task[None]]
+    requests: dict[ReqId, asyncio.Future[Message]]
+    feed: FeedTracker
+    _position_waiters: list[tuple[int, int, asyncio.Future[None]]]
+    _waiter_order: Iterator[int]
+    _progress: int
     # and the partition's methods it calls
     release_slot: Callable[[], None]
-    request: Callable[[Callable[[ReqId], Message], float], Awaitable[Message]]
-    wait_position: Callable[[int, float], Awaitable[None]]
+    check_usable: Callable[[], None]
+    wait_mounted: Callable[[], Awaitable[None]]
+    unwritable: Callable[[], str]
 
     def _decided(self, resolutions: list[Resolution]) -> list[Resolution]:
         """The feed carried appends of ours: their data goes into the client's cache
@@ -339,6 +348,77 @@ class AppendDecisions:
                     req_id,
                 )
             )
+
+    # -- stream requests ------------------------------------------------------------------------
+
+    async def request(self, make: Callable[[ReqId], Message], timeout: float) -> Message:
+        """A stream request answered by one message (flush, high-water mark); retried
+        (on a new connection if need be) until ``timeout`` passed without an answer.
+        A mount whose catch-up feed is streaming is answering: while the feed advances,
+        the wait for it goes on (as the mount's own timer does)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        backoff = self.client.retry_backoff()
+        why = "no answer"
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise ServerError(
+                    f"partition {self.id}: no answer from the server within {timeout} s "
+                    f"({why}); is the partition's server up?"
+                )
+            try:
+                progress = self._progress
+                try:
+                    await asyncio.wait_for(self.wait_mounted(), remaining)
+                except TimeoutError:
+                    if self.mount.state is MountState.MOUNTING and self._progress != progress:
+                        # answered: the feed before READY is being applied (a long
+                        # catch-up, or a slow apply_transaction), not a silent server
+                        deadline = loop.time() + timeout
+                    why = self.unwritable()
+                    continue
+                channel = self.channel
+                if channel is None:
+                    continue
+                req_id = self.client._next_req_id(self.id, self.mount.generation)
+                future: asyncio.Future[Message] = loop.create_future()
+                self.requests[req_id] = future
+                try:
+                    await self.send_in_turn(channel, lambda: make(req_id), deadline)  # noqa: B023
+                    return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
+                finally:
+                    self.requests.pop(req_id, None)
+            except ChannelLost as exc:
+                why = str(exc)
+                await backoff.sleep()
+            except TimeoutError:
+                why = f"no answer from {self.mount.endpoint}"
+                continue
+
+    async def wait_position(self, transaction_id: int, timeout: float) -> None:
+        """Until the feed reaches ``transaction_id``; ServerError when it did not advance
+        for ``timeout`` (a feed that advances, a long catch-up, is waited for)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        position = self.feed.position
+        while self.feed.position < transaction_id:
+            self.check_usable()
+            if self.feed.position != position:
+                position = self.feed.position
+                deadline = loop.time() + timeout
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise ServerError(
+                    f"partition {self.id}: the feed did not reach transaction {transaction_id} "
+                    f"within {timeout} s (at {self.feed.position}, not advancing)"
+                )
+            future: asyncio.Future[None] = loop.create_future()
+            entry = (transaction_id, next(self._waiter_order), future)
+            heapq.heappush(self._position_waiters, entry)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await future
 
 
 def call_hook(fn: Callable[..., Any], *args: Any) -> None:

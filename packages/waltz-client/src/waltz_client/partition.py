@@ -16,7 +16,6 @@ import contextlib
 import heapq
 import itertools
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from waltz_api.backoff import Backoff
@@ -26,7 +25,6 @@ from waltz_api.errors import (
     ClientAheadError,
     ClientError,
     ProtocolError,
-    ServerError,
     TransportError,
     WaltzError,
 )
@@ -791,59 +789,3 @@ class Partition(AppendDecisions):
         if state is MountState.MOUNTING:
             return f"partition {self.id}'s mount at {endpoint} was not answered yet (recovering?)"
         return f"partition {self.id} was mounted at {endpoint}"
-
-    async def request(self, make: Callable[[ReqId], Message], timeout: float) -> Message:
-        """A stream request answered by one message (flush, high-water mark); retried
-        (on a new connection if need be) until ``timeout``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        backoff = self.client.retry_backoff()
-        why = "no answer"
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise ServerError(
-                    f"partition {self.id}: no answer from the server within {timeout} s "
-                    f"({why}); is the partition's server up?"
-                )
-            try:
-                try:
-                    await asyncio.wait_for(self.wait_mounted(), remaining)
-                except TimeoutError:
-                    why = self.unwritable()
-                    continue
-                channel = self.channel
-                if channel is None:
-                    continue
-                req_id = self.client._next_req_id(self.id, self.mount.generation)
-                future: asyncio.Future[Message] = loop.create_future()
-                self.requests[req_id] = future
-                try:
-                    await self.send_in_turn(channel, lambda: make(req_id), deadline)  # noqa: B023
-                    return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
-                finally:
-                    self.requests.pop(req_id, None)
-            except ChannelLost as exc:
-                why = str(exc)
-                await backoff.sleep()
-            except TimeoutError:
-                why = f"no answer from {self.mount.endpoint}"
-                continue
-
-    async def wait_position(self, transaction_id: int, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.feed.position < transaction_id:
-            self.check_usable()
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise ServerError(
-                    f"partition {self.id}: the feed did not reach transaction {transaction_id} "
-                    f"within {timeout} s (at {self.feed.position})"
-                )
-            future: asyncio.Future[None] = loop.create_future()
-            entry = (transaction_id, next(self._waiter_order), future)
-            heapq.heappush(self._position_waiters, entry)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await future
