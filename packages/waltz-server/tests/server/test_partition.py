@@ -494,3 +494,109 @@ async def test_an_append_pending_when_the_partition_stops_here_is_not_refused(
     await partition.close()
     assert all(m.req_id != pending.req_id for m in stream.of(ErrorResponse))
     assert all(m.req_id.client_id == -1 for m in stream.of(ErrorResponse))
+
+
+async def test_requests_in_flight_when_the_partition_stops_here_are_answered(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    """The partition stops here (moved, or the server stops) under requests it took: a
+    data fetch, a high-water mark, a range read, flushes and mounts, some being served,
+    some still queued behind an append. Each is answered "not here" (a mount NOT_READY),
+    so that the client asks the next owner at once: an RPC (a data fetch of a feed
+    being applied) was otherwise left to its 60 s timeout, and the feed behind it with
+    it. The append is not refused by its request id: the next owner's mount decides it."""
+    partition, nodes = env
+    stream = Stream()
+    await partition.submit(append(data=b"committed"), stream)
+    assert await settle(partition, stream) == 0
+    coordination = partition.store._coordination
+    await partition.close()
+    nodes["a:1"].crash()  # the next owner cannot recover: everything it takes waits
+    nodes["b:1"].crash()
+
+    async def connector(node: str, partition_id: int, session_id: int) -> FakeReplicaConnection:
+        return await nodes[node].connect(partition_id, session_id)
+
+    moved = Partition(
+        store=StorePartition(
+            partition_id=P,
+            generation=GEN + 1,
+            coordination=coordination,
+            replica_nodes=list(NODES),
+            connector=connector,
+            config=StoreConfig(retry_initial=0.001, retry_max=0.02),
+            rng=random.Random(1),
+        ),
+        config=PartitionConfig(lock_table="exact"),
+    )
+    await moved.start()
+    stream = Stream()
+    gen = GEN + 1
+    served: list[Message] = [
+        TransactionDataRequest(rid(generation=gen), 0),
+        HighWaterMarkRequest(rid(generation=gen)),
+        RangeReadRequest(rid(generation=gen), 0, 10, 1 << 20),
+        FlushRequest(rid(generation=gen)),
+        MountRequest(rid(client=2, generation=gen), -1, 1),
+    ]
+    blocking = append(generation=gen)  # waits for the recovery: the ones after it queue
+    queued: list[Message] = [
+        FlushRequest(rid(generation=gen)),
+        MountRequest(rid(client=3, generation=gen), -1, 1),
+    ]
+    try:
+        for message in [*served, blocking, *queued]:
+            await moved.submit(message, stream)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT
+        while moved._queue.qsize() > len(queued):  # the append loop took the rest
+            assert loop.time() < deadline, "the append loop did not take its requests"
+            await asyncio.sleep(0.001)
+        assert not moved.ready and stream.messages == []
+    finally:
+        await moved.close()
+    answered = {getattr(m, "req_id", None): m for m in stream.messages}
+    for request in [*served, *queued]:
+        answer = answered.get(request.req_id)  # type: ignore[attr-defined]
+        if isinstance(request, MountRequest):
+            assert isinstance(answer, MountResponse), (request, answer)
+            assert answer.status is MountStatus.NOT_READY
+        else:
+            assert isinstance(answer, ErrorResponse), (request, answer)
+            assert answer.code is ErrorCode.STALE_GENERATION
+            assert "no longer served here" in answer.message
+    assert blocking.req_id not in answered
+
+
+async def test_a_mount_whose_catch_up_feed_is_cut_by_the_partition_stopping_is_answered(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    """A mount is answered READY after its catch-up feed; the partition stops here while
+    that feed is being sent: the mount is answered NOT_READY (the client mounts again,
+    at the next owner), not left to the client's timeout."""
+    partition, _ = env
+    stream = Stream()
+    for i in range(3):
+        await partition.submit(append(data=b"%d" % i), stream)
+    assert await settle(partition, stream) == 2
+
+    class Stuck(Stream):
+        """A client that reads nothing: its feed waits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.feeding = asyncio.Event()
+
+        async def send_feed(
+            self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
+        ) -> None:
+            self.feeding.set()
+            await asyncio.Event().wait()
+
+    stuck = Stuck()
+    mount = MountRequest(rid(client=2), -1, 1)
+    await partition.submit(mount, stuck)
+    await asyncio.wait_for(stuck.feeding.wait(), TIMEOUT)
+    await partition.close()
+    (answer,) = stuck.of(MountResponse)
+    assert answer.req_id == mount.req_id and answer.status is MountStatus.NOT_READY

@@ -167,6 +167,9 @@ class Partition:
             weakref.WeakKeyDictionary()
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._owed: dict[asyncio.Task[None], tuple[ClientStream, Message]] = {}
+        """Tasks serving a client's request, with the request: it is answered if the
+        partition stops under them (see :meth:`close`)."""
         self._reads = asyncio.Semaphore(self.config.read_concurrency)
         self._feed_waiters: list[asyncio.Future[None]] = []
         """Feeds waiting for the next commit (or recovery, or close): one future each."""
@@ -193,9 +196,21 @@ class Partition:
     async def close(self) -> None:
         self._closed = True
         tasks = [t for t in (self._append_task, *self._tasks, *self._feeds.values()) if t]
+        owed = dict(self._owed)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # The requests it took and stopped serving (moved, or the server stops) are
+        # answered "not here" now: a client waits for its answer, and an RPC's wait (a
+        # data fetch of a feed being applied) is woken by nothing else than its timeout.
+        # Appends excepted: the next owner's recovery may commit one; its mount decides.
+        for task, (stream, request) in owed.items():
+            if task.cancelled():
+                stream.post(self._stopped(request))
+        while not self._queue.empty():
+            message, stream = self._queue.get_nowait()
+            if isinstance(message, FlushRequest | MountRequest):
+                stream.post(self._stopped(message))
         self._wake_feeds()
         await self.store.close()
         if self.metrics is not None:
@@ -208,10 +223,30 @@ class Partition:
             feed.cancel()
         self._stream_seq.pop(stream, None)
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(
+        self, coro: Any, name: str, serving: tuple[Message, ClientStream] | None = None
+    ) -> None:
+        """Run ``coro``; ``serving``: the request it answers (answered if it is cancelled
+        by :meth:`close`)."""
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if serving is not None:
+            self._owe(task, serving[1], serving[0])
+
+    def _owe(self, task: asyncio.Task[None], stream: ClientStream, request: Message) -> None:
+        self._owed[task] = (stream, request)
+        task.add_done_callback(self._paid)
+
+    def _paid(self, task: asyncio.Task[None]) -> None:
+        self._owed.pop(task, None)
+
+    def _stopped(self, message: Message) -> Message:
+        """The answer to a request this partition took and stops serving."""
+        req_id: ReqId = getattr(message, "req_id", ReqId(-1, -1, self.partition_id, -1))
+        if isinstance(message, MountRequest):
+            return MountResponse(req_id, MountStatus.NOT_READY, self.high_water_mark)
+        return self._moved_error(req_id, StoreSessionClosedError("it stopped being served here"))
 
     # -- commits and recovery -------------------------------------------------------------
 
@@ -274,10 +309,10 @@ class Partition:
             if self.ready:
                 stream.post(HighWaterMarkResponse(message.req_id, self.high_water_mark))
             else:
-                self._spawn(self._answer_high_water_mark(message, stream), "hwm")
+                self._spawn(self._answer_high_water_mark(message, stream), "hwm", (message, stream))
         elif isinstance(message, TransactionDataRequest | RangeReadRequest):
             await self._reads.acquire()
-            self._spawn(self._read(message, stream), f"read-{self.partition_id}")
+            self._spawn(self._read(message, stream), f"read-{self.partition_id}", (message, stream))
         else:
             stream.post(
                 ErrorResponse(
@@ -304,6 +339,7 @@ class Partition:
                     self._spawn(
                         self._flush(message, stream, list(self._inflight)),
                         f"flush-{self.partition_id}",
+                        (message, stream),
                     )
                 elif isinstance(message, MountRequest):
                     self._mount(message, stream)
@@ -458,7 +494,11 @@ class Partition:
         self._client_seq[client_id] = message.seq_num
         self._stream_seq.setdefault(stream, {})[client_id] = message.seq_num
         pending = list(self._inflight)
-        self._spawn(self._finish_mount(message, stream, pending), f"mount-{self.partition_id}")
+        self._spawn(
+            self._finish_mount(message, stream, pending),
+            f"mount-{self.partition_id}",
+            (message, stream),
+        )
 
     async def _finish_mount(
         self, message: MountRequest, stream: ClientStream, pending: list[asyncio.Future[None]]
@@ -498,6 +538,8 @@ class Partition:
             name=f"feed-{self.partition_id}-{req_id.client_id}",
         )
         self._feeds[stream] = task
+        if mount_response is not None:  # owed until READY is sent
+            self._owe(task, stream, MountRequest(req_id, client_high_water_mark, -1))
 
     async def _feed(
         self, stream: ClientStream, next_id: int, mount_response: MountResponse | None
@@ -508,6 +550,9 @@ class Partition:
                 if mount_response is not None and next_id > mount_response.high_water_mark:
                     await stream.send(mount_response)
                     mount_response = None
+                    task = asyncio.current_task()
+                    if task is not None:
+                        self._paid(task)
                 if next_id > self.high_water_mark:
                     waiter = asyncio.get_running_loop().create_future()
                     self._feed_waiters.append(waiter)
