@@ -16,6 +16,16 @@ seed: slow fsyncs, and fsync errors, after which the partition refuses everythin
 until its storage node restarts (the ``fs`` engine marks the partition broken; the
 world's supervisor restarts the node). The engine keeps the StorageEngine contract:
 ``append``, ``truncate`` and ``set_session_info`` return only once durable.
+
+Damage (the ``storage`` faults, :mod:`waltz_sim.storage_faults`) is kept as the ``fs``
+engine would meet it (:mod:`waltz_storage_fs.recovery`, :mod:`waltz_storage_fs.engine`):
+records whose bytes are not what was written (:attr:`PartitionImage.corrupt`: a read
+raises CorruptionError naming the record), ranges whose reads fail with EIO
+(:attr:`PartitionImage.unreadable`: StorageError), and what a start-up recovery makes of
+them (:meth:`PartitionImage.recover`): damaged records with intact ones after them
+become a missing range (repaired from a peer), a damaged tail is cut and marks the
+session info LOST_SESSION, zeros (a write that never reached the disk) have the shape of
+a torn write and are cut silently, and an EIO leaves the partition closed.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import dataclasses
 import logging
 import random
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +59,35 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _INT32 = (-(2**31), 2**31 - 1)
+
+INDEX_CHECKPOINT = 1000
+"""The ``fs`` engine's default index checkpoint interval: its start-up recovery trusts
+the index up to the last checkpoint and reads only the records after it (a simulated
+log is shorter: it reads them all); damage below it is found on read."""
+ZEROS = "zeros"
+"""A record whose bytes read back as zeros (a write that never reached the disk)."""
+CHECKSUM = "checksum"
+"""A record whose bytes changed at rest (its checksums fail)."""
+STALE = "stale"
+"""A record whose place holds older bytes of something else (a lost write)."""
+HOLDS = "holds "
+"""Prefix of a record whose place holds another record (``holds 40``: a misdirected
+write of transaction 40)."""
+
+
+def corruption_message(partition_id: int, transaction_id: int, how: str) -> str:
+    """What a read of a corrupt record raises (as the ``fs`` engine words it)."""
+    if how.startswith(HOLDS):
+        other = how[len(HOLDS) :]
+        return (
+            f"partition {partition_id}: the record stored as transaction {transaction_id} is "
+            f"not transaction {transaction_id} (it holds {other}: a misdirected write)"
+        )
+    why = {
+        ZEROS: "its bytes read back as zeros",
+        STALE: "its place holds bytes of something else",
+    }.get(how, "its data fails its CRC-32C checksum")
+    return f"partition {partition_id}: transaction {transaction_id} is corrupt ({why})"
 
 
 @dataclass
@@ -74,6 +113,14 @@ class PartitionImage:
     broken: str | None = None
     missing: list[tuple[int, int]] = field(default_factory=list)
     """Ranges (first, last) lost to damage below intact records, until repaired."""
+    corrupt: dict[int, str] = field(default_factory=dict)
+    """Records whose stored bytes are not what was written (``ZEROS``, ``CHECKSUM``,
+    ``STALE``, ``holds <id>``), not yet found by a start-up recovery: a read of one
+    raises CorruptionError naming it."""
+    unreadable: list[tuple[int, int]] = field(default_factory=list)
+    """Ranges whose reads fail with EIO (a latent sector error), while the fault lasts."""
+    closed: str | None = None
+    """Why the last start-up recovery left the partition closed (a read failed)."""
 
     def sync(self) -> None:
         """An fdatasync completed: the durable state is the written one."""
@@ -85,11 +132,78 @@ class PartitionImage:
     def truncate_written(self, transaction_id: int) -> None:
         del self.written[transaction_id + 1 :]
         self.common = min(self.common, len(self.written))
-        self.missing = [
-            (first, min(last, transaction_id))
-            for first, last in self.missing
-            if first <= transaction_id
-        ]
+        self._clip(len(self.written))
+
+    def _clip(self, end: int) -> None:
+        """Forget the damage of records at or above ``end`` (cut from the log)."""
+        self.missing = [(a, min(b, end - 1)) for a, b in self.missing if a < end]
+        self.unreadable = [(a, min(b, end - 1)) for a, b in self.unreadable if a < end]
+        self.corrupt = {i: how for i, how in self.corrupt.items() if i < end}
+
+    def cut(self, end: int) -> None:
+        """Start-up recovery cut the log at ``end`` (flushed: durable too)."""
+        del self.written[end:]
+        del self.durable[end:]
+        self.common = min(self.common, len(self.written))
+        self.visible = min(self.visible, len(self.written))
+        self._clip(len(self.written))
+
+    def mark_lost(self) -> None:
+        info = dataclasses.replace(self.written_info, low_water_mark_session_id=LOST_SESSION)
+        self.written_info = self.durable_info = info
+
+    def recover(self) -> list[str]:
+        """The start-up recovery of the ``fs`` engine over this damage (after a restart);
+        returns what it found. It reads the records after the index's last checkpoint
+        (:data:`INDEX_CHECKPOINT`); in them, a run of damaged records:
+
+        - with zeros: the shape of a torn write: the log is cut there, silently (the
+          records after it too: recovery cannot tell them from a torn write's pages);
+        - at the end of the log: a damaged tail: cut, and the session info says
+          LOST_SESSION (the records may have been acknowledged);
+        - with intact records after it: moved aside, a missing range until repaired.
+
+        An EIO while reading leaves the partition closed until a later start."""
+        self.closed = None
+        self.visible = len(self.written)
+        end = len(self.written)
+        scan_from = (end // INDEX_CHECKPOINT) * INDEX_CHECKPOINT
+        while scan_from and scan_from - 1 in self.corrupt:  # the checkpoint's record is bad
+            scan_from -= INDEX_CHECKPOINT
+        for first, last in self.unreadable:
+            if first < end and last >= max(scan_from - 1, 0):
+                self.closed = (
+                    f"reading transactions {first}..{last} at start-up failed: [Errno 5] "
+                    "Input/output error"
+                )
+                return [f"could not be recovered and stays closed: {self.closed}"]
+        damaged = sorted(i for i in self.corrupt if scan_from <= i < end)
+        runs: list[tuple[int, int]] = []
+        for i in damaged:
+            if runs and runs[-1][1] == i - 1:
+                runs[-1] = (runs[-1][0], i)
+            else:
+                runs.append((i, i))
+        found: list[str] = []
+        for first, last in runs:
+            zeros = any(self.corrupt[i] == ZEROS for i in range(first, last + 1))
+            if zeros or last == len(self.written) - 1:
+                cut = len(self.written) - first
+                self.cut(first)
+                if zeros:
+                    found.append(
+                        f"zeros at transaction {first}: the shape of a torn write; the log is "
+                        f"cut there, silently ({cut} records)"
+                    )
+                else:
+                    self.mark_lost()
+                    found.append(f"a damaged tail, transactions {first}..{last}: cut, LOST_SESSION")
+                break
+            self.missing = _merged([*self.missing, (first, last)])
+            found.append(f"transactions {first}..{last} damaged: missing until repaired")
+        for i in damaged:
+            self.corrupt.pop(i, None)
+        return found
 
     def damage(self, rng: random.Random) -> str | None:
         """Damage found at start-up: records lost below intact ones (a missing range),
@@ -113,11 +227,15 @@ class PartitionImage:
 
     @property
     def unrepaired(self) -> bool:
-        return bool(self.missing) or self.written_info.low_water_mark_session_id == LOST_SESSION
+        return (
+            bool(self.missing or self.corrupt or self.unreadable)
+            or self.closed is not None
+            or self.written_info.low_water_mark_session_id == LOST_SESSION
+        )
 
     def intact(self) -> list[Record]:
-        """What a reader gets: the records up to the first missing one."""
-        end = min([len(self.written), *(first for first, _ in self.missing)])
+        """What a reader gets: the records up to the first missing or corrupt one."""
+        end = min([len(self.written), *(first for first, _ in self.missing), *self.corrupt])
         return self.written[:end]
 
     def lose_unsynced(self, rng: random.Random) -> int:
@@ -137,9 +255,18 @@ class PartitionImage:
         self.common = len(self.written)
         self.durable_info = self.written_info
         self.visible = len(self.written)
-        end = len(self.written)
-        self.missing = [(first, min(last, end - 1)) for first, last in self.missing if first < end]
+        self._clip(len(self.written))
         return max(0, before - len(self.written))
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(ranges):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out
 
 
 class SimDisk:
@@ -160,6 +287,19 @@ class SimDisk:
         self.fsync_errors = 0
         self.pending_damage = False
         """Damage the next start-up recovery finds (a fault)."""
+        self.must_reach: dict[int, int] = {}
+        """Per partition, the log end this disk held when a storage fault damaged it: it
+        counts as impaired (the nemesis' rule) until it holds that much again, intact (or
+        as much as the longest other replica, when the cluster cut its tail)."""
+        self.needs_marks: set[int] = set()
+        """Damaged partitions whose log lost its end (cut, wiped, restored): they count as
+        impaired until a store session also wrote their marks again (SetLowWaterMark), as
+        the cluster took them back as clean replicas."""
+        self.backups: list[tuple[float, dict[int, PartitionImage]]] = []
+        """Crash-consistent snapshots of the disk (its durable state), oldest first."""
+        self.on_session_info: Callable[[int, SessionInfo], None] | None = None
+        """A fault's trigger: called with the partition and its new session info once a
+        ``set_session_info`` is durable."""
 
     @property
     def rng(self) -> random.Random:
@@ -194,7 +334,71 @@ class SimDisk:
 
     @property
     def unrepaired(self) -> bool:
-        return any(image.unrepaired for image in self.partitions.values())
+        return any(image.unrepaired for image in self.partitions.values()) or not self._reached()
+
+    @property
+    def lost_records(self) -> bool:
+        """A storage fault damaged it and the cluster did not repair it yet."""
+        return not self._reached()
+
+    def _reached(self) -> bool:
+        """Whether every damaged partition holds again what it held (see ``must_reach``)."""
+        for partition, target in list(self.must_reach.items()):
+            image = self.partitions.get(partition)
+            if image is None or image.unrepaired or partition in self.needs_marks:
+                return False
+            others = [
+                len(disk.partitions[partition].written)
+                for disk in self.world.disks.values()
+                if disk is not self and partition in disk.partitions
+            ]
+            if len(image.intact()) < min(target, max(others, default=target)):
+                return False
+            del self.must_reach[partition]
+        return True
+
+    def damaged(self, partition: int) -> None:
+        """A fault is about to damage ``partition``: it must reach its log end again."""
+        image = self.partitions.get(partition)
+        end = len(image.written) if image is not None else 0
+        self.must_reach[partition] = max(self.must_reach.get(partition, 0), end)
+
+    def marks_written(self, partition: int, info: SessionInfo) -> None:
+        """A ``set_session_info`` is durable: a session's SetLowWaterMark took it back."""
+        if info.low_water_mark_session_id == info.session_id >= 0:
+            self.needs_marks.discard(partition)
+        if self.on_session_info is not None:
+            self.on_session_info(partition, info)
+
+    def start_up_recovery(self) -> list[str]:
+        """What a restarted engine's recovery finds in each partition (see
+        :meth:`PartitionImage.recover`)."""
+        found: list[str] = []
+        for partition, image in sorted(self.partitions.items()):
+            end = len(image.written)
+            found.extend(f"partition {partition}: {what}" for what in image.recover())
+            if len(image.written) < end:
+                self.needs_marks.add(partition)
+        return found
+
+    def wipe(self) -> None:
+        """The disk is replaced by an empty one (the node is down)."""
+        for partition in self.partitions:
+            self.damaged(partition)
+            self.needs_marks.add(partition)
+        self.partitions = {}
+
+    def backup(self, now: float, keep: int = 8) -> None:
+        """Keep a crash-consistent snapshot of the disk (its durable state)."""
+        snapshot = {p: _durable_copy(image) for p, image in sorted(self.partitions.items())}
+        self.backups = [*self.backups[-(keep - 1) :], (now, snapshot)]
+
+    def restore(self, snapshot: dict[int, PartitionImage]) -> None:
+        """The disk is restored from an older snapshot of itself (the node is down)."""
+        for partition in self.partitions:
+            self.damaged(partition)
+            self.needs_marks.add(partition)
+        self.partitions = {p: _durable_copy(image) for p, image in snapshot.items()}
 
     def apply_damage(self) -> list[str]:
         """The start-up recovery finds the pending damage (in one partition)."""
@@ -205,6 +409,23 @@ class SimDisk:
         partition = self.rng.choice(candidates)
         found = self.partitions[partition].damage(self.rng)
         return [] if found is None else [f"partition {partition}: {found}"]
+
+
+def _durable_copy(image: PartitionImage) -> PartitionImage:
+    records = list(image.durable)
+    end = len(records)
+    copy = PartitionImage(
+        written=records,
+        durable=list(records),
+        common=end,
+        visible=end,
+        written_info=image.durable_info,
+        durable_info=image.durable_info,
+        missing=list(image.missing),
+        corrupt=dict(image.corrupt),
+    )
+    copy._clip(end)
+    return copy
 
 
 class SimStoragePartition(StoragePartition):
@@ -228,6 +449,8 @@ class SimStoragePartition(StoragePartition):
                 f"partition {self.partition_id} failed: {self._image.broken}; restart the "
                 "storage node to recover it"
             )
+        if self._image.closed is not None:
+            raise PartitionClosedError(_closed_message(self.partition_id, self._image.closed))
         return self._image
 
     async def _write(self) -> PartitionImage:
@@ -295,6 +518,7 @@ class SimStoragePartition(StoragePartition):
         image = await self._write()
         image.written_info = info
         await self._fsync()
+        self.disk.marks_written(self.partition_id, info)
 
     def _validate(self, records: Sequence[Record]) -> None:
         image = self._check()
@@ -342,24 +566,50 @@ class SimStoragePartition(StoragePartition):
         image.visible = min(image.visible, len(image.written))
         await self._fsync()
 
-    def _visible(self, start: int = 0, count: int | None = None) -> list[Record]:
-        """The visible records; a read reaching a range lost to damage raises."""
+    def _read(self, start: int, count: int, max_bytes: int | None = None) -> list[Record]:
+        """Records from ``start`` as the ``fs`` engine reads them: up to a missing range
+        (a read starting in one raises CorruptionError naming it), at most ``count`` and
+        ``max_bytes`` of data (one record at least); an EIO on any of them raises
+        StorageError, a corrupt one CorruptionError naming it."""
         image = self._check()
-        end = image.visible if count is None else min(image.visible, start + count)
+        if start < 0 or count <= 0 or start >= image.visible:
+            return []
+        end = min(image.visible, start + count)
         for first, last in image.missing:
-            if first < end and last >= start:
+            if first <= start <= last:
                 raise CorruptionError(
-                    f"partition {self.partition_id}: transaction {max(first, start)} was lost "
-                    f"to damage (missing range {first}..{last}); repair it from a peer"
+                    f"partition {self.partition_id}: transaction {start} was lost to damage "
+                    f"(missing range {first}..{last}); repair it from a peer"
                 )
-        return image.written[: image.visible]
+            if start < first < end:
+                end = first  # a hole: the records before it are the answer
+        out: list[Record] = []
+        size = 0
+        for record in image.written[start:end]:
+            if max_bytes is not None and out and size + len(record.data) > max_bytes:
+                break
+            size += len(record.data)
+            out.append(record)
+        stop = start + len(out)
+        for first, last in image.unreadable:
+            if first < stop and last >= start:
+                raise StorageError(
+                    f"partition {self.partition_id}: reading transactions "
+                    f"{max(first, start)}..{min(last, stop - 1)} failed: [Errno 5] "
+                    "Input/output error"
+                )
+        bad = [i for i in image.corrupt if start <= i < stop]
+        if bad:
+            first_bad = min(bad)
+            raise CorruptionError(
+                corruption_message(self.partition_id, first_bad, image.corrupt[first_bad])
+            )
+        return out
 
     async def read_record(self, transaction_id: int) -> Record | None:
         await asyncio.sleep(0)
-        records = self._visible(transaction_id, 1)
-        if 0 <= transaction_id < len(records):
-            return records[transaction_id]
-        return None
+        records = self._read(transaction_id, 1)
+        return records[0] if records else None
 
     async def read_header(self, transaction_id: int) -> RecordHeader | None:
         record = await self.read_record(transaction_id)
@@ -369,24 +619,18 @@ class SimStoragePartition(StoragePartition):
         self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
     ) -> list[Record]:
         await asyncio.sleep(0)
-        records = self._visible(start, max(max_records, 0))
-        out: list[Record] = []
-        size = 0
-        if start < 0:
-            return out
-        for record in records[start : start + max(max_records, 0)]:
-            if out and size + len(record.data) > max_bytes:
-                break
-            size += len(record.data)
-            out.append(record)
-        return out
+        return self._read(start, max_records, max_bytes)
 
     async def read_headers(self, start: int, max_records: int) -> list[RecordHeader]:
         await asyncio.sleep(0)
-        records = self._visible(start, max(max_records, 0))
-        if start < 0:
-            return []
-        return [r.record_header for r in records[start : start + max(max_records, 0)]]
+        return [r.record_header for r in self._read(start, max_records)]
+
+
+def _closed_message(partition_id: int, why: str) -> str:
+    return (
+        f"partition {partition_id} could not be recovered and stays closed: {why}; restart "
+        "the storage node once the disk reads again"
+    )
 
 
 class SimStorageEngine(StorageEngine):
@@ -427,6 +671,8 @@ class SimStorageEngine(StorageEngine):
         if disk.pending_damage:
             for found in disk.apply_damage():
                 world.trace.add("disk", f"{location}: start-up recovery: {found}")
+        for found in disk.start_up_recovery():
+            world.trace.add("disk", f"{location}: start-up recovery: {found}")
         engine = cls(disk, incarnation)
         engine.check_cluster_key(
             cluster_key if cluster_key is not None else disk.cluster_key,
@@ -467,6 +713,8 @@ class SimStorageEngine(StorageEngine):
             raise PartitionClosedError(
                 f"partition {partition_id} failed: {image.broken}; restart the storage node"
             )
+        if image.closed is not None:
+            raise PartitionClosedError(_closed_message(partition_id, image.closed))
         return part
 
     async def add_partition(self, partition_id: int) -> SimStoragePartition:
@@ -507,4 +755,15 @@ class SimStorageEngine(StorageEngine):
         """Nothing to do."""
 
 
-__all__ = ["DiskConfig", "PartitionImage", "SimDisk", "SimStorageEngine", "SimStoragePartition"]
+__all__ = [
+    "CHECKSUM",
+    "HOLDS",
+    "STALE",
+    "ZEROS",
+    "DiskConfig",
+    "PartitionImage",
+    "SimDisk",
+    "SimStorageEngine",
+    "SimStoragePartition",
+    "corruption_message",
+]

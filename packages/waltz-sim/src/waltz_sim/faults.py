@@ -25,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from waltz_api.errors import ConfigError
+from waltz_sim.fault_kit import ActiveFault, restart
 from waltz_sim.loop import WORLD_CONTEXT
 from waltz_sim.net import COORDINATION
+from waltz_sim.storage_faults import STORAGE_WEIGHTS, StorageFaults
 
 if TYPE_CHECKING:
     from waltz_sim.world import SimProcess, World
@@ -113,6 +114,21 @@ PROFILES: dict[str, Profile] = {
             quorum_faults=_QUORUM,
         ),
         Profile(
+            "storage",
+            "what disks do to acknowledged records (lost, corrupt, misdirected, unreadable, "
+            "torn; wiped and stale disks) with lagging replicas and owner crashes",
+            {
+                **STORAGE_WEIGHTS,
+                "slow_fsync": 3.0,
+                "owner_crash": 2.0,
+                "crash": 1.0,
+                "pause": 1.0,
+                "slow_link": 1.0,
+            },
+            gap=(0.7, 2.0),
+            quorum_faults=("storage_power_cut", "storage_majority_down", "servers_down"),
+        ),
+        Profile(
             "chaos",
             "every fault, three times as often",
             {**_NETWORK, **_DISK, **_PROCESS, **_COORDINATION},
@@ -132,25 +148,13 @@ def profile(name: str) -> Profile:
         ) from None
 
 
-@dataclass(eq=False)
-class ActiveFault:
-    kind: str
-    description: str
-    heal: Callable[[], None]
-    impairs: frozenset[str] = frozenset()
-    """Processes it makes unavailable (for the phase rules)."""
-    duration: float | None = None
-    """How long it lasts, when the fault itself decides (else the nemesis' draw)."""
-    timer: asyncio.TimerHandle | None = None
-
-
 @dataclass
 class NemesisStats:
     injected: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
-class Nemesis:
+class Nemesis(StorageFaults):
     """Injects a profile's faults into a world (see the module docstring)."""
 
     def __init__(self, world: World, rng: random.Random) -> None:
@@ -178,13 +182,23 @@ class Nemesis:
             await asyncio.sleep(self.rng.uniform(*profile.gap))
             if loop.time() >= safety_end:
                 break
+            if "stale_restore" in profile.weights:
+                self._keep_backups()
             self._inject_one(dict(profile.weights))
         if profile.quorum_faults:
             held = self.rng.uniform(3.0, QUORUM_PHASE - 1.0)
             await asyncio.sleep(max(0.0, until - held - loop.time()))
             kind = self.rng.choice(profile.quorum_faults)
-            fault = getattr(self, f"_quorum_{kind}")(held)
-            self._record(fault, held)
+            damaged = self._lost_records()
+            if kind.startswith("storage") and damaged:
+                self.world.trace.add(
+                    "fault",
+                    f"no quorum fault ({kind}): {', '.join(damaged)} lost records and is not "
+                    "repaired yet (a damaged copy and a majority down are beyond the guarantee)",
+                )
+            else:
+                fault = getattr(self, f"_quorum_{kind}")(held)
+                self._record(fault, held)
         await asyncio.sleep(max(0.0, until - loop.time()))
         self._heal_all()
         self.healed_at = loop.time()
@@ -502,7 +516,7 @@ class Nemesis:
         return ActiveFault(
             "damage",
             f"damage on {process.name}'s disk, found at its restart in {restart_after:.1f}s",
-            lambda: None if process.alive else _restart([process]),
+            lambda: None if process.alive else restart([process]),
             frozenset({process.name}),
             duration=restart_after,
         )
@@ -564,7 +578,7 @@ class Nemesis:
         for process in victims:
             process.crash(power_loss=power_loss)
         return ActiveFault(
-            kind, description, lambda: _restart(victims), frozenset(p.name for p in victims)
+            kind, description, lambda: restart(victims), frozenset(p.name for p in victims)
         )
 
     def _quorum_storage_majority_down(self, held: float) -> ActiveFault:
@@ -632,12 +646,6 @@ class Nemesis:
             lambda: _resume(victims),
             frozenset(v.name for v in victims),
         )
-
-
-def _restart(processes: list[SimProcess]) -> None:
-    for process in processes:
-        if not process.alive:
-            process.start()
 
 
 def _resume(processes: list[SimProcess]) -> None:
