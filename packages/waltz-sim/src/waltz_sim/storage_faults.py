@@ -48,6 +48,9 @@ STORAGE_WEIGHTS = {
 
 BACKUP_AGE = 1.0
 """A stale restore uses a snapshot at least this many seconds old."""
+SLOW_INTACT_FOR = 8.0
+"""Seconds the intact replicas stay slow after a damaged rejoin's owner crash (the next
+owner's recovery starts within a session timeout or two)."""
 
 
 # -- damage to a disk -------------------------------------------------------------------------
@@ -351,7 +354,7 @@ class StorageFaults:
         lag_disk = self.world.disks.get(self.world.data_dir(lagging.name)) if lagging else None
         if lagging is None or lag_disk is None:
             return None
-        extra = self.rng.uniform(1.5, 3.0)
+        extra = self.rng.uniform(2.0, 4.0)
         script = _DamagedRejoin(self, process, disk, lag_disk, extra)
         build_up = self.rng.uniform(0.5, 2.0)
         script.later(build_up, script.damage)
@@ -360,10 +363,15 @@ class StorageFaults:
             f"{lagging.name} lags (+{extra * 1000:.0f} ms fsyncs); in {build_up:.1f}s "
             f"{process.name} loses acknowledged records ({script.mode}), is back "
             f"{script.down:.1f}s later, and its partition's owner dies "
-            f"{script.delay * 1000:.0f} ms after it rejoins",
+            f"{script.delay * 1000:.0f} ms after it rejoins"
+            + (
+                f" (then the intact replicas' fsyncs +{script.slow_intact * 1000:.0f} ms)"
+                if script.slow_intact
+                else ""
+            ),
             script.heal,
             frozenset({process.name}),
-            duration=build_up + script.down + 4.0,
+            duration=build_up + script.down + 4.0 + SLOW_INTACT_FOR,
         )
 
     def _inject_owner_crash(self, duration: float) -> ActiveFault | None:
@@ -403,8 +411,12 @@ class _DamagedRejoin:
         self.extra = extra
         self.handles: list[asyncio.TimerHandle] = []
         self.mode = self.rng.choice(("lost_tail", "silently_shorter", "wiped", "stale"))
-        self.down = self.rng.uniform(0.05, 1.0)
+        self.down = self.rng.uniform(0.02, 0.4)
         self.delay = self.rng.choice((0.0, self.rng.uniform(0.0, 0.05)))
+        self.slow_intact = self.rng.uniform(0.3, 1.0) if self.rng.random() < 0.5 else 0.0
+        """Half the time the intact replicas answer the next recovery last (their fsyncs
+        slowed by this much), after the damaged and the lagging one."""
+        self.slowed: list[SimDisk] = []
         lag_disk.extra_fsync.append(extra)
 
     def later(self, delay: float, action: Any, *args: Any) -> None:
@@ -463,6 +475,7 @@ class _DamagedRejoin:
         owner = owners[0]
         owner.crash()
         self.end_lag()  # the lagging replica answers the next recovery in time
+        self.slow_the_intact()
         description = (
             f"crash {owner.name}, the owner of partition {partition}, "
             f"{self.delay * 1000:.0f} ms after {self.damaged.name} rejoined it damaged"
@@ -474,10 +487,27 @@ class _DamagedRejoin:
         if self.extra in self.lag_disk.extra_fsync:
             self.lag_disk.extra_fsync.remove(self.extra)
 
+    def slow_the_intact(self) -> None:
+        if not self.slow_intact:
+            return
+        for process in self.world.of_kind("storage"):
+            disk = self.world.disks.get(self.world.data_dir(process.name))
+            if disk is not None and disk is not self.disk and disk is not self.lag_disk:
+                disk.extra_fsync.append(self.slow_intact)
+                self.slowed.append(disk)
+        self.later(SLOW_INTACT_FOR, self.end_slow)
+
+    def end_slow(self) -> None:
+        for disk in self.slowed:
+            if self.slow_intact in disk.extra_fsync:
+                disk.extra_fsync.remove(self.slow_intact)
+        self.slowed = []
+
     def heal(self) -> None:
         for handle in self.handles:
             handle.cancel()
         self.end_lag()
+        self.end_slow()
         if self.disk.on_session_info == self.on_marks:
             self.disk.on_session_info = None
         restart([self.damaged])
