@@ -14,7 +14,8 @@ from sim_support import idle_process, in_world
 from waltz_api.errors import CorruptionError, PartitionClosedError, StorageError
 from waltz_api.types import LOST_SESSION, Record, ReqId, SessionInfo
 from waltz_api.wire import checksum
-from waltz_sim.disk import CHECKSUM, HOLDS, STALE, ZEROS, PartitionImage, SimStorageEngine
+from waltz_sim.damage import CHECKSUM, HOLDS, STALE, ZEROS
+from waltz_sim.disk import PartitionImage, SimStorageEngine
 from waltz_sim.faults import PROFILES
 from waltz_sim.storage_faults import lose_writes, misdirect
 from waltz_sim.world import SimConfig, SimProcess, World

@@ -51,6 +51,7 @@ from waltz_api.errors import (
     StorageError,
 )
 from waltz_api.types import LOST_SESSION, NO_TRANSACTION, Record, RecordHeader, SessionInfo
+from waltz_sim.damage import INDEX_CHECKPOINT, ZEROS, corruption_message, merged
 from waltz_sim.loop import Incarnation, current_incarnation
 
 if TYPE_CHECKING:
@@ -59,35 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _INT32 = (-(2**31), 2**31 - 1)
-
-INDEX_CHECKPOINT = 1000
-"""The ``fs`` engine's default index checkpoint interval: its start-up recovery trusts
-the index up to the last checkpoint and reads only the records after it (a simulated
-log is shorter: it reads them all); damage below it is found on read."""
-ZEROS = "zeros"
-"""A record whose bytes read back as zeros (a write that never reached the disk)."""
-CHECKSUM = "checksum"
-"""A record whose bytes changed at rest (its checksums fail)."""
-STALE = "stale"
-"""A record whose place holds older bytes of something else (a lost write)."""
-HOLDS = "holds "
-"""Prefix of a record whose place holds another record (``holds 40``: a misdirected
-write of transaction 40)."""
-
-
-def corruption_message(partition_id: int, transaction_id: int, how: str) -> str:
-    """What a read of a corrupt record raises (as the ``fs`` engine words it)."""
-    if how.startswith(HOLDS):
-        other = how[len(HOLDS) :]
-        return (
-            f"partition {partition_id}: the record stored as transaction {transaction_id} is "
-            f"not transaction {transaction_id} (it holds {other}: a misdirected write)"
-        )
-    why = {
-        ZEROS: "its bytes read back as zeros",
-        STALE: "its place holds bytes of something else",
-    }.get(how, "its data fails its CRC-32C checksum")
-    return f"partition {partition_id}: transaction {transaction_id} is corrupt ({why})"
 
 
 @dataclass
@@ -199,7 +171,7 @@ class PartitionImage:
                     self.mark_lost()
                     found.append(f"a damaged tail, transactions {first}..{last}: cut, LOST_SESSION")
                 break
-            self.missing = _merged([*self.missing, (first, last)])
+            self.missing = merged([*self.missing, (first, last)])
             found.append(f"transactions {first}..{last} damaged: missing until repaired")
         for i in damaged:
             self.corrupt.pop(i, None)
@@ -216,14 +188,38 @@ class PartitionImage:
             last = min(first + rng.randint(0, 4), length - 2)
             self.missing = sorted([*self.missing, (first, last)])
             return f"transactions {first}..{last} lost to damage (intact ones after them)"
-        lost = rng.randint(1, min(5, length - 1))
-        del self.written[length - lost :]
-        del self.durable[length - lost :]
+        lost = self.lose_tail(rng.randint(1, min(5, length - 1)))
+        return f"its last {lost} transactions lost to damage (a lost tail)"
+
+    def lose_tail(self, count: int) -> int:
+        """Damage found at start-up: the last ``count`` records (acknowledged) are gone, and
+        the engine says so (``low_water_mark_session_id == LOST_SESSION``, as the ``fs``
+        engine reports a damaged tail it moved aside). Returns how many went."""
+        lost = max(0, min(count, len(self.written)))
+        del self.written[len(self.written) - lost :]
+        del self.durable[len(self.written) :]
         self.common = min(self.common, len(self.written))
         self.visible = len(self.written)
+        self.missing = [
+            (f, min(last, self.visible - 1)) for f, last in self.missing if f < self.visible
+        ]
         info = dataclasses.replace(self.written_info, low_water_mark_session_id=LOST_SESSION)
         self.written_info = self.durable_info = info
-        return f"its last {lost} transactions lost to damage (a lost tail)"
+        return lost
+
+    def copy(self) -> PartitionImage:
+        """The image as a snapshot of the disk takes it now (what was written, synced or
+        not: a crash-consistent copy), to restore later (:meth:`SimDisk.restore`)."""
+        return PartitionImage(
+            written=list(self.written),
+            durable=list(self.written),
+            common=len(self.written),
+            visible=len(self.written),
+            written_info=self.written_info,
+            durable_info=self.written_info,
+            missing=list(self.missing),
+            corrupt=dict(self.corrupt),
+        )
 
     @property
     def unrepaired(self) -> bool:
@@ -259,16 +255,6 @@ class PartitionImage:
         return max(0, before - len(self.written))
 
 
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for first, last in sorted(ranges):
-        if out and first <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], last))
-        else:
-            out.append((first, last))
-    return out
-
-
 class SimDisk:
     """The disk of one storage node, in the world (it survives the node's crashes)."""
 
@@ -300,6 +286,9 @@ class SimDisk:
         self.on_session_info: Callable[[int, SessionInfo], None] | None = None
         """A fault's trigger: called with the partition and its new session info once a
         ``set_session_info`` is durable."""
+        self.stall: asyncio.Event | None = None
+        """A stalled disk (scripted scenarios): every fsync, once its time is up, waits until
+        the event is set (the stall ends: the fsyncs waiting for it complete then)."""
 
     @property
     def rng(self) -> random.Random:
@@ -381,24 +370,49 @@ class SimDisk:
                 self.needs_marks.add(partition)
         return found
 
-    def wipe(self) -> None:
-        """The disk is replaced by an empty one (the node is down)."""
-        for partition in self.partitions:
-            self.damaged(partition)
-            self.needs_marks.add(partition)
-        self.partitions = {}
-
     def backup(self, now: float, keep: int = 8) -> None:
-        """Keep a crash-consistent snapshot of the disk (its durable state)."""
-        snapshot = {p: _durable_copy(image) for p, image in sorted(self.partitions.items())}
-        self.backups = [*self.backups[-(keep - 1) :], (now, snapshot)]
+        """Keep a :meth:`snapshot` of the disk, taken at ``now`` (for a stale restore)."""
+        self.backups = [*self.backups[-(keep - 1) :], (now, self.snapshot())]
 
-    def restore(self, snapshot: dict[int, PartitionImage]) -> None:
-        """The disk is restored from an older snapshot of itself (the node is down)."""
+    def snapshot(self) -> dict[int, PartitionImage]:
+        """A copy of every partition as it is on the disk now (see
+        :meth:`PartitionImage.copy`)."""
+        return {p: image.copy() for p, image in sorted(self.partitions.items())}
+
+    def restore(self, images: Mapping[int, PartitionImage]) -> None:
+        """Put back a :meth:`snapshot` (a backup restored while the node is down): every
+        partition is what the snapshot holds; one it did not hold is gone."""
+        self._check_down("restore a snapshot on")
         for partition in self.partitions:
-            self.damaged(partition)
-            self.needs_marks.add(partition)
-        self.partitions = {p: _durable_copy(image) for p, image in snapshot.items()}
+            self._lost_end(partition)
+        self.partitions = {p: image.copy() for p, image in sorted(images.items())}
+
+    def wipe(self, partition: int | None = None) -> None:
+        """A wiped disk (``partition``: only that partition's files): the node restarts with
+        nothing for it, and its start creates it empty."""
+        self._check_down("wipe")
+        for wiped in [partition] if partition is not None else list(self.partitions):
+            self._lost_end(wiped)
+            self.partitions.pop(wiped, None)
+
+    def _lost_end(self, partition: int) -> None:
+        """``partition`` loses its end (wiped, restored): impaired until the cluster
+        caught it up and took it back (``must_reach``, ``needs_marks``)."""
+        self.damaged(partition)
+        self.needs_marks.add(partition)
+
+    def lose_tail(self, partition: int, count: int) -> int:
+        """The node's next start-up recovery finds the last ``count`` records of
+        ``partition`` lost to damage (LOST_SESSION); returns how many."""
+        self._check_down("damage")
+        return self.partitions[partition].lose_tail(count)
+
+    def _check_down(self, what: str) -> None:
+        if self.engine is not None and not self.engine.closed:
+            raise StorageError(
+                f"cannot {what} the disk {self.location} while its storage node runs: crash "
+                "the node first"
+            )
 
     def apply_damage(self) -> list[str]:
         """The start-up recovery finds the pending damage (in one partition)."""
@@ -409,23 +423,6 @@ class SimDisk:
         partition = self.rng.choice(candidates)
         found = self.partitions[partition].damage(self.rng)
         return [] if found is None else [f"partition {partition}: {found}"]
-
-
-def _durable_copy(image: PartitionImage) -> PartitionImage:
-    records = list(image.durable)
-    end = len(records)
-    copy = PartitionImage(
-        written=records,
-        durable=list(records),
-        common=end,
-        visible=end,
-        written_info=image.durable_info,
-        durable_info=image.durable_info,
-        missing=list(image.missing),
-        corrupt=dict(image.corrupt),
-    )
-    copy._clip(end)
-    return copy
 
 
 class SimStoragePartition(StoragePartition):
@@ -460,6 +457,8 @@ class SimStoragePartition(StoragePartition):
     async def _fsync(self) -> PartitionImage:
         disk = self.disk
         await asyncio.sleep(disk.fsync_delay())
+        while disk.stall is not None and not disk.stall.is_set():
+            await disk.stall.wait()
         image = self._check()
         disk.fsyncs += 1
         if disk.failing_fsyncs > 0:
@@ -756,14 +755,9 @@ class SimStorageEngine(StorageEngine):
 
 
 __all__ = [
-    "CHECKSUM",
-    "HOLDS",
-    "STALE",
-    "ZEROS",
     "DiskConfig",
     "PartitionImage",
     "SimDisk",
     "SimStorageEngine",
     "SimStoragePartition",
-    "corruption_message",
 ]

@@ -27,7 +27,8 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from waltz_api.types import SessionInfo
-from waltz_sim.disk import CHECKSUM, HOLDS, STALE, ZEROS, PartitionImage, SimDisk
+from waltz_sim.damage import CHECKSUM, HOLDS, STALE, ZEROS
+from waltz_sim.disk import PartitionImage, SimDisk
 from waltz_sim.fault_kit import ActiveFault, restart
 from waltz_sim.loop import WORLD_CONTEXT
 
