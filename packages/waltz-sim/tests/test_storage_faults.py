@@ -186,9 +186,9 @@ def test_a_wiped_disk_is_impaired_until_caught_up_and_marked_again() -> None:
     assert disk.lost_records and disk.unrepaired
     disk.partitions[0] = _image(10)  # caught up, but no session took it back yet
     assert disk.lost_records
-    disk.marks_written(0, replace(CLEAN, low_water_mark_session_id=LOST_SESSION))
+    disk.marks_written(0, CLEAN, replace(CLEAN, low_water_mark_session_id=LOST_SESSION))
     assert disk.lost_records
-    disk.marks_written(0, SessionInfo(4, 9, 9, 4))  # a SetLowWaterMark of session 4
+    disk.marks_written(0, CLEAN, SessionInfo(4, 9, 9, 4))  # a SetLowWaterMark of session 4
     assert not disk.lost_records and not disk.unrepaired
 
 
@@ -200,7 +200,7 @@ def test_a_restored_disk_is_impaired_until_it_holds_what_it_held() -> None:
     disk.partitions[0].sync()
     disk.restore(disk.backups[0][1])
     assert len(disk.partitions[0].written) == 10
-    disk.marks_written(0, SessionInfo(4, 9, 9, 4))
+    disk.marks_written(0, CLEAN, SessionInfo(4, 9, 9, 4))
     world.disks["b"].partitions[0] = _image(15)
     assert disk.lost_records  # 10 of the 15 it held
     disk.partitions[0] = _image(15)
@@ -233,3 +233,60 @@ def test_the_storage_profile_mixes_storage_faults_with_lag_and_owner_crashes() -
     }
     assert storage <= set(weights)
     assert {"slow_fsync", "owner_crash", "crash", "pause"} <= set(weights)
+
+
+def test_a_silent_cut_is_an_unseen_loss_until_a_session_marks_the_replica() -> None:
+    world = _world_with_disks()
+    disk = world.disks["a"]
+    disk.damaged(0)
+    disk.partitions[0].corrupt = {8: ZEROS, 9: ZEROS}
+    assert disk.unseen_losses() == {0}  # the restart will cut it silently
+    disk.start_up_recovery()
+    assert len(disk.partitions[0].written) == 8 and disk.partitions[0].written_info == CLEAN
+    assert disk.unseen_losses() == {0}
+    fenced = replace(CLEAN, session_id=4)
+    disk.marks_written(0, CLEAN, fenced)  # a new session's fence: it has not seen it yet
+    assert disk.unseen_losses() == {0}
+    disk.marks_written(0, fenced, SessionInfo(4, 9, 7, LOST_SESSION))  # marked suspect
+    assert disk.unseen_losses() == set()
+    assert disk.lost_records  # still to be caught up and marked clean
+
+
+def test_a_damaged_tail_found_at_the_restart_is_no_unseen_loss() -> None:
+    world = _world_with_disks()
+    disk = world.disks["a"]
+    disk.damaged(0)
+    disk.partitions[0].corrupt = {9: CHECKSUM}
+    disk.start_up_recovery()
+    assert disk.partitions[0].written_info.low_water_mark_session_id == LOST_SESSION
+    assert disk.unseen_losses() == set() and disk.lost_records
+
+
+def test_the_nemesis_stops_no_owner_of_a_partition_with_an_unseen_loss() -> None:
+    from types import SimpleNamespace
+
+    from waltz_sim.faults import Nemesis
+
+    async def scenario(world: World) -> tuple[bool, bool, bool]:
+        for name in ("server-0", "server-1", "storage-0", "storage-1", "storage-2"):
+            idle_process(world, name, name.split("-")[0])
+        for i in (0, 1):
+            owned = {i: object()}
+            world.processes[f"server-{i}"].handle = SimpleNamespace(
+                server=SimpleNamespace(partitions=owned)
+            )
+        from waltz_sim.disk import SimDisk
+
+        disk = SimDisk(world, world.data_dir("storage-0"), uuid.UUID(int=1), 2)
+        world.disks[disk.location] = disk
+        disk.partitions = {0: _image(10), 1: _image(10)}
+        nemesis = Nemesis(world, random.Random(0))
+        before = nemesis._allowed({"server-0"})
+        disk.damaged(0)
+        disk.partitions[0].corrupt = {9: ZEROS}
+        return before, nemesis._allowed({"server-0"}), nemesis._allowed({"server-1"})
+
+    before, owner_of_unseen, other_owner = in_world(
+        scenario, SimConfig(faults="storage", storage_nodes=3, servers=2)
+    )
+    assert before and not owner_of_unseen and other_owner

@@ -281,11 +281,15 @@ class SimDisk:
         """Damaged partitions whose log lost its end (cut, wiped, restored): they count as
         impaired until a store session also wrote their marks again (SetLowWaterMark), as
         the cluster took them back as clean replicas."""
+        self.unseen: set[int] = set()
+        """Damaged partitions whose log lost its end where no check can see it (cut
+        silently as a torn write, restored from a snapshot) and that no store session
+        took back since (its marks written): a recovery may count it as a clean voter."""
         self.backups: list[tuple[float, dict[int, PartitionImage]]] = []
         """Crash-consistent snapshots of the disk (its durable state), oldest first."""
-        self.on_session_info: Callable[[int, SessionInfo], None] | None = None
-        """A fault's trigger: called with the partition and its new session info once a
-        ``set_session_info`` is durable."""
+        self.on_session_info: Callable[[int, SessionInfo, SessionInfo], None] | None = None
+        """A fault's trigger: called with the partition, its session info before and the
+        new one once a ``set_session_info`` is durable."""
         self.stall: asyncio.Event | None = None
         """A stalled disk (scripted scenarios): every fsync, once its time is up, waits until
         the event is set (the stall ends: the fsyncs waiting for it complete then)."""
@@ -352,12 +356,16 @@ class SimDisk:
         end = len(image.written) if image is not None else 0
         self.must_reach[partition] = max(self.must_reach.get(partition, 0), end)
 
-    def marks_written(self, partition: int, info: SessionInfo) -> None:
-        """A ``set_session_info`` is durable: a session's SetLowWaterMark took it back."""
+    def marks_written(self, partition: int, before: SessionInfo, info: SessionInfo) -> None:
+        """A ``set_session_info`` is durable (``before`` was the info it replaced): marks of
+        the session that wrote them (a SetLowWaterMark, a clean mark) take the replica
+        back."""
         if info.low_water_mark_session_id == info.session_id >= 0:
             self.needs_marks.discard(partition)
+        if info.session_id == before.session_id:  # not a fence raised: the session saw it
+            self.unseen.discard(partition)
         if self.on_session_info is not None:
-            self.on_session_info(partition, info)
+            self.on_session_info(partition, before, info)
 
     def start_up_recovery(self) -> list[str]:
         """What a restarted engine's recovery finds in each partition (see
@@ -368,7 +376,21 @@ class SimDisk:
             found.extend(f"partition {partition}: {what}" for what in image.recover())
             if len(image.written) < end:
                 self.needs_marks.add(partition)
+                if image.written_info.low_water_mark_session_id != LOST_SESSION:
+                    self.unseen.add(partition)  # cut silently
         return found
+
+    def unseen_losses(self) -> set[int]:
+        """The partitions whose log lost its end where no check can see it (or will, at
+        the node's restart: zeros are cut silently), not repaired yet: a recovery that
+        counts this replica as a voter and decides before the intact copy answers closes
+        short (docs/server.md: the one case beyond the protocol's reach)."""
+        if not self.lost_records:
+            self.unseen.clear()
+            return set()
+        self.unseen &= set(self.must_reach)
+        zeros = {p for p, image in self.partitions.items() if ZEROS in image.corrupt.values()}
+        return self.unseen | zeros
 
     def backup(self, now: float, keep: int = 8) -> None:
         """Keep a :meth:`snapshot` of the disk, taken at ``now`` (for a stale restore)."""
@@ -384,7 +406,7 @@ class SimDisk:
         partition is what the snapshot holds; one it did not hold is gone."""
         self._check_down("restore a snapshot on")
         for partition in self.partitions:
-            self._lost_end(partition)
+            self._lost_end(partition, seen=False)
         self.partitions = {p: image.copy() for p, image in sorted(images.items())}
 
     def wipe(self, partition: int | None = None) -> None:
@@ -395,11 +417,13 @@ class SimDisk:
             self._lost_end(wiped)
             self.partitions.pop(wiped, None)
 
-    def _lost_end(self, partition: int) -> None:
+    def _lost_end(self, partition: int, *, seen: bool = True) -> None:
         """``partition`` loses its end (wiped, restored): impaired until the cluster
         caught it up and took it back (``must_reach``, ``needs_marks``)."""
         self.damaged(partition)
         self.needs_marks.add(partition)
+        if not seen:
+            self.unseen.add(partition)
 
     def lose_tail(self, partition: int, count: int) -> int:
         """The node's next start-up recovery finds the last ``count`` records of
@@ -515,9 +539,9 @@ class SimStoragePartition(StoragePartition):
     async def set_session_info(self, info: SessionInfo) -> None:
         self._check()
         image = await self._write()
-        image.written_info = info
+        before, image.written_info = image.written_info, info
         await self._fsync()
-        self.disk.marks_written(self.partition_id, info)
+        self.disk.marks_written(self.partition_id, before, info)
 
     def _validate(self, records: Sequence[Record]) -> None:
         image = self._check()

@@ -15,7 +15,10 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
 - ``skip-fencing``: a storage node that records newer store sessions but does not
   refuse older ones: a deposed server's writes land after its successor's recovery;
 - ``double-apply``: a client that, after every mount, applies its last applied
-  transaction again (an off-by-one in its feed position).
+  transaction again (an off-by-one in its feed position);
+- ``rejoin-clean``: a storage node that records a replica marked suspect (its storage
+  lost records it had acknowledged, and it rejoined its store session) as clean: the
+  rejoin clears LOST_SESSION, as before issue 27's fix (found by the ``storage`` profile).
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ import pytest
 from waltz_api.contracts.storage import StoragePartition
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 from waltz_api.plugins import get_registry, reset_registry
-from waltz_api.types import NO_TRANSACTION, LockRequest, Record
+from waltz_api.types import NO_TRANSACTION, LockRequest, Record, SessionInfo
 from waltz_client import partition as client_partition
 from waltz_client.state import FeedTracker
 from waltz_server.locktables.hwm_array import HwmArrayLockTable
 from waltz_server.server import partition as server_partition
 from waltz_server.server import server as server_module
 from waltz_server.storage_node import node as node_module
+from waltz_server.storage_node import partition as node_partition
 from waltz_server.storage_node.partition import PartitionWorker
 from waltz_sim.disk import SimStorageEngine, SimStoragePartition
 from waltz_sim.loop import WORLD_CONTEXT
@@ -106,6 +110,21 @@ class UnfencedPartitionWorker(PartitionWorker):
         if session_id <= info.session_id:
             return  # the bug: an older session is not refused
         await super()._fence(partition, session_id)
+
+
+# -- rejoin-clean: a storage node that records a suspect replica as clean --------------------------
+
+
+_real_marked = node_partition._marked
+
+
+def _marked_clean(partition: StoragePartition, request: Any) -> SessionInfo:
+    """A suspect mark (clean=False) recorded as the session's clean marks: the replica
+    that lost what it acknowledged reads as a voter at once."""
+    info = _real_marked(partition, request)
+    if request.clean:
+        return info
+    return replace(info, low_water_mark_session_id=request.session_id)
 
 
 # -- double-apply: a client re-applying its last transaction after each mount --------------------
@@ -179,6 +198,7 @@ PLANTED: dict[str, Planted] = {
             {},
         ),
         Planted("double-apply", frozenset({"feed-order", "client-state"}), {}),
+        Planted("rejoin-clean", _LOSS | {"client-ahead", "duplicate"}, {}, profile="storage"),
     )
 }
 
@@ -198,6 +218,8 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(node_module, "PartitionWorker", UnfencedPartitionWorker)
         elif name == "double-apply":
             patch.setattr(client_partition, "FeedTracker", OffByOneFeedTracker)
+        elif name == "rejoin-clean":
+            patch.setattr(node_partition, "_marked", _marked_clean)
         yield bug
     finally:
         patch.undo()
