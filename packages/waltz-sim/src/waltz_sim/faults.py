@@ -571,14 +571,18 @@ class Nemesis:
             network.unslow(lagging.name, server.name, extra)
 
         loop.call_at(loop.time() + crash_after, crash, context=WORLD_CONTEXT)
-        loop.call_at(
-            loop.time() + restart_after + self.rng.uniform(3.0, 8.0), unslow, context=WORLD_CONTEXT
+        lag = ActiveFault(
+            "slow_link",
+            f"slow link {server.name} <-> {lagging.name} (+{extra * 1000:.0f} ms), a lagging "
+            f"replica while {process.name} is damaged",
+            unslow,
+            duration=restart_after + self.rng.uniform(3.0, 8.0),
         )
+        self._record(lag, restart_after)
         return ActiveFault(
             "damage_lagging",
-            f"slow link {server.name} <-> {lagging.name} (+{extra * 1000:.0f} ms), then damage "
-            f"on {process.name}'s disk in {crash_after:.1f}s, found at its restart in "
-            f"{restart_after:.1f}s",
+            f"damage on {process.name}'s disk in {crash_after:.1f}s (beside a lagging "
+            f"{lagging.name}), found at its restart in {restart_after:.1f}s",
             lambda: None if process.alive else _restart([process]),
             frozenset({process.name}),
             duration=restart_after,
