@@ -300,6 +300,11 @@ _COLOURS = {
     "storage_cut_off": "#0b3d66",
     "slow_link": "#bcbd22",
     "lossy_link": "#2ca02c",
+    "corrupt_segment": "#e377c2",
+    "truncate_segment": "#b5478f",
+    "rollback_data": "#7b4173",
+    "wipe_data": "#4a1a45",
+    "flip_sealed": "#f7b6d2",
 }
 _WORKLOAD_COLOURS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
 
