@@ -22,6 +22,7 @@ from typing import Any
 
 from waltz_chaos.cluster import ProcessEvent
 from waltz_chaos.nemesis import FaultRecord
+from waltz_chaos.schedule import STORAGE_FAULTS
 from waltz_sim.checker import OK, OpEvent, Violation
 
 OUTAGE_GAP = 2.0
@@ -137,6 +138,16 @@ class Summary:
             },
             "availability": round(self.availability(), 4),
             "first_commit_after_heal": self.first_commit_after_heal(),
+            "storage_faults": [
+                {
+                    "fault": f.description,
+                    "injected": round(f.start, 2),
+                    "healed": None if f.end is None else round(f.end, 2),
+                    "notes": list(f.notes),
+                }
+                for f in self.faults
+                if f.kind in STORAGE_FAULTS
+            ],
             "replay": self.replay,
             "notes": self.notes,
         }
