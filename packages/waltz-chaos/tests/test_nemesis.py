@@ -82,3 +82,25 @@ async def test_held_back_until_repaired_or_skipped_before_the_quiet_end(tmp_path
     assert await late._hold_back(skipped) is None
     assert skipped.notes == ["not injected: storage-0 still being repaired"]
     assert "skip" in said[0] and skipped.injected_at is None
+
+
+async def test_faults_held_back_are_let_through_one_at_a_time(tmp_path: Path) -> None:
+    """Two kills of other storage nodes held back by a repair: when it is done, one goes
+    (two would impair a majority); the other once the first healed."""
+    kills = Fault(8.0, "kill", 2.0, ("storage-1",)), Fault(8.5, "kill", 2.0, ("storage-2",))
+    n = nemesis(tmp_path, WIPE, *kills)
+    wipe, *held = n.records
+    n._damaged["storage-0"] = wipe
+    tasks = [asyncio.create_task(n._hold_back(r)) for r in held]
+    await asyncio.sleep(0.3)
+    assert not any(t.done() for t in tasks)
+    del n._damaged["storage-0"]
+    done, pending = await asyncio.wait(tasks, timeout=2.0, return_when=asyncio.FIRST_COMPLETED)
+    assert len(done) == 1, (done, pending)
+    first = held[tasks.index(done.pop())]
+    first.injected_at = time.monotonic()  # injected: in play from now on
+    n._entering.clear()
+    await asyncio.sleep(0.3)
+    assert not pending.copy().pop().done()
+    first.healed_at = time.monotonic()
+    assert await asyncio.wait_for(pending.pop(), 2.0) is not None

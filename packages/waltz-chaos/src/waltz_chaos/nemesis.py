@@ -103,6 +103,8 @@ class Nemesis:
         self._lock = asyncio.Lock()
         self._damaged: dict[str, FaultRecord] = {}
         """Storage nodes damaged and not repaired yet."""
+        self._entering: list[FaultRecord] = []
+        """Faults let through by :meth:`_hold_back`, being injected."""
         self._copies = (
             damage.Copies(cluster.run_dir / "copies")
             if any(f.kind == "rollback_data" for f in schedule.faults)
@@ -125,7 +127,10 @@ class Nemesis:
         if held is None:
             return
         try:
-            await self._inject(record)
+            try:
+                await self._inject(record)
+            finally:
+                self._entering = [r for r in self._entering if r is not record]
             record.injected_at = time.monotonic()
             self.report(f"{self._now():7.1f}s  inject  {record.description}")
         except Exception as exc:
@@ -145,12 +150,16 @@ class Nemesis:
     async def _hold_back(self, record: FaultRecord) -> float | None:
         """Wait while ``record``'s fault would impair more storage nodes than a minority
         with a damaged one still being repaired; the seconds waited, or None when it
-        could no longer heal before the quiet end (skipped)."""
+        could no longer heal before the quiet end (skipped). A fault held back is let
+        through only while it and the faults in play impair a minority (those held back
+        meanwhile are not all let through at once)."""
         began = time.monotonic()
         deadline = self.start + self.schedule.heal_deadline
-        while self._blocked(record):
+        strict = False
+        while self._blocked(record, strict=strict):
+            strict = True
             if time.monotonic() - began + self.start + record.fault.end > deadline:
-                waiting = ", ".join(sorted(self._damaged))
+                waiting = ", ".join(sorted(self._damaged)) or "a storage node"
                 record.notes.append(f"not injected: {waiting} still being repaired")
                 self.report(
                     f"{self._now():7.1f}s  skip    {record.description}: {waiting} still "
@@ -158,14 +167,19 @@ class Nemesis:
                 )
                 return None
             await asyncio.sleep(0.1)
+        self._entering.append(record)
         held = time.monotonic() - began
         if held > 0.1:
             record.notes.append(f"held back {held:.1f} s while a damaged node was repaired")
         return held
 
-    def _blocked(self, record: FaultRecord) -> bool:
+    def _blocked(self, record: FaultRecord, *, strict: bool = False) -> bool:
+        """Whether injecting ``record`` now would impair more than a minority of the
+        storage nodes, counting the damaged ones and the faults in play. Unless
+        ``strict`` (a storage fault, or one held back), only while a node is damaged:
+        the schedule's rules keep the others apart."""
         fault = record.fault
-        if not self._damaged and fault.kind not in STORAGE_FAULTS:
+        if not (strict or fault.kind in STORAGE_FAULTS or self._damaged):
             return False
         if fault.quorum:
             return bool(self._damaged)
@@ -174,8 +188,9 @@ class Nemesis:
         if not mine:
             return False
         busy = set(self._damaged)
+        entering = {id(r) for r in self._entering}
         for other in self.records:
-            if other.active and other is not record:
+            if other is not record and (other.active or id(other) in entering):
                 busy |= impaired_by(other.fault, roles)[0]
         return len(busy | mine) > (len(roles.storage) - 1) // 2
 
