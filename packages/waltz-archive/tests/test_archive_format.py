@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -118,6 +119,7 @@ async def _write(root: Path) -> None:
                 write=WriteOptions(row_group_bytes=1024),
             ),
             rng=random.Random(1),
+            cluster_key=uuid.UUID(int=1),
         )
         for high in (50, 100, 150):  # ranges 0..49, 50..99, 100..149
             log.high = high

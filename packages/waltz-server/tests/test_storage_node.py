@@ -42,7 +42,7 @@ from waltz_api.messages import (
     SuccessResponse,
 )
 from waltz_api.plugins import get_registry
-from waltz_api.types import SessionInfo
+from waltz_api.types import LOST_SESSION, SessionInfo
 from waltz_conformance.records import make_record, make_records
 from waltz_server.storage_node import StorageAdminClient, StorageClient, StorageNode
 from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
@@ -225,8 +225,10 @@ async def test_fencing_by_store_session(fx: NodeFixture) -> None:
     new = await fx.client()
     p = 1
     await old.append(5, p, make_records(0, 2, partition_id=p))
-    # a newer session's first request, even a read, fences the older one
-    assert await new.last_session_info(7, p) == SessionInfo(5, -1, -1)
+    # a newer session's first request, even a read, fences the older one; the partition
+    # had no marks and no records when session 5 raised its fence: it holds nothing it
+    # acknowledged (LOST_SESSION), never a clean replica of session 5 (a wiped disk)
+    assert await new.last_session_info(7, p) == SessionInfo(5, -1, -1, LOST_SESSION)
     with pytest.raises(SessionFencedError) as fenced:
         await old.append(5, p, [make_record(2, partition_id=p)])
     assert fenced.value.highest_session_id == 7
@@ -258,7 +260,7 @@ async def test_fence_survives_reopening_the_storage(fx: NodeFixture) -> None:
     with pytest.raises(SessionFencedError) as fenced:
         await c2.append(3, 0, [make_record(1, partition_id=0)])
     assert fenced.value.highest_session_id == 9
-    assert await c2.last_session_info(9, 0) == SessionInfo(9, -1, -1)
+    assert await c2.last_session_info(9, 0) == SessionInfo(9, -1, -1, LOST_SESSION)
 
 
 async def test_availability_survives_a_restart(fx: NodeFixture) -> None:
@@ -597,7 +599,7 @@ async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFi
         assert await replica.read_headers(2, 10) == [
             r.record_header for r in make_records(2, 2, partition_id=3)
         ]
-        assert await newer.last_session_info() == SessionInfo(4, -1, -1)
+        assert await newer.last_session_info() == SessionInfo(4, -1, -1, LOST_SESSION)
         with pytest.raises(SessionFencedError):
             await replica.append([make_record(4, partition_id=3)])
         await newer.truncate(1)

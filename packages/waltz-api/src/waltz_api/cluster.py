@@ -198,7 +198,13 @@ class ArchiveMark:
     the archive at ``url``, in the ranges listed by ``manifest`` (an object name under
     the partition's directory there), ``ranges`` of them, ``archived_bytes`` in all.
     Absent (mark -1) until the partition archives; changed only by compare-and-set,
-    forward only (``waltz_server.cluster_admin.ClusterAdmin.advance_archive_mark``)."""
+    forward only (``waltz_server.cluster_admin.ClusterAdmin.advance_archive_mark``).
+
+    ``incarnation``: "" for a partition never restored from an archive; a new token
+    written by `waltz archive restore --url` (then never changed). Every object the
+    partition's archivers write carries it with the cluster key, so an object of
+    another incarnation (a dead cluster's) is never taken for this log's (docs/archive.md,
+    "Incarnations")."""
 
     partition_id: int
     mark: int = -1
@@ -206,6 +212,7 @@ class ArchiveMark:
     ranges: int = 0
     archived_bytes: int = 0
     url: str = ""
+    incarnation: str = ""
 
 
 # -- encoding --------------------------------------------------------------------------------
@@ -240,17 +247,17 @@ def _decode(kind: str, raw: bytes, path: str) -> dict[str, Any]:
 
 
 def encode_archive_mark(mark: ArchiveMark) -> bytes:
-    return _encode(
-        "archive_mark",
-        {
-            "partition_id": mark.partition_id,
-            "mark": mark.mark,
-            "manifest": mark.manifest,
-            "ranges": mark.ranges,
-            "bytes": mark.archived_bytes,
-            "url": mark.url,
-        },
-    )
+    body: dict[str, Any] = {
+        "partition_id": mark.partition_id,
+        "mark": mark.mark,
+        "manifest": mark.manifest,
+        "ranges": mark.ranges,
+        "bytes": mark.archived_bytes,
+        "url": mark.url,
+    }
+    if mark.incarnation:  # only a restored partition has one (earlier releases ignore it)
+        body["incarnation"] = mark.incarnation
+    return _encode("archive_mark", body)
 
 
 def decode_archive_mark(raw: bytes, path: str, partition_id: int) -> ArchiveMark:
@@ -263,6 +270,7 @@ def decode_archive_mark(raw: bytes, path: str, partition_id: int) -> ArchiveMark
             int(doc.get("ranges", 0)),
             int(doc.get("bytes", 0)),
             str(doc.get("url", "")),
+            str(doc.get("incarnation", "")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CoordinationError(f"{path} holds an invalid archive mark: {exc}") from None

@@ -462,6 +462,31 @@ class RepairRequest(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class MarkReplicaRequest(Message):
+    """The store session's word on whether this replica holds what it acknowledged.
+
+    ``clean=False`` (*suspect*): the replica came back to the session with storage that
+    lost records it had acknowledged (a damaged tail, a wiped disk, a restore). Like
+    SetLowWaterMark (the log must end at or below ``low_water_mark``), but the marks
+    are recorded with ``low_water_mark_session_id = LOST_SESSION``: until the session
+    says otherwise, a recovery counts this replica as one that may have held anything
+    (an offline one), never as a voter.
+
+    ``clean=True``: the replica caught up to the session's committed prefix again (its
+    log reaches ``log_end``); its marks become this session's. Refused unless they are
+    ``low_water_mark`` recorded as suspect (or already this session's), the log reaches
+    ``log_end`` and no range is missing. Answered SuccessResponse once durable."""
+
+    TYPE: ClassVar[int] = 71
+    session_id: int
+    seq_num: int
+    partition_id: int
+    low_water_mark: int
+    clean: bool
+    log_end: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class StorageAdminRequest(Message):
     """Administration of a storage node (list/add/remove partitions, availability...).
 
@@ -526,6 +551,7 @@ SERVER_STORAGE_MESSAGES: tuple[type[Message], ...] = (
     MissingRangeRequest,
     MissingRangeResponse,
     RepairRequest,
+    MarkReplicaRequest,
     StorageAdminRequest,
     StorageAdminResponse,
 )

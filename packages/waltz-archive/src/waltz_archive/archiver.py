@@ -3,10 +3,12 @@
 Run by the partition's owner while its store session is open (docs/archive.md, "Who
 archives"). A round: read the archive mark ``A`` (cluster metadata) and the committed
 high-water mark; decide with :func:`plan_range` how far retention wants to go; adopt
-an orphan object a crash left for ``A + 1`` (one that reads back whole and agrees with
-itself) or write a new one from the records read from the replicas; read it back
-(count, first and last id, every data checksum, the digest of what was read); write a
-new manifest; advance the mark by compare-and-set; ask the replicas to delete up to it.
+an orphan object a crash left for ``A + 1`` (one of this cluster's incarnation, or of
+no stated identity, that reads back whole and holds exactly the replicas' committed
+records of its ids; any other is set aside, never adopted) or write a new one from the
+records read from the replicas; read it back (count, first and last id, every data
+checksum, the digest of what was read); write a new manifest; advance the mark by
+compare-and-set; ask the replicas to delete up to it.
 
 Nothing here blocks appends: the archiver only reads committed records, every call to
 the archive location runs in a thread under a deadline, and a failed round leaves the
@@ -21,6 +23,7 @@ import functools
 import logging
 import random
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -35,13 +38,14 @@ from waltz_api.wire import RecordBlock
 from waltz_archive import layout
 from waltz_archive.manifest import ArchivedRange, Manifest
 from waltz_archive.objects import (
+    ArchiveIdentity,
     RangeWriter,
     WriteOptions,
     describe,
     range_from_footer,
     verify_object,
 )
-from waltz_archive.records import block_to_batch
+from waltz_archive.records import Fingerprint, block_to_batch, check_rows
 from waltz_archive.store import ArchiveStore
 
 log = logging.getLogger(__name__)
@@ -122,6 +126,9 @@ class ArchiveListener(Protocol):
 
     def failed(self, error: BaseException) -> None: ...
 
+    def rejected(self, name: str, reason: str) -> None:
+        """An orphan object (``name``) was refused for adoption and set aside."""
+
 
 def plan_range(
     policy: ArchivePolicy,
@@ -199,7 +206,9 @@ class PartitionArchiver:
         listener: ArchiveListener | None = None,
         on_mark: Callable[[Manifest], None] | None = None,
         rng: random.Random | None = None,
+        cluster_key: uuid.UUID | None = None,
     ) -> None:
+        """``cluster_key``: the cluster's (read from the cluster metadata when None)."""
         self.partition_id = partition_id
         self.coordination = coordination
         self.store = store
@@ -213,6 +222,9 @@ class PartitionArchiver:
         self.manifest = Manifest(partition_id)
         self.rounds = 0
         self.last_error: BaseException | None = None
+        self.cluster_key = cluster_key
+        self.rejected: dict[str, str] = {}
+        """Orphans refused for adoption (name: why), never examined again."""
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -257,6 +269,12 @@ class PartitionArchiver:
     def mark(self) -> ArchiveMark:
         return self.stored.value
 
+    async def identity(self) -> ArchiveIdentity:
+        """Who this archiver writes as: the cluster key and the mark's incarnation."""
+        if self.cluster_key is None:
+            self.cluster_key = (await ClusterMetadata(self.coordination).config()).cluster_key
+        return ArchiveIdentity(str(self.cluster_key), self.mark.incarnation)
+
     async def refresh(self) -> ArchiveMark:
         """The archive mark from the cluster metadata, and its manifest."""
         stored = await ClusterMetadata(self.coordination).archive_mark(self.partition_id)
@@ -299,8 +317,11 @@ class PartitionArchiver:
             await self._prune(mark.mark)
             return None
         started = time.perf_counter()
-        adopted = await self._adopt_orphan(mark.mark + 1, high_water_mark)
-        archived = adopted if adopted is not None else await self._write(mark.mark + 1, end)
+        identity = await self.identity()
+        adopted = await self._adopt_orphan(mark.mark + 1, high_water_mark, identity)
+        archived = (
+            adopted if adopted is not None else await self._write(mark.mark + 1, end, identity)
+        )
         manifest = self.manifest.extended(archived, mark.manifest)
         name = layout.ManifestName(archived.last, layout.new_token()).name
         path = self.store.path(layout.partition_dir(self.partition_id), name)
@@ -321,6 +342,7 @@ class PartitionArchiver:
             len(manifest.ranges),
             manifest.total_bytes,
             self.store.url,
+            mark.incarnation,
         )
         try:
             self.stored = await self.advance(current, new)
@@ -362,11 +384,11 @@ class PartitionArchiver:
 
     # -- writing and verifying -----------------------------------------------------------------
 
-    async def _write(self, first: int, end: int) -> ArchivedRange:
+    async def _write(self, first: int, end: int, identity: ArchiveIdentity) -> ArchivedRange:
         policy = self.policy
         writer = await self._blocking(
             "starting a range",
-            lambda: RangeWriter(self.store, self.partition_id, first, policy.write),
+            lambda: RangeWriter(self.store, self.partition_id, first, policy.write, identity),
         )
         try:
             next_id = first
@@ -405,27 +427,45 @@ class PartitionArchiver:
         if records != archived.records:  # pragma: no cover - verify_object checks it
             raise ArchiveError(f"{describe(self.store, self.partition_id, archived)}: short")
 
-    async def _adopt_orphan(self, first: int, high_water_mark: int) -> ArchivedRange | None:
-        """An object for ``first`` that a crashed round wrote and never recorded, if one
-        reads back whole and agrees with itself (its rows are then committed records:
-        nothing else is ever archived); None otherwise."""
+    async def _adopt_orphan(
+        self, first: int, high_water_mark: int, identity: ArchiveIdentity
+    ) -> ArchivedRange | None:
+        """An object for ``first`` that a crashed round wrote and never recorded, if it
+        is this cluster's (its identity is ``identity``, or it states none: written
+        before objects carried one), reads back whole, and holds exactly the records
+        the replicas hold for its ids (compared by :class:`Fingerprint`); None
+        otherwise. An orphan of another cluster or incarnation, or whose records are not
+        the log's, is set aside (docs/archive.md, "Incarnations"); one that cannot be
+        read stays where it is, unused."""
         directory = self.store.path(layout.partition_dir(self.partition_id))
         names = await self._blocking("listing the archive", lambda: self.store.list(directory))
         prefix = layout.range_prefix(first)
         candidates = []
         for name in names:
             parsed = layout.RangeName.parse(name) if name.startswith(prefix) else None
-            if parsed is not None and parsed.last <= high_water_mark:
-                candidates.append(parsed)
+            if parsed is None or parsed.last > high_water_mark or parsed.name in self.rejected:
+                continue
+            candidates.append(parsed)
         for parsed in sorted(candidates, key=lambda p: p.last, reverse=True):
+            fingerprint = Fingerprint()
             try:
-                archived = await self._blocking(
+                archived, written_by = await self._blocking(
                     "reading an orphan range",
                     functools.partial(
                         range_from_footer, self.store, self.partition_id, parsed.name
                     ),
                 )
-                await self._verify(archived)
+                if written_by is not None and written_by != identity:
+                    await self._reject(
+                        parsed.name, f"it was written by {written_by}; this is {identity}"
+                    )
+                    continue
+                await self._blocking(
+                    "reading an orphan range back",
+                    functools.partial(
+                        verify_object, self.store, self.partition_id, archived, fingerprint
+                    ),
+                )
             except ArchiveError as exc:
                 log.info(
                     "partition %d: orphan %s is not usable (%s); it stays unused",
@@ -434,5 +474,57 @@ class PartitionArchiver:
                     exc,
                 )
                 continue
+            committed = await self._log_fingerprint(archived.first, archived.last)
+            if committed.value != fingerprint.value:
+                await self._reject(
+                    parsed.name,
+                    f"its records {archived.first}..{archived.last} are not the ones the "
+                    "replicas committed",
+                )
+                continue
             return archived
         return None
+
+    async def _log_fingerprint(self, first: int, last: int) -> Fingerprint:
+        """The fingerprint of the committed records ``first..last`` read from the replicas."""
+        fingerprint = Fingerprint()
+        next_id = first
+        while next_id <= last:
+            records = await self.source.read(
+                next_id, last - next_id + 1, max(1, self.policy.read_batch_bytes)
+            )
+            if not records:
+                raise ArchiveError(
+                    f"partition {self.partition_id}: no replica served committed record "
+                    f"{next_id} to compare an orphan range with"
+                )
+            block = RecordBlock.of(records) if not isinstance(records, RecordBlock) else records
+            batch, _ = block_to_batch(block)
+            check_rows(batch, next_id, f"partition {self.partition_id}'s replicas", False)
+            if next_id + batch.num_rows > last + 1:
+                batch = batch.slice(0, last + 1 - next_id)
+            fingerprint.add_batch(batch)
+            next_id += batch.num_rows
+        return fingerprint
+
+    async def _reject(self, name: str, reason: str) -> None:
+        """Never adopt the orphan ``name``: set it aside (logged, counted)."""
+        self.rejected[name] = reason
+        directory = layout.partition_dir(self.partition_id)
+        source = self.store.path(directory, name)
+        target = self.store.path(directory, layout.set_aside(name))
+        where = self.store.where(target)
+        try:
+            await self._blocking("setting an orphan aside", lambda: self.store.move(source, target))
+        except ArchiveError as exc:
+            where = f"nowhere: it stays in place, never adopted by this archiver ({exc})"
+        log.warning(
+            "partition %d: orphan range %s is not this cluster's log and is never adopted: "
+            "%s; set aside to %s",
+            self.partition_id,
+            self.store.where(source),
+            reason,
+            where,
+        )
+        if self.listener is not None:
+            self.listener.rejected(name, reason)

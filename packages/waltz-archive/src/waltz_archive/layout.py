@@ -4,9 +4,13 @@
 
     <root>/partition-<p>/<first:020d>-<last:020d>-<token>.parquet   a range
     <root>/partition-<p>/manifest/<mark:020d>-<token>.json           a manifest
+    <root>/partition-<p>/set-aside/...                                 objects set aside
 
 Every name ends with a random token: nothing is ever written twice under one name, so
-nothing in the archive is overwritten or rewritten in place.
+nothing in the archive is overwritten or rewritten in place. Objects no manifest of the
+current incarnation may ever name (another cluster's orphans, a restored cluster's
+abandoned history) are moved under ``set-aside/`` with their names (docs/archive.md,
+"Incarnations"): nothing reads them there, an operator may delete them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 ID_DIGITS = 20
 MANIFEST_DIR = "manifest"
+SET_ASIDE_DIR = "set-aside"
 _RANGE = re.compile(r"^(\d{20})-(\d{20})-([0-9a-f]{8,32})\.parquet$")
 _MANIFEST = re.compile(r"^(\d{20})-([0-9a-f]{8,32})\.json$")
 
@@ -64,6 +69,12 @@ class ManifestName:
         if match is None:
             return None
         return cls(int(match.group(1)), match.group(2))
+
+
+def set_aside(name: str) -> str:
+    """Where an object of the partition's directory (``name`` relative to it) is set
+    aside."""
+    return f"{SET_ASIDE_DIR}/{name}"
 
 
 def range_prefix(first: int) -> str:

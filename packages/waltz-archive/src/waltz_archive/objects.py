@@ -1,9 +1,11 @@
 """Range objects: writing one (spooled), reading it back whole (verification), reading a
 row group (the server's reads).
 
-The footer's key-value metadata (``waltz.*``) says what the object holds; verification
-checks the rows against it and against what the writer read from the log. Every call
-is blocking (run it in a thread).
+The footer's key-value metadata (``waltz.*``) says what the object holds, and (objects
+written since the identity was added) who wrote it: the cluster key and the archive
+incarnation (:class:`ArchiveIdentity`). Verification checks the rows against the footer
+and against what the writer read from the log. Every call is blocking (run it in a
+thread).
 """
 
 from __future__ import annotations
@@ -24,17 +26,42 @@ import pyarrow.parquet as pq
 from waltz_api.errors import ArchiveError
 from waltz_archive import layout
 from waltz_archive.manifest import ArchivedRange
-from waltz_archive.records import SCHEMA, Digest, check_rows
+from waltz_archive.records import SCHEMA, Digest, Fingerprint, check_rows
 from waltz_archive.store import ArchiveStore
 
 log = logging.getLogger(__name__)
 
 OBJECT_FORMAT = 1
-_KEYS = ("partition", "first", "last", "records", "digest", "data_bytes", "format")
+"""Objects that carry an identity are still format 1: the identity is two footer keys
+that a reader of format 1 ignores (docs/archive.md, "Incarnations")."""
+_KEYS = (
+    "partition",
+    "first",
+    "last",
+    "records",
+    "digest",
+    "data_bytes",
+    "format",
+    "cluster_key",
+    "incarnation",
+)
 
 
 def _key(name: str) -> bytes:
     return f"waltz.{name}".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveIdentity:
+    """Who wrote an archived object: the cluster (its key) and the archive incarnation
+    of the partition's log (``ArchiveMark.incarnation``: "" until the partition is
+    restored from an archive, a new token at each restore)."""
+
+    cluster_key: str
+    incarnation: str = ""
+
+    def __str__(self) -> str:
+        return f"cluster {self.cluster_key}, incarnation {self.incarnation or '(first)'}"
 
 
 @dataclass(frozen=True)
@@ -56,10 +83,16 @@ class RangeWriter:
     (a random token): nothing is overwritten."""
 
     def __init__(
-        self, store: ArchiveStore, partition_id: int, first: int, options: WriteOptions
+        self,
+        store: ArchiveStore,
+        partition_id: int,
+        first: int,
+        options: WriteOptions,
+        identity: ArchiveIdentity | None = None,
     ) -> None:
         self.store = store
         self.partition_id = partition_id
+        self.identity = identity
         self.first = first
         self.next_id = first
         self.options = options
@@ -112,17 +145,19 @@ class RangeWriter:
             raise ArchiveError(f"partition {self.partition_id}: an empty range is not archived")
         last = self.next_id - 1
         self._flush()
-        self._writer.add_key_value_metadata(
-            {
-                "waltz.partition": str(self.partition_id),
-                "waltz.first": str(self.first),
-                "waltz.last": str(last),
-                "waltz.records": str(self.records),
-                "waltz.digest": str(self.digest.value),
-                "waltz.data_bytes": str(self.data_bytes),
-                "waltz.format": str(OBJECT_FORMAT),
-            }
-        )
+        footer = {
+            "waltz.partition": str(self.partition_id),
+            "waltz.first": str(self.first),
+            "waltz.last": str(last),
+            "waltz.records": str(self.records),
+            "waltz.digest": str(self.digest.value),
+            "waltz.data_bytes": str(self.data_bytes),
+            "waltz.format": str(OBJECT_FORMAT),
+        }
+        if self.identity is not None:
+            footer["waltz.cluster_key"] = self.identity.cluster_key
+            footer["waltz.incarnation"] = self.identity.incarnation
+        self._writer.add_key_value_metadata(footer)
         self._writer.close()
         self._closed = True
         name = layout.RangeName(self.first, last, self._token).name
@@ -192,6 +227,14 @@ class RangeFile:
         with contextlib.suppress(Exception):
             self._handle.close()
 
+    @property
+    def identity(self) -> ArchiveIdentity | None:
+        """Who wrote the object (None: written before objects carried an identity)."""
+        cluster_key = self.footer.get("cluster_key")
+        if cluster_key is None:
+            return None
+        return ArchiveIdentity(cluster_key, self.footer.get("incarnation") or "")
+
     def check_footer(self) -> None:
         """The footer and the row count say what the manifest says."""
         found = self.footer.get("format") or "0"
@@ -239,11 +282,15 @@ class RangeFile:
 
 
 def verify_object(
-    store: ArchiveStore, partition_id: int, archived: ArchivedRange
+    store: ArchiveStore,
+    partition_id: int,
+    archived: ArchivedRange,
+    fingerprint: Fingerprint | None = None,
 ) -> tuple[int, int]:
     """Read the whole object back: footer, row count, ids, every data checksum and the
-    digest must be what ``archived`` says. Returns (records, data bytes); raises
-    ArchiveError naming the partition, the range and the object."""
+    digest must be what ``archived`` says. Returns (records, data bytes), and feeds every
+    row to ``fingerprint`` when given; raises ArchiveError naming the partition, the
+    range and the object."""
     reader = RangeFile(store, partition_id, archived)
     try:
         reader.check_footer()
@@ -252,6 +299,8 @@ def verify_object(
         for table in reader.iter_row_groups():
             digest.add_batch(table)
             data_bytes += _data_bytes(table)
+            if fingerprint is not None:
+                fingerprint.add_batch(table)
         if digest.records != archived.records or digest.value != archived.digest:
             raise ArchiveError(
                 f"{reader.where}: the rows' digest {digest.value} over {digest.records} records "
@@ -268,9 +317,13 @@ def _data_bytes(table: pa.Table) -> int:
     return int(total or 0)
 
 
-def range_from_footer(store: ArchiveStore, partition_id: int, name: str) -> ArchivedRange:
-    """What an object's own name and footer say it holds (an orphan found after a crash);
-    verify it with :func:`verify_object` before trusting it."""
+def range_from_footer(
+    store: ArchiveStore, partition_id: int, name: str
+) -> tuple[ArchivedRange, ArchiveIdentity | None]:
+    """What an object's own name and footer say it holds (an orphan found after a crash),
+    and who wrote it (None: an object written before objects carried an identity);
+    verify it with :func:`verify_object`, and compare it with the log, before trusting
+    it."""
     parsed = layout.RangeName.parse(name)
     if parsed is None:
         raise ArchiveError(f"{name} is not the name of an archived range")
@@ -285,6 +338,7 @@ def range_from_footer(store: ArchiveStore, partition_id: int, name: str) -> Arch
             data_bytes = int(footer["data_bytes"] or "0")
         except ValueError:
             raise ArchiveError(f"{reader.where}: its footer has no valid digest") from None
-        return ArchivedRange(parsed.first, parsed.last, name, size, data_bytes, digest)
+        archived = ArchivedRange(parsed.first, parsed.last, name, size, data_bytes, digest)
+        return archived, reader.identity
     finally:
         reader.close()

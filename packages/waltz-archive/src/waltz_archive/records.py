@@ -17,6 +17,7 @@ checksums are computed from the buffers, one C call per row.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 
 import crc32c
@@ -145,21 +146,66 @@ class Digest:
 
     def add_batch(self, batch: pa.RecordBatch | pa.Table) -> None:
         """The heads of ``batch``'s rows (archive columns), in order."""
+        if batch.num_rows:
+            self.add_heads(digest_heads(batch), batch.num_rows)
+
+
+def digest_heads(batch: pa.RecordBatch | pa.Table) -> bytes:
+    """The digest's heads of ``batch``'s rows (:data:`HEAD_SIZE` bytes each), in order."""
+    heads = np.empty(batch.num_rows, dtype=_DIGEST_HEAD)
+    for name in (
+        "transaction_id",
+        "client_id",
+        "generation",
+        "req_partition",
+        "seq_num",
+        "header",
+    ):
+        heads[name] = _numpy(batch.column(name))
+    heads["checksum"] = _numpy(batch.column("checksum")).astype(np.uint32)
+    return heads.tobytes()
+
+
+class Fingerprint:
+    """SHA-256 of records fed in id order, however they are cut into batches: every
+    record's head (id, request id, header, data checksum), every data length and every
+    data byte. Two sequences of records with the same fingerprint are the same records
+    (an archived object compared with the replicas' records of its ids)."""
+
+    __slots__ = ("_data", "_heads", "_lengths", "records")
+
+    def __init__(self) -> None:
+        self._heads = hashlib.sha256()
+        self._lengths = hashlib.sha256()
+        self._data = hashlib.sha256()
+        self.records = 0
+
+    def add_batch(self, batch: pa.RecordBatch | pa.Table) -> None:
         n = batch.num_rows
         if n == 0:
             return
-        heads = np.empty(n, dtype=_DIGEST_HEAD)
-        for name in (
-            "transaction_id",
-            "client_id",
-            "generation",
-            "req_partition",
-            "seq_num",
-            "header",
-        ):
-            heads[name] = _numpy(batch.column(name))
-        heads["checksum"] = _numpy(batch.column("checksum")).astype(np.uint32)
-        self.add_heads(heads.tobytes(), n)
+        self._heads.update(digest_heads(batch))
+        column = batch.column("data")
+        for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
+            if len(chunk) == 0:
+                continue
+            _, offsets_buffer, data_buffer = chunk.buffers()
+            offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[
+                chunk.offset : chunk.offset + len(chunk) + 1
+            ]
+            self._lengths.update(np.diff(offsets).astype(">i4").tobytes())
+            if data_buffer is not None:
+                self._data.update(memoryview(data_buffer)[int(offsets[0]) : int(offsets[-1])])
+        self.records += n
+
+    @property
+    def value(self) -> str:
+        """The fingerprint (hex)."""
+        whole = hashlib.sha256()
+        for part in (self._heads, self._lengths, self._data):
+            whole.update(part.digest())
+        whole.update(self.records.to_bytes(8, "big"))
+        return whole.hexdigest()
 
 
 def _numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

@@ -135,6 +135,26 @@ class ArchiveStore:
         finally:
             os.close(directory)
 
+    def move(self, path: str, target: str) -> None:
+        """Move the object ``path`` to the new name ``target`` (setting an object aside:
+        never onto a name that exists). A local directory renames it and flushes both
+        directories; an object store copies it and deletes the original."""
+        with self._errors("moving", path):
+            if self.exists(target):
+                raise ArchiveError(f"archive object {self.where(target)} exists already")
+            if self.local:
+                source, destination = Path(path), Path(target)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(source, destination)
+                for directory in {source.parent, destination.parent}:
+                    fd = os.open(directory, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            else:
+                self.fs.mv(path, target)
+
     # -- reads ------------------------------------------------------------------------------
 
     def read_bytes(self, path: str) -> bytes:

@@ -8,6 +8,8 @@
   Every range ever archived holds committed records only, so any manifest whose ranges
   verify is a prefix of the partition's committed log; the highest is the most of it.
 - :func:`orphans`: objects no manifest names (left by rounds that crashed or lost a race).
+- :func:`set_aside_above`: what a restore moves out of the way: every range object and
+  manifest above the restored mark (the dead cluster's history past it).
 """
 
 from __future__ import annotations
@@ -112,3 +114,32 @@ def orphans(store: ArchiveStore, manifest: Manifest) -> list[str]:
         for name in store.list(directory)
         if layout.RangeName.parse(name) is not None and name not in named
     ]
+
+
+def set_aside_above(store: ArchiveStore, partition_id: int, mark: int) -> list[str]:
+    """Move under ``set-aside/`` every range object of the partition that starts above
+    ``mark`` and every manifest whose mark is above it; their names (relative to the
+    partition's directory).
+
+    What `waltz archive restore --url` does before a new cluster continues the log from
+    ``mark``: what lies above it is the history of the cluster that wrote the archive,
+    which the new one does not continue (its records above ``mark`` are other records).
+    Left in place, an orphan of that history could be taken for the new cluster's own by
+    an archiver, and a manifest of it by a later restore (docs/archive.md,
+    "Incarnations")."""
+    directory = layout.partition_dir(partition_id)
+    moving: list[str] = []
+    for name in store.list(store.path(directory)):
+        parsed = layout.RangeName.parse(name)
+        if parsed is not None and parsed.first > mark:
+            moving.append(parsed.name)
+    moving.extend(found.name for found in manifest_names(store, partition_id) if found.mark > mark)
+    for name in moving:
+        store.move(store.path(directory, name), store.path(directory, layout.set_aside(name)))
+        log.warning(
+            "partition %d: %s is above the restored archive mark %d: set aside",
+            partition_id,
+            store.where(store.path(directory, name)),
+            mark,
+        )
+    return moving

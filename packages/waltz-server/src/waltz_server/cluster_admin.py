@@ -446,17 +446,25 @@ class ClusterAdmin(ClusterMetadata):
     ) -> Stored[ArchiveMark]:
         """Replace ``current`` (as read, with its version; -1: absent) by ``new`` only if
         nothing changed it since, and only forward. BadVersionError on a lost race (the
-        caller's archive round is void; docs/archive.md)."""
+        caller's archive round is void; docs/archive.md). The incarnation is set when
+        the mark is created (`waltz archive restore --url`, which may create it with
+        nothing archived yet: mark -1) and never changed."""
         partition_id = current.value.partition_id
         if new.partition_id != partition_id:
             raise CoordinationError(
                 f"archive mark of partition {new.partition_id} written over partition "
                 f"{partition_id}'s"
             )
-        if new.mark <= current.value.mark:
+        creating_incarnation = current.version < 0 and new.mark == -1 and bool(new.incarnation)
+        if new.mark <= current.value.mark and not creating_incarnation:
             raise CoordinationError(
                 f"partition {partition_id}: the archive mark only moves forward "
                 f"({current.value.mark} -> {new.mark} refused)"
+            )
+        if current.version >= 0 and new.incarnation != current.value.incarnation:
+            raise CoordinationError(
+                f"partition {partition_id}: the archive incarnation never changes "
+                f"({current.value.incarnation!r} -> {new.incarnation!r} refused)"
             )
         path = join_path(ARCHIVE_PARTITION_DIR, partition_id)
         raw = encode_archive_mark(new)

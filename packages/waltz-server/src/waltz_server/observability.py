@@ -359,6 +359,13 @@ class ServerMetrics:
             ["partition"],
             registry=r,
         )
+        self.archive_orphans_rejected = Counter(
+            "waltz_server_archive_orphans_rejected",
+            "Orphan range objects the archiver refused to adopt and set aside (another "
+            "cluster's or incarnation's, or not holding the committed records of their ids)",
+            ["partition"],
+            registry=r,
+        )
         self.archive_read_latency = Histogram(
             "waltz_server_archive_read_latency_seconds",
             "Time of one read of archived records (a feed, a data fetch or a range read "

@@ -17,8 +17,9 @@ from waltz_api.errors import (
     ConnectionClosedError,
     SessionFencedError,
     StorageAppendError,
+    StorageError,
 )
-from waltz_api.types import Record, SessionInfo
+from waltz_api.types import LOST_SESSION, Record, SessionInfo
 
 
 @dataclass
@@ -101,6 +102,23 @@ class FakeReplicaConnection:
         partition.session_info = SessionInfo(
             self.session_id, low_water_mark, len(partition.log) - 1
         )
+
+    async def mark_replica(self, low_water_mark: int, *, clean: bool, log_end: int = -1) -> None:
+        partition = await self._enter()
+        max_id = len(partition.log) - 1
+        info = partition.session_info
+        if clean:
+            if info.low_water_mark != low_water_mark or max_id < log_end:
+                raise StorageError(f"cannot mark clean: {info}, log end {max_id}")
+            partition.session_info = SessionInfo(
+                self.session_id, low_water_mark, info.local_low_water_mark, self.session_id
+            )
+        else:
+            if max_id > low_water_mark:
+                raise StorageError(f"truncate first: log end {max_id}")
+            partition.session_info = SessionInfo(
+                self.session_id, low_water_mark, max_id, LOST_SESSION
+            )
 
     async def append(self, records: Sequence[Record]) -> None:
         partition = await self._enter()

@@ -263,7 +263,19 @@ async def test_a_whole_cluster_lost_is_restored_from_the_archive(
             cluster_key=cluster.nodes[0].key,
         )
         rows = await _restore_cluster(fresh, "", str(tmp_path / "archive"), "")
-        assert rows == [{"partition": P, "mark": mark, "manifest": rows[0]["manifest"]}]
+        incarnation = rows[0]["incarnation"]
+        assert rows == [
+            {
+                "partition": P,
+                "mark": mark,
+                "manifest": rows[0]["manifest"],
+                "incarnation": incarnation,
+                "set_aside": [],
+            }
+        ]
+        assert incarnation and (await ClusterAdmin(fresh).archive_mark(P)).value.incarnation == (
+            incarnation
+        )
         with pytest.raises(Exception, match="already has a log"):
             await _restore_cluster(fresh, "", str(tmp_path / "archive"), "")
         for node in cluster.nodes:

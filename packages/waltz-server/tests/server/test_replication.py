@@ -276,4 +276,43 @@ def test_plan_rejoin(
     plan = plan_rejoin(
         session_id=7, low_water_mark=20, acked=30, storage=storage, max_transaction_id=max_id
     )
-    assert (plan.truncate_to, plan.set_low_water_mark, plan.mark) == expected
+    assert (plan.truncate_to, plan.suspect, plan.mark) == expected
+
+
+def test_a_rejoin_that_lost_acknowledged_records_is_suspect_until_caught_up() -> None:
+    """Issue 27: its earlier acknowledgements stop counting, and it is due to be marked
+    clean only once it holds everything that was committed when it rejoined."""
+    replication = Replication(replicas=["a", "b", "c"], low_water_mark=-1)
+    for node in ("a", "b", "c"):
+        replication.join(node, -1)
+    for i in range(10):
+        replication.append(ReqId(1, 1, 0, i), 0, b"x", 0)
+    for node in ("a", "b"):
+        send = replication.next_send(node)
+        assert isinstance(send, Send)
+        replication.on_appended(node, send.last_transaction_id)
+    assert replication.high_water_mark == 9
+    replication.leave("a")
+    # a comes back with nothing (a wiped disk): it joins at -1 as a suspect
+    replication.join("a", -1, suspect=True)
+    assert replication.suspects == ["a"]
+    assert replication.clean_due("a") is None
+    # its old acknowledgement no longer counts: with c behind, new records wait for it
+    replication.append(ReqId(1, 1, 0, 10), 0, b"x", 0)
+    send = replication.next_send("b")
+    assert isinstance(send, Send)
+    assert replication.on_appended("b", send.last_transaction_id) is None
+    assert replication.high_water_mark == 9
+    send = replication.next_send("a")
+    assert isinstance(send, Send) and send.records[0].transaction_id == 0
+    last = send.last_transaction_id
+    replication.on_appended("a", last)
+    if last < 9:
+        assert replication.clean_due("a") is None
+    while replication.clean_due("a") is None:
+        send = replication.next_send("a")
+        assert isinstance(send, Send)
+        replication.on_appended("a", send.last_transaction_id)
+    assert replication.clean_due("a") >= 9
+    replication.marked_clean("a")
+    assert replication.suspects == [] and replication.clean_due("a") is None

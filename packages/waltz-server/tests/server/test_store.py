@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,15 @@ from fakes import FakeReplicaConnection, FakeStorageNode
 from waltz_api import wire
 from waltz_api.cluster import PartitionStoreMetadata
 from waltz_api.errors import StaleGenerationError, StorageError, StoreSessionClosedError
-from waltz_api.types import UNRESOLVED, Record, ReplicaId, ReplicaState, ReqId, SessionInfo
+from waltz_api.types import (
+    LOST_SESSION,
+    UNRESOLVED,
+    Record,
+    ReplicaId,
+    ReplicaState,
+    ReqId,
+    SessionInfo,
+)
 from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
@@ -182,21 +191,23 @@ async def test_recovery_truncates_dirty_tail_and_catches_up(cluster: Cluster) ->
     await store.start()
     try:
         session = await store.wait_ready(TIMEOUT)
-        # 7 is the highest mark a majority (a, b) holds
-        assert session.low_water_mark == 7 == store.high_water_mark
+        # 7 is the highest mark a majority (a, b) holds; a voter's log is the last
+        # session's own, so the closing mark is the highest voter's end: 9
+        assert session.low_water_mark == 9 == store.high_water_mark
         ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 5, b"n")), TIMEOUT)
-        assert ids == [8, 9, 10, 11, 12]
+        assert ids == [10, 11, 12, 13, 14]
         for _ in range(200):
-            if all(len(n.log(P)) == 13 for n in cluster.nodes.values()):
+            if all(len(n.log(P)) == 15 for n in cluster.nodes.values()):
                 break
             await asyncio.sleep(0.01)
         assert_no_fork(list(cluster.nodes.values()))
-        # a's dirty 8 and 9 were replaced by the new session's records
-        assert cluster.nodes[A].log(P)[8].data.startswith(b"n-")
+        # a's 8 and 9 were kept and copied to b and c; the new session follows them
+        assert cluster.nodes[C].log(P)[8] == cluster.nodes[A].log(P)[8] == rec(8)
+        assert cluster.nodes[A].log(P)[10].data.startswith(b"n-")
         assert cluster.nodes[C].log(P)[6] == rec(6)
         for node in cluster.nodes.values():
             info = node.partition(P).session_info
-            assert info.session_id == 4 and info.low_water_mark == 7
+            assert info.session_id == 4 and info.low_water_mark == 9
     finally:
         await store.close()
 
@@ -660,5 +671,109 @@ async def test_a_replica_failing_a_read_is_replaced_by_another_without_ending_th
         finally:
             FakeReplicaConnection.read_records = original  # type: ignore[method-assign]
         assert store.session is session and store.sessions_started == 1
+    finally:
+        await store.close()
+
+
+async def test_a_replica_that_lost_acknowledged_records_never_votes_them_away(
+    cluster: Cluster,
+) -> None:
+    """Issue 27: C lags, A and B acknowledge a burst, A's storage comes back having lost
+    it (its engine reports LOST_SESSION) and rejoins, and the owner dies before A caught
+    up, while B is down. A is suspect on its storage, so the next recovery counts it as
+    a replica that may have held anything: it waits for B instead of closing the session
+    at what A and C hold, and nothing acknowledged is lost."""
+    old = cluster.store(generation=1)
+    await old.start()
+    new: StorePartition | None = None
+    try:
+        session = await old.wait_ready(TIMEOUT)
+        cluster.nodes[C].append_delay = 1000.0  # connected, but lagging
+        acked = await asyncio.wait_for(
+            asyncio.gather(*await append_many(old, 50, b"acked")), TIMEOUT
+        )
+        assert acked == list(range(50))
+        records = cluster.nodes[B].log(P)[:50]
+        # A's storage node restarts with a damaged tail its engine moved aside
+        cluster.nodes[A].crash()
+        lost = cluster.nodes[A].partition(P)
+        del lost.log[10:]
+        lost.session_info = dataclasses.replace(
+            lost.session_info, low_water_mark_session_id=LOST_SESSION
+        )
+        cluster.nodes[A].append_delay = 1000.0  # it will not catch up in time
+        cluster.nodes[A].restart()
+        replication = session._replication
+        assert replication is not None
+        await wait_until(lambda: replication.suspects == [A], "a rejoined as a suspect")
+        assert A in session.writable_replicas
+        assert lost.session_info.low_water_mark_session_id == LOST_SESSION
+        # the owner dies (a new generation takes over) while B is down
+        cluster.nodes[B].crash()
+        cluster.nodes[A].append_delay = cluster.nodes[C].append_delay = 0.0
+        new = cluster.store(generation=2, seed=1)
+        await new.start()
+        with pytest.raises(TimeoutError):
+            await new.wait_ready(0.5)  # undecidable: B may hold acknowledged records
+        at_risk = new.session.recovery.at_risk if new.session is not None else None
+        assert at_risk is not None and A in at_risk and B in at_risk, at_risk
+        cluster.nodes[B].restart()
+        new_session = await new.wait_ready(TIMEOUT)
+        assert new_session.low_water_mark >= 49
+        for node in cluster.nodes.values():
+            await wait_until(lambda n=node: len(n.log(P)) >= 50, f"{node.name} caught up")
+            assert node.log(P)[:50] == records
+        assert_no_fork(list(cluster.nodes.values()))
+    finally:
+        await old.close()
+        if new is not None:
+            await new.close()
+
+
+async def test_a_suspect_replica_is_marked_clean_once_it_holds_the_committed_prefix(
+    cluster: Cluster,
+) -> None:
+    """The suspect mark is temporary: once the rejoined replica caught up to what was
+    committed when it rejoined, its storage records it clean in the session (a voter
+    again)."""
+    store = cluster.store()
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        await asyncio.wait_for(asyncio.gather(*await append_many(store, 30, b"a")), TIMEOUT)
+        cluster.nodes[A].crash()
+        part = cluster.nodes[A].partition(P)
+        part.log.clear()  # a wiped disk
+        part.session_info = SessionInfo(session.session_id, -1, -1, LOST_SESSION)
+        cluster.nodes[A].restart()
+        await wait_until(lambda: len(part.log) >= 30, "a caught up")
+        await wait_until(
+            lambda: part.session_info.low_water_mark_session_id == session.session_id,
+            "a marked clean",
+        )
+        assert session._replication is not None and session._replication.suspects == []
+        assert part.log[:30] == cluster.nodes[B].log(P)[:30]
+    finally:
+        await store.close()
+
+
+async def test_a_silently_shortened_log_cannot_outvote_the_intact_copy(cluster: Cluster) -> None:
+    """A replica whose storage silently lost its tail (a lost write, or a restore from a
+    snapshot taken within the session: its marks still look clean) votes with a short
+    log; with the lagging replica it is a majority. The closing mark is never below an
+    online voter's end, so the intact copy's records are kept."""
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
+    preload(cluster.nodes[A], 10, 3, 4)  # silently lost 10..49
+    preload(cluster.nodes[B], 50, 3, 4)  # intact: 0..49 acknowledged by A and B
+    preload(cluster.nodes[C], 5, 3, 4)  # lagging
+    records = cluster.nodes[B].log(P)
+    store = cluster.store()
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        assert session.low_water_mark == 49
+        for node in cluster.nodes.values():
+            await wait_until(lambda n=node: len(n.log(P)) == 50, f"{node.name} caught up")
+            assert node.log(P) == records
     finally:
         await store.close()

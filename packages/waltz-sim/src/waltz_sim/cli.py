@@ -27,6 +27,7 @@ import click
 
 from waltz_sim.faults import PROFILES
 from waltz_sim.known_issues import KnownIssue, explained_by
+from waltz_sim.points import coverage_table
 from waltz_sim.runner import SeedResult, run_seed
 from waltz_sim.workloads import WORKLOADS
 from waltz_sim.world import SimConfig
@@ -98,6 +99,9 @@ def _report(result: SeedResult, *, verbose: bool, show_trace: bool) -> None:
                 click.echo(f"    {line}")
     if show_trace:
         click.echo(result.trace_text)
+    if verbose:
+        hit = ", ".join(f"{name} {count}" for name, count in sorted(result.point_hits.items()))
+        click.echo(f"    protocol points hit: {hit or 'none'}")
     click.echo(f"    trace digest {result.digest}" if verbose else "", nl=verbose)
 
 
@@ -297,6 +301,9 @@ def simulate(  # noqa: PLR0917 - click passes options by name
         f"({simulated / wall if wall else 0:.0f}x, {jobs} job{'s' if jobs > 1 else ''}) and "
         f"{cpu:.1f} CPU s ({simulated / cpu if cpu else 0:.0f}x)"
     )
+    if verbose and len(results) > 1:
+        for line in coverage_table([r.point_hits for r in results]):
+            click.echo(line)
     if failed:
         click.echo(
             "failed seeds: " + " ".join(str(r.seed) for r in sorted(failed, key=lambda r: r.seed))

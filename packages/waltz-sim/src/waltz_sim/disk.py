@@ -102,14 +102,37 @@ class PartitionImage:
             last = min(first + rng.randint(0, 4), length - 2)
             self.missing = sorted([*self.missing, (first, last)])
             return f"transactions {first}..{last} lost to damage (intact ones after them)"
-        lost = rng.randint(1, min(5, length - 1))
-        del self.written[length - lost :]
-        del self.durable[length - lost :]
+        lost = self.lose_tail(rng.randint(1, min(5, length - 1)))
+        return f"its last {lost} transactions lost to damage (a lost tail)"
+
+    def lose_tail(self, count: int) -> int:
+        """Damage found at start-up: the last ``count`` records (acknowledged) are gone, and
+        the engine says so (``low_water_mark_session_id == LOST_SESSION``, as the ``fs``
+        engine reports a damaged tail it moved aside). Returns how many went."""
+        lost = max(0, min(count, len(self.written)))
+        del self.written[len(self.written) - lost :]
+        del self.durable[len(self.written) :]
         self.common = min(self.common, len(self.written))
         self.visible = len(self.written)
+        self.missing = [
+            (f, min(last, self.visible - 1)) for f, last in self.missing if f < self.visible
+        ]
         info = dataclasses.replace(self.written_info, low_water_mark_session_id=LOST_SESSION)
         self.written_info = self.durable_info = info
-        return f"its last {lost} transactions lost to damage (a lost tail)"
+        return lost
+
+    def copy(self) -> PartitionImage:
+        """The image as a snapshot of the disk takes it now (what was written, synced or
+        not: a crash-consistent copy), to restore later (:meth:`SimDisk.restore`)."""
+        return PartitionImage(
+            written=list(self.written),
+            durable=list(self.written),
+            common=len(self.written),
+            visible=len(self.written),
+            written_info=self.written_info,
+            durable_info=self.written_info,
+            missing=list(self.missing),
+        )
 
     @property
     def unrepaired(self) -> bool:
@@ -160,6 +183,9 @@ class SimDisk:
         self.fsync_errors = 0
         self.pending_damage = False
         """Damage the next start-up recovery finds (a fault)."""
+        self.stall: asyncio.Event | None = None
+        """A stalled disk (scripted scenarios): every fsync, once its time is up, waits until
+        the event is set (the stall ends: the fsyncs waiting for it complete then)."""
 
     @property
     def rng(self) -> random.Random:
@@ -195,6 +221,39 @@ class SimDisk:
     @property
     def unrepaired(self) -> bool:
         return any(image.unrepaired for image in self.partitions.values())
+
+    def snapshot(self) -> dict[int, PartitionImage]:
+        """A copy of every partition as it is on the disk now (see
+        :meth:`PartitionImage.copy`)."""
+        return {p: image.copy() for p, image in sorted(self.partitions.items())}
+
+    def restore(self, images: Mapping[int, PartitionImage]) -> None:
+        """Put back a :meth:`snapshot` (a backup restored while the node is down): every
+        partition is what the snapshot holds; one it did not hold is gone."""
+        self._check_down("restore a snapshot on")
+        self.partitions = {p: image.copy() for p, image in sorted(images.items())}
+
+    def wipe(self, partition: int | None = None) -> None:
+        """A wiped disk (``partition``: only that partition's files): the node restarts with
+        nothing for it, and its start creates it empty."""
+        self._check_down("wipe")
+        if partition is None:
+            self.partitions.clear()
+        else:
+            self.partitions.pop(partition, None)
+
+    def lose_tail(self, partition: int, count: int) -> int:
+        """The node's next start-up recovery finds the last ``count`` records of
+        ``partition`` lost to damage (LOST_SESSION); returns how many."""
+        self._check_down("damage")
+        return self.partitions[partition].lose_tail(count)
+
+    def _check_down(self, what: str) -> None:
+        if self.engine is not None and not self.engine.closed:
+            raise StorageError(
+                f"cannot {what} the disk {self.location} while its storage node runs: crash "
+                "the node first"
+            )
 
     def apply_damage(self) -> list[str]:
         """The start-up recovery finds the pending damage (in one partition)."""
@@ -237,6 +296,8 @@ class SimStoragePartition(StoragePartition):
     async def _fsync(self) -> PartitionImage:
         disk = self.disk
         await asyncio.sleep(disk.fsync_delay())
+        while disk.stall is not None and not disk.stall.is_set():
+            await disk.stall.wait()
         image = self._check()
         disk.fsyncs += 1
         if disk.failing_fsyncs > 0:

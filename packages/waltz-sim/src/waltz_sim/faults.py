@@ -52,6 +52,8 @@ class Profile:
     """Seconds between two faults of the safety phase."""
     quorum_faults: tuple[str, ...] = ()
     """Faults of the quorum phase (one is chosen); none: no quorum phase."""
+    point_strikes: bool = False
+    """Crash or pause processes at protocol points (``waltz_sim.points``)."""
 
 
 _NETWORK = {"partition": 3.0, "isolate": 1.0, "slow_link": 2.0, "reset": 2.0}
@@ -113,6 +115,22 @@ PROFILES: dict[str, Profile] = {
             quorum_faults=_QUORUM,
         ),
         Profile(
+            "points",
+            "protocol-timed faults: crashes and pauses exactly at protocol points (a replica's "
+            "rejoin, a recovery's vote, a session opening...), among slow fsyncs, damaged "
+            "disks, pauses and network faults that leave a slow but live quorum",
+            {
+                **_NETWORK,
+                **_PROCESS,
+                "slow_fsync": 3.0,
+                "damage": 2.0,
+                "power_loss": 1.0,
+                "zombie": 1.0,
+            },
+            gap=(1.5, 4.0),
+            point_strikes=True,
+        ),
+        Profile(
             "chaos",
             "every fault, three times as often",
             {**_NETWORK, **_DISK, **_PROCESS, **_COORDINATION},
@@ -167,6 +185,10 @@ class Nemesis:
 
     # -- the phases ---------------------------------------------------------------------
 
+    def safety_end(self, until: float) -> float:
+        """When the safety phase of a run that heals at ``until`` ends."""
+        return until - QUORUM_PHASE if self.profile.quorum_faults else until
+
     async def run(self, until: float) -> None:
         profile = self.profile
         loop = self.loop
@@ -186,7 +208,7 @@ class Nemesis:
             fault = getattr(self, f"_quorum_{kind}")(held)
             self._record(fault, held)
         await asyncio.sleep(max(0.0, until - loop.time()))
-        self._heal_all()
+        self.heal_all()
         self.healed_at = loop.time()
         self.world.trace.add("fault", f"all faults healed ({self.stats.injected} injected)")
 
@@ -225,7 +247,8 @@ class Nemesis:
         self.world.trace.add("fault", f"heal {fault.description}")
         fault.heal()
 
-    def _heal_all(self) -> None:
+    def heal_all(self) -> None:
+        """End every fault: resume the paused processes, restart the dead ones."""
         for fault in list(self.active):
             self._heal(fault)
         for process in self.world.processes.values():

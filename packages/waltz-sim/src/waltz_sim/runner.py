@@ -6,8 +6,11 @@ import asyncio
 import contextlib
 import gc
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, fields
+from typing import Any
 
+from waltz_api import faultpoints
 from waltz_sim.checker import SAFETY, SEMANTICS, Violation, check
 from waltz_sim.loop import WORLD_CONTEXT, SimLoop, SimulationError
 from waltz_sim.trace import capture_logs
@@ -40,6 +43,8 @@ class SeedResult:
     """The trace before the first violation (or the error)."""
     trace_text: str = ""
     """The whole trace, when asked for."""
+    point_hits: dict[str, int] = field(default_factory=dict)
+    """How often each protocol point (waltz_api.faultpoints) was hit."""
 
     @property
     def ok(self) -> bool:
@@ -79,9 +84,14 @@ def replay_command(config: SimConfig) -> str:
 
 
 def run_seed(
-    config: SimConfig, *, keep_trace: bool = False, excerpt_events: int = 80
+    config: SimConfig,
+    *,
+    keep_trace: bool = False,
+    excerpt_events: int = 80,
+    script: Callable[[World], Coroutine[Any, Any, None]] | None = None,
 ) -> SeedResult:
-    """Run ``config`` (its seed) to the end and check it."""
+    """Run ``config`` (its seed) to the end and check it. ``script``: a scripted scenario
+    places the faults instead of the nemesis (:mod:`waltz_sim.scenario`)."""
     result = SeedResult(config.seed, config)
     wall = time.perf_counter()
     cpu = time.process_time()
@@ -91,10 +101,10 @@ def run_seed(
     gc.disable()
     gc.freeze()  # what exists before the run is never collected during it: cheap collections
     try:
-        with capture_logs(world.trace, config.trace_level):
+        with capture_logs(world.trace, config.trace_level), faultpoints.installed(world.points):
             try:
                 task = loop.create_task(
-                    asyncio.wait_for(world.run(), config.duration + EXTRA_TIME),
+                    asyncio.wait_for(world.run(script), config.duration + EXTRA_TIME),
                     context=WORLD_CONTEXT,
                 )
                 loop.run_until_complete(task)
@@ -117,6 +127,7 @@ def run_seed(
     result.wall_seconds = time.perf_counter() - wall
     result.cpu_seconds = time.process_time() - cpu
     result.faults = world.faults_injected
+    result.point_hits = dict(world.points.hits)
     result.fault_log = list(world.fault_log)
     result.loop_errors = list(world.loop_errors)
     if snapshot is not None:

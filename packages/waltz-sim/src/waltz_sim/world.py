@@ -30,7 +30,7 @@ import itertools
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,9 @@ class SimConfig:
     max_inflight: int = 2
     """Per client: ops in flight at once."""
     trace_level: int = logging.INFO
+    server_options: dict[str, Any] = field(default_factory=dict)
+    """More keys of the servers' ``[server]`` config section (``checkpoint_interval``...),
+    for scripted scenarios (:mod:`waltz_sim.scenario`); the seeded runs use the defaults."""
 
     @property
     def quiet(self) -> float:
@@ -290,8 +293,16 @@ class World:
         self.started_at = loop.time()
         self.healed_at: float | None = None
         self.submissions_end = loop.time() + config.duration
+        self.run_end = loop.time() + config.duration
+        """When the read-back starts (the workload stops submitting 3 s before)."""
         self.faults_injected = 0
         self.fault_log: list[str] = []
+        from waltz_sim.faults import profile
+        from waltz_sim.points import PointStriker
+
+        self.points = PointStriker(
+            self, self.rng("points"), strike=profile(config.faults).point_strikes
+        )
         self.client_databases: dict[str, Any] = {}
         self.snapshot: ClusterSnapshot | None = None
         self.ready_at: float | None = None
@@ -389,7 +400,7 @@ class World:
                     "endpoint": f"sim://{process.name}",
                     "storage_endpoint": "sim://{}",
                 },
-                "server": {"lock_table": self.config.lock_table},
+                "server": {"lock_table": self.config.lock_table, **self.config.server_options},
             },
         )
         assert process.incarnation is not None
@@ -399,13 +410,21 @@ class World:
 
     # -- the run -----------------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, script: Callable[[World], Coroutine[Any, Any, None]] | None = None) -> None:
+        """The whole run. With ``script`` (a scripted scenario, :mod:`waltz_sim.scenario`)
+        the script places the faults instead of the nemesis: it starts before the cluster
+        does (to see every log record), and when it returns everything is healed (as the
+        nemesis heals at its end) and the quiet phase follows."""
         from waltz_sim.faults import Nemesis
 
         config = self.config
         _register_plugins()
         admin = self.add_process("admin", "admin", _idle, restart_on_exit=False)
         admin.start()
+        scripted = None
+        if script is not None:
+            self.submissions_end = float("inf")  # until the script is done
+            scripted = self.loop.create_task(script(self), context=WORLD_CONTEXT)
         for i in range(config.storage_nodes):
             self.add_process(f"storage-{i}", "storage", self._storage_main)
         for i in range(config.servers):
@@ -422,12 +441,25 @@ class World:
         self.trace.add("world", "every partition has an owner: clients start")
         for process in self.of_kind("client"):
             process.start()
-        end = self.started_at + config.duration
-        self.submissions_end = end - 3.0
-        gc_task = self.loop.create_task(self._collect_garbage(end), context=WORLD_CONTEXT)
+        end = self.run_end = self.started_at + config.duration
+        if scripted is None:
+            self.submissions_end = end - 3.0
+        else:
+            self.run_end = float("inf")  # until the script is done
+        gc_task = self.loop.create_task(self._collect_garbage(), context=WORLD_CONTEXT)
         nemesis = Nemesis(self, self.rng("faults"))
-        await nemesis.run(until=end - config.quiet)
-        self.healed_at = nemesis.healed_at
+        if scripted is None:
+            self.points.nemesis = nemesis
+            self.points.strike_until = nemesis.safety_end(end - config.quiet)
+            await nemesis.run(until=end - config.quiet)
+            self.healed_at = nemesis.healed_at
+        else:
+            await scripted
+            nemesis.heal_all()
+            self.healed_at = self.loop.time()
+            self.trace.add("fault", "the script is done: everything healed")
+            end = self.run_end = max(end, self.healed_at + config.quiet)
+            self.submissions_end = end - 3.0
         await asyncio.sleep(max(0.0, end - self.loop.time()))
         self.trace.add("world", "end of the run: reading the cluster back")
         self.snapshot = await self._in(admin, self._read_back())
@@ -478,9 +510,9 @@ class World:
         finally:
             await coordination.close()
 
-    async def _collect_garbage(self, end: float) -> None:
+    async def _collect_garbage(self) -> None:
         """The young generations only (cheap); what survives waits for the end of the run."""
-        while self.loop.time() < end:
+        while self.loop.time() < self.run_end:
             await asyncio.sleep(GC_INTERVAL)
             gc.collect(1)
 

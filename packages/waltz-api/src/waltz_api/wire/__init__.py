@@ -107,6 +107,7 @@ Server-storage messages begin with ``S`` = ``session_id:i64, seq_num:i64, partit
     68 MissingRangeRequest      S
     69 MissingRangeResponse     S, first:i64, last:i64
     70 RepairRequest            S, records:u32 count | Record*
+    71 MarkReplicaRequest       S, low_water_mark:i64, clean:bool, log_end:i64
     80 StorageAdminRequest      seq_num:i64, command_len:u32, arguments_len:u32
                                 | command, arguments
     81 StorageAdminResponse     seq_num:i64, success:bool, result_len:u32, error_len:u32

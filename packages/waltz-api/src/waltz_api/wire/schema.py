@@ -31,6 +31,7 @@ from waltz_api.messages import (
     LastSessionInfoRequest,
     LastSessionInfoResponse,
     LockFailure,
+    MarkReplicaRequest,
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     Message,
@@ -208,6 +209,12 @@ SCHEMAS: Final[dict[type[Message], tuple[Field, ...]]] = {
     MissingRangeRequest: _S,
     MissingRangeResponse: (*_S, _f("first", "i64"), _f("last", "i64")),
     RepairRequest: (*_S, _f("records", "records")),
+    MarkReplicaRequest: (
+        *_S,
+        _f("low_water_mark", "i64"),
+        _f("clean", "bool"),
+        _f("log_end", "i64"),
+    ),
     StorageAdminRequest: (
         _f("seq_num", "i64"),
         _f("command", "str"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -215,8 +216,10 @@ def restore_command(
 ) -> None:
     """Restore from the archive. Without --storage-node: a whole new cluster (created
     with `waltz cluster create`, no partition written yet) gets, per partition, the
-    archive mark of the manifest in --url with the highest mark whose ranges verify; its
-    servers (configured with that archive) open each partition there. With
+    archive mark of the manifest in --url with the highest mark whose ranges verify, and
+    a new archive incarnation; every range object and manifest above that mark (the lost
+    cluster's history past it) is moved under set-aside/; its servers (configured with
+    that archive) open each partition there. With
     --storage-node: that node's partitions start at the cluster's archive marks (the
     rest is caught up from the other replicas by the next store session)."""
     if storage_node:
@@ -235,16 +238,27 @@ def restore_command(
 
 def _describe(row: dict[str, Any]) -> str:
     where = f" on {row['storage_node']}" if "storage_node" in row else ""
-    return f"partition {row['partition']}{where}: starts at the archive mark {row['mark']}"
+    text = f"partition {row['partition']}{where}: starts at the archive mark {row['mark']}"
+    if "incarnation" in row:
+        text += f", incarnation {row['incarnation']}"
+    set_aside = row.get("set_aside") or []
+    if set_aside:
+        text += f"; {len(set_aside)} object(s) above it set aside: {', '.join(set_aside)}"
+    return text
 
 
 async def _restore_cluster(
     coordination: Coordination, partitions: str, url: str, options: str
 ) -> list[dict[str, Any]]:
-    from waltz_archive.tools import best_manifest
+    """Per partition: the best manifest's mark, a new incarnation, and everything above
+    the mark set aside (set aside first: a restore interrupted after it runs again, and
+    keeps the incarnation it wrote). The incarnation makes every object of the lost
+    cluster, even one it uploads after this, another incarnation's: never adopted."""
+    from waltz_archive.tools import best_manifest, set_aside_above
 
     admin = ClusterAdmin(coordination)
     store = _store(url, options)
+    incarnation = uuid.uuid4().hex
     rows = []
     for partition_id in await _partitions(admin, partitions):
         current = await admin.archive_mark(partition_id)
@@ -254,9 +268,24 @@ async def _restore_cluster(
                 f"partition {partition_id} already has a log (store sessions or an archive "
                 "mark): restore into a new cluster only"
             )
+        chosen = current.value.incarnation or incarnation  # kept by a restore run again
         found = await asyncio.to_thread(best_manifest, store, partition_id)
+        mark = found[0].mark if found is not None else -1
+        set_aside = await asyncio.to_thread(set_aside_above, store, partition_id, mark)
         if found is None:
-            rows.append({"partition": partition_id, "mark": -1, "skipped": "nothing archived"})
+            if current.version < 0:
+                await admin.advance_archive_mark(
+                    current, ArchiveMark(partition_id, -1, url=store.url, incarnation=chosen)
+                )
+            rows.append(
+                {
+                    "partition": partition_id,
+                    "mark": -1,
+                    "skipped": "nothing archived",
+                    "incarnation": chosen,
+                    "set_aside": set_aside,
+                }
+            )
             continue
         manifest, name, passed_over = found
         for reason in passed_over:
@@ -268,9 +297,18 @@ async def _restore_cluster(
             len(manifest.ranges),
             manifest.total_bytes,
             store.url,
+            chosen,
         )
         await admin.advance_archive_mark(current, new)
-        rows.append({"partition": partition_id, "mark": manifest.mark, "manifest": name})
+        rows.append(
+            {
+                "partition": partition_id,
+                "mark": manifest.mark,
+                "manifest": name,
+                "incarnation": chosen,
+                "set_aside": set_aside,
+            }
+        )
     return rows
 
 

@@ -270,6 +270,9 @@ class _Listener:
     def failed(self, error: BaseException) -> None:
         self.metrics.archive_failures.labels(self.label).inc()
 
+    def rejected(self, name: str, reason: str) -> None:
+        self.metrics.archive_orphans_rejected.labels(self.label).inc()
+
 
 class ServerArchive:
     """The archive of one server: a link and an archiver per partition it owns."""

@@ -180,6 +180,7 @@ def server_status(running: RunningServer) -> dict[str, Any]:
                 "generation": partition.generation,
                 "ready": partition.ready,
                 "state": store_state(partition.store),
+                "at_risk": None if session is None else session.recovery.at_risk,
                 "high_water_mark": partition.high_water_mark,
                 "session_id": None if session is None else session.session_id,
                 "low_water_mark": None if session is None else session.low_water_mark,

@@ -40,6 +40,7 @@ from waltz_api.errors import (
     StoreSessionClosedError,
     TransportError,
 )
+from waltz_api.faultpoints import point
 from waltz_api.types import NO_TRANSACTION, UNRESOLVED, Record, ReplicaId, ReplicaState
 from waltz_server.server.replica import ReplicaConnection
 from waltz_server.server.store_metadata import (
@@ -118,6 +119,9 @@ class RecoveryManager:
         self.outcome: Outcome | None = None
         """The last vote's outcome (None before any voter answered): UNDECIDABLE while the
         offline replicas could change the closing mark (read by status endpoints)."""
+        self.at_risk: str | None = None
+        """While UNDECIDABLE: which transaction ids may be committed on which replicas
+        that did not answer or are suspect (read by status endpoints)."""
 
     @property
     def resolved_high_water_mark(self) -> int | None:
@@ -198,6 +202,7 @@ class RecoveryManager:
         self._states[node] = me
         self._evaluate()
         self._notify()
+        point("recovery.voted", partition=self.partition_id, replica=node, mark=mark)
 
         low_water_mark_set = False
         while True:
@@ -453,6 +458,7 @@ class RecoveryManager:
                     )
                 records = [r for r in records if r.transaction_id <= last]
                 await repair(records)
+                point("replica.repaired", partition=self.partition_id, replica=node)
                 next_id += len(records)
 
     def forget(self, node: str, connection: ReplicaConnection) -> None:
@@ -491,14 +497,36 @@ class RecoveryManager:
         )
         self.outcome = resolution.outcome
         if resolution.decided:
-            self._resolved = resolution.high_water_mark
+            assert resolution.high_water_mark is not None
+            # Never below an online voter's log end: a voter's log is the last session's
+            # own (its records there are that session's), so closing at its end commits
+            # nothing foreign, and a replica whose storage silently lost its tail (a lost
+            # write, a restore within the session) cannot outvote the intact copy.
+            self._resolved = max(resolution.high_water_mark, *voters)
+            self.at_risk = None
+            point("recovery.decided", partition=self.partition_id, mark=self._resolved)
             log.info(
-                "partition %d session %d: closing high-water mark of the last session is %s",
+                "partition %d session %d: closing high-water mark of the last session is %s "
+                "(a quorum votes for %s)",
                 self.partition_id,
                 self.session_id,
                 self._resolved,
+                resolution.high_water_mark,
             )
         else:
+            at_risk = None
+            if resolution.outcome is Outcome.UNDECIDABLE:
+                absent = sorted(set(self._last_replicas) - {s.node for s in known})
+                at_risk = (
+                    f"transactions after {max(voters)} may be committed and held only by "
+                    f"{', '.join(absent)} (offline, or storage that lost what it "
+                    "acknowledged): the partition waits for them"
+                )
+                if at_risk != self.at_risk:
+                    log.warning(
+                        "partition %d session %d: %s", self.partition_id, self.session_id, at_risk
+                    )
+            self.at_risk = at_risk
             log.debug(
                 "partition %d session %d: closing high-water mark %s (%d offline)",
                 self.partition_id,

@@ -70,6 +70,13 @@ class ReplicaConnection(Protocol):
     async def set_low_water_mark(self, low_water_mark: int) -> None:
         """Record this session's start (its low-water mark), durably."""
 
+    async def mark_replica(self, low_water_mark: int, *, clean: bool, log_end: int = -1) -> None:
+        """Record on the replica's storage, durably, whether it holds what it acknowledged
+        in this session (MarkReplicaRequest): ``clean=False`` when it came back having
+        lost it (its log must end at or below ``low_water_mark``; its marks then read
+        LOST_SESSION), ``clean=True`` once it holds the committed prefix again (its log
+        reaches ``log_end``)."""
+
     async def append(self, records: Sequence[Record]) -> None:
         """Append dense records continuing the log, durably."""
 

@@ -31,15 +31,53 @@ log: losing a connection can only shorten what a replica holds, never change it.
 A returning replica is therefore asked what it holds (its session info and log
 end); :func:`plan_rejoin` keeps only what is proven to be this session's (up to
 what it acknowledged, when its storage is the one that acknowledged it) or,
-when its storage changed under the session (a restore, a wiped disk), what its
-own low-water mark proves committed, and the session sends it the rest. Storage
-nodes fence by session id, so once a newer session exists none of this
-session's requests (rejoin included) is accepted anywhere: fencing, not timing,
-keeps an old session from writing. A commit counts acknowledgements of replicas
-that are clean in this session in the partition store metadata (every writer
-joined through recovery, which records it), so the next session's recovery,
-which votes with exactly those replicas, finds every committed record on a
-quorum of voters.
+when its storage lost what it acknowledged (a damaged tail, a wiped disk, a
+restore, a lost write), what its own low-water mark proves committed, and the
+session sends it the rest. Storage nodes fence by session id, so once a newer
+session exists none of this session's requests (rejoin included) is accepted
+anywhere: fencing, not timing, keeps an old session from writing.
+
+Why the next session's recovery finds every committed record
+------------------------------------------------------------
+A record is committed once a quorum acknowledged it. The next session's recovery
+votes with the replicas that are *clean* in this session (their storage's marks
+were written by this session as clean, and the partition store metadata records
+them: every writer joined through recovery, which records it), and counts every
+other replica of this session as offline (it may hold anything), so it decides
+no mark that a quorum including that replica could contradict. That holds only
+while a voter's storage still holds what it acknowledged. The protocol points it
+relies on, each faulted by the simulation and the tests:
+
+1. *Storage that lost what it acknowledged never votes.* A replica whose storage
+   lost records it acknowledged (its engine reports ``LOST_SESSION``; a wiped or
+   new partition is recorded ``LOST_SESSION`` by its storage node when a session
+   first raises its fence; a restore shows an older session's marks) is not clean.
+   When it rejoins this session, its storage is first marked *suspect*
+   (MarkReplica clean=False, durable, before it writes: its marks keep reading
+   ``LOST_SESSION``), it joins at the mark it provably holds (its earlier
+   acknowledgements stop counting: :meth:`Replication.join`), and only once it
+   holds everything committed when it rejoined (:meth:`Replication.clean_due`) is
+   it marked clean again (MarkReplica clean=True, which the node refuses if its log
+   does not reach that far). An owner that dies anywhere in between leaves a
+   replica that the next recovery counts as offline.
+2. *A silently shortened log cannot outvote the intact copy.* A lost write or a
+   restore from a snapshot taken within this session leaves marks that look
+   clean. The closing mark is never below the log end of an online voter
+   (:mod:`waltz_server.server.recovery`): a voter's log is this session's own, so
+   closing there commits only this session's records, and the intact copy's
+   records survive whenever it answers before the mark is decided. (A voter that
+   answers only after the decision is past help: such a loss is beyond the
+   guarantee below unless it is detected as in 1.)
+3. *Acknowledgements after a rejoin are real.* A suspect replica's new
+   acknowledgements count toward commits (its storage holds them); the next
+   recovery still counts it as offline until it was marked clean, which is
+   conservative.
+
+The guarantee (docs/server.md): no acknowledged transaction is lost, and the
+partition stays writable, while a majority of storage nodes runs and every
+committed record has at least one intact copy among them; beyond that, recovery
+does not decide (the partition is refused, its status naming the ids at risk)
+rather than close the log short.
 """
 
 from __future__ import annotations
@@ -106,6 +144,11 @@ class ReplicaProgress:
     """Batches sent and not yet acknowledged."""
     writing: bool = True
     """In the writers now; False after it left (its ``acked`` still counts)."""
+    clean_at: int | None = None
+    """Set while the replica is *suspect* (it rejoined with storage that lost what it
+    acknowledged, and its storage says so): once ``acked`` reaches this id (the
+    session's high-water mark when it rejoined) it holds the committed prefix again and
+    the session marks it clean (:meth:`Replication.clean_due`)."""
 
 
 class Replication:
@@ -185,10 +228,13 @@ class Replication:
         """The highest transaction id each writer acknowledged (or held when it joined)."""
         return {node: p.acked for node, p in self._progress.items() if p.writing}
 
-    def join(self, node: str, mark: int) -> Committed | None:
+    def join(self, node: str, mark: int, *, suspect: bool = False) -> Committed | None:
         """``node`` joins the writers holding this session's log up to ``mark`` (the
         session's opening mark after recovery, or a rejoin's :attr:`RejoinPlan.mark`).
-        Its records are sent from ``mark + 1``."""
+        Its records are sent from ``mark + 1``. Whatever it acknowledged before no longer
+        counts (its progress starts at ``mark``). A ``suspect`` replica (its storage lost
+        what it acknowledged) is due to be marked clean once it holds everything
+        committed now (:meth:`clean_due`)."""
         if node not in self.replicas:
             raise WaltzError(f"{node} is not a replica of this store session {self.replicas}")
         if mark >= self.next_transaction_id:
@@ -196,8 +242,31 @@ class Replication:
                 f"replica {node} joins holding up to {mark}, but this session assigned ids "
                 f"only up to {self.next_transaction_id - 1}"
             )
-        self._progress[node] = ReplicaProgress(acked=mark, sent=mark)
+        self._progress[node] = ReplicaProgress(
+            acked=mark, sent=mark, clean_at=self.high_water_mark if suspect else None
+        )
         return self._advance()
+
+    def clean_due(self, node: str) -> int | None:
+        """A suspect writer that now holds the session's committed prefix as of its rejoin:
+        the log end to mark it clean at (then :meth:`marked_clean`); None otherwise."""
+        progress = self._progress.get(node)
+        if progress is None or progress.clean_at is None or not progress.writing:
+            return None
+        return progress.acked if progress.acked >= progress.clean_at else None
+
+    def marked_clean(self, node: str) -> None:
+        """Its storage records it clean in this session: a voter again for the next
+        session's recovery."""
+        progress = self._progress.get(node)
+        if progress is not None:
+            progress.clean_at = None
+
+    @property
+    def suspects(self) -> list[str]:
+        """Writers whose storage lost what they acknowledged and that have not caught up
+        to the committed prefix yet (sorted)."""
+        return sorted(node for node, p in self._progress.items() if p.clean_at is not None)
 
     def leave(self, node: str) -> None:
         """``node`` failed: it stops writing; what it had in flight is forgotten, what it
@@ -347,13 +416,16 @@ class RejoinPlan:
     """What a replica that left this session does before it writes again.
 
     - ``truncate_to``: truncate its log to this id first (None: leave it);
-    - ``set_low_water_mark``: record the session's low-water mark on it again (its
-      storage changed under the session, so its session info is not this session's);
+    - ``suspect``: its storage no longer holds what it acknowledged (a damaged tail, a
+      wiped disk, a restore): it is marked *suspect* on its storage (MarkReplica,
+      clean=False: its marks read LOST_SESSION, so a recovery counts it as a replica
+      that may have held anything) before it writes, and marked clean only once it
+      holds the session's committed prefix again;
     - ``mark``: its log end once that is done: it joins the writers there.
     """
 
     truncate_to: int | None
-    set_low_water_mark: bool
+    suspect: bool
     mark: int
 
 
@@ -369,12 +441,13 @@ def plan_rejoin(
 
     ``acked`` is what it acknowledged in this session; ``storage`` and
     ``max_transaction_id`` are what its storage reports now. When the storage still
-    carries this session's start (its session id and low-water mark) and holds at
-    least what it acknowledged, it is the storage that acknowledged: keep up to
-    ``acked`` (anything after it was in flight, never counted: cut it, the window
-    sends it again). Otherwise the storage changed under the session (restored from a
-    backup, wiped, replaced): only what its own low-water mark proves committed is
-    kept, the session's low-water mark is recorded on it again, and it catches up.
+    carries this session's start (its session id and low-water mark, written by this
+    session as clean) and holds at least what it acknowledged, it is the storage that
+    acknowledged: keep up to ``acked`` (anything after it was in flight, never counted:
+    cut it, the window sends it again). Otherwise the storage lost what it acknowledged
+    (restored from a backup, wiped, a damaged tail, a lost write, or it was still
+    suspect from an earlier rejoin): only what its own low-water mark proves committed
+    is kept and it is *suspect* until it caught up (see :class:`RejoinPlan`).
     """
     same_storage = (
         _marks_written_by(storage, session_id)
@@ -384,13 +457,13 @@ def plan_rejoin(
     if same_storage:
         return RejoinPlan(
             truncate_to=acked if max_transaction_id > acked else None,
-            set_low_water_mark=False,
+            suspect=False,
             mark=acked,
         )
     keep = min(max_transaction_id, storage.low_water_mark, low_water_mark)
     return RejoinPlan(
         truncate_to=keep if max_transaction_id > keep else None,
-        set_low_water_mark=True,
+        suspect=True,
         mark=keep,
     )
 

@@ -59,14 +59,14 @@ from waltz_api.errors import (
 )
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_server.server.replica import LocalLog, ReplicaConnector
-from waltz_server.server.store_metadata import begin_store_session
-from waltz_server.server.store_session import (
+from waltz_server.server.store_config import (
     ArchiveLink,
     CommitListener,
     RecoveryListener,
     StoreConfig,
-    StoreSession,
 )
+from waltz_server.server.store_metadata import begin_store_session
+from waltz_server.server.store_session import StoreSession
 
 __all__ = ["ArchiveLink", "StoreConfig", "StorePartition", "StoreSession"]
 

@@ -24,8 +24,7 @@ import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from waltz_api.backoff import Backoff
 from waltz_api.contracts.coordination import Coordination
@@ -36,6 +35,7 @@ from waltz_api.errors import (
     TransportError,
     WaltzError,
 )
+from waltz_api.faultpoints import point
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replica import LocalLog, ReplicaConnection, ReplicaConnector
@@ -47,58 +47,17 @@ from waltz_server.server.replication import (
     Send,
     plan_rejoin,
 )
+from waltz_server.server.store_config import (
+    ArchiveLink,
+    CommitListener,
+    StoreConfig,
+)
 from waltz_server.server.store_metadata import VersionedMetadata
 from waltz_server.server.voting import quorum_of
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    """Tuning of the store layer (``[server.store]``)."""
-
-    max_batch_records: int = 512
-    max_batch_bytes: int = 4 * 1024 * 1024
-    max_pending_records: int = 8192
-    """Appends not yet committed before ``append`` waits (back pressure)."""
-    max_window_bytes: int = 32 * 1024 * 1024
-    """Bytes of recent records kept in memory for lagging replicas; older ones are read
-    back from a healthy replica's storage."""
-    catch_up_batch: int = 256
-    max_inflight_batches: int = 4
-    """Append batches in flight to one replica at once (its storage node groups
-    consecutive ones into one flush)."""
-    checkpoint_interval: int = 250_000
-    """A new session (so a short recovery) once this many transactions were written."""
-    idle_probe_interval: float = 2.0
-    """An idle replica is asked its max transaction id this often: a storage node that
-    died (or a session that was fenced) while nothing was written is noticed."""
-    retry_initial: float = 0.05
-    retry_max: float = 2.0
-    drain_timeout: float = 10.0
-
-
-class ArchiveLink(Protocol):
-    """The partition's archive, as the store sees it (``waltz_server.server.archiving``)."""
-
-    @property
-    def mark(self) -> int:
-        """The archive mark as last known: every id at or below it is archived (-1:
-        none)."""
-
-    async def refresh(self) -> int:
-        """Read the archive mark from the cluster metadata (CoordinationError: the
-        service is unreachable)."""
-
-    async def read(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
-        """Archived records from ``start`` (ArchiveError when the archive fails)."""
-
-
-CommitListener = Callable[[int, Sequence[Record]], None]
-"""``listener(high_water_mark, records)``: ``records`` are the newly committed ones, in order."""
-RecoveryListener = Callable[[int], None]
 
 
 class StoreSession:
@@ -144,6 +103,9 @@ class StoreSession:
         self._replication: Replication | None = None
         self._connections: dict[str, ReplicaConnection] = {}
         self._joined: set[str] = set()
+        self._suspect_rejoins: set[str] = set()
+        """Replicas whose last rejoin found storage that lost what they acknowledged: they
+        join as suspects (see Replication.join)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: collections.deque[tuple[int, asyncio.Future[int]]] = collections.deque()
         self.low_water_mark = NO_TRANSACTION
@@ -225,6 +187,7 @@ class StoreSession:
             self.session_id,
             resolved,
         )
+        point("store.session_opened", partition=self.partition_id, session=self.session_id)
         return resolved
 
     async def wait_done(self) -> None:
@@ -245,6 +208,7 @@ class StoreSession:
             cause,
         )
         self.recovery.abort(cause)
+        point("store.session_closing", partition=self.partition_id, session=self.session_id)
         error = self._closed_error(str(cause))
         while self._waiters:
             _, future = self._waiters.popleft()
@@ -543,10 +507,11 @@ class StoreSession:
         )
         if plan.truncate_to is not None:
             await connection.truncate(plan.truncate_to)
-        if plan.set_low_water_mark:
+        if plan.suspect:
             log.warning(
-                "partition %d session %d: replica %s came back with storage that changed "
-                "(session info %s, log end %d, acknowledged %d): keeping up to %d",
+                "partition %d session %d: replica %s came back with storage that lost what "
+                "it acknowledged (session info %s, log end %d, acknowledged %d): keeping up "
+                "to %d; suspect (not a voter) until it holds the committed prefix (%d)",
                 self.partition_id,
                 self.session_id,
                 node,
@@ -554,8 +519,11 @@ class StoreSession:
                 max_id,
                 acked,
                 plan.mark,
+                self.high_water_mark,
             )
-            await connection.set_low_water_mark(self.low_water_mark)
+            # durably suspect before it writes: a recovery must not count it as a voter
+            await connection.mark_replica(self.low_water_mark, clean=False)
+            point("replica.marked_suspect", partition=self.partition_id, replica=node)
         mark = plan.mark
         if archive_mark >= 0 and prune is not None and mark < archive_mark:
             # behind the archive: its log continues after the mark (everything at or below
@@ -569,6 +537,9 @@ class StoreSession:
             node,
             mark,
         )
+        if plan.suspect:
+            self._suspect_rejoins.add(node)
+        point("replica.rejoined", partition=self.partition_id, replica=node, mark=mark)
         return mark
 
     async def _repair(self, node: str, connection: ReplicaConnection, upto: int) -> None:
@@ -617,13 +588,16 @@ class StoreSession:
                         f"{records[0].transaction_id if records else 'none'}"
                     )
                 await repair(records)
+                point("replica.repaired", partition=self.partition_id, replica=node)
                 next_id += len(records)
 
     def _join(self, node: str, mark: int) -> None:
         replication = self._replication
         assert replication is not None
         self._joined.add(node)
-        self._committed(replication.join(node, mark))
+        suspect = node in self._suspect_rejoins
+        self._suspect_rejoins.discard(node)
+        self._committed(replication.join(node, mark, suspect=suspect))
         self._wake()
 
     def _leave(self, node: str, connection: ReplicaConnection, cause: BaseException) -> None:
@@ -663,12 +637,20 @@ class StoreSession:
         start_append: Callable[[Sequence[Record]], asyncio.Future[None]] | None = getattr(
             connection, "start_append", None
         )
+        progress = replication.progress(node)
+        suspect = progress is not None and progress.clean_at is not None
+        if suspect and (log_end := replication.clean_due(node)) is not None:
+            await self._mark_clean(node, connection, log_end)
+            suspect = False
         try:
             while not self._done.is_set():
                 while inflight and inflight[0][1].done():
                     last, sent = inflight.popleft()
                     sent.result()
                     self._committed(replication.on_appended(node, last))
+                    if suspect and (log_end := replication.clean_due(node)) is not None:
+                        await self._mark_clean(node, connection, log_end)
+                        suspect = False
                 action = replication.next_send(node)
                 if isinstance(action, CatchUp):
                     records = await self._read_catch_up(node, action)
@@ -689,6 +671,23 @@ class StoreSession:
                 sent.cancel()
                 with contextlib.suppress(BaseException):
                     await sent
+
+    async def _mark_clean(self, node: str, connection: ReplicaConnection, log_end: int) -> None:
+        """A suspect replica holds the committed prefix again (up to ``log_end``): its
+        storage records it clean in this session, so a recovery counts it as a voter."""
+        await connection.mark_replica(self.low_water_mark, clean=True, log_end=log_end)
+        replication = self._replication
+        if replication is not None:
+            replication.marked_clean(node)
+        point("replica.marked_clean", partition=self.partition_id, replica=node)
+        log.info(
+            "partition %d session %d: replica %s holds the committed prefix again (up to "
+            "%d): clean",
+            self.partition_id,
+            self.session_id,
+            node,
+            log_end,
+        )
 
     async def _wait_for_work(
         self,

@@ -40,6 +40,7 @@ from waltz_api.messages import (
     FailureResponse,
     LastSessionInfoRequest,
     LastSessionInfoResponse,
+    MarkReplicaRequest,
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     Message,
@@ -338,6 +339,22 @@ class StorageClient:
             SuccessResponse,
         )
 
+    async def mark_replica(
+        self,
+        session_id: int,
+        partition_id: int,
+        low_water_mark: int,
+        *,
+        clean: bool,
+        log_end: int = -1,
+    ) -> None:
+        await self._call(
+            MarkReplicaRequest(
+                session_id, self.next_seq_num(), partition_id, low_water_mark, clean, log_end
+            ),
+            SuccessResponse,
+        )
+
     async def append(self, session_id: int, partition_id: int, records: Sequence[Record]) -> None:
         await self._call(
             StorageAppendRequest(session_id, self.next_seq_num(), partition_id, tuple(records)),
@@ -580,6 +597,11 @@ class StorageReplica:
 
     async def set_low_water_mark(self, low_water_mark: int) -> None:
         await self.client.set_low_water_mark(self.session_id, self.partition_id, low_water_mark)
+
+    async def mark_replica(self, low_water_mark: int, *, clean: bool, log_end: int = -1) -> None:
+        await self.client.mark_replica(
+            self.session_id, self.partition_id, low_water_mark, clean=clean, log_end=log_end
+        )
 
     async def append(self, records: Sequence[Record]) -> None:
         await self.client.append(self.session_id, self.partition_id, records)

@@ -23,7 +23,9 @@ arrived, before the request's own session id was recorded: a new session's
 recovery (whose first request to a replica is this one) sees the previous
 session's id and marks, as the original storage reported them. The marks
 carry the session that wrote them (``low_water_mark_session_id``), kept apart
-from the fence: a session that reached this replica and died before its
+from the fence (a partition with no marks and no records, new or wiped, gets
+LOST_SESSION when its fence is first raised: it holds nothing it acknowledged): a
+session that reached this replica and died before its
 SetLowWaterMark raises the fence only, so a storage restored from a backup
 still shows an older low-water-mark session than the partition's metadata
 says it completed, and recovery detects it.
@@ -76,6 +78,7 @@ from waltz_api.messages import (
     FailureResponse,
     LastSessionInfoRequest,
     LastSessionInfoResponse,
+    MarkReplicaRequest,
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     Message,
@@ -95,7 +98,7 @@ from waltz_api.messages import (
     SuccessResponse,
     TruncateRequest,
 )
-from waltz_api.types import SessionInfo
+from waltz_api.types import LOST_SESSION, SessionInfo
 from waltz_server.storage_node.failures import StorageRequestError, code_for
 
 if TYPE_CHECKING:
@@ -110,6 +113,7 @@ PARTITION_REQUESTS: tuple[type[Message], ...] = (
     LastSessionInfoRequest,
     MaxTransactionIdRequest,
     TruncateRequest,
+    MarkReplicaRequest,
     SetLowWaterMarkRequest,
     StorageAppendRequest,
     RecordHeaderRequest,
@@ -358,8 +362,19 @@ class PartitionWorker:
             )
         if session_id > info.session_id:
             # Durable before anything of the new session is acted on; the marks, and
-            # the session that wrote them, stay as they are.
-            await partition.set_session_info(dataclasses.replace(info, session_id=session_id))
+            # the session that wrote them, stay as they are. A partition that never had
+            # marks and holds nothing (new, or a wiped disk) is recorded as one that holds
+            # nothing it may have acknowledged (LOST_SESSION), so once its fence is
+            # raised it is never taken for a replica that was clean in that session: a
+            # recovery counts it as a suspect, not as a voter with an empty log.
+            marks_session = info.low_water_mark_session_id
+            if info == SessionInfo() and partition.max_transaction_id() < 0:
+                marks_session = LOST_SESSION
+            await partition.set_session_info(
+                dataclasses.replace(
+                    info, session_id=session_id, low_water_mark_session_id=marks_session
+                )
+            )
             if self.metrics is not None and info.session_id >= 0:
                 self.metrics.session_fenced(self.partition_id)
             log.info(
@@ -405,22 +420,18 @@ class PartitionWorker:
             await partition.truncate(request.transaction_id)
             return SuccessResponse(s, q, p)
         if isinstance(request, SetLowWaterMarkRequest):
-            max_id = partition.max_transaction_id()
-            if max_id > request.low_water_mark:
-                raise StorageRequestError(
-                    f"low-water mark {request.low_water_mark} is below the max transaction id "
-                    f"{max_id} of partition {p}: truncate the dirty transactions first"
-                )
-            missing = partition.missing_ranges()
-            if missing:
-                # the local low-water mark would vouch for records this replica lacks
-                first, last = missing[0]
-                raise StorageRequestError(
-                    f"partition {p} lacks transactions {first}..{last} (lost to damage found "
-                    "at start-up, the files moved aside): repair them from a peer "
-                    "(RepairRequest) or truncate below them before a session starts here"
-                )
+            max_id = _check_session_start(partition, request.low_water_mark)
             await partition.set_session_info(SessionInfo(s, request.low_water_mark, max_id, s))
+            return SuccessResponse(s, q, p)
+        if isinstance(request, MarkReplicaRequest):
+            await partition.set_session_info(_marked(partition, request))
+            log.info(
+                "partition %d: marked %s by store session %d (low-water mark %d)",
+                p,
+                "clean" if request.clean else "suspect (lost acknowledged records)",
+                s,
+                request.low_water_mark,
+            )
             return SuccessResponse(s, q, p)
         if isinstance(request, StorageAppendRequest):
             if request.records:
@@ -538,3 +549,53 @@ class PartitionWorker:
             return await self._serve(partition, request)
         except Exception as exc:
             return self._failure(request, exc)
+
+
+def _check_session_start(partition: StoragePartition, low_water_mark: int) -> int:
+    """A store session may record its start (its low-water mark) on this replica only
+    once its dirty tail is truncated and no range is missing; returns the log end."""
+    p = partition.partition_id
+    max_id = partition.max_transaction_id()
+    if max_id > low_water_mark:
+        raise StorageRequestError(
+            f"low-water mark {low_water_mark} is below the max transaction id "
+            f"{max_id} of partition {p}: truncate the dirty transactions first"
+        )
+    _check_nothing_missing(partition, "before a session starts here")
+    return max_id
+
+
+def _check_nothing_missing(partition: StoragePartition, when: str) -> None:
+    missing = partition.missing_ranges()
+    if missing:
+        # the local low-water mark would vouch for records this replica lacks
+        first, last = missing[0]
+        raise StorageRequestError(
+            f"partition {partition.partition_id} lacks transactions {first}..{last} (lost "
+            "to damage found at start-up, the files moved aside): repair them from a peer "
+            f"(RepairRequest) or truncate below them {when}"
+        )
+
+
+def _marked(partition: StoragePartition, request: MarkReplicaRequest) -> SessionInfo:
+    """The session info a MarkReplicaRequest records (see its docstring)."""
+    s, lwm = request.session_id, request.low_water_mark
+    if not request.clean:
+        max_id = _check_session_start(partition, lwm)
+        return SessionInfo(s, lwm, max_id, LOST_SESSION)
+    info = partition.session_info()
+    if info.low_water_mark != lwm or info.low_water_mark_session_id not in (LOST_SESSION, s):
+        raise StorageRequestError(
+            f"partition {partition.partition_id} cannot be marked clean by store session {s} "
+            f"at low-water mark {lwm}: its marks are {info} (a clean mark follows a suspect "
+            "one of the same session; start the replica over with SetLowWaterMark)"
+        )
+    max_id = partition.max_transaction_id()
+    if max_id < request.log_end:
+        raise StorageRequestError(
+            f"partition {partition.partition_id} cannot be marked clean by store session {s}: "
+            f"its log ends at {max_id}, below {request.log_end} (it lost records again: "
+            "the session must rejoin it)"
+        )
+    _check_nothing_missing(partition, "before the replica is marked clean")
+    return SessionInfo(s, lwm, info.local_low_water_mark, s)

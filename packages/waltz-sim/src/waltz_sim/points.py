@@ -1,0 +1,140 @@
+"""Protocol-timed faults: the simulation's handler of ``waltz_api.faultpoints``.
+
+Every run counts the protocol points its processes hit (``SeedResult.point_hits``,
+printed by ``waltz simulate -v`` and summed into a coverage table over the seeds).
+In a profile with ``point_strikes`` the striker also acts at a point: with a
+probability per hit, it crashes (kill -9) or pauses the process that hit it, or the
+storage node of the replica the point names, exactly there (after the code's current
+step: it stops at its next await) or a few milliseconds later; a crashed process is
+restarted and a paused one resumed after a while. The nemesis's rules hold: at most a
+minority of the storage nodes and never every server impaired at once, only in the
+safety phase, and at most ``MAX_STRIKES`` per run, ``STRIKE_GAP`` seconds apart.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from waltz_api.faultpoints import POINTS
+from waltz_sim.loop import CURRENT, WORLD_CONTEXT
+
+if TYPE_CHECKING:
+    from waltz_sim.faults import Nemesis
+    from waltz_sim.world import SimProcess, World
+
+MAX_STRIKES = 8
+STRIKE_GAP = 1.5
+"""Seconds of virtual time between two strikes."""
+STRIKE_PROBABILITY = 0.25
+"""Per hit of a point, once the gap has passed."""
+
+
+class PointStriker:
+    """Counts point hits and, when ``strike`` is on, faults processes at them."""
+
+    def __init__(self, world: World, rng: random.Random, *, strike: bool) -> None:
+        self.world = world
+        self.rng = rng
+        self.strike = strike
+        self.nemesis: Nemesis | None = None
+        """Set once the nemesis runs: its rules decide what may be impaired."""
+        self.hits: dict[str, int] = {}
+        self.strikes = 0
+        self._next_strike = 0.0
+        self.strike_until = 0.0
+        """Virtual time after which nothing is struck (the end of the safety phase)."""
+
+    def __call__(self, name: str, detail: Mapping[str, object]) -> None:
+        if name not in POINTS:
+            raise KeyError(f"protocol point {name!r} is not registered in faultpoints.POINTS")
+        self.hits[name] = self.hits.get(name, 0) + 1
+        if not self.strike or self.nemesis is None or self.strikes >= MAX_STRIKES:
+            return
+        incarnation = CURRENT.get()
+        loop = self.world.loop
+        now = loop.time()
+        if incarnation is None or now < self._next_strike or now > self.strike_until:
+            return
+        if self.rng.random() >= STRIKE_PROBABILITY:
+            return
+        target = incarnation.process
+        replica = detail.get("replica")
+        node = self._storage_process(replica) if isinstance(replica, str) else None
+        action = "crash" if self.rng.random() < 0.6 else "pause"
+        if node is not None:
+            choice = self.rng.random()
+            if choice < 0.4:
+                # the replica's disk turns slow (a live but lagging copy) and the process
+                # that hit the point dies a moment later: the window between a rejoin and
+                # the end of its catch-up
+                self._slow_disk(node)
+                action = "crash"
+            elif choice < 0.6:
+                target = node
+        if not target.running or not self.nemesis._allowed({target.name}):
+            return
+        delay = 0.0 if self.rng.random() < 0.5 else self.rng.uniform(0.001, 0.02)
+        self.strikes += 1
+        self._next_strike = now + STRIKE_GAP
+        loop.call_at(now + delay, self._strike, target, action, name, context=WORLD_CONTEXT)
+
+    def _storage_process(self, replica: str) -> SimProcess | None:
+        """The storage node process whose connect string is ``replica``."""
+        for process in self.world.of_kind("storage"):
+            if replica.split(":", maxsplit=1)[0] == process.name:
+                return process
+        return None
+
+    def _slow_disk(self, node: SimProcess) -> None:
+        disk = self.world.disks.get(self.world.data_dir(node.name))
+        if disk is None:
+            return
+        extra = self.rng.uniform(0.3, 2.0)
+        held = self.rng.uniform(2.0, 6.0)
+        disk.extra_fsync.append(extra)
+        loop = self.world.loop
+        self.world.fault_log.append(
+            f"{loop.time() - self.world.started_at:.2f} slow fsyncs on {node.name} "
+            f"(+{extra * 1000:.0f} ms) for {held:.1f}s (strike)"
+        )
+
+        def heal() -> None:
+            if extra in disk.extra_fsync:
+                disk.extra_fsync.remove(extra)
+
+        loop.call_at(loop.time() + held, heal, context=WORLD_CONTEXT)
+
+    def _strike(self, target: SimProcess, action: str, name: str) -> None:
+        if not target.running:
+            return
+        loop = self.world.loop
+        held = self.rng.uniform(0.3, 3.0)
+        description = f"{action} {target.name} at {name} for {held:.1f}s"
+        self.world.faults_injected += 1
+        self.world.fault_log.append(f"{loop.time() - self.world.started_at:.2f} {description}")
+        self.world.trace.add("fault", f"strike: {description}")
+        if action == "crash":
+            target.crash()
+            loop.call_at(loop.time() + held, _restart, target, context=WORLD_CONTEXT)
+        else:
+            target.pause()
+            loop.call_at(loop.time() + held, target.resume, context=WORLD_CONTEXT)
+
+
+def _restart(process: SimProcess) -> None:
+    if not process.alive and not process.world.stopping:
+        process.start()
+
+
+def coverage_table(hits: list[Mapping[str, int]]) -> list[str]:
+    """One line per registered point: its hits over the runs and in how many runs."""
+    lines = [f"{'protocol point':<26} {'hits':>8} {'runs':>6}  what it marks"]
+    for name, what in POINTS.items():
+        total = sum(h.get(name, 0) for h in hits)
+        runs = sum(1 for h in hits if h.get(name, 0))
+        lines.append(f"{name:<26} {total:>8} {runs:>6}  {what}")
+    missed = [name for name in POINTS if not any(h.get(name, 0) for h in hits)]
+    lines.append(f"points never hit: {', '.join(missed)}" if missed else "every point was hit")
+    return lines
