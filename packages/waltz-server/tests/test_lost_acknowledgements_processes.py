@@ -32,6 +32,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -255,6 +256,7 @@ async def test_no_acknowledged_transaction_is_lost_when_the_owner_dies_as_a_repl
         ),
     )
     writers = Writers(client)
+    watcher: asyncio.Task[str] | None = None
     try:
         await client.start()
         writers.start()
@@ -302,13 +304,17 @@ async def test_no_acknowledged_transaction_is_lost_when_the_owner_dies_as_a_repl
         await writers.stop()
         log = await read_log(harness, PARTITION)
     finally:
-        writers.stopping = True
-        for task in writers.tasks:
-            task.cancel()
-        await asyncio.gather(*writers.tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await client.close()
-        await harness.close()
+        try:
+            writers.stopping = True
+            tasks: list[asyncio.Task[Any]] = [*writers.tasks]
+            tasks += [watcher] if watcher is not None else []
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await client.close()
+        finally:
+            await harness.close()  # every process it started, by pid
 
     assert [r.transaction_id for r in log] == list(range(len(log)))
     copies = Counter(r.data for r in log)
