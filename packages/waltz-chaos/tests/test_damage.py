@@ -156,6 +156,7 @@ async def serving(data: Path) -> AsyncIterator[tuple[Any, str, Any]]:
             "num_partitions": PARTITIONS,
             "partitions": list(range(PARTITIONS)),
             "options": {**OPTIONS, "verify_on_open": 1},
+            "scrub": {"enabled": False},  # passes run when a test asks
         },
         "transport": {"plugin": "memory", "endpoint": endpoint},
     }
@@ -199,3 +200,15 @@ async def test_repaired_sees_holes_and_lost_tails(data: Path) -> None:
         lost = await damage.repaired(transport, endpoint, {1: 0})
     assert hole == "partition 0 misses [[3, 3]]"
     assert lost == "partition 1 is LOST (not caught up)"
+
+
+async def test_a_scrub_of_the_running_node_finds_a_flip(data: Path) -> None:
+    """flip_sealed's heal: the damage in a sealed segment of a running node, unseen until
+    read, is found by a scrub pass and becomes a hole (for the server to repair)."""
+    async with serving(data) as (_, endpoint, transport):
+        assert await damage.scrub(transport, endpoint) == "a scrub pass found no damage"
+        flip_record(data, 0, 3)  # the node runs: its index vouches for the record
+        assert await damage.repaired(transport, endpoint, {0: 0}) is None
+        found = await damage.scrub(transport, endpoint)
+        assert found == "a scrub pass found transactions 3..3 of partition 0 damaged"
+        assert await damage.repaired(transport, endpoint, {0: 0}) == "partition 0 misses [[3, 3]]"

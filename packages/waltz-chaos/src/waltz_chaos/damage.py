@@ -5,8 +5,8 @@ its member's ``data_dir``): while the node is stopped (:func:`corrupt_segment`,
 :func:`truncate_segment`, :func:`wipe`, :func:`restore`, and :class:`Copies`, the copies
 of its directory taken whenever the nemesis stops it, for a rollback), or while it runs
 (:func:`flip_sealed`: a sealed segment is never written again, so the damage stays until
-a read or a verifying start-up finds it). Each returns what it did, for the run's
-timeline.
+a read, a scrub (:func:`scrub`) or a verifying start-up finds it). Each returns what it
+did, for the run's timeline.
 
 A damaged node is *repaired* (:func:`repaired`) when, for every partition, its replica
 has no missing range, its low-water-mark session is not ``LOST``, and its log reaches
@@ -149,6 +149,25 @@ class Copies:
         return kept[0] if kept else None
 
 
+async def scrub(transport: Transport, endpoint: str, timeout: float = 60.0) -> str:
+    """A scrub pass now on the running node at ``endpoint`` (``waltz storage scrub
+    --endpoint``, unbounded rate): the damage it finds becomes a hole the server repairs.
+    Returns what it found; raises StorageError or TransportError when it could not run."""
+    admin = await StorageAdminClient.connect(transport, endpoint, sender="chaos", timeout=5.0)
+    try:
+        result = await admin.command("scrub", timeout=timeout, rate_bytes_per_second=0)
+    finally:
+        await admin.close()
+    found = [
+        f"{first}..{last} of partition {row['partition_id']}"
+        for row in result.get("partitions", [])
+        for first, last in row.get("damaged") or []
+    ]
+    if not found:
+        return "a scrub pass found no damage"
+    return f"a scrub pass found transactions {', '.join(found)} damaged"
+
+
 async def repaired(
     transport: Transport, endpoint: str, high_water_marks: Mapping[int, int]
 ) -> str | None:
@@ -186,6 +205,7 @@ __all__ = [
     "flip_sealed",
     "repaired",
     "restore",
+    "scrub",
     "truncate_segment",
     "wipe",
 ]

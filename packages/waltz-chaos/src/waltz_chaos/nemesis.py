@@ -22,10 +22,11 @@ recorded in a :class:`FaultRecord` (the report's timeline). How each kind acts:
   the node killed -9 and its files damaged (``corrupt_segment``,
   ``truncate_segment``), its data directory replaced by the oldest copy kept
   (``rollback_data``) or removed (``wipe_data``), then restarted at the fault's
-  ``hold``; or, while it runs, bytes of a sealed segment flipped (``flip_sealed``)
-  and the node restarted at the ``hold`` (gracefully; its start-up check,
-  ``verify_on_open``, finds the damage). The heal ends when the cluster has repaired
-  the node (:func:`~waltz_chaos.damage.repaired`).
+  ``hold`` (its start-up check, ``verify_on_open``, finds the damage); or, while it
+  runs, bytes of a sealed segment flipped (``flip_sealed``) and, at the ``hold``, a
+  scrub pass run on the node (as ``waltz storage scrub --endpoint`` does; a graceful
+  restart if it cannot). The heal ends when the cluster has repaired the node
+  (:func:`~waltz_chaos.damage.repaired`).
 
 Copies of a storage node's data directory (for ``rollback_data``) are taken each time
 a fault stops the node. A damaged node is impaired until it is repaired, however long
@@ -197,12 +198,19 @@ class Nemesis:
     async def _restart_and_repair(
         self, record: FaultRecord, member: Member, *, running: bool = False
     ) -> None:
-        """Restart the damaged node (gracefully when it ran), then wait until the
-        cluster repaired it (bounded by the quiet end); its heal ends then."""
+        """Start the stopped damaged node (a running one: scrub it, or restart it
+        gracefully when it cannot be scrubbed), then wait until the cluster repaired it
+        (bounded by the quiet end); its heal ends then."""
         cluster = self.cluster
         try:
             if running:
-                await cluster.restart(member)
+                assert cluster.transport is not None
+                endpoint = cluster.storage_endpoints[member.name]
+                try:
+                    record.notes.append(await damage.scrub(cluster.transport, endpoint))
+                except (WaltzError, TimeoutError, OSError) as exc:
+                    record.notes.append(f"no scrub ({type(exc).__name__}: {exc}): restarted")
+                    await cluster.restart(member)
             else:
                 await cluster.start_member(member, wait=False)
             if self._cut_short:
@@ -282,7 +290,7 @@ class Nemesis:
             record._undo.append(
                 functools.partial(self._restart_and_repair, record, member, running=True)
             )
-            record.description += f" ({what}; restarted at the heal)"
+            record.description += f" ({what}; scrubbed at the heal)"
             return
         copy = None
         if fault.kind == "rollback_data":

@@ -25,11 +25,12 @@ A run has phases, like the simulation's (docs/simulation.md):
 *Storage faults* (:data:`STORAGE_FAULTS`, the ``storage`` profile) damage what a
 storage node holds: while it is stopped (bytes of a segment corrupted, a segment's
 tail cut, its data directory rolled back to an earlier copy or wiped) or while it runs
-(bytes of a sealed segment flipped, found only when read). The node is impaired from
-the injection until the cluster has repaired it, and a fault's ``hold`` is when the
-nemesis restarts it; the schedule counts :data:`REPAIR_ALLOWANCE` seconds for the
-repair after that, and the nemesis holds back any fault that would impair another
-storage node while the repair lasts longer (:mod:`waltz_chaos.nemesis`).
+(bytes of a sealed segment flipped, found only when read, or by a scrub). The node is
+impaired from the injection until the cluster has repaired it, and a fault's ``hold``
+is when the nemesis restarts it (or, running, scrubs it); the schedule counts
+:data:`REPAIR_ALLOWANCE` seconds for the repair after that, and the nemesis holds back
+any fault that would impair another storage node while the repair lasts longer
+(:mod:`waltz_chaos.nemesis`).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "an earlier stop",
     "wipe_data": "a stopped storage node's data directory wiped (a new disk)",
     "flip_sealed": "bytes of a sealed segment of a running storage node flipped (found when "
-    "read); restarted at the heal, its start-up check finds the damage",
+    "read); a scrub pass on the node at the heal finds the damage",
 }
 
 
