@@ -218,9 +218,8 @@ class Nemesis:
             restarted = time.monotonic()
             missing = await self._wait_repaired(member)
             if missing is None:
-                record.notes.append(
-                    f"repaired {time.monotonic() - restarted:.1f} s after its start"
-                )
+                since = "the scrub" if running else "its start"
+                record.notes.append(f"repaired {time.monotonic() - restarted:.1f} s after {since}")
             else:
                 record.notes.append(f"not repaired before the quiet end: {missing}")
             record.healed_at = time.monotonic()
