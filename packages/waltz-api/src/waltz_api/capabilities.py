@@ -29,6 +29,11 @@ REPAIR: Final = "repair"
 """Start-up recovery keeps intact records after damaged ones and reports the damaged ones
 as missing ranges, which ``repair`` fills (records copied from a peer)."""
 
+SCRUB: Final = "scrub"
+"""``scrub`` reads back sealed records and verifies them while the engine runs; damage it
+finds becomes a missing range (as start-up recovery's), which ``repair`` fills. A storage
+node scrubs only an engine that declares it."""
+
 PREFIX: Final = "prefix"
 """Records at the start of the log can be deleted (they were archived elsewhere):
 ``log_start``, ``drop_prefix`` and ``local_extents``; an engine without it keeps every
@@ -75,7 +80,7 @@ rest (feed, locking, fencing, faults while appending)."""
 
 BY_KIND: Final[Mapping[str, frozenset[str]]] = {
     "storage": frozenset(
-        {REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, AVAILABILITY, REPAIR, PREFIX}
+        {REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, AVAILABILITY, REPAIR, PREFIX, SCRUB}
     ),
     "coordination": frozenset({SERVER_RESTART, CROSS_PROCESS}),
     "transport": frozenset(

@@ -546,6 +546,30 @@ class StorageNodeMetrics:
             ["kind"],
             registry=r,
         )
+        self.scrubbed_records = Counter(
+            "waltz_storage_scrubbed_records",
+            "Sealed records read back and verified by the scrub (background and on request)",
+            ["partition"],
+            registry=r,
+        )
+        self.scrubbed_bytes = Counter(
+            "waltz_storage_scrubbed_bytes",
+            "Stored bytes of records read back by the scrub",
+            ["partition"],
+            registry=r,
+        )
+        self.scrub_damaged_records = Counter(
+            "waltz_storage_scrub_damaged_records",
+            "Records the scrub found damaged (moved aside, missing until repaired from a peer)",
+            ["partition"],
+            registry=r,
+        )
+        self.scrub_last_pass = Gauge(
+            "waltz_storage_scrub_last_pass_timestamp_seconds",
+            "When the last scrub pass over every hosted partition ended (Unix time; 0: none "
+            "since the node started)",
+            registry=r,
+        )
         self._append_children: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
         self._requests: dict[str, Counter] = {}
         self._scraped: ScrapeCollector | None = None
@@ -579,6 +603,24 @@ class StorageNodeMetrics:
     def observe_fsync(self, seconds: float) -> None:
         """One flush of the engine (thread-safe: engines call it from their own threads)."""
         self.fsync_latency.observe(seconds)
+
+    def scrub_partitions(self, partition_ids: Iterable[int]) -> None:
+        """Make the scrub counters of these partitions exist (at zero): an alert on their
+        increase sees the first damage."""
+        for partition_id in partition_ids:
+            label = str(partition_id)
+            for counter in (self.scrubbed_records, self.scrubbed_bytes, self.scrub_damaged_records):
+                counter.labels(label)
+
+    def scrubbed(self, partition_id: int, records: int, data_bytes: int, damaged: int) -> None:
+        """One scrub call: records and bytes read back, records found damaged."""
+        label = str(partition_id)
+        self.scrubbed_records.labels(label).inc(records)
+        self.scrubbed_bytes.labels(label).inc(data_bytes)
+        self.scrub_damaged_records.labels(label).inc(damaged)
+
+    def scrub_pass_completed(self, unix_time: float) -> None:
+        self.scrub_last_pass.set(unix_time)
 
     def fenced_request(self, partition_id: int) -> None:
         self.fenced_requests.labels(str(partition_id)).inc()

@@ -14,7 +14,7 @@ safety phase, and at most ``MAX_STRIKES`` per run, ``STRIKE_GAP`` seconds apart.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from waltz_api.faultpoints import POINTS
@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 MAX_STRIKES = 8
 STRIKE_GAP = 1.5
 """Seconds of virtual time between two strikes."""
-STRIKE_PROBABILITY = 0.25
+DEFAULT_PROBABILITY = 0.25
 """Per hit of a point, once the gap has passed."""
+STRIKE_PROBABILITY = {"replica.marked_suspect": 0.9, "replica.rejoined": 0.4}
+"""Points hit rarely, at the most fragile moments, are struck more often."""
 
 
 class PointStriker:
@@ -57,25 +59,32 @@ class PointStriker:
         now = loop.time()
         if incarnation is None or now < self._next_strike or now > self.strike_until:
             return
-        if self.rng.random() >= STRIKE_PROBABILITY:
+        if self.rng.random() >= STRIKE_PROBABILITY.get(name, DEFAULT_PROBABILITY):
             return
         target = incarnation.process
         replica = detail.get("replica")
         node = self._storage_process(replica) if isinstance(replica, str) else None
         action = "crash" if self.rng.random() < 0.6 else "pause"
+        delay = 0.0 if self.rng.random() < 0.5 else self.rng.uniform(0.001, 0.02)
+        widen = False
         if node is not None:
             choice = self.rng.random()
-            if choice < 0.4:
-                # the replica's disk turns slow (a live but lagging copy) and the process
-                # that hit the point dies a moment later: the window between a rejoin and
-                # the end of its catch-up
-                self._slow_disk(node)
+            if choice < 0.5:
+                widen = True
                 action = "crash"
-            elif choice < 0.6:
+                delay = self.rng.uniform(0.2, 2.0)
+            elif choice < 0.7:
                 target = node
         if not target.running or not self.nemesis._allowed({target.name}):
             return
-        delay = 0.0 if self.rng.random() < 0.5 else self.rng.uniform(0.001, 0.02)
+        if widen and node is not None:
+            # The window between a rejoin and the end of its catch-up, made wide: the
+            # rejoining replica's disk turns slow, another replica falls behind on a slow
+            # link from this server only (live, and quick to answer anyone else), and the
+            # process that hit the point dies a while later, leaving the next owner a
+            # lagging replica that answers at once.
+            self._slow_disk(node)
+            self._slow_link(target, node)
         self.strikes += 1
         self._next_strike = now + STRIKE_GAP
         loop.call_at(now + delay, self._strike, target, action, name, context=WORLD_CONTEXT)
@@ -87,6 +96,28 @@ class PointStriker:
                 return process
         return None
 
+    def _slow_link(self, server: SimProcess, spared: SimProcess) -> None:
+        """Slow the links between ``server`` and one storage node other than ``spared``."""
+        others = [p for p in self.world.of_kind("storage") if p is not spared]
+        if not others:
+            return
+        lagging = self.rng.choice(others)
+        extra = self.rng.uniform(0.3, 1.5)
+        held = self.rng.uniform(3.0, 8.0)
+        network = self.world.network
+        network.slow(server.name, lagging.name, extra)
+        network.slow(lagging.name, server.name, extra)
+
+        def heal() -> None:
+            network.unslow(server.name, lagging.name, extra)
+            network.unslow(lagging.name, server.name, extra)
+
+        self._record(
+            f"slow link {server.name} <-> {lagging.name} (+{extra * 1000:.0f} ms) (strike)",
+            heal,
+            held,
+        )
+
     def _slow_disk(self, node: SimProcess) -> None:
         disk = self.world.disks.get(self.world.data_dir(node.name))
         if disk is None:
@@ -94,17 +125,19 @@ class PointStriker:
         extra = self.rng.uniform(0.3, 2.0)
         held = self.rng.uniform(2.0, 6.0)
         disk.extra_fsync.append(extra)
-        loop = self.world.loop
-        self.world.fault_log.append(
-            f"{loop.time() - self.world.started_at:.2f} slow fsyncs on {node.name} "
-            f"(+{extra * 1000:.0f} ms) for {held:.1f}s (strike)"
-        )
 
         def heal() -> None:
             if extra in disk.extra_fsync:
                 disk.extra_fsync.remove(extra)
 
-        loop.call_at(loop.time() + held, heal, context=WORLD_CONTEXT)
+        self._record(f"slow fsyncs on {node.name} (+{extra * 1000:.0f} ms) (strike)", heal, held)
+
+    def _record(self, description: str, heal: Callable[[], None], held: float) -> None:
+        """A lasting fault of a strike, healed after ``held`` or at the run's heal."""
+        from waltz_sim.faults import ActiveFault
+
+        assert self.nemesis is not None
+        self.nemesis._record(ActiveFault("strike", description, heal), held)
 
     def _strike(self, target: SimProcess, action: str, name: str) -> None:
         if not target.running:

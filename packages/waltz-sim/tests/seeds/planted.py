@@ -16,7 +16,13 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
   refuse older ones: a deposed server's writes land after its successor's recovery;
 - ``double-apply``: a client that, after every mount, applies its last applied
   transaction again (an off-by-one in its feed position);
-- ``rejoin-clean``: a storage node that records a replica marked suspect (its storage
+- ``rejoin-clears-lost``: the server before issue 27's fix: a replica that rejoins
+  its store session having lost what it acknowledged gets the session's clean marks
+  at once (SetLowWaterMark, which clears LOST_SESSION), and recovery closes at the
+  mark a majority votes for even below a voter's log end. An owner that dies before
+  that replica caught up leaves a recovery that truncates acknowledged records away
+  (found by the ``points`` profile's strikes).
+- ``suspect-as-clean``: a storage node that records a replica marked suspect (its storage
   lost records it had acknowledged, and it rejoined its store session) as clean: the
   rejoin clears LOST_SESSION, as before issue 27's fix (found by the ``storage`` profile).
 """
@@ -40,8 +46,11 @@ from waltz_client.state import FeedTracker
 from waltz_server.locktables.hwm_array import HwmArrayLockTable
 from waltz_server.server import partition as server_partition
 from waltz_server.server import server as server_module
+from waltz_server.server.recovery import RecoveryManager
+from waltz_server.server.voting import resolve_high_water_mark
 from waltz_server.storage_node import node as node_module
 from waltz_server.storage_node import partition as node_partition
+from waltz_server.storage_node.client import StorageReplica
 from waltz_server.storage_node.partition import PartitionWorker
 from waltz_sim.disk import SimStorageEngine, SimStoragePartition
 from waltz_sim.loop import WORLD_CONTEXT
@@ -112,7 +121,7 @@ class UnfencedPartitionWorker(PartitionWorker):
         await super()._fence(partition, session_id)
 
 
-# -- rejoin-clean: a storage node that records a suspect replica as clean --------------------------
+# -- suspect-as-clean: a storage node that records a suspect replica as clean ----------------------
 
 
 _real_marked = node_partition._marked
@@ -136,6 +145,33 @@ class OffByOneFeedTracker(FeedTracker):
         if position > NO_TRANSACTION:
             self._position = self._floor = position - 1  # re-deliver (and apply) the last one
         return self._position if self._position is not None else NO_TRANSACTION
+
+
+# -- rejoin-clears-lost: the rejoin and the closing mark before issue 27's fix --------------------
+
+
+async def _mark_replica_as_before(
+    self: StorageReplica, low_water_mark: int, *, clean: bool, log_end: int = -1
+) -> None:
+    if not clean:  # the bug: the rejoin records this session's clean marks at once
+        await self.set_low_water_mark(low_water_mark)
+
+
+def _evaluate_as_before(self: RecoveryManager) -> None:
+    """RecoveryManager._evaluate without the floor at an online voter's log end."""
+    if self._resolved is not None:
+        return
+    known = [s for s in self._states.values() if not s.new and not s.suspect]
+    voters = [s.mark for s in known if s.voting]
+    if not voters:
+        return
+    offline = len(self._last_replicas) - len(known)
+    resolution = resolve_high_water_mark(
+        [s.mark for s in known], offline, self._last_quorum, floor=min(voters)
+    )
+    self.outcome = resolution.outcome
+    if resolution.decided:
+        self._resolved = resolution.high_water_mark
 
 
 # -- selecting them ----------------------------------------------------------------------------
@@ -198,7 +234,8 @@ PLANTED: dict[str, Planted] = {
             {},
         ),
         Planted("double-apply", frozenset({"feed-order", "client-state"}), {}),
-        Planted("rejoin-clean", _LOSS | {"client-ahead", "duplicate"}, {}, profile="storage"),
+        Planted("rejoin-clears-lost", _LOSS | {"client-ahead"}, {}, profile="points"),
+        Planted("suspect-as-clean", _LOSS | {"client-ahead", "duplicate"}, {}, profile="storage"),
     )
 }
 
@@ -218,7 +255,10 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(node_module, "PartitionWorker", UnfencedPartitionWorker)
         elif name == "double-apply":
             patch.setattr(client_partition, "FeedTracker", OffByOneFeedTracker)
-        elif name == "rejoin-clean":
+        elif name == "rejoin-clears-lost":
+            patch.setattr(StorageReplica, "mark_replica", _mark_replica_as_before)
+            patch.setattr(RecoveryManager, "_evaluate", _evaluate_as_before)
+        elif name == "suspect-as-clean":
             patch.setattr(node_partition, "_marked", _marked_clean)
         yield bug
     finally:

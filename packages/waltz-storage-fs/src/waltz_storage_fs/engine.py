@@ -11,7 +11,9 @@ batch for the data, one for the index entries), then issues one
 futures. While a round is on the disk the next appends queue up, so
 concurrent appends coalesce (group commit). Reads run in a small pool of
 engine-owned threads with ``pread`` through the index; nothing keeps a
-segment, or an index, in memory.
+segment, or an index, in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in
+that pool too, and there writes the new segment file of a split that nobody reads
+yet; the committer then makes it part of the log.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ from typing import Any, NoReturn, TypeVar
 
 import crc32c
 
-from waltz_api.contracts.storage import LogExtent, StorageEngine, StoragePartition
+from waltz_api.contracts.storage import (
+    LogExtent,
+    ScrubProgress,
+    StorageEngine,
+    StoragePartition,
+)
 from waltz_api.errors import (
     ChecksumError,
     CorruptionError,
@@ -47,6 +54,7 @@ from waltz_api.errors import (
 from waltz_api.types import LOST_SESSION, NO_TRANSACTION, Record, RecordHeader, SessionInfo
 from waltz_api.wire import RecordBlock
 from waltz_storage_fs import format as fmt
+from waltz_storage_fs import scrub as scrubbing
 from waltz_storage_fs.control import ControlFile
 from waltz_storage_fs.files import OPEN_NEW, REAL_FILES, Files, make_dirs, remove_tree
 from waltz_storage_fs.quarantine import Quarantine
@@ -547,8 +555,10 @@ class FsStoragePartition(StoragePartition):
             )
         files = self._files
         try:
+            # the last segment ending at the hole: an empty one (the damage began at its
+            # first record) is where reads look for these ids, not the one before it
             before = [s for s in self._segments if s.end == first]
-            seg = before[0] if before else None
+            seg = before[-1] if before else None
             if seg is None or seg.size >= self._engine.options.segment_size:
                 if seg is not None:
                     files.fdatasync(seg.data_fd)
@@ -561,6 +571,25 @@ class FsStoragePartition(StoragePartition):
             self.mark_broken(exc)
             raise self.broken_error() from exc
         self.publish()
+
+    def commit_scrub(self, plan: scrubbing.Plan) -> tuple[int, int] | None:
+        """Make the hole a scrub planned (:func:`waltz_storage_fs.scrub.commit`); None
+        when the segment changed since it was planned (the plan's files deleted)."""
+        if self.broken is not None or self._closed:
+            plan.discard(self._files)
+            return None
+        try:
+            return scrubbing.commit(
+                self._files,
+                self._engine.directory,
+                self.partition_id,
+                self._segments,
+                plan,
+                publish=self.publish,
+            )
+        except scrubbing.CutFailedError as exc:  # the files are in an unknown state until recovery
+            self.mark_broken(exc.error)
+            raise self.broken_error() from exc.error
 
     def truncate_now(self, transaction_id: int) -> None:
         if self.broken is not None:
@@ -810,6 +839,56 @@ class FsStoragePartition(StoragePartition):
         blob, lengths = self._encode(records, first)
         await self._engine.run_committed(lambda: self.repair_now(first, blob, lengths))
 
+    async def scrub(self, start: int, max_bytes: int) -> ScrubProgress:
+        self._check_open()
+        engine = self._engine
+        sealed = self._view.segments[:-1]
+        found = await engine.run_read(
+            lambda: scrubbing.verify(self._files, sealed, start, max(1, max_bytes))
+        )
+        damage = found.damage
+        if damage is None:
+            return ScrubProgress(found.next_start, found.records, found.bytes_read)
+        seg = next(s for s in sealed if s.first == damage.segment)
+        log.error(
+            "partition %d: a scrub found transaction %d damaged in segment %d (%s)",
+            self.partition_id,
+            damage.txid,
+            damage.segment,
+            damage.reason,
+        )
+        plan = await engine.run_read(
+            lambda: scrubbing.prepare(
+                self._files,
+                self.directory,
+                seg,
+                damage,
+                cluster_key=engine.cluster_key,
+                partition_id=self.partition_id,
+                created_ms=seg.created_ms if seg.created_ms >= 0 else fmt.now_ms(),
+            )
+        )
+        made: list[tuple[int, int] | None] = []
+        future: asyncio.Future[None] = engine.loop.create_future()
+        try:
+            committer = engine.committer()
+        except StorageError:  # closed meanwhile: the plan's files are nobody's
+            plan.discard(self._files)
+            raise
+        # the committer carries the plan out or discards it, even if this call is cancelled
+        committer.submit(_Job(future, action=lambda: made.append(self.commit_scrub(plan))))
+        await asyncio.shield(future)
+        hole = made[0]
+        if hole is None:
+            log.warning(
+                "partition %d: segment %d changed while a scrub planned its hole; the next "
+                "pass checks it again",
+                self.partition_id,
+                damage.segment,
+            )
+            return ScrubProgress(damage.txid + 1, found.records, found.bytes_read)
+        return ScrubProgress(hole[1] + 1, found.records, found.bytes_read, (hole,))
+
     async def truncate(self, transaction_id: int) -> None:
         self._check_open()
         if transaction_id < NO_TRANSACTION:
@@ -944,8 +1023,8 @@ class FsStoragePartition(StoragePartition):
         where = self._engine.directory / fmt.QUARANTINE_DIR_NAME / str(self.partition_id)
         return CorruptionError(
             f"partition {self.partition_id}: transaction {txid} is missing: transactions "
-            f"{hole[0]}..{hole[1]} were lost to damage found at start-up (what was left of "
-            f"them is in {where}); the server repairs them from a peer"
+            f"{hole[0]}..{hole[1]} were lost to damage found at start-up or by a scrub (what "
+            f"was left of them is in {where}); the server repairs them from a peer"
         )
 
     def _spans(

@@ -16,6 +16,7 @@ from waltz_api.capabilities import (
     PREFIX,
     REOPEN,
     REPAIR,
+    SCRUB,
     SEGMENTS,
 )
 from waltz_api.hookspecs import (
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from waltz_api.contracts.storage import StorageEngine
 
 CAPABILITIES = frozenset(
-    {REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, REPAIR, AVAILABILITY, PREFIX}
+    {REOPEN, CRASH_REOPEN, FILE_FAULTS, SEGMENTS, REPAIR, AVAILABILITY, PREFIX, SCRUB}
 )
 
 

@@ -177,6 +177,83 @@ def missing_ranges(segments: list[Segment], start: int = 0) -> list[tuple[int, i
     return ranges
 
 
+def record_end(files: Files, fd: int, offset: int, size: int, txid: int) -> int:
+    """The end of the intact record ``txid`` at ``offset`` of a data file of ``size``
+    bytes, or -1."""
+    if not fmt.HEADER_SIZE <= offset <= size - fmt.RECORD_OVERHEAD:
+        return -1
+    head = files.pread(fd, fmt.RECORD_HEAD.size, offset)
+    if len(head) != fmt.RECORD_HEAD.size:
+        return -1
+    length = fmt.RECORD_HEAD.unpack(head)[6]
+    if length < 0 or offset + fmt.RECORD_OVERHEAD + length > size:
+        return -1
+    buf = files.pread(fd, fmt.RECORD_OVERHEAD + length, offset)
+    try:
+        end = fmt.check_record(buf, 0, txid)
+    except fmt.RecordFormatError:
+        return -1
+    return offset + end
+
+
+def resync(
+    files: Files,
+    data_fd: int,
+    index_fd: int,
+    *,
+    first: int,
+    p: int,
+    size: int,
+    e: int,
+    limit: int | None,
+) -> tuple[int, int] | None:
+    """(offset, id) of the first intact record after damaged bytes at offset ``p`` of
+    the data file (``size`` bytes) of the segment starting at ``first`` (the damaged
+    record should have been ``e``), or None. Ids stay at or below ``limit``. Start-up
+    recovery and a scrub (:mod:`waltz_storage_fs.scrub`) split a segment there."""
+
+    def intact(offset: int, txid: int) -> bool:
+        return (limit is None or txid <= limit) and record_end(
+            files, data_fd, offset, size, txid
+        ) > 0
+
+    # 1. the damaged record's own head, when only its data is damaged
+    head = files.pread(data_fd, fmt.RECORD_HEAD.size, p)
+    if len(head) == fmt.RECORD_HEAD.size:
+        txid, *_, length, _ = fmt.RECORD_HEAD.unpack(head)
+        end = p + fmt.RECORD_OVERHEAD + length
+        if txid == e and length >= 0 and end <= size:
+            crc = files.pread(data_fd, 4, end - 4)
+            if crc32c.crc32c(head) == fmt.RECORD_CRC.unpack(crc)[0] and intact(end, e + 1):
+                return end, e + 1
+    # 2. the index entries after it
+    entries = (files.size(index_fd) - fmt.HEADER_SIZE) // fmt.INDEX_ENTRY_SIZE
+    rel = e + 1 - first
+    if rel < entries:
+        n = min(entries - rel, 1 << 20)
+        raw = files.pread(index_fd, n * fmt.INDEX_ENTRY_SIZE, fmt.HEADER_SIZE + rel * 8)
+        for k, offset in enumerate(fmt.unpack_offsets(raw)):
+            if p < offset < size and intact(offset, e + 1 + k):
+                return offset, e + 1 + k
+    # 3. a search of the bytes after it for the id of a later record
+    if size - p - 1 < fmt.RECORD_OVERHEAD:
+        return None
+    window = files.pread(data_fd, min(size - p - 1, SEARCH_WINDOW), p + 1)
+    best: tuple[int, int] | None = None
+    for prefix in {_TXID.pack(e + 1)[:6], _TXID.pack(e + SEARCH_IDS)[:6]}:
+        at = window.find(prefix)
+        tries = 0
+        while at >= 0 and (best is None or p + 1 + at < best[0]) and tries < 100_000:
+            tries += 1
+            if at + 8 <= len(window):
+                (txid,) = _TXID.unpack_from(window, at)
+                if e < txid <= e + SEARCH_IDS and intact(p + 1 + at, txid):
+                    best = (p + 1 + at, txid)
+                    break
+            at = window.find(prefix, at + 1)
+    return best
+
+
 # -- recovery ------------------------------------------------------------------------------
 
 
@@ -591,20 +668,7 @@ class PartitionRecovery:
 
     def _record_end(self, fd: int, offset: int, size: int, txid: int) -> int:
         """The end of the intact record ``txid`` at ``offset``, or -1."""
-        if not fmt.HEADER_SIZE <= offset <= size - fmt.RECORD_OVERHEAD:
-            return -1
-        head = self.files.pread(fd, fmt.RECORD_HEAD.size, offset)
-        if len(head) != fmt.RECORD_HEAD.size:
-            return -1
-        length = fmt.RECORD_HEAD.unpack(head)[6]
-        if length < 0 or offset + fmt.RECORD_OVERHEAD + length > size:
-            return -1
-        buf = self.files.pread(fd, fmt.RECORD_OVERHEAD + length, offset)
-        try:
-            end = fmt.check_record(buf, 0, txid)
-        except fmt.RecordFormatError:
-            return -1
-        return offset + end
+        return record_end(self.files, fd, offset, size, txid)
 
     # -- damage ----------------------------------------------------------------------------
 
@@ -764,49 +828,10 @@ class PartitionRecovery:
         self, seg: Segment, p: int, size: int, e: int, limit: int | None
     ) -> tuple[int, int] | None:
         """(offset, id) of the first intact record after the damaged bytes at ``p``
-        (whose first record should have been ``e``), or None. Ids stay at or below
-        ``limit`` (the next segment's first id)."""
-        files = self.files
-        fd = seg.data_fd
-
-        def intact(offset: int, txid: int) -> bool:
-            return (limit is None or txid <= limit) and self._record_end(fd, offset, size, txid) > 0
-
-        # 1. the damaged record's own head, when only its data is damaged
-        head = files.pread(fd, fmt.RECORD_HEAD.size, p)
-        if len(head) == fmt.RECORD_HEAD.size:
-            txid, *_, length, _ = fmt.RECORD_HEAD.unpack(head)
-            end = p + fmt.RECORD_OVERHEAD + length
-            if txid == e and length >= 0 and end <= size:
-                crc = files.pread(fd, 4, end - 4)
-                if crc32c.crc32c(head) == fmt.RECORD_CRC.unpack(crc)[0] and intact(end, e + 1):
-                    return end, e + 1
-        # 2. the index entries after it
-        entries = (files.size(seg.index_fd) - fmt.HEADER_SIZE) // fmt.INDEX_ENTRY_SIZE
-        rel = e + 1 - seg.first
-        if rel < entries:
-            n = min(entries - rel, 1 << 20)
-            raw = files.pread(seg.index_fd, n * fmt.INDEX_ENTRY_SIZE, fmt.HEADER_SIZE + rel * 8)
-            for k, offset in enumerate(fmt.unpack_offsets(raw)):
-                if p < offset < size and intact(offset, e + 1 + k):
-                    return offset, e + 1 + k
-        # 3. a search of the bytes after it for the id of a later record
-        if size - p - 1 < fmt.RECORD_OVERHEAD:
-            return None
-        window = files.pread(fd, min(size - p - 1, SEARCH_WINDOW), p + 1)
-        best: tuple[int, int] | None = None
-        for prefix in {_TXID.pack(e + 1)[:6], _TXID.pack(e + SEARCH_IDS)[:6]}:
-            at = window.find(prefix)
-            tries = 0
-            while at >= 0 and (best is None or p + 1 + at < best[0]) and tries < 100_000:
-                tries += 1
-                if at + 8 <= len(window):
-                    (txid,) = _TXID.unpack_from(window, at)
-                    if e < txid <= e + SEARCH_IDS and intact(p + 1 + at, txid):
-                        best = (p + 1 + at, txid)
-                        break
-                at = window.find(prefix, at + 1)
-        return best
+        (whose first record should have been ``e``), or None (:func:`resync`)."""
+        return resync(
+            self.files, seg.data_fd, seg.index_fd, first=seg.first, p=p, size=size, e=e, limit=limit
+        )
 
     def _torn(self, fd: int, p: int, size: int, e: int) -> bool:
         """Whether bytes ``p..size`` (nothing intact in them) have the shape of a write

@@ -28,6 +28,22 @@ class LogExtent:
     created_ms: int = -1
 
 
+@dataclass(frozen=True, slots=True)
+class ScrubProgress:
+    """What one :meth:`StoragePartition.scrub` call did."""
+
+    next_start: int | None
+    """The id the next call continues from; None: this pass reached the end of the sealed
+    records (start the next pass at 0)."""
+    records: int = 0
+    """Records read back and verified by this call."""
+    bytes_read: int = 0
+    """Stored bytes of records read by this call (what a rate bound counts)."""
+    damaged: tuple[tuple[int, int], ...] = ()
+    """Ranges ``(first, last)`` (inclusive, ascending) this call found damaged: they are
+    missing ranges now."""
+
+
 class StoragePartition(ABC):
     """One partition's log in a storage engine.
 
@@ -106,6 +122,32 @@ class StoragePartition(ABC):
         do not fit the lowest range, or when there is none (this default)."""
         raise StorageAppendError(
             f"partition {self.partition_id} has no missing range to repair; nothing was stored"
+        )
+
+    async def scrub(self, start: int, max_bytes: int) -> ScrubProgress:
+        """Read back the sealed records from id ``start`` on and verify them as a read
+        does (each record's checksums and id): background verification that finds damage
+        before a read needs the record. Sealed records are those of every extent but the
+        last (:meth:`local_extents`); ids below :meth:`log_start` or in a missing range
+        are skipped. One call reads at most ``max_bytes`` stored bytes of records, except
+        that it always reads one whole record when one is left; call again from
+        ``next_start`` until it is None (a whole pass).
+
+        Damage found becomes a missing range exactly as damage start-up recovery finds:
+        the damaged bytes are moved aside (never deleted), every intact record stays
+        readable and unchanged, the range is reported in ``damaged`` and by
+        :meth:`missing_ranges`, reading one of its records raises
+        :class:`~waltz_api.errors.CorruptionError` naming it, and :meth:`repair` fills it
+        (the storage node then makes its server repair it from a peer). Nothing else
+        changes: :meth:`max_transaction_id`, the session info and the log's start stay.
+        Durable on return; a crash during the call leaves the damaged record in place (a
+        later pass finds it again) or the range missing, never an intact record lost.
+
+        This default (an engine that does not declare the ``scrub`` capability) raises
+        StorageError: the engine leaves damage to its reads and start-up recovery."""
+        raise StorageError(
+            f"this storage engine cannot scrub partition {self.partition_id} (no 'scrub' "
+            "capability): damage is found when a record is read, or at start-up"
         )
 
     def available(self) -> bool:

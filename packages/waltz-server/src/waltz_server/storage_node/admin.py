@@ -20,6 +20,11 @@ Commands (``command``: arguments -> result):
   log_start}: delete the local records up to ``through`` (whole segments), which the
   owner of store session ``session_id`` archived and verified; fenced like a storage
   request (a newer session refuses it), in the partition's order (docs/archive.md)
+- ``scrub``: {partition_id (optional: every hosted one), rate_bytes_per_second (optional:
+  the background scrub's rate; 0: no bound)} -> {partitions: [{partition_id, records,
+  bytes, damaged: [[first, last]], complete, error, missing_ranges}], seconds}: a scrub
+  pass now (engines with the ``scrub`` capability; :mod:`waltz_server.storage_node.scrub`);
+  the answer comes when the pass ends
 
 The archive's two commands ride on the admin request so that the wire protocol stays
 at version 1: a storage node of an older release answers them "unknown admin command",
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -207,6 +213,41 @@ async def _prune(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]
     return {"partition_id": partition_id, "log_start": start}
 
 
+async def _scrub(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    from waltz_api.capabilities import SCRUB
+    from waltz_server.storage_node.scrub import Scrubber
+
+    if SCRUB not in node.capabilities:
+        raise StorageRequestError(
+            "this node's storage engine does not scrub (no 'scrub' capability): damage is "
+            "found when a record is read, or at start-up"
+        )
+    partitions = None
+    if arguments.get("partition_id") is not None:
+        partition_id = _partition_id(node, arguments)
+        node.worker_of(partition_id)
+        partitions = [partition_id]
+    background = node.scrubber
+    rate = background.rate if background is not None else None
+    if arguments.get("rate_bytes_per_second") is not None:
+        rate = _int_argument(arguments, "rate_bytes_per_second", 0) or None
+    scrubber = Scrubber(node, rate_bytes_per_second=rate, interval=0.0)
+    started = time.monotonic()
+    results = await scrubber.run_pass(partitions)
+    rows = []
+    for result in results:
+        row = result.as_dict()
+        try:
+            row["missing_ranges"] = [
+                list(r) for r in node.engine.partition(result.partition_id).missing_ranges()
+            ]
+        except StorageError as exc:
+            row["missing_ranges"] = []
+            row["error"] = row["error"] or str(exc)
+        rows.append(row)
+    return {"partitions": rows, "seconds": round(time.monotonic() - started, 3)}
+
+
 COMMANDS: dict[str, AdminCommand] = {
     "local_log": _local_log,
     "prune": _prune,
@@ -217,6 +258,7 @@ COMMANDS: dict[str, AdminCommand] = {
     "remove_partition": _remove_partition,
     "set_availability": _set_availability,
     "stats": _stats,
+    "scrub": _scrub,
 }
 
 

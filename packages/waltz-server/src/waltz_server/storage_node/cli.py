@@ -2,15 +2,19 @@
 
 ``waltz storage list --endpoint tcp://127.0.0.1:5500`` (or ``--config storage.toml``
 to take the endpoint, transport and cluster key from the node's config), and
-``add-partition``, ``remove-partition``, ``availability``, ``max-transaction-id``, ``stats``.
+``add-partition``, ``remove-partition``, ``availability``, ``max-transaction-id``, ``stats``,
+and ``scrub`` (a running node, or a stopped node's data directory with ``--data-dir``).
 They are added to the ``waltz storage`` group by :func:`add_admin_commands`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import time
+import typing
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,7 +24,7 @@ from typing import Any, TypeVar
 import click
 
 from waltz_api.contracts.transport import Transport
-from waltz_api.errors import ConfigError, PluginError
+from waltz_api.errors import ConfigError, PluginError, WaltzError
 from waltz_api.plugins import get_registry
 from waltz_api.types import LOST_SESSION
 from waltz_cli.output import emitted, output_option, tables
@@ -258,6 +262,155 @@ def stats(target: Target, output: str) -> None:
         click.echo(tables(result["partitions"]))
 
 
+@click.command("scrub")
+@click.option(
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the node's config file: the running node's endpoint, transport and rate; with "
+    "--data-dir, its engine and engine options",
+)
+@click.option("--endpoint", help="a running node's endpoint, e.g. tcp://127.0.0.1:5500")
+@click.option("--transport", help="transport plugin (default: zmq, or the config's)")
+@click.option(
+    "--transport-option", "transport_options", multiple=True, help="KEY=VALUE, repeatable"
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="scrub this data directory of a stopped node here, in this process",
+)
+@click.option("--engine", help="with --data-dir: the storage engine (default: fs, or the config's)")
+@click.option("--engine-option", "engine_options", multiple=True, help="with --data-dir: KEY=VALUE")
+@click.option("--partition", "partition_id", type=int, help="only this partition")
+@click.option(
+    "--rate",
+    type=click.IntRange(min=0),
+    help="most bytes read per second, 0: no bound (default: a running node's background "
+    "rate; no bound with --data-dir)",
+)
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="connect, seconds")
+@output_option
+def scrub(
+    *,
+    config: Path | None,
+    endpoint: str | None,
+    transport: str | None,
+    transport_options: tuple[str, ...],
+    data_dir: Path | None,
+    engine: str | None,
+    engine_options: tuple[str, ...],
+    partition_id: int | None,
+    rate: int | None,
+    timeout: float,
+    output: str,
+) -> None:
+    """Read back and verify the sealed records now; damage found is moved aside and
+    repaired from a peer (exit code 1 when damage was found)."""
+    if data_dir is not None:
+        if endpoint is not None:
+            raise click.UsageError("give --data-dir (a stopped node) or --endpoint, not both")
+        result = _scrub_directory(
+            data_dir,
+            config=config,
+            engine=engine,
+            engine_options=engine_options,
+            partition_id=partition_id,
+            rate=rate,
+        )
+    else:
+        if engine is not None or engine_options:
+            raise click.UsageError("--engine and --engine-option go with --data-dir")
+        target = _target(
+            config=config,
+            endpoint=endpoint,
+            transport=transport,
+            transport_options=transport_options,
+            cluster_key=None,
+            timeout=timeout,
+        )
+        arguments: dict[str, Any] = {"partition_id": partition_id}
+        if rate is not None:
+            arguments["rate_bytes_per_second"] = rate
+
+        async def action(admin: StorageAdminClient) -> dict[str, Any]:
+            return await admin.command("scrub", timeout=None, **arguments)
+
+        result = _run(target, action)
+    if not emitted(output, result):
+        for row in result["partitions"]:
+            click.echo(_scrub_line(row))
+    if any(row["damaged"] for row in result["partitions"]):
+        raise SystemExit(1)
+
+
+def _scrub_line(row: dict[str, Any]) -> str:
+    line = f"partition {row['partition_id']}: {row['records']} records ({row['bytes']} bytes)"
+    if row["damaged"]:
+        ranges = ", ".join(f"{a}..{b}" for a, b in row["damaged"])
+        line += f", DAMAGED {ranges}: moved aside, missing until repaired from a peer"
+    elif row["complete"]:
+        line += ", no damage"
+    if row["error"]:
+        line += f"; stopped: {row['error']}"
+    return line
+
+
+def _scrub_directory(
+    data_dir: Path,
+    *,
+    config: Path | None,
+    engine: str | None,
+    engine_options: tuple[str, ...],
+    partition_id: int | None,
+    rate: int | None,
+) -> dict[str, Any]:
+    from waltz_api.capabilities import SCRUB
+    from waltz_api.contracts.storage import StorageEngine
+    from waltz_server.storage_node.scrub import scrub_engine
+
+    options: dict[str, Any] = {}
+    if config is not None:
+        from waltz_server.storage_node.config import load_storage_config
+
+        cfg = load_storage_config(config)
+        engine = engine or cfg.storage.engine
+        options = dict(cfg.storage.options)
+    options.update(_parse_options(engine_options))
+    name = engine or "fs"
+    try:
+        descriptor = get_registry().get("storage", name)
+    except PluginError as exc:
+        raise ConfigError(f"--engine: {exc}", "storage.engine") from None
+    if SCRUB not in descriptor.capabilities:
+        raise WaltzError(
+            f"storage engine {name!r} does not scrub (no 'scrub' capability): damage is found "
+            "when a record is read, or at start-up"
+        )
+    if not data_dir.is_dir():
+        raise WaltzError(f"{data_dir} is not a directory (the stopped node's data_dir)")
+    engine_class = typing.cast(type[StorageEngine], descriptor.factory)
+
+    async def main() -> dict[str, Any]:
+        started = time.monotonic()
+        opened = await engine_class.open(str(data_dir), options=options)
+        try:
+            partitions = None if partition_id is None else [partition_id]
+            results = await scrub_engine(opened, partitions, rate_bytes_per_second=rate or None)
+            rows = []
+            for result in results:
+                row = result.as_dict()
+                with contextlib.suppress(WaltzError):
+                    missing = opened.partition(result.partition_id).missing_ranges()
+                    row["missing_ranges"] = [list(r) for r in missing]
+                rows.append(row)
+        finally:
+            await opened.close()
+        return {"partitions": rows, "seconds": round(time.monotonic() - started, 3)}
+
+    return asyncio.run(main())
+
+
 ADMIN_COMMANDS = (
     list_partitions,
     add_partition,
@@ -265,6 +418,7 @@ ADMIN_COMMANDS = (
     availability,
     max_transaction_id,
     stats,
+    scrub,
 )
 
 

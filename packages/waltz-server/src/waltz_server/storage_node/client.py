@@ -467,12 +467,15 @@ class StorageAdminClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def command(self, command: str, **arguments: Any) -> dict[str, Any]:
-        """Run an admin command; raises StorageError with the node's message on failure."""
+    async def command(
+        self, command: str, *, timeout: float | None = DEFAULT_REQUEST_TIMEOUT, **arguments: Any
+    ) -> dict[str, Any]:
+        """Run an admin command (waiting ``timeout`` seconds for the answer, None: as long
+        as it takes); raises StorageError with the node's message on failure."""
         request = StorageAdminRequest(
             self.client.next_seq_num(), command, json.dumps(arguments).encode("utf-8")
         )
-        response = await self.client.request(request)
+        response = await self.client.request(request, timeout=timeout)
         if isinstance(response, FailureResponse):
             raise error_from_failure(response)
         if not isinstance(response, StorageAdminResponse):

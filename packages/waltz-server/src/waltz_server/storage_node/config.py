@@ -13,6 +13,10 @@ Example::
     partitions = [0, 1, 2, 3]         # hosted from start-up (added when missing)
     [storage.options]                 # passed to the engine as-is
     segment_size = 1073741824
+    [storage.scrub]                   # background verification of the sealed records
+    enabled = true
+    rate_bytes_per_second = 4194304   # most bytes read per second by it
+    interval = 86400.0                # seconds from one pass's start to the next's
 
     [transport]
     plugin = "zmq"                    # a transport plugin name
@@ -30,6 +34,7 @@ Every key can be overridden by environment: ``WALTZ_STORAGE__DATA_DIR``,
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -39,6 +44,48 @@ from waltz_api.config import load_config
 from waltz_api.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+DEFAULT_SCRUB_RATE = 4 * 1024 * 1024
+DEFAULT_SCRUB_INTERVAL = 24 * 3600.0
+
+
+@dataclass
+class ScrubSection:
+    """Background scrubbing (``[storage.scrub]``): the node reads back the sealed records
+    of its partitions and verifies them, so that damage is found and repaired from a peer
+    before a read needs the record (engines with the ``scrub`` capability)."""
+
+    enabled: bool = field(
+        default=True,
+        metadata={"help": "read back and verify the sealed records in the background"},
+    )
+    rate_bytes_per_second: int = field(
+        default=DEFAULT_SCRUB_RATE,
+        metadata={"help": "most record bytes the background scrub reads per second (>= 1)"},
+    )
+    interval: float = field(
+        default=DEFAULT_SCRUB_INTERVAL,
+        metadata={
+            "help": "seconds from the start of one pass over every hosted partition to the "
+            "start of the next (a longer pass is followed at once; >= 0)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rate_bytes_per_second, bool) or self.rate_bytes_per_second < 1:
+            raise ConfigError(
+                "config key 'storage.scrub.rate_bytes_per_second' must be a number of bytes "
+                f"of at least 1, got {self.rate_bytes_per_second!r} (to stop scrubbing, set "
+                "storage.scrub.enabled = false)",
+                "storage.scrub.rate_bytes_per_second",
+            )
+        if not math.isfinite(self.interval) or self.interval < 0:
+            raise ConfigError(
+                "config key 'storage.scrub.interval' must be a number of seconds of at least "
+                f"0, got {self.interval!r}",
+                "storage.scrub.interval",
+            )
 
 
 @dataclass
@@ -78,6 +125,10 @@ class StorageSection:
     max_list_records: int = field(
         default=10000,
         metadata={"min": 1, "help": "most records or headers in one list response"},
+    )
+    scrub: ScrubSection = field(
+        default_factory=ScrubSection,
+        metadata={"help": "background scrubbing of the sealed records"},
     )
 
     def __post_init__(self) -> None:

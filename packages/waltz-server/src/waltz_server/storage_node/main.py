@@ -7,6 +7,7 @@ import logging
 import os
 import typing
 
+from waltz_api.capabilities import SCRUB
 from waltz_api.contracts.storage import StorageEngine
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import (
@@ -21,6 +22,7 @@ from waltz_server.process import run_until_signalled
 from waltz_server.storage_node.config import StorageNodeConfig, load_storage_config
 from waltz_server.storage_node.http import metrics_for, storage_node_endpoint
 from waltz_server.storage_node.node import StorageNode
+from waltz_server.storage_node.scrub import Scrubber
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +84,13 @@ def create_transport(config: StorageNodeConfig) -> Transport:
     return transport
 
 
+def engine_capabilities(config: StorageNodeConfig) -> frozenset[str]:
+    """The optional features the configured engine's plugin declares."""
+    return frozenset(get_registry().get("storage", config.storage.engine).capabilities)
+
+
 async def start_node(config: StorageNodeConfig) -> StorageNode:
-    """Open the engine, create the transport and start listening."""
+    """Open the engine, create the transport and start listening (and scrubbing)."""
     engine = await open_engine(config)
     try:
         transport = create_transport(config)
@@ -103,7 +110,19 @@ async def start_node(config: StorageNodeConfig) -> StorageNode:
         max_append_batch_records=config.storage.max_append_batch_records,
         max_list_records=config.storage.max_list_records,
         metrics=metrics,
+        capabilities=engine_capabilities(config),
     )
+    scrub = config.storage.scrub
+    if scrub.enabled and SCRUB in node.capabilities:
+        node.scrubber = Scrubber(
+            node, rate_bytes_per_second=scrub.rate_bytes_per_second, interval=scrub.interval
+        )
+    elif scrub.enabled:
+        log.info(
+            "storage engine %r does not scrub (no 'scrub' capability): damage is found when "
+            "a record is read, or at start-up",
+            config.storage.engine,
+        )
     try:
         await node.start()
     except BaseException:

@@ -52,6 +52,7 @@ from waltz_server.storage_node.partition import PARTITION_REQUESTS, PartitionWor
 
 if TYPE_CHECKING:
     from waltz_server.observability import StorageNodeMetrics
+    from waltz_server.storage_node.scrub import Scrubber
 
 log = logging.getLogger(__name__)
 _refusals = PeerLog(log)
@@ -108,10 +109,16 @@ class StorageNode:
         sender: str = "storage",
         handshake_timeout: float = 30.0,
         metrics: StorageNodeMetrics | None = None,
+        capabilities: frozenset[str] = frozenset(),
     ) -> None:
         self.engine = engine
         self.metrics = metrics
         """Prometheus metrics of the node (see :mod:`waltz_server.observability`), if any."""
+        self.capabilities = capabilities
+        """The optional features the engine's plugin declares (``waltz_api.capabilities``)."""
+        self.scrubber: Scrubber | None = None
+        """The background scrub (:mod:`waltz_server.storage_node.scrub`): started and
+        stopped with the node when set before :meth:`start`."""
         self.transport = transport
         self.handshake_timeout = handshake_timeout
         self.requested_endpoint = endpoint
@@ -126,6 +133,8 @@ class StorageNode:
         self._partition_locks: dict[int, asyncio.Lock] = {}
         self._listener: Listener | None = None
         self._connections: set[Connection] = set()
+        self._serving: dict[int, set[Connection]] = {}
+        """Per partition, the opened connections that sent requests for it."""
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------
@@ -152,12 +161,16 @@ class StorageNode:
             len(self._workers),
             self.engine.cluster_key,
         )
+        if self.scrubber is not None:
+            self.scrubber.start()
 
     async def close(self) -> None:
         """Stop accepting, answer what is queued, close connections and the engine."""
         if self._closed:
             return
         self._closed = True
+        if self.scrubber is not None:
+            await self.scrubber.stop()
         if self._listener is not None:
             await self._listener.close()
         for worker in list(self._workers.values()):
@@ -242,6 +255,24 @@ class StorageNode:
             )
         return worker
 
+    async def end_sessions(self, partition_id: int, why: str) -> int:
+        """Close the connections that sent requests for the partition (a server's store
+        session, its replica of the partition here among them); how many. Its replica
+        task then leaves, connects again and rejoins, and a rejoin repairs the replica's
+        missing ranges from the other writers (a scrub found damage)."""
+        connections = list(self._serving.pop(partition_id, ()))
+        for conn in connections:
+            log.warning(
+                "partition %d: closing connection %s so that its server rejoins and repairs "
+                "the replica: %s",
+                partition_id,
+                conn.peer,
+                why,
+            )
+            with contextlib.suppress(WaltzError):
+                await conn.close()
+        return len(connections)
+
     # -- connections -------------------------------------------------------------------
 
     async def _serve(self, conn: Connection) -> None:
@@ -267,6 +298,8 @@ class StorageNode:
             if outbox is not None:
                 await outbox.flush_and_stop(timeout=5.0)
             self._connections.discard(conn)
+            for serving in self._serving.values():
+                serving.discard(conn)
             with contextlib.suppress(WaltzError):
                 await conn.close()
 
@@ -321,6 +354,7 @@ class StorageNode:
         tasks: set[asyncio.Task[None]],
     ) -> None:
         opened = False
+        served: set[int] = set()  # the partitions this connection sent requests for
         while True:
             frame = await conn.recv()
             try:
@@ -356,6 +390,9 @@ class StorageNode:
                 except PartitionNotFoundError as exc:
                     await outbox.put(failure_for(request, exc))
                     continue
+                if request.partition_id not in served:
+                    served.add(request.partition_id)
+                    self._serving.setdefault(request.partition_id, set()).add(conn)
                 await worker.submit(request, outbox.put, len(frame))
             elif isinstance(message, StorageOpenRequest):
                 opened = await self._open(message, outbox) or opened
