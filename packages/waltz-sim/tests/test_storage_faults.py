@@ -290,3 +290,30 @@ def test_the_nemesis_stops_no_owner_of_a_partition_with_an_unseen_loss() -> None
         scenario, SimConfig(faults="storage", storage_nodes=3, servers=2)
     )
     assert before and not owner_of_unseen and other_owner
+
+
+def test_the_unseen_lost_tail_issue_explains_only_losses_of_ids_cut_unseen() -> None:
+    from waltz_sim.checker import Violation
+    from waltz_sim.known_issues import explained_by
+
+    lost = [
+        Violation("acknowledged-lost", "op c:1 lost", partition=0, transaction_id=24),
+        Violation("feed-content", "applied c:1 at 24", partition=0, transaction_id=24),
+    ]
+    assert explained_by(lost, [(0, 24, 26)]) is not None
+    assert explained_by(lost, [(1, 24, 26)]) is None  # another partition's cut
+    assert explained_by(lost, [(0, 25, 26)]) is None  # 24 was not cut unseen
+    assert explained_by(lost, []) is None  # a loss no storage fault hid: a bug
+    assert explained_by(lost[1:], [(0, 24, 26)]) is None  # nothing acknowledged lost
+
+
+def test_a_silent_cut_and_a_restore_are_recorded_as_unseen_cuts() -> None:
+    world = _world_with_disks()
+    disk = world.disks["a"]
+    disk.partitions[0].corrupt = {8: ZEROS}
+    disk.start_up_recovery()
+    disk.backup(0.0)
+    disk.partitions[0].written.extend(_records(8, 4))
+    disk.partitions[0].sync()
+    disk.restore(disk.backups[0][1])
+    assert world.unseen_cuts == [(0, 8, 10), (0, 8, 12)]

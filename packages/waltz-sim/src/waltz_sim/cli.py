@@ -55,7 +55,9 @@ def parse_seeds(seed: int | None, seeds: str | None) -> tuple[int, int | None]:
 
 
 def _known(result: SeedResult) -> KnownIssue | None:
-    return None if result.ok or result.error else explained_by(result.violations)
+    if result.ok or result.error:
+        return None
+    return explained_by(result.violations, result.unseen_cuts)
 
 
 def _summary(result: SeedResult) -> str:

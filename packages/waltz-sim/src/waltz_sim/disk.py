@@ -378,6 +378,7 @@ class SimDisk:
                 self.needs_marks.add(partition)
                 if image.written_info.low_water_mark_session_id != LOST_SESSION:
                     self.unseen.add(partition)  # cut silently
+                    self.world.unseen_cuts.append((partition, len(image.written), end))
         return found
 
     def unseen_losses(self) -> set[int]:
@@ -405,8 +406,11 @@ class SimDisk:
         """Put back a :meth:`snapshot` (a backup restored while the node is down): every
         partition is what the snapshot holds; one it did not hold is gone."""
         self._check_down("restore a snapshot on")
-        for partition in self.partitions:
+        for partition, image in self.partitions.items():
             self._lost_end(partition, seen=False)
+            kept = len(images[partition].written) if partition in images else 0
+            if kept < len(image.written):
+                self.world.unseen_cuts.append((partition, kept, len(image.written)))
         self.partitions = {p: image.copy() for p, image in sorted(images.items())}
 
     def wipe(self, partition: int | None = None) -> None:

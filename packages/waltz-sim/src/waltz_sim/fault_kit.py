@@ -22,6 +22,8 @@ class ActiveFault:
     duration: float | None = None
     """How long it lasts, when the fault itself decides (else the nemesis' draw)."""
     timer: asyncio.TimerHandle | None = None
+    script: object = None
+    """What plays the fault over time, when it is more than one step (its own state)."""
 
 
 def restart(processes: list[SimProcess]) -> None:

@@ -186,12 +186,21 @@ class StorageFaults:
         def _record(self, fault: ActiveFault, duration: float) -> None: ...
 
     def _lost_records(self) -> list[str]:
-        """The storage nodes whose disk lost records to a storage fault, not repaired yet."""
+        """The storage nodes whose disk lost records to a storage fault, not repaired yet,
+        or is about to (a damaged rejoin's damage to come)."""
+        coming = {
+            script.damaged.name
+            for fault in self.active
+            if isinstance(script := fault.script, _DamagedRejoin) and script.pending
+        }
         return [
             p.name
             for p in self.world.of_kind("storage")
-            if (disk := self.world.disks.get(self.world.data_dir(p.name))) is not None
-            and disk.lost_records
+            if p.name in coming
+            or (
+                (disk := self.world.disks.get(self.world.data_dir(p.name))) is not None
+                and disk.lost_records
+            )
         ]
 
     def _unseen_losses(self) -> set[int]:
@@ -387,7 +396,7 @@ class StorageFaults:
         build_up = self.rng.uniform(1.5, 4.0)
         script.later(build_up, script.damage)
         script.later(build_up + script.down + MAX_LAG, script.end_lag)
-        return ActiveFault(
+        fault = ActiveFault(
             "damaged_rejoin",
             f"{lagging.name} lags (its fsyncs stall); in {build_up:.1f}s "
             f"{process.name} loses acknowledged records ({script.mode}), is back "
@@ -402,6 +411,8 @@ class StorageFaults:
             frozenset({process.name}),
             duration=build_up + script.down + 4.0 + SLOW_INTACT_FOR,
         )
+        fault.script = script
+        return fault
 
     def _inject_owner_crash(self, duration: float) -> ActiveFault | None:
         """Crash a server that owns partitions (their store sessions end: the next
@@ -445,6 +456,8 @@ class _DamagedRejoin:
         """Three times in four the intact replicas answer the next recovery last (their fsyncs
         slowed by this much), after the damaged and the lagging one."""
         self.slowed: list[SimDisk] = []
+        self.pending = True
+        """The damage is still to come (the quorum phase waits for none)."""
 
     def later(self, delay: float, action: Any, *args: Any) -> None:
         loop = self.world.loop
@@ -452,7 +465,11 @@ class _DamagedRejoin:
 
     def damage(self) -> None:
         process, disk = self.damaged, self.disk
-        if not process.running:
+        self.pending = False
+        if not process.running or not self.nemesis._allowed({process.name}):
+            # another storage node went down meanwhile (the quorum phase): a damaged copy
+            # beside a majority down is beyond the guarantee
+            self.world.trace.add("fault", f"damaged rejoin: {process.name} not damaged")
             return
         stale = [
             snapshot
