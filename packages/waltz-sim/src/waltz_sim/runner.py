@@ -101,7 +101,7 @@ def run_seed(
     gc.disable()
     gc.freeze()  # what exists before the run is never collected during it: cheap collections
     try:
-        with capture_logs(world.trace, config.trace_level), faultpoints.installed(world.points):
+        with capture_logs(world.trace, config.trace_level), faultpoints.installed(world.on_point):
             try:
                 task = loop.create_task(
                     asyncio.wait_for(world.run(script), config.duration + EXTRA_TIME),

@@ -46,6 +46,7 @@ from waltz_sim.checker import (
     UNKNOWN,
     BankSemantics,
     FeedEvent,
+    LockFailure,
     RegisterSemantics,
     Semantics,
     StoredRecord,
@@ -123,29 +124,62 @@ class ReadOnlyCallbacks(WaltzClientCallbacks):
         return None
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What an op's latest attempt was built on (for its lock failure, if one comes)."""
+
+    built_at: float
+    client_high_water_mark: int
+    locks: tuple[LockSpec, ...]
+
+
 class WorkloadOp(TransactionContext):
     """One op as a transaction: ``execute`` builds it from the partition's state in
-    ``states`` (the client's database), with the op's envelope as its data."""
+    ``states`` (the client's database), with the op's envelope as its data.
+    ``on_lock_failed`` (optional) hears of each attempt the server's lock check
+    rejected: the attempt and the conflicting transaction id."""
 
-    def __init__(self, op_id: str, spec: OpSpec, states: Mapping[int, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        op_id: str,
+        spec: OpSpec,
+        states: Mapping[int, dict[str, Any]],
+        *,
+        clock: Callable[[], float] | None = None,
+        on_lock_failed: Callable[[WorkloadOp, Attempt, int], None] | None = None,
+    ) -> None:
         super().__init__()
         self.op_id = op_id
         self.spec = spec
         self.states = states
         self.transaction_id = -1
+        self.clock = clock
+        self.on_lock_failed = on_lock_failed
+        self.attempt: Attempt | None = None
+        self.last_failure: tuple[int, tuple[LockSpec, ...], int] | None = None
 
     def partition_id(self, num_partitions: int) -> int:
         return self.spec.partition
 
-    async def execute(self, builder: TransactionBuilder) -> bool:
+    def build(self, builder: TransactionBuilder) -> bool:
         built = self.spec.build(self.states[self.spec.partition])
         if built is None:
             return False
         kind, body, locks = built
         for name, lock_id, mode in locks:
             builder.lock(Lock(name, lock_id, _MODES[mode]))
-        builder.set_data(encode_txn(self.op_id, builder.client_high_water_mark, locks, kind, body))
+        hwm = builder.client_high_water_mark
+        builder.set_data(encode_txn(self.op_id, hwm, locks, kind, body))
+        if self.clock is not None:
+            self.attempt = Attempt(self.clock(), hwm, tuple(locks))
         return True
+
+    async def execute(self, builder: TransactionBuilder) -> bool:
+        return self.build(builder)
+
+    def on_lock_failure(self, transaction_id: int) -> None:
+        if self.on_lock_failed is not None and self.attempt is not None:
+            self.on_lock_failed(self, self.attempt, transaction_id)
 
     def on_application(self, transaction_id: int) -> None:
         self.transaction_id = transaction_id
@@ -203,7 +237,13 @@ class Workload:
                 continue
             spec = self.choose(rng, config.partitions)
             db.ops += 1
-            op = WorkloadOp(f"{process.name}:{db.ops}", spec, db.states)
+            op = WorkloadOp(
+                f"{process.name}:{db.ops}",
+                spec,
+                db.states,
+                clock=loop.time,
+                on_lock_failed=self._lock_failed,
+            )
             task = loop.create_task(self._submit(client, process, op))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
@@ -225,6 +265,26 @@ class Workload:
                 history.end(OK, op.op_id, op.transaction_id)
             else:
                 history.end(FAIL, op.op_id, detail="declined by execute")
+
+    def _lock_failed(self, op: WorkloadOp, attempt: Attempt, conflict: int) -> None:
+        history = self.world.history
+        pending = history.pending.get(op.op_id)
+        seen = (attempt.client_high_water_mark, attempt.locks, conflict)
+        if pending is None or op.last_failure == seen:
+            return  # a retry failing the same way again says nothing new
+        op.last_failure = seen
+        history.lock_failed(
+            LockFailure(
+                op.op_id,
+                pending.process,
+                self.world.loop.time(),
+                op.spec.partition,
+                attempt.client_high_water_mark,
+                attempt.locks,
+                conflict,
+                attempt.built_at,
+            )
+        )
 
 
 class OpMix(ABC):
@@ -368,6 +428,7 @@ def stored_record(record: Any) -> StoredRecord:
 __all__ = [
     "OP_MIXES",
     "WORKLOADS",
+    "Attempt",
     "BankOps",
     "ClientDatabase",
     "OpMix",
