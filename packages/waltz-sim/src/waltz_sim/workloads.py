@@ -54,6 +54,7 @@ from waltz_sim.checker import (
 )
 from waltz_sim.checker.semantics import APPEND, READ, WRITE
 from waltz_sim.checker.semantics import Lock as LockSpec
+from waltz_sim.loop import CallbackThread
 
 if TYPE_CHECKING:
     from waltz_sim.world import SimProcess, World
@@ -93,7 +94,9 @@ class _Callbacks(WaltzClientCallbacks):
         return self.db.high_water_marks[partition_id]
 
     async def apply_transaction(self, transaction: Transaction) -> None:
-        data = await transaction.fetch_data()
+        self.apply(transaction, await transaction.fetch_data())
+
+    def apply(self, transaction: Transaction, data: bytes) -> None:
         semantics = self.workload.semantics
         txn = semantics.decode(data)
         partition = transaction.partition_id
@@ -112,6 +115,21 @@ class _Callbacks(WaltzClientCallbacks):
                 world.loop.time(),
             )
         )
+
+
+class _PlainCallbacks(WaltzClientCallbacks):
+    """The same database through the synchronous callbacks most applications use: the
+    client runs them on its callback thread (in the simulation, the loop's stand-in for
+    it, :class:`~waltz_sim.loop.CallbackThread`), the data read with ``get_data()``."""
+
+    def __init__(self, workload: Workload, process: SimProcess, db: ClientDatabase) -> None:
+        self.database = _Callbacks(workload, process, db)
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return self.database.db.high_water_marks[partition_id]
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.database.apply(transaction, transaction.get_data())
 
 
 class ReadOnlyCallbacks(WaltzClientCallbacks):
@@ -177,6 +195,14 @@ class WorkloadOp(TransactionContext):
     async def execute(self, builder: TransactionBuilder) -> bool:
         return self.build(builder)
 
+
+class PlainWorkloadOp(WorkloadOp):
+    """A :class:`WorkloadOp` whose ``execute`` is a plain method (the client runs it on
+    its callback thread, with the read of the client high-water mark)."""
+
+    def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+        return self.build(builder)
+
     def on_lock_failure(self, transaction_id: int) -> None:
         if self.on_lock_failed is not None and self.attempt is not None:
             self.on_lock_failed(self, self.attempt, transaction_id)
@@ -215,17 +241,21 @@ class Workload:
         config = world.config
         db = self.database(process)
         assert process.incarnation is not None
+        plain = config.callbacks == "plain"
         client = AsyncWaltzClient(
-            _Callbacks(self, process, db),
+            _PlainCallbacks(self, process, db) if plain else _Callbacks(self, process, db),
             ClientConfig(
                 coordination=world.coordination_uri,
                 coordination_options={"session_timeout": config.session_timeout},
                 transport="sim",
                 transaction_timeout=config.transaction_timeout,
                 request_timeout=config.request_timeout,
+                prefetch_data=plain,  # a plain apply cannot wait for its data on the loop
             ),
             rng=world.rng(f"client:{process.incarnation.name}"),
+            callback_executor=CallbackThread(world.loop) if plain else None,
         )
+        op_class = PlainWorkloadOp if plain else WorkloadOp
         await client.start()
         process.handle = client
         rng = world.rng(f"workload:{process.incarnation.name}")
@@ -237,7 +267,7 @@ class Workload:
                 continue
             spec = self.choose(rng, config.partitions)
             db.ops += 1
-            op = WorkloadOp(
+            op = op_class(
                 f"{process.name}:{db.ops}",
                 spec,
                 db.states,
@@ -433,6 +463,7 @@ __all__ = [
     "ClientDatabase",
     "OpMix",
     "OpSpec",
+    "PlainWorkloadOp",
     "ReadOnlyCallbacks",
     "RegisterOps",
     "Workload",

@@ -107,6 +107,10 @@ class SimConfig:
     request_timeout: float = 10.0
     storage_engine: str = "sim"
     lock_table: str = "hwm-array"
+    callbacks: str = "async"
+    """The clients' callbacks: ``async`` (``async def``, on the loop) or ``plain`` (the
+    synchronous ones most applications use, on the client's callback thread: the
+    loop's stand-in for it)."""
     liveness: LivenessBounds = field(
         default_factory=lambda: LivenessBounds(throughput_floor=THROUGHPUT_FLOOR)
     )

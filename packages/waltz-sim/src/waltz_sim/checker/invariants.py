@@ -116,7 +116,7 @@ def check(
     _check_feed(history, logs, txns, out)
     _check_clients(history, logs, txns, semantics=semantics, bounds=bounds, out=out)
     check_lock_precision(history, txns, out)
-    check_liveness(history, ops, bounds, out)
+    result.throughput = check_liveness(history, ops, bounds, out)
     for op in ops.values():
         kind = op.end.kind if op.end is not None else "pending"
         result.outcomes[kind] = result.outcomes.get(kind, 0) + 1

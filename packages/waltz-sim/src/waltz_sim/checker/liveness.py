@@ -38,7 +38,9 @@ class OpLife:
 
 def check_liveness(
     history: History, ops: dict[str, OpLife], bounds: LivenessBounds, out: list[Violation]
-) -> None:
+) -> float | None:
+    """Adds the violations to ``out``; returns the baseline's throughput (a share of the
+    offered rate), None when there is no baseline to judge."""
     healed = history.healed_at if history.healed_at is not None else history.start_time
     deadline = bounds.decision_deadline
     end = history.end_time
@@ -104,9 +106,9 @@ def check_liveness(
         if invoke.time >= healed or op.end.time >= healed:
             submitted_after = True
     _check_quiet_periods(history, ops, bounds, out)
-    _check_throughput(history, ops, bounds, out)
+    throughput = _check_throughput(history, ops, bounds, out)
     if history.healed_at is None or not submitted_after:
-        return
+        return throughput
     if first_ok_after is None:
         if end - healed >= bounds.commit_bound:
             out.append(
@@ -125,6 +127,7 @@ def check_liveness(
                 first_ok_after,
             )
         )
+    return throughput
 
 
 def _check_quiet_periods(
@@ -216,22 +219,22 @@ def _check_quiet_periods(
 
 def _check_throughput(
     history: History, ops: dict[str, OpLife], bounds: LivenessBounds, out: list[Violation]
-) -> None:
+) -> float | None:
     """Over the fault-free windows of the baseline together, ops commit at the floor's
-    share of the offered rate at least."""
+    share of the offered rate at least; returns that share."""
     offered = history.offered_rate
     share = bounds.throughput_floor
     windows = sorted(history.baseline)
     span = sum(end - start for start, end in windows)
-    if not offered or share <= 0 or span < bounds.throughput_window:
-        return
+    if not offered or span < bounds.throughput_window:
+        return None
     commits = sorted(op.end.time for op in ops.values() if op.end is not None and op.end.kind == OK)
     committed = sum(
         bisect.bisect_left(commits, end) - bisect.bisect_left(commits, start)
         for start, end in windows
     )
     rate = committed / span
-    if rate < share * offered:
+    if rate < share * offered:  # share 0: never
         where = ", ".join(
             f"{start - history.start_time:.1f} to {end - history.start_time:.1f} s"
             for start, end in windows
@@ -247,6 +250,7 @@ def _check_throughput(
                 windows[0][0],
             )
         )
+    return rate / offered
 
 
 __all__ = ["OpLife", "check_liveness"]

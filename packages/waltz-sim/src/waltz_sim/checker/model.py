@@ -251,6 +251,9 @@ class CheckResult:
     """Committed transactions per partition."""
     outcomes: dict[str, int] = field(default_factory=dict)
     """Ops by how they ended (ok, fail, unknown, pending)."""
+    throughput: float | None = None
+    """Commits per second over the baseline's fault-free windows, as a share of the
+    offered rate (None: no baseline long enough, or no offered rate)."""
 
     @property
     def ok(self) -> bool:
