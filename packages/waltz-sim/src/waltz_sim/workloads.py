@@ -195,6 +195,13 @@ class WorkloadOp(TransactionContext):
     async def execute(self, builder: TransactionBuilder) -> bool:
         return self.build(builder)
 
+    def on_lock_failure(self, transaction_id: int) -> None:
+        if self.on_lock_failed is not None and self.attempt is not None:
+            self.on_lock_failed(self, self.attempt, transaction_id)
+
+    def on_application(self, transaction_id: int) -> None:
+        self.transaction_id = transaction_id
+
 
 class PlainWorkloadOp(WorkloadOp):
     """A :class:`WorkloadOp` whose ``execute`` is a plain method (the client runs it on
@@ -202,13 +209,6 @@ class PlainWorkloadOp(WorkloadOp):
 
     def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
         return self.build(builder)
-
-    def on_lock_failure(self, transaction_id: int) -> None:
-        if self.on_lock_failed is not None and self.attempt is not None:
-            self.on_lock_failed(self, self.attempt, transaction_id)
-
-    def on_application(self, transaction_id: int) -> None:
-        self.transaction_id = transaction_id
 
 
 class Workload:
