@@ -73,12 +73,13 @@ log = logging.getLogger(__name__)
 STORAGE_PORT = 5500
 GC_INTERVAL = 5.0
 """Virtual seconds between garbage collections (automatic collection is off)."""
-THROUGHPUT_FLOOR = 0.4
+THROUGHPUT_FLOOR = 0.45
 """The share of the offered rate (clients x ``ops_per_second``) that the fault-free
-windows commit at least (``LivenessBounds.throughput_floor``). A clean run commits
-about 0.8 of it (the rest: ops declined by the workload); over 200 seeds of the
-``standard`` and ``points`` profiles the lowest warm-up was 0.X, a ``none`` run 0.X;
-the over-strict lock check of the planted bugs commits 0.X."""
+windows commit at least (``LivenessBounds.throughput_floor``). Measured over 200 seeds
+of each CI profile (the seed-chosen mix of lock tables, replicas and callbacks): the
+lowest was 0.63 for ``standard`` and 0.56 for ``points`` (medians 0.81 and 0.80; the
+warm-up is low, most withdrawals are declined on empty accounts); ``none`` runs 0.70
+to 0.90. The lock check made too strict (``>=``) commits 0.10 to 0.36."""
 SETTLE = 4.0
 """Virtual seconds after the heal before the throughput is held to its floor again
 (crashed processes restart, recoveries run, clients mount again)."""

@@ -52,7 +52,7 @@ def check_liveness(
             continue
         due = max(invoke.time, healed) + deadline
         if op.end is None:
-            if history.drained and due > end:
+            if history.drained:
                 out.append(
                     Violation(
                         "undecided",
