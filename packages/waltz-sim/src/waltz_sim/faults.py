@@ -134,8 +134,13 @@ PROFILES: dict[str, Profile] = {
             point_strikes=True,
             # tiny batches and window: a slow replica falls behind what is in flight to
             # it (as one thousands of records behind does on a busy cluster) and catches
-            # up from a healthy replica's storage
-            server_options={"max_batch_records": 2, "max_window_bytes": 1024},
+            # up from a healthy replica's storage;
+            # and a checkpoint interval that is reached: store sessions roll over
+            server_options={
+                "max_batch_records": 2,
+                "max_window_bytes": 1024,
+                "checkpoint_interval": 60,
+            },
         ),
         Profile(
             "chaos",
