@@ -67,13 +67,24 @@ CHECKPOINT_INTERVALS = (2, 5, 16)
 """Drawn per storage node: records between flushes of the index."""
 
 
-class SimFiles(PowerLossFiles):
-    """A storage node's file system (see the module): its faults, and only its live
-    incarnation may change it."""
+class _Clocked(PowerLossFiles):
+    """The simulated file system's wall clock is the loop's (the time in the headers and
+    the quarantine's names)."""
 
     def __init__(self, disk: FsDisk) -> None:
         super().__init__(Path(disk.location))
         self.disk = disk
+
+    def now_ms(self) -> int:
+        return EPOCH_MS + round(self.disk.world.loop.time() * 1000)
+
+
+class SimFiles(_Clocked):
+    """A storage node's file system (see the module): its faults, and only its live
+    incarnation may change it."""
+
+    def __init__(self, disk: FsDisk) -> None:
+        super().__init__(disk)
         self.owner: Incarnation | None = None
         """The incarnation whose engine uses the files (a dead one's calls fail)."""
 
@@ -93,9 +104,6 @@ class SimFiles(PowerLossFiles):
                 # Linux may drop the dirty pages after a writeback error
                 self.drop_unflushed(fd)
             raise OSError(errno.EIO, "fdatasync failed (a simulated disk error)")
-
-    def now_ms(self) -> int:
-        return EPOCH_MS + round(self.disk.world.loop.time() * 1000)
 
     # -- every call that changes something: the live incarnation's only --------------------
 
@@ -249,7 +257,7 @@ class FsDisk(Disk):
     async def read_back(self) -> dict[int, list[Record]]:
         """Open a copy of the files as they are now (what was written: a restart after a
         crash) with the real engine, and read every partition up to its first hole."""
-        copy = PowerLossFiles(self.files.base)
+        copy = _Clocked(self)
         copy.preload(self.files.snapshot("read back").state("volatile"))
         if not copy.exists(copy.base / fmt.CONTROL_FILE_NAME):
             return {}
@@ -259,18 +267,25 @@ class FsDisk(Disk):
         contents: dict[int, list[Record]] = {}
         try:
             for partition_id in engine.partition_ids():
+                records: list[Record] = []
+                contents[partition_id] = records
                 try:
                     part = engine.partition(partition_id)
                     end = part.max_transaction_id()
-                    records: list[Record] = []
-                    while len(records) <= end:
-                        batch = await part.read_records(len(records), 1000)
-                        if not batch:
-                            break
-                        records.extend(batch)
                 except WaltzError:
-                    pass  # a closed partition, or a hole: what was read before it
-                contents[partition_id] = records
+                    continue  # a partition recovery closed: nothing readable
+                size = 1000
+                while len(records) <= end:
+                    try:
+                        batch = await part.read_records(len(records), size)
+                    except WaltzError:  # a hole or a damaged record: read up to it
+                        if size == 1:
+                            break
+                        size = 1
+                        continue
+                    if not batch:
+                        break
+                    records.extend(batch)
         finally:
             await engine.close()
         return contents
