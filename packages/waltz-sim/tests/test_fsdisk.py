@@ -109,7 +109,7 @@ def test_an_fsync_error_closes_the_partition_until_a_restart() -> None:
 
         async def fail() -> tuple[str, str]:
             part = engine.partition(0)
-            with pytest.raises(PartitionClosedError, match="fdatasync failed") as first:
+            with pytest.raises(PartitionClosedError, match="fsync failed") as first:
                 await part.append(_records(0, 2))
             with pytest.raises(PartitionClosedError) as then:
                 part.max_transaction_id()

@@ -93,17 +93,17 @@ class SimFiles(_Clocked):
         if owner is not None and not owner.alive:
             raise OSError(errno.EIO, f"{owner.name} is dead: its writes go nowhere")
 
-    def _flush(self, fd: int) -> None:
-        """A flush completes now, or fails (a fault)."""
+    def _flush(self, fd: int | None) -> None:
+        """A flush (of a file; None: of a directory) completes now, or fails (a fault)."""
         disk = self.disk
         disk.fsyncs += 1
         if disk.failing_fsyncs > 0:
             disk.failing_fsyncs -= 1
             disk.fsync_errors += 1
-            if disk.rng.random() < 0.5:
+            if fd is not None and disk.rng.random() < 0.5:
                 # Linux may drop the dirty pages after a writeback error
                 self.drop_unflushed(fd)
-            raise OSError(errno.EIO, "fdatasync failed (a simulated disk error)")
+            raise OSError(errno.EIO, "fsync failed (a simulated disk error)")
 
     # -- every call that changes something: the live incarnation's only --------------------
 
@@ -131,6 +131,7 @@ class SimFiles(_Clocked):
 
     def fsync_dir(self, path: Path) -> None:
         self._check()
+        self._flush(None)
         super().fsync_dir(path)
 
     def mkdir(self, path: Path) -> None:

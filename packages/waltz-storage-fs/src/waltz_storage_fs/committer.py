@@ -33,7 +33,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -69,23 +69,27 @@ STOP = None
 # -- the logic, shared ------------------------------------------------------------------
 
 
-def steps(jobs: list[Job]) -> Iterator[Job | list[Job]]:
+def steps(jobs: list[Job]) -> list[Job | list[Job]]:
     """A round's steps, in order: each run of appends as one group (a list), each other
     job (an action) alone."""
+    if all(job.action is None for job in jobs):  # the usual round: appends only
+        return [jobs]
+    out: list[Job | list[Job]] = []
     group: list[Job] = []
     for job in jobs:
         if job.action is None:
             group.append(job)
             continue
         if group:
-            yield group
+            out.append(group)
             group = []
-        yield job
+        out.append(job)
     if group:
-        yield group
+        out.append(group)
+    return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Written:
     """A group after its write step: what to flush, and what is known already."""
 
@@ -95,10 +99,10 @@ class Written:
     """Appends written, waiting for their flush."""
     syncs: list[tuple[FsStoragePartition, int, int]]
     """(partition, kind, fd) of every file to flush."""
-
-    @property
-    def fds(self) -> list[int]:
-        return [fd for _, _, fd in self.syncs]
+    fds: list[int]
+    """The files to flush (the fds of ``syncs``)."""
+    touched: list[FsStoragePartition]
+    """The partitions written (each publishes its records once they are durable)."""
 
 
 class GroupCommit:
@@ -144,7 +148,7 @@ class GroupCommit:
         syncs = [
             (part, kind, fd) for part, flushes in touched.items() for kind, fd in sorted(flushes)
         ]
-        return Written(results, done, syncs)
+        return Written(results, done, syncs, [fd for _, _, fd in syncs], list(touched))
 
     @staticmethod
     def finish(written: Written, errors: list[OSError | None]) -> list[Result]:
@@ -160,7 +164,7 @@ class GroupCommit:
                 results.append((job, job.partition.broken_error()))
             else:
                 results.append((job, None))
-        for part in {p: None for p, _, _ in written.syncs}:
+        for part in written.touched:
             if part.broken is None:
                 part.publish()
         return results
@@ -192,8 +196,8 @@ class Runner(abc.ABC):
     """Where the engine's committer and its reads run (one runner per engine open)."""
 
     @abc.abstractmethod
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run a blocking call of the engine (a read, recovery at open) and return its result."""
+    def run(self, fn: Callable[[], T]) -> Awaitable[T]:
+        """Run a blocking call of the engine (a read, recovery at open): its result."""
 
     @abc.abstractmethod
     def start_committer(self, engine: FsStorageEngine) -> Committer:
@@ -214,8 +218,8 @@ class ThreadRunner(Runner):
         )
         self._committer: _CommitterThread | None = None
 
-    async def run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._readers, fn)
+    def run(self, fn: Callable[[], T]) -> Awaitable[T]:
+        return asyncio.get_running_loop().run_in_executor(self._readers, fn)
 
     def start_committer(self, engine: FsStorageEngine) -> Committer:
         self._committer = _CommitterThread(engine, asyncio.get_running_loop())
