@@ -29,14 +29,16 @@ from waltz_cli.devfile import read_ready_file
 
 @contextlib.contextmanager
 def dev_cluster(
-    data_dir: Path, console: Console, timeout: float = 120.0
+    data_dir: Path, console: Console, timeout: float = 120.0, partitions: int | None = None
 ) -> Iterator[dict[str, Any]]:
-    """A ``waltz dev`` child process on ``data_dir``; yields its ready info, stops it by pid."""
+    """A ``waltz dev`` child process on ``data_dir`` (with ``partitions``, when given);
+    yields its ready info, stops it by pid."""
     log_path = data_dir / "waltz-dev.out"
     data_dir.mkdir(parents=True, exist_ok=True)
+    more = [] if partitions is None else ["--partitions", str(partitions)]
     with log_path.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir), *more],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
