@@ -127,6 +127,7 @@ def test_the_demo_command_runs_end_to_end(
     assert main(["--clients", "2", "--operations", "10", "--accounts", "3"]) == 0
     out = capsys.readouterr().out
     assert "OK" in out and "total" in out
+    assert "at the first attempt" in out  # the latency of first attempts, apart
 
 
 def test_an_operation_carries_its_build_time_in_utc_milliseconds(tmp_path: Path) -> None:

@@ -237,12 +237,24 @@ class Stats:
     lock_failures: int = 0
     committed_ids: set[str] = field(default_factory=set)
     latencies: list[float] = field(default_factory=list)
+    """Seconds from each submission to its decision (committed or declined)."""
+    first_attempt: list[float] = field(default_factory=list)
+    """Those of the operations decided at their first attempt."""
+    retried: list[float] = field(default_factory=list)
+    """Those of the operations re-executed after lock failures."""
+    most_retried: tuple[int, str] = (0, "")
+    """The most lock failures of one operation, and its kind."""
     lock = threading.Lock()
 
     def record(self, op: Operation, committed: bool, latency: float) -> None:
         with self.lock:
             self.lock_failures += op.lock_failures
             self.latencies.append(latency)
+            if op.lock_failures:
+                self.retried.append(latency)
+                self.most_retried = max(self.most_retried, (op.lock_failures, op.op["op"]))
+            else:
+                self.first_attempt.append(latency)
             if committed:
                 kind = op.op["op"]
                 self.committed[kind] = self.committed.get(kind, 0) + 1
@@ -400,7 +412,11 @@ def run_bank(
         Accounts(os.path.join(work_dir, f"client-{i}.db"), skipped) for i in range(clients)
     ]
     config = ClientConfig(
-        uri, transport="zmq", partitions=[PARTITION], max_concurrent_transactions=in_flight
+        uri,
+        transport="zmq",
+        partitions=[PARTITION],
+        max_concurrent_transactions=in_flight,
+        prefetch_data=True,
     )
     errors: list[BaseException] = []
     waltz_clients: list[WaltzClient] = []
@@ -408,14 +424,23 @@ def run_bank(
 
     def run_client(index: int, client: WaltzClient) -> None:
         rng = random.Random(seed * 1000 + index)
-        pending: list[tuple[Operation, float, concurrent.futures.Future[SubmissionResult]]] = []
+        pending: list[concurrent.futures.Future[SubmissionResult]] = []
 
-        def settle(
-            entry: tuple[Operation, float, concurrent.futures.Future[SubmissionResult]],
-        ) -> None:
-            op, t0, future = entry
-            committed = future.result(timeout=timeout).committed
-            stats.record(op, committed, time.monotonic() - t0)
+        def submit(op: Operation) -> concurrent.futures.Future[SubmissionResult]:
+            started = time.monotonic()
+            future = client.submit(op, timeout=timeout)
+
+            def decided(done: concurrent.futures.Future[SubmissionResult]) -> None:
+                # the latency ends when the operation is decided, not when this thread
+                # gets to it: behind a slow one, a fast one would wait (and look slow)
+                if not done.cancelled() and done.exception() is None:
+                    stats.record(op, done.result().committed, time.monotonic() - started)
+
+            future.add_done_callback(decided)
+            return future
+
+        def settle(future: concurrent.futures.Future[SubmissionResult]) -> None:
+            future.result(timeout=timeout)  # (its latency is recorded as it is decided)
             if progress is not None:
                 progress(1)
 
@@ -425,12 +450,11 @@ def run_bank(
             fields = random_operation(rng, accounts, f"{stats.run}-c{index}-{k}")
             if history_days > 0:
                 fields["ts"] = now_ms() - round(history_days * DAY_MS * (1 - k / operations))
-            op = Operation(instances[index], fields)
-            pending.append((op, time.monotonic(), client.submit(op, timeout=timeout)))
+            pending.append(submit(Operation(instances[index], fields)))
             if len(pending) >= in_flight:
                 settle(pending.pop(0))
-        for entry in pending:
-            settle(entry)
+        for future in pending:
+            settle(future)
 
     try:
         for instance in instances:
