@@ -386,6 +386,7 @@ class World:
     async def _server_main(self, process: SimProcess) -> None:
         from waltz_server.server.config import load_server_config
         from waltz_server.server.main import start_server
+        from waltz_sim.faults import profile as fault_profile
 
         config = load_server_config(
             None,
@@ -400,7 +401,11 @@ class World:
                     "endpoint": f"sim://{process.name}",
                     "storage_endpoint": "sim://{}",
                 },
-                "server": {"lock_table": self.config.lock_table, **self.config.server_options},
+                "server": {
+                    "lock_table": self.config.lock_table,
+                    **fault_profile(self.config.faults).server_options,
+                    **self.config.server_options,
+                },
             },
         )
         assert process.incarnation is not None

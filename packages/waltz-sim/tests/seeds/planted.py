@@ -15,7 +15,13 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
 - ``skip-fencing``: a storage node that records newer store sessions but does not
   refuse older ones: a deposed server's writes land after its successor's recovery;
 - ``double-apply``: a client that, after every mount, applies its last applied
-  transaction again (an off-by-one in its feed position).
+  transaction again (an off-by-one in its feed position);
+- ``rejoin-clears-lost``: the server before issue 27's fix: a replica that rejoins
+  its store session having lost what it acknowledged gets the session's clean marks
+  at once (SetLowWaterMark, which clears LOST_SESSION), and recovery closes at the
+  mark a majority votes for even below a voter's log end. An owner that dies before
+  that replica caught up leaves a recovery that truncates acknowledged records away
+  (found by the ``points`` profile's strikes).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ from waltz_client.state import FeedTracker
 from waltz_server.locktables.hwm_array import HwmArrayLockTable
 from waltz_server.server import partition as server_partition
 from waltz_server.server import server as server_module
+from waltz_server.server.recovery import RecoveryManager
+from waltz_server.server.voting import resolve_high_water_mark
 from waltz_server.storage_node import node as node_module
+from waltz_server.storage_node.client import StorageReplica
 from waltz_server.storage_node.partition import PartitionWorker
 from waltz_sim.disk import SimStorageEngine, SimStoragePartition
 from waltz_sim.loop import WORLD_CONTEXT
@@ -119,6 +128,33 @@ class OffByOneFeedTracker(FeedTracker):
         return self._position if self._position is not None else NO_TRANSACTION
 
 
+# -- rejoin-clears-lost: the rejoin and the closing mark before issue 27's fix --------------------
+
+
+async def _mark_replica_as_before(
+    self: StorageReplica, low_water_mark: int, *, clean: bool, log_end: int = -1
+) -> None:
+    if not clean:  # the bug: the rejoin records this session's clean marks at once
+        await self.set_low_water_mark(low_water_mark)
+
+
+def _evaluate_as_before(self: RecoveryManager) -> None:
+    """RecoveryManager._evaluate without the floor at an online voter's log end."""
+    if self._resolved is not None:
+        return
+    known = [s for s in self._states.values() if not s.new and not s.suspect]
+    voters = [s.mark for s in known if s.voting]
+    if not voters:
+        return
+    offline = len(self._last_replicas) - len(known)
+    resolution = resolve_high_water_mark(
+        [s.mark for s in known], offline, self._last_quorum, floor=min(voters)
+    )
+    self.outcome = resolution.outcome
+    if resolution.decided:
+        self._resolved = resolution.high_water_mark
+
+
 # -- selecting them ----------------------------------------------------------------------------
 
 
@@ -179,6 +215,7 @@ PLANTED: dict[str, Planted] = {
             {},
         ),
         Planted("double-apply", frozenset({"feed-order", "client-state"}), {}),
+        Planted("rejoin-clears-lost", _LOSS | {"client-ahead"}, {}, profile="points"),
     )
 }
 
@@ -198,6 +235,9 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(node_module, "PartitionWorker", UnfencedPartitionWorker)
         elif name == "double-apply":
             patch.setattr(client_partition, "FeedTracker", OffByOneFeedTracker)
+        elif name == "rejoin-clears-lost":
+            patch.setattr(StorageReplica, "mark_replica", _mark_replica_as_before)
+            patch.setattr(RecoveryManager, "_evaluate", _evaluate_as_before)
         yield bug
     finally:
         patch.undo()

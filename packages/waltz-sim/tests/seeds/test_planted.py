@@ -18,6 +18,7 @@ MAX_SEEDS = {
     "early-ack": 60,
     "skip-generation": 100,
     "skip-fencing": 150,
+    "rejoin-clears-lost": 100,  # the points seeds tox -e sim runs
 }
 
 
