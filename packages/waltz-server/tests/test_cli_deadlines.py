@@ -90,16 +90,13 @@ def run_all(commands: list[list[str]], cwd: Path) -> list[Ran]:
         return list(pool.map(lambda args: waltz(*args, cwd=cwd), commands))
 
 
-_startup: list[float] = []
-
-
 def margin() -> float:
     """What a command may take past its --timeout: the interpreter's start and the
-    command's imports as measured here now (a loaded machine starts slowly), times the
-    runs at once, and 4 s for closing, imports of heavier commands and slack."""
-    if not _startup:
-        _startup.append(max(waltz("plugins", "list").took for _ in range(2)))
-    return _startup[0] * CONCURRENCY + 4.0
+    command's imports as measured here now (a loaded machine starts slowly; measured
+    again for each batch, as the load changes), times the runs at once, and 5 s for
+    closing, the imports of heavier commands and slack."""
+    startup = max(waltz("plugins", "list").took for _ in range(2))
+    return startup * CONCURRENCY + 5.0
 
 
 def one_line(ran: Ran) -> str:
