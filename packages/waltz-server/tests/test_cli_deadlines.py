@@ -93,10 +93,10 @@ def run_all(commands: list[list[str]], cwd: Path) -> list[Ran]:
 def margin() -> float:
     """What a command may take past its --timeout: the interpreter's start and the
     command's imports as measured here now (a loaded machine starts slowly; measured
-    again for each batch, as the load changes), times the runs at once, and 5 s for
-    closing, the imports of heavier commands and slack."""
+    again for each batch, as the load changes), times the runs at once, and 6 s for
+    closing, the imports of heavier commands (pyarrow: 1-2 s here) and slack."""
     startup = max(waltz("plugins", "list").took for _ in range(2))
-    return startup * CONCURRENCY + 5.0
+    return startup * CONCURRENCY + 6.0
 
 
 def one_line(ran: Ran) -> str:

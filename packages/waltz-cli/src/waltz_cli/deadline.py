@@ -128,9 +128,7 @@ async def refused(addresses: Iterable[tuple[str, int]], timeout: float = REFUSAL
             return True
         except OSError:
             return False  # unreachable, unknown host...: not a refusal
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+        writer.transport.abort()  # (a silent peer never closes its side: no wait)
         return False
 
     try:
