@@ -24,7 +24,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -104,12 +104,23 @@ def _lock(spec: str, option: str) -> tuple[str, int]:
         ) from None
 
 
-def _quiet_client_library() -> None:
-    """Without -v, the client library's warnings and errors stay quiet: the command's
-    one error line says what failed (a refusal would otherwise be printed twice)."""
-    if logging.getLogger().getEffectiveLevel() > logging.INFO:
-        for name in ("waltz_client", "waltz_transport_zmq"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+@contextlib.contextmanager
+def _quiet_client_library() -> Iterator[None]:
+    """Without -v, the client library's warnings and errors stay quiet while the command
+    runs: its one error line says what failed (a refusal would otherwise be printed
+    twice). The levels are restored after (a command run in-process leaves none)."""
+    if logging.getLogger().getEffectiveLevel() <= logging.INFO:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("waltz_client", "waltz_transport_zmq")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _run(
@@ -153,7 +164,6 @@ def _run(
             self.progress.set()
 
     options = parse_transport_options(transport[1])
-    _quiet_client_library()
 
     async def main() -> T:
         loop = asyncio.get_running_loop()
@@ -194,7 +204,8 @@ def _run(
                 async with asyncio.timeout(CLOSE_TIMEOUT):
                     await coordination.close()
 
-    return asyncio.run(main())
+    with _quiet_client_library():
+        return asyncio.run(main())
 
 
 async def _high_water_mark(client: AsyncWaltzClient, partition: int, deadline: float) -> int:

@@ -164,7 +164,6 @@ def _run_with_meter(
     the clients takes that long) the process says how far it got and exits anyway."""
     engine = _engine()
     interrupted = threading.Event()
-    _quiet_client_library()
 
     def report() -> str:
         done = sum(t.done for t in tallies)
@@ -209,7 +208,8 @@ def _run_with_meter(
             loop.remove_signal_handler(signal.SIGINT)
 
     try:
-        return asyncio.run(main())
+        with _quiet_client_library():
+            return asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         if not interrupted.is_set() and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
             raise
