@@ -32,7 +32,6 @@ import click
 from waltz_api.errors import (
     ClientAheadError,
     ConfigError,
-    PermissionDeniedError,
     ServerError,
     UnavailableError,
     WaltzError,
@@ -213,9 +212,10 @@ async def _high_water_mark(client: AsyncWaltzClient, partition: int, deadline: f
     left = max(deadline - asyncio.get_running_loop().time(), 0.1)
     try:
         return await client.high_water_mark(partition, timeout=left)
-    except PermissionDeniedError:
-        raise
-    except ServerError as exc:  # no answer from the partition's server in time
+    except ServerError as exc:
+        if type(exc) is not ServerError:  # a refusal, a client ahead...: said as it is
+            raise
+        # no answer from the partition's server in time
         raise UnavailableError(f"{exc} (--timeout waits longer)") from None
 
 
