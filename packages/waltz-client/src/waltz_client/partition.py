@@ -194,10 +194,11 @@ class Partition(AppendDecisions):
             await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiting.cancel()
-        if not connecting.done():
-            connecting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, WaltzError):
-                await connecting
+            moved = not connecting.done()
+            if moved:  # reassigned, or this call cancelled (the client closes): it stops too
+                connecting.cancel()
+                await asyncio.gather(connecting, return_exceptions=True)
+        if moved:
             raise ChannelLost(f"partition {self.id} moved while connecting to {endpoint}")
         return connecting.result()
 

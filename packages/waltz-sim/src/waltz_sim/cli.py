@@ -174,7 +174,13 @@ def _configs(
 @click.option(
     "--partitions", type=click.IntRange(1, 64), default=SimConfig.partitions, show_default=True
 )
-@click.option("--storage-engine", default=SimConfig.storage_engine, show_default=True, hidden=True)
+@click.option(
+    "--storage-engine",
+    default=SimConfig.storage_engine,
+    show_default=True,
+    help="The storage nodes' engine: sim (a model of the disk) or fs (the real fs engine, "
+    "its files on simulated disks).",
+)
 @click.option(
     "--lock-table",
     default=None,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,8 @@ class Profile:
     """Faults of the quorum phase (one is chosen); none: no quorum phase."""
     point_strikes: bool = False
     """Crash or pause processes at protocol points (``waltz_sim.points``)."""
+    server_options: Mapping[str, object] = field(default_factory=dict)
+    """``[server]`` keys of the profile's runs (a run's own ``server_options`` win)."""
 
 
 _NETWORK = {"partition": 3.0, "isolate": 1.0, "slow_link": 2.0, "reset": 2.0}
@@ -123,12 +125,22 @@ PROFILES: dict[str, Profile] = {
                 **_NETWORK,
                 **_PROCESS,
                 "slow_fsync": 3.0,
-                "damage": 2.0,
+                "damage": 1.0,
+                "damage_lagging": 3.0,
                 "power_loss": 1.0,
                 "zombie": 1.0,
             },
             gap=(1.5, 4.0),
             point_strikes=True,
+            # tiny batches and window: a slow replica falls behind what is in flight to
+            # it (as one thousands of records behind does on a busy cluster) and catches
+            # up from a healthy replica's storage;
+            # and a checkpoint interval that is reached: store sessions roll over
+            server_options={
+                "max_batch_records": 2,
+                "max_window_bytes": 1024,
+                "checkpoint_interval": 60,
+            },
         ),
         Profile(
             "chaos",
@@ -525,6 +537,57 @@ class Nemesis:
         return ActiveFault(
             "damage",
             f"damage on {process.name}'s disk, found at its restart in {restart_after:.1f}s",
+            lambda: None if process.alive else _restart([process]),
+            frozenset({process.name}),
+            duration=restart_after,
+        )
+
+    def _inject_damage_lagging(self, duration: float) -> ActiveFault | None:
+        """Issue 27's interleaving, left to chance to finish: another replica falls behind
+        on a slow link from one server (live, and quick to answer any other server), a
+        moment later a storage node crashes and its restart finds damage (a lost tail or
+        a hole), and the strikes of the ``points`` profile may kill that server when the
+        damaged replica rejoins. Counted as one impaired storage node (the damaged one);
+        the lagging one is slow, not down."""
+        process = self._pick(("storage",))
+        servers = self.world.of_kind("server")
+        if process is None or not servers:
+            return None
+        disk = self.world.disks.get(self.world.data_dir(process.name))
+        others = [p for p in self.world.of_kind("storage") if p is not process]
+        if disk is None or not others:
+            return None
+        lagging = self.rng.choice(others)
+        server = self.rng.choice(servers)
+        extra = self.rng.uniform(1.0, 3.0)
+        crash_after = self.rng.uniform(0.5, 2.0)
+        restart_after = crash_after + min(duration, 3.0)
+        network = self.world.network
+        network.slow(server.name, lagging.name, extra)
+        network.slow(lagging.name, server.name, extra)
+        loop = self.loop
+
+        def crash() -> None:
+            process.crash()
+            disk.pending_damage = True
+
+        def unslow() -> None:
+            network.unslow(server.name, lagging.name, extra)
+            network.unslow(lagging.name, server.name, extra)
+
+        loop.call_at(loop.time() + crash_after, crash, context=WORLD_CONTEXT)
+        lag = ActiveFault(
+            "slow_link",
+            f"slow link {server.name} <-> {lagging.name} (+{extra * 1000:.0f} ms), a lagging "
+            f"replica while {process.name} is damaged",
+            unslow,
+            duration=restart_after + self.rng.uniform(3.0, 8.0),
+        )
+        self._record(lag, restart_after)
+        return ActiveFault(
+            "damage_lagging",
+            f"damage on {process.name}'s disk in {crash_after:.1f}s (beside a lagging "
+            f"{lagging.name}), found at its restart in {restart_after:.1f}s",
             lambda: None if process.alive else _restart([process]),
             frozenset({process.name}),
             duration=restart_after,

@@ -56,7 +56,7 @@ from waltz_sim.checker import (
     StoredRecord,
 )
 from waltz_sim.coord import SimCoordinationService
-from waltz_sim.disk import DiskConfig, SimDisk
+from waltz_sim.disk import Disk, DiskConfig
 from waltz_sim.loop import (
     CURRENT,
     WORLD_CONTEXT,
@@ -71,6 +71,9 @@ from waltz_sim.trace import Trace
 log = logging.getLogger(__name__)
 
 STORAGE_PORT = 5500
+SIM_ENGINES = {"fs": "sim-fs"}
+"""``SimConfig.storage_engine`` -> the plugin the storage nodes run: ``fs`` is the real fs
+engine on the simulated disks (``waltz_sim.fsdisk``), registered as ``sim-fs``."""
 GC_INTERVAL = 5.0
 """Virtual seconds between garbage collections (automatic collection is off)."""
 THROUGHPUT_FLOOR = 0.45
@@ -210,11 +213,9 @@ class SimProcess:
         if power_loss:
             disk = self.world.disks.get(self.world.data_dir(self.name))
             if disk is not None:
-                lost = disk.power_loss()
+                lost = disk.lose_power()
                 if lost:
-                    self.world.trace.add(
-                        "disk", f"{self.name}: {lost} unsynced records lost", "world"
-                    )
+                    self.world.trace.add("disk", f"{self.name}: {lost}", "world")
         self.world.history_crashed(self.name)
         for task in list(incarnation.tasks):
             task.cancel()
@@ -351,7 +352,7 @@ class World:
         self.network = SimNetwork(self, self.rng("network"), config.network)
         self.coordination = SimCoordinationService(self, self.rng("coordination"))
         self.disk_rng = self.rng("disk")
-        self.disks: dict[str, SimDisk] = {}
+        self.disks: dict[str, Disk] = {}
         self.processes: dict[str, SimProcess] = {}
         self.history = HistoryRecorder(self)
         self.transport_uids = itertools.count(1)
@@ -447,7 +448,9 @@ class World:
             overrides={
                 "storage": {
                     "data_dir": self.data_dir(process.name),
-                    "engine": self.config.storage_engine,
+                    "engine": SIM_ENGINES.get(
+                        self.config.storage_engine, self.config.storage_engine
+                    ),
                     "cluster_key": str(self.cluster_key),
                     "num_partitions": self.config.partitions,
                     "partitions": list(range(self.config.partitions)),
@@ -464,6 +467,7 @@ class World:
     async def _server_main(self, process: SimProcess) -> None:
         from waltz_server.server.config import load_server_config
         from waltz_server.server.main import start_server
+        from waltz_sim.faults import profile as fault_profile
 
         config = load_server_config(
             None,
@@ -478,7 +482,11 @@ class World:
                     "endpoint": f"sim://{process.name}",
                     "storage_endpoint": "sim://{}",
                 },
-                "server": {"lock_table": self.config.lock_table, **self.config.server_options},
+                "server": {
+                    "lock_table": self.config.lock_table,
+                    **fault_profile(self.config.faults).server_options,
+                    **self.config.server_options,
+                },
             },
         )
         assert process.incarnation is not None
@@ -646,15 +654,16 @@ class World:
             self.stopping = True
             await client.close()
         snapshot = ClusterSnapshot()
+        disks = {
+            process.name: await self.disks[self.data_dir(process.name)].read_back()
+            for process in self.of_kind("storage")
+            if self.data_dir(process.name) in self.disks
+        }
         for partition in range(self.config.partitions):
             high, records = served.get(partition, (None, None))
             replicas = {
-                process.name: [
-                    stored_record(r)
-                    for r in self.disks[self.data_dir(process.name)].contents().get(partition, [])
-                ]
-                for process in self.of_kind("storage")
-                if self.data_dir(process.name) in self.disks
+                name: [stored_record(r) for r in contents.get(partition, [])]
+                for name, contents in disks.items()
             }
             snapshot.partitions[partition] = PartitionSnapshot(partition, high, replicas, records)
         return snapshot

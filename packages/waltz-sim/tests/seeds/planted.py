@@ -26,7 +26,23 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
 - ``mark-before-apply``: a client database that records a transaction's id as its
   high-water mark before it applies the transaction (across an await): an op built in
   between claims a mark whose changes it has not seen, and a crash in between leaves a
-  mark without its changes.
+  mark without its changes;
+- ``rejoin-clears-lost``: the server before issue 27's fix: a replica that rejoins
+  its store session having lost what it acknowledged gets the session's clean marks
+  at once (SetLowWaterMark, which clears LOST_SESSION), and recovery closes at the
+  mark a majority votes for even below a voter's log end. An owner that dies before
+  that replica caught up leaves a recovery that truncates acknowledged records away
+  (found by the ``points`` profile's strikes).
+- ``fs-truncate``: the real fs engine (``--storage-engine fs``) with an off-by-one in
+  segment truncation: the data file is cut at the end of the first record to remove
+  instead of its start (the index is cut right), so the removed record's bytes stay
+  between the last kept record and the next one appended; reads of the record before
+  them fail, and the start-up recovery after a restart takes the stale record back as
+  the next id and cuts the records appended after it as damage;
+- ``fs-unsynced-data``: the real fs engine acknowledging appends before their data is
+  durable: the committer's write step registers the segment's index file for the
+  round's flush instead of its data file (the data is flushed only when a segment
+  rolls over), so a power loss loses acknowledged records.
 """
 
 from __future__ import annotations
@@ -52,14 +68,21 @@ from waltz_server.server import recovery as recovery_module
 from waltz_server.server import replication as replication_module
 from waltz_server.server import server as server_module
 from waltz_server.server import store_session as store_session_module
+from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replication import Committed, Replication
+from waltz_server.server.voting import resolve_high_water_mark
 from waltz_server.storage_node import node as node_module
+from waltz_server.storage_node.client import StorageReplica
 from waltz_server.storage_node.partition import PartitionWorker
 from waltz_sim import workloads
 from waltz_sim.checker import FeedEvent
 from waltz_sim.disk import SimStorageEngine, SimStoragePartition
 from waltz_sim.loop import WORLD_CONTEXT
 from waltz_sim.world import SimConfig
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs.committer import DATA, INDEX, Job
+from waltz_storage_fs.engine import FsStoragePartition
+from waltz_storage_fs.recovery import delete_segment_files, missing_ranges, write_log_start
 
 # -- early-ack: an engine that acknowledges before fdatasync -------------------------------------
 
@@ -194,6 +217,86 @@ class OffByOneFeedTracker(FeedTracker):
         return self._position if self._position is not None else NO_TRANSACTION
 
 
+# -- rejoin-clears-lost: the rejoin and the closing mark before issue 27's fix --------------------
+
+
+async def _mark_replica_as_before(
+    self: StorageReplica, low_water_mark: int, *, clean: bool, log_end: int = -1
+) -> None:
+    if not clean:  # the bug: the rejoin records this session's clean marks at once
+        await self.set_low_water_mark(low_water_mark)
+
+
+def _evaluate_as_before(self: RecoveryManager) -> None:
+    """RecoveryManager._evaluate without the floor at an online voter's log end."""
+    if self._resolved is not None:
+        return
+    known = [s for s in self._states.values() if not s.new and not s.suspect]
+    voters = [s.mark for s in known if s.voting]
+    if not voters:
+        return
+    offline = len(self._last_replicas) - len(known)
+    resolution = resolve_high_water_mark(
+        [s.mark for s in known], offline, self._last_quorum, floor=min(voters)
+    )
+    self.outcome = resolution.outcome
+    if resolution.decided:
+        self._resolved = resolution.high_water_mark
+
+
+# -- fs-truncate: the fs engine's segment truncation, one record off ------------------------------
+
+
+def _truncate_files_one_record_late(self: FsStoragePartition, transaction_id: int) -> None:
+    """FsStoragePartition._truncate_files with the data file cut one record too late."""
+    files = self._files
+    if any(a <= transaction_id for a, _ in missing_ranges(self._segments, self._start)):
+        self._mark_lost()
+    removed = False
+    while self._segments and self._segments[-1].first > transaction_id:
+        delete_segment_files(files, self._segments.pop())
+        removed = True
+    if removed:
+        files.fsync_dir(self.directory)
+    if transaction_id + 1 < self._start:
+        write_log_start(files, self.directory, transaction_id + 1)
+        self._start = transaction_id + 1
+    if self._segments:
+        seg = self._segments[-1]
+        keep = transaction_id - seg.first + 1
+        if keep < seg.count:
+            cut = keep + 1  # the bug: the entry after the first record to remove (keep)
+            if cut < seg.count:
+                raw = files.pread(
+                    seg.index_fd, fmt.INDEX_ENTRY_SIZE, fmt.HEADER_SIZE + cut * fmt.INDEX_ENTRY_SIZE
+                )
+                (end,) = fmt.INDEX_ENTRY.unpack(raw)
+            else:
+                end = seg.size
+            files.ftruncate(seg.data_fd, end)
+            files.fdatasync(seg.data_fd)
+            files.ftruncate(seg.index_fd, fmt.HEADER_SIZE + keep * fmt.INDEX_ENTRY_SIZE)
+            files.fsync(seg.index_fd)
+            seg.count = keep
+            seg.size = end
+    self.publish()
+
+
+# -- fs-unsynced-data: the fs engine flushing the index instead of the data -----------------------
+
+_write_batch = FsStoragePartition.write_batch
+
+
+def _write_batch_flushing_the_index(
+    self: FsStoragePartition, job: Job, flushes: set[tuple[int, int]]
+) -> None:
+    _write_batch(self, job, flushes)
+    seg = self._segments[-1]
+    if (DATA, seg.data_fd) in flushes:  # the bug: the index's fd where the data's belongs
+        flushes.discard((DATA, seg.data_fd))
+        flushes.add((INDEX, seg.index_fd))
+
+
 # -- selecting them ----------------------------------------------------------------------------
 
 
@@ -269,6 +372,18 @@ PLANTED: dict[str, Planted] = {
         ),
         Planted("acked-in-flight", _LOSS | {"client-ahead", "client-state", "duplicate"}, {}),
         Planted("mark-before-apply", frozenset({"client-state", "workload", "lock-safety"}), {}),
+        Planted("rejoin-clears-lost", _LOSS | {"client-ahead"}, {}, profile="points"),
+        Planted(
+            "fs-truncate",
+            _LOSS | {"dense-ids", "duplicate", "client-ahead", "client-state"},
+            {"storage_engine": "fs"},
+            profile="chaos",
+        ),
+        Planted(
+            "fs-unsynced-data",
+            _LOSS | {"client-ahead", "client-state"},
+            {"storage_engine": "fs"},
+        ),
     )
 }
 
@@ -295,6 +410,13 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(store_session_module, "Replication", InFlightAckedReplication)
         elif name == "mark-before-apply":
             patch.setattr(workloads, "_Callbacks", MarkFirstCallbacks)
+        elif name == "rejoin-clears-lost":
+            patch.setattr(StorageReplica, "mark_replica", _mark_replica_as_before)
+            patch.setattr(RecoveryManager, "_evaluate", _evaluate_as_before)
+        elif name == "fs-unsynced-data":
+            patch.setattr(FsStoragePartition, "write_batch", _write_batch_flushing_the_index)
+        elif name == "fs-truncate":
+            patch.setattr(FsStoragePartition, "_truncate_files", _truncate_files_one_record_late)
         yield bug
     finally:
         patch.undo()
