@@ -19,6 +19,9 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
 - ``over-strict``: a lock check with ``>=`` for ``>``: a client that has applied the
   last change of its locks still fails (and retries until its op expires); nothing
   unsafe, but commits fall to a third;
+- ``reads-recorded``: the ``exact`` lock table recording READ locks as changes too: an
+  attempt fails on a transaction that only read what it locks (nothing unsafe, the
+  conflicts have no reason);
 - ``half-quorum``: a quorum of ``n // 2`` (1 of 3) for commits and recoveries: a
   transaction is acknowledged when one replica holds it;
 - ``acked-in-flight``: a server that counts appends in flight to a replica as
@@ -62,6 +65,7 @@ from waltz_api.types import NO_TRANSACTION, LockRequest, Record
 from waltz_client import Transaction
 from waltz_client import partition as client_partition
 from waltz_client.state import FeedTracker
+from waltz_server.locktables.exact import ExactLockTable
 from waltz_server.locktables.hwm_array import HwmArrayLockTable
 from waltz_server.server import partition as server_partition
 from waltz_server.server import recovery as recovery_module
@@ -128,6 +132,16 @@ class OverStrictLockTable(HwmArrayLockTable):
             return None
         estimate = self.estimate(request)
         return estimate if estimate >= client_high_water_mark else None  # the bug: >=
+
+
+# -- reads-recorded: an exact lock table that records READ locks as changes ------------------------
+
+
+_exact_record = ExactLockTable.record
+
+
+def _record_reads_too(self: ExactLockTable, request: LockRequest, transaction_id: int) -> None:
+    _exact_record(self, replace(request, write=(*request.write, *request.read)), transaction_id)
 
 
 # -- half-quorum: a quorum of n // 2 ---------------------------------------------------------------
@@ -308,6 +322,8 @@ class Planted:
     the code under test is not this bug)."""
     config: Mapping[str, Any]
     profile: str = "standard"
+    also: frozenset[str] = frozenset()
+    """Violations the seed that finds it must show too (another check that sees it)."""
 
 
 class _Plugins:
@@ -363,6 +379,12 @@ PLANTED: dict[str, Planted] = {
             frozenset({"lock-precision", "throughput", "undecided"}),
             # its ops retry at once, thousands of times each: a shorter run costs less
             {"lock_table": "planted-over-strict", "duration": 25.0},
+            also=frozenset({"throughput"}),  # the floor sees it without the lock failures
+        ),
+        Planted(
+            "reads-recorded",
+            frozenset({"lock-precision"}),
+            {"lock_table": "exact"},  # the exact table, its record method broken
         ),
         Planted(
             "half-quorum",
@@ -403,6 +425,8 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(node_module, "PartitionWorker", UnfencedPartitionWorker)
         elif name == "double-apply":
             patch.setattr(client_partition, "FeedTracker", OffByOneFeedTracker)
+        elif name == "reads-recorded":
+            patch.setattr(ExactLockTable, "record", _record_reads_too)
         elif name == "half-quorum":
             for module in (replication_module, store_session_module, recovery_module):
                 patch.setattr(module, "quorum_of", half_quorum)
