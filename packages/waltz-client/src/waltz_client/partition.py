@@ -342,12 +342,13 @@ class Partition(AppendDecisions):
     async def _work(self) -> None:
         inbox = self.inbox
         batchable = not self.client.apply_is_async
+        prefetch = self.client.config.prefetch_data
         while True:
             channel, message = await inbox.get()
             if channel is not self.channel:
                 continue  # a message of a replaced connection or an earlier assignment
             try:
-                if isinstance(message, FeedData) and not inbox.empty():
+                if isinstance(message, FeedData) and (prefetch or not inbox.empty()):
                     # consecutive feed items go to the callback thread in one hop
                     run = [message]
                     pending: tuple[Channel, Message] | None = None

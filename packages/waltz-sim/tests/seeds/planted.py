@@ -16,6 +16,17 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
   refuse older ones: a deposed server's writes land after its successor's recovery;
 - ``double-apply``: a client that, after every mount, applies its last applied
   transaction again (an off-by-one in its feed position);
+- ``over-strict``: a lock check with ``>=`` for ``>``: a client that has applied the
+  last change of its locks still fails (and retries until its op expires); nothing
+  unsafe, but commits fall to a third;
+- ``half-quorum``: a quorum of ``n // 2`` (1 of 3) for commits and recoveries: a
+  transaction is acknowledged when one replica holds it;
+- ``acked-in-flight``: a server that counts appends in flight to a replica as
+  acknowledged by it: a transaction commits before a quorum stored it;
+- ``mark-before-apply``: a client database that records a transaction's id as its
+  high-water mark before it applies the transaction (across an await): an op built in
+  between claims a mark whose changes it has not seen, and a crash in between leaves a
+  mark without its changes;
 - ``rejoin-clears-lost``: the server before issue 27's fix: a replica that rejoins
   its store session having lost what it acknowledged gets the session's clean marks
   at once (SetLowWaterMark, which clears LOST_SESSION), and recovery closes at the
@@ -48,16 +59,23 @@ from waltz_api.contracts.storage import StoragePartition
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 from waltz_api.plugins import get_registry, reset_registry
 from waltz_api.types import NO_TRANSACTION, LockRequest, Record
+from waltz_client import Transaction
 from waltz_client import partition as client_partition
 from waltz_client.state import FeedTracker
 from waltz_server.locktables.hwm_array import HwmArrayLockTable
 from waltz_server.server import partition as server_partition
+from waltz_server.server import recovery as recovery_module
+from waltz_server.server import replication as replication_module
 from waltz_server.server import server as server_module
+from waltz_server.server import store_session as store_session_module
 from waltz_server.server.recovery import RecoveryManager
+from waltz_server.server.replication import Committed, Replication
 from waltz_server.server.voting import resolve_high_water_mark
 from waltz_server.storage_node import node as node_module
 from waltz_server.storage_node.client import StorageReplica
 from waltz_server.storage_node.partition import PartitionWorker
+from waltz_sim import workloads
+from waltz_sim.checker import FeedEvent
 from waltz_sim.disk import SimStorageEngine, SimStoragePartition
 from waltz_sim.loop import WORLD_CONTEXT
 from waltz_sim.world import SimConfig
@@ -99,6 +117,63 @@ class EarlyAckEngine(SimStorageEngine):
 class ForgetfulLockTable(HwmArrayLockTable):
     def record(self, request: LockRequest, transaction_id: int) -> None:
         super().record(replace(request, append=()), transaction_id)
+
+
+# -- over-strict: a lock check with >= for > ------------------------------------------------------
+
+
+class OverStrictLockTable(HwmArrayLockTable):
+    def check(self, request: LockRequest, client_high_water_mark: int) -> int | None:
+        if not (request.read or request.write):
+            return None
+        estimate = self.estimate(request)
+        return estimate if estimate >= client_high_water_mark else None  # the bug: >=
+
+
+# -- half-quorum: a quorum of n // 2 ---------------------------------------------------------------
+
+
+def half_quorum(num_replicas: int) -> int:
+    return max(1, num_replicas // 2)  # the bug: a majority is n // 2 + 1
+
+
+# -- acked-in-flight: appends in flight counted as acknowledged ------------------------------------
+
+
+class InFlightAckedReplication(Replication):
+    def _advance(self) -> Committed | None:
+        acked = {node: p.acked for node, p in self._progress.items()}
+        for p in self._progress.values():
+            p.acked = max(p.acked, p.sent)  # the bug: what was sent counts as stored
+        try:
+            return super()._advance()
+        finally:
+            for node, p in self._progress.items():
+                p.acked = acked[node]
+
+
+# -- mark-before-apply: a client database that moves its mark before applying --------------------
+
+
+class MarkFirstCallbacks(workloads._Callbacks):
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        partition = transaction.partition_id
+        self.db.high_water_marks[partition] = transaction.transaction_id  # the bug: first
+        data = await transaction.fetch_data()
+        txn = self.workload.semantics.decode(data)
+        if txn is not None:
+            self.workload.semantics.apply(self.db.states[partition], txn)
+        world = self.workload.world
+        world.history.applied(
+            FeedEvent(
+                self.process.name,
+                self.incarnation,
+                partition,
+                transaction.transaction_id,
+                None if txn is None else txn.op_id,
+                world.loop.time(),
+            )
+        )
 
 
 # -- skip-generation: a server without its generation check ---------------------------------------
@@ -243,7 +318,8 @@ class _Plugins:
     @hookimpl
     def waltz_lock_tables(self) -> list[PluginDescriptor]:
         return [
-            PluginDescriptor(PluginKind.LOCK_TABLE, "planted-forget-append", ForgetfulLockTable)
+            PluginDescriptor(PluginKind.LOCK_TABLE, "planted-forget-append", ForgetfulLockTable),
+            PluginDescriptor(PluginKind.LOCK_TABLE, "planted-over-strict", OverStrictLockTable),
         ]
 
 
@@ -282,6 +358,20 @@ PLANTED: dict[str, Planted] = {
             {},
         ),
         Planted("double-apply", frozenset({"feed-order", "client-state"}), {}),
+        Planted(
+            "over-strict",
+            frozenset({"lock-precision", "throughput", "undecided"}),
+            # its ops retry at once, thousands of times each: a shorter run costs less
+            {"lock_table": "planted-over-strict", "duration": 25.0},
+        ),
+        Planted(
+            "half-quorum",
+            _LOSS | {"client-ahead", "client-state", "duplicate"},
+            {},
+            profile="disk",
+        ),
+        Planted("acked-in-flight", _LOSS | {"client-ahead", "client-state", "duplicate"}, {}),
+        Planted("mark-before-apply", frozenset({"client-state", "workload", "lock-safety"}), {}),
         Planted("rejoin-clears-lost", _LOSS | {"client-ahead"}, {}, profile="points"),
         Planted(
             "fs-truncate",
@@ -313,6 +403,13 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(node_module, "PartitionWorker", UnfencedPartitionWorker)
         elif name == "double-apply":
             patch.setattr(client_partition, "FeedTracker", OffByOneFeedTracker)
+        elif name == "half-quorum":
+            for module in (replication_module, store_session_module, recovery_module):
+                patch.setattr(module, "quorum_of", half_quorum)
+        elif name == "acked-in-flight":
+            patch.setattr(store_session_module, "Replication", InFlightAckedReplication)
+        elif name == "mark-before-apply":
+            patch.setattr(workloads, "_Callbacks", MarkFirstCallbacks)
         elif name == "rejoin-clears-lost":
             patch.setattr(StorageReplica, "mark_replica", _mark_replica_as_before)
             patch.setattr(RecoveryManager, "_evaluate", _evaluate_as_before)

@@ -15,6 +15,10 @@ from waltz_sim import run_seed
 MAX_SEEDS = {
     "forget-append": 5,
     "double-apply": 5,
+    "over-strict": 5,
+    "mark-before-apply": 10,
+    "half-quorum": 40,
+    "acked-in-flight": 80,
     "early-ack": 60,
     "skip-generation": 100,
     "skip-fencing": 150,
