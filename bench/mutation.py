@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +51,8 @@ class Module:
     """The rest of the unit tests that cover it (directories or files)."""
     simulate: bool
     """Whether ``waltz simulate`` runs this module's code (the fs engine it does not)."""
+    tunables: tuple[str, ...] = ()
+    """Classes whose bodies are only tunable defaults (sizes, counts): not mutated."""
 
 
 MODULES: dict[str, Module] = {
@@ -63,6 +67,7 @@ MODULES: dict[str, Module] = {
         (f"{SERVER_TESTS}/test_replication.py", f"{SERVER_TESTS}/test_store.py"),
         (SERVER_TESTS,),
         simulate=True,
+        tunables=("ReplicationLimits",),
     ),
     "recovery": Module(
         "packages/waltz-server/src/waltz_server/server/recovery.py",
@@ -143,6 +148,32 @@ def _config(name: str, module: Module, timeout: float) -> str:
     )
 
 
+def _exclude_static(session: Path, module: Module) -> None:
+    """Mark as excluded (cosmic-ray's *skipped*) the mutants of tunable defaults (any
+    positive size is correct) and of ``@dataclass(frozen=..., slots=...)`` flags, which
+    strict mypy checks (an assignment to a frozen field, an attribute outside the
+    slots) and which no running code can observe. Overwrites a result already there,
+    so that a resumed session counts as a fresh one."""
+    lines = (ROOT / module.path).read_text().splitlines()
+    flags = ("core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue")
+    with closing(sqlite3.connect(session)) as db, db:
+        rows = db.execute(
+            "SELECT job_id, operator_name, start_pos_row, definition_name FROM mutation_specs"
+        ).fetchall()
+        for job_id, operator, row, definition in rows:
+            if definition in module.tunables:
+                reason = "Excluded: a tunable default"
+            elif operator in flags and lines[row - 1].lstrip().startswith("@dataclass("):
+                reason = "Excluded: a dataclass flag (checked by mypy)"
+            else:
+                continue
+            db.execute(
+                "INSERT OR REPLACE INTO work_results (worker_outcome, output, test_outcome,"
+                " diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
+                (reason, job_id),
+            )
+
+
 def _check_clean(paths: list[str]) -> None:
     changed = subprocess.run(
         ["git", "diff", "--name-only", "HEAD", "--", *paths],
@@ -172,6 +203,7 @@ def run(names: list[str], fresh: bool, timeout: float) -> None:
             session.unlink(missing_ok=True)
             _tool("cosmic-ray", "init", str(config), str(session))
             _tool("cr-filter-operators", str(session), str(config))
+        _exclude_static(session, MODULES[name])
         started = time.monotonic()
         load = os.getloadavg()[0]
         print(f"{name}: running (load average {load:.1f})", flush=True)
@@ -222,7 +254,8 @@ def report(names: list[str]) -> None:
             if result is None:
                 outcomes["pending"] += 1
             elif result["worker_outcome"] == "skipped":
-                outcomes["excluded"] += 1
+                reason = (result["output"] or "").removeprefix("Excluded: ")
+                outcomes["excluded: " + reason.lower()] += 1
             elif result["worker_outcome"] != "normal":
                 outcomes[result["worker_outcome"]] += 1
             elif result["test_outcome"] == "survived":
