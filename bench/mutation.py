@@ -217,7 +217,9 @@ def run(names: list[str], fresh: bool, timeout: float) -> None:
 def test(name: str) -> int:
     """The per-mutant command: 0 when every check passes (the mutant survives)."""
     module = MODULES[name]
-    pytest = [str(VENV_BIN / "pytest"), "-x", "-q", "-p", "no:cacheprovider", "--no-header"]
+    # --timeout: a mutant that loops forever fails its test after 60 s (the slowest test
+    # takes 3 s on a loaded machine), not after the configured 300 s
+    pytest = [str(VENV_BIN / "pytest"), "-x", "-q", "-p", "no:cacheprovider", "--timeout=60"]
     firsts = [str(ROOT / path) for path in module.first]
     if subprocess.run([*pytest, *firsts], cwd=ROOT, check=False).returncode != 0:
         return 1
