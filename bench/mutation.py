@@ -24,6 +24,7 @@ mutant left behind by a killed run: ``git checkout -- FILE``).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sqlite3
@@ -149,19 +150,24 @@ def _config(name: str, module: Module, timeout: float) -> str:
 
 
 def _exclude_static(session: Path, module: Module) -> None:
-    """Mark as excluded (cosmic-ray's *skipped*) the mutants of tunable defaults (any
-    positive size is correct) and of ``@dataclass(frozen=..., slots=...)`` flags, which
-    strict mypy checks (an assignment to a frozen field, an attribute outside the
-    slots) and which no running code can observe. Overwrites a result already there,
-    so that a resumed session counts as a fresh one."""
-    lines = (ROOT / module.path).read_text().splitlines()
+    """Mark as excluded (cosmic-ray's *skipped*) the mutants in annotations, of tunable
+    defaults (any positive size is correct) and of ``@dataclass(frozen=..., slots=...)``
+    flags, which strict mypy checks (an assignment to a frozen field, an attribute
+    outside the slots) and which no running code can observe. Overwrites a result
+    already there, so that a resumed session counts as a fresh one."""
+    source = (ROOT / module.path).read_text()
+    lines = source.splitlines()
+    annotations = _annotation_spans(source)
     flags = ("core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue")
     with closing(sqlite3.connect(session)) as db, db:
         rows = db.execute(
-            "SELECT job_id, operator_name, start_pos_row, definition_name FROM mutation_specs"
+            "SELECT job_id, operator_name, start_pos_row, start_pos_col, definition_name"
+            " FROM mutation_specs"
         ).fetchall()
-        for job_id, operator, row, definition in rows:
-            if definition in module.tunables:
+        for job_id, operator, row, col, definition in rows:
+            if any(start <= (row, col) < end for start, end in annotations):
+                reason = "Excluded: an annotation (never evaluated)"
+            elif definition in module.tunables:
                 reason = "Excluded: a tunable default"
             elif operator in flags and lines[row - 1].lstrip().startswith("@dataclass("):
                 reason = "Excluded: a dataclass flag (checked by mypy)"
@@ -172,6 +178,30 @@ def _exclude_static(session: Path, module: Module) -> None:
                 " diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
                 (reason, job_id),
             )
+
+
+def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the type annotations are, as ((row, col), (end row, end col)): with
+    ``from __future__ import annotations`` (every target module has it) Python never
+    evaluates them, so a mutant there (``int | None`` into ``int & None``) is
+    equivalent; mypy checks them."""
+    tree = ast.parse(source)
+    if not any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "__future__"
+        and any(alias.name == "annotations" for alias in node.names)
+        for node in tree.body
+    ):
+        return []
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign | ast.arg) and node.annotation is not None:
+            found.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            found.append(node.returns)
+    return [
+        ((a.lineno, a.col_offset), (a.end_lineno or a.lineno, a.end_col_offset or 0)) for a in found
+    ]
 
 
 def _check_clean(paths: list[str]) -> None:
