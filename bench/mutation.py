@@ -14,7 +14,8 @@ the ``standard`` fault profile and 20 of ``points`` (``--stop-on-failure``).
 
 MODULE is one of the keys of ``MODULES`` (default: all, in priority order). The
 sessions live in ``.mutation/`` (ignored by git); ``run`` resumes a session that an
-interrupted run left (``--fresh`` starts over). The operators are cosmic-ray's, less
+interrupted run left (``--fresh`` starts over; ``--retest`` tests the survivors again,
+after new tests). The operators are cosmic-ray's, less
 those ``EXCLUDED_OPERATORS`` names (docs/simulation.md, "Mutation score", says why).
 Slow (hours for every module on a loaded machine): ``tox -e mutate`` runs it, and no
 CI run does. It refuses to start when a target module differs from git's HEAD (a
@@ -223,7 +224,15 @@ def _tool(name: str, *args: str) -> None:
     subprocess.run([str(VENV_BIN / name), *args], cwd=ROOT, check=True)
 
 
-def run(names: list[str], fresh: bool, timeout: float) -> None:
+def _forget_survivors(session: Path) -> int:
+    """Make the surviving mutants pending again (to test them against new tests)."""
+    with closing(sqlite3.connect(session)) as db, db:
+        return db.execute(
+            "DELETE FROM work_results WHERE worker_outcome = 'NORMAL' AND test_outcome = 'SURVIVED'"
+        ).rowcount
+
+
+def run(names: list[str], fresh: bool, timeout: float, retest: bool) -> None:
     _check_clean([MODULES[name].path for name in names])
     SESSIONS.mkdir(exist_ok=True)
     for name in names:
@@ -234,6 +243,8 @@ def run(names: list[str], fresh: bool, timeout: float) -> None:
             _tool("cosmic-ray", "init", str(config), str(session))
             _tool("cr-filter-operators", str(session), str(config))
         _exclude_static(session, MODULES[name])
+        if retest:
+            print(f"{name}: {_forget_survivors(session)} surviving mutants to test again")
         started = time.monotonic()
         load = os.getloadavg()[0]
         print(f"{name}: running (load average {load:.1f})", flush=True)
@@ -326,6 +337,9 @@ def main() -> None:
     run_parser.add_argument("modules", nargs="*", metavar="MODULE")
     run_parser.add_argument("--fresh", action="store_true", help="start the sessions over")
     run_parser.add_argument("--timeout", type=float, default=900.0, help="per mutant, seconds")
+    run_parser.add_argument(
+        "--retest", action="store_true", help="test the surviving mutants again (new tests)"
+    )
     report_parser = sub.add_parser("report", help="the score and the surviving mutants")
     report_parser.add_argument("modules", nargs="*", metavar="MODULE")
     test_parser = sub.add_parser("test", help="the per-mutant test command")
@@ -338,7 +352,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown modules {unknown}: choose among {list(MODULES)}")
     if args.command == "run":
-        run(names, args.fresh, args.timeout)
+        run(names, args.fresh, args.timeout, args.retest)
     else:
         report(names)
 
