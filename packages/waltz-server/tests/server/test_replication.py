@@ -94,6 +94,28 @@ def test_batches_respect_record_and_byte_limits_and_the_inflight_budget() -> Non
     assert ids(send(huge, A).records) == [0]
 
 
+def test_the_byte_limits_are_inclusive() -> None:
+    # a batch takes records up to exactly max_batch_bytes
+    batches = core(max_batch_bytes=30)
+    batches.join(A, -1)
+    add(batches, 4)
+    assert ids(send(batches, A).records) == [0, 1, 2]
+    # a window exactly at its byte budget (committed records kept for c, which lacks
+    # them) with nothing pending still takes an append; one pending over the budget
+    # does not
+    window = core(max_window_bytes=30)
+    for node in (A, B, C):
+        window.join(node, -1)
+    add(window, 3)
+    for node in (A, B):
+        send(window, node)
+        window.on_appended(node, 2)
+    assert window.high_water_mark == 2 and window.window_start == 0
+    assert window.pending == 0 and window.window_bytes == 30 and window.has_room()
+    add(window, 1)
+    assert window.pending == 1 and not window.has_room()
+
+
 def test_a_replica_that_leaves_keeps_its_acknowledgements_and_the_others_commit() -> None:
     replication = core()
     for node in (A, B, C):
