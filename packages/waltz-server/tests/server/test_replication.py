@@ -112,6 +112,11 @@ def test_the_byte_limits_are_inclusive() -> None:
         window.on_appended(node, 2)
     assert window.high_water_mark == 2 and window.window_start == 0
     assert window.pending == 0 and window.window_bytes == 30 and window.has_room()
+    # a read from memory: at least one record, then up to exactly max_bytes
+    assert ids(window.read_window(0, 3, 20) or []) == [0, 1]
+    assert ids(window.read_window(0, 3, 29) or []) == [0, 1]
+    assert ids(window.read_window(1, 3, 5) or []) == [1]
+    assert ids(window.read_window(0, 2, 1 << 20) or []) == [0, 1]
     add(window, 1)
     assert window.pending == 1 and not window.has_room()
 
