@@ -100,6 +100,10 @@ def test_the_byte_limits_are_inclusive() -> None:
     batches.join(A, -1)
     add(batches, 4)
     assert ids(send(batches, A).records) == [0, 1, 2]
+    one_byte_short = core(max_batch_bytes=29)
+    one_byte_short.join(A, -1)
+    add(one_byte_short, 4)
+    assert ids(send(one_byte_short, A).records) == [0, 1]
     # a window exactly at its byte budget (committed records kept for c, which lacks
     # them) with nothing pending still takes an append; one pending over the budget
     # does not
@@ -117,6 +121,12 @@ def test_the_byte_limits_are_inclusive() -> None:
     assert ids(window.read_window(0, 3, 29) or []) == [0, 1]
     assert ids(window.read_window(1, 3, 5) or []) == [1]
     assert ids(window.read_window(0, 2, 1 << 20) or []) == [0, 1]
+    # ... counted from the window's start, which follows the opening mark
+    later = core(low_water_mark=41)
+    add(later, 4)
+    assert later.window_start == 42 and later.read_window(41, 2, 1 << 20) is None
+    assert ids(later.read_window(43, 2, 1 << 20) or []) == [43, 44]
+    assert ids(later.read_window(44, 9, 1 << 20) or []) == [44, 45]
     add(window, 1)
     assert window.pending == 1 and not window.has_room()
 
