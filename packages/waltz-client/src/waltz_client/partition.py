@@ -307,7 +307,8 @@ class Partition(AppendDecisions):
             self.channel = channel
             channel.partitions.add(self)
             try:
-                await channel.send_stream(MountRequest(req_id, mount_from, channel.seq_num))
+                mount = MountRequest(req_id, mount_from, channel.seq_num)
+                await self.send_in_turn(channel, lambda: mount)  # noqa: B023 (called here)
             except ChannelLost:
                 continue  # channel_lost() scheduled the next mount
             if self._mount_timer is not None:
@@ -820,7 +821,7 @@ class Partition(AppendDecisions):
                 future: asyncio.Future[Message] = loop.create_future()
                 self.requests[req_id] = future
                 try:
-                    await channel.send_stream(make(req_id))
+                    await self.send_in_turn(channel, lambda: make(req_id), deadline)  # noqa: B023
                     return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
                 finally:
                     self.requests.pop(req_id, None)

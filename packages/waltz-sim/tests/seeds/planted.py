@@ -45,7 +45,10 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
 - ``fs-unsynced-data``: the real fs engine acknowledging appends before their data is
   durable: the committer's write step registers the segment's index file for the
   round's flush instead of its data file (the data is flushed only when a segment
-  rolls over), so a power loss loses acknowledged records.
+  rolls over), so a power loss loses acknowledged records;
+- ``suspect-as-clean``: a storage node that records a replica marked suspect (its storage
+  lost records it had acknowledged, and it rejoined its store session) as clean: the
+  rejoin clears LOST_SESSION, as before issue 27's fix (found by the ``storage`` profile).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ import pytest
 from waltz_api.contracts.storage import StoragePartition
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 from waltz_api.plugins import get_registry, reset_registry
-from waltz_api.types import NO_TRANSACTION, LockRequest, Record
+from waltz_api.types import NO_TRANSACTION, LockRequest, Record, SessionInfo
 from waltz_client import Transaction
 from waltz_client import partition as client_partition
 from waltz_client.state import FeedTracker
@@ -76,6 +79,7 @@ from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replication import Committed, Replication
 from waltz_server.server.voting import resolve_high_water_mark
 from waltz_server.storage_node import node as node_module
+from waltz_server.storage_node import partition as node_partition
 from waltz_server.storage_node.client import StorageReplica
 from waltz_server.storage_node.partition import PartitionWorker
 from waltz_sim import workloads
@@ -218,6 +222,21 @@ class UnfencedPartitionWorker(PartitionWorker):
         if session_id <= info.session_id:
             return  # the bug: an older session is not refused
         await super()._fence(partition, session_id)
+
+
+# -- suspect-as-clean: a storage node that records a suspect replica as clean ----------------------
+
+
+_real_marked = node_partition._marked
+
+
+def _marked_clean(partition: StoragePartition, request: Any) -> SessionInfo:
+    """A suspect mark (clean=False) recorded as the session's clean marks: the replica
+    that lost what it acknowledged reads as a voter at once."""
+    info = _real_marked(partition, request)
+    if request.clean:
+        return info
+    return replace(info, low_water_mark_session_id=request.session_id)
 
 
 # -- double-apply: a client re-applying its last transaction after each mount --------------------
@@ -406,6 +425,7 @@ PLANTED: dict[str, Planted] = {
             _LOSS | {"client-ahead", "client-state"},
             {"storage_engine": "fs"},
         ),
+        Planted("suspect-as-clean", _LOSS | {"client-ahead", "duplicate"}, {}, profile="storage"),
     )
 }
 
@@ -441,6 +461,8 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(FsStoragePartition, "write_batch", _write_batch_flushing_the_index)
         elif name == "fs-truncate":
             patch.setattr(FsStoragePartition, "_truncate_files", _truncate_files_one_record_late)
+        elif name == "suspect-as-clean":
+            patch.setattr(node_partition, "_marked", _marked_clean)
         yield bug
     finally:
         patch.undo()

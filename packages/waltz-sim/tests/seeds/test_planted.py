@@ -26,6 +26,7 @@ MAX_SEEDS = {
     "rejoin-clears-lost": 100,  # the points seeds tox -e sim runs
     "fs-truncate": 20,  # the fs chaos seeds tox -e sim runs
     "fs-unsynced-data": 50,  # the fs standard seeds tox -e sim runs
+    "suspect-as-clean": 100,
 }
 
 
