@@ -206,6 +206,22 @@ def test_the_window_keeps_what_a_writer_lacks_and_a_lagging_one_catches_up_from_
     assert replication.next_send(C) == CatchUp(2, 2, (A, B))
 
 
+def test_a_catch_up_reads_only_the_records_below_the_window() -> None:
+    # c joins holding up to 1; a tiny byte budget drops committed records it lacks
+    replication = core(max_window_bytes=10)
+    replication.join(A, -1)
+    replication.join(B, -1)
+    add(replication, 6)
+    replication.join(C, 1)
+    send(replication, A)
+    send(replication, B)
+    replication.on_appended(A, 5)
+    replication.on_appended(B, 5)
+    assert replication.high_water_mark == 5 and replication.window_start == 5
+    # 2..4 from a writer's storage (fewer than catch_up_batch), then 5 from memory
+    assert replication.next_send(C) == CatchUp(2, 3, (A, B))
+
+
 def test_catch_up_waits_when_no_writer_holds_the_records() -> None:
     replication = core(max_window_bytes=10)
     replication.join(A, -1)
