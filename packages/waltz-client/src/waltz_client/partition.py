@@ -1,6 +1,5 @@
-"""One partition as the client sees it: mounting, the feed, appends' outcomes.
-
-(How appends are decided, flush rounds and deadlines, is :mod:`waltz_client.decisions`.)
+"""One partition as the client sees it: mounting, the feed, appends' outcomes (how
+appends are decided, flush rounds and deadlines, is :mod:`waltz_client.decisions`).
 
 :class:`Partition` holds the partition's mount sequencing, transaction monitor,
 feed position, retry queue and concurrency limit (the pure machines of
