@@ -119,6 +119,13 @@ class ProtocolTestPeer:
                     return peer, message
                 self._backlog.append((peer, message))
 
+    async def next_message(self, timeout: float = 10.0) -> tuple[PeerConnection, Message]:
+        """The client's next message, whatever its kind (those kept by ``expect`` first)."""
+        if self._backlog:
+            return self._backlog.pop(0)
+        async with asyncio.timeout(timeout):
+            return await self._inbox.get()
+
     async def nothing_more(self, kind: type[Message], wait: float = 0.3) -> None:
         """Assert that no message of ``kind`` arrives within ``wait`` seconds."""
         with contextlib.suppress(TimeoutError):

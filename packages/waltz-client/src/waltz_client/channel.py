@@ -126,6 +126,26 @@ class Channel:
         self.partitions: set[Partition] = set()
         self.closed = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._turns: dict[int, asyncio.Lock] = {}
+
+    def turn(self, partition_id: int) -> asyncio.Lock:
+        """The partition's turn to send on the stream connection: held from the moment a
+        message is counted as sent (an append registered, a flush's or a mount's mark
+        taken) until the transport took its frame.
+
+        The client decides an append by what comes back after it: a flush answered, a
+        later append of its own committed, a mount answered READY. That is sound only if
+        "after" on the wire is "after" in the order the client counts them, and the
+        Transport contract orders frames as their sends complete: sends that wait for room
+        at the same time may complete in any order (the simulated network lets a small
+        frame pass a large one that does not fit; the ZeroMQ transport lets a sender that
+        finds credit go before one woken for it). One send of a partition at a time, in
+        the order they took their turn (asyncio.Lock is first come, first served), makes
+        the two orders the same. Other partitions' sends on the connection do not wait."""
+        lock = self._turns.get(partition_id)
+        if lock is None:
+            lock = self._turns[partition_id] = asyncio.Lock()
+        return lock
 
     @property
     def max_frame_size(self) -> int:

@@ -38,7 +38,7 @@ import logging
 import random
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -53,7 +53,6 @@ from waltz_api.errors import (
     WaltzError,
 )
 from waltz_api.messages import (
-    AppendRequest,
     ErrorCode,
     ErrorResponse,
     HighWaterMarkRequest,
@@ -65,7 +64,6 @@ from waltz_api.messages import (
     TransactionDataResponse,
 )
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
-from waltz_api.wire import checksum
 from waltz_client.api import (
     SubmissionResult,
     Transaction,
@@ -75,7 +73,8 @@ from waltz_client.api import (
 )
 from waltz_client.channel import Channel, ChannelLost
 from waltz_client.config import POISON_POLICIES, ClientConfig
-from waltz_client.decisions import call_hook
+from waltz_client.decisions import Expired as _Expired
+from waltz_client.decisions import before_deadline, call_hook
 from waltz_client.errors import TransactionExpiredError, access_denied
 from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition
 from waltz_client.state import (
@@ -94,10 +93,6 @@ INT32_MAX = 2**31 - 1
 CALLBACK_THREAD_PREFIX = "waltz-callbacks"
 _MAX_COORDINATION_DELAY = 5.0
 """The longest pause between two attempts to renew a lost coordination session."""
-
-
-class _Expired(WaltzError):
-    """Internal: the deadline passed; the message says what the submission was doing."""
 
 
 _NO_OP_ON_COMPLETION = TransactionContext.on_completion
@@ -149,6 +144,7 @@ class AsyncWaltzClient:
         config: ClientConfig,
         *,
         rng: random.Random | None = None,
+        callback_executor: Executor | None = None,
     ) -> None:
         if not isinstance(callbacks, WaltzClientCallbacks):
             raise ClientError(
@@ -197,7 +193,10 @@ class AsyncWaltzClient:
         self._fetching: dict[tuple[int, int], asyncio.Future[bytes]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._cache_lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._callback_executor = callback_executor
+        """Runs the plain callbacks one at a time, in order (None: a thread of the client's
+        own). The simulation's runs them on the loop: get_data() then reads the prefetch."""
+        self._executor: Executor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = -1
         self._started = False
@@ -227,7 +226,7 @@ class AsyncWaltzClient:
 
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._executor = ThreadPoolExecutor(
+        self._executor = self._callback_executor or ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=CALLBACK_THREAD_PREFIX
         )
         try:
@@ -405,22 +404,9 @@ class AsyncWaltzClient:
                     continue  # a mount started while executing: build again after it
                 if size > channel.max_frame_size:  # below the transport's: the server's
                     builder.check_size(channel.max_frame_size, "the server's")
-                req_id = self._next_req_id(p, partition.mount.generation)
-                data = builder.data
-                outcome = partition.register(req_id, context, data, deadline)
-                try:  # noqa: SIM105 (no context manager object per submission)
-                    await channel.send_stream(
-                        AppendRequest(
-                            req_id,
-                            builder.client_high_water_mark,
-                            builder.lock_request(),
-                            builder.header,
-                            data,
-                            checksum(data),
-                        )
-                    )
-                except ChannelLost:
-                    pass  # the next mount fails it; then a retry
+                outcome = await partition.send_append(channel, context, builder, deadline)
+                if outcome is None:
+                    continue  # a mount started while it waited for its turn: build again
                 resolution = await outcome
                 if resolution.outcome is Outcome.COMMITTED:
                     transaction_id = resolution.transaction_id
@@ -432,6 +418,8 @@ class AsyncWaltzClient:
                     return SubmissionResult(True, p, transaction_id, context.attempts)
                 await self._before_retry(partition, context, resolution, deadline)
         except _Expired as expired:
+            # true: every attempt was never sent, or was decided by what the server sent
+            # back after it took the attempt's frame (sends in the partition's turn)
             call_hook(context.on_expiration)
             raise TransactionExpiredError(
                 f"{type(context).__name__} expired: not committed within {timeout} s "
@@ -478,25 +466,7 @@ class AsyncWaltzClient:
 
             await self._before_deadline(partition.wait_retry(None), deadline, retry_wait)
 
-    @staticmethod
-    async def _before_deadline(
-        waiting: Awaitable[None],
-        deadline: float | None,
-        why: Callable[[], str] = lambda: "its partition was not writable",
-    ) -> None:
-        """Wait, but never past the context's deadline (only where nothing is in flight);
-        ``why`` says what was awaited if the deadline passes."""
-        if deadline is None:
-            await waiting
-            return
-        remaining = deadline - asyncio.get_running_loop().time()
-        try:
-            # not wait_for: on Python 3.11 it loses a cancellation that arrives as
-            # ``waiting`` completes, and the submission then runs on after it was cancelled
-            async with asyncio.timeout(max(remaining, 0.0)):
-                await waiting
-        except TimeoutError:
-            raise _Expired(why()) from None
+    _before_deadline = staticmethod(before_deadline)
 
     def _is_async(self, fn: Callable[..., Any]) -> bool:
         key = getattr(fn, "__func__", fn)
@@ -818,7 +788,8 @@ class AsyncWaltzClient:
         return self._call_callback(apply, transaction)
 
     def _blocking_fetch(self, partition_id: int, transaction_id: int) -> bytes:
-        if threading.get_ident() == self._loop_thread:
+        on_loop = threading.get_ident() == self._loop_thread
+        if on_loop and self._callback_executor is None:
             raise ClientError(
                 "Transaction.get_data() blocks, so it cannot run on the client's event loop; "
                 "use `await transaction.fetch_data()` in async callbacks"
@@ -827,6 +798,8 @@ class AsyncWaltzClient:
             cached = self.cache.get((partition_id, transaction_id))
         if cached is not None:
             return cached
+        if on_loop:  # the callback executor runs on the loop: waiting would block it
+            raise ClientError(f"the data of transaction {transaction_id} is not prefetched")
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(
             self._fetch_data(partition_id, transaction_id), self._loop

@@ -25,11 +25,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from waltz_api.errors import ServerError, WaltzError
-from waltz_api.messages import FlushRequest, FlushResponse, Message
+from waltz_api.messages import AppendRequest, FlushRequest, FlushResponse, Message
 from waltz_api.types import ReqId
-from waltz_client.api import TransactionContext
+from waltz_api.wire import checksum
+from waltz_client.api import TransactionBuilder, TransactionContext
+from waltz_client.channel import Channel, ChannelLost
 from waltz_client.errors import TransactionOutcomeUnknownError
-from waltz_client.state import Outcome, Resolution, RunningSubmissions, TransactionMonitor
+from waltz_client.state import (
+    MountSequencer,
+    Outcome,
+    Resolution,
+    RunningSubmissions,
+    TransactionMonitor,
+)
 
 if TYPE_CHECKING:
     from waltz_client.client import AsyncWaltzClient
@@ -38,6 +46,30 @@ log = logging.getLogger(__name__)
 
 _NO_OP_ON_APPLICATION = TransactionContext.on_application
 """The default hook, which does nothing (not called: a call per transaction saved)."""
+
+
+class Expired(WaltzError):
+    """Internal: the deadline passed; the message says what the submission was doing."""
+
+
+async def before_deadline(
+    waiting: Awaitable[object],
+    deadline: float | None,
+    why: Callable[[], str] = lambda: "its partition was not writable",
+) -> None:
+    """Wait, but never past the context's deadline (only where nothing is in flight);
+    ``why`` says what was awaited if the deadline passes (:class:`Expired`)."""
+    if deadline is None:
+        await waiting
+        return
+    remaining = deadline - asyncio.get_running_loop().time()
+    try:
+        # not wait_for: on Python 3.11 it loses a cancellation that arrives as
+        # ``waiting`` completes, and the submission then runs on after it was cancelled
+        async with asyncio.timeout(max(remaining, 0.0)):
+            await waiting
+    except TimeoutError:
+        raise Expired(why()) from None
 
 
 @dataclass(slots=True)
@@ -59,6 +91,8 @@ class AppendDecisions:
     # the partition's state this part uses (set by Partition.__init__)
     client: AsyncWaltzClient
     id: int
+    mount: MountSequencer
+    channel: Channel | None
     monitor: TransactionMonitor
     appends: dict[ReqId, SentAppend]
     submissions: RunningSubmissions
@@ -114,6 +148,71 @@ class AppendDecisions:
         if deadline is not None and (self._deadline_timer is None or deadline < self._deadline_at):
             self._arm_deadline_timer(deadline)
         return future
+
+    async def send_append(
+        self,
+        channel: Channel,
+        context: TransactionContext,
+        builder: TransactionBuilder,
+        deadline: float | None,
+    ) -> asyncio.Future[Resolution] | None:
+        """Register the append and send it on ``channel``, in the partition's turn (see
+        :meth:`Channel.turn`): nothing that decides it (a flush, a later append, a mount)
+        passes it on the wire. Returns its resolution's future; None when the partition
+        stopped taking appends while it waited for its turn (build it again after the
+        mount). Raises :class:`Expired` when the deadline passes first (nothing sent)."""
+        turn = channel.turn(self.id)
+        if turn.locked():  # an earlier send of the partition waits for room
+            await before_deadline(turn.acquire(), deadline, lambda: self._behind(channel))
+        else:
+            await turn.acquire()  # (free: returns at once)
+        try:
+            if not self.mount.appends_allowed or self.channel is not channel:
+                return None
+            req_id = self.client._next_req_id(self.id, self.mount.generation)
+            data = builder.data
+            outcome = self.register(req_id, context, data, deadline)
+            try:  # noqa: SIM105 (no context manager object per submission)
+                await channel.send_stream(
+                    AppendRequest(
+                        req_id,
+                        builder.client_high_water_mark,
+                        builder.lock_request(),
+                        builder.header,
+                        data,
+                        checksum(data),
+                    )
+                )
+            except ChannelLost:
+                pass  # the next mount fails it; then a retry
+            return outcome
+        finally:
+            turn.release()
+
+    async def send_in_turn(
+        self, channel: Channel, make: Callable[[], Message], until: float | None = None
+    ) -> None:
+        """Send the message ``make`` builds (a flush, taking its mark; a mount) on
+        ``channel`` in the partition's turn (see :meth:`Channel.turn`): after every
+        append registered before it. TimeoutError when the turn has not come by loop
+        time ``until``."""
+        turn = channel.turn(self.id)
+        if until is None:
+            await turn.acquire()
+        else:
+            async with asyncio.timeout_at(until):
+                await turn.acquire()
+        try:
+            await channel.send_stream(make())
+        finally:
+            turn.release()
+
+    def _behind(self, channel: Channel) -> str:
+        return (
+            f"it was never sent: it waited behind earlier messages of partition {self.id} "
+            f"that the connection to {channel.endpoint} had no room for (the server is slow "
+            "to read, or the connection is broken)"
+        )
 
     def _arm_deadline_timer(self, when: float) -> None:
         """One timer per partition, at the earliest deadline of its appends in flight

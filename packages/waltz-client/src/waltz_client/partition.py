@@ -1,6 +1,5 @@
-"""One partition as the client sees it: mounting, the feed, appends' outcomes.
-
-(How appends are decided, flush rounds and deadlines, is :mod:`waltz_client.decisions`.)
+"""One partition as the client sees it: mounting, the feed, appends' outcomes (how
+appends are decided, flush rounds and deadlines, is :mod:`waltz_client.decisions`).
 
 :class:`Partition` holds the partition's mount sequencing, transaction monitor,
 feed position, retry queue and concurrency limit (the pure machines of
@@ -194,10 +193,11 @@ class Partition(AppendDecisions):
             await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiting.cancel()
-        if not connecting.done():
-            connecting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, WaltzError):
-                await connecting
+            moved = not connecting.done()
+            if moved:  # reassigned, or this call cancelled (the client closes): it stops too
+                connecting.cancel()
+                await asyncio.gather(connecting, return_exceptions=True)
+        if moved:
             raise ChannelLost(f"partition {self.id} moved while connecting to {endpoint}")
         return connecting.result()
 
@@ -306,7 +306,8 @@ class Partition(AppendDecisions):
             self.channel = channel
             channel.partitions.add(self)
             try:
-                await channel.send_stream(MountRequest(req_id, mount_from, channel.seq_num))
+                mount = MountRequest(req_id, mount_from, channel.seq_num)
+                await self.send_in_turn(channel, lambda: mount)  # noqa: B023 (called here)
             except ChannelLost:
                 continue  # channel_lost() scheduled the next mount
             if self._mount_timer is not None:
@@ -340,12 +341,13 @@ class Partition(AppendDecisions):
     async def _work(self) -> None:
         inbox = self.inbox
         batchable = not self.client.apply_is_async
+        prefetch = self.client.config.prefetch_data
         while True:
             channel, message = await inbox.get()
             if channel is not self.channel:
                 continue  # a message of a replaced connection or an earlier assignment
             try:
-                if isinstance(message, FeedData) and not inbox.empty():
+                if isinstance(message, FeedData) and (prefetch or not inbox.empty()):
                     # consecutive feed items go to the callback thread in one hop
                     run = [message]
                     pending: tuple[Channel, Message] | None = None
@@ -818,7 +820,7 @@ class Partition(AppendDecisions):
                 future: asyncio.Future[Message] = loop.create_future()
                 self.requests[req_id] = future
                 try:
-                    await channel.send_stream(make(req_id))
+                    await self.send_in_turn(channel, lambda: make(req_id), deadline)  # noqa: B023
                     return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
                 finally:
                     self.requests.pop(req_id, None)

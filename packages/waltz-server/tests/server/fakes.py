@@ -3,7 +3,7 @@
 It keeps each partition's log, session info and highest session id as the
 real node does (surviving a "restart"), refuses requests of older sessions
 with SessionFencedError, and can be taken offline (connections break,
-connects fail) to simulate a crash.
+connects fail) to simulate a crash, or held (requests wait) to simulate a hung node.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class FakeStorageNode:
         self.connections: list[FakeReplicaConnection] = []
         self.append_delay = 0.0
         self.appends = 0
+        self.hold: asyncio.Event | None = None
+        """While set to an Event not yet set, every request waits for it (a node that
+        accepted connections and answers nothing: hung, or very slow)."""
 
     def partition(self, partition_id: int) -> FakePartition:
         return self.partitions.setdefault(partition_id, FakePartition())
@@ -75,6 +78,9 @@ class FakeReplicaConnection:
 
     async def _enter(self) -> FakePartition:
         await asyncio.sleep(0)
+        hold = self.node.hold
+        if hold is not None:
+            await hold.wait()
         if self.broken or not self.node.online:
             raise ConnectionClosedError(f"connection to {self.node.name} broke")
         partition = self.node.partition(self.partition_id)

@@ -777,3 +777,48 @@ async def test_a_silently_shortened_log_cannot_outvote_the_intact_copy(cluster: 
             assert node.log(P) == records
     finally:
         await store.close()
+
+
+async def test_a_replica_recovering_late_catches_up_from_writers_that_left_and_rejoined(
+    cluster: Cluster,
+) -> None:
+    """c connects but answers nothing while a and b recover and open the session at 9;
+    a and b then each leave and rejoin the session (one at a time: c's connection keeps
+    the quorum). When c answers, it is behind the closing mark and needs a replica to
+    catch up from: the writers that rejoined must serve it (recovery had dropped them
+    when they left). Else c waits forever while it counts as connected, and once a
+    fails, b alone cannot commit: appends hang."""
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
+    preload(cluster.nodes[A], 10, 3, 4)
+    preload(cluster.nodes[B], 10, 3, 4)
+    preload(cluster.nodes[C], 6, 3, 4)
+    cluster.nodes[C].hold = asyncio.Event()
+    store = cluster.store(idle_probe_interval=0.05)
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        assert session.low_water_mark == 9  # a and b hold 9: decided without c
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 5, b"n")), TIMEOUT)
+        assert ids == list(range(10, 15))
+        for name in (A, B):
+            node = cluster.nodes[name]
+            node.crash()  # the idle probe notices; c's connection keeps the quorum
+            await wait_until(lambda n=name: n not in session.writable_replicas, f"{name} left")
+            node.restart()
+            await wait_until(
+                lambda n=name, node=node: bool(node.connections) and n in session.writable_replicas,
+                f"{name} writes again on a new connection",
+            )
+        assert store.sessions_started == 1 and store.session is session
+        hold, cluster.nodes[C].hold = cluster.nodes[C].hold, None
+        hold.set()  # c answers: it recovers into the running session, behind 9
+        await wait_until(lambda: C in session.writable_replicas, "c joined the writers")
+        # a fails for good: b and c commit
+        cluster.nodes[A].crash()
+        more = await append_many(store, 5, b"m")
+        assert await asyncio.wait_for(asyncio.gather(*more), TIMEOUT) == list(range(15, 20))
+        assert store.sessions_started == 1 and store.session is session
+        assert_no_fork(list(cluster.nodes.values()))
+        assert len(cluster.nodes[C].log(P)) == 20
+    finally:
+        await store.close()

@@ -30,6 +30,7 @@ a torn write and are cut silently, and an EIO leaves the partition closed.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import dataclasses
 import logging
@@ -255,20 +256,19 @@ class PartitionImage:
         return max(0, before - len(self.written))
 
 
-class SimDisk:
-    """The disk of one storage node, in the world (it survives the node's crashes)."""
+class Disk(abc.ABC):
+    """The disk of one storage node, in the world (it survives the node's crashes): the
+    faults every kind of simulated disk has (the hooks of the nemesis and the scripts).
+    :class:`SimDisk` is the ``sim`` engine's model; ``waltz_sim.fsdisk.FsDisk`` the file
+    system under the real ``fs`` engine."""
 
-    def __init__(self, world: World, location: str, cluster_key: uuid.UUID, num_partitions: int):
+    def __init__(self, world: World, location: str) -> None:
         self.world = world
         self.location = location
-        self.cluster_key = cluster_key
-        self.num_partitions = num_partitions
-        self.partitions: dict[int, PartitionImage] = {}
         self.extra_fsync: list[float] = []
         """Slow-fsync faults in force (seconds added to each fsync)."""
         self.failing_fsyncs = 0
         """The next this-many fsyncs fail (a fault)."""
-        self.engine: SimStorageEngine | None = None
         self.fsyncs = 0
         self.fsync_errors = 0
         self.pending_damage = False
@@ -307,6 +307,44 @@ class SimDisk:
             delay += max(self.extra_fsync) * self.rng.uniform(0.5, 1.0)
         return delay
 
+    async def flush_wait(self) -> None:
+        """The time an fsync takes (slowed by the faults in force; held while stalled)."""
+        await asyncio.sleep(self.fsync_delay())
+        while self.stall is not None and not self.stall.is_set():
+            await self.stall.wait()
+
+    @abc.abstractmethod
+    def lose_power(self) -> str | None:
+        """A power loss: lose what no flush covered; what was lost (None: nothing)."""
+
+    @abc.abstractmethod
+    async def read_back(self) -> dict[int, list[Record]]:
+        """Each partition's readable records, as a restarted engine would find them (up to
+        a range lost to damage and not repaired): the replicas the checker judges."""
+
+    @property
+    @abc.abstractmethod
+    def unrepaired(self) -> bool:
+        """Damage found and not repaired yet (a missing range, a lost tail)."""
+
+
+class SimDisk(Disk):
+    """The ``sim`` engine's disk: a model of each partition's log (see the module)."""
+
+    def __init__(self, world: World, location: str, cluster_key: uuid.UUID, num_partitions: int):
+        super().__init__(world, location)
+        self.cluster_key = cluster_key
+        self.num_partitions = num_partitions
+        self.partitions: dict[int, PartitionImage] = {}
+        self.engine: SimStorageEngine | None = None
+
+    def lose_power(self) -> str | None:
+        lost = self.power_loss()
+        return f"{lost} unsynced records lost" if lost else None
+
+    async def read_back(self) -> dict[int, list[Record]]:
+        return self.contents()
+
     def power_loss(self) -> int:
         """Lose what no fdatasync covered; returns the records lost."""
         lost = 0
@@ -343,7 +381,7 @@ class SimDisk:
             others = [
                 len(disk.partitions[partition].written)
                 for disk in self.world.disks.values()
-                if disk is not self and partition in disk.partitions
+                if isinstance(disk, SimDisk) and disk is not self and partition in disk.partitions
             ]
             if len(image.intact()) < min(target, max(others, default=target)):
                 return False
@@ -695,6 +733,8 @@ class SimStorageEngine(StorageEngine):
                     "key and the number of partitions"
                 )
             disk = world.disks[location] = SimDisk(world, location, cluster_key, num_partitions)
+        if not isinstance(disk, SimDisk):
+            raise StorageError(f"{location} is not a disk of the sim engine")
         if disk.pending_damage:
             for found in disk.apply_damage():
                 world.trace.add("disk", f"{location}: start-up recovery: {found}")
@@ -783,6 +823,7 @@ class SimStorageEngine(StorageEngine):
 
 
 __all__ = [
+    "Disk",
     "DiskConfig",
     "PartitionImage",
     "SimDisk",

@@ -92,10 +92,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "nemesis stops no server that owns such a partition, but an owner also changes when "
         "a server comes back (its partitions return) or when the damage lands while a "
         "recovery is pending. Seen on the code with issue 27's fix; a recovery that "
-        "remembered each replica's log end (storage seed 1025: one replica reported 25, "
-        "then 23 after its restart, within one recovery) would catch some of them.",
+        "remembered each replica's log end (storage seed 1025 before the per-seed "
+        "configurations: one replica reported 25, then 23 after its restart, within one "
+        "recovery) would catch some of them.",
         _LOSS_AND_ITS_TRACES,
-        (1025, 1769, 1906),
+        (1769, 1906),
         faults="storage",
         within_unseen_cuts=True,
     ),

@@ -185,6 +185,11 @@ class StorageFaults:
 
         def _record(self, fault: ActiveFault, duration: float) -> None: ...
 
+    def _sim_disk(self, process: SimProcess | None) -> SimDisk | None:
+        """The disk model of ``process`` (storage faults act on the ``sim`` engine's disks;
+        a node on the real fs engine's simulated files has none)."""
+        return None if process is None else _sim_disk_of(self.world, process)
+
     def _lost_records(self) -> list[str]:
         """The storage nodes whose disk lost records to a storage fault, not repaired yet,
         or is about to (a damaged rejoin's damage to come)."""
@@ -196,11 +201,7 @@ class StorageFaults:
         return [
             p.name
             for p in self.world.of_kind("storage")
-            if p.name in coming
-            or (
-                (disk := self.world.disks.get(self.world.data_dir(p.name))) is not None
-                and disk.lost_records
-            )
+            if p.name in coming or ((disk := self._sim_disk(p)) is not None and disk.lost_records)
         ]
 
     def _unseen_losses(self) -> set[int]:
@@ -211,7 +212,7 @@ class StorageFaults:
         the guarantee leaves out (docs/server.md, "Storage faults: the guarantee")."""
         found: set[int] = set()
         for process in self.world.of_kind("storage"):
-            disk = self.world.disks.get(self.world.data_dir(process.name))
+            disk = self._sim_disk(process)
             if disk is not None:
                 found |= disk.unseen_losses()
         return found
@@ -229,7 +230,7 @@ class StorageFaults:
         """Each storage disk's snapshot, for a later stale restore."""
         now = self.world.loop.time()
         for process in self.world.of_kind("storage"):
-            disk = self.world.disks.get(self.world.data_dir(process.name))
+            disk = self._sim_disk(process)
             if disk is not None and process.alive:
                 disk.backup(now)
 
@@ -239,7 +240,7 @@ class StorageFaults:
         process = self._pick(("storage",))
         if process is None:
             return None
-        disk = self.world.disks.get(self.world.data_dir(process.name))
+        disk = self._sim_disk(process)
         if disk is None or not any(
             _acknowledged(image) >= records for image in disk.partitions.values()
         ):
@@ -389,7 +390,7 @@ class StorageFaults:
         process, disk = target
         others = [p for p in self.world.of_kind("storage") if p is not process and p.alive]
         lagging = self.rng.choice(others) if others else None
-        lag_disk = self.world.disks.get(self.world.data_dir(lagging.name)) if lagging else None
+        lag_disk = self._sim_disk(lagging) if lagging else None
         if lagging is None or lag_disk is None or lag_disk.stall is not None:
             return None
         script = _DamagedRejoin(self, process, disk, lag_disk)
@@ -518,8 +519,7 @@ class _DamagedRejoin:
         ends = ", ".join(
             f"{p.name} {len(d.partitions[partition].written) - 1}"
             for p in self.world.of_kind("storage")
-            if (d := self.world.disks.get(self.world.data_dir(p.name))) is not None
-            and partition in d.partitions
+            if (d := _sim_disk_of(self.world, p)) is not None and partition in d.partitions
         )
         self.world.trace.add("fault", f"damaged rejoin: partition {partition}'s logs end at {ends}")
         owner.crash()
@@ -543,7 +543,7 @@ class _DamagedRejoin:
         if not self.slow_intact:
             return
         for process in self.world.of_kind("storage"):
-            disk = self.world.disks.get(self.world.data_dir(process.name))
+            disk = _sim_disk_of(self.world, process)
             if disk is not None and disk is not self.disk and disk is not self.lag_disk:
                 disk.extra_fsync.append(self.slow_intact)
                 self.slowed.append(disk)
@@ -563,6 +563,11 @@ class _DamagedRejoin:
         if self.disk.on_session_info == self.on_marks:
             self.disk.on_session_info = None
         restart([self.damaged])
+
+
+def _sim_disk_of(world: World, process: SimProcess) -> SimDisk | None:
+    disk = world.disks.get(world.data_dir(process.name))
+    return disk if isinstance(disk, SimDisk) else None
 
 
 def _owned(handle: Any) -> list[int]:

@@ -472,6 +472,20 @@ class RecoveryManager:
             self._recovered.discard(node)
             self._notify()
 
+    def rejoined(self, node: str, connection: ReplicaConnection, mark: int) -> None:
+        """The replica on ``node``, which recovered, left after the closing mark was
+        decided (:meth:`forget` dropped it) and rejoined the session's writers through
+        ``connection`` holding up to ``mark``: it is a source again for the replicas
+        still recovering. (Else, once every replica that recovered has left and
+        rejoined, one that was offline or hung at recovery and is behind the closing
+        mark finds nobody to catch up from: it waits forever while it counts as
+        connected, and the session's writers alone may not be a quorum.) It does not
+        vote: the mark is decided, and it was counted when it recovered."""
+        if self._resolved is None:
+            return  # (a rejoin comes after the session opened: never)
+        self._states[node] = _Recovering(node, connection, mark, voting=False, new=False)
+        self._notify()
+
     def _usher_for(self, me: _Recovering) -> _Recovering | None:
         best: _Recovering | None = None
         for other in self._states.values():

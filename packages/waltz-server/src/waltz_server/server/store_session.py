@@ -187,7 +187,12 @@ class StoreSession:
             self.session_id,
             resolved,
         )
-        point("store.session_opened", partition=self.partition_id, session=self.session_id)
+        point(
+            "store.session_opened",
+            partition=self.partition_id,
+            session=self.session_id,
+            mark=resolved,
+        )
         return resolved
 
     async def wait_done(self) -> None:
@@ -539,6 +544,8 @@ class StoreSession:
         )
         if plan.suspect:
             self._suspect_rejoins.add(node)
+        # a writer again (it joins next): a source again for a replica recovering late
+        self.recovery.rejoined(node, connection, mark)
         point("replica.rejoined", partition=self.partition_id, replica=node, mark=mark)
         return mark
 
