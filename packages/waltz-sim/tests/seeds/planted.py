@@ -32,8 +32,7 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
   mark without its changes;
 - ``rejoin-clears-lost``: the server before issue 27's fix: a replica that rejoins
   its store session having lost what it acknowledged gets the session's clean marks
-  at once (SetLowWaterMark, which clears LOST_SESSION), and recovery closes at the
-  mark a majority votes for even below a voter's log end. An owner that dies before
+  at once (SetLowWaterMark, which clears LOST_SESSION). An owner that dies before
   that replica caught up leaves a recovery that truncates acknowledged records away
   (found by the ``points`` profile's strikes).
 - ``fs-truncate``: the real fs engine (``--storage-engine fs``) with an off-by-one in
@@ -75,9 +74,7 @@ from waltz_server.server import recovery as recovery_module
 from waltz_server.server import replication as replication_module
 from waltz_server.server import server as server_module
 from waltz_server.server import store_session as store_session_module
-from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replication import Committed, Replication
-from waltz_server.server.voting import resolve_high_water_mark
 from waltz_server.storage_node import node as node_module
 from waltz_server.storage_node import partition as node_partition
 from waltz_server.storage_node.client import StorageReplica
@@ -260,23 +257,6 @@ async def _mark_replica_as_before(
         await self.set_low_water_mark(low_water_mark)
 
 
-def _evaluate_as_before(self: RecoveryManager) -> None:
-    """RecoveryManager._evaluate without the floor at an online voter's log end."""
-    if self._resolved is not None:
-        return
-    known = [s for s in self._states.values() if not s.new and not s.suspect]
-    voters = [s.mark for s in known if s.voting]
-    if not voters:
-        return
-    offline = len(self._last_replicas) - len(known)
-    resolution = resolve_high_water_mark(
-        [s.mark for s in known], offline, self._last_quorum, floor=min(voters)
-    )
-    self.outcome = resolution.outcome
-    if resolution.decided:
-        self._resolved = resolution.high_water_mark
-
-
 # -- fs-truncate: the fs engine's segment truncation, one record off ------------------------------
 
 
@@ -456,7 +436,6 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(workloads, "_Callbacks", MarkFirstCallbacks)
         elif name == "rejoin-clears-lost":
             patch.setattr(StorageReplica, "mark_replica", _mark_replica_as_before)
-            patch.setattr(RecoveryManager, "_evaluate", _evaluate_as_before)
         elif name == "fs-unsynced-data":
             patch.setattr(FsStoragePartition, "write_batch", _write_batch_flushing_the_index)
         elif name == "fs-truncate":
