@@ -129,6 +129,43 @@ def test_the_byte_limits_are_inclusive() -> None:
     assert ids(later.read_window(44, 9, 1 << 20) or []) == [44, 45]
     add(window, 1)
     assert window.pending == 1 and not window.has_room()
+    # records pending at exactly the budget: no room
+    full = core(max_window_bytes=30)
+    add(full, 3)
+    assert full.pending == 3 and full.window_bytes == 30 and not full.has_room()
+
+
+def test_a_batch_or_a_read_stops_at_the_first_record_over_the_limit() -> None:
+    # sizes 10, 50, 10: the third fits the limit once the second is left out, but a
+    # batch and a read are dense runs of ids, so both stop at the second
+    replication = core(max_batch_bytes=30)
+    replication.join(A, -1)
+    for size in (10, 50, 10):
+        data = b"x" * size
+        replication.append(ReqId(1, 1, 0, size), 0, data, wire.checksum(data))
+    assert ids(replication.read_window(0, 3, 30) or []) == [0]
+    assert ids(send(replication, A).records) == [0]
+    assert ids(send(replication, A).records) == [1]
+
+
+def test_late_answers_for_a_replica_that_left_are_ignored() -> None:
+    replication = core()
+    for node in (A, B):
+        replication.join(node, -1)
+    add(replication, 2)
+    send(replication, A)
+    replication.leave(A)
+    # its acknowledgement and a catch-up read arriving after it left change nothing
+    assert replication.on_appended(A, 1) is None
+    records = [Record(i, ReqId(1, 1, 0, i), 0, b"x", 0) for i in (0, 1)]
+    assert replication.caught_up_read(A, records) is None
+    left = replication.progress(A)
+    assert left is not None and left.acked == left.sent == -1 and not left.writing
+    # nor do answers for a replica that never joined, or an empty read
+    assert replication.on_appended(C, 1) is None
+    assert replication.caught_up_read(C, records) is None
+    assert replication.caught_up_read(B, []) is None
+    assert replication.high_water_mark == -1
 
 
 def test_a_replica_that_leaves_keeps_its_acknowledgements_and_the_others_commit() -> None:
