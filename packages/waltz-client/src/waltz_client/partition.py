@@ -340,8 +340,7 @@ class Partition(AppendDecisions):
 
     async def _work(self) -> None:
         inbox = self.inbox
-        batchable = not self.client.apply_is_async
-        prefetch = self.client.config.prefetch_data
+        batchable, prefetch = not self.client.apply_is_async, self.client.config.prefetch_data
         while True:
             channel, message = await inbox.get()
             if channel is not self.channel:
