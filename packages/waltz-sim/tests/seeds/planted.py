@@ -30,11 +30,6 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
   high-water mark before it applies the transaction (across an await): an op built in
   between claims a mark whose changes it has not seen, and a crash in between leaves a
   mark without its changes;
-- ``rejoin-clears-lost``: the server before issue 27's fix: a replica that rejoins
-  its store session having lost what it acknowledged gets the session's clean marks
-  at once (SetLowWaterMark, which clears LOST_SESSION). An owner that dies before
-  that replica caught up leaves a recovery that truncates acknowledged records away
-  (found by the ``points`` profile's strikes).
 - ``fs-truncate``: the real fs engine (``--storage-engine fs``) with an off-by-one in
   segment truncation: the data file is cut at the end of the first record to remove
   instead of its start (the index is cut right), so the removed record's bytes stay
@@ -77,7 +72,6 @@ from waltz_server.server import store_session as store_session_module
 from waltz_server.server.replication import Committed, Replication
 from waltz_server.storage_node import node as node_module
 from waltz_server.storage_node import partition as node_partition
-from waltz_server.storage_node.client import StorageReplica
 from waltz_server.storage_node.partition import PartitionWorker
 from waltz_sim import workloads
 from waltz_sim.checker import FeedEvent
@@ -247,16 +241,6 @@ class OffByOneFeedTracker(FeedTracker):
         return self._position if self._position is not None else NO_TRANSACTION
 
 
-# -- rejoin-clears-lost: the rejoin and the closing mark before issue 27's fix --------------------
-
-
-async def _mark_replica_as_before(
-    self: StorageReplica, low_water_mark: int, *, clean: bool, log_end: int = -1
-) -> None:
-    if not clean:  # the bug: the rejoin records this session's clean marks at once
-        await self.set_low_water_mark(low_water_mark)
-
-
 # -- fs-truncate: the fs engine's segment truncation, one record off ------------------------------
 
 
@@ -393,7 +377,6 @@ PLANTED: dict[str, Planted] = {
         ),
         Planted("acked-in-flight", _LOSS | {"client-ahead", "client-state", "duplicate"}, {}),
         Planted("mark-before-apply", frozenset({"client-state", "workload", "lock-safety"}), {}),
-        Planted("rejoin-clears-lost", _LOSS | {"client-ahead"}, {}, profile="points"),
         Planted(
             "fs-truncate",
             _LOSS | {"dense-ids", "duplicate", "client-ahead", "client-state"},
@@ -434,8 +417,6 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(store_session_module, "Replication", InFlightAckedReplication)
         elif name == "mark-before-apply":
             patch.setattr(workloads, "_Callbacks", MarkFirstCallbacks)
-        elif name == "rejoin-clears-lost":
-            patch.setattr(StorageReplica, "mark_replica", _mark_replica_as_before)
         elif name == "fs-unsynced-data":
             patch.setattr(FsStoragePartition, "write_batch", _write_batch_flushing_the_index)
         elif name == "fs-truncate":

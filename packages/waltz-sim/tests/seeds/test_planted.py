@@ -23,7 +23,6 @@ MAX_SEEDS = {
     "early-ack": 60,
     "skip-generation": 100,
     "skip-fencing": 150,
-    "rejoin-clears-lost": 100,  # the points seeds tox -e sim runs
     "fs-truncate": 20,  # the fs chaos seeds tox -e sim runs
     "fs-unsynced-data": 50,  # the fs standard seeds tox -e sim runs
     "suspect-as-clean": 100,
