@@ -24,5 +24,9 @@ else
 endif
 	touch $@
 
+# Installs what the tests need and is missing (scripts/install-test-deps: Debian
+# packages as root, else a list of them; tox and uv from PyPI), then runs every test
+# environment. `.ci/run` is this command.
 test:
-	tox
+	scripts/install-test-deps
+	python3 -m tox

@@ -12,11 +12,15 @@ from waltz_chaos.schedule import (
     NETWORK_FAULTS,
     QUORUM_FAULTS,
     QUORUM_RECOVERY,
+    REPAIR_ALLOWANCE,
+    STOPPING_FAULTS,
+    STORAGE_FAULTS,
     WARM_UP,
     Fault,
     Roles,
     Schedule,
     generate,
+    impaired_by,
     profile_of,
 )
 
@@ -137,3 +141,50 @@ def test_faults_describe_themselves() -> None:
     assert set(QUORUM_FAULTS) - {"storage_cut_off"} <= {
         f for f in QUORUM_FAULTS if f not in NETWORK_FAULTS
     }
+
+
+# -- storage faults ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_storage_faults_damage_one_node_at_a_time(seed: int) -> None:
+    """The storage profile: each storage fault restarts its node at its hold and counts
+    REPAIR_ALLOWANCE for the repair; while it lasts no other storage node is impaired; a
+    rollback only to a copy taken at an earlier stop of its node."""
+    s = schedule(seed, duration=400.0, profile_spec="storage")
+    damage = [f for f in s.faults if f.kind in STORAGE_FAULTS]
+    assert damage and not [f for f in s.faults if f.quorum or f.network]
+    for f in damage:
+        assert len(f.targets) == 1 and f.targets[0] in ROLES.storage
+        assert 1.0 <= f.hold <= 6.0 and f.heal_at == f.at + f.hold
+        assert f.duration == pytest.approx(f.hold + REPAIR_ALLOWANCE, abs=1e-3)
+        others = [
+            g
+            for g in s.faults
+            if g is not f and g.at < f.end and f.at < g.end and impaired_by(g, ROLES)[0]
+        ]
+        assert {n for g in others for n in impaired_by(g, ROLES)[0]} <= set(f.targets), (f, others)
+        if f.kind == "rollback_data":
+            assert any(
+                g.kind in STOPPING_FAULTS and f.targets[0] in g.targets and g.end <= f.at
+                for g in s.faults
+            ), f
+    assert schedule(seed, duration=400.0).kinds().keys().isdisjoint(STORAGE_FAULTS)
+
+
+def test_every_storage_fault_is_drawn_and_replayed() -> None:
+    drawn = {f.kind for seed in range(4) for f in schedule(seed, profile_spec="storage").faults}
+    assert set(STORAGE_FAULTS) <= drawn
+    fault = Fault(9.0, "flip_sealed", 8.0, ("storage-1",), hold=3.0)
+    assert Fault.from_json(fault.to_json()) == fault and fault.heal_at == 12.0
+    assert Fault(9.0, "kill", 8.0, ("storage-1",)).heal_at == 17.0
+    assert "hold" not in Fault(9.0, "kill", 8.0, ("storage-1",)).to_json()
+
+
+def test_without_the_data_directories_no_storage_fault() -> None:
+    """An attached cluster's data directories are not the run's: no storage fault is
+    drawn, and a schedule holding one is refused."""
+    s = schedule(1, profile_spec="storage", data=False)
+    assert s.faults and not [f for f in s.faults if f.kind in STORAGE_FAULTS]
+    with pytest.raises(ChaosError, match="data directories"):
+        schedule(1, profile_spec="storage").check_fits(ROLES, network=True, disk=True, data=False)

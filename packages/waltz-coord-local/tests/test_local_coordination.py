@@ -17,6 +17,7 @@ import pytest
 
 from waltz_api.contracts.coordination import SessionState, Versioned
 from waltz_api.errors import (
+    ClusterNotFoundError,
     ConfigError,
     CoordinationError,
     CoordinationUnavailableError,
@@ -105,6 +106,38 @@ async def spawn(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Worker]
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.process.pid, signal.SIGCONT)
         await worker.stop()
+
+
+def test_a_client_that_joins_creates_nothing(tmp_path: Path) -> None:
+    """create=False (the `waltz` commands that join a cluster): a location that does not
+    exist is refused, naming it, and nothing is made; an existing one opens."""
+    mistyped = tmp_path / "no" / "such"
+    for location in (f"local://{mistyped}", f"local://{tmp_path}"):
+        with pytest.raises(ClusterNotFoundError, match="does not exist") as refused:
+            LocalCoordination(location, {"create": False})
+        assert location in str(refused.value)
+    with pytest.raises(ClusterNotFoundError) as named:
+        parse_location(f"local://{mistyped}", create=False)
+    assert f"{mistyped} does not exist" in str(named.value)
+    assert not (tmp_path / "no").exists() and not (tmp_path / "coordination.sqlite3").exists()
+    with pytest.raises(ConfigError, match="create must be true or false"):
+        LocalCoordination(f"local://{tmp_path}", {"create": "no"})
+
+
+async def test_a_client_that_joins_opens_an_existing_store(tmp_path: Path) -> None:
+    maker = LocalCoordination(f"local://{tmp_path}")
+    await maker.start()
+    try:
+        await maker.create("/made", b"x")
+    finally:
+        await maker.close()
+    joining = LocalCoordination(f"local://{tmp_path}", {"create": False})
+    await joining.start()
+    try:
+        found = await joining.get("/made")
+        assert found is not None and found.value == b"x"
+    finally:
+        await joining.close()
 
 
 def test_locations(tmp_path: Path) -> None:

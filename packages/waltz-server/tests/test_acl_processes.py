@@ -413,7 +413,14 @@ async def test_enforced_acl_serves_each_key_only_what_it_was_granted(cluster: Cl
         "client", "append", "--partition", "0", "--data", "refused", *key_options("reader"),
         uri=uri,
     )  # fmt: skip
-    assert done.returncode != 0 and "write permission" in done.stderr, done.stderr
+    # the refusal once, in one line (before: also the client library's log line)
+    assert done.returncode == 1 and "write permission" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
+    done = await waltz_cli(
+        "client", "high-water-mark", "--partition", "1", *key_options("writer"), uri=uri
+    )  # fmt: skip
+    assert done.returncode == 1 and "read permission" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
     done = await waltz_cli(
         "client", "high-water-mark", "--partition", "0", *key_options("reader"), uri=uri
     )

@@ -39,6 +39,8 @@ ALSO_IN: dict[str, set[str]] = {
     "waltz_conformance.suites.system_failover": {"waltz_server"},
     "waltz_spark.testing": {"waltz_server"},
     "waltz_chaos.cluster": {"waltz_conformance"},
+    "waltz_chaos.damage": {"waltz_storage_fs"},
+    "waltz_sim.fsdisk": {"waltz_storage_fs"},
     "waltz_server.locktables.conformance": {"waltz_conformance"},
     "waltz_server.server.archiving": {"waltz_archive"},
     "waltz_server.cli.archive": {"waltz_archive"},

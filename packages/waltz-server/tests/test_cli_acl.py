@@ -108,7 +108,12 @@ def test_grant_check_enable_revoke_disable(uri: str, tmp_path: Path) -> None:
             {"key": app.public_key, "name": "app1", "partition": 2, "permission": "write"},
         ],
     }
-    assert "PARTITION" in ok("acl", "list", *c, "-o", "table")
+    table = ok("acl", "list", *c, "-o", "table")
+    assert "PARTITION" in table
+    # yes and no, not Python's True and False
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if line.strip()}
+    assert rows["exists"] == ["yes"] and rows["enforced"] == ["yes"], table
+    assert "True" not in table and "False" not in table
 
     # revoking one partition leaves the grant on all partitions, and says so
     said = ok("acl", "revoke", *c, "--key", "app1", "--partition", "2", "--permission", "write")

@@ -105,7 +105,7 @@ def test_show_without_cluster_and_unreachable_service(zookeeper_server: ZooKeepe
         main,
         ["cluster", "show", "--coordination", "zk://127.0.0.1:1/x?connect_timeout=2"],
     )
-    assert down.exit_code == 1 and "could not connect" in down.output, down.output
+    assert down.exit_code == 4 and "refused the connection" in down.output, down.output
 
 
 def test_create_in_process_on_memory_and_bad_input() -> None:

@@ -58,9 +58,9 @@ def waltz(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
 
 
-def one_error_line(result: Result) -> str:
-    """The command failed with exactly one line on stderr; that line."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
+def one_error_line(result: Result, code: int = 1) -> str:
+    """The command failed (exit ``code``) with exactly one line on stderr; that line."""
+    assert result.exit_code == code, (result.exit_code, result.output)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and "Traceback" not in result.output
@@ -228,12 +228,16 @@ def test_verify_and_show_errors_are_one_line(live: Live, tmp_path: Path) -> None
 
 
 def test_client_commands_report_a_wrong_cluster_in_one_line(live: Live, tmp_path: Path) -> None:
-    empty = f"local://{tmp_path}?root=/nothing"
+    empty = live.root("nothing")  # a root of the cluster's coordination store, empty
     for command in ("high-water-mark", "tail"):
         line = one_error_line(waltz("client", command, "--coordination", empty))
         assert "no Waltz cluster at this coordination root" in line
     line = one_error_line(waltz("client", "append", "--coordination", empty, "--data", "x"))
     assert "no Waltz cluster" in line
+    # a local location that does not exist is not made: refused, naming it
+    missing = tmp_path / "mistyped"
+    line = one_error_line(waltz("client", "tail", "--coordination", f"local://{missing}"))
+    assert f"{missing} does not exist" in line and not missing.exists()
     line = one_error_line(waltz("client", "high-water-mark", "--coordination", "zk:/"))
     assert "zk" in line
     line = one_error_line(
@@ -414,8 +418,8 @@ def test_add_a_storage_node_and_a_replica_that_catches_up_then_remove_them(
 def test_add_storage_node_checks_the_node(live: Live) -> None:
     uri = ["--coordination", live.uri]
     down = f"127.0.0.1:{free_port()}"
-    line = one_error_line(waltz("cluster", "add-storage-node", *uri, down, "--timeout", "0.5"))
-    assert "no answer" in line or "did not answer" in line
+    line = one_error_line(waltz("cluster", "add-storage-node", *uri, down, "--timeout", "0.5"), 4)
+    assert "refused the connection" in line
     assert down not in as_json(waltz("cluster", "show", *uri, "--json"))["storage"]
     # --no-check trusts the operator: the node is then reported by verify
     added = waltz("cluster", "add-storage-node", *uri, down, "--no-check")
@@ -424,8 +428,10 @@ def test_add_storage_node_checks_the_node(live: Live) -> None:
         report = as_json(waltz("cluster", "verify", *uri, "--timeout", "0.5", "--json"))
         assert ("unreachable", f"storage node {down}") in kinds(report)
         # a replica needs its node up (to host the partition): refused, nothing changed
-        line = one_error_line(waltz("cluster", "add-replica", *uri, "0", down, "--timeout", "0.5"))
-        assert "no answer" in line or "did not answer" in line
+        line = one_error_line(
+            waltz("cluster", "add-replica", *uri, "0", down, "--timeout", "0.5"), 4
+        )
+        assert "refused the connection" in line
         assert as_json(waltz("cluster", "show", *uri, "--json"))["storage"][down] == []
     finally:
         removed = waltz("cluster", "remove-storage-node", *uri, down)

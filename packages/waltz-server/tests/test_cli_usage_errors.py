@@ -17,6 +17,11 @@ from waltz_server.cli import main
         (["cluster", "create"], "Missing option '--coordination'"),
         (["storage", "dump-segment"], "Missing argument 'SEGMENT'"),
         (["client", "append", "--partition", "x"], "'x' is not a valid integer"),
+        # a header beyond 32 bits (before: exit 1, from the client library)
+        (
+            "client append --header 99999999999 --data x --coordination local:///x".split(),  # noqa: SIM905
+            "99999999999 is not in the range -2147483648<=x<=2147483647",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_with_exit_code_2(args: list[str], expected: str) -> None:

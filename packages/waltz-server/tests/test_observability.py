@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from waltz_api.contracts.transport import Transport
@@ -21,7 +22,10 @@ from waltz_api.errors import ConfigError, SessionFencedError
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_conformance.records import make_records
+from waltz_server.dev import DevCluster
 from waltz_server.observability import (
+    ERROR_KINDS,
+    SERVER_REQUEST_KINDS,
     Check,
     FeedPosition,
     HttpEndpoint,
@@ -34,6 +38,7 @@ from waltz_server.process import JsonFormatter
 from waltz_server.storage_node import StorageClient
 from waltz_server.storage_node.config import load_storage_config
 from waltz_server.storage_node.main import serve
+from waltz_server.storage_node.node import REQUEST_KINDS
 from waltz_server.storage_node.testing import StorageNodeProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -158,6 +163,109 @@ async def test_metrics_and_health_over_http() -> None:
         idle.close()
     with pytest.raises(OSError):
         await _get(f"{http.url}/health")
+
+
+def _series(text: str, name: str, **labels: str) -> list[float]:
+    """The values of a family's samples with these labels (none when absent)."""
+    return [
+        float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]
+
+
+def test_labelled_counters_exist_at_zero_for_known_labels() -> None:
+    """Every counter (and histogram) labelled by partition has a series at zero once the
+    partition is served or hosted, every one labelled by kind for each known kind from
+    the start: a dashboard's rate() reads 0, not "No data", before the first event."""
+    server = ServerMetrics(new_registry(process_metrics=False, role="server"))
+    storage = StorageNodeMetrics(new_registry(process_metrics=False, role="storage"))
+    storage.expect_requests(REQUEST_KINDS)
+    server.serve_partition(3)
+    storage.host_partition(3)
+    for metrics in (server, storage):
+        families = {f.name: f for f in metrics.registry.collect()}
+        partitioned = [
+            f for f in families.values()
+            if f.type in ("counter", "histogram") and f.name.startswith("waltz_")
+            and "partition" in _label_names(metrics, f.name)
+        ]  # fmt: skip
+        assert partitioned, "no partition-labelled counter found: the check would pass empty"
+        for family in partitioned:
+            values = [s.value for s in family.samples if s.labels.get("partition") == "3"]
+            assert values and all(v == 0 for v in values), family.name
+    text = "\n".join(
+        sample_line
+        for metrics in (server, storage)
+        for sample_line in _exposition(metrics).splitlines()
+    )
+    for kind in SERVER_REQUEST_KINDS:
+        assert _series(text, "waltz_server_requests_total", kind=kind) == [0.0], kind
+    for kind in REQUEST_KINDS:
+        assert _series(text, "waltz_storage_requests_total", kind=kind) == [0.0], kind
+    for kind in ERROR_KINDS:
+        assert _series(text, "waltz_server_errors_total", kind=kind) == [0.0], kind
+        assert _series(text, "waltz_storage_errors_total", kind=kind) == [0.0], kind
+
+
+def _label_names(metrics: ServerMetrics | StorageNodeMetrics, family: str) -> tuple[str, ...]:
+    """The label names of the metric behind ``family`` (the client's own record of them:
+    a family without samples has none to show)."""
+    for value in vars(metrics).values():
+        if isinstance(value, Counter | Histogram) and value._name in (family, family + "_total"):
+            return tuple(value._labelnames)
+    return ()
+
+
+def _exposition(metrics: ServerMetrics | StorageNodeMetrics) -> str:
+    return generate_latest(metrics.registry).decode()
+
+
+async def test_a_dev_clusters_counters_read_zero_before_any_client(tmp_path: Path) -> None:
+    """Real processes (``waltz dev --metrics``): before any client came, each served or
+    hosted partition has its counters at zero on /metrics, and each request and error
+    kind its series."""
+    cluster = DevCluster(tmp_path / "dev", partitions=2, metrics=True)
+    try:
+        await cluster.start()
+        urls = dict(cluster.metrics_urls)
+        scraped = {name: (await _get(f"{url}/metrics"))[2] for name, url in urls.items()}
+    finally:
+        await cluster.stop()
+    servers = [text for name, text in scraped.items() if name.startswith("server")]
+    nodes = [text for name, text in scraped.items() if name.startswith("storage")]
+    assert len(servers) == 1 and len(nodes) == 3, sorted(scraped)
+    (server,) = servers
+    for partition in ("0", "1"):
+        for name in (
+            "waltz_server_appended_transactions_total",
+            "waltz_server_commit_latency_seconds_count",
+            "waltz_server_lock_failures_total",
+            "waltz_server_archive_failures_total",
+            "waltz_server_archived_records_total",
+            "waltz_server_archive_orphans_rejected_total",
+        ):
+            assert _series(server, name, partition=partition) == [0.0], (name, partition)
+        assert _series(server, "waltz_server_recoveries_total", partition=partition)
+        failures = "waltz_server_append_failures_total"
+        assert _series(server, failures, partition=partition, reason="generation") == [0.0]
+        for node in nodes:
+            for name in (
+                "waltz_storage_appended_records_total",
+                "waltz_storage_append_batches_total",
+                "waltz_storage_append_latency_seconds_count",
+                "waltz_storage_fenced_requests_total",
+                "waltz_storage_sessions_fenced_total",
+            ):
+                assert len(_series(node, name, partition=partition)) == 1, (name, partition)
+    for kind in ("AppendRequest", "MountRequest", "HighWaterMarkRequest"):
+        assert _series(server, "waltz_server_requests_total", kind=kind) == [0.0], kind
+    for kind in ("not_committed", "access_denied", "stale_generation"):
+        assert _series(server, "waltz_server_errors_total", kind=kind) == [0.0], kind
+    for node in nodes:
+        assert _series(node, "waltz_storage_requests_total", kind="TruncateRequest")
+        assert _series(node, "waltz_storage_errors_total", kind="fenced") == [0.0]
 
 
 async def test_build_info_and_no_created_series() -> None:

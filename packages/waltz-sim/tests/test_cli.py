@@ -32,8 +32,9 @@ def test_a_range_of_seeds_reports_each_and_a_summary() -> None:
     )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("seed 0: ok: ")
-    assert any(line.startswith("seed 1: ok: ") for line in lines)
+    # what a seed chose of its configuration, when not the defaults, follows its number
+    assert lines[0].startswith("seed 0 (5 storage nodes): ok: ")
+    assert any(line.startswith("seed 1 (plain callbacks): ok: ") for line in lines)
     assert "commits" in lines[0] and "simulated in" in lines[0]
     assert lines[-1].startswith("2 seeds, 2 passed, 0 failed;")
 
@@ -44,7 +45,7 @@ def test_a_failing_seed_prints_its_replay_the_violations_and_the_trace() -> None
         result = CliRunner().invoke(main, [*args, "--lock-table", "planted-forget-append"])
     assert result.exit_code == 1, result.output
     out = result.output
-    failed = re.search(r"^seed (\d+): FAILED", out, re.MULTILINE)
+    failed = re.search(r"^seed (\d+)[^:]*: FAILED", out, re.MULTILINE)
     assert failed is not None, out
     seed = failed.group(1)
     assert f"replay: waltz simulate --seed {seed} --duration 20" in out
@@ -61,7 +62,7 @@ def test_an_open_range_runs_until_the_budget_is_spent() -> None:
         ["simulate", "--seeds", "5..", "--budget", "0.01", "--duration", "20", "--faults", "none"],
     )
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("seed 5: ok: ")
+    assert result.output.startswith("seed 5 (plain callbacks): ok: ")
     assert result.output.splitlines()[-1].startswith("1 seeds, 1 passed, 0 failed;")
 
 

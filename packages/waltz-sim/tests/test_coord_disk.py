@@ -259,22 +259,24 @@ def test_damage_found_at_start_up_is_a_missing_range_until_repaired() -> None:
         process.start()
         engine = await _engine(world, process)
 
-        async def read_and_repair() -> tuple[list[tuple[int, int]], str, int, bool]:
+        async def read_and_repair() -> tuple[list[tuple[int, int]], int, str, int, bool]:
             part = engine.partition(0)
             missing = part.missing_ranges()
+            before = await part.read_records(0, 8)  # the records before the hole (fs engine)
             with pytest.raises(CorruptionError) as damaged:
-                await part.read_records(0, 8)
+                await part.read_records(3, 8)
             with pytest.raises(StorageAppendError):
                 await part.repair(_records(3, 2))  # not from the range's start
             await part.repair(_records(2, 3))
             whole = await part.read_records(0, 8)
-            return missing, str(damaged.value), len(whole), part.missing_ranges() == []
+            return missing, len(before), str(damaged.value), len(whole), not part.missing_ranges()
 
         return await world._in(process, read_and_repair())
 
-    missing, damaged, whole, repaired = in_world(scenario)
+    missing, before, damaged, whole, repaired = in_world(scenario)
     assert missing == [(2, 4)]
-    assert "transaction 2 was lost to damage" in damaged
+    assert before == 2
+    assert "transaction 3 was lost to damage" in damaged
     assert whole == 8 and repaired
 
 

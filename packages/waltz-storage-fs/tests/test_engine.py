@@ -23,6 +23,7 @@ from waltz_api.types import LOST_SESSION
 from waltz_conformance.suites.storage import assert_log, make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
+from waltz_storage_fs.committer import LoopRunner
 from waltz_storage_fs.engine import FsStorageEngine
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,21 +32,28 @@ KEY = uuid.UUID("0f8e3c52-6a4b-4f0e-9d2c-7b1a5e3f9c11")
 
 
 class Opener:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, runner: str = "threads") -> None:
         self.directory = directory
+        self.runner = runner
         self.engines: list[FsStorageEngine] = []
 
     async def __call__(self, **options: Any) -> FsStorageEngine:
         engine = await FsStorageEngine.open(
-            str(self.directory), cluster_key=KEY, num_partitions=8, options=options
+            str(self.directory),
+            cluster_key=KEY,
+            num_partitions=8,
+            options=options,
+            runner=LoopRunner() if self.runner == "loop" else None,
         )
         self.engines.append(engine)
         return engine
 
 
-@pytest.fixture
-async def opener(tmp_path: Path) -> AsyncIterator[Opener]:
-    opener = Opener(tmp_path / "store")
+@pytest.fixture(params=["threads", "loop"])
+async def opener(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Opener]:
+    """The engine with its committer and reads in threads (the default), or on the event
+    loop (``LoopRunner``, as the simulation runs it): every test passes with both."""
+    opener = Opener(tmp_path / "store", request.param)
     yield opener
     for engine in opener.engines:
         await engine.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from pathlib import Path
 
@@ -34,6 +35,24 @@ def test_generate_writes_a_key_pair_and_refuses_to_overwrite(tmp_path: Path) -> 
         main, ["keys", "generate", "--out", str(tmp_path / "keys"), "--name", "server", "--force"]
     )
     assert forced.exit_code == 0, forced.output
+
+
+def test_an_unwritable_directory_is_one_line(tmp_path: Path) -> None:
+    """Not a traceback (37 lines before): one error line naming the directory."""
+    below_a_file = tmp_path / "a-file" / "keys"
+    (tmp_path / "a-file").write_text("not a directory")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o500)
+    # root writes into a read-only directory anyway: /proc/self refuses everyone
+    unwritable = Path("/proc/self") if os.geteuid() == 0 else read_only
+    for out in (below_a_file, unwritable):
+        result = CliRunner().invoke(main, ["keys", "generate", "--out", str(out)])
+        assert result.exit_code == 1, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1, result.output
+        assert lines[0].startswith(f"error: cannot write the key files into {out}: "), lines
+        assert "--out" in lines[0]
+        assert not (out / "waltz.key").exists() and not (out / "waltz.key_secret").exists()
 
 
 async def test_generated_keys_secure_the_zmq_transport(tmp_path: Path) -> None:

@@ -23,9 +23,12 @@ Records written before ``ts`` existed have none; readers treat it as optional
 
 `verify` recomputes everything from the log alone and compares.
 
-Records that are not bank operations (another application's, or a ``waltz client
-append`` on the same cluster) are skipped with a warning, by the views and the
-check alike: the bank does not wedge on a record it cannot read.
+The bank lives on one partition (:data:`PARTITION`), whatever the cluster's partition
+count: its clients mount that one only, and the check reads that one only (the others
+are other applications'). Records on it that are not bank operations (another
+application's, or a ``waltz client append`` on the same cluster) are skipped with a
+warning, once per record in a run (not once per client), by the views and the check
+alike: the bank does not wedge on a record it cannot read.
 """
 
 from __future__ import annotations
@@ -54,29 +57,58 @@ from waltz_client import (
 from waltz_client.sql import SqliteClientCallbacks
 
 PARTITION = 0
+"""The bank's partition: its operations, and everything its clients and check read."""
 LOCK_NAMESPACE = "account"
 DAY_MS = 86_400_000
 KINDS = frozenset({"deposit", "withdraw", "transfer", "audit"})
 
 log = logging.getLogger(__name__)
 
+MAX_WARNED = 1000
+"""Foreign records a :class:`Skipped` warns about one by one; past that, it is silent."""
 
-def bank_operation(transaction: Transaction, data: bytes) -> dict[str, Any] | None:
-    """The bank operation ``data`` (the transaction's) holds, or None (with a warning)
-    when it is not one: a record another application wrote to this cluster."""
+
+class Skipped:
+    """The records that are not bank operations, warned about once each: the views of
+    one run's clients and its check meet every such record, one warning is enough."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+
+    def first(self, transaction: Transaction) -> bool:
+        """Whether this record is new here (and should be warned about)."""
+        record = (transaction.partition_id, transaction.transaction_id)
+        with self._lock:
+            if record in self._seen or len(self._seen) > MAX_WARNED:
+                return False
+            self._seen.add(record)
+            if len(self._seen) > MAX_WARNED:
+                log.warning("more than %d records are not bank operations: skipped", MAX_WARNED)
+                return False
+            return True
+
+
+def bank_operation(
+    transaction: Transaction, data: bytes, skipped: Skipped | None = None
+) -> dict[str, Any] | None:
+    """The bank operation ``data`` (the transaction's) holds, or None (with a warning;
+    once per record of ``skipped``) when it is not one: a record another application
+    wrote to this cluster."""
     try:
         op = json.loads(data)
     except ValueError:  # not JSON, or not UTF-8
         op = None
     if isinstance(op, dict) and op.get("op") in KINDS and isinstance(op.get("id"), str):
         return op
-    log.warning(
-        "transaction %d of partition %d is not a bank operation (%d bytes: %r): skipped",
-        transaction.transaction_id,
-        transaction.partition_id,
-        len(data),
-        data[:40],
-    )
+    if skipped is None or skipped.first(transaction):
+        log.warning(
+            "transaction %d of partition %d is not a bank operation (%d bytes: %r): skipped",
+            transaction.transaction_id,
+            transaction.partition_id,
+            len(data),
+            data[:40],
+        )
     return None
 
 
@@ -88,8 +120,9 @@ def now_ms() -> int:
 class Accounts(SqliteClientCallbacks):
     """One client's view: ``account(id, balance, min_balance)`` applied from the log."""
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str, skipped: Skipped | None = None) -> None:
         super().__init__(database)
+        self.foreign = skipped or Skipped()
         self.connection().execute(
             "CREATE TABLE IF NOT EXISTS account ("
             "id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, min_balance INTEGER NOT NULL)"
@@ -114,7 +147,7 @@ class Accounts(SqliteClientCallbacks):
         )
 
     def apply(self, connection: sqlite3.Connection, transaction: Transaction) -> None:
-        op = bank_operation(transaction, transaction.get_data())
+        op = bank_operation(transaction, transaction.get_data(), self.foreign)
         if op is None:
             return  # not ours: skipped (the high-water mark still moves past it)
         kind = op["op"]
@@ -204,12 +237,24 @@ class Stats:
     lock_failures: int = 0
     committed_ids: set[str] = field(default_factory=set)
     latencies: list[float] = field(default_factory=list)
+    """Seconds from each submission to its decision (committed or declined)."""
+    first_attempt: list[float] = field(default_factory=list)
+    """Those of the operations decided at their first attempt."""
+    retried: list[float] = field(default_factory=list)
+    """Those of the operations re-executed after lock failures."""
+    most_retried: tuple[int, str] = (0, "")
+    """The most lock failures of one operation, and its kind."""
     lock = threading.Lock()
 
     def record(self, op: Operation, committed: bool, latency: float) -> None:
         with self.lock:
             self.lock_failures += op.lock_failures
             self.latencies.append(latency)
+            if op.lock_failures:
+                self.retried.append(latency)
+                self.most_retried = max(self.most_retried, (op.lock_failures, op.op["op"]))
+            else:
+                self.first_attempt.append(latency)
             if committed:
                 kind = op.op["op"]
                 self.committed[kind] = self.committed.get(kind, 0) + 1
@@ -268,15 +313,17 @@ class Replay:
 class LogReader(WaltzClientCallbacks):
     """Reads the whole log from transaction 0 into a Replay (no database)."""
 
-    def __init__(self) -> None:
+    def __init__(self, skipped: Skipped | None = None) -> None:
         self.replay = Replay()
         self.hwm = -1
+        self.foreign = skipped or Skipped()
 
     async def client_high_water_mark(self, partition_id: int) -> int:
         return self.hwm
 
     async def apply_transaction(self, transaction: Transaction) -> None:
-        self.replay.apply(bank_operation(transaction, await transaction.fetch_data()))
+        data = await transaction.fetch_data()
+        self.replay.apply(bank_operation(transaction, data, self.foreign))
         self.hwm = transaction.transaction_id
 
 
@@ -294,9 +341,10 @@ class Report:
         return not self.problems
 
 
-async def read_log(uri: str) -> tuple[Replay, int]:
-    reader = LogReader()
-    config = ClientConfig(uri, transport="zmq", prefetch_data=True)
+async def read_log(uri: str, skipped: Skipped | None = None) -> tuple[Replay, int]:
+    """The bank's partition read from transaction 0, and its high-water mark."""
+    reader = LogReader(skipped)
+    config = ClientConfig(uri, transport="zmq", partitions=[PARTITION], prefetch_data=True)
     async with AsyncWaltzClient(reader, config) as client:
         top = await client.flush(PARTITION)
         # flush answers once every append is decided and the feed reached the mark
@@ -359,22 +407,40 @@ def run_bank(
     import os
 
     stats = Stats(run=os.urandom(4).hex())
-    instances = [Accounts(os.path.join(work_dir, f"client-{i}.db")) for i in range(clients)]
-    config = ClientConfig(uri, transport="zmq", max_concurrent_transactions=in_flight)
+    skipped = Skipped()  # each foreign record warned about once, not once per client
+    instances = [
+        Accounts(os.path.join(work_dir, f"client-{i}.db"), skipped) for i in range(clients)
+    ]
+    config = ClientConfig(
+        uri,
+        transport="zmq",
+        partitions=[PARTITION],
+        max_concurrent_transactions=in_flight,
+        prefetch_data=True,
+    )
     errors: list[BaseException] = []
     waltz_clients: list[WaltzClient] = []
     interrupted = threading.Event()
 
     def run_client(index: int, client: WaltzClient) -> None:
         rng = random.Random(seed * 1000 + index)
-        pending: list[tuple[Operation, float, concurrent.futures.Future[SubmissionResult]]] = []
+        pending: list[concurrent.futures.Future[SubmissionResult]] = []
 
-        def settle(
-            entry: tuple[Operation, float, concurrent.futures.Future[SubmissionResult]],
-        ) -> None:
-            op, t0, future = entry
-            committed = future.result(timeout=timeout).committed
-            stats.record(op, committed, time.monotonic() - t0)
+        def submit(op: Operation) -> concurrent.futures.Future[SubmissionResult]:
+            started = time.monotonic()
+            future = client.submit(op, timeout=timeout)
+
+            def decided(done: concurrent.futures.Future[SubmissionResult]) -> None:
+                # the latency ends when the operation is decided, not when this thread
+                # gets to it: behind a slow one, a fast one would wait (and look slow)
+                if not done.cancelled() and done.exception() is None:
+                    stats.record(op, done.result().committed, time.monotonic() - started)
+
+            future.add_done_callback(decided)
+            return future
+
+        def settle(future: concurrent.futures.Future[SubmissionResult]) -> None:
+            future.result(timeout=timeout)  # (its latency is recorded as it is decided)
             if progress is not None:
                 progress(1)
 
@@ -384,12 +450,11 @@ def run_bank(
             fields = random_operation(rng, accounts, f"{stats.run}-c{index}-{k}")
             if history_days > 0:
                 fields["ts"] = now_ms() - round(history_days * DAY_MS * (1 - k / operations))
-            op = Operation(instances[index], fields)
-            pending.append((op, time.monotonic(), client.submit(op, timeout=timeout)))
+            pending.append(submit(Operation(instances[index], fields)))
             if len(pending) >= in_flight:
                 settle(pending.pop(0))
-        for entry in pending:
-            settle(entry)
+        for future in pending:
+            settle(future)
 
     try:
         for instance in instances:
@@ -414,7 +479,7 @@ def run_bank(
         for client in waltz_clients:
             client.close()
     elapsed = time.monotonic() - started
-    replay, log_top = asyncio.run(asyncio.wait_for(read_log(uri), timeout))
+    replay, log_top = asyncio.run(asyncio.wait_for(read_log(uri, skipped), timeout))
     views = [instance.balances() for instance in instances]
     for instance in instances:
         instance.close()

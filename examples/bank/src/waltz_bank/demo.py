@@ -23,20 +23,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from waltz_api.errors import WaltzError
-from waltz_bank.bank import Report, run_bank
+from waltz_bank.bank import Report, Stats, run_bank
 from waltz_cli.devfile import read_ready_file
 
 
 @contextlib.contextmanager
 def dev_cluster(
-    data_dir: Path, console: Console, timeout: float = 120.0
+    data_dir: Path, console: Console, timeout: float = 120.0, partitions: int | None = None
 ) -> Iterator[dict[str, Any]]:
-    """A ``waltz dev`` child process on ``data_dir``; yields its ready info, stops it by pid."""
+    """A ``waltz dev`` child process on ``data_dir`` (with ``partitions``, when given);
+    yields its ready info, stops it by pid."""
     log_path = data_dir / "waltz-dev.out"
     data_dir.mkdir(parents=True, exist_ok=True)
+    more = [] if partitions is None else ["--partitions", str(partitions)]
     with log_path.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir), *more],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -93,10 +95,21 @@ def render(report: Report, console: Console) -> None:
         ("moved by transfers", str(replay.transferred)),
         ("elapsed", f"{report.elapsed:.1f} s ({committed / max(report.elapsed, 1e-9):.0f} tx/s)"),
         ("latency p50 / p99", f"{_pct(latencies, 0.5):.0f} / {_pct(latencies, 0.99):.0f} ms"),
+        *_latency_rows(stats),
     ]
     for name, value in rows:
         summary.add_row(name, value)
     console.print(summary)
+    if stats.retried and _pct(sorted(stats.retried), 0.5) > 2 * _pct(latencies, 0.5):
+        failures, kind = stats.most_retried
+        console.print(
+            f"The p99 is the operations re-executed after lock failures ({len(stats.retried)} "
+            f"of {len(latencies)}; one {kind} {failures} times): each retry waits until this "
+            "client's view has applied the transaction that changed its accounts, and an "
+            "audit's READ locks fail whenever one of its accounts changed, which the other "
+            "clients keep doing. Optimistic locking at work, not a slow log: compare the "
+            "first attempts' latency."
+        )
     if report.ok:
         console.print(
             "[bold green]OK[/]: balances are exact (sum = deposits - withdrawals, transfers "
@@ -106,6 +119,21 @@ def render(report: Report, console: Console) -> None:
     else:
         for problem in report.problems:
             console.print(f"[bold red]FAILED[/]: {problem}")
+
+
+def _latency_rows(stats: Stats) -> list[tuple[str, str]]:
+    """p50 / p99 of the operations decided at their first attempt, and of those
+    re-executed after lock failures: the second is the tail."""
+    rows = []
+    for name, values in (
+        ("at the first attempt", stats.first_attempt),
+        ("after lock failures", stats.retried),
+    ):
+        if values:
+            ordered = sorted(values)
+            shown = f"{_pct(ordered, 0.5):.0f} / {_pct(ordered, 0.99):.0f} ms"
+            rows.append((f"  {name} ({len(values)})", shown))
+    return rows
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -87,8 +87,10 @@ def bank_report_command(uri: str, out: str, chart: str | None, master: str) -> N
         figures = _run(lambda: jobs.bank_report(spark, uri, out, chart))
     click.echo(json.dumps(figures, sort_keys=True, default=str))
     drawn = figures["chart"] or "no chart (OUT is not local: give --chart)"
+    base = out.rstrip("/") or out  # --out report/ writes report/balances, not report//balances
     click.echo(
-        f"written: {out}/balances, {out}/summary, {out}/daily, {out}/positions (Parquet), {drawn}"
+        f"written: {base}/balances, {base}/summary, {base}/daily, {base}/positions (Parquet), "
+        f"{drawn}"
     )
 
 

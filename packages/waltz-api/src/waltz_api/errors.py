@@ -18,6 +18,13 @@ class WaltzError(Exception):
     """Base class of every error Waltz raises."""
 
 
+class UnavailableError(WaltzError):
+    """What the caller waited for (the coordination service, a server, a storage node)
+    did not answer within its deadline, or refused the connection: it is down,
+    unreachable or overloaded, and asking again later may succeed. The ``waltz``
+    command line ends with exit code 4 on it."""
+
+
 class InvalidArgumentError(WaltzError, ValueError):
     """An argument has a value the call cannot take (a lock without a name, a URL that is
     not http://host:port/, ...)."""
@@ -153,7 +160,7 @@ class SessionLostError(CoordinationError):
     """The coordination session expired; every ephemeral entry it owned is gone."""
 
 
-class CoordinationUnavailableError(CoordinationError):
+class CoordinationUnavailableError(CoordinationError, UnavailableError):
     """The coordination service could not be reached in time."""
 
 
@@ -176,7 +183,7 @@ class ConnectionClosedError(TransportError):
     """The connection is closed (by either side, or because the peer died)."""
 
 
-class ConnectError(TransportError):
+class ConnectError(TransportError, UnavailableError):
     """A connection to an endpoint could not be established."""
 
 

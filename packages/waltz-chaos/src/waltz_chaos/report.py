@@ -22,6 +22,7 @@ from typing import Any
 
 from waltz_chaos.cluster import ProcessEvent
 from waltz_chaos.nemesis import FaultRecord
+from waltz_chaos.schedule import STORAGE_FAULTS
 from waltz_sim.checker import OK, OpEvent, Violation
 
 OUTAGE_GAP = 2.0
@@ -137,6 +138,16 @@ class Summary:
             },
             "availability": round(self.availability(), 4),
             "first_commit_after_heal": self.first_commit_after_heal(),
+            "storage_faults": [
+                {
+                    "fault": f.description,
+                    "injected": round(f.start, 2),
+                    "healed": None if f.end is None else round(f.end, 2),
+                    "notes": list(f.notes),
+                }
+                for f in self.faults
+                if f.kind in STORAGE_FAULTS
+            ],
             "replay": self.replay,
             "notes": self.notes,
         }
@@ -300,6 +311,11 @@ _COLOURS = {
     "storage_cut_off": "#0b3d66",
     "slow_link": "#bcbd22",
     "lossy_link": "#2ca02c",
+    "corrupt_segment": "#e377c2",
+    "truncate_segment": "#b5478f",
+    "rollback_data": "#7b4173",
+    "wipe_data": "#4a1a45",
+    "flip_sealed": "#f7b6d2",
 }
 _WORKLOAD_COLOURS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
 

@@ -41,13 +41,18 @@ from waltz_chaos.errors import ChaosError
 from waltz_chaos.nemesis import Nemesis
 from waltz_chaos.netns import NetworkLab, leftover_namespaces, namespaces_available
 from waltz_chaos.report import Summary, analyse, html_report, json_report, text_report
-from waltz_chaos.schedule import Roles, Schedule, generate
+from waltz_chaos.schedule import STORAGE_FAULTS, Roles, Schedule, generate
 from waltz_sim.checker import History, LivenessBounds, Violation, check
 from waltz_sim.workloads import op_mix
 
 log = logging.getLogger(__name__)
 
 NETWORK_MODES = ("auto", "namespaces", "off")
+STORAGE_FAULT_OPTIONS = {"segment_size": 4096, "verify_on_open": 1}
+"""The storage nodes' ``fs`` options in a run with storage faults: small segments (so
+that there are sealed ones to damage) and every record checked when a node starts (the
+damage becomes a hole the cluster repairs, as an operator would after a CORRUPTION in
+its log)."""
 
 
 @dataclass
@@ -152,6 +157,10 @@ async def run_chaos(config: ChaosConfig, echo: Callable[[str], None] = print) ->
             session_timeout=settings.session_timeout,
         )
     schedule.save(run_dir / "schedule.json")
+    if any(f.kind in STORAGE_FAULTS for f in schedule.faults):
+        # sealed segments to damage, and damage found at a node's start
+        settings = replace(settings, storage_options=dict(STORAGE_FAULT_OPTIONS))
+        config = replace(config, cluster=settings)
     replay = _replay_command(config, run_dir)
     echo(
         f"waltz chaos: seed {config.seed}, {config.duration:g} s, {len(schedule.faults)} faults "
@@ -232,7 +241,7 @@ async def _run_attached(
         if config.schedule is not None:
             schedule = Schedule.load(config.schedule)
             schedule.check_fits(
-                roles, network=False, disk=False, coordination=False, eligible=eligible
+                roles, network=False, disk=False, coordination=False, eligible=eligible, data=False
             )
             config = replace(config, duration=schedule.duration, quiet=schedule.quiet)
         else:
@@ -246,6 +255,7 @@ async def _run_attached(
                 disk=False,
                 coordination=False,
                 eligible=eligible,
+                data=False,
                 session_timeout=settings.session_timeout,
             )
         schedule.save(run_dir / "schedule.json")
@@ -280,6 +290,7 @@ async def _play(  # noqa: PLR0917 - the run's parts, once
         await nemesis.run()
     finally:
         await nemesis.heal_all()
+        await nemesis.close()
     healed = [r.healed_at for r in nemesis.records if r.healed_at is not None]
     final_heal = max(healed, default=start)
     echo(f"{time.monotonic() - start:7.1f}s  every fault healed; quiet until {config.duration:g} s")
@@ -401,6 +412,7 @@ def _settings_table(config: ChaosConfig, schedule: Schedule) -> dict[str, Any]:
         "ops per second per client": c.ops_per_second,
         "decision deadline (s)": config.bounds.decision_deadline,
         "commit bound (s)": config.bounds.commit_bound,
+        **({"storage engine options": c.storage_options} if c.storage_options else {}),
     }
 
 

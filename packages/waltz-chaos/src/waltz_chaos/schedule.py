@@ -21,6 +21,16 @@ A run has phases, like the simulation's (docs/simulation.md):
   storage nodes), held 3 to 6 s, with no other fault; long runs have one every
   :data:`QUORUM_EVERY` seconds;
 - *quiet*: the rest of the run, no faults: every fault healed, the liveness bounds run.
+
+*Storage faults* (:data:`STORAGE_FAULTS`, the ``storage`` profile) damage what a
+storage node holds: while it is stopped (bytes of a segment corrupted, a segment's
+tail cut, its data directory rolled back to an earlier copy or wiped) or while it runs
+(bytes of a sealed segment flipped, found only when read, or by a scrub). The node is
+impaired from the injection until the cluster has repaired it, and a fault's ``hold``
+is when the nemesis restarts it (or, running, scrubs it); the schedule counts
+:data:`REPAIR_ALLOWANCE` seconds for the repair after that, and the nemesis holds back
+any fault that would impair another storage node while the repair lasts longer
+(:mod:`waltz_chaos.nemesis`).
 """
 
 from __future__ import annotations
@@ -41,8 +51,17 @@ QUORUM_RECOVERY = 12.0
 liveness bounds run in that quiet period)."""
 QUORUM_EVERY = 300.0
 SCHEDULE_VERSION = 1
+REPAIR_ALLOWANCE = 5.0
+"""Seconds a storage fault's schedule counts for the repair, after the node's restart."""
 
-PROCESS_FAULTS = ("kill", "pause", "disk_full", "session_expiry", "isolate")
+STOPPED_STORAGE_FAULTS = ("corrupt_segment", "truncate_segment", "rollback_data", "wipe_data")
+"""Storage faults done to a node's files while it is stopped (killed -9, restarted at
+the fault's ``hold``)."""
+STORAGE_FAULTS = (*STOPPED_STORAGE_FAULTS, "flip_sealed")
+"""Faults that damage what a storage node holds: impaired until the cluster repaired it."""
+STOPPING_FAULTS = ("kill", "storage_majority_down", *STOPPED_STORAGE_FAULTS)
+"""Faults that stop a storage node (its data directory is copied then, for a rollback)."""
+PROCESS_FAULTS = ("kill", "pause", "disk_full", "session_expiry", "isolate", *STORAGE_FAULTS)
 """Faults that act on a process (one at a time per process)."""
 LINK_FAULTS = ("partition", "one_way", "slow_link", "lossy_link")
 NETWORK_FAULTS = (*LINK_FAULTS, "isolate", "storage_cut_off")
@@ -72,6 +91,15 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "servers_down": "quorum: every server killed",
     "long_coordination_outage": "quorum: coordination down longer than the session timeout",
     "storage_cut_off": "quorum: the servers cut off from a majority of the storage nodes",
+    "corrupt_segment": "bytes of a segment of a stopped storage node corrupted (found at its "
+    "start: a hole or a lost tail, repaired from the other replicas)",
+    "truncate_segment": "the tail of a stopped storage node's newest segment cut (records it "
+    "acknowledged lost without a trace)",
+    "rollback_data": "a stopped storage node's data directory rolled back to a copy taken at "
+    "an earlier stop",
+    "wipe_data": "a stopped storage node's data directory wiped (a new disk)",
+    "flip_sealed": "bytes of a sealed segment of a running storage node flipped (found when "
+    "read); a scrub pass on the node at the heal finds the damage",
 }
 
 
@@ -119,6 +147,13 @@ PROFILES: dict[str, Profile] = {
             "the standard faults, further apart, no quorum break",
             {**_PROCESS, **_NETWORK},
             gap=(3.0, 8.0),
+            quorum=(),
+        ),
+        Profile(
+            "storage",
+            "storage faults (corrupt, truncated, rolled back or wiped data; bit flips in "
+            "sealed segments), with kills and pauses",
+            {**dict.fromkeys(STORAGE_FAULTS, 2.0), "kill": 2.0, "pause": 1.0},
             quorum=(),
         ),
         Profile("none", "no faults (the baseline)", {}, quorum=()),
@@ -183,10 +218,18 @@ class Fault:
     delay_ms: int = 0
     rate_kbit: int = 0
     loss: float = 0.0
+    hold: float = 0.0
+    """Storage faults: seconds from the injection to the node's restart (the rest of the
+    duration is counted for its repair)."""
 
     @property
     def end(self) -> float:
         return self.at + self.duration
+
+    @property
+    def heal_at(self) -> float:
+        """When the nemesis heals it: a storage fault's restart, else its end."""
+        return self.at + self.hold if self.kind in STORAGE_FAULTS else self.end
 
     @property
     def quorum(self) -> bool:
@@ -235,6 +278,7 @@ class Fault:
                 delay_ms=int(data.get("delay_ms", 0)),
                 rate_kbit=int(data.get("rate_kbit", 0)),
                 loss=float(data.get("loss", 0.0)),
+                hold=float(data.get("hold", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ChaosError(f"malformed fault {dict(data)!r} in the schedule: {exc}") from None
@@ -322,8 +366,10 @@ class Schedule:
         disk: bool,
         coordination: bool = True,
         eligible: Collection[str] | None = None,
+        data: bool = True,
     ) -> None:
-        """Refuse a (loaded) schedule this cluster cannot play."""
+        """Refuse a (loaded) schedule this cluster cannot play (``data``: the run reaches
+        the storage nodes' data directories)."""
         known = set(roles.all)
         for fault in self.faults:
             if eligible is not None and not set(fault.targets) <= set(eligible) | {
@@ -359,6 +405,11 @@ class Schedule:
                 raise ChaosError(
                     "the schedule has disk_full faults but this run cannot mount small file "
                     "systems (run as root)"
+                )
+            if fault.kind in STORAGE_FAULTS and not data:
+                raise ChaosError(
+                    f"the schedule has storage faults ({fault.describe()}) but this run cannot "
+                    "reach the storage nodes' data directories (an attached cluster)"
                 )
             if fault.end > self.duration:
                 raise ChaosError(f"the schedule's fault at {fault.at:.1f} s ends after the run")
@@ -402,12 +453,14 @@ class _Generator:
         session_timeout: float,
         coordination: bool = True,
         eligible: Collection[str] | None = None,
+        data: bool = True,
     ) -> None:
         self.rng = rng
         self.roles = roles
         self.network = network
         self.disk = disk
         self.coordination = coordination
+        self.data = data
         self.session_timeout = session_timeout
         self.eligible = set(roles.all if eligible is None else eligible)
         self.placed: list[Fault] = []
@@ -424,6 +477,8 @@ class _Generator:
             return False
         if kind in ("coordination_restart", "long_coordination_outage") and not self.coordination:
             return False
+        if kind in STORAGE_FAULTS:
+            return self.data and bool(self._pool(roles.storage))
         if kind in ("storage_majority_down", "storage_majority_paused"):
             return len(self._pool(roles.storage)) >= majority
         if kind == "servers_down":
@@ -467,6 +522,8 @@ class _Generator:
             return Fault(
                 at, kind, duration, (rng.choice(self._pool(roles.storage, roles.servers)),)
             )
+        if kind in STORAGE_FAULTS:
+            return self._draw_storage(kind, at, limit)
         if kind in LINK_FAULTS:
             a, b = self._pair()
             links: tuple[tuple[str, str], ...] = ((a, b), (b, a))
@@ -505,6 +562,25 @@ class _Generator:
             return Fault(at, kind, hold, links=links)
         raise ChaosError(f"unknown fault {kind!r}")
 
+    def _draw_storage(self, kind: str, at: float, limit: float) -> Fault | None:
+        rng = self.rng
+        hold = rng.uniform(2.0, 6.0) if kind == "flip_sealed" else rng.uniform(1.0, 4.0)
+        pool = self._pool(self.roles.storage)
+        if kind == "rollback_data":  # to a copy taken at an earlier stop of the node
+            pool = [n for n in pool if self._stopped_before(n, at)]
+        if not pool:
+            return None
+        target = rng.choice(pool)
+        duration = round(hold + REPAIR_ALLOWANCE, 3)
+        if at + duration > limit:
+            return None
+        return Fault(at, kind, duration, (target,), hold=round(hold, 3))
+
+    def _stopped_before(self, node: str, at: float) -> bool:
+        return any(
+            f.kind in STOPPING_FAULTS and node in f.targets and f.end <= at for f in self.placed
+        )
+
     def _pair(self) -> tuple[str, str]:
         rng, roles = self.rng, self.roles
         categories = [
@@ -530,25 +606,7 @@ class _Generator:
 
     def impaired(self, fault: Fault) -> tuple[set[str], set[str]]:
         """(storage nodes, servers) that ``fault`` impairs."""
-        storage, servers = set(self.roles.storage), set(self.roles.servers)
-        coordination = self.roles.coordination
-        s_hit: set[str] = set()
-        v_hit: set[str] = set()
-        if (
-            fault.kind in ("kill", "pause", "disk_full", "isolate", "session_expiry")
-            or fault.quorum
-        ):
-            s_hit |= set(fault.targets) & storage
-            v_hit |= set(fault.targets) & servers
-        for a, b in fault.links:
-            for x, y in ((a, b), (b, a)):
-                if x in storage and y in servers:
-                    s_hit.add(x)
-                if x in servers and y == coordination:
-                    v_hit.add(x)
-        if fault.kind == "storage_cut_off":
-            v_hit = set()
-        return s_hit, v_hit
+        return impaired_by(fault, self.roles)
 
     def links_of(self, fault: Fault) -> set[tuple[str, str]]:
         links = set(fault.links)
@@ -591,6 +649,31 @@ class _Generator:
         return len(storage) <= minority and len(servers) < len(self.roles.servers)
 
 
+def impaired_by(fault: Fault, roles: Roles) -> tuple[set[str], set[str]]:
+    """(storage nodes, servers) that ``fault`` impairs: killed, paused, its disk full or
+    damaged, isolated, its session expiring, or cut off from a server (storage nodes) or
+    from coordination (servers)."""
+    storage, servers = set(roles.storage), set(roles.servers)
+    coordination = roles.coordination
+    s_hit: set[str] = set()
+    v_hit: set[str] = set()
+    if (
+        fault.kind in ("kill", "pause", "disk_full", "isolate", "session_expiry", *STORAGE_FAULTS)
+        or fault.quorum
+    ):
+        s_hit |= set(fault.targets) & storage
+        v_hit |= set(fault.targets) & servers
+    for a, b in fault.links:
+        for x, y in ((a, b), (b, a)):
+            if x in storage and y in servers:
+                s_hit.add(x)
+            if x in servers and y == coordination:
+                v_hit.add(x)
+    if fault.kind == "storage_cut_off":
+        v_hit = set()
+    return s_hit, v_hit
+
+
 def generate(
     seed: int,
     roles: Roles,
@@ -603,9 +686,11 @@ def generate(
     session_timeout: float = 4.0,
     coordination: bool = True,
     eligible: Collection[str] | None = None,
+    data: bool = True,
 ) -> Schedule:
-    """The schedule of ``seed`` (see the module docstring). Without ``network``, ``disk``
-    or ``coordination`` (a service the run does not own) the faults that need them
+    """The schedule of ``seed`` (see the module docstring). Without ``network``, ``disk``,
+    ``coordination`` (a service the run does not own) or ``data`` (the storage nodes'
+    data directories: an attached cluster's are not the run's) the faults that need them
     are left out; ``eligible``: the only processes faults may act on (default: all)."""
     chosen = profile_of(profile_spec)
     rng = random.Random(f"waltz-chaos:{seed}:schedule")
@@ -617,6 +702,7 @@ def generate(
         session_timeout=session_timeout,
         coordination=coordination,
         eligible=eligible,
+        data=data,
     )
     weights = {k: w for k, w in sorted(chosen.weights.items()) if gen.available(k) and w > 0}
     quorum_kinds = [k for k in chosen.quorum if gen.available(k)]
@@ -658,11 +744,16 @@ __all__ = [
     "PROCESS_FAULTS",
     "PROFILES",
     "QUORUM_FAULTS",
+    "REPAIR_ALLOWANCE",
+    "STOPPED_STORAGE_FAULTS",
+    "STOPPING_FAULTS",
+    "STORAGE_FAULTS",
     "WARM_UP",
     "Fault",
     "Profile",
     "Roles",
     "Schedule",
     "generate",
+    "impaired_by",
     "profile_of",
 ]

@@ -2,8 +2,8 @@
 
 The commands come from the installed packages through the ``waltz_cli_commands``
 hook (see :mod:`waltz_cli.group`); this package holds the root (:mod:`waltz_cli.app`),
-the options every command shares (:mod:`waltz_cli.output`, :mod:`waltz_cli.coordination`)
-and ``waltz plugins list``.
+the options every command shares (:mod:`waltz_cli.output`, :mod:`waltz_cli.coordination`,
+:mod:`waltz_cli.deadline`: ``--timeout`` and exit code 4) and ``waltz plugins list``.
 
 The names below are imported on first use: the package's entry point
 (:mod:`waltz_cli.plugin`) is read by every process that reads the plugins, which must

@@ -7,8 +7,10 @@ it is chosen; a command contributed to another plugin's group (``storage verify`
 is loaded with that group.
 
 Errors: a WaltzError ends the command with one clear line on stderr and exit code
-1; a usage error (unknown option, missing argument, bad value) is one line too,
-naming the ``--help`` to read, with exit code 2 as click gives it.
+1; an UnavailableError (the cluster did not answer within ``--timeout``, or refused
+the connection) with exit code 4 (:mod:`waltz_cli.deadline`); a usage error (unknown
+option, missing argument, bad value) is one line too, naming the ``--help`` to read,
+with exit code 2 as click gives it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from waltz_api.errors import WaltzError
+from waltz_api.errors import UnavailableError, WaltzError
+from waltz_cli.deadline import UNAVAILABLE_EXIT_CODE
 
 if TYPE_CHECKING:
     from waltz_api.hookspecs import CommandDescriptor
@@ -71,10 +74,15 @@ class WaltzGroup(click.Group):
         try:
             return super().invoke(ctx)
         except WaltzError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(1)
+            click.echo(f"error: {_one_line(exc)}", err=True)
+            ctx.exit(UNAVAILABLE_EXIT_CODE if isinstance(exc, UnavailableError) else 1)
         except click.UsageError as exc:
             raise _usage_error(exc) from exc
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message on one line (a multi-line message is joined)."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
 def registered_commands() -> list[CommandDescriptor]:

@@ -2,7 +2,8 @@
 
 - ``text`` (the default): the command's own lines for a person;
 - ``table``: the result's rows as aligned columns with a header (each list of
-  records in the result becomes one table, titled with its key);
+  records in the result becomes one table, titled with its key; true and false are
+  ``yes`` and ``no``);
 - ``json``: the result as JSON, for scripts (``--json`` still works: the same).
 """
 
@@ -58,6 +59,8 @@ def output_is_json(output: str) -> bool:
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"  # (not Python's True/False)
     if isinstance(value, dict | list | tuple):
         return json.dumps(value, separators=(",", ":"), sort_keys=True)
     return str(value)

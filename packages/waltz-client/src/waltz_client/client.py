@@ -38,7 +38,7 @@ import logging
 import random
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -144,6 +144,7 @@ class AsyncWaltzClient:
         config: ClientConfig,
         *,
         rng: random.Random | None = None,
+        callback_executor: Executor | None = None,
     ) -> None:
         if not isinstance(callbacks, WaltzClientCallbacks):
             raise ClientError(
@@ -192,7 +193,10 @@ class AsyncWaltzClient:
         self._fetching: dict[tuple[int, int], asyncio.Future[bytes]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._cache_lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._callback_executor = callback_executor
+        """Runs the plain callbacks one at a time, in order (None: a thread of the client's
+        own). The simulation's runs them on the loop: get_data() then reads the prefetch."""
+        self._executor: Executor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = -1
         self._started = False
@@ -222,7 +226,7 @@ class AsyncWaltzClient:
 
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._executor = ThreadPoolExecutor(
+        self._executor = self._callback_executor or ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=CALLBACK_THREAD_PREFIX
         )
         try:
@@ -786,7 +790,8 @@ class AsyncWaltzClient:
         return self._call_callback(apply, transaction)
 
     def _blocking_fetch(self, partition_id: int, transaction_id: int) -> bytes:
-        if threading.get_ident() == self._loop_thread:
+        on_loop = threading.get_ident() == self._loop_thread
+        if on_loop and self._callback_executor is None:
             raise ClientError(
                 "Transaction.get_data() blocks, so it cannot run on the client's event loop; "
                 "use `await transaction.fetch_data()` in async callbacks"
@@ -795,6 +800,8 @@ class AsyncWaltzClient:
             cached = self.cache.get((partition_id, transaction_id))
         if cached is not None:
             return cached
+        if on_loop:  # the callback executor runs on the loop: waiting would block it
+            raise ClientError(f"the data of transaction {transaction_id} is not prefetched")
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(
             self._fetch_data(partition_id, transaction_id), self._loop

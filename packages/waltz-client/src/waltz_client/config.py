@@ -45,8 +45,8 @@ class ClientConfig:
     cannot be asked within ``request_timeout`` more (:class:`TransactionOutcomeUnknownError`).
     None: no deadline."""
     prefetch_data: bool = False
-    """Fetch the data of feed items that arrive together concurrently, before the
-    callbacks ask (for applications that read the data of most transactions)."""
+    """Fetch the data of feed items before the callbacks ask, those that arrive together
+    concurrently (for applications that read the data of most transactions)."""
     apply_retries: int = 8
     """How many times a transaction whose ``apply_transaction`` raised is offered again
     (the feed restarts from ``client_high_water_mark`` after a back-off: from

@@ -1,6 +1,5 @@
-"""One partition as the client sees it: mounting, the feed, appends' outcomes.
-
-(How appends are decided, flush rounds and deadlines, is :mod:`waltz_client.decisions`.)
+"""One partition as the client sees it: mounting, the feed, appends' outcomes (how
+appends are decided, flush rounds and deadlines, is :mod:`waltz_client.decisions`).
 
 :class:`Partition` holds the partition's mount sequencing, transaction monitor,
 feed position, retry queue and concurrency limit (the pure machines of
@@ -192,10 +191,11 @@ class Partition(AppendDecisions):
             await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiting.cancel()
-        if not connecting.done():
-            connecting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, WaltzError):
-                await connecting
+            moved = not connecting.done()
+            if moved:  # reassigned, or this call cancelled (the client closes): it stops too
+                connecting.cancel()
+                await asyncio.gather(connecting, return_exceptions=True)
+        if moved:
             raise ChannelLost(f"partition {self.id} moved while connecting to {endpoint}")
         return connecting.result()
 
@@ -338,13 +338,13 @@ class Partition(AppendDecisions):
 
     async def _work(self) -> None:
         inbox = self.inbox
-        batchable = not self.client.apply_is_async
+        batchable, prefetch = not self.client.apply_is_async, self.client.config.prefetch_data
         while True:
             channel, message = await inbox.get()
             if channel is not self.channel:
                 continue  # a message of a replaced connection or an earlier assignment
             try:
-                if isinstance(message, FeedData) and not inbox.empty():
+                if isinstance(message, FeedData) and (prefetch or not inbox.empty()):
                     # consecutive feed items go to the callback thread in one hop
                     run = [message]
                     pending: tuple[Channel, Message] | None = None

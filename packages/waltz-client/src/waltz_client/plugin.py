@@ -58,8 +58,8 @@ CLIENT_MEANINGS = {
     "transaction_timeout": "deadline of a submission in seconds (waiting, retries and its "
     "append in flight): then it is decided (committed, `TransactionExpiredError`, or "
     "`TransactionOutcomeUnknownError` when the server cannot be asked); unset: none",
-    "prefetch_data": "fetch the data of feed items arriving together, pipelined, before the "
-    "callbacks ask",
+    "prefetch_data": "fetch the data of feed items before the callbacks ask (those arriving "
+    "together pipelined)",
     "apply_retries": "times a transaction `apply_transaction` raised on is offered again "
     "(back-off from `retry_interval` doubling to 10 s) before `poison_policy` decides",
     "poison_policy": "`stop`: the partition stops with `PoisonTransactionError`; `skip`: the "

@@ -34,6 +34,7 @@ from waltz_api.contracts.coordination import (
 from waltz_api.coordination_support import Notifier, SessionStateTracker, check_path, seconds_option
 from waltz_api.errors import (
     BadVersionError,
+    ClusterNotFoundError,
     ConfigError,
     CoordinationError,
     CoordinationUnavailableError,
@@ -59,14 +60,17 @@ DEFAULT_POLL_INTERVAL = 0.02
 DEFAULT_BUSY_TIMEOUT = 10.0
 
 
-def parse_location(connect: str | Path) -> tuple[Path, str | None]:
+def parse_location(connect: str | Path, *, create: bool = True) -> tuple[Path, str | None]:
     """The database file and the root named by ``local:///dir?root=/waltz``.
 
     The location is ``local:///path`` (or a plain path): a directory (existing,
     or a path without a .db/.sqlite/.sqlite3 suffix) holds
     ``coordination.sqlite3`` and is created when missing; otherwise it is the
     database file itself. The optional ``root`` query parameter is the path
-    prefix of the client (the ``root`` option wins over it)."""
+    prefix of the client (the ``root`` option wins over it). Without ``create``, a
+    database file that does not exist is refused (ClusterNotFoundError, naming it)
+    and nothing is created: a client that joins a cluster, where a mistyped path
+    would otherwise make an empty one."""
     text = str(connect).strip()
     root: str | None = None
     if text.startswith("local:"):
@@ -96,6 +100,12 @@ def parse_location(connect: str | Path) -> tuple[Path, str | None]:
         directory, file = path, path / DB_FILE_NAME
     else:
         directory, file = path.parent, path
+    if not create and not file.is_file():
+        missing = file if directory.is_dir() else directory
+        raise ClusterNotFoundError(
+            f"no Waltz cluster at {connect}: {missing} does not exist (a mistyped path? "
+            "`waltz dev` makes a cluster there, `waltz cluster create` a new one)"
+        )
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -142,12 +152,19 @@ class LocalCoordination(Coordination):
     and its ephemeral entries expire; default 10), ``poll_interval`` (seconds
     between two reads of the change log while watches exist; default 0.02),
     ``busy_timeout`` (seconds to wait for another process's write lock;
-    default 10).
+    default 10), ``create`` (make the directory and the database when missing;
+    default true; false refuses a location that does not exist, naming it).
     """
 
     def __init__(self, connect: str | Path, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
-        self.db_path, uri_root = parse_location(connect)
+        create = options.get("create", True)
+        if not isinstance(create, bool):
+            raise ConfigError(
+                f"coordination option create must be true or false, got {create!r}",
+                key="coordination.create",
+            )
+        self.db_path, uri_root = parse_location(connect, create=create)
         self._top = _normalise_root(options.get("root", uri_root or "/"))
         self._session_timeout = seconds_option(options, "session_timeout", DEFAULT_SESSION_TIMEOUT)
         self._poll_interval = seconds_option(options, "poll_interval", DEFAULT_POLL_INTERVAL)

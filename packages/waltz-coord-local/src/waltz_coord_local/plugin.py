@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def create_coordination(connect: str, options: Mapping[str, Any] | None = None) -> Coordination:
     """The plugin factory: ``connect`` is ``local:///path/to/dir`` (or a file, or a plain
-    path); options: root, session_timeout, poll_interval, busy_timeout."""
+    path); options: root, session_timeout, poll_interval, busy_timeout, create."""
     from waltz_coord_local.coordination import LocalCoordination
 
     return LocalCoordination(connect, options or {})
@@ -67,6 +67,13 @@ def options() -> Sequence[OptionSpec]:
             "float",
             local.DEFAULT_BUSY_TIMEOUT,
             "seconds to wait for the SQLite write lock",
+        ),
+        OptionSpec(
+            "create",
+            "bool",
+            True,
+            "make the directory and the database when missing (false: refuse a location "
+            "that does not exist; the `waltz` commands that join a cluster do)",
         ),
     ]
 

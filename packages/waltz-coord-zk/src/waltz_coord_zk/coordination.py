@@ -125,6 +125,10 @@ def _float_option(options: Mapping[str, Any], key: str, default: float) -> float
 
 
 OPTION_KEYS = ("session_timeout", "connect_timeout", *SECURITY_KEYS)
+STOP_WAIT = 1.0
+"""Seconds a failed start waits for kazoo to stop (the rest happens in the background)."""
+DIAGNOSE_TIMEOUT = 3.0
+"""Seconds the diagnosis of a failed connection may take (at most the connect timeout)."""
 
 
 def create_zk_coordination(
@@ -373,14 +377,19 @@ class ZooKeeperCoordination(TrackedSessionCoordination):
         )
         client.add_listener(self._on_kazoo_state)
         try:
-            await self._in_thread(functools.partial(client.start, timeout=self.connect_timeout))
+            await self._in_thread(functools.partial(_start, client, self.connect_timeout))
         except (KazooTimeoutError, kz.KazooException, OSError) as exc:
-            await self._in_thread(functools.partial(_stop_quietly, client))
+            # kazoo's connection thread may sit in a read of a host that does not answer
+            # for the whole session timeout: its stop is left to finish in the background
+            await _in_daemon_thread(functools.partial(_stop_quietly, client), STOP_WAIT)
             self._tracker.close()
             self._tracker = None
             if isinstance(exc, kz.AuthFailedError):
                 raise _translate(exc, f"connect to ZooKeeper at {self.hosts}") from exc
-            hint = await self._in_thread(self._diagnose)
+            wait = min(DIAGNOSE_TIMEOUT, self.connect_timeout)
+            hint = await _in_daemon_thread(functools.partial(self._diagnose, wait), wait + 0.5)
+            if hint is None:
+                hint = f"is it running? (no answer within {wait:g}s)"
             raise CoordinationUnavailableError(
                 f"could not connect to ZooKeeper at {self.hosts} within "
                 f"{self.connect_timeout:.0f}s ({type(exc).__name__}); {hint}"
@@ -419,9 +428,9 @@ class ZooKeeperCoordination(TrackedSessionCoordination):
                 )
                 return
 
-    def _diagnose(self) -> str:
+    def _diagnose(self, timeout: float = DIAGNOSE_TIMEOUT) -> str:
         """Why a connection failed, as far as one TLS handshake with the first host tells
-        (blocking: run it in a thread)."""
+        within ``timeout`` seconds (blocking: run it in a thread)."""
         host, _, port = self.hosts.split(",")[0].rpartition(":")
         host = host.strip("[]")
         tls = self.security.tls
@@ -431,7 +440,7 @@ class ZooKeeperCoordination(TrackedSessionCoordination):
             context.verify_mode = ssl.CERT_NONE
         try:
             with (
-                socket.create_connection((host, int(port)), timeout=3) as raw,
+                socket.create_connection((host, int(port)), timeout=timeout) as raw,
                 context.wrap_socket(raw, server_hostname=host) as wrapped,
             ):
                 wrapped.sendall(b"ruok")
@@ -693,6 +702,46 @@ class ZooKeeperCoordination(TrackedSessionCoordination):
     def _track(self, watch: DeliveryWatch) -> DeliveryWatch:
         self._watches.add(watch)
         return watch
+
+
+def _start(client: KazooClient, timeout: float) -> None:
+    """``client.start(timeout)`` but for its stop on a time-out (kazoo's waits for its
+    connection thread, which may read from a host that does not answer for the whole
+    session timeout): the caller stops it (:func:`_in_daemon_thread`)."""
+    client.start_async().wait(timeout=timeout)
+    if not client.connected:
+        raise KazooTimeoutError("Connection time-out")
+
+
+async def _in_daemon_thread(fn: Callable[[], T], wait: float) -> T | None:
+    """``fn()`` in a daemon thread, awaited at most ``wait`` seconds (None past it: the
+    thread finishes in the background, and never holds up the process's exit as an
+    executor's thread would)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not done.done():
+            outcome()
+
+    def work() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the awaiting coroutine
+            error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, lambda: done.set_exception(error))
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, lambda: done.set_result(result))
+
+    threading.Thread(target=work, name="waltz-zk-background", daemon=True).start()
+    try:
+        async with asyncio.timeout(wait):
+            return await asyncio.shield(done)
+    except TimeoutError:
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return None
 
 
 def _stop_quietly(client: KazooClient) -> None:

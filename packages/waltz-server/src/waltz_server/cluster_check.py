@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 PROBLEM = "problem"
 NOTE = "note"
 DEFAULT_STORAGE_ENDPOINT = "tcp://{}"
+ROUND_SHARE = 0.3
+"""The share of :func:`collect`'s timeout one round (owners before, storage nodes,
+owners after) may wait for a process."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +134,7 @@ async def _storage_report(
 ) -> StorageReport:
     report = StorageReport(node, endpoint)
     try:
-        async with asyncio.timeout(timeout * 3):
+        async with asyncio.timeout(timeout):
             async with await StorageAdminClient.connect(
                 transport, endpoint, sender="admin:verify", timeout=timeout
             ) as admin:
@@ -141,7 +144,7 @@ async def _storage_report(
                 for row in await admin.list_partitions_raw():
                     report.partitions[int(row["partition_id"])] = row
     except TimeoutError:
-        report.error = f"no answer from {endpoint} within {timeout * 3:.0f} s"
+        report.error = f"no answer from {endpoint} within {timeout:.1f} s"
     except (WaltzError, OSError, KeyError, ValueError) as exc:
         report.error = f"{endpoint}: {exc}"
     return report
@@ -154,10 +157,10 @@ async def query_high_water_marks(
     timeout: float,
 ) -> dict[int, int | str]:
     """Ask the server at ``endpoint`` the high-water mark of each (partition, generation):
-    the mark, or a string saying why there is none."""
+    the mark, or a string saying why there is none, all within ``timeout`` seconds."""
     answers: dict[int, int | str] = {}
     try:
-        async with asyncio.timeout(timeout * (2 + len(partitions))):
+        async with asyncio.timeout(timeout):
             conn = await transport.connect(endpoint, timeout=timeout)
             try:
                 protocol = wire.ProtocolConnection(
@@ -187,7 +190,7 @@ async def query_high_water_marks(
                 with contextlib.suppress(WaltzError, OSError):
                     await conn.close()
     except TimeoutError:
-        reason = f"no answer from {endpoint} within {timeout:.0f} s"
+        reason = f"no answer from {endpoint} within {timeout:.1f} s"
         for partition_id, _ in partitions:
             answers.setdefault(partition_id, reason)
     except (WaltzError, OSError) as exc:
@@ -197,12 +200,16 @@ async def query_high_water_marks(
 
 
 async def _ask_owners(
-    facts: ClusterFacts, transport: Transport, timeout: float
+    facts: ClusterFacts,
+    transport: Transport,
+    timeout: float,
+    only: Collection[int] | None = None,
 ) -> dict[int, int | str]:
+    """The owners' answers for their partitions (``only`` these, when given)."""
     by_endpoint: dict[str, list[tuple[int, int]]] = {}
     for partition_id, owner in sorted(facts.owners.items()):
         server = facts.live_owner(partition_id)
-        if server is not None:
+        if server is not None and (only is None or partition_id in only):
             by_endpoint.setdefault(server.endpoint, []).append((partition_id, owner.generation))
     results = await asyncio.gather(
         *(
@@ -235,7 +242,17 @@ async def collect(
     servers: bool = True,
 ) -> ClusterFacts:
     """Read the metadata, then (with a transport) ask the owners their high-water
-    marks, read every storage node, and ask the owners again."""
+    marks, read every storage node, and ask the owners again (those that answered).
+
+    ``timeout`` bounds the whole: each of the three rounds waits at most
+    :data:`ROUND_SHARE` of it for a process, so a dead server or storage node is
+    reported (an error in the facts) within it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    def wait() -> float:
+        return max(0.1, min(timeout * ROUND_SHARE, deadline - loop.time()))
+
     facts = ClusterFacts()
     try:
         facts.config = await meta.config()
@@ -257,12 +274,13 @@ async def collect(
         return facts
     before: dict[int, int | str] = {}
     if servers:
-        before = await _ask_owners(facts, transport, timeout)
+        before = await _ask_owners(facts, transport, wait())
     if storage and facts.assignments is not None:
         nodes = sorted(facts.assignments.storage)
+        each = wait()
         reports = await asyncio.gather(
             *(
-                _storage_report(transport, node, storage_endpoint(endpoint_template, node), timeout)
+                _storage_report(transport, node, storage_endpoint(endpoint_template, node), each)
                 for node in nodes
             )
         )
@@ -272,11 +290,12 @@ async def collect(
             with contextlib.suppress(WaltzError):
                 facts.store_after[partition_id] = (await meta.store_metadata(partition_id)).value
     if servers:
-        after = await _ask_owners(facts, transport, timeout)
-        if _replicas_ahead(facts, after):
+        answered = [p for p, mark in before.items() if isinstance(mark, int)]
+        after = await _ask_owners(facts, transport, wait(), answered)
+        if _replicas_ahead(facts, after) and deadline - loop.time() > 1.5:
             # appends in flight when the nodes were read commit meanwhile: ask once more
             await asyncio.sleep(1.0)
-            again = await _ask_owners(facts, transport, timeout)
+            again = await _ask_owners(facts, transport, wait(), answered)
             after.update({p: m for p, m in again.items() if isinstance(m, int)})
         for partition_id, first in before.items():
             second = after.get(partition_id, "no second answer")

@@ -264,8 +264,18 @@ package of the workspace installed: each command comes from the package that
 offers it (`waltz plugins list`, the `waltz_cli_commands` hook), so an installation
 has the commands of what it installed. Every
 command exits 0 on success, 1 with one `error: ...` line on stderr on any
-error, and 2 on a usage error. `waltz -v` logs at INFO, `-vv` at DEBUG;
-`--help` on any command prints its usage.
+error, 2 on a usage error, and 4 (with one `error: ...` line) when the cluster
+did not answer in time. `waltz -v` logs at INFO (the client library's warnings
+too), `-vv` at DEBUG; `--help` on any command prints its usage.
+
+Every command that talks to a cluster (its coordination service, a server or a
+storage node) takes `--timeout SECONDS`, 10 by default, and ends within it when
+what it waits for does not answer: exit code 4. A connection refused at once
+(nothing listens at the address) is reported at once. `client tail` and `perf`
+count the timeout from their last progress; `storage scrub`, `storage snapshot`,
+`archive verify` and `archive restore --url` bound reaching the cluster by it,
+then take as long as the data. A `local://` coordination location that does not
+exist is refused (exit 1), naming the path: only `cluster create` makes one.
 
 """
 

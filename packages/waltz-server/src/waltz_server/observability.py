@@ -55,6 +55,17 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from waltz_api.messages import (
+    AppendRequest,
+    ErrorCode,
+    FeedRequest,
+    FlushRequest,
+    HighWaterMarkRequest,
+    MountRequest,
+    PeerPing,
+    RangeReadRequest,
+    TransactionDataRequest,
+)
 from waltz_server.http_endpoint import (
     MAX_REQUEST_HEAD,
     REQUEST_TIMEOUT,
@@ -175,6 +186,33 @@ class ScrapeCollector(Collector):
         yield from families.values()
 
 
+# -- counters at zero -----------------------------------------------------------------------------
+# A labelled counter has no series until its first event: a dashboard's rate() and an
+# alert's increase() of it read "No data" until then (and an alert cannot see the first
+# event, the increase from nothing). So every counter labelled by partition or kind is
+# made at zero for its known labels: the kinds at start, a partition's once it is served
+# (server) or hosted (storage node).
+
+ERROR_KINDS = tuple(code.name.lower() for code in ErrorCode)
+"""The ``kind`` labels of the error counters: every error code (an answer's)."""
+SERVER_REQUEST_KINDS = tuple(
+    kind.__name__
+    for kind in (
+        MountRequest,
+        AppendRequest,
+        FeedRequest,
+        TransactionDataRequest,
+        FlushRequest,
+        HighWaterMarkRequest,
+        RangeReadRequest,
+        PeerPing,
+    )
+)
+"""The ``kind`` labels of ``waltz_server_requests``: what clients (and peers) send."""
+APPEND_FAILURE_REASONS = ("generation",)
+"""The ``reason`` labels of ``waltz_server_append_failures``."""
+
+
 # -- the server ----------------------------------------------------------------------------------
 
 SERVER_SCRAPED = (
@@ -274,6 +312,30 @@ class ServerMetrics:
         self._latency: dict[int, Histogram] = {}
         self._requests: dict[str, Counter] = {}
         self._scraped: ScrapeCollector | None = None
+        for kind in SERVER_REQUEST_KINDS:
+            self._requests[kind] = self.requests.labels(kind)
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
+
+    def serve_partition(self, partition_id: int) -> None:
+        """The partition is served here: its counters exist from now on (at zero when
+        new), so its rates and increases read 0, not "No data", until its first event."""
+        label = str(partition_id)
+        if partition_id not in self._appends:
+            self._appends[partition_id] = self.appends.labels(label)
+        if partition_id not in self._latency:
+            self._latency[partition_id] = self.commit_latency.labels(label)
+        for reason in APPEND_FAILURE_REASONS:
+            self.append_failures.labels(label, reason)
+        for counter in (
+            self.lock_failures,
+            self.recoveries,
+            self.archived_records,
+            self.archived_bytes,
+            self.archive_failures,
+            self.archive_orphans_rejected,
+        ):
+            counter.labels(label)
 
     def committed(self, partition_id: int, count: int, latency: float | None = None) -> None:
         """``count`` transactions committed; ``latency`` seconds for the request (if known)."""
@@ -573,17 +635,35 @@ class StorageNodeMetrics:
         self._append_children: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
         self._requests: dict[str, Counter] = {}
         self._scraped: ScrapeCollector | None = None
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
 
-    def appended(self, partition_id: int, records: int, data_bytes: int, seconds: float) -> None:
-        children = self._append_children.get(partition_id)
-        if children is None:
-            label = str(partition_id)
-            children = self._append_children[partition_id] = (
+    def expect_requests(self, kinds: Iterable[str]) -> None:
+        """The request kinds the node serves: their counters exist from now on."""
+        for kind in kinds:
+            if kind not in self._requests:
+                self._requests[kind] = self.requests.labels(kind)
+
+    def host_partition(self, partition_id: int) -> None:
+        """The partition is hosted here: its counters exist from now on (at zero when
+        new), so its rates and increases read 0, not "No data", until its first event."""
+        label = str(partition_id)
+        if partition_id not in self._append_children:
+            self._append_children[partition_id] = (
                 self.appended_records.labels(label),
                 self.appended_bytes.labels(label),
                 self.append_batches.labels(label),
                 self.append_latency.labels(label),
             )
+        for counter in (self.fenced_requests, self.sessions_fenced):
+            counter.labels(label)
+        self.scrub_partitions([partition_id])
+
+    def appended(self, partition_id: int, records: int, data_bytes: int, seconds: float) -> None:
+        children = self._append_children.get(partition_id)
+        if children is None:
+            self.host_partition(partition_id)
+            children = self._append_children[partition_id]
         children[0].inc(records)
         children[1].inc(data_bytes)
         children[2].inc()

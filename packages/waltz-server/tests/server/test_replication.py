@@ -94,6 +94,80 @@ def test_batches_respect_record_and_byte_limits_and_the_inflight_budget() -> Non
     assert ids(send(huge, A).records) == [0]
 
 
+def test_the_byte_limits_are_inclusive() -> None:
+    # a batch takes records up to exactly max_batch_bytes
+    batches = core(max_batch_bytes=30)
+    batches.join(A, -1)
+    add(batches, 4)
+    assert ids(send(batches, A).records) == [0, 1, 2]
+    one_byte_short = core(max_batch_bytes=29)
+    one_byte_short.join(A, -1)
+    add(one_byte_short, 4)
+    assert ids(send(one_byte_short, A).records) == [0, 1]
+    # a window exactly at its byte budget (committed records kept for c, which lacks
+    # them) with nothing pending still takes an append; one pending over the budget
+    # does not
+    window = core(max_window_bytes=30)
+    for node in (A, B, C):
+        window.join(node, -1)
+    add(window, 3)
+    for node in (A, B):
+        send(window, node)
+        window.on_appended(node, 2)
+    assert window.high_water_mark == 2 and window.window_start == 0
+    assert window.pending == 0 and window.window_bytes == 30 and window.has_room()
+    # a read from memory: at least one record, then up to exactly max_bytes
+    assert ids(window.read_window(0, 3, 20) or []) == [0, 1]
+    assert ids(window.read_window(0, 3, 29) or []) == [0, 1]
+    assert ids(window.read_window(1, 3, 5) or []) == [1]
+    assert ids(window.read_window(0, 2, 1 << 20) or []) == [0, 1]
+    # ... counted from the window's start, which follows the opening mark
+    later = core(low_water_mark=41)
+    add(later, 4)
+    assert later.window_start == 42 and later.read_window(41, 2, 1 << 20) is None
+    assert ids(later.read_window(43, 2, 1 << 20) or []) == [43, 44]
+    assert ids(later.read_window(44, 9, 1 << 20) or []) == [44, 45]
+    add(window, 1)
+    assert window.pending == 1 and not window.has_room()
+    # records pending at exactly the budget: no room
+    full = core(max_window_bytes=30)
+    add(full, 3)
+    assert full.pending == 3 and full.window_bytes == 30 and not full.has_room()
+
+
+def test_a_batch_or_a_read_stops_at_the_first_record_over_the_limit() -> None:
+    # sizes 10, 50, 10: the third fits the limit once the second is left out, but a
+    # batch and a read are dense runs of ids, so both stop at the second
+    replication = core(max_batch_bytes=30)
+    replication.join(A, -1)
+    for size in (10, 50, 10):
+        data = b"x" * size
+        replication.append(ReqId(1, 1, 0, size), 0, data, wire.checksum(data))
+    assert ids(replication.read_window(0, 3, 30) or []) == [0]
+    assert ids(send(replication, A).records) == [0]
+    assert ids(send(replication, A).records) == [1]
+
+
+def test_late_answers_for_a_replica_that_left_are_ignored() -> None:
+    replication = core()
+    for node in (A, B):
+        replication.join(node, -1)
+    add(replication, 2)
+    send(replication, A)
+    replication.leave(A)
+    # its acknowledgement and a catch-up read arriving after it left change nothing
+    assert replication.on_appended(A, 1) is None
+    records = [Record(i, ReqId(1, 1, 0, i), 0, b"x", 0) for i in (0, 1)]
+    assert replication.caught_up_read(A, records) is None
+    left = replication.progress(A)
+    assert left is not None and left.acked == left.sent == -1 and not left.writing
+    # nor do answers for a replica that never joined, or an empty read
+    assert replication.on_appended(C, 1) is None
+    assert replication.caught_up_read(C, records) is None
+    assert replication.caught_up_read(B, []) is None
+    assert replication.high_water_mark == -1
+
+
 def test_a_replica_that_leaves_keeps_its_acknowledgements_and_the_others_commit() -> None:
     replication = core()
     for node in (A, B, C):
@@ -167,6 +241,22 @@ def test_the_window_keeps_what_a_writer_lacks_and_a_lagging_one_catches_up_from_
     assert replication.window_start == 4
     replication.join(C, 1)
     assert replication.next_send(C) == CatchUp(2, 2, (A, B))
+
+
+def test_a_catch_up_reads_only_the_records_below_the_window() -> None:
+    # c joins holding up to 1; a tiny byte budget drops committed records it lacks
+    replication = core(max_window_bytes=10)
+    replication.join(A, -1)
+    replication.join(B, -1)
+    add(replication, 6)
+    replication.join(C, 1)
+    send(replication, A)
+    send(replication, B)
+    replication.on_appended(A, 5)
+    replication.on_appended(B, 5)
+    assert replication.high_water_mark == 5 and replication.window_start == 5
+    # 2..4 from a writer's storage (fewer than catch_up_batch), then 5 from memory
+    assert replication.next_send(C) == CatchUp(2, 3, (A, B))
 
 
 def test_catch_up_waits_when_no_writer_holds_the_records() -> None:

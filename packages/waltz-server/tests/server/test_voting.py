@@ -162,3 +162,13 @@ def test_plan_replica_cases() -> None:
         max_transaction_id=9,
     )
     assert p.mark_after(9) == 3 and p.mark_after(2) == 2
+
+
+def test_online_replicas_all_below_the_floor_wait_even_with_a_quorum_offline() -> None:
+    # Nobody online: what the offline replicas hold decides (UNDECIDABLE). Replicas
+    # online but every one below the floor: they must catch up first (WAITING), even
+    # when the offline ones alone could form a quorum.
+    assert resolve_high_water_mark([], 2, 2, floor=10).outcome is Outcome.UNDECIDABLE
+    assert resolve_high_water_mark([5], 2, 2, floor=10).outcome is Outcome.WAITING
+    assert resolve_high_water_mark([5, 3], 3, 3, floor=10).outcome is Outcome.WAITING
+    assert resolve_high_water_mark([5], 1, 2, floor=10).outcome is Outcome.WAITING

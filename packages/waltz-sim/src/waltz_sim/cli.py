@@ -28,7 +28,15 @@ import click
 from waltz_sim.faults import PROFILES
 from waltz_sim.known_issues import KnownIssue, explained_by
 from waltz_sim.points import coverage_table
-from waltz_sim.runner import SeedResult, run_seed
+from waltz_sim.runner import (
+    EXACT_SHARE,
+    FIVE_NODES_SHARE,
+    PLAIN_SHARE,
+    SeedResult,
+    mixed,
+    run_seed,
+    variant,
+)
 from waltz_sim.workloads import WORKLOADS
 from waltz_sim.world import SimConfig
 
@@ -55,7 +63,9 @@ def parse_seeds(seed: int | None, seeds: str | None) -> tuple[int, int | None]:
 
 
 def _known(result: SeedResult) -> KnownIssue | None:
-    return None if result.ok or result.error else explained_by(result.violations)
+    if result.ok or result.error:
+        return None
+    return explained_by(result.violations, result.unseen_cuts)
 
 
 def _summary(result: SeedResult) -> str:
@@ -65,8 +75,10 @@ def _summary(result: SeedResult) -> str:
     commits = sum(result.committed.values())
     known = _known(result)
     verdict = "ok" if result.ok else f"known issue {known.id}" if known else "FAILED"
+    kind = variant(result.config)
+    seed = f"seed {result.seed} ({kind})" if kind else f"seed {result.seed}"
     return (
-        f"seed {result.seed}: {verdict}: {result.faults} faults, {ops} ops ({detail}), "
+        f"{seed}: {verdict}: {result.faults} faults, {ops} ops ({detail}), "
         f"{commits} commits; {result.sim_seconds:.0f} s simulated in {result.wall_seconds:.2f} s "
         f"({result.speed:.0f}x)"
     )
@@ -102,6 +114,11 @@ def _report(result: SeedResult, *, verbose: bool, show_trace: bool) -> None:
     if verbose:
         hit = ", ".join(f"{name} {count}" for name, count in sorted(result.point_hits.items()))
         click.echo(f"    protocol points hit: {hit or 'none'}")
+        if result.throughput is not None:
+            click.echo(
+                f"    fault-free throughput: {result.throughput:.2f} of the offered rate "
+                f"(floor {result.config.liveness.throughput_floor:.2f})"
+            )
     click.echo(f"    trace digest {result.digest}" if verbose else "", nl=verbose)
 
 
@@ -113,10 +130,12 @@ def _run(config: SimConfig, keep_trace: bool) -> SeedResult:
     return run_seed(config, keep_trace=keep_trace)
 
 
-def _configs(base: SimConfig, first: int, last: int | None) -> Iterator[SimConfig]:
+def _configs(
+    base: SimConfig, first: int, last: int | None, pinned: set[str]
+) -> Iterator[SimConfig]:
     seeds = itertools.count(first) if last is None else iter(range(first, last + 1))
     for seed in seeds:
-        yield dataclasses.replace(base, seed=seed)
+        yield mixed(dataclasses.replace(base, seed=seed), pinned)
 
 
 @click.command("simulate")
@@ -150,14 +169,33 @@ def _configs(base: SimConfig, first: int, last: int | None) -> Iterator[SimConfi
 @click.option(
     "--storage-nodes",
     type=click.IntRange(1, 15),
-    default=SimConfig.storage_nodes,
-    show_default=True,
+    default=None,
+    help=f"Storage nodes (and replicas of each partition). Default: chosen by the seed, "
+    f"{FIVE_NODES_SHARE:.0%} of the seeds 5, the others 3.",
 )
 @click.option(
     "--partitions", type=click.IntRange(1, 64), default=SimConfig.partitions, show_default=True
 )
-@click.option("--storage-engine", default=SimConfig.storage_engine, show_default=True, hidden=True)
-@click.option("--lock-table", default=SimConfig.lock_table, show_default=True)
+@click.option(
+    "--storage-engine",
+    default=SimConfig.storage_engine,
+    show_default=True,
+    help="The storage nodes' engine: sim (a model of the disk) or fs (the real fs engine, "
+    "its files on simulated disks).",
+)
+@click.option(
+    "--lock-table",
+    default=None,
+    help=f"The servers' lock table. Default: chosen by the seed, {EXACT_SHARE:.0%} of the "
+    "seeds exact (lock failures then checked for an exact reason), the others hwm-array.",
+)
+@click.option(
+    "--callbacks",
+    type=click.Choice(["async", "plain"]),
+    default=None,
+    help=f"The clients' callbacks: async (async def) or plain (synchronous, on the "
+    f"client's callback thread). Default: chosen by the seed, {PLAIN_SHARE:.0%} plain.",
+)
 @click.option(
     "--budget",
     type=float,
@@ -198,10 +236,11 @@ def simulate(  # noqa: PLR0917 - click passes options by name
     workload: str,
     clients: int,
     servers: int,
-    storage_nodes: int,
+    storage_nodes: int | None,
     partitions: int,
     storage_engine: str,
-    lock_table: str,
+    lock_table: str | None,
+    callbacks: str | None,
     budget: float | None,
     jobs: int,
     show_trace: bool,
@@ -222,22 +261,24 @@ def simulate(  # noqa: PLR0917 - click passes options by name
         raise click.UsageError("--duration must be at least 20 simulated seconds")
     if last is None and budget is None:
         budget = DEFAULT_BUDGET
+    given = {"lock_table": lock_table, "storage_nodes": storage_nodes, "callbacks": callbacks}
     base = SimConfig(
         duration=duration,
         faults=faults,
         workload=workload,
         clients=clients,
         servers=servers,
-        storage_nodes=storage_nodes,
         partitions=partitions,
         storage_engine=storage_engine,
-        lock_table=lock_table,
+        storage_nodes=storage_nodes or SimConfig.storage_nodes,
+        lock_table=lock_table or SimConfig.lock_table,
+        callbacks=callbacks or SimConfig.callbacks,
         trace_level=getattr(logging, trace_level.upper()),
     )
     started = time.perf_counter()
     results: list[SeedResult] = []
     failed: list[SeedResult] = []
-    configs = _configs(base, first, last)
+    configs = _configs(base, first, last, {k for k, v in given.items() if v is not None})
 
     def out_of_time() -> bool:
         return budget is not None and time.perf_counter() - started >= budget

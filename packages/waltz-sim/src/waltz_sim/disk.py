@@ -16,16 +16,27 @@ seed: slow fsyncs, and fsync errors, after which the partition refuses everythin
 until its storage node restarts (the ``fs`` engine marks the partition broken; the
 world's supervisor restarts the node). The engine keeps the StorageEngine contract:
 ``append``, ``truncate`` and ``set_session_info`` return only once durable.
+
+Damage (the ``storage`` faults, :mod:`waltz_sim.storage_faults`) is kept as the ``fs``
+engine would meet it (:mod:`waltz_storage_fs.recovery`, :mod:`waltz_storage_fs.engine`):
+records whose bytes are not what was written (:attr:`PartitionImage.corrupt`: a read
+raises CorruptionError naming the record), ranges whose reads fail with EIO
+(:attr:`PartitionImage.unreadable`: StorageError), and what a start-up recovery makes of
+them (:meth:`PartitionImage.recover`): damaged records with intact ones after them
+become a missing range (repaired from a peer), a damaged tail is cut and marks the
+session info LOST_SESSION, zeros (a write that never reached the disk) have the shape of
+a torn write and are cut silently, and an EIO leaves the partition closed.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import dataclasses
 import logging
 import random
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +52,7 @@ from waltz_api.errors import (
     StorageError,
 )
 from waltz_api.types import LOST_SESSION, NO_TRANSACTION, Record, RecordHeader, SessionInfo
+from waltz_sim.damage import INDEX_CHECKPOINT, ZEROS, corruption_message, merged
 from waltz_sim.loop import Incarnation, current_incarnation
 
 if TYPE_CHECKING:
@@ -74,6 +86,14 @@ class PartitionImage:
     broken: str | None = None
     missing: list[tuple[int, int]] = field(default_factory=list)
     """Ranges (first, last) lost to damage below intact records, until repaired."""
+    corrupt: dict[int, str] = field(default_factory=dict)
+    """Records whose stored bytes are not what was written (``ZEROS``, ``CHECKSUM``,
+    ``STALE``, ``holds <id>``), not yet found by a start-up recovery: a read of one
+    raises CorruptionError naming it."""
+    unreadable: list[tuple[int, int]] = field(default_factory=list)
+    """Ranges whose reads fail with EIO (a latent sector error), while the fault lasts."""
+    closed: str | None = None
+    """Why the last start-up recovery left the partition closed (a read failed)."""
 
     def sync(self) -> None:
         """An fdatasync completed: the durable state is the written one."""
@@ -85,11 +105,78 @@ class PartitionImage:
     def truncate_written(self, transaction_id: int) -> None:
         del self.written[transaction_id + 1 :]
         self.common = min(self.common, len(self.written))
-        self.missing = [
-            (first, min(last, transaction_id))
-            for first, last in self.missing
-            if first <= transaction_id
-        ]
+        self._clip(len(self.written))
+
+    def _clip(self, end: int) -> None:
+        """Forget the damage of records at or above ``end`` (cut from the log)."""
+        self.missing = [(a, min(b, end - 1)) for a, b in self.missing if a < end]
+        self.unreadable = [(a, min(b, end - 1)) for a, b in self.unreadable if a < end]
+        self.corrupt = {i: how for i, how in self.corrupt.items() if i < end}
+
+    def cut(self, end: int) -> None:
+        """Start-up recovery cut the log at ``end`` (flushed: durable too)."""
+        del self.written[end:]
+        del self.durable[end:]
+        self.common = min(self.common, len(self.written))
+        self.visible = min(self.visible, len(self.written))
+        self._clip(len(self.written))
+
+    def mark_lost(self) -> None:
+        info = dataclasses.replace(self.written_info, low_water_mark_session_id=LOST_SESSION)
+        self.written_info = self.durable_info = info
+
+    def recover(self) -> list[str]:
+        """The start-up recovery of the ``fs`` engine over this damage (after a restart);
+        returns what it found. It reads the records after the index's last checkpoint
+        (:data:`INDEX_CHECKPOINT`); in them, a run of damaged records:
+
+        - with zeros: the shape of a torn write: the log is cut there, silently (the
+          records after it too: recovery cannot tell them from a torn write's pages);
+        - at the end of the log: a damaged tail: cut, and the session info says
+          LOST_SESSION (the records may have been acknowledged);
+        - with intact records after it: moved aside, a missing range until repaired.
+
+        An EIO while reading leaves the partition closed until a later start."""
+        self.closed = None
+        self.visible = len(self.written)
+        end = len(self.written)
+        scan_from = (end // INDEX_CHECKPOINT) * INDEX_CHECKPOINT
+        while scan_from and scan_from - 1 in self.corrupt:  # the checkpoint's record is bad
+            scan_from -= INDEX_CHECKPOINT
+        for first, last in self.unreadable:
+            if first < end and last >= max(scan_from - 1, 0):
+                self.closed = (
+                    f"reading transactions {first}..{last} at start-up failed: [Errno 5] "
+                    "Input/output error"
+                )
+                return [f"could not be recovered and stays closed: {self.closed}"]
+        damaged = sorted(i for i in self.corrupt if scan_from <= i < end)
+        runs: list[tuple[int, int]] = []
+        for i in damaged:
+            if runs and runs[-1][1] == i - 1:
+                runs[-1] = (runs[-1][0], i)
+            else:
+                runs.append((i, i))
+        found: list[str] = []
+        for first, last in runs:
+            zeros = any(self.corrupt[i] == ZEROS for i in range(first, last + 1))
+            if zeros or last == len(self.written) - 1:
+                cut = len(self.written) - first
+                self.cut(first)
+                if zeros:
+                    found.append(
+                        f"zeros at transaction {first}: the shape of a torn write; the log is "
+                        f"cut there, silently ({cut} records)"
+                    )
+                else:
+                    self.mark_lost()
+                    found.append(f"a damaged tail, transactions {first}..{last}: cut, LOST_SESSION")
+                break
+            self.missing = merged([*self.missing, (first, last)])
+            found.append(f"transactions {first}..{last} damaged: missing until repaired")
+        for i in damaged:
+            self.corrupt.pop(i, None)
+        return found
 
     def damage(self, rng: random.Random) -> str | None:
         """Damage found at start-up: records lost below intact ones (a missing range),
@@ -132,15 +219,20 @@ class PartitionImage:
             written_info=self.written_info,
             durable_info=self.written_info,
             missing=list(self.missing),
+            corrupt=dict(self.corrupt),
         )
 
     @property
     def unrepaired(self) -> bool:
-        return bool(self.missing) or self.written_info.low_water_mark_session_id == LOST_SESSION
+        return (
+            bool(self.missing or self.corrupt or self.unreadable)
+            or self.closed is not None
+            or self.written_info.low_water_mark_session_id == LOST_SESSION
+        )
 
     def intact(self) -> list[Record]:
-        """What a reader gets: the records up to the first missing one."""
-        end = min([len(self.written), *(first for first, _ in self.missing)])
+        """What a reader gets: the records up to the first missing or corrupt one."""
+        end = min([len(self.written), *(first for first, _ in self.missing), *self.corrupt])
         return self.written[:end]
 
     def lose_unsynced(self, rng: random.Random) -> int:
@@ -160,29 +252,44 @@ class PartitionImage:
         self.common = len(self.written)
         self.durable_info = self.written_info
         self.visible = len(self.written)
-        end = len(self.written)
-        self.missing = [(first, min(last, end - 1)) for first, last in self.missing if first < end]
+        self._clip(len(self.written))
         return max(0, before - len(self.written))
 
 
-class SimDisk:
-    """The disk of one storage node, in the world (it survives the node's crashes)."""
+class Disk(abc.ABC):
+    """The disk of one storage node, in the world (it survives the node's crashes): the
+    faults every kind of simulated disk has (the hooks of the nemesis and the scripts).
+    :class:`SimDisk` is the ``sim`` engine's model; ``waltz_sim.fsdisk.FsDisk`` the file
+    system under the real ``fs`` engine."""
 
-    def __init__(self, world: World, location: str, cluster_key: uuid.UUID, num_partitions: int):
+    def __init__(self, world: World, location: str) -> None:
         self.world = world
         self.location = location
-        self.cluster_key = cluster_key
-        self.num_partitions = num_partitions
-        self.partitions: dict[int, PartitionImage] = {}
         self.extra_fsync: list[float] = []
         """Slow-fsync faults in force (seconds added to each fsync)."""
         self.failing_fsyncs = 0
         """The next this-many fsyncs fail (a fault)."""
-        self.engine: SimStorageEngine | None = None
         self.fsyncs = 0
         self.fsync_errors = 0
         self.pending_damage = False
         """Damage the next start-up recovery finds (a fault)."""
+        self.must_reach: dict[int, int] = {}
+        """Per partition, the log end this disk held when a storage fault damaged it: it
+        counts as impaired (the nemesis' rule) until it holds that much again, intact (or
+        as much as the longest other replica, when the cluster cut its tail)."""
+        self.needs_marks: set[int] = set()
+        """Damaged partitions whose log lost its end (cut, wiped, restored): they count as
+        impaired until a store session also wrote their marks again (SetLowWaterMark), as
+        the cluster took them back as clean replicas."""
+        self.unseen: set[int] = set()
+        """Damaged partitions whose log lost its end where no check can see it (cut
+        silently as a torn write, restored from a snapshot) and that no store session
+        took back since (its marks written): a recovery may count it as a clean voter."""
+        self.backups: list[tuple[float, dict[int, PartitionImage]]] = []
+        """Crash-consistent snapshots of the disk (its durable state), oldest first."""
+        self.on_session_info: Callable[[int, SessionInfo, SessionInfo], None] | None = None
+        """A fault's trigger: called with the partition, its session info before and the
+        new one once a ``set_session_info`` is durable."""
         self.stall: asyncio.Event | None = None
         """A stalled disk (scripted scenarios): every fsync, once its time is up, waits until
         the event is set (the stall ends: the fsyncs waiting for it complete then)."""
@@ -199,6 +306,44 @@ class SimDisk:
         if self.extra_fsync:
             delay += max(self.extra_fsync) * self.rng.uniform(0.5, 1.0)
         return delay
+
+    async def flush_wait(self) -> None:
+        """The time an fsync takes (slowed by the faults in force; held while stalled)."""
+        await asyncio.sleep(self.fsync_delay())
+        while self.stall is not None and not self.stall.is_set():
+            await self.stall.wait()
+
+    @abc.abstractmethod
+    def lose_power(self) -> str | None:
+        """A power loss: lose what no flush covered; what was lost (None: nothing)."""
+
+    @abc.abstractmethod
+    async def read_back(self) -> dict[int, list[Record]]:
+        """Each partition's readable records, as a restarted engine would find them (up to
+        a range lost to damage and not repaired): the replicas the checker judges."""
+
+    @property
+    @abc.abstractmethod
+    def unrepaired(self) -> bool:
+        """Damage found and not repaired yet (a missing range, a lost tail)."""
+
+
+class SimDisk(Disk):
+    """The ``sim`` engine's disk: a model of each partition's log (see the module)."""
+
+    def __init__(self, world: World, location: str, cluster_key: uuid.UUID, num_partitions: int):
+        super().__init__(world, location)
+        self.cluster_key = cluster_key
+        self.num_partitions = num_partitions
+        self.partitions: dict[int, PartitionImage] = {}
+        self.engine: SimStorageEngine | None = None
+
+    def lose_power(self) -> str | None:
+        lost = self.power_loss()
+        return f"{lost} unsynced records lost" if lost else None
+
+    async def read_back(self) -> dict[int, list[Record]]:
+        return self.contents()
 
     def power_loss(self) -> int:
         """Lose what no fdatasync covered; returns the records lost."""
@@ -220,7 +365,75 @@ class SimDisk:
 
     @property
     def unrepaired(self) -> bool:
-        return any(image.unrepaired for image in self.partitions.values())
+        return any(image.unrepaired for image in self.partitions.values()) or not self._reached()
+
+    @property
+    def lost_records(self) -> bool:
+        """A storage fault damaged it and the cluster did not repair it yet."""
+        return not self._reached()
+
+    def _reached(self) -> bool:
+        """Whether every damaged partition holds again what it held (see ``must_reach``)."""
+        for partition, target in list(self.must_reach.items()):
+            image = self.partitions.get(partition)
+            if image is None or image.unrepaired or partition in self.needs_marks:
+                return False
+            others = [
+                len(disk.partitions[partition].written)
+                for disk in self.world.disks.values()
+                if isinstance(disk, SimDisk) and disk is not self and partition in disk.partitions
+            ]
+            if len(image.intact()) < min(target, max(others, default=target)):
+                return False
+            del self.must_reach[partition]
+        return True
+
+    def damaged(self, partition: int) -> None:
+        """A fault is about to damage ``partition``: it must reach its log end again."""
+        image = self.partitions.get(partition)
+        end = len(image.written) if image is not None else 0
+        self.must_reach[partition] = max(self.must_reach.get(partition, 0), end)
+
+    def marks_written(self, partition: int, before: SessionInfo, info: SessionInfo) -> None:
+        """A ``set_session_info`` is durable (``before`` was the info it replaced): marks of
+        the session that wrote them (a SetLowWaterMark, a clean mark) take the replica
+        back."""
+        if info.low_water_mark_session_id == info.session_id >= 0:
+            self.needs_marks.discard(partition)
+        if info.session_id == before.session_id:  # not a fence raised: the session saw it
+            self.unseen.discard(partition)
+        if self.on_session_info is not None:
+            self.on_session_info(partition, before, info)
+
+    def start_up_recovery(self) -> list[str]:
+        """What a restarted engine's recovery finds in each partition (see
+        :meth:`PartitionImage.recover`)."""
+        found: list[str] = []
+        for partition, image in sorted(self.partitions.items()):
+            end = len(image.written)
+            found.extend(f"partition {partition}: {what}" for what in image.recover())
+            if len(image.written) < end:
+                self.needs_marks.add(partition)
+                if image.written_info.low_water_mark_session_id != LOST_SESSION:
+                    self.unseen.add(partition)  # cut silently
+                    self.world.unseen_cuts.append((partition, len(image.written), end))
+        return found
+
+    def unseen_losses(self) -> set[int]:
+        """The partitions whose log lost its end where no check can see it (or will, at
+        the node's restart: zeros are cut silently), not repaired yet: a recovery that
+        counts this replica as a voter and decides before the intact copy answers closes
+        short (docs/server.md: the one case beyond the protocol's reach)."""
+        if not self.lost_records:
+            self.unseen.clear()
+            return set()
+        self.unseen &= set(self.must_reach)
+        zeros = {p for p, image in self.partitions.items() if ZEROS in image.corrupt.values()}
+        return self.unseen | zeros
+
+    def backup(self, now: float, keep: int = 8) -> None:
+        """Keep a :meth:`snapshot` of the disk, taken at ``now`` (for a stale restore)."""
+        self.backups = [*self.backups[-(keep - 1) :], (now, self.snapshot())]
 
     def snapshot(self) -> dict[int, PartitionImage]:
         """A copy of every partition as it is on the disk now (see
@@ -231,16 +444,28 @@ class SimDisk:
         """Put back a :meth:`snapshot` (a backup restored while the node is down): every
         partition is what the snapshot holds; one it did not hold is gone."""
         self._check_down("restore a snapshot on")
+        for partition, image in self.partitions.items():
+            self._lost_end(partition, seen=False)
+            kept = len(images[partition].written) if partition in images else 0
+            if kept < len(image.written):
+                self.world.unseen_cuts.append((partition, kept, len(image.written)))
         self.partitions = {p: image.copy() for p, image in sorted(images.items())}
 
     def wipe(self, partition: int | None = None) -> None:
         """A wiped disk (``partition``: only that partition's files): the node restarts with
         nothing for it, and its start creates it empty."""
         self._check_down("wipe")
-        if partition is None:
-            self.partitions.clear()
-        else:
-            self.partitions.pop(partition, None)
+        for wiped in [partition] if partition is not None else list(self.partitions):
+            self._lost_end(wiped)
+            self.partitions.pop(wiped, None)
+
+    def _lost_end(self, partition: int, *, seen: bool = True) -> None:
+        """``partition`` loses its end (wiped, restored): impaired until the cluster
+        caught it up and took it back (``must_reach``, ``needs_marks``)."""
+        self.damaged(partition)
+        self.needs_marks.add(partition)
+        if not seen:
+            self.unseen.add(partition)
 
     def lose_tail(self, partition: int, count: int) -> int:
         """The node's next start-up recovery finds the last ``count`` records of
@@ -287,6 +512,8 @@ class SimStoragePartition(StoragePartition):
                 f"partition {self.partition_id} failed: {self._image.broken}; restart the "
                 "storage node to recover it"
             )
+        if self._image.closed is not None:
+            raise PartitionClosedError(_closed_message(self.partition_id, self._image.closed))
         return self._image
 
     async def _write(self) -> PartitionImage:
@@ -354,8 +581,9 @@ class SimStoragePartition(StoragePartition):
     async def set_session_info(self, info: SessionInfo) -> None:
         self._check()
         image = await self._write()
-        image.written_info = info
+        before, image.written_info = image.written_info, info
         await self._fsync()
+        self.disk.marks_written(self.partition_id, before, info)
 
     def _validate(self, records: Sequence[Record]) -> None:
         image = self._check()
@@ -403,24 +631,50 @@ class SimStoragePartition(StoragePartition):
         image.visible = min(image.visible, len(image.written))
         await self._fsync()
 
-    def _visible(self, start: int = 0, count: int | None = None) -> list[Record]:
-        """The visible records; a read reaching a range lost to damage raises."""
+    def _read(self, start: int, count: int, max_bytes: int | None = None) -> list[Record]:
+        """Records from ``start`` as the ``fs`` engine reads them: up to a missing range
+        (a read starting in one raises CorruptionError naming it), at most ``count`` and
+        ``max_bytes`` of data (one record at least); an EIO on any of them raises
+        StorageError, a corrupt one CorruptionError naming it."""
         image = self._check()
-        end = image.visible if count is None else min(image.visible, start + count)
+        if start < 0 or count <= 0 or start >= image.visible:
+            return []
+        end = min(image.visible, start + count)
         for first, last in image.missing:
-            if first < end and last >= start:
+            if first <= start <= last:
                 raise CorruptionError(
-                    f"partition {self.partition_id}: transaction {max(first, start)} was lost "
-                    f"to damage (missing range {first}..{last}); repair it from a peer"
+                    f"partition {self.partition_id}: transaction {start} was lost to damage "
+                    f"(missing range {first}..{last}); repair it from a peer"
                 )
-        return image.written[: image.visible]
+            if start < first < end:
+                end = first  # a hole: the records before it are the answer
+        out: list[Record] = []
+        size = 0
+        for record in image.written[start:end]:
+            if max_bytes is not None and out and size + len(record.data) > max_bytes:
+                break
+            size += len(record.data)
+            out.append(record)
+        stop = start + len(out)
+        for first, last in image.unreadable:
+            if first < stop and last >= start:
+                raise StorageError(
+                    f"partition {self.partition_id}: reading transactions "
+                    f"{max(first, start)}..{min(last, stop - 1)} failed: [Errno 5] "
+                    "Input/output error"
+                )
+        bad = [i for i in image.corrupt if start <= i < stop]
+        if bad:
+            first_bad = min(bad)
+            raise CorruptionError(
+                corruption_message(self.partition_id, first_bad, image.corrupt[first_bad])
+            )
+        return out
 
     async def read_record(self, transaction_id: int) -> Record | None:
         await asyncio.sleep(0)
-        records = self._visible(transaction_id, 1)
-        if 0 <= transaction_id < len(records):
-            return records[transaction_id]
-        return None
+        records = self._read(transaction_id, 1)
+        return records[0] if records else None
 
     async def read_header(self, transaction_id: int) -> RecordHeader | None:
         record = await self.read_record(transaction_id)
@@ -430,24 +684,18 @@ class SimStoragePartition(StoragePartition):
         self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
     ) -> list[Record]:
         await asyncio.sleep(0)
-        records = self._visible(start, max(max_records, 0))
-        out: list[Record] = []
-        size = 0
-        if start < 0:
-            return out
-        for record in records[start : start + max(max_records, 0)]:
-            if out and size + len(record.data) > max_bytes:
-                break
-            size += len(record.data)
-            out.append(record)
-        return out
+        return self._read(start, max_records, max_bytes)
 
     async def read_headers(self, start: int, max_records: int) -> list[RecordHeader]:
         await asyncio.sleep(0)
-        records = self._visible(start, max(max_records, 0))
-        if start < 0:
-            return []
-        return [r.record_header for r in records[start : start + max(max_records, 0)]]
+        return [r.record_header for r in self._read(start, max_records)]
+
+
+def _closed_message(partition_id: int, why: str) -> str:
+    return (
+        f"partition {partition_id} could not be recovered and stays closed: {why}; restart "
+        "the storage node once the disk reads again"
+    )
 
 
 class SimStorageEngine(StorageEngine):
@@ -485,9 +733,13 @@ class SimStorageEngine(StorageEngine):
                     "key and the number of partitions"
                 )
             disk = world.disks[location] = SimDisk(world, location, cluster_key, num_partitions)
+        if not isinstance(disk, SimDisk):
+            raise StorageError(f"{location} is not a disk of the sim engine")
         if disk.pending_damage:
             for found in disk.apply_damage():
                 world.trace.add("disk", f"{location}: start-up recovery: {found}")
+        for found in disk.start_up_recovery():
+            world.trace.add("disk", f"{location}: start-up recovery: {found}")
         engine = cls(disk, incarnation)
         engine.check_cluster_key(
             cluster_key if cluster_key is not None else disk.cluster_key,
@@ -528,6 +780,8 @@ class SimStorageEngine(StorageEngine):
             raise PartitionClosedError(
                 f"partition {partition_id} failed: {image.broken}; restart the storage node"
             )
+        if image.closed is not None:
+            raise PartitionClosedError(_closed_message(partition_id, image.closed))
         return part
 
     async def add_partition(self, partition_id: int) -> SimStoragePartition:
@@ -568,4 +822,11 @@ class SimStorageEngine(StorageEngine):
         """Nothing to do."""
 
 
-__all__ = ["DiskConfig", "PartitionImage", "SimDisk", "SimStorageEngine", "SimStoragePartition"]
+__all__ = [
+    "Disk",
+    "DiskConfig",
+    "PartitionImage",
+    "SimDisk",
+    "SimStorageEngine",
+    "SimStoragePartition",
+]

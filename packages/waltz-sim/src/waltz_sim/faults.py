@@ -25,13 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from waltz_api.errors import ConfigError
+from waltz_sim.fault_kit import ActiveFault, restart
 from waltz_sim.loop import WORLD_CONTEXT
 from waltz_sim.net import COORDINATION
+from waltz_sim.storage_faults import STORAGE_WEIGHTS, StorageFaults
 
 if TYPE_CHECKING:
     from waltz_sim.world import SimProcess, World
@@ -54,6 +56,8 @@ class Profile:
     """Faults of the quorum phase (one is chosen); none: no quorum phase."""
     point_strikes: bool = False
     """Crash or pause processes at protocol points (``waltz_sim.points``)."""
+    server_options: Mapping[str, object] = field(default_factory=dict)
+    """``[server]`` keys of the profile's runs (a run's own ``server_options`` win)."""
 
 
 _NETWORK = {"partition": 3.0, "isolate": 1.0, "slow_link": 2.0, "reset": 2.0}
@@ -123,12 +127,37 @@ PROFILES: dict[str, Profile] = {
                 **_NETWORK,
                 **_PROCESS,
                 "slow_fsync": 3.0,
-                "damage": 2.0,
+                "damage": 1.0,
+                "damage_lagging": 3.0,
                 "power_loss": 1.0,
                 "zombie": 1.0,
             },
             gap=(1.5, 4.0),
             point_strikes=True,
+            # tiny batches and window: a slow replica falls behind what is in flight to
+            # it (as one thousands of records behind does on a busy cluster) and catches
+            # up from a healthy replica's storage;
+            # and a checkpoint interval that is reached: store sessions roll over
+            server_options={
+                "max_batch_records": 2,
+                "max_window_bytes": 1024,
+                "checkpoint_interval": 60,
+            },
+        ),
+        Profile(
+            "storage",
+            "what disks do to acknowledged records (lost, corrupt, misdirected, unreadable, "
+            "torn; wiped and stale disks) with lagging replicas and owner crashes",
+            {
+                **STORAGE_WEIGHTS,
+                "slow_fsync": 3.0,
+                "owner_crash": 2.0,
+                "crash": 1.0,
+                "pause": 1.0,
+                "slow_link": 1.0,
+            },
+            gap=(0.7, 2.0),
+            quorum_faults=("storage_power_cut", "storage_majority_down", "servers_down"),
         ),
         Profile(
             "chaos",
@@ -150,25 +179,13 @@ def profile(name: str) -> Profile:
         ) from None
 
 
-@dataclass(eq=False)
-class ActiveFault:
-    kind: str
-    description: str
-    heal: Callable[[], None]
-    impairs: frozenset[str] = frozenset()
-    """Processes it makes unavailable (for the phase rules)."""
-    duration: float | None = None
-    """How long it lasts, when the fault itself decides (else the nemesis' draw)."""
-    timer: asyncio.TimerHandle | None = None
-
-
 @dataclass
 class NemesisStats:
     injected: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
-class Nemesis:
+class Nemesis(StorageFaults):
     """Injects a profile's faults into a world (see the module docstring)."""
 
     def __init__(self, world: World, rng: random.Random) -> None:
@@ -200,13 +217,26 @@ class Nemesis:
             await asyncio.sleep(self.rng.uniform(*profile.gap))
             if loop.time() >= safety_end:
                 break
+            if "stale_restore" in profile.weights:
+                self._keep_backups()
             self._inject_one(dict(profile.weights))
         if profile.quorum_faults:
             held = self.rng.uniform(3.0, QUORUM_PHASE - 1.0)
             await asyncio.sleep(max(0.0, until - held - loop.time()))
             kind = self.rng.choice(profile.quorum_faults)
-            fault = getattr(self, f"_quorum_{kind}")(held)
-            self._record(fault, held)
+            damaged = self._lost_records()
+            if kind == "servers_down":
+                damaged = [f"partition {p}" for p in sorted(self._unseen_losses())]
+            if (kind.startswith("storage") or kind == "servers_down") and damaged:
+                self.world.trace.add(
+                    "fault",
+                    f"no quorum fault ({kind}): {', '.join(damaged)} lost records and is not "
+                    "repaired yet (with a majority down, or unseen by the next owner's "
+                    "recovery, beyond the guarantee)",
+                )
+            else:
+                fault = getattr(self, f"_quorum_{kind}")(held)
+                self._record(fault, held)
         await asyncio.sleep(max(0.0, until - loop.time()))
         self.heal_all()
         self.healed_at = loop.time()
@@ -278,6 +308,8 @@ class Nemesis:
         config = self.world.config
         storage = self._impaired("storage") | {n for n in impairs if n.startswith("storage")}
         servers = self._impaired("server") | {n for n in impairs if n.startswith("server")}
+        if self._owner_of_unseen({n for n in impairs if n.startswith("server")}):
+            return False  # no owner change while a replica's lost tail is unseen (see there)
         return len(storage) <= (config.storage_nodes - 1) // 2 and len(servers) < config.servers
 
     def _pick(self, kinds: tuple[str, ...], *, running: bool = True) -> SimProcess | None:
@@ -525,7 +557,58 @@ class Nemesis:
         return ActiveFault(
             "damage",
             f"damage on {process.name}'s disk, found at its restart in {restart_after:.1f}s",
-            lambda: None if process.alive else _restart([process]),
+            lambda: None if process.alive else restart([process]),
+            frozenset({process.name}),
+            duration=restart_after,
+        )
+
+    def _inject_damage_lagging(self, duration: float) -> ActiveFault | None:
+        """Issue 27's interleaving, left to chance to finish: another replica falls behind
+        on a slow link from one server (live, and quick to answer any other server), a
+        moment later a storage node crashes and its restart finds damage (a lost tail or
+        a hole), and the strikes of the ``points`` profile may kill that server when the
+        damaged replica rejoins. Counted as one impaired storage node (the damaged one);
+        the lagging one is slow, not down."""
+        process = self._pick(("storage",))
+        servers = self.world.of_kind("server")
+        if process is None or not servers:
+            return None
+        disk = self.world.disks.get(self.world.data_dir(process.name))
+        others = [p for p in self.world.of_kind("storage") if p is not process]
+        if disk is None or not others:
+            return None
+        lagging = self.rng.choice(others)
+        server = self.rng.choice(servers)
+        extra = self.rng.uniform(1.0, 3.0)
+        crash_after = self.rng.uniform(0.5, 2.0)
+        restart_after = crash_after + min(duration, 3.0)
+        network = self.world.network
+        network.slow(server.name, lagging.name, extra)
+        network.slow(lagging.name, server.name, extra)
+        loop = self.loop
+
+        def crash() -> None:
+            process.crash()
+            disk.pending_damage = True
+
+        def unslow() -> None:
+            network.unslow(server.name, lagging.name, extra)
+            network.unslow(lagging.name, server.name, extra)
+
+        loop.call_at(loop.time() + crash_after, crash, context=WORLD_CONTEXT)
+        lag = ActiveFault(
+            "slow_link",
+            f"slow link {server.name} <-> {lagging.name} (+{extra * 1000:.0f} ms), a lagging "
+            f"replica while {process.name} is damaged",
+            unslow,
+            duration=restart_after + self.rng.uniform(3.0, 8.0),
+        )
+        self._record(lag, restart_after)
+        return ActiveFault(
+            "damage_lagging",
+            f"damage on {process.name}'s disk in {crash_after:.1f}s (beside a lagging "
+            f"{lagging.name}), found at its restart in {restart_after:.1f}s",
+            lambda: None if process.alive else restart([process]),
             frozenset({process.name}),
             duration=restart_after,
         )
@@ -587,7 +670,7 @@ class Nemesis:
         for process in victims:
             process.crash(power_loss=power_loss)
         return ActiveFault(
-            kind, description, lambda: _restart(victims), frozenset(p.name for p in victims)
+            kind, description, lambda: restart(victims), frozenset(p.name for p in victims)
         )
 
     def _quorum_storage_majority_down(self, held: float) -> ActiveFault:
@@ -655,12 +738,6 @@ class Nemesis:
             lambda: _resume(victims),
             frozenset(v.name for v in victims),
         )
-
-
-def _restart(processes: list[SimProcess]) -> None:
-    for process in processes:
-        if not process.alive:
-            process.start()
 
 
 def _resume(processes: list[SimProcess]) -> None:

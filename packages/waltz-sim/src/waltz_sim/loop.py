@@ -18,7 +18,9 @@ generator; the order of callbacks is the order asyncio gives them (FIFO, timers 
 deadline), so the same program with the same seed makes the same run.
 
 Threads are refused (:meth:`SimLoop.run_in_executor` raises): a thread would run
-outside virtual time. The automatic garbage collector is off during a run; the
+outside virtual time. A client's callback thread (where the Waltz client runs plain,
+synchronous callbacks) has a deterministic stand-in, :class:`CallbackThread`, that runs
+them on the loop one at a time. The automatic garbage collector is off during a run; the
 world collects at fixed virtual instants instead, so finalizers run at the same
 point of every replay.
 """
@@ -26,8 +28,10 @@ point of every replay.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import enum
+import functools
 import heapq
 import logging
 import selectors
@@ -238,11 +242,52 @@ class SimLoop(asyncio.SelectorEventLoop):
         """No thread ever waits in the selector: nothing to wake."""
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> Any:  # type: ignore[override]
+        if isinstance(executor, CallbackThread):
+            return asyncio.wrap_future(executor.submit(func, *args), loop=self)
         raise SimulationError(
             f"run_in_executor({getattr(func, '__qualname__', func)!r}) in the simulation: a "
             "thread runs outside virtual time and breaks determinism. Use async callbacks "
             "(async def) for clients, and plugins that run on the loop"
         )
+
+
+class CallbackThread(concurrent.futures.Executor):
+    """A deterministic stand-in for a Waltz client's callback thread (its plain,
+    synchronous callbacks: ``AsyncWaltzClient(callback_executor=...)``): each call runs on
+    the loop, to its end, one at a time, in the order submitted, in the context of the
+    process that submitted it (parked while it is paused); a crashed process's calls
+    never run. A callback cannot block on the loop, so ``Transaction.get_data()`` there
+    reads the client's prefetched data (``ClientConfig(prefetch_data=True)``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._closed = False
+
+    def submit(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        if self._closed:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._loop.call_soon(self._run, functools.partial(fn, *args, **kwargs), future)
+        return future
+
+    @staticmethod
+    def _run(call: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+        incarnation = CURRENT.get()
+        if incarnation is not None and not incarnation.alive:
+            return  # the thread died with its process
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = call()
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
 
 
 def _run_soon(

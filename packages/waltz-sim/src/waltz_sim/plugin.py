@@ -41,6 +41,7 @@ def waltz_coordinators() -> list[PluginDescriptor]:
 @hookimpl
 def waltz_storage_engines() -> list[PluginDescriptor]:
     from waltz_sim.disk import SimStorageEngine
+    from waltz_sim.fsdisk import FS_CAPABILITIES, SimFsEngine
 
     return [
         PluginDescriptor(
@@ -48,5 +49,12 @@ def waltz_storage_engines() -> list[PluginDescriptor]:
             name="sim",
             factory=SimStorageEngine,
             description="the simulated disks of `waltz simulate`",
-        )
+        ),
+        PluginDescriptor(
+            kind=PluginKind.STORAGE,
+            name="sim-fs",
+            factory=SimFsEngine,
+            capabilities=FS_CAPABILITIES,
+            description="the real fs engine on the simulated disks (`--storage-engine fs`)",
+        ),
     ]

@@ -14,7 +14,7 @@ safety phase, and at most ``MAX_STRIKES`` per run, ``STRIKE_GAP`` seconds apart.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from waltz_api.faultpoints import POINTS
@@ -107,17 +107,16 @@ class PointStriker:
         network = self.world.network
         network.slow(server.name, lagging.name, extra)
         network.slow(lagging.name, server.name, extra)
-        loop = self.world.loop
-        self.world.fault_log.append(
-            f"{loop.time() - self.world.started_at:.2f} slow link {server.name} <-> "
-            f"{lagging.name} (+{extra * 1000:.0f} ms) for {held:.1f}s (strike)"
-        )
 
         def heal() -> None:
             network.unslow(server.name, lagging.name, extra)
             network.unslow(lagging.name, server.name, extra)
 
-        loop.call_at(loop.time() + held, heal, context=WORLD_CONTEXT)
+        self._record(
+            f"slow link {server.name} <-> {lagging.name} (+{extra * 1000:.0f} ms) (strike)",
+            heal,
+            held,
+        )
 
     def _slow_disk(self, node: SimProcess) -> None:
         disk = self.world.disks.get(self.world.data_dir(node.name))
@@ -126,17 +125,19 @@ class PointStriker:
         extra = self.rng.uniform(0.3, 2.0)
         held = self.rng.uniform(2.0, 6.0)
         disk.extra_fsync.append(extra)
-        loop = self.world.loop
-        self.world.fault_log.append(
-            f"{loop.time() - self.world.started_at:.2f} slow fsyncs on {node.name} "
-            f"(+{extra * 1000:.0f} ms) for {held:.1f}s (strike)"
-        )
 
         def heal() -> None:
             if extra in disk.extra_fsync:
                 disk.extra_fsync.remove(extra)
 
-        loop.call_at(loop.time() + held, heal, context=WORLD_CONTEXT)
+        self._record(f"slow fsyncs on {node.name} (+{extra * 1000:.0f} ms) (strike)", heal, held)
+
+    def _record(self, description: str, heal: Callable[[], None], held: float) -> None:
+        """A lasting fault of a strike, healed after ``held`` or at the run's heal."""
+        from waltz_sim.faults import ActiveFault
+
+        assert self.nemesis is not None
+        self.nemesis._record(ActiveFault("strike", description, heal), held)
 
     def _strike(self, target: SimProcess, action: str, name: str) -> None:
         if not target.running:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import random
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Collection, Coroutine
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from waltz_api import faultpoints
@@ -15,6 +16,15 @@ from waltz_sim.checker import SAFETY, SEMANTICS, Violation, check
 from waltz_sim.loop import WORLD_CONTEXT, SimLoop, SimulationError
 from waltz_sim.trace import capture_logs
 from waltz_sim.world import SimConfig, World
+
+MIXED = ("lock_table", "storage_nodes", "callbacks")
+"""The configuration a seed chooses (:func:`mixed`), unless given."""
+EXACT_SHARE = 1 / 3
+"""Seeds that run the ``exact`` lock table (lock precision is then checked exactly)."""
+FIVE_NODES_SHARE = 1 / 5
+"""Seeds that run 5 storage nodes (5 replicas per partition: a quorum of 3)."""
+PLAIN_SHARE = 1 / 4
+"""Seeds whose clients use plain (synchronous) callbacks on their callback thread."""
 
 EXTRA_TIME = 120.0
 """Virtual seconds a run may take beyond its duration (the read-back) before it is
@@ -45,6 +55,11 @@ class SeedResult:
     """The whole trace, when asked for."""
     point_hits: dict[str, int] = field(default_factory=dict)
     """How often each protocol point (waltz_api.faultpoints) was hit."""
+    unseen_cuts: list[tuple[int, int, int]] = field(default_factory=list)
+    """``(partition, first, end)``: ids that vanished from a replica where no check can
+    see it (``World.unseen_cuts``; what the known issue ``unseen-lost-tail`` needs)."""
+    throughput: float | None = None
+    """The fault-free windows' commits per second, a share of the offered rate."""
 
     @property
     def ok(self) -> bool:
@@ -56,6 +71,36 @@ class SeedResult:
 
     def replay_command(self) -> str:
         return replay_command(self.config)
+
+
+def mixed(config: SimConfig, pinned: Collection[str] = ()) -> SimConfig:
+    """``config`` with what its seed chooses of :data:`MIXED` (except the ``pinned``
+    fields): a share of the seeds runs the exact lock table, 5 storage nodes, the
+    clients' plain callbacks. Every draw is made whatever is pinned, so pinning one
+    leaves the others as the seed chose them."""
+    rng = random.Random(f"waltz-sim:{config.seed}:mix")
+    lock_table = "exact" if rng.random() < EXACT_SHARE else "hwm-array"
+    storage_nodes = 5 if rng.random() < FIVE_NODES_SHARE else 3
+    callbacks = "plain" if rng.random() < PLAIN_SHARE else "async"
+    return replace(
+        config,
+        lock_table=config.lock_table if "lock_table" in pinned else lock_table,
+        storage_nodes=config.storage_nodes if "storage_nodes" in pinned else storage_nodes,
+        callbacks=config.callbacks if "callbacks" in pinned else callbacks,
+    )
+
+
+def variant(config: SimConfig) -> str:
+    """What of :data:`MIXED` differs from the defaults ("" when nothing does)."""
+    defaults = SimConfig()
+    parts = [
+        f"{config.lock_table} locks" if config.lock_table != defaults.lock_table else "",
+        f"{config.storage_nodes} storage nodes"
+        if config.storage_nodes != defaults.storage_nodes
+        else "",
+        f"{config.callbacks} callbacks" if config.callbacks != defaults.callbacks else "",
+    ]
+    return ", ".join(p for p in parts if p)
 
 
 def replay_command(config: SimConfig) -> str:
@@ -72,13 +117,15 @@ def replay_command(config: SimConfig) -> str:
         "partitions": "--partitions",
         "storage_engine": "--storage-engine",
         "lock_table": "--lock-table",
+        "callbacks": "--callbacks",
     }
+    always = ("duration", "faults", "workload", *MIXED)  # a seed would choose the mixed ones
     for f in fields(SimConfig):
         flag = options.get(f.name)
         if flag is None:
             continue
         value = getattr(config, f.name)
-        if value != getattr(defaults, f.name) or f.name in ("duration", "faults", "workload"):
+        if value != getattr(defaults, f.name) or f.name in always:
             parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
     return " ".join(parts)
 
@@ -101,7 +148,7 @@ def run_seed(
     gc.disable()
     gc.freeze()  # what exists before the run is never collected during it: cheap collections
     try:
-        with capture_logs(world.trace, config.trace_level), faultpoints.installed(world.points):
+        with capture_logs(world.trace, config.trace_level), faultpoints.installed(world.on_point):
             try:
                 task = loop.create_task(
                     asyncio.wait_for(world.run(script), config.duration + EXTRA_TIME),
@@ -129,6 +176,7 @@ def run_seed(
     result.faults = world.faults_injected
     result.point_hits = dict(world.points.hits)
     result.fault_log = list(world.fault_log)
+    result.unseen_cuts = list(world.unseen_cuts)
     result.loop_errors = list(world.loop_errors)
     if snapshot is not None:
         semantics = SEMANTICS[config.workload]()
@@ -136,6 +184,7 @@ def run_seed(
         result.violations = checked.violations
         result.outcomes = checked.outcomes
         result.committed = checked.committed
+        result.throughput = checked.throughput
     elif result.error is None:
         result.error = "the run ended without reading the cluster back"
     result.digest = world.trace.digest

@@ -186,6 +186,11 @@ class Scenario:
         disk = self.world.disks.get(self.world.data_dir(process.name))
         if disk is None:
             raise SimulationError(f"{process.name} has no disk yet (it never started)")
+        if not isinstance(disk, SimDisk):
+            raise SimulationError(
+                f"a scripted scenario acts on the disks of the `sim` storage engine; "
+                f"{process.name} runs {self.world.config.storage_engine!r}"
+            )
         return disk
 
     def log_end(self, process: SimProcess, partition: int) -> int:

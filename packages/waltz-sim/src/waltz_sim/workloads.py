@@ -46,6 +46,7 @@ from waltz_sim.checker import (
     UNKNOWN,
     BankSemantics,
     FeedEvent,
+    LockFailure,
     RegisterSemantics,
     Semantics,
     StoredRecord,
@@ -53,6 +54,7 @@ from waltz_sim.checker import (
 )
 from waltz_sim.checker.semantics import APPEND, READ, WRITE
 from waltz_sim.checker.semantics import Lock as LockSpec
+from waltz_sim.loop import CallbackThread
 
 if TYPE_CHECKING:
     from waltz_sim.world import SimProcess, World
@@ -92,7 +94,9 @@ class _Callbacks(WaltzClientCallbacks):
         return self.db.high_water_marks[partition_id]
 
     async def apply_transaction(self, transaction: Transaction) -> None:
-        data = await transaction.fetch_data()
+        self.apply(transaction, await transaction.fetch_data())
+
+    def apply(self, transaction: Transaction, data: bytes) -> None:
         semantics = self.workload.semantics
         txn = semantics.decode(data)
         partition = transaction.partition_id
@@ -113,6 +117,21 @@ class _Callbacks(WaltzClientCallbacks):
         )
 
 
+class _PlainCallbacks(WaltzClientCallbacks):
+    """The same database through the synchronous callbacks most applications use: the
+    client runs them on its callback thread (in the simulation, the loop's stand-in for
+    it, :class:`~waltz_sim.loop.CallbackThread`), the data read with ``get_data()``."""
+
+    def __init__(self, workload: Workload, process: SimProcess, db: ClientDatabase) -> None:
+        self.database = _Callbacks(workload, process, db)
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return self.database.db.high_water_marks[partition_id]
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.database.apply(transaction, transaction.get_data())
+
+
 class ReadOnlyCallbacks(WaltzClientCallbacks):
     """For the read-back at the end: applies nothing, starts from the latest."""
 
@@ -123,32 +142,73 @@ class ReadOnlyCallbacks(WaltzClientCallbacks):
         return None
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What an op's latest attempt was built on (for its lock failure, if one comes)."""
+
+    built_at: float
+    client_high_water_mark: int
+    locks: tuple[LockSpec, ...]
+
+
 class WorkloadOp(TransactionContext):
     """One op as a transaction: ``execute`` builds it from the partition's state in
-    ``states`` (the client's database), with the op's envelope as its data."""
+    ``states`` (the client's database), with the op's envelope as its data.
+    ``on_lock_failed`` (optional) hears of each attempt the server's lock check
+    rejected: the attempt and the conflicting transaction id."""
 
-    def __init__(self, op_id: str, spec: OpSpec, states: Mapping[int, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        op_id: str,
+        spec: OpSpec,
+        states: Mapping[int, dict[str, Any]],
+        *,
+        clock: Callable[[], float] | None = None,
+        on_lock_failed: Callable[[WorkloadOp, Attempt, int], None] | None = None,
+    ) -> None:
         super().__init__()
         self.op_id = op_id
         self.spec = spec
         self.states = states
         self.transaction_id = -1
+        self.clock = clock
+        self.on_lock_failed = on_lock_failed
+        self.attempt: Attempt | None = None
+        self.last_failure: tuple[int, tuple[LockSpec, ...], int] | None = None
 
     def partition_id(self, num_partitions: int) -> int:
         return self.spec.partition
 
-    async def execute(self, builder: TransactionBuilder) -> bool:
+    def build(self, builder: TransactionBuilder) -> bool:
         built = self.spec.build(self.states[self.spec.partition])
         if built is None:
             return False
         kind, body, locks = built
         for name, lock_id, mode in locks:
             builder.lock(Lock(name, lock_id, _MODES[mode]))
-        builder.set_data(encode_txn(self.op_id, builder.client_high_water_mark, locks, kind, body))
+        hwm = builder.client_high_water_mark
+        builder.set_data(encode_txn(self.op_id, hwm, locks, kind, body))
+        if self.clock is not None:
+            self.attempt = Attempt(self.clock(), hwm, tuple(locks))
         return True
+
+    async def execute(self, builder: TransactionBuilder) -> bool:
+        return self.build(builder)
+
+    def on_lock_failure(self, transaction_id: int) -> None:
+        if self.on_lock_failed is not None and self.attempt is not None:
+            self.on_lock_failed(self, self.attempt, transaction_id)
 
     def on_application(self, transaction_id: int) -> None:
         self.transaction_id = transaction_id
+
+
+class PlainWorkloadOp(WorkloadOp):
+    """A :class:`WorkloadOp` whose ``execute`` is a plain method (the client runs it on
+    its callback thread, with the read of the client high-water mark)."""
+
+    def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+        return self.build(builder)
 
 
 class Workload:
@@ -181,17 +241,21 @@ class Workload:
         config = world.config
         db = self.database(process)
         assert process.incarnation is not None
+        plain = config.callbacks == "plain"
         client = AsyncWaltzClient(
-            _Callbacks(self, process, db),
+            _PlainCallbacks(self, process, db) if plain else _Callbacks(self, process, db),
             ClientConfig(
                 coordination=world.coordination_uri,
                 coordination_options={"session_timeout": config.session_timeout},
                 transport="sim",
                 transaction_timeout=config.transaction_timeout,
                 request_timeout=config.request_timeout,
+                prefetch_data=plain,  # a plain apply cannot wait for its data on the loop
             ),
             rng=world.rng(f"client:{process.incarnation.name}"),
+            callback_executor=CallbackThread(world.loop) if plain else None,
         )
+        op_class = PlainWorkloadOp if plain else WorkloadOp
         await client.start()
         process.handle = client
         rng = world.rng(f"workload:{process.incarnation.name}")
@@ -203,7 +267,13 @@ class Workload:
                 continue
             spec = self.choose(rng, config.partitions)
             db.ops += 1
-            op = WorkloadOp(f"{process.name}:{db.ops}", spec, db.states)
+            op = op_class(
+                f"{process.name}:{db.ops}",
+                spec,
+                db.states,
+                clock=loop.time,
+                on_lock_failed=self._lock_failed,
+            )
             task = loop.create_task(self._submit(client, process, op))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
@@ -225,6 +295,26 @@ class Workload:
                 history.end(OK, op.op_id, op.transaction_id)
             else:
                 history.end(FAIL, op.op_id, detail="declined by execute")
+
+    def _lock_failed(self, op: WorkloadOp, attempt: Attempt, conflict: int) -> None:
+        history = self.world.history
+        pending = history.pending.get(op.op_id)
+        seen = (attempt.client_high_water_mark, attempt.locks, conflict)
+        if pending is None or op.last_failure == seen:
+            return  # a retry failing the same way again says nothing new
+        op.last_failure = seen
+        history.lock_failed(
+            LockFailure(
+                op.op_id,
+                pending.process,
+                self.world.loop.time(),
+                op.spec.partition,
+                attempt.client_high_water_mark,
+                attempt.locks,
+                conflict,
+                attempt.built_at,
+            )
+        )
 
 
 class OpMix(ABC):
@@ -368,10 +458,12 @@ def stored_record(record: Any) -> StoredRecord:
 __all__ = [
     "OP_MIXES",
     "WORKLOADS",
+    "Attempt",
     "BankOps",
     "ClientDatabase",
     "OpMix",
     "OpSpec",
+    "PlainWorkloadOp",
     "ReadOnlyCallbacks",
     "RegisterOps",
     "Workload",

@@ -15,7 +15,34 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
 - ``skip-fencing``: a storage node that records newer store sessions but does not
   refuse older ones: a deposed server's writes land after its successor's recovery;
 - ``double-apply``: a client that, after every mount, applies its last applied
-  transaction again (an off-by-one in its feed position).
+  transaction again (an off-by-one in its feed position);
+- ``over-strict``: a lock check with ``>=`` for ``>``: a client that has applied the
+  last change of its locks still fails (and retries until its op expires); nothing
+  unsafe, but commits fall to a third;
+- ``reads-recorded``: the ``exact`` lock table recording READ locks as changes too: an
+  attempt fails on a transaction that only read what it locks (nothing unsafe, the
+  conflicts have no reason);
+- ``half-quorum``: a quorum of ``n // 2`` (1 of 3) for commits and recoveries: a
+  transaction is acknowledged when one replica holds it;
+- ``acked-in-flight``: a server that counts appends in flight to a replica as
+  acknowledged by it: a transaction commits before a quorum stored it;
+- ``mark-before-apply``: a client database that records a transaction's id as its
+  high-water mark before it applies the transaction (across an await): an op built in
+  between claims a mark whose changes it has not seen, and a crash in between leaves a
+  mark without its changes;
+- ``fs-truncate``: the real fs engine (``--storage-engine fs``) with an off-by-one in
+  segment truncation: the data file is cut at the end of the first record to remove
+  instead of its start (the index is cut right), so the removed record's bytes stay
+  between the last kept record and the next one appended; reads of the record before
+  them fail, and the start-up recovery after a restart takes the stale record back as
+  the next id and cuts the records appended after it as damage;
+- ``fs-unsynced-data``: the real fs engine acknowledging appends before their data is
+  durable: the committer's write step registers the segment's index file for the
+  round's flush instead of its data file (the data is flushed only when a segment
+  rolls over), so a power loss loses acknowledged records;
+- ``suspect-as-clean``: a storage node that records a replica marked suspect (its storage
+  lost records it had acknowledged, and it rejoined its store session) as clean: the
+  rejoin clears LOST_SESSION, as before issue 27's fix (found by the ``storage`` profile).
 """
 
 from __future__ import annotations
@@ -31,17 +58,30 @@ import pytest
 from waltz_api.contracts.storage import StoragePartition
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 from waltz_api.plugins import get_registry, reset_registry
-from waltz_api.types import NO_TRANSACTION, LockRequest, Record
+from waltz_api.types import NO_TRANSACTION, LockRequest, Record, SessionInfo
+from waltz_client import Transaction
 from waltz_client import partition as client_partition
 from waltz_client.state import FeedTracker
+from waltz_server.locktables.exact import ExactLockTable
 from waltz_server.locktables.hwm_array import HwmArrayLockTable
 from waltz_server.server import partition as server_partition
+from waltz_server.server import recovery as recovery_module
+from waltz_server.server import replication as replication_module
 from waltz_server.server import server as server_module
+from waltz_server.server import store_session as store_session_module
+from waltz_server.server.replication import Committed, Replication
 from waltz_server.storage_node import node as node_module
+from waltz_server.storage_node import partition as node_partition
 from waltz_server.storage_node.partition import PartitionWorker
+from waltz_sim import workloads
+from waltz_sim.checker import FeedEvent
 from waltz_sim.disk import SimStorageEngine, SimStoragePartition
 from waltz_sim.loop import WORLD_CONTEXT
 from waltz_sim.world import SimConfig
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs.committer import DATA, INDEX, Job
+from waltz_storage_fs.engine import FsStoragePartition
+from waltz_storage_fs.recovery import delete_segment_files, missing_ranges, write_log_start
 
 # -- early-ack: an engine that acknowledges before fdatasync -------------------------------------
 
@@ -78,6 +118,73 @@ class ForgetfulLockTable(HwmArrayLockTable):
         super().record(replace(request, append=()), transaction_id)
 
 
+# -- over-strict: a lock check with >= for > ------------------------------------------------------
+
+
+class OverStrictLockTable(HwmArrayLockTable):
+    def check(self, request: LockRequest, client_high_water_mark: int) -> int | None:
+        if not (request.read or request.write):
+            return None
+        estimate = self.estimate(request)
+        return estimate if estimate >= client_high_water_mark else None  # the bug: >=
+
+
+# -- reads-recorded: an exact lock table that records READ locks as changes ------------------------
+
+
+_exact_record = ExactLockTable.record
+
+
+def _record_reads_too(self: ExactLockTable, request: LockRequest, transaction_id: int) -> None:
+    _exact_record(self, replace(request, write=(*request.write, *request.read)), transaction_id)
+
+
+# -- half-quorum: a quorum of n // 2 ---------------------------------------------------------------
+
+
+def half_quorum(num_replicas: int) -> int:
+    return max(1, num_replicas // 2)  # the bug: a majority is n // 2 + 1
+
+
+# -- acked-in-flight: appends in flight counted as acknowledged ------------------------------------
+
+
+class InFlightAckedReplication(Replication):
+    def _advance(self) -> Committed | None:
+        acked = {node: p.acked for node, p in self._progress.items()}
+        for p in self._progress.values():
+            p.acked = max(p.acked, p.sent)  # the bug: what was sent counts as stored
+        try:
+            return super()._advance()
+        finally:
+            for node, p in self._progress.items():
+                p.acked = acked[node]
+
+
+# -- mark-before-apply: a client database that moves its mark before applying --------------------
+
+
+class MarkFirstCallbacks(workloads._Callbacks):
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        partition = transaction.partition_id
+        self.db.high_water_marks[partition] = transaction.transaction_id  # the bug: first
+        data = await transaction.fetch_data()
+        txn = self.workload.semantics.decode(data)
+        if txn is not None:
+            self.workload.semantics.apply(self.db.states[partition], txn)
+        world = self.workload.world
+        world.history.applied(
+            FeedEvent(
+                self.process.name,
+                self.incarnation,
+                partition,
+                transaction.transaction_id,
+                None if txn is None else txn.op_id,
+                world.loop.time(),
+            )
+        )
+
+
 # -- skip-generation: a server without its generation check ---------------------------------------
 
 
@@ -108,6 +215,21 @@ class UnfencedPartitionWorker(PartitionWorker):
         await super()._fence(partition, session_id)
 
 
+# -- suspect-as-clean: a storage node that records a suspect replica as clean ----------------------
+
+
+_real_marked = node_partition._marked
+
+
+def _marked_clean(partition: StoragePartition, request: Any) -> SessionInfo:
+    """A suspect mark (clean=False) recorded as the session's clean marks: the replica
+    that lost what it acknowledged reads as a voter at once."""
+    info = _real_marked(partition, request)
+    if request.clean:
+        return info
+    return replace(info, low_water_mark_session_id=request.session_id)
+
+
 # -- double-apply: a client re-applying its last transaction after each mount --------------------
 
 
@@ -117,6 +239,59 @@ class OffByOneFeedTracker(FeedTracker):
         if position > NO_TRANSACTION:
             self._position = self._floor = position - 1  # re-deliver (and apply) the last one
         return self._position if self._position is not None else NO_TRANSACTION
+
+
+# -- fs-truncate: the fs engine's segment truncation, one record off ------------------------------
+
+
+def _truncate_files_one_record_late(self: FsStoragePartition, transaction_id: int) -> None:
+    """FsStoragePartition._truncate_files with the data file cut one record too late."""
+    files = self._files
+    if any(a <= transaction_id for a, _ in missing_ranges(self._segments, self._start)):
+        self._mark_lost()
+    removed = False
+    while self._segments and self._segments[-1].first > transaction_id:
+        delete_segment_files(files, self._segments.pop())
+        removed = True
+    if removed:
+        files.fsync_dir(self.directory)
+    if transaction_id + 1 < self._start:
+        write_log_start(files, self.directory, transaction_id + 1)
+        self._start = transaction_id + 1
+    if self._segments:
+        seg = self._segments[-1]
+        keep = transaction_id - seg.first + 1
+        if keep < seg.count:
+            cut = keep + 1  # the bug: the entry after the first record to remove (keep)
+            if cut < seg.count:
+                raw = files.pread(
+                    seg.index_fd, fmt.INDEX_ENTRY_SIZE, fmt.HEADER_SIZE + cut * fmt.INDEX_ENTRY_SIZE
+                )
+                (end,) = fmt.INDEX_ENTRY.unpack(raw)
+            else:
+                end = seg.size
+            files.ftruncate(seg.data_fd, end)
+            files.fdatasync(seg.data_fd)
+            files.ftruncate(seg.index_fd, fmt.HEADER_SIZE + keep * fmt.INDEX_ENTRY_SIZE)
+            files.fsync(seg.index_fd)
+            seg.count = keep
+            seg.size = end
+    self.publish()
+
+
+# -- fs-unsynced-data: the fs engine flushing the index instead of the data -----------------------
+
+_write_batch = FsStoragePartition.write_batch
+
+
+def _write_batch_flushing_the_index(
+    self: FsStoragePartition, job: Job, flushes: set[tuple[int, int]]
+) -> None:
+    _write_batch(self, job, flushes)
+    seg = self._segments[-1]
+    if (DATA, seg.data_fd) in flushes:  # the bug: the index's fd where the data's belongs
+        flushes.discard((DATA, seg.data_fd))
+        flushes.add((INDEX, seg.index_fd))
 
 
 # -- selecting them ----------------------------------------------------------------------------
@@ -130,6 +305,8 @@ class Planted:
     the code under test is not this bug)."""
     config: Mapping[str, Any]
     profile: str = "standard"
+    also: frozenset[str] = frozenset()
+    """Violations the seed that finds it must show too (another check that sees it)."""
 
 
 class _Plugins:
@@ -140,7 +317,8 @@ class _Plugins:
     @hookimpl
     def waltz_lock_tables(self) -> list[PluginDescriptor]:
         return [
-            PluginDescriptor(PluginKind.LOCK_TABLE, "planted-forget-append", ForgetfulLockTable)
+            PluginDescriptor(PluginKind.LOCK_TABLE, "planted-forget-append", ForgetfulLockTable),
+            PluginDescriptor(PluginKind.LOCK_TABLE, "planted-over-strict", OverStrictLockTable),
         ]
 
 
@@ -179,6 +357,38 @@ PLANTED: dict[str, Planted] = {
             {},
         ),
         Planted("double-apply", frozenset({"feed-order", "client-state"}), {}),
+        Planted(
+            "over-strict",
+            frozenset({"lock-precision", "throughput", "undecided"}),
+            # its ops retry at once, thousands of times each: a shorter run costs less
+            {"lock_table": "planted-over-strict", "duration": 25.0},
+            also=frozenset({"throughput"}),  # the floor sees it without the lock failures
+        ),
+        Planted(
+            "reads-recorded",
+            frozenset({"lock-precision"}),
+            {"lock_table": "exact"},  # the exact table, its record method broken
+        ),
+        Planted(
+            "half-quorum",
+            _LOSS | {"client-ahead", "client-state", "duplicate"},
+            {},
+            profile="disk",
+        ),
+        Planted("acked-in-flight", _LOSS | {"client-ahead", "client-state", "duplicate"}, {}),
+        Planted("mark-before-apply", frozenset({"client-state", "workload", "lock-safety"}), {}),
+        Planted(
+            "fs-truncate",
+            _LOSS | {"dense-ids", "duplicate", "client-ahead", "client-state"},
+            {"storage_engine": "fs"},
+            profile="chaos",
+        ),
+        Planted(
+            "fs-unsynced-data",
+            _LOSS | {"client-ahead", "client-state"},
+            {"storage_engine": "fs"},
+        ),
+        Planted("suspect-as-clean", _LOSS | {"client-ahead", "duplicate"}, {}, profile="storage"),
     )
 }
 
@@ -198,6 +408,21 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(node_module, "PartitionWorker", UnfencedPartitionWorker)
         elif name == "double-apply":
             patch.setattr(client_partition, "FeedTracker", OffByOneFeedTracker)
+        elif name == "reads-recorded":
+            patch.setattr(ExactLockTable, "record", _record_reads_too)
+        elif name == "half-quorum":
+            for module in (replication_module, store_session_module, recovery_module):
+                patch.setattr(module, "quorum_of", half_quorum)
+        elif name == "acked-in-flight":
+            patch.setattr(store_session_module, "Replication", InFlightAckedReplication)
+        elif name == "mark-before-apply":
+            patch.setattr(workloads, "_Callbacks", MarkFirstCallbacks)
+        elif name == "fs-unsynced-data":
+            patch.setattr(FsStoragePartition, "write_batch", _write_batch_flushing_the_index)
+        elif name == "fs-truncate":
+            patch.setattr(FsStoragePartition, "_truncate_files", _truncate_files_one_record_late)
+        elif name == "suspect-as-clean":
+            patch.setattr(node_partition, "_marked", _marked_clean)
         yield bug
     finally:
         patch.undo()

@@ -15,9 +15,17 @@ from waltz_sim import run_seed
 MAX_SEEDS = {
     "forget-append": 5,
     "double-apply": 5,
+    "over-strict": 5,
+    "reads-recorded": 5,
+    "mark-before-apply": 10,
+    "half-quorum": 40,
+    "acked-in-flight": 80,
     "early-ack": 60,
     "skip-generation": 100,
     "skip-fencing": 150,
+    "fs-truncate": 20,  # the fs chaos seeds tox -e sim runs
+    "fs-unsynced-data": 50,  # the fs standard seeds tox -e sim runs
+    "suspect-as-clean": 100,
 }
 
 
@@ -32,6 +40,8 @@ def test_the_planted_bug_is_found(
             assert result.error is None, f"seed {seed}: {result.error}"
             found = [v for v in result.violations if v.invariant in bug.detected_by]
             if found:
+                seen = {v.invariant for v in result.violations}
+                assert bug.also <= seen, f"seed {seed} found it, but not by {bug.also - seen}"
                 if reporter is not None:
                     with capsys.disabled():  # the terminal, not the captured output
                         reporter.write_line(

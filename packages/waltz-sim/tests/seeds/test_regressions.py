@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from waltz_sim import SimConfig, run_seed
-from waltz_sim.known_issues import KNOWN_ISSUES
+from waltz_sim.known_issues import KNOWN_ISSUES, explained_by
 
 # (seed, profile, what it found once)
 REGRESSIONS = [
@@ -56,6 +56,34 @@ REGRESSIONS = [
         "(no-high-water-mark); fixed in the server (the failed usher is dropped)",
     ),
     (
+        5,
+        "storage",
+        "issue 27: a replica whose storage lost what it acknowledged rejoined its store "
+        "session, the rejoin cleared LOST_SESSION, the owner died before it caught up, and "
+        "the next recovery counted it as a voter with a lagging replica and truncated the "
+        "intact copy (acknowledged-lost); fixed in the server (a suspect replica never "
+        "votes; the closing mark never below a voter's log end)",
+    ),
+    (81, "storage", "same as storage seed 5"),
+    (21, "storage", "same as storage seed 5"),
+    (
+        23,
+        "storage",
+        "not a bug of the code: the nemesis crashed a partition's owner while a replica's "
+        "lost write (zeros, cut silently at its restart) was unseen, and the next recovery "
+        "decided with it and a lagging replica before the intact copy (slow fsyncs) "
+        "answered, the one case docs/server.md leaves beyond the guarantee; the storage "
+        "profile no longer stops a server that owns such a partition",
+    ),
+    (
+        1116,
+        "storage",
+        "not a bug of the code: a damaged rejoin's damage, scheduled before the quorum phase, "
+        "landed in it beside a storage majority powered off (a damaged copy and a majority "
+        "down: beyond the guarantee); the damage is now called off when the rules no longer "
+        "allow it, and the quorum phase waits for no damage to come",
+    ),
+    (
         1,
         "none",
         "the simulated network could deliver two frames of one connection landing at the same "
@@ -69,11 +97,9 @@ def test_a_seed_that_found_a_bug_passes(seed: int, profile: str, found: str) -> 
     result = run_seed(SimConfig(seed=seed, faults=profile), keep_trace=True)
     assert result.error is None
     assert "feed jumped" not in result.trace_text
-    unexplained = [v for v in result.violations if v.invariant not in _KNOWN_LIVENESS]
-    assert not unexplained, f"seed {seed} ({found}): {unexplained[:3]}"
-
-
-_KNOWN_LIVENESS = frozenset().union(*(issue.invariants for issue in KNOWN_ISSUES))
+    if result.violations:  # an open known issue's symptoms alone, or it fails
+        known = explained_by(result.violations, result.unseen_cuts)
+        assert known is not None, f"seed {seed} ({found}): {result.violations[:3]}"
 
 
 def test_each_known_issue_shows_only_its_symptoms(
@@ -95,4 +121,6 @@ def test_each_known_issue_shows_only_its_symptoms(
                             "waltz_sim.known_issues"
                         )
                 continue
-            assert known.explains(result.violations), [str(v) for v in result.violations[:5]]
+            assert known.explains(result.violations, result.unseen_cuts), [
+                str(v) for v in result.violations[:5]
+            ]

@@ -35,7 +35,7 @@ class ControlFile:
     def create(
         cls, directory: Path, cluster_key: uuid.UUID, num_partitions: int, files: Files
     ) -> ControlFile:
-        header = fmt.ControlHeader(fmt.FORMAT_VERSION, fmt.now_ms(), cluster_key, num_partitions)
+        header = fmt.ControlHeader(fmt.FORMAT_VERSION, files.now_ms(), cluster_key, num_partitions)
         body = fmt.encode_control_header(header) + b"".join(
             fmt.initial_partition_info(p) for p in range(num_partitions)
         )

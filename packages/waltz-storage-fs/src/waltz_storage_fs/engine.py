@@ -1,36 +1,34 @@
 """The file-segment storage engine (plugin ``fs``).
 
-(Above 800 lines on purpose: the engine, its partitions and the committer share the open
-files and the group commit's state; the format, recovery, the control file, the files
-and the quarantine are modules of their own.)
+(Above 800 lines on purpose: the engine and its partitions share the open files and
+the group commit's state; the committer, the format, recovery, the control file, the
+files and the quarantine are modules of their own.)
 
-Threads: one *committer* thread owns every write. Appends of all partitions
-queue to it; each round it writes every queued batch (one ``pwrite`` per
-batch for the data, one for the index entries), then issues one
-``fdatasync`` per touched data file, and only then resolves the appends'
-futures. While a round is on the disk the next appends queue up, so
-concurrent appends coalesce (group commit). Reads run in a small pool of
-engine-owned threads with ``pread`` through the index; nothing keeps a
-segment, or an index, in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in
-that pool too, and there writes the new segment file of a split that nobody reads
-yet; the committer then makes it part of the log.
+Threads: one *committer* owns every write (:mod:`waltz_storage_fs.committer`).
+Appends of all partitions queue to it; each round it writes every queued batch
+(one ``pwrite`` per batch for the data, one for the index entries), then issues
+one ``fdatasync`` per touched data file, and only then resolves the appends'
+futures. While a round is on the disk the next appends queue up, so concurrent
+appends coalesce (group commit). Reads run in a small pool of engine-owned
+threads with ``pread`` through the index; nothing keeps a segment, or an index,
+in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in that pool too, and
+there writes the new segment file of a split that nobody reads yet; the
+committer then makes it part of the log. Where the committer and the reads run
+is the engine's *runner*: threads (the default), or the event loop
+(:class:`~waltz_storage_fs.committer.LoopRunner`, for the simulation).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import concurrent.futures
 import dataclasses
 import logging
 import operator
-import queue
 import struct
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -55,6 +53,7 @@ from waltz_api.types import LOST_SESSION, NO_TRANSACTION, Record, RecordHeader, 
 from waltz_api.wire import RecordBlock
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import scrub as scrubbing
+from waltz_storage_fs.committer import DATA, INDEX, Committer, Job, Runner, ThreadRunner
 from waltz_storage_fs.control import ControlFile
 from waltz_storage_fs.files import OPEN_NEW, REAL_FILES, Files, make_dirs, remove_tree
 from waltz_storage_fs.quarantine import Quarantine
@@ -148,220 +147,6 @@ _T = TypeVar("_T")
 _BLOCK_HEAD = struct.Struct(">q20xiI")  # a stored record's id, data length, data crc
 _WIRE_FIXED = fmt.RECORD_HEAD.size  # 36: the stored head, as long as the wire's
 _SPLIT_HEAD = struct.Struct(">28s4s4s")  # id + ReqId + header, length, data crc
-
-
-_DATA, _INDEX = 0, 1
-
-# -- committer jobs ---------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    future: asyncio.Future[None]
-    partition: FsStoragePartition | None = None
-    blob: bytes = b""
-    lengths: list[int] = field(default_factory=list)
-    first_txid: int = 0
-    action: Callable[[], None] | None = None
-
-
-_STOP = None
-"""Queued after the last job: the committer ends once it is reached."""
-
-
-class _SyncThreads:
-    """Flushes the files of a round at once: the committer flushes the first one
-    itself and up to ``helpers`` threads the others (each the files handed to it, in
-    turn). The threads start when a round first has several files and stay for the
-    engine's life; a hand-off is a SimpleQueue put and get, no future, no executor."""
-
-    def __init__(self, name: str, fdatasync: Callable[[int], None], helpers: int = 3) -> None:
-        self._name = name
-        self._fdatasync = fdatasync
-        self._helpers = helpers
-        self._inboxes: list[queue.SimpleQueue[tuple[int, int] | None]] = []
-        self._threads: list[threading.Thread] = []
-        self._done: queue.SimpleQueue[tuple[int, BaseException | None]] = queue.SimpleQueue()
-
-    def _sync(self, fd: int) -> BaseException | None:
-        try:
-            self._fdatasync(fd)
-        except BaseException as exc:  # handed back: the committer decides
-            return exc
-        return None
-
-    def _helper(self, inbox: queue.SimpleQueue[tuple[int, int] | None]) -> None:
-        while (item := inbox.get()) is not None:
-            index, fd = item
-            self._done.put((index, self._sync(fd)))
-
-    def sync_all(self, fds: list[int]) -> list[OSError | None]:
-        """fdatasync every one of ``fds`` (concurrently); the error of each (None: ok).
-        Anything else than an OSError is raised, once every flush has ended."""
-        errors: list[BaseException | None] = [None] * len(fds)
-        if len(fds) > 1:
-            while len(self._inboxes) < min(self._helpers, len(fds) - 1):
-                inbox: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
-                thread = threading.Thread(
-                    target=self._helper,
-                    args=(inbox,),
-                    name=f"{self._name}-{len(self._inboxes)}",
-                    daemon=True,
-                )
-                thread.start()
-                self._threads.append(thread)
-                self._inboxes.append(inbox)
-            inboxes = self._inboxes
-            for index in range(1, len(fds)):
-                inboxes[(index - 1) % len(inboxes)].put((index, fds[index]))
-        if fds:
-            errors[0] = self._sync(fds[0])
-        for _ in range(len(fds) - 1):
-            index, error = self._done.get()
-            errors[index] = error
-        flushed: list[OSError | None] = []
-        for error in errors:
-            if error is not None and not isinstance(error, OSError):
-                raise error
-            flushed.append(error)
-        return flushed
-
-    def stop(self) -> None:
-        """End the threads (after the round under way: called by the committer)."""
-        for inbox in self._inboxes:
-            inbox.put(None)
-        for thread in self._threads:
-            thread.join()
-
-
-class _Committer(threading.Thread):
-    """The one thread that writes. Appends are group-committed; others are barriers.
-
-    Jobs come through a SimpleQueue (a put from the event loop, a get here that takes
-    everything queued as one round); a round's results go back to the loop in one
-    ``call_soon_threadsafe``. ``submit`` and ``stop`` are called on the event loop."""
-
-    def __init__(self, engine: FsStorageEngine, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(name=f"waltz-fs-committer:{engine.directory}", daemon=True)
-        self._engine = engine
-        self._loop = loop
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._stopping = False
-        # engine.files read at each flush (a test may replace the file layer's methods)
-        self._syncs = _SyncThreads("waltz-fs-sync", lambda fd: engine.files.fdatasync(fd))  # noqa: PLW0108
-
-    def submit(self, job: _Job) -> None:
-        if self._stopping:
-            raise StorageError("the storage engine is closed")
-        self._queue.put(job)
-
-    def stop(self) -> None:
-        if not self._stopping:
-            self._stopping = True
-            self._queue.put(_STOP)
-
-    def run(self) -> None:
-        pending = self._queue
-        stopped = False
-        while not stopped:
-            first = pending.get()
-            if first is _STOP:
-                break
-            jobs = [first]
-            while not pending.empty():
-                job = pending.get_nowait()
-                if job is _STOP:
-                    stopped = True
-                    break
-                jobs.append(job)
-            try:
-                self._round(jobs)
-            except BaseException as exc:  # never leave a waiter hanging
-                log.exception("storage committer failed")
-                self._finish([(job, exc) for job in jobs if not job.future.done()])
-        self._syncs.stop()
-
-    def _round(self, jobs: list[_Job]) -> None:
-        results: list[tuple[_Job, BaseException | None]] = []
-        group: list[_Job] = []
-        for job in jobs:
-            if job.action is None:
-                group.append(job)
-                continue
-            if group:
-                results.extend(self._commit_appends(group))
-                group = []
-            try:
-                job.action()
-                results.append((job, None))
-            except BaseException as exc:
-                results.append((job, exc))
-        if group:
-            results.extend(self._commit_appends(group))
-        self._finish(results)
-
-    def _commit_appends(self, jobs: list[_Job]) -> list[tuple[_Job, BaseException | None]]:
-        results: list[tuple[_Job, BaseException | None]] = []
-        touched: dict[FsStoragePartition, set[tuple[int, int]]] = {}
-        done: list[_Job] = []
-        for job in jobs:
-            part = job.partition
-            assert part is not None
-            if part.broken is not None:
-                results.append((job, part.broken_error()))
-                continue
-            try:
-                flushes = touched.setdefault(part, set())
-                part.write_batch(job, flushes)
-                done.append(job)
-            except OSError as exc:
-                part.mark_broken(exc)
-                results.append((job, part.broken_error()))
-        # One flush per touched file. The data files and the index files that
-        # reached a checkpoint are flushed concurrently (the file system can then
-        # fold them into one journal commit); an index entry made durable before
-        # its record is harmless: recovery verifies the checkpointed entry and
-        # falls back to the checkpoint before it, whose flush completed.
-        syncs = [
-            (part, kind, fd) for part, flushes in touched.items() for kind, fd in sorted(flushes)
-        ]
-        for (part, _, _), error in zip(syncs, self._sync_all(syncs), strict=True):
-            if error is not None and part.broken is None:
-                part.mark_broken(error)
-        for job in done:
-            assert job.partition is not None
-            if job.partition.broken is not None:
-                results.append((job, job.partition.broken_error()))
-            else:
-                results.append((job, None))
-        for part in touched:
-            if part.broken is None:
-                part.publish()
-        return results
-
-    def _sync_all(self, syncs: list[tuple[FsStoragePartition, int, int]]) -> list[OSError | None]:
-        """Flush the files of a round (data, and index files at a checkpoint); fdatasync
-        for both kinds: it flushes the size too, not the mtime."""
-        started = time.perf_counter()
-        errors = self._syncs.sync_all([fd for _, _, fd in syncs]) if syncs else []
-        observer = self._engine.fsync_observer
-        if observer is not None and syncs:
-            observer(time.perf_counter() - started)
-        return errors
-
-    def _finish(self, results: list[tuple[_Job, BaseException | None]]) -> None:
-        if results:
-            self._loop.call_soon_threadsafe(_resolve, results)
-
-
-def _resolve(results: list[tuple[_Job, BaseException | None]]) -> None:
-    for job, exc in results:
-        if job.future.done():
-            continue
-        if exc is None:
-            job.future.set_result(None)
-        else:
-            job.future.set_exception(exc)
 
 
 # -- partitions -------------------------------------------------------------------------
@@ -477,7 +262,7 @@ class FsStoragePartition(StoragePartition):
 
     # -- committer side (runs in the committer thread) ----------------------------------
 
-    def write_batch(self, job: _Job, flushes: set[tuple[int, int]]) -> None:
+    def write_batch(self, job: Job, flushes: set[tuple[int, int]]) -> None:
         engine = self._engine
         files = self._files
         seg = self._segments[-1] if self._segments else None
@@ -489,9 +274,9 @@ class FsStoragePartition(StoragePartition):
         self._write_records(seg, job.blob, job.lengths)
         interval = engine.options.index_checkpoint_interval
         crossed = seg.count // interval != (seg.count - len(job.lengths)) // interval
-        flushes.add((_DATA, seg.data_fd))
+        flushes.add((DATA, seg.data_fd))
         if crossed:
-            flushes.add((_INDEX, seg.index_fd))
+            flushes.add((INDEX, seg.index_fd))
 
     def _write_records(self, seg: Segment, blob: bytes, lengths: list[int]) -> None:
         offsets: list[int] = []
@@ -507,7 +292,7 @@ class FsStoragePartition(StoragePartition):
 
     def _create_segment(self, first: int) -> Segment:
         files = self._files
-        created_ms = fmt.now_ms()
+        created_ms = files.now_ms()
         header = fmt.encode_segment_header(
             fmt.SegmentHeader(
                 fmt.SEGMENT_FORMAT_VERSION,
@@ -810,7 +595,7 @@ class FsStoragePartition(StoragePartition):
         expected = self._next_txid
         blob, lengths = self._encode(records, expected)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        job = _Job(future, self, blob, lengths, expected)
+        job = Job(future, self, blob, lengths, expected)
         self._engine.committer().submit(job)
         self._next_txid = expected + len(records)
         try:
@@ -865,7 +650,7 @@ class FsStoragePartition(StoragePartition):
                 damage,
                 cluster_key=engine.cluster_key,
                 partition_id=self.partition_id,
-                created_ms=seg.created_ms if seg.created_ms >= 0 else fmt.now_ms(),
+                created_ms=seg.created_ms if seg.created_ms >= 0 else self._files.now_ms(),
             )
         )
         made: list[tuple[int, int] | None] = []
@@ -876,7 +661,7 @@ class FsStoragePartition(StoragePartition):
             plan.discard(self._files)
             raise
         # the committer carries the plan out or discards it, even if this call is cancelled
-        committer.submit(_Job(future, action=lambda: made.append(self.commit_scrub(plan))))
+        committer.submit(Job(future, action=lambda: made.append(self.commit_scrub(plan))))
         await asyncio.shield(future)
         hole = made[0]
         if hole is None:
@@ -1112,7 +897,7 @@ class FsStorageEngine(StorageEngine):
         control: ControlFile,
         options: FsOptions,
         loop: asyncio.AbstractEventLoop,
-        readers: concurrent.futures.ThreadPoolExecutor,
+        runner: Runner,
         *,
         files: Files = REAL_FILES,
     ) -> None:
@@ -1124,9 +909,8 @@ class FsStorageEngine(StorageEngine):
         self._loop = loop
         self._partitions: dict[int, FsStoragePartition] = {}
         self._closed_partitions: dict[int, str] = {}
-        self._committer = _Committer(self, loop)
-        self._committer.start()
-        self._readers = readers
+        self._runner = runner
+        self._committer = runner.start_committer(self)
         self._closed = False
         self.fsync_observer: Callable[[float], None] | None = None
         """Called (on the committer thread) with the seconds of each group commit's
@@ -1141,26 +925,27 @@ class FsStorageEngine(StorageEngine):
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
         files: Files = REAL_FILES,
+        runner: Runner | None = None,
     ) -> FsStorageEngine:
         """See :meth:`StorageEngine.open`; ``files`` is the file layer (tests inject
-        :class:`~waltz_storage_fs.powerloss.PowerLossFiles`)."""
+        :class:`~waltz_storage_fs.powerloss.PowerLossFiles`), ``runner`` where the
+        committer and the reads run (default: threads; one runner per open)."""
         opts = FsOptions.from_mapping(options)
         directory = Path(location)
         loop = asyncio.get_running_loop()
-        readers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=opts.read_threads, thread_name_prefix="waltz-fs-reader"
-        )
+        if runner is None:
+            runner = ThreadRunner(opts.read_threads)
         try:
-            control = await loop.run_in_executor(
-                readers, _open_control, files, directory, cluster_key, num_partitions
+            control = await runner.run(
+                lambda: _open_control(files, directory, cluster_key, num_partitions)
             )
         except BaseException:
-            readers.shutdown(wait=True)
+            await runner.close()
             raise
-        engine = cls(directory, control, opts, loop, readers, files=files)
+        engine = cls(directory, control, opts, loop, runner, files=files)
         try:
             engine.check_given(cluster_key, num_partitions)
-            await loop.run_in_executor(engine._readers, engine._recover_all)
+            await runner.run(engine._recover_all)
         except BaseException:
             await engine.close()
             raise
@@ -1237,7 +1022,7 @@ class FsStorageEngine(StorageEngine):
 
     # -- threads ---------------------------------------------------------------------------
 
-    def committer(self) -> _Committer:
+    def committer(self) -> Committer:
         if self._closed:
             raise StorageError("the storage engine is closed")
         return self._committer
@@ -1245,13 +1030,13 @@ class FsStorageEngine(StorageEngine):
     async def run_committed(self, action: Callable[[], None]) -> None:
         """Run ``action`` in the committer thread, after every append queued before it."""
         future: asyncio.Future[None] = self._loop.create_future()
-        self.committer().submit(_Job(future, action=action))
+        self.committer().submit(Job(future, action=action))
         await asyncio.shield(future)
 
     async def run_read(self, fn: Callable[[], _T]) -> _T:
         if self._closed:
             raise StorageError("the storage engine is closed")
-        return await self._loop.run_in_executor(self._readers, fn)
+        return await self._runner.run(fn)
 
     # -- the contract --------------------------------------------------------------------
 
@@ -1333,8 +1118,7 @@ class FsStorageEngine(StorageEngine):
             return
         self._closed = True
         self._committer.stop()
-        await self._loop.run_in_executor(self._readers, self._committer.join)
-        self._readers.shutdown(wait=True)
+        await self._runner.close()
         for part in self._partitions.values():
             part.close_files()
         self.control.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 OPEN_READ = os.O_RDONLY
@@ -103,6 +104,11 @@ class Files:
     def lock(self, fd: int) -> None:
         """An exclusive lock on an open file; BlockingIOError when another process holds it."""
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def now_ms(self) -> int:
+        """The wall clock in milliseconds: the creation times written in headers, the
+        quarantine's folder names (a simulated file system gives its virtual time)."""
+        return time.time_ns() // 1_000_000
 
 
 REAL_FILES = Files()

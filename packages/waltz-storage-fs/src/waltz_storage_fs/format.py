@@ -238,6 +238,7 @@ def invalid_partition_info(partition_id: int) -> bytes:
 
 
 def now_ms() -> int:
+    """The wall clock in milliseconds (the engine asks its file layer: ``Files.now_ms``)."""
     return time.time_ns() // 1_000_000
 
 

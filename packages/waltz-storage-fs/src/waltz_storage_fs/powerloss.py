@@ -84,18 +84,22 @@ class Snapshot:
         """(name, tree) for each crash state: the tree maps relative paths to contents
         (a path ending in ``/`` is an empty directory)."""
         for name in STATES:
-            files_mode = {
-                "durable": "durable",
-                "volatile": "volatile",
-                "torn-head": "head",
-                "torn-tail": "tail",
-                "files-only": "volatile",
-                "entries-only": "durable",
-            }[name]
-            entries_volatile = name in ("volatile", "entries-only")
-            tree: dict[str, bytes] = {}
-            _walk(self.root, "", files_mode, entries_volatile, tree)
-            yield name, tree
+            yield name, self.state(name)
+
+    def state(self, name: str) -> dict[str, bytes]:
+        """The tree of one crash state (see :meth:`states`)."""
+        files_mode = {
+            "durable": "durable",
+            "volatile": "volatile",
+            "torn-head": "head",
+            "torn-tail": "tail",
+            "files-only": "volatile",
+            "entries-only": "durable",
+        }[name]
+        entries_volatile = name in ("volatile", "entries-only")
+        tree: dict[str, bytes] = {}
+        _walk(self.root, "", files_mode, entries_volatile, tree)
+        return tree
 
 
 def _walk(
@@ -376,6 +380,50 @@ class PowerLossFiles(Files):
     def snapshot(self, operation: str = "now") -> Snapshot:
         with self._lock:
             return Snapshot(self.step, operation, _freeze(self._root))
+
+    # -- faults (a simulation's) ---------------------------------------------------------------
+
+    def lose_power(self, state: str) -> int:
+        """A power loss now: from here on the file system is crash state ``state`` (one of
+        :data:`STATES`), all of it durable; every fd is void. Returns how many writes and
+        truncations no flush covered (lost, or kept only in part, or kept by chance)."""
+        with self._lock:
+            pending = sum(len(inode.pending) for inode in _inodes(self._root))
+            tree = self.snapshot("power loss").state(state)
+            self._root = _Dir()
+            self._fds.clear()
+            self.preload(tree)
+            return pending
+
+    def drop_unflushed(self, fd: int) -> None:
+        """The writes to ``fd``'s file that no flush covered are gone (the page cache
+        dropped them after a failed writeback): it reads back as of its last flush."""
+        with self._lock:
+            inode = self._inode(fd)
+            inode.data = bytearray(inode.durable)
+            inode.pending = []
+
+    def corrupt(self, path: Path, offset: int, mask: int = 0x80) -> None:
+        """Flip the bits ``mask`` of the byte at ``offset`` of a file, on the medium (what
+        is written and what is durable): damage, as a read would find it."""
+        with self._lock:
+            inode = self._lookup(path)
+            if not isinstance(inode, _Inode) or offset >= len(inode.data):
+                raise ValueError(f"{path}: no byte at offset {offset} to damage")
+            inode.data[offset] ^= mask
+            if offset < len(inode.durable):
+                durable = bytearray(inode.durable)
+                durable[offset] ^= mask
+                inode.durable = bytes(durable)
+
+
+def _inodes(node: _Dir) -> Iterator[_Inode]:
+    """Every file reachable from ``node`` (a file linked twice: once per name)."""
+    for child in node.entries.values():
+        if isinstance(child, _Dir):
+            yield from _inodes(child)
+        else:
+            yield child
 
 
 def _freeze(node: _Dir) -> _DirState:

@@ -27,7 +27,7 @@ class Quarantine:
 
     def folder(self, reason: str, readme: str) -> Path:
         """A new folder for one action (durable), with its README."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.files.now_ms() // 1000))
         make_dirs(self.files, self.root)
         name = f"{stamp}-{reason}"
         path = self.root / name

@@ -784,7 +784,7 @@ class PartitionRecovery:
                     f"its records from {j} are also in {seg.data_path.name} (from offset {q})",
                 )
         header = fmt.SegmentHeader(
-            fmt.SEGMENT_FORMAT_VERSION, fmt.now_ms(), self.cluster_key, self.partition_id, j
+            fmt.SEGMENT_FORMAT_VERSION, self.files.now_ms(), self.cluster_key, self.partition_id, j
         )
         fd = files.open(target, OPEN_NEW, 0o644)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -40,7 +41,6 @@ def generate_keypair(
     directory = Path(out_dir)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{directory} exists and is not a directory", key="out")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     public_file = directory / f"{name}.key"
     secret_file = directory / f"{name}.key_secret"
     existing = [f for f in (public_file, secret_file) if f.exists()]
@@ -50,7 +50,18 @@ def generate_keypair(
             "directory (replacing a key locks out everyone who trusts the old one)",
             key="name",
         )
-    public_path, secret_path = zmq.auth.create_certificates(directory, name)
-    os.chmod(secret_path, 0o600)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        public_path, secret_path = zmq.auth.create_certificates(directory, name)
+        os.chmod(secret_path, 0o600)
+    except OSError as exc:
+        for partial in {public_file, secret_file} - set(existing):  # made before it failed
+            with contextlib.suppress(OSError):
+                partial.unlink()
+        raise ConfigError(
+            f"cannot write the key files into {directory}: {exc.strerror or exc}; give "
+            "--out a directory you can write",
+            key="out",
+        ) from None
     public_key, _ = zmq.auth.load_certificate(public_path)
     return KeyPairFiles(Path(public_path), Path(secret_path), public_key.decode("ascii"))

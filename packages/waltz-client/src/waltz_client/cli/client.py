@@ -8,6 +8,12 @@ cluster, found through its coordination service (``--coordination`` or
     printf 'a\\nb\\n' | waltz client append --coordination URI --partition 0
     waltz client tail --coordination URI --partition 0 [--from 10] [--follow]
     waltz client high-water-mark --coordination URI --partition 0
+
+``--timeout`` (:mod:`waltz_cli.deadline`) bounds every wait for the cluster: reaching
+the coordination service and the partition's server, each append's commit, and
+``tail``'s catching up (from its last transaction on). Past it the command ends with
+one line and exit code 4. The client library's own warnings (a server it cannot
+reach, a refusal) are left to that line; ``-v`` shows them.
 """
 
 from __future__ import annotations
@@ -15,15 +21,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from waltz_api.errors import ClientAheadError, ConfigError, WaltzError
-from waltz_cli.coordination import DEFAULT_TIMEOUT, check_uri, start_coordination
+from waltz_api.errors import (
+    ClientAheadError,
+    ConfigError,
+    ServerError,
+    UnavailableError,
+    WaltzError,
+)
+from waltz_cli.coordination import check_uri, start_coordination
+from waltz_cli.deadline import late, timeout_option
 from waltz_cli.devfile import DEFAULT_DEV_DIR, read_ready_file
 from waltz_cli.output import emit, output_is_json, output_option
 from waltz_cli.transport import parse_transport_options, transport_options
@@ -36,6 +50,10 @@ if TYPE_CHECKING:
     )
 
 T = TypeVar("T")
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+CLOSE_TIMEOUT = 5.0
+"""Seconds the client has to close once the command is done (or out of time)."""
 
 COORDINATION_HELP = "Coordination service URI of the cluster (e.g. from `waltz dev`)."
 
@@ -85,17 +103,39 @@ def _lock(spec: str, option: str) -> tuple[str, int]:
         ) from None
 
 
+@contextlib.contextmanager
+def _quiet_client_library() -> Iterator[None]:
+    """Without -v, the client library's warnings and errors stay quiet while the command
+    runs: its one error line says what failed (a refusal would otherwise be printed
+    twice). The levels are restored after (a command run in-process leaves none)."""
+    if logging.getLogger().getEffectiveLevel() <= logging.INFO:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("waltz_client", "waltz_transport_zmq")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def _run(
     uri: str,
     transport: tuple[str, tuple[str, ...]],
     partition: int,
     *,
+    timeout: float,
     start_hwm: int,
-    work: Callable[[AsyncWaltzClient, Any], Awaitable[T]],
+    work: Callable[[AsyncWaltzClient, Any, float], Awaitable[T]],
     on_transaction: Callable[[Transaction], Awaitable[None]] | None = None,
 ) -> T:
     """Start a client mounted on ``partition`` only (its feed from ``start_hwm``), run
-    ``work(client, callbacks)``, close the client."""
+    ``work(client, callbacks, deadline)`` (``deadline``: the loop time by which the
+    cluster must have answered), close the client. Reaching the cluster is bounded by
+    ``timeout``; so are the client's requests and appends (its config)."""
     try:
         from waltz_client import AsyncWaltzClient, ClientConfig, WaltzClientCallbacks
     except ImportError as exc:  # pragma: no cover - the workspace installs it
@@ -125,33 +165,66 @@ def _run(
     options = parse_transport_options(transport[1])
 
     async def main() -> T:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         callbacks = Callbacks()
-        coordination = await start_coordination(uri, DEFAULT_TIMEOUT)
+        coordination = await start_coordination(uri, timeout)
+        left = max(deadline - loop.time(), 0.1)
         config = ClientConfig(
             coordination,
             transport=transport[0],
             transport_options=options,
             partitions=[partition],
+            # a connection that does not answer is given up within half the wait, so
+            # what the command reports past it says why (no answer from ENDPOINT)
+            connect_timeout=min(max(left / 2, 0.1), 10.0),
+            request_timeout=left,
+            transaction_timeout=left,
         )
         client = AsyncWaltzClient(callbacks, config)
         try:
-            await client.start()
-        except BaseException:
-            await coordination.close()
-            raise
-        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await client.start()
+            except TimeoutError:
+                raise late(f"the coordination service at {uri}", timeout) from None
             if partition >= client.num_partitions:
                 raise ConfigError(
                     f"partition {partition} does not exist: the cluster has "
                     f"{client.num_partitions} (0 to {client.num_partitions - 1})",
                     key="partition",
                 )
-            return await work(client, callbacks)
+            return await work(client, callbacks, deadline)
         finally:
-            await client.close()
-            await coordination.close()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await client.close()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await coordination.close()
 
-    return asyncio.run(main())
+    with _quiet_client_library():
+        return asyncio.run(main())
+
+
+async def _high_water_mark(client: AsyncWaltzClient, partition: int, deadline: float) -> int:
+    """The partition's high-water mark as its server tells it, by ``deadline``."""
+    left = max(deadline - asyncio.get_running_loop().time(), 0.1)
+    try:
+        return await client.high_water_mark(partition, timeout=left)
+    except ServerError as exc:
+        if type(exc) is not ServerError:  # a refusal, a client ahead...: said as it is
+            raise
+        # no answer from the partition's server in time
+        raise UnavailableError(f"{exc} (--timeout waits longer)") from None
+
+
+def _timeout_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return timeout_option(
+        "Seconds to wait for the cluster: its coordination service, the partition's "
+        "server, each append's commit (tail: the next transaction while catching up); "
+        "past it the command ends with exit code 4."
+    )(f)
 
 
 @click.group("client")
@@ -169,10 +242,17 @@ def client_group() -> None:
     multiple=True,
     help="A transaction's data (UTF-8); repeat for several. Default: one per line of stdin.",
 )
-@click.option("--header", type=int, default=0, show_default=True, help="32-bit header.")
+@click.option(
+    "--header",
+    type=click.IntRange(INT32_MIN, INT32_MAX),
+    default=0,
+    show_default=True,
+    help="The transactions' header, a signed 32-bit integer.",
+)
 @click.option("--write-lock", multiple=True, metavar="NAME:ID", help="A WRITE lock; repeatable.")
 @click.option("--read-lock", multiple=True, metavar="NAME:ID", help="A READ lock; repeatable.")
 @click.option("--append-lock", multiple=True, metavar="NAME:ID", help="An APPEND lock.")
+@_timeout_option
 def append_command(  # noqa: PLR0917 - click passes options by name
     uri: str,
     partition: int,
@@ -183,9 +263,15 @@ def append_command(  # noqa: PLR0917 - click passes options by name
     write_lock: tuple[str, ...],
     read_lock: tuple[str, ...],
     append_lock: tuple[str, ...],
+    timeout: float,
 ) -> None:
-    """Append transactions and print the id each was committed at."""
-    from waltz_client import TransactionContext
+    """Append transactions and print the id each was committed at (each committed
+    within --timeout, or the command ends: exit code 4)."""
+    from waltz_client import (
+        TransactionContext,
+        TransactionExpiredError,
+        TransactionOutcomeUnknownError,
+    )
 
     locks = (
         [("write", *_lock(s, "--write-lock")) for s in write_lock]
@@ -214,19 +300,34 @@ def append_command(  # noqa: PLR0917 - click passes options by name
         def on_application(self, transaction_id: int) -> None:
             self.transaction_id = transaction_id
 
-    async def work(client: AsyncWaltzClient, callbacks: Any) -> list[int]:
+    async def work(client: AsyncWaltzClient, callbacks: Any, deadline: float) -> list[int]:
         ids = []
         for item in items:
             context = Append(item.encode())
-            if not await client.submit(context):
+            try:
+                committed = await client.submit(context)
+            except TransactionExpiredError as exc:
+                raise UnavailableError(
+                    f"partition {partition}: {exc} (--timeout waits longer)"
+                ) from None
+            except TransactionOutcomeUnknownError as exc:
+                raise UnavailableError(
+                    f"partition {partition}: {exc}; it may be committed (see `waltz client tail`)"
+                ) from None
+            if not committed:
                 raise WaltzError(f"the append of {item!r} was not committed")
             ids.append(context.transaction_id)
+            click.echo(f"appended transaction {context.transaction_id} to partition {partition}")
         return ids
 
-    for transaction_id in _run(
-        uri, (transport, transport_options), partition, start_hwm=-1, work=work
-    ):
-        click.echo(f"appended transaction {transaction_id} to partition {partition}")
+    _run(
+        uri,
+        (transport, transport_options),
+        partition,
+        timeout=timeout,
+        start_hwm=-1,
+        work=work,
+    )
 
 
 @client_group.command("tail")
@@ -237,7 +338,7 @@ def append_command(  # noqa: PLR0917 - click passes options by name
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most N.")
 @click.option("--follow", is_flag=True, help="Keep printing new transactions until Ctrl-C.")
 @click.option("--no-data", is_flag=True, help="Print ids and headers only (no data fetch).")
-@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to catch up.")
+@_timeout_option
 @output_option
 def tail_command(  # noqa: PLR0917 - click passes options by name
     uri: str,
@@ -280,15 +381,21 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
         if limit is not None and printed[0] >= limit:
             done.set()
 
-    async def work(client: AsyncWaltzClient, callbacks: Any) -> None:
+    async def work(client: AsyncWaltzClient, callbacks: Any, deadline: float) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        # the server answers (--follow too: a dead server is reported, not waited on)
+        top = await _high_water_mark(client, partition, deadline)
+        if start > top + 1:
+            raise WaltzError(
+                f"--from {start} is beyond the end of partition {partition} (its "
+                f"high-water mark is {top}; see `waltz client high-water-mark`)"
+            )
         if follow:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, stop.set)
         try:
-            top = -1 if follow else await client.high_water_mark(partition)
-            deadline = loop.time() + timeout
+            seen, last_progress = callbacks.hwm, loop.time()
             while not done.is_set() and not stop.is_set():
                 if callbacks.error is not None:
                     if isinstance(callbacks.error, ClientAheadError):
@@ -298,8 +405,14 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
                     raise WaltzError(f"the feed failed: {callbacks.error}")
                 if not follow and callbacks.hwm >= top:
                     return
-                if not follow and loop.time() > deadline:
-                    raise WaltzError(f"not caught up to transaction {top} in {timeout}s")
+                if callbacks.hwm != seen:
+                    seen, last_progress = callbacks.hwm, loop.time()
+                elif not follow and loop.time() - last_progress > timeout:
+                    raise UnavailableError(
+                        f"partition {partition}: no transaction arrived for {timeout:g}s "
+                        f"(at {callbacks.hwm}, catching up to {top}); is its server up? "
+                        "(--timeout waits longer)"
+                    )
                 callbacks.progress.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(callbacks.progress.wait(), 0.2)
@@ -313,6 +426,7 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
             uri,
             (transport, transport_options),
             partition,
+            timeout=timeout,
             start_hwm=start - 1,
             work=work,
             on_transaction=show,
@@ -328,14 +442,27 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
 @_coordination_option
 @_partition_option
 @transport_options
+@_timeout_option
 @output_option
-def high_water_mark_command(
-    uri: str, partition: int, transport: str, transport_options: tuple[str, ...], output: str
+def high_water_mark_command(  # noqa: PLR0917 - click passes options by name
+    uri: str,
+    partition: int,
+    transport: str,
+    transport_options: tuple[str, ...],
+    timeout: float,
+    output: str,
 ) -> None:
     """Print the partition's high-water mark (the last committed id; -1 when empty)."""
 
-    async def work(client: AsyncWaltzClient, callbacks: Any) -> int:
-        return await client.high_water_mark(partition)
+    async def work(client: AsyncWaltzClient, callbacks: Any, deadline: float) -> int:
+        return await _high_water_mark(client, partition, deadline)
 
-    mark = _run(uri, (transport, transport_options), partition, start_hwm=-1, work=work)
+    mark = _run(
+        uri,
+        (transport, transport_options),
+        partition,
+        timeout=timeout,
+        start_hwm=-1,
+        work=work,
+    )
     emit(output, {"partition": partition, "high_water_mark": mark}, lambda: click.echo(str(mark)))

@@ -21,8 +21,9 @@ import click
 
 from waltz_api.cluster import ArchiveMark, ClusterMetadata, Stored
 from waltz_api.contracts.coordination import Coordination
-from waltz_api.errors import ArchiveError, ConfigError, WaltzError
+from waltz_api.errors import ArchiveError, ConfigError, UnavailableError, WaltzError
 from waltz_cli.coordination import coordination_option, start_coordination
+from waltz_cli.deadline import REFUSAL_PROBE, command_timeout, refused, run, tcp_address
 from waltz_cli.output import emitted, output_option
 from waltz_server.cluster_admin import ClusterAdmin
 
@@ -44,7 +45,11 @@ def archive_group() -> None:
     """The archive: old records as Parquet in object storage (docs/archive.md)."""
 
 
-def _run(uri: str, action: Callable[[Coordination], Awaitable[T]]) -> T:
+def _run(uri: str, action: Callable[[Coordination], Awaitable[T]], *, bounded: bool = True) -> T:
+    """``action`` on the coordination service at ``uri``: reaching it is bounded by
+    --timeout; so is the action when ``bounded`` (not one that reads the archive's
+    objects, which takes as long as they are big)."""
+
     async def main() -> T:
         coordination = await start_coordination(uri)
         try:
@@ -52,7 +57,9 @@ def _run(uri: str, action: Callable[[Coordination], Awaitable[T]]) -> T:
         finally:
             await coordination.close()
 
-    return asyncio.run(main())
+    if not bounded:
+        return asyncio.run(main())
+    return run(main, waiting_for=f"the coordination service at {uri}")
 
 
 async def _partitions(metadata: ClusterMetadata, raw: str) -> list[int]:
@@ -169,7 +176,7 @@ def verify_command(
             rows.append({**row, **await asyncio.to_thread(check)})
         return rows
 
-    rows = _run(uri, action)
+    rows = _run(uri, action, bounded=False)  # every object is read: as long as they take
     bad = [p for row in rows for p in row["problems"]]
     if not emitted(output, rows):
         for row in rows:
@@ -230,7 +237,9 @@ def restore_command(
     else:
         if not url:
             raise click.UsageError("restoring a cluster needs --url (the archive to restore)")
-        rows = _run(uri, lambda c: _restore_cluster(c, partitions, url, storage_options))
+        rows = _run(
+            uri, lambda c: _restore_cluster(c, partitions, url, storage_options), bounded=False
+        )
     if not emitted(output, rows):
         for row in rows:
             click.echo(json.dumps(row) if row.get("skipped") else _describe(row))
@@ -330,11 +339,18 @@ async def _restore_node(
     if not owned:
         raise WaltzError(f"storage node {storage_node} holds none of the chosen partitions")
     marks: dict[int, Stored[ArchiveMark]] = {p: await metadata.archive_mark(p) for p in owned}
+    endpoint = template.format(storage_node)
+    address = tcp_address(endpoint)
+    if address is not None and await refused([address], min(REFUSAL_PROBE, command_timeout())):
+        raise UnavailableError(
+            f"storage node {storage_node} ({endpoint}) refused the connection (nothing "
+            "listens there); is it running?"
+        )
     transport = get_registry().get("transport", transport_name).factory({})
     rows = []
     try:
         async with await StorageAdminClient.connect(
-            transport, template.format(storage_node)
+            transport, endpoint, timeout=command_timeout()
         ) as admin:
             hosted = {row["partition_id"]: row for row in await admin.list_partitions_raw()}
             for partition_id in owned:

@@ -29,13 +29,11 @@ from waltz_api.errors import (
     ClusterNotFoundError,
     ConfigError,
     PluginError,
+    UnavailableError,
     WaltzError,
 )
-from waltz_cli.coordination import (
-    coordination_option,
-    remember_timeout,
-    start_coordination,
-)
+from waltz_cli.coordination import coordination_option, start_coordination
+from waltz_cli.deadline import REFUSAL_PROBE, refused, run, tcp_address, timeout_option
 from waltz_cli.output import emit, output_option
 from waltz_cli.transport import parse_transport_options, transport_options
 from waltz_server.cluster_admin import ClusterAdmin
@@ -43,15 +41,20 @@ from waltz_server.cluster_admin import ClusterAdmin
 T = TypeVar("T")
 
 
-def _run_with_metadata(uri: str, work: Callable[[ClusterAdmin], Awaitable[T]]) -> T:
-    async def run() -> T:
-        coordination = await start_coordination(uri)
+def _run_with_metadata(
+    uri: str, work: Callable[[ClusterAdmin], Awaitable[T]], *, create: bool = False
+) -> T:
+    """``work`` on the cluster metadata at ``uri``, all within the command's --timeout
+    (``create``: a ``local`` location may be made)."""
+
+    async def main() -> T:
+        coordination = await start_coordination(uri, create=create)
         try:
             return await work(ClusterAdmin(coordination))
         finally:
             await coordination.close()
 
-    return asyncio.run(run())
+    return run(main, waiting_for=f"the coordination service at {uri}")
 
 
 @dataclass(frozen=True)
@@ -84,14 +87,7 @@ def _reach_options(func: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="A storage node's endpoint from its host:port ({}), as in the servers' config.",
     )
-    @click.option(
-        "--timeout",
-        type=click.FloatRange(min=0.1),
-        default=5.0,
-        show_default=True,
-        callback=remember_timeout,
-        help="Seconds to wait for the coordination service, and for each storage node or server.",
-    )
+    @timeout_option()
     @functools.wraps(func)
     def wrapper(
         *,
@@ -113,9 +109,16 @@ def _reach_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _run_with_transport(
-    uri: str, reach: Reach, work: Callable[[ClusterAdmin, Transport], Awaitable[T]]
+    uri: str,
+    reach: Reach,
+    work: Callable[[ClusterAdmin, Transport], Awaitable[T]],
+    *,
+    longer: float = 0.0,
 ) -> T:
-    async def run() -> T:
+    """``work`` on the metadata and the processes of the cluster, within --timeout (and
+    ``longer`` seconds more, for a wait the command was asked for)."""
+
+    async def main() -> T:
         transport = reach.create()
         try:
             coordination = await start_coordination(uri)
@@ -126,7 +129,7 @@ def _run_with_transport(
         finally:
             await transport.close()
 
-    return asyncio.run(run())
+    return run(main, waiting_for=f"the cluster at {uri}", timeout=reach.timeout + longer)
 
 
 @click.group("cluster")
@@ -195,7 +198,7 @@ def create_cluster(
             return existing, False
         return created, True
 
-    config, created = _run_with_metadata(uri, work)
+    config, created = _run_with_metadata(uri, work, create=True)
     if not created:
         click.echo(
             f"cluster {config.cluster_key} exists already with {config.num_partitions} "
@@ -395,8 +398,14 @@ async def _host_partition(
 
     config = await meta.config()
     endpoint = storage_endpoint(reach.storage_endpoint, node)
+    address = tcp_address(endpoint)
+    if address is not None and await refused([address], min(REFUSAL_PROBE, reach.timeout)):
+        raise UnavailableError(
+            f"storage node {node} ({endpoint}) refused the connection (nothing listens "
+            "there); is it running?"
+        )
     try:
-        async with asyncio.timeout(reach.timeout * 3):
+        async with asyncio.timeout(reach.timeout):
             async with await StorageAdminClient.connect(
                 transport, endpoint, sender="admin:cluster", timeout=reach.timeout
             ) as admin:
@@ -417,9 +426,9 @@ async def _host_partition(
                 if partition_id is not None:
                     await admin.add_partition(partition_id, config.cluster_key)
     except TimeoutError:
-        raise WaltzError(
-            f"storage node {node} ({endpoint}) did not answer within {reach.timeout * 3:.0f} s; "
-            "is it running?"
+        raise UnavailableError(
+            f"storage node {node} ({endpoint}) did not answer within {reach.timeout:g}s; "
+            "is it running? (--timeout waits longer)"
         ) from None
 
 
@@ -551,7 +560,7 @@ def add_replica(
                 )
             )
 
-    _run_with_transport(uri, reach, work)
+    _run_with_transport(uri, reach, work, longer=wait_seconds or 0.0)
 
 
 async def _wait_caught_up(

@@ -33,7 +33,7 @@ def snapshot_command(target: Target, out: Path, engine: str) -> None:
     async def action(admin: StorageAdminClient) -> dict[str, Any]:
         return await take_snapshot(admin.client, out, engine=engine)
 
-    manifest = _run(target, action)
+    manifest = _run(target, action, bounded=False)  # as long as the data takes
     click.echo(f"snapshot {out}: {_summary(manifest)}")
 
 

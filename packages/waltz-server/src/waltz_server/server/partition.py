@@ -144,6 +144,8 @@ class Partition:
         self.metrics = metrics
         self.store = store
         self.partition_id = store.partition_id
+        if metrics is not None:
+            metrics.serve_partition(self.partition_id)  # its counters at zero from now
         self.generation = store.generation
         self.lock_table = lock_table or make_lock_table(
             self.config.lock_table, NO_TRANSACTION, self.config.lock_table_options

@@ -511,21 +511,18 @@ class RecoveryManager:
         )
         self.outcome = resolution.outcome
         if resolution.decided:
-            assert resolution.high_water_mark is not None
-            # Never below an online voter's log end: a voter's log is the last session's
-            # own (its records there are that session's), so closing at its end commits
-            # nothing foreign, and a replica whose storage silently lost its tail (a lost
-            # write, a restore within the session) cannot outvote the intact copy.
-            self._resolved = max(resolution.high_water_mark, *voters)
+            # (Not raised to the highest voter's log end: a record only one replica holds
+            # would then be committed on a single copy, and if that copy is lost before
+            # the others caught up, every replica is left behind the recorded mark and the
+            # partition never recovers: simulation storage seed 1027.)
+            self._resolved = resolution.high_water_mark
             self.at_risk = None
             point("recovery.decided", partition=self.partition_id, mark=self._resolved)
             log.info(
-                "partition %d session %d: closing high-water mark of the last session is %s "
-                "(a quorum votes for %s)",
+                "partition %d session %d: closing high-water mark of the last session is %s",
                 self.partition_id,
                 self.session_id,
                 self._resolved,
-                resolution.high_water_mark,
             )
         else:
             at_risk = None

@@ -187,7 +187,12 @@ class StoreSession:
             self.session_id,
             resolved,
         )
-        point("store.session_opened", partition=self.partition_id, session=self.session_id)
+        point(
+            "store.session_opened",
+            partition=self.partition_id,
+            session=self.session_id,
+            mark=resolved,
+        )
         return resolved
 
     async def wait_done(self) -> None:

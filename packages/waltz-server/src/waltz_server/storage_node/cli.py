@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 import click
 
 from waltz_api.contracts.transport import Transport
-from waltz_api.errors import ConfigError, PluginError, WaltzError
+from waltz_api.errors import ConfigError, PluginError, UnavailableError, WaltzError
 from waltz_api.plugins import get_registry
 from waltz_api.types import LOST_SESSION
+from waltz_cli.deadline import REFUSAL_PROBE, refused, run, tcp_address, timeout_option
 from waltz_cli.output import emitted, output_option, tables
 from waltz_server.storage_node.client import StorageAdminClient
 
@@ -94,12 +95,24 @@ def _key(target: Target) -> uuid.UUID:
         ) from None
 
 
-def _run(target: Target, action: Callable[[StorageAdminClient], Awaitable[T]]) -> T:
+def _run(
+    target: Target, action: Callable[[StorageAdminClient], Awaitable[T]], *, bounded: bool = True
+) -> T:
+    """Connect to the node, run ``action``, close. Reaching the node is bounded by the
+    target's timeout (a closed port is reported at once); so is the action when
+    ``bounded`` (not a scrub or a snapshot, which take as long as the data)."""
+
     async def main() -> T:
         try:
             descriptor = get_registry().get("transport", target.transport)
         except PluginError as exc:
             raise ConfigError(f"--transport: {exc}", "transport.plugin") from None
+        address = tcp_address(target.endpoint)
+        if address is not None and await refused([address], min(REFUSAL_PROBE, target.timeout)):
+            raise UnavailableError(
+                f"the storage node at {target.endpoint} refused the connection (nothing "
+                "listens there); is it running, and is the endpoint right?"
+            )
         transport: Transport = descriptor.factory(target.transport_options)
         try:
             async with await StorageAdminClient.connect(
@@ -109,7 +122,9 @@ def _run(target: Target, action: Callable[[StorageAdminClient], Awaitable[T]]) -
         finally:
             await transport.close()
 
-    return asyncio.run(main())
+    if not bounded:
+        return asyncio.run(main())
+    return run(main, waiting_for=f"the storage node at {target.endpoint}", timeout=target.timeout)
 
 
 def _target_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -125,7 +140,9 @@ def _target_options(func: Callable[..., Any]) -> Callable[..., Any]:
         "--transport-option", "transport_options", multiple=True, help="KEY=VALUE, repeatable"
     )
     @click.option("--cluster-key", help="the cluster key (UUID), for commands that change things")
-    @click.option("--timeout", type=float, default=10.0, show_default=True, help="seconds")
+    @timeout_option(
+        "Seconds to wait for the storage node; past it the command ends with exit code 4."
+    )
     @functools.wraps(func)
     def wrapper(
         *,
@@ -289,7 +306,10 @@ def stats(target: Target, output: str) -> None:
     help="most bytes read per second, 0: no bound (default: a running node's background "
     "rate; no bound with --data-dir)",
 )
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="connect, seconds")
+@timeout_option(
+    "Seconds to wait for a running node to answer (the scrub itself takes as long as the "
+    "data); past it the command ends with exit code 4."
+)
 @output_option
 def scrub(
     *,
@@ -336,7 +356,7 @@ def scrub(
         async def action(admin: StorageAdminClient) -> dict[str, Any]:
             return await admin.command("scrub", timeout=None, **arguments)
 
-        result = _run(target, action)
+        result = _run(target, action, bounded=False)
     if not emitted(output, result):
         for row in result["partitions"]:
             click.echo(_scrub_line(row))

@@ -33,7 +33,7 @@ from waltz_server.observability import (
     StorageNodeMetrics,
 )
 from waltz_server.storage_node.config import HttpSection
-from waltz_server.storage_node.node import StorageNode
+from waltz_server.storage_node.node import REQUEST_KINDS, StorageNode
 
 
 def metrics_for(section: HttpSection) -> StorageNodeMetrics | None:
@@ -82,7 +82,11 @@ def storage_node_endpoint(
     """An (unstarted) endpoint serving ``node``'s metrics and health checks
     (disk usage of ``data_dir`` when given)."""
     metrics = node.metrics if node.metrics is not None else StorageNodeMetrics()
-    node.metrics = metrics
+    if node.metrics is None:
+        node.metrics = metrics
+        metrics.expect_requests(REQUEST_KINDS)
+        for partition_id in node.hosted_workers():
+            metrics.host_partition(partition_id)
     if data_dir is not None:
         directory = data_dir
         metrics.watch_storage(lambda: disk_usage(directory), lambda: partition_states(node))

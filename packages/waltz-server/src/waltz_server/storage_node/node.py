@@ -61,6 +61,10 @@ most 10 a minute in all, so that a hostile peer cannot flood the log."""
 
 OUTBOX_FRAMES = 4096
 """Responses queued per connection before a partition worker waits for the peer to read."""
+REQUEST_KINDS = tuple(
+    kind.__name__ for kind in (*PARTITION_REQUESTS, StorageOpenRequest, StorageAdminRequest)
+)
+"""What a storage node serves: the ``kind`` labels of its request counter."""
 
 
 def _outbox(
@@ -114,6 +118,8 @@ class StorageNode:
         self.engine = engine
         self.metrics = metrics
         """Prometheus metrics of the node (see :mod:`waltz_server.observability`), if any."""
+        if metrics is not None:
+            metrics.expect_requests(REQUEST_KINDS)
         self.capabilities = capabilities
         """The optional features the engine's plugin declares (``waltz_api.capabilities``)."""
         self.scrubber: Scrubber | None = None
@@ -210,6 +216,8 @@ class StorageNode:
                 )
             worker.start()
             self._workers[partition_id] = worker
+            if self.metrics is not None:
+                self.metrics.host_partition(partition_id)  # its counters at zero from now
         return worker
 
     def hosted_workers(self) -> dict[int, PartitionWorker]:

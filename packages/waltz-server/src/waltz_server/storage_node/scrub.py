@@ -186,7 +186,8 @@ class Scrubber:
         pacer = pacer if pacer is not None else Pacer(self.rate)
         if node.metrics is not None:
             node.metrics.scrub_partitions(ids)
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = loop.time()  # the loop's clock: a simulation's replay prints the same
         results = []
         for partition_id in ids:
             results.append(await self._scrub(partition_id, pacer))
@@ -201,7 +202,7 @@ class Scrubber:
             len(results),
             sum(r.records for r in results),
             sum(r.bytes_read for r in results),
-            time.monotonic() - started,
+            loop.time() - started,
             ", ".join(damaged) or "none",
             ", ".join(stopped) or "none",
         )

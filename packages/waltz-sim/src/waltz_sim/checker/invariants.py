@@ -19,7 +19,10 @@ Safety (each a ``Violation.invariant`` name):
 - ``phantom``: a committed transaction no client submitted;
 - ``lock-safety``: a committed transaction whose READ or WRITE lock was changed
   (by a committed WRITE or APPEND lock) after the client high-water mark it was
-  built on, and before it;
+  built on, and before it (:mod:`waltz_sim.checker.locks`);
+- ``lock-precision``: a lock failure without a reason: its conflict not above the
+  client's mark, or (with the ``exact`` or ``hwm-array`` table and the store sessions
+  known) no committed transaction and no session reset that explains it;
 - ``workload``: what the workload's replay rejects (a balance below zero, a write
   built on a value that had changed, an audit that saw wrong balances);
 - ``feed-order``: a client applied transactions out of order, twice, or skipped one;
@@ -28,12 +31,9 @@ Safety (each a ``Violation.invariant`` name):
 - ``client-state``: a client's database differs from the replay of the log up to
   its high-water mark (``client-ahead``: its mark is beyond the log).
 
-Liveness, from the moment the last fault healed (``History.healed_at``), and in
-each fault-free period before it (``History.quiet``) long enough for the bound:
+Liveness (:mod:`waltz_sim.checker.liveness`): ``undecided``, ``late-decision``,
+``no-commit-after-heal`` and ``throughput``; and at the end:
 
-- ``undecided``: a submission without an answer although its deadline passed;
-- ``late-decision``: an answer after the deadline;
-- ``no-commit-after-heal``: nothing committed within the bound after the heal;
 - ``no-high-water-mark``: the cluster did not report a partition's high-water mark
   at the end;
 - ``client-behind`` / ``replica-behind``: at the end a client's database or a replica
@@ -42,11 +42,12 @@ each fault-free period before it (``History.quiet``) long enough for the bound:
 
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from waltz_sim.checker.liveness import OpLife, check_liveness
+from waltz_sim.checker.locks import check_lock_precision, check_lock_safety
 from waltz_sim.checker.model import (
     FAIL,
     INVOKE,
@@ -61,7 +62,7 @@ from waltz_sim.checker.model import (
     StoredRecord,
     Violation,
 )
-from waltz_sim.checker.semantics import APPEND, READ, WRITE, Semantics, TxnInfo
+from waltz_sim.checker.semantics import Semantics, TxnInfo
 
 SAFETY = (
     "dense-ids",
@@ -73,6 +74,7 @@ SAFETY = (
     "false-failure",
     "phantom",
     "lock-safety",
+    "lock-precision",
     "workload",
     "feed-order",
     "feed-content",
@@ -83,17 +85,11 @@ LIVENESS = (
     "undecided",
     "late-decision",
     "no-commit-after-heal",
+    "throughput",
     "no-high-water-mark",
     "client-behind",
     "replica-behind",
 )
-
-
-@dataclass
-class _Op:
-    op_id: str
-    invoke: OpEvent | None = None
-    end: OpEvent | None = None
 
 
 def check(
@@ -115,11 +111,12 @@ def check(
         result.committed[partition] = len(logs[partition])
     _check_ops_against_log(ops, logs, txns, cluster, out)
     for partition in sorted(logs):
-        _check_locks(partition, txns[partition], out)
+        check_lock_safety(partition, txns[partition], out)
         _check_workload(partition, txns[partition], semantics, out)
     _check_feed(history, logs, txns, out)
     _check_clients(history, logs, txns, semantics=semantics, bounds=bounds, out=out)
-    _check_liveness(history, ops, bounds, out)
+    check_lock_precision(history, txns, out)
+    result.throughput = check_liveness(history, ops, bounds, out)
     for op in ops.values():
         kind = op.end.kind if op.end is not None else "pending"
         result.outcomes[kind] = result.outcomes.get(kind, 0) + 1
@@ -127,7 +124,7 @@ def check(
     return result
 
 
-def _timed(violation: Violation, ops: dict[str, _Op]) -> Violation:
+def _timed(violation: Violation, ops: dict[str, OpLife]) -> Violation:
     """A violation about an op, without a time of its own, takes the time the op ended
     (or was invoked): where its story is in a trace."""
     if violation.time is not None or violation.op_id is None or violation.op_id not in ops:
@@ -140,10 +137,10 @@ def _timed(violation: Violation, ops: dict[str, _Op]) -> Violation:
 # -- the ops ------------------------------------------------------------------------------------
 
 
-def _index_ops(events: Iterable[OpEvent], out: list[Violation]) -> dict[str, _Op]:
-    ops: dict[str, _Op] = {}
+def _index_ops(events: Iterable[OpEvent], out: list[Violation]) -> dict[str, OpLife]:
+    ops: dict[str, OpLife] = {}
     for event in events:
-        op = ops.setdefault(event.op_id, _Op(event.op_id))
+        op = ops.setdefault(event.op_id, OpLife(event.op_id))
         if event.kind == INVOKE:
             if op.invoke is not None:
                 out.append(Violation("history", f"op {event.op_id} invoked twice", event.time))
@@ -297,7 +294,7 @@ def _describe(record: StoredRecord) -> str:
 
 
 def _check_ops_against_log(
-    ops: dict[str, _Op],
+    ops: dict[str, OpLife],
     logs: dict[int, list[StoredRecord]],
     txns: dict[int, list[TxnInfo | None]],
     cluster: ClusterSnapshot,
@@ -400,37 +397,6 @@ def _check_ops_against_log(
 
 
 # -- locks and the workload -----------------------------------------------------------------------
-
-
-def _check_locks(partition: int, infos: Sequence[TxnInfo | None], out: list[Violation]) -> None:
-    changed: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for transaction_id, info in enumerate(infos):
-        if info is None:
-            continue
-        for name, lock_id, mode in info.locks:
-            if mode in (WRITE, APPEND):
-                changed[(name, lock_id)].append(transaction_id)
-    for transaction_id, info in enumerate(infos):
-        if info is None:
-            continue
-        hwm = info.client_high_water_mark
-        for name, lock_id, mode in info.locks:
-            if mode not in (READ, WRITE):
-                continue
-            ids = changed.get((name, lock_id), [])
-            i = bisect.bisect_right(ids, hwm)
-            if i < len(ids) and ids[i] < transaction_id:
-                out.append(
-                    Violation(
-                        "lock-safety",
-                        f"transaction {transaction_id} (op {info.op_id}) holds a "
-                        f"{'READ' if mode == READ else 'WRITE'} lock on {name}:{lock_id} built on "
-                        f"high-water mark {hwm}, but transaction {ids[i]} changed it in between",
-                        partition=partition,
-                        transaction_id=transaction_id,
-                        op_id=info.op_id,
-                    )
-                )
 
 
 def _check_workload(
@@ -569,171 +535,6 @@ def _check_clients(
                     f"{len(log) - 1}",
                     partition=snapshot.partition,
                     client=snapshot.client,
-                )
-            )
-
-
-# -- liveness -------------------------------------------------------------------------------------
-
-
-def _check_liveness(
-    history: History, ops: dict[str, _Op], bounds: LivenessBounds, out: list[Violation]
-) -> None:
-    healed = history.healed_at if history.healed_at is not None else history.start_time
-    deadline = bounds.decision_deadline
-    end = history.end_time
-    first_ok_after: float | None = None
-    submitted_after = False
-    for op in ops.values():
-        invoke = op.invoke
-        if invoke is None:
-            continue
-        due = max(invoke.time, healed) + deadline
-        if op.end is None:
-            if due <= end:
-                out.append(
-                    Violation(
-                        "undecided",
-                        f"op {op.op_id} ({invoke.detail}) invoked at "
-                        f"{invoke.time - history.start_time:.3f} has no answer "
-                        f"{end - max(invoke.time, healed):.1f} s after "
-                        f"{'the heal' if healed > invoke.time else 'its invocation'} "
-                        f"(deadline {deadline} s)",
-                        invoke.time,
-                        partition=invoke.partition,
-                        op_id=op.op_id,
-                        client=invoke.client,
-                    )
-                )
-            continue
-        if op.end.kind in (OK, FAIL) and op.end.time > due:
-            out.append(
-                Violation(
-                    "late-decision",
-                    f"op {op.op_id} was decided ({op.end.kind}) "
-                    f"{op.end.time - max(invoke.time, healed):.1f} s after "
-                    f"{'the heal' if healed > invoke.time else 'its invocation'} "
-                    f"(deadline {deadline} s)",
-                    op.end.time,
-                    partition=invoke.partition,
-                    op_id=op.op_id,
-                    client=invoke.client,
-                )
-            )
-        if (
-            op.end.kind == OK
-            and op.end.time >= healed
-            and (first_ok_after is None or op.end.time < first_ok_after)
-        ):
-            first_ok_after = op.end.time
-        if invoke.time >= healed or op.end.time >= healed:
-            submitted_after = True
-    _check_quiet_periods(history, ops, bounds, out)
-    if history.healed_at is None or not submitted_after:
-        return
-    if first_ok_after is None:
-        if end - healed >= bounds.commit_bound:
-            out.append(
-                Violation(
-                    "no-commit-after-heal",
-                    f"nothing committed in the {end - healed:.1f} s after the last fault healed",
-                    healed,
-                )
-            )
-    elif first_ok_after - healed > bounds.commit_bound:
-        out.append(
-            Violation(
-                "no-commit-after-heal",
-                f"the first commit after the heal came {first_ok_after - healed:.1f} s after it "
-                f"(bound {bounds.commit_bound} s)",
-                first_ok_after,
-            )
-        )
-
-
-def _check_quiet_periods(
-    history: History, ops: dict[str, _Op], bounds: LivenessBounds, out: list[Violation]
-) -> None:
-    """The liveness bounds in the fault-free periods before the last heal."""
-    last = history.healed_at if history.healed_at is not None else history.end_time
-    periods = sorted((start, min(end, last)) for start, end in history.quiet if start < last)
-    deadline = bounds.decision_deadline
-    for op in ops.values():
-        invoke = op.invoke
-        if invoke is None:
-            continue
-        for start, end in periods:
-            if end <= invoke.time:
-                continue
-            begin = max(invoke.time, start)
-            if op.end is not None and op.end.time <= begin:
-                break  # decided before this period began
-            due = begin + deadline
-            if due > end:
-                continue  # a fault came before its deadline: not held to it here
-            since = (
-                f"the heal at {start - history.start_time:.1f}"
-                if begin > invoke.time
-                else ("its invocation")
-            )
-            if op.end is None:
-                out.append(
-                    Violation(
-                        "undecided",
-                        f"op {op.op_id} ({invoke.detail}) invoked at "
-                        f"{invoke.time - history.start_time:.3f} has no answer {deadline} s after "
-                        f"{since}, in a fault-free period",
-                        invoke.time,
-                        partition=invoke.partition,
-                        op_id=op.op_id,
-                        client=invoke.client,
-                    )
-                )
-            elif op.end.kind in (OK, FAIL) and op.end.time > due:
-                out.append(
-                    Violation(
-                        "late-decision",
-                        f"op {op.op_id} was decided ({op.end.kind}) "
-                        f"{op.end.time - begin:.1f} s after {since} (deadline {deadline} s), in "
-                        "a fault-free period",
-                        op.end.time,
-                        partition=invoke.partition,
-                        op_id=op.op_id,
-                        client=invoke.client,
-                    )
-                )
-            break
-    bound = bounds.commit_bound
-    for start, end in periods:
-        if end - start < bound:
-            continue
-        in_flight = any(
-            op.invoke is not None
-            and op.invoke.time < start + bound
-            and (op.end is None or op.end.time >= start)
-            for op in ops.values()
-        )
-        if not in_flight:
-            continue
-        commits = [
-            op.end.time
-            for op in ops.values()
-            if op.end is not None and op.end.kind == OK and start <= op.end.time < end
-        ]
-        first = min(commits, default=None)
-        if first is None or first - start > bound:
-            late = (
-                "nothing committed"
-                if first is None
-                else f"the first commit came {first - start:.1f} s into"
-            )
-            out.append(
-                Violation(
-                    "no-commit-after-heal",
-                    f"{late} in the fault-free period from "
-                    f"{start - history.start_time:.1f} to {end - history.start_time:.1f} "
-                    f"(bound {bound} s)",
-                    start if first is None else first,
                 )
             )
 

@@ -21,7 +21,13 @@ A run yields:
   mark and state per partition);
 - a :class:`ClusterSnapshot`: per partition, every replica's stored records, the
   committed high-water mark the cluster reports at the end, and the log as the
-  cluster served it (range reads) at the end.
+  cluster served it (range reads) at the end;
+- :class:`LockFailure` s: each attempt of an op that the server's lock check
+  rejected, with what the attempt was built on (its client high-water mark and
+  locks) and the conflicting transaction id the server reported;
+- :class:`SessionSpan` s (when the harness can see them): each store session the
+  servers opened, with the high-water mark its recovery closed the last one at
+  (where the server's lock table was reset), and when it ended.
 
 :func:`waltz_sim.checker.check` turns these (with the workload's
 :class:`~waltz_sim.checker.semantics.Semantics`) into a :class:`CheckResult`.
@@ -106,6 +112,42 @@ class PartitionSnapshot:
     """The committed log as the cluster served it at the end (None: not read)."""
 
 
+@dataclass(frozen=True, slots=True)
+class LockFailure:
+    """An attempt of an op that the server's lock check rejected (the client re-executes
+    the op once it has applied ``conflict``)."""
+
+    op_id: str
+    client: str
+    time: float
+    """When the client received the failure."""
+    partition: int
+    client_high_water_mark: int
+    """The client high-water mark the attempt was built on."""
+    locks: tuple[tuple[str, int, str], ...]
+    """The attempt's locks: (name, id, mode), as in the transaction's envelope (mode
+    ``r``, ``w`` or ``a``: :data:`waltz_sim.checker.semantics.READ`...)."""
+    conflict: int
+    """The transaction id the server reported (its lock table's estimate)."""
+    built_at: float
+    """When the attempt was built (the server checked it between this and ``time``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpan:
+    """A store session a server opened for a partition: from then on its lock table
+    estimates every lock at ``mark`` at least (a reset), until ``closed_at``."""
+
+    partition: int
+    session_id: int
+    opened_at: float
+    mark: int
+    """The high-water mark the session opened at (its recovery's closing mark)."""
+    closed_at: float | None = None
+    """When it ended (fenced, failed, closed, or its server crashed); None: open at the end."""
+    server: str = ""
+
+
 @dataclass
 class ClusterSnapshot:
     partitions: dict[int, PartitionSnapshot] = field(default_factory=dict)
@@ -130,7 +172,28 @@ class History:
     the period lasts that long and ops were in flight in it."""
     submissions_end: float | None = None
     """When the workload stopped starting new ops (liveness: each op has until its
-    deadline; ops started later than ``end_time`` minus the deadline are not held to it)."""
+    deadline; ops started later than ``end_time`` minus the deadline are not held to it,
+    unless the run was ``drained``)."""
+    drained: bool = False
+    """The run drained its submissions before the end: the clients stopped starting ops
+    at ``submissions_end``, then the run waited for every open op to be answered (for at
+    least the decision deadline after ``submissions_end``). Every op without an answer
+    at the end is then ``undecided``, whenever it was invoked."""
+    lock_failures: list[LockFailure] = field(default_factory=list)
+    sessions: list[SessionSpan] | None = None
+    """The store sessions the servers opened (None: not known; the lock-precision check
+    then only checks what the failures say by themselves)."""
+    lock_table: str | None = None
+    """The servers' lock table, when known: ``exact`` is held to exact precision (a lock
+    fails only when a transaction it does not see changed one of its locks), ``hwm-array``
+    to never failing a client that has seen what the conflict names."""
+    baseline: list[tuple[float, float]] = field(default_factory=list)
+    """Fault-free windows (start, end) where the throughput is held to the floor
+    (:attr:`LivenessBounds.throughput_floor`), together: the warm-up, the quiet end
+    once the cluster settled, a run without faults."""
+    offered_rate: float | None = None
+    """Ops per second the clients start together when nothing holds them back (the
+    throughput floor is a share of it; None: no floor)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +208,13 @@ class LivenessBounds:
     catch_up: bool = True
     """At the end every client's database holds the whole committed log, and every
     replica the committed prefix."""
+    throughput_floor: float = 0.0
+    """Over the fault-free windows of :attr:`History.baseline`, ops commit at least at
+    this share of :attr:`History.offered_rate` (0: not checked). A bug that makes the
+    cluster turn work away with nothing wrong (a lock check too strict, a stall) shows
+    as a rate far below a clean run's."""
+    throughput_window: float = 5.0
+    """Baselines shorter than this in all (seconds) are not judged: too few ops."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +251,9 @@ class CheckResult:
     """Committed transactions per partition."""
     outcomes: dict[str, int] = field(default_factory=dict)
     """Ops by how they ended (ok, fail, unknown, pending)."""
+    throughput: float | None = None
+    """Commits per second over the baseline's fault-free windows, as a share of the
+    offered rate (None: no baseline long enough, or no offered rate)."""
 
     @property
     def ok(self) -> bool:
@@ -199,8 +272,10 @@ __all__ = [
     "FeedEvent",
     "History",
     "LivenessBounds",
+    "LockFailure",
     "OpEvent",
     "PartitionSnapshot",
+    "SessionSpan",
     "StoredRecord",
     "Violation",
 ]

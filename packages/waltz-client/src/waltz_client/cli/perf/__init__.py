@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from waltz_api.errors import ConfigError, WaltzError
+from waltz_cli.coordination import start_coordination
+from waltz_cli.deadline import timeout_option
 from waltz_cli.transport import parse_transport_options, transport_options
-from waltz_client.cli.client import _coordination_option
+from waltz_client.cli.client import _coordination_option, _quiet_client_library
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -66,7 +68,7 @@ def parse_partitions(value: str) -> list[int] | None:
 
 
 def _common_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
+    options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         _coordination_option,
         transport_options,
         click.option(
@@ -77,13 +79,9 @@ def _common_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Partitions to use: `all`, or ids and ranges like 0,2,5-7. Transaction i "
             "goes to the (i mod k)-th of the k partitions.",
         ),
-        click.option(
-            "--timeout",
-            type=click.FloatRange(min=0.1),
-            default=30.0,
-            show_default=True,
-            help="Seconds to reach the cluster, and the longest the run may go without "
-            "progress before it fails.",
+        timeout_option(
+            "Seconds to reach the cluster, and the longest the run may go without "
+            "progress before it fails (exit code 4)."
         ),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON."),
         click.option(
@@ -157,6 +155,7 @@ def _run_with_meter(
     progress: bool,
     tallies: list[Any],
     what: str,
+    uri: str | None = None,
 ) -> Any:
     """Run ``work``; on Ctrl-C say how far it got (``tallies``) and exit 130.
 
@@ -199,13 +198,18 @@ def _run_with_meter(
 
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         try:
+            if uri is not None:
+                # the coordination service answers (a refusal, a missing local location
+                # or silence end the run here, within --timeout), before any client starts
+                await (await start_coordination(uri)).close()
             with engine.Meter(progress) as meter:
                 return await work(meter)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
 
     try:
-        return asyncio.run(main())
+        with _quiet_client_library():
+            return asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         if not interrupted.is_set() and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
             raise
@@ -380,7 +384,7 @@ def producers_command(  # noqa: PLR0917 - click passes options by name
         meter.update("produced", tally, f"{tally.lock_failures:,} lock failures")
         return raw
 
-    raw = _run_with_meter(work, not no_progress, [tally], "committed")
+    raw = _run_with_meter(work, not no_progress, [tally], "committed", uri)
     summary = perf.producer_summary(spec, tally, raw)
     _finish(summary, as_json, lambda: _render("waltz perf producers", _rows_producers(summary)))
 
@@ -483,6 +487,6 @@ def consumers_command(  # noqa: PLR0917 - click passes options by name
         result: dict[str, Any] = await perf.consume(target, spec, tallies, produced, meter)
         return result
 
-    raw = _run_with_meter(work, not no_progress, tallies, "delivered")
+    raw = _run_with_meter(work, not no_progress, tallies, "delivered", uri)
     summary = perf.consumer_summary(spec, tallies, produced, raw)
     _finish(summary, as_json, lambda: _render("waltz perf consumers", _rows_consumers(summary)))

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from waltz_api.errors import ServerError, WaltzError
+from waltz_api.errors import PermissionDeniedError, ServerError, UnavailableError, WaltzError
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
@@ -248,7 +248,7 @@ async def open_client(
         async with asyncio.timeout(target.timeout):  # not wait_for: it can lose a Ctrl-C
             await client.start()
     except TimeoutError:
-        raise WaltzError(
+        raise UnavailableError(
             f"cannot reach the cluster at {target.uri} within {target.timeout:g} s "
             "(--timeout); is it running?"
         ) from None
@@ -257,8 +257,10 @@ async def open_client(
         for p in sorted(client.partitions):
             try:
                 top, _ = await client.range_read(p, 0, max_records=0, max_bytes=1)
+            except PermissionDeniedError:
+                raise
             except ServerError as exc:
-                raise WaltzError(
+                raise UnavailableError(
                     f"partition {p}'s server did not answer within {target.timeout:g} s "
                     f"(--timeout); is a server running? (`waltz server list`): {exc}"
                 ) from exc
@@ -299,7 +301,7 @@ async def _watch(
                     raise task.exception()  # type: ignore[misc]
             quiet = time.monotonic() - max(t.last_activity for t in tallies)
             if pending and quiet > timeout:
-                raise WaltzError(
+                raise UnavailableError(
                     f"no {what} for {timeout:g} s (--timeout); is the cluster up? "
                     "(`waltz cluster show`, `waltz server list`)"
                 )

@@ -1,0 +1,361 @@
+"""Mutation testing of the safety core with cosmic-ray: the score and the survivors.
+
+cosmic-ray mutates a module's file in place, one mutation at a time, and runs a test
+command; the editable installs of this monorepo import the mutated file, so the unit
+tests and ``waltz simulate`` both see the mutant. A mutant is *killed* when the
+command fails (or times out), *survives* when it passes. Per mutant the command runs
+the module's fast unit tests with ``-x`` (the tests that target the module first, so a
+killed mutant stops early), then, for the modules the simulation runs, 20 seeds of
+the ``standard`` fault profile and 20 of ``points`` (``--stop-on-failure``).
+
+    .venv/bin/python bench/mutation.py run [MODULE ...]    # init + exec + report
+    .venv/bin/python bench/mutation.py report [MODULE ...] # the score and survivors
+    .venv/bin/python bench/mutation.py test MODULE          # the per-mutant command
+
+MODULE is one of the keys of ``MODULES`` (default: all, in priority order). The
+sessions live in ``.mutation/`` (ignored by git); ``run`` resumes a session that an
+interrupted run left (``--fresh`` starts over; ``--retest`` tests the survivors again,
+after new tests). The operators are cosmic-ray's, less
+those ``EXCLUDED_OPERATORS`` names (docs/simulation.md, "Mutation score", says why).
+Slow (hours for every module on a loaded machine): ``tox -e mutate`` runs it, and no
+CI run does. It refuses to start when a target module differs from git's HEAD (a
+mutant left behind by a killed run: ``git checkout -- FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SESSIONS = ROOT / ".mutation"
+VENV_BIN = Path(sys.executable).parent
+SERVER_TESTS = "packages/waltz-server/tests/server"
+SEEDS = "0..19"
+
+
+@dataclass(frozen=True)
+class Module:
+    path: str
+    first: tuple[str, ...]
+    """The test files that target the module, run first."""
+    then: tuple[str, ...]
+    """The rest of the unit tests that cover it (directories or files)."""
+    simulate: bool
+    """Whether ``waltz simulate`` runs this module's code (the fs engine it does not)."""
+    tunables: tuple[str, ...] = ()
+    """Classes whose bodies are only tunable defaults (sizes, counts): not mutated."""
+
+
+MODULES: dict[str, Module] = {
+    "voting": Module(
+        "packages/waltz-server/src/waltz_server/server/voting.py",
+        (f"{SERVER_TESTS}/test_voting.py", f"{SERVER_TESTS}/test_recovery_cases.py"),
+        (SERVER_TESTS,),
+        simulate=True,
+    ),
+    "replication": Module(
+        "packages/waltz-server/src/waltz_server/server/replication.py",
+        (f"{SERVER_TESTS}/test_replication.py", f"{SERVER_TESTS}/test_store.py"),
+        (SERVER_TESTS,),
+        simulate=True,
+        tunables=("ReplicationLimits",),
+    ),
+    "recovery": Module(
+        "packages/waltz-server/src/waltz_server/server/recovery.py",
+        (f"{SERVER_TESTS}/test_recovery_cases.py", f"{SERVER_TESTS}/test_store.py"),
+        (SERVER_TESTS,),
+        simulate=True,
+    ),
+    "store_session": Module(
+        "packages/waltz-server/src/waltz_server/server/store_session.py",
+        (f"{SERVER_TESTS}/test_store.py", f"{SERVER_TESTS}/test_store_storage_nodes.py"),
+        (SERVER_TESTS,),
+        simulate=True,
+    ),
+    "partition": Module(
+        "packages/waltz-server/src/waltz_server/storage_node/partition.py",
+        ("packages/waltz-server/tests/test_storage_node.py",),
+        (f"{SERVER_TESTS}/test_store_storage_nodes.py", f"{SERVER_TESTS}/test_archive_store.py"),
+        simulate=True,
+    ),
+    "fs_recovery": Module(
+        "packages/waltz-storage-fs/src/waltz_storage_fs/recovery.py",
+        ("packages/waltz-storage-fs/tests/test_recovery.py",),
+        ("packages/waltz-storage-fs/tests",),
+        simulate=False,
+    ),
+}
+
+_ORDERINGS = ("Lt", "LtE", "Gt", "GtE")
+_KEPT_COMPARISONS = {
+    # per ordering: the boundary moved by one, and the negation
+    ("Lt", "LtE"), ("Lt", "GtE"),
+    ("LtE", "Lt"), ("LtE", "Gt"),
+    ("Gt", "GtE"), ("Gt", "LtE"),
+    ("GtE", "Gt"), ("GtE", "Lt"),
+    ("Eq", "NotEq"), ("NotEq", "Eq"),
+    ("Is", "IsNot"), ("IsNot", "Is"),
+}  # fmt: skip
+_COMPARISONS = (*_ORDERINGS, "Eq", "NotEq", "Is", "IsNot")
+_KEPT_BINARY = {
+    ("Add", "Sub"), ("Sub", "Add"), ("Mul", "FloorDiv"), ("FloorDiv", "Mul"),
+    ("Div", "Mul"), ("Mod", "FloorDiv"), ("Pow", "Mul"), ("LShift", "RShift"),
+    ("RShift", "LShift"), ("BitOr", "BitAnd"), ("BitAnd", "BitOr"), ("BitXor", "BitOr"),
+}  # fmt: skip
+_BINARY: tuple[str, ...] = ("Add", "Sub", "Mul", "Div", "FloorDiv", "Mod", "Pow")
+_BINARY += ("RShift", "LShift", "BitOr", "BitAnd", "BitXor")
+EXCLUDED_OPERATORS: tuple[str, ...] = tuple(
+    [
+        f"core/ReplaceComparisonOperator_{a}_{b}$"
+        for a in _COMPARISONS
+        for b in _COMPARISONS
+        if a != b and (a, b) not in _KEPT_COMPARISONS
+    ]
+    + [
+        f"core/ReplaceBinaryOperator_{a}_{b}$"
+        for a in _BINARY
+        for b in _BINARY
+        if a != b and (a, b) not in _KEPT_BINARY
+    ]
+)
+"""Mutations left out: a comparison becomes only its negation or its boundary moved
+by one (``<`` into ``>=`` and ``<=``; ``==`` into ``!=``; ``is`` into ``is not``), an
+arithmetic operator only its inverse. The others are redundant with those, or
+equivalent (``==`` into ``is`` on small ints and enums), or trivially killed by a
+``TypeError``; each costs a whole test run."""
+
+
+def _config(name: str, module: Module, timeout: float) -> str:
+    command = f"{sys.executable} {Path(__file__).resolve()} test {name}"
+    excluded = ", ".join(json.dumps(pattern) for pattern in EXCLUDED_OPERATORS)
+    return (
+        "[cosmic-ray]\n"
+        f'module-path = "{module.path}"\n'
+        f"timeout = {timeout}\n"
+        "excluded-modules = []\n"
+        f"test-command = {json.dumps(command)}\n"
+        '[cosmic-ray.distributor]\nname = "local"\n'
+        f"[cosmic-ray.filters.operators-filter]\nexclude-operators = [{excluded}]\n"
+    )
+
+
+def _exclude_static(session: Path, module: Module) -> None:
+    """Mark as excluded (cosmic-ray's *skipped*) the mutants in annotations, of tunable
+    defaults (any positive size is correct) and of ``@dataclass(frozen=..., slots=...)``
+    flags, which strict mypy checks (an assignment to a frozen field, an attribute
+    outside the slots) and which no running code can observe. Overwrites a result
+    already there, so that a resumed session counts as a fresh one."""
+    source = (ROOT / module.path).read_text()
+    lines = source.splitlines()
+    annotations = _annotation_spans(source)
+    flags = ("core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue")
+    with closing(sqlite3.connect(session)) as db, db:
+        rows = db.execute(
+            "SELECT job_id, operator_name, start_pos_row, start_pos_col, definition_name"
+            " FROM mutation_specs"
+        ).fetchall()
+        for job_id, operator, row, col, definition in rows:
+            if any(start <= (row, col) < end for start, end in annotations):
+                reason = "Excluded: an annotation (never evaluated)"
+            elif definition in module.tunables:
+                reason = "Excluded: a tunable default"
+            elif operator in flags and lines[row - 1].lstrip().startswith("@dataclass("):
+                reason = "Excluded: a dataclass flag (checked by mypy)"
+            else:
+                continue
+            db.execute(
+                "INSERT OR REPLACE INTO work_results (worker_outcome, output, test_outcome,"
+                " diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
+                (reason, job_id),
+            )
+
+
+def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the type annotations are, as ((row, col), (end row, end col)): with
+    ``from __future__ import annotations`` (every target module has it) Python never
+    evaluates them, so a mutant there (``int | None`` into ``int & None``) is
+    equivalent; mypy checks them."""
+    tree = ast.parse(source)
+    if not any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "__future__"
+        and any(alias.name == "annotations" for alias in node.names)
+        for node in tree.body
+    ):
+        return []
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign | ast.arg) and node.annotation is not None:
+            found.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            found.append(node.returns)
+    return [
+        ((a.lineno, a.col_offset), (a.end_lineno or a.lineno, a.end_col_offset or 0)) for a in found
+    ]
+
+
+def _check_clean(paths: list[str]) -> None:
+    changed = subprocess.run(
+        ["git", "diff", "--name-only", "HEAD", "--", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if changed:
+        sys.exit(
+            f"these modules differ from git's HEAD: {', '.join(changed)}; a mutant left by "
+            "an interrupted run? restore them (git checkout -- FILE) or commit, then rerun"
+        )
+
+
+def _tool(name: str, *args: str) -> None:
+    subprocess.run([str(VENV_BIN / name), *args], cwd=ROOT, check=True)
+
+
+def _forget_survivors(session: Path) -> int:
+    """Make the surviving mutants pending again (to test them against new tests)."""
+    with closing(sqlite3.connect(session)) as db, db:
+        return db.execute(
+            "DELETE FROM work_results WHERE worker_outcome = 'NORMAL' AND test_outcome = 'SURVIVED'"
+        ).rowcount
+
+
+def run(names: list[str], fresh: bool, timeout: float, retest: bool) -> None:
+    _check_clean([MODULES[name].path for name in names])
+    SESSIONS.mkdir(exist_ok=True)
+    for name in names:
+        config, session = SESSIONS / f"{name}.toml", SESSIONS / f"{name}.sqlite"
+        config.write_text(_config(name, MODULES[name], timeout))
+        if fresh or not session.exists():
+            session.unlink(missing_ok=True)
+            _tool("cosmic-ray", "init", str(config), str(session))
+            _tool("cr-filter-operators", str(session), str(config))
+        _exclude_static(session, MODULES[name])
+        if retest:
+            print(f"{name}: {_forget_survivors(session)} surviving mutants to test again")
+        started = time.monotonic()
+        load = os.getloadavg()[0]
+        print(f"{name}: running (load average {load:.1f})", flush=True)
+        _tool("cosmic-ray", "exec", str(config), str(session))
+        _check_clean([MODULES[name].path])
+        minutes = (time.monotonic() - started) / 60
+        print(f"{name}: ran in {minutes:.1f} min (load average {os.getloadavg()[0]:.1f})")
+    report(names)
+
+
+def test(name: str) -> int:
+    """The per-mutant command: 0 when every check passes (the mutant survives)."""
+    module = MODULES[name]
+    # --timeout: a mutant that loops forever fails its test after 60 s (the slowest test
+    # takes 3 s on a loaded machine), not after the configured 300 s
+    pytest = [str(VENV_BIN / "pytest"), "-x", "-q", "-p", "no:cacheprovider", "--timeout=60"]
+    firsts = [str(ROOT / path) for path in module.first]
+    if subprocess.run([*pytest, *firsts], cwd=ROOT, check=False).returncode != 0:
+        return 1
+    ignored = [f"--ignore={path}" for path in firsts]
+    rest = [str(ROOT / path) for path in module.then]
+    if subprocess.run([*pytest, *ignored, *rest], cwd=ROOT, check=False).returncode not in (0, 5):
+        return 1
+    if module.simulate:
+        simulate = [str(VENV_BIN / "waltz"), "simulate", "--seeds", SEEDS, "-j", "1"]
+        for faults in ("standard", "points"):
+            argv = [*simulate, "--faults", faults, "--stop-on-failure"]
+            if subprocess.run(argv, cwd=ROOT, check=False).returncode != 0:
+                return 1
+    return 0
+
+
+def report(names: list[str]) -> None:
+    killed_total = counted_total = 0
+    for name in names:
+        session = SESSIONS / f"{name}.sqlite"
+        if not session.exists():
+            print(f"{name}: not run")
+            continue
+        dump = subprocess.run(
+            [str(VENV_BIN / "cosmic-ray"), "dump", str(session)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        outcomes: Counter[str] = Counter()
+        survivors: list[tuple[int, str, str]] = []
+        for line in dump.splitlines():
+            item, result = json.loads(line)
+            if result is None:
+                outcomes["pending"] += 1
+            elif result["worker_outcome"] == "skipped":
+                reason = (result["output"] or "").removeprefix("Excluded: ")
+                outcomes["excluded: " + reason.lower()] += 1
+            elif result["worker_outcome"] != "normal":
+                outcomes[result["worker_outcome"]] += 1
+            elif result["test_outcome"] == "survived":
+                outcomes["survived"] += 1
+                mutation = item["mutations"][0]
+                operator = mutation["operator_name"].removeprefix("core/")
+                survivors.append((mutation["start_pos"][0], operator, result["diff"] or ""))
+            else:
+                outcomes[result["test_outcome"]] += 1
+        killed, survived = outcomes["killed"], outcomes["survived"]
+        counted = killed + survived
+        killed_total += killed
+        counted_total += counted
+        score = f"{killed / counted:.1%}" if counted else "-"
+        extra = ", ".join(
+            f"{outcomes[k]} {k}" for k in sorted(outcomes) if k not in ("killed", "survived")
+        )
+        print(f"{name}: {score} killed ({killed} of {counted}; {survived} survived; {extra})")
+        for line_no, operator, diff in sorted(survivors):
+            print(f"  survived: {MODULES[name].path}:{line_no} {operator}")
+            body = [
+                d for d in diff.splitlines() if d[:1] in ("+", "-") and d[:3] not in ("+++", "---")
+            ]
+            for d in body:
+                print(f"      {d}")
+    if counted_total:
+        print(
+            f"total: {killed_total / counted_total:.1%} killed ({killed_total} of {counted_total})"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="init (or resume) and exec the sessions, then report")
+    run_parser.add_argument("modules", nargs="*", metavar="MODULE")
+    run_parser.add_argument("--fresh", action="store_true", help="start the sessions over")
+    run_parser.add_argument("--timeout", type=float, default=900.0, help="per mutant, seconds")
+    run_parser.add_argument(
+        "--retest", action="store_true", help="test the surviving mutants again (new tests)"
+    )
+    report_parser = sub.add_parser("report", help="the score and the surviving mutants")
+    report_parser.add_argument("modules", nargs="*", metavar="MODULE")
+    test_parser = sub.add_parser("test", help="the per-mutant test command")
+    test_parser.add_argument("module", choices=list(MODULES))
+    args = parser.parse_args()
+    if args.command == "test":
+        sys.exit(test(args.module))
+    names = args.modules or list(MODULES)
+    unknown = [name for name in names if name not in MODULES]
+    if unknown:
+        parser.error(f"unknown modules {unknown}: choose among {list(MODULES)}")
+    if args.command == "run":
+        run(names, args.fresh, args.timeout, args.retest)
+    else:
+        report(names)
+
+
+if __name__ == "__main__":
+    main()
