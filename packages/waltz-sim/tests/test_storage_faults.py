@@ -34,7 +34,13 @@ def _records(start: int, count: int) -> list[Record]:
 def _image(count: int) -> PartitionImage:
     records = _records(0, count)
     return PartitionImage(
-        list(records), list(records), count, count, written_info=CLEAN, durable_info=CLEAN
+        list(records),
+        list(records),
+        count,
+        count,
+        written_info=CLEAN,
+        durable_info=CLEAN,
+        acked_end=count,
     )
 
 
@@ -78,17 +84,20 @@ def test_a_damaged_tail_is_cut_and_marks_the_session_lost() -> None:
     assert image.unrepaired
 
 
-def test_zeros_look_like_a_torn_write_and_are_cut_silently() -> None:
+def test_zeros_below_the_acknowledged_end_are_cut_and_say_so() -> None:
     tail = _image(10)
     tail.corrupt = {9: ZEROS}
     tail.recover()
     middle = _image(10)
     middle.corrupt = {2: CHECKSUM, 5: ZEROS}
     middle.recover()
-    # a lost write at the end: the log is shorter and nothing says so
-    assert len(tail.written) == 9 and tail.written_info == CLEAN
-    # in the middle: the fs engine takes zeros followed by records for a torn write too
-    assert len(middle.written) == 5 and middle.written_info == CLEAN
+    # a lost write at the end: the log is shorter than its acknowledged end
+    assert len(tail.written) == 9
+    assert tail.written_info.low_water_mark_session_id == LOST_SESSION
+    # in the middle: the fs engine cuts at zeros followed by records too; below the
+    # acknowledged end that is a loss of acknowledged records as well
+    assert len(middle.written) == 5
+    assert middle.written_info.low_water_mark_session_id == LOST_SESSION
     assert middle.missing == [(2, 2)]
 
 
@@ -235,85 +244,59 @@ def test_the_storage_profile_mixes_storage_faults_with_lag_and_owner_crashes() -
     assert {"slow_fsync", "owner_crash", "crash", "pause"} <= set(weights)
 
 
-def test_a_silent_cut_is_an_unseen_loss_until_a_session_marks_the_replica() -> None:
+def test_zeros_below_the_acknowledged_end_are_lost_records_not_a_torn_write() -> None:
+    """A lost write at the end of the log (zeros where acknowledged records were): the
+    acknowledged end kept apart from the records tells it from a torn unsynced write."""
     world = _world_with_disks()
     disk = world.disks["a"]
     disk.damaged(0)
-    disk.partitions[0].corrupt = {8: ZEROS, 9: ZEROS}
-    assert disk.unseen_losses() == {0}  # the restart will cut it silently
-    disk.start_up_recovery()
-    assert len(disk.partitions[0].written) == 8 and disk.partitions[0].written_info == CLEAN
-    assert disk.unseen_losses() == {0}
-    fenced = replace(CLEAN, session_id=4)
-    disk.marks_written(0, CLEAN, fenced)  # a new session's fence: it has not seen it yet
-    assert disk.unseen_losses() == {0}
-    disk.marks_written(0, fenced, SessionInfo(4, 9, 7, LOST_SESSION))  # marked suspect
-    assert disk.unseen_losses() == set()
-    assert disk.lost_records  # still to be caught up and marked clean
+    image = disk.partitions[0]
+    assert image.acked_end == 10
+    image.corrupt = {8: ZEROS, 9: ZEROS}
+    found = disk.start_up_recovery()
+    assert len(image.written) == 8
+    assert image.written_info.low_water_mark_session_id == LOST_SESSION, found
+    assert image.acked_end == 8
+    assert disk.lost_records
 
 
-def test_a_damaged_tail_found_at_the_restart_is_no_unseen_loss() -> None:
+def test_zeros_above_the_acknowledged_end_are_a_torn_write_cut_silently() -> None:
+    image = _image(10)
+    image.written.extend(_records(10, 2))  # written, never synced: never acknowledged
+    image.corrupt = {10: ZEROS, 11: ZEROS}
+    image.recover()
+    assert len(image.written) == 10 and image.written_info == CLEAN
+
+
+def test_a_truncation_lowers_the_acknowledged_end_before_it_is_synced() -> None:
+    image = _image(10)
+    image.truncate_written(5)
+    assert image.acked_end == 6
+    image.lose_unsynced(random.Random(1))  # the truncation reached the disk, or not
+    image.recover()
+    assert image.written_info == CLEAN and len(image.written) >= 6
+
+
+def test_a_damaged_tail_found_at_the_restart_marks_the_partition_lost() -> None:
     world = _world_with_disks()
     disk = world.disks["a"]
     disk.damaged(0)
     disk.partitions[0].corrupt = {9: CHECKSUM}
     disk.start_up_recovery()
     assert disk.partitions[0].written_info.low_water_mark_session_id == LOST_SESSION
-    assert disk.unseen_losses() == set() and disk.lost_records
+    assert disk.lost_records
 
 
-def test_the_nemesis_stops_no_owner_of_a_partition_with_an_unseen_loss() -> None:
-    from types import SimpleNamespace
-
-    from waltz_sim.faults import Nemesis
-
-    async def scenario(world: World) -> tuple[bool, bool, bool]:
-        for name in ("server-0", "server-1", "storage-0", "storage-1", "storage-2"):
-            idle_process(world, name, name.split("-")[0])
-        for i in (0, 1):
-            owned = {i: object()}
-            world.processes[f"server-{i}"].handle = SimpleNamespace(
-                server=SimpleNamespace(partitions=owned)
-            )
-        from waltz_sim.disk import SimDisk
-
-        disk = SimDisk(world, world.data_dir("storage-0"), uuid.UUID(int=1), 2)
-        world.disks[disk.location] = disk
-        disk.partitions = {0: _image(10), 1: _image(10)}
-        nemesis = Nemesis(world, random.Random(0))
-        before = nemesis._allowed({"server-0"})
-        disk.damaged(0)
-        disk.partitions[0].corrupt = {9: ZEROS}
-        return before, nemesis._allowed({"server-0"}), nemesis._allowed({"server-1"})
-
-    before, owner_of_unseen, other_owner = in_world(
-        scenario, SimConfig(faults="storage", storage_nodes=3, servers=2)
-    )
-    assert before and not owner_of_unseen and other_owner
-
-
-def test_the_unseen_lost_tail_issue_explains_only_losses_of_ids_cut_unseen() -> None:
-    from waltz_sim.checker import Violation
-    from waltz_sim.known_issues import explained_by
-
-    lost = [
-        Violation("acknowledged-lost", "op c:1 lost", partition=0, transaction_id=24),
-        Violation("feed-content", "applied c:1 at 24", partition=0, transaction_id=24),
-    ]
-    assert explained_by(lost, [(0, 24, 26)]) is not None
-    assert explained_by(lost, [(1, 24, 26)]) is None  # another partition's cut
-    assert explained_by(lost, [(0, 25, 26)]) is None  # 24 was not cut unseen
-    assert explained_by(lost, []) is None  # a loss no storage fault hid: a bug
-    assert explained_by(lost[1:], [(0, 24, 26)]) is None  # nothing acknowledged lost
-
-
-def test_a_silent_cut_and_a_restore_are_recorded_as_unseen_cuts() -> None:
+def test_a_restore_marks_every_restored_partition_lost() -> None:
+    """A stale restore is what ``waltz storage restore`` does: the restored replica's
+    marks read LOST_SESSION, whatever session the snapshot's marks named."""
     world = _world_with_disks()
     disk = world.disks["a"]
-    disk.partitions[0].corrupt = {8: ZEROS}
-    disk.start_up_recovery()
     disk.backup(0.0)
-    disk.partitions[0].written.extend(_records(8, 4))
+    disk.partitions[0].written.extend(_records(10, 4))
     disk.partitions[0].sync()
     disk.restore(disk.backups[0][1])
-    assert world.unseen_cuts == [(0, 8, 10), (0, 8, 12)]
+    image = disk.partitions[0]
+    assert len(image.written) == 10
+    assert image.written_info.low_water_mark_session_id == LOST_SESSION
+    assert disk.lost_records

@@ -65,7 +65,7 @@ def parse_seeds(seed: int | None, seeds: str | None) -> tuple[int, int | None]:
 def _known(result: SeedResult) -> KnownIssue | None:
     if result.ok or result.error:
         return None
-    return explained_by(result.violations, result.unseen_cuts)
+    return explained_by(result.violations)
 
 
 def _summary(result: SeedResult) -> str:

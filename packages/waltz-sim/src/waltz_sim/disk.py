@@ -25,7 +25,9 @@ raises CorruptionError naming the record), ranges whose reads fail with EIO
 them (:meth:`PartitionImage.recover`): damaged records with intact ones after them
 become a missing range (repaired from a peer), a damaged tail is cut and marks the
 session info LOST_SESSION, zeros (a write that never reached the disk) have the shape of
-a torn write and are cut silently, and an EIO leaves the partition closed.
+a torn write and are cut, LOST_SESSION when the cut reaches below the acknowledged end the
+engine keeps apart from the records (:attr:`PartitionImage.acked_end`), and an EIO leaves
+the partition closed.
 """
 
 from __future__ import annotations
@@ -94,17 +96,26 @@ class PartitionImage:
     """Ranges whose reads fail with EIO (a latent sector error), while the fault lasts."""
     closed: str | None = None
     """Why the last start-up recovery left the partition closed (a read failed)."""
+    acked_end: int = 0
+    """The acknowledged end, kept apart from the records (the ``fs`` engine keeps it in
+    its control file): the log end the last completed flush made durable, lowered by a
+    truncation before it is done. A lost write of the records leaves it as it was, so a
+    start-up recovery that finds the log ending below it knows the records there were
+    acknowledged, not a torn unsynced write (:meth:`recover`)."""
 
     def sync(self) -> None:
-        """An fdatasync completed: the durable state is the written one."""
+        """An fdatasync completed: the durable state is the written one (the records, then
+        the acknowledged end: :attr:`acked_end`)."""
         del self.durable[self.common :]
         self.durable.extend(self.written[self.common :])
         self.common = len(self.written)
         self.durable_info = self.written_info
+        self.acked_end = len(self.written)
 
     def truncate_written(self, transaction_id: int) -> None:
         del self.written[transaction_id + 1 :]
         self.common = min(self.common, len(self.written))
+        self.acked_end = min(self.acked_end, len(self.written))
         self._clip(len(self.written))
 
     def _clip(self, end: int) -> None:
@@ -130,8 +141,9 @@ class PartitionImage:
         returns what it found. It reads the records after the index's last checkpoint
         (:data:`INDEX_CHECKPOINT`); in them, a run of damaged records:
 
-        - with zeros: the shape of a torn write: the log is cut there, silently (the
-          records after it too: recovery cannot tell them from a torn write's pages);
+        - with zeros: the shape of a torn write: the log is cut there (the records after
+          it too: recovery cannot tell them from a torn write's pages), silently only
+          above the acknowledged end (:attr:`acked_end`; below it, LOST_SESSION);
         - at the end of the log: a damaged tail: cut, and the session info says
           LOST_SESSION (the records may have been acknowledged);
         - with intact records after it: moved aside, a missing range until repaired.
@@ -166,7 +178,7 @@ class PartitionImage:
                 if zeros:
                     found.append(
                         f"zeros at transaction {first}: the shape of a torn write; the log is "
-                        f"cut there, silently ({cut} records)"
+                        f"cut there ({cut} records)"
                     )
                 else:
                     self.mark_lost()
@@ -176,6 +188,14 @@ class PartitionImage:
             found.append(f"transactions {first}..{last} damaged: missing until repaired")
         for i in damaged:
             self.corrupt.pop(i, None)
+        if len(self.written) < self.acked_end:
+            if self.written_info.low_water_mark_session_id != LOST_SESSION:
+                self.mark_lost()
+                found.append(
+                    f"the log ends at {len(self.written)}, below its acknowledged end "
+                    f"{self.acked_end}: acknowledged records lost, LOST_SESSION"
+                )
+            self.acked_end = len(self.written)
         return found
 
     def damage(self, rng: random.Random) -> str | None:
@@ -206,6 +226,7 @@ class PartitionImage:
         ]
         info = dataclasses.replace(self.written_info, low_water_mark_session_id=LOST_SESSION)
         self.written_info = self.durable_info = info
+        self.acked_end = len(self.written)
         return lost
 
     def copy(self) -> PartitionImage:
@@ -220,6 +241,7 @@ class PartitionImage:
             durable_info=self.written_info,
             missing=list(self.missing),
             corrupt=dict(self.corrupt),
+            acked_end=len(self.written),
         )
 
     @property
@@ -281,10 +303,6 @@ class Disk(abc.ABC):
         """Damaged partitions whose log lost its end (cut, wiped, restored): they count as
         impaired until a store session also wrote their marks again (SetLowWaterMark), as
         the cluster took them back as clean replicas."""
-        self.unseen: set[int] = set()
-        """Damaged partitions whose log lost its end where no check can see it (cut
-        silently as a torn write, restored from a snapshot) and that no store session
-        took back since (its marks written): a recovery may count it as a clean voter."""
         self.backups: list[tuple[float, dict[int, PartitionImage]]] = []
         """Crash-consistent snapshots of the disk (its durable state), oldest first."""
         self.on_session_info: Callable[[int, SessionInfo, SessionInfo], None] | None = None
@@ -400,8 +418,6 @@ class SimDisk(Disk):
         back."""
         if info.low_water_mark_session_id == info.session_id >= 0:
             self.needs_marks.discard(partition)
-        if info.session_id == before.session_id:  # not a fence raised: the session saw it
-            self.unseen.discard(partition)
         if self.on_session_info is not None:
             self.on_session_info(partition, before, info)
 
@@ -414,22 +430,7 @@ class SimDisk(Disk):
             found.extend(f"partition {partition}: {what}" for what in image.recover())
             if len(image.written) < end:
                 self.needs_marks.add(partition)
-                if image.written_info.low_water_mark_session_id != LOST_SESSION:
-                    self.unseen.add(partition)  # cut silently
-                    self.world.unseen_cuts.append((partition, len(image.written), end))
         return found
-
-    def unseen_losses(self) -> set[int]:
-        """The partitions whose log lost its end where no check can see it (or will, at
-        the node's restart: zeros are cut silently), not repaired yet: a recovery that
-        counts this replica as a voter and decides before the intact copy answers closes
-        short (docs/server.md: the one case beyond the protocol's reach)."""
-        if not self.lost_records:
-            self.unseen.clear()
-            return set()
-        self.unseen &= set(self.must_reach)
-        zeros = {p for p, image in self.partitions.items() if ZEROS in image.corrupt.values()}
-        return self.unseen | zeros
 
     def backup(self, now: float, keep: int = 8) -> None:
         """Keep a :meth:`snapshot` of the disk, taken at ``now`` (for a stale restore)."""
@@ -441,15 +442,17 @@ class SimDisk(Disk):
         return {p: image.copy() for p, image in sorted(self.partitions.items())}
 
     def restore(self, images: Mapping[int, PartitionImage]) -> None:
-        """Put back a :meth:`snapshot` (a backup restored while the node is down): every
-        partition is what the snapshot holds; one it did not hold is gone."""
+        """Put back a :meth:`snapshot` (a backup restored while the node is down), as
+        ``waltz storage restore`` does: every partition is what the snapshot holds, one it
+        did not hold is gone, and every restored partition's marks read LOST_SESSION (what
+        it acknowledged since the snapshot was taken may be gone: it rejoins as a suspect
+        replica, never as a voter)."""
         self._check_down("restore a snapshot on")
-        for partition, image in self.partitions.items():
-            self._lost_end(partition, seen=False)
-            kept = len(images[partition].written) if partition in images else 0
-            if kept < len(image.written):
-                self.world.unseen_cuts.append((partition, kept, len(image.written)))
+        for partition in self.partitions:
+            self._lost_end(partition)
         self.partitions = {p: image.copy() for p, image in sorted(images.items())}
+        for image in self.partitions.values():
+            image.mark_lost()
 
     def wipe(self, partition: int | None = None) -> None:
         """A wiped disk (``partition``: only that partition's files): the node restarts with
@@ -459,13 +462,11 @@ class SimDisk(Disk):
             self._lost_end(wiped)
             self.partitions.pop(wiped, None)
 
-    def _lost_end(self, partition: int, *, seen: bool = True) -> None:
+    def _lost_end(self, partition: int) -> None:
         """``partition`` loses its end (wiped, restored): impaired until the cluster
         caught it up and took it back (``must_reach``, ``needs_marks``)."""
         self.damaged(partition)
         self.needs_marks.add(partition)
-        if not seen:
-            self.unseen.add(partition)
 
     def lose_tail(self, partition: int, count: int) -> int:
         """The node's next start-up recovery finds the last ``count`` records of

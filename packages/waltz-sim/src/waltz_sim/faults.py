@@ -225,14 +225,11 @@ class Nemesis(StorageFaults):
             await asyncio.sleep(max(0.0, until - held - loop.time()))
             kind = self.rng.choice(profile.quorum_faults)
             damaged = self._lost_records()
-            if kind == "servers_down":
-                damaged = [f"partition {p}" for p in sorted(self._unseen_losses())]
-            if (kind.startswith("storage") or kind == "servers_down") and damaged:
+            if kind.startswith("storage") and damaged:
                 self.world.trace.add(
                     "fault",
                     f"no quorum fault ({kind}): {', '.join(damaged)} lost records and is not "
-                    "repaired yet (with a majority down, or unseen by the next owner's "
-                    "recovery, beyond the guarantee)",
+                    "repaired yet (with a majority down, beyond the guarantee)",
                 )
             else:
                 fault = getattr(self, f"_quorum_{kind}")(held)
@@ -308,8 +305,6 @@ class Nemesis(StorageFaults):
         config = self.world.config
         storage = self._impaired("storage") | {n for n in impairs if n.startswith("storage")}
         servers = self._impaired("server") | {n for n in impairs if n.startswith("server")}
-        if self._owner_of_unseen({n for n in impairs if n.startswith("server")}):
-            return False  # no owner change while a replica's lost tail is unseen (see there)
         return len(storage) <= (config.storage_nodes - 1) // 2 and len(servers) < config.servers
 
     def _pick(self, kinds: tuple[str, ...], *, running: bool = True) -> SimProcess | None:

@@ -55,9 +55,6 @@ class SeedResult:
     """The whole trace, when asked for."""
     point_hits: dict[str, int] = field(default_factory=dict)
     """How often each protocol point (waltz_api.faultpoints) was hit."""
-    unseen_cuts: list[tuple[int, int, int]] = field(default_factory=list)
-    """``(partition, first, end)``: ids that vanished from a replica where no check can
-    see it (``World.unseen_cuts``; what the known issue ``unseen-lost-tail`` needs)."""
     throughput: float | None = None
     """The fault-free windows' commits per second, a share of the offered rate."""
 
@@ -176,7 +173,6 @@ def run_seed(
     result.faults = world.faults_injected
     result.point_hits = dict(world.points.hits)
     result.fault_log = list(world.fault_log)
-    result.unseen_cuts = list(world.unseen_cuts)
     result.loop_errors = list(world.loop_errors)
     if snapshot is not None:
         semantics = SEMANTICS[config.workload]()

@@ -204,28 +204,6 @@ class StorageFaults:
             if p.name in coming or ((disk := self._sim_disk(p)) is not None and disk.lost_records)
         ]
 
-    def _unseen_losses(self) -> set[int]:
-        """The partitions whose log a replica lost the end of where no check can see it
-        (:meth:`~waltz_sim.disk.SimDisk.unseen_losses`). Until the cluster took it back,
-        the nemesis stops no server that owns one: the next owner's recovery could count
-        the replica as a voter and decide before the intact copy answers, the one case
-        the guarantee leaves out (docs/server.md, "Storage faults: the guarantee")."""
-        found: set[int] = set()
-        for process in self.world.of_kind("storage"):
-            disk = self._sim_disk(process)
-            if disk is not None:
-                found |= disk.unseen_losses()
-        return found
-
-    def _owner_of_unseen(self, names: set[str]) -> bool:
-        """Whether one of the servers ``names`` owns a partition with an unseen loss."""
-        unseen = self._unseen_losses()
-        return bool(unseen) and any(
-            unseen & set(_owned(process.handle))
-            for process in self.world.of_kind("server")
-            if process.name in names
-        )
-
     def _keep_backups(self) -> None:
         """Each storage disk's snapshot, for a later stale restore."""
         now = self.world.loop.time()

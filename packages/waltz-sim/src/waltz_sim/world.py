@@ -370,9 +370,6 @@ class World:
         self.scripted = False
         self.faults_injected = 0
         self.fault_log: list[str] = []
-        self.unseen_cuts: list[tuple[int, int, int]] = []
-        """``(partition, first, end)``: ids ``first..end-1`` that vanished from a replica
-        where no check can see it (cut silently as a torn write, rolled back by a restore)."""
         from waltz_sim.faults import profile
         from waltz_sim.points import PointStriker
 

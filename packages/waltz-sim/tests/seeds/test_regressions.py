@@ -69,12 +69,21 @@ REGRESSIONS = [
     (
         23,
         "storage",
-        "not a bug of the code: the nemesis crashed a partition's owner while a replica's "
-        "lost write (zeros, cut silently at its restart) was unseen, and the next recovery "
-        "decided with it and a lagging replica before the intact copy (slow fsyncs) "
-        "answered, the one case docs/server.md leaves beyond the guarantee; the storage "
-        "profile no longer stops a server that owns such a partition",
+        "issue 27, the unseen lost tail: a replica's lost write (zeros where acknowledged "
+        "records were) was cut at its restart as a torn write, its marks still clean; the "
+        "nemesis crashed the owner, and the next recovery decided with it and a lagging "
+        "replica before the intact copy (slow fsyncs) answered; fixed in the engines (the "
+        "acknowledged end is kept apart from the records: a log ending below it is "
+        "LOST_SESSION)",
     ),
+    (
+        1769,
+        "storage",
+        "issue 27, a restore from a snapshot taken within the session: its marks looked "
+        "clean, a recovery counted it as a voter (duplicate); fixed by `waltz storage "
+        "restore` marking every restored partition LOST_SESSION",
+    ),
+    (1906, "storage", "same as storage seed 23 (the unseen-lost-tail known issue)"),
     (
         1116,
         "storage",
@@ -98,7 +107,7 @@ def test_a_seed_that_found_a_bug_passes(seed: int, profile: str, found: str) -> 
     assert result.error is None
     assert "feed jumped" not in result.trace_text
     if result.violations:  # an open known issue's symptoms alone, or it fails
-        known = explained_by(result.violations, result.unseen_cuts)
+        known = explained_by(result.violations)
         assert known is not None, f"seed {seed} ({found}): {result.violations[:3]}"
 
 
@@ -121,6 +130,4 @@ def test_each_known_issue_shows_only_its_symptoms(
                             "waltz_sim.known_issues"
                         )
                 continue
-            assert known.explains(result.violations, result.unseen_cuts), [
-                str(v) for v in result.violations[:5]
-            ]
+            assert known.explains(result.violations), [str(v) for v in result.violations[:5]]
