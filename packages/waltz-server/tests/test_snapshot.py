@@ -17,7 +17,7 @@ import pytest
 from waltz_api.contracts.transport import Transport
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
-from waltz_api.types import Record
+from waltz_api.types import LOST_SESSION, Record
 from waltz_conformance.records import make_records
 from waltz_server.storage_node import StorageClient
 from waltz_server.storage_node.testing import StorageNodeProcess
@@ -147,12 +147,13 @@ async def test_snapshot_of_a_running_node_verify_and_restore(
         await node.wait_ready(zmq, timeout=60)
         listed = _waltz("storage", "list", "--endpoint", endpoint, "--json")
         rows = {row["partition_id"]: row for row in json.loads(listed.stdout)}
-        # (the fs engine does not keep low_water_mark_session_id across a reopen: the
-        # source node would report NO_SESSION after a restart too)
         kept = ("session_id", "low_water_mark", "local_low_water_mark")
         assert {k: rows[0]["session_info"][k] for k in kept} == {
             k: copied["session_info"][k] for k in kept
         }
+        # marked restored: it rejoins as a suspect replica, never as a voter
+        assert rows[0]["session_info"]["low_water_mark_session_id"] == LOST_SESSION
+        assert rows[1]["session_info"]["low_water_mark_session_id"] == LOST_SESSION
         client = await StorageClient.connect(zmq, endpoint, sender="test")
         try:
             await client.open(CLUSTER_KEY, PARTITIONS)
@@ -162,6 +163,22 @@ async def test_snapshot_of_a_running_node_verify_and_restore(
             await client.close()
     finally:
         assert node.terminate() == 0
+
+    # --keep-marks (a whole cluster restored): the marks stay as copied
+    kept_dir = tmp_path / "kept"
+    as_copied = _waltz(
+        "storage", "restore", str(snapshot), "--data-dir", str(kept_dir), "--keep-marks"
+    )
+    assert as_copied.returncode == 0, as_copied.stderr
+    from waltz_server.snapshot import _open_engine
+
+    engine = await _open_engine("fs", kept_dir, CLUSTER_KEY, PARTITIONS)
+    try:
+        info = engine.partition(0).session_info()
+        assert info.low_water_mark_session_id == copied["session_info"]["low_water_mark_session_id"]
+        assert info.low_water_mark_session_id != LOST_SESSION
+    finally:
+        await engine.close()
 
 
 async def test_a_damaged_snapshot_is_caught(tmp_path: Path, zmq: Transport) -> None:

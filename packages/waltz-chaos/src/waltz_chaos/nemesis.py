@@ -54,6 +54,7 @@ from waltz_chaos.errors import ChaosError
 from waltz_chaos.netns import LinkShape, NetworkLab
 from waltz_chaos.schedule import STORAGE_FAULTS, Fault, Schedule, impaired_by
 from waltz_client import AsyncWaltzClient, ClientConfig, Transaction, WaltzClientCallbacks
+from waltz_server.snapshot import mark_restored
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +302,9 @@ class Nemesis:
         record._undo.append(functools.partial(self._restart_and_repair, record, member))
         if copy is not None:
             await asyncio.to_thread(damage.restore, data, copy[0])
-            what = f"its data directory as copied at {copy[1]:.1f} s"
+            # put back as `waltz storage restore` does: every partition marked restored
+            await mark_restored("fs", data, cluster.cluster_key, cluster.settings.num_partitions)
+            what = f"its data directory as copied at {copy[1]:.1f} s, marked restored"
         else:
             await self._copy(member)
             if fault.kind == "wipe_data":

@@ -25,7 +25,14 @@ The snapshot is a directory:
 
 :func:`verify_snapshot` reads every record back through the engine and checks
 it against the manifest; :func:`restore_snapshot` verifies, then copies
-``data/`` into an empty data directory for the node to start on.
+``data/`` into an empty data directory for the node to start on, and marks every
+restored partition *restored*: its low-water marks read ``LOST_SESSION``
+(:func:`mark_restored`). What the node acknowledged after the snapshot was taken is
+gone from the copy, and nothing in the copy says so (its marks may name the very
+session still running); marked, the replica rejoins as a suspect one, never counted as
+a voter until it holds the committed log again (docs/server.md, "Storage faults: the
+guarantee"). ``keep_marks`` (``--keep-marks``) leaves the marks as copied: only for a
+whole cluster restored from snapshots, where no replica holds more than its copy.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from typing import Any
 from waltz_api.contracts.storage import StorageEngine, StoragePartition
 from waltz_api.errors import SessionFencedError, StorageError, WaltzError
 from waltz_api.plugins import get_registry
-from waltz_api.types import NO_SESSION, Record, SessionInfo
+from waltz_api.types import LOST_SESSION, NO_SESSION, Record, SessionInfo
 from waltz_server.storage_node.client import StorageAdminClient, StorageClient
 
 log = logging.getLogger(__name__)
@@ -302,10 +309,14 @@ async def verify_snapshot(snapshot: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 async def restore_snapshot(
-    snapshot: str | os.PathLike[str], data_dir: str | os.PathLike[str]
+    snapshot: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],
+    *,
+    keep_marks: bool = False,
 ) -> dict[str, Any]:
     """Verify ``snapshot`` and copy its storage into ``data_dir`` (absent or empty): the
-    storage node then starts on it (with the snapshot's cluster key and partitions)."""
+    storage node then starts on it (with the snapshot's cluster key and partitions).
+    Every partition is marked restored (:func:`mark_restored`) unless ``keep_marks``."""
     target = Path(data_dir)
     _require_empty(
         target, "restore into an empty directory (stop the node and move its old data away)"
@@ -314,9 +325,38 @@ async def restore_snapshot(
     partial = _fresh(target.with_name(target.name + ".restoring"))
     partial.rmdir()
     shutil.copytree(Path(snapshot) / DATA, partial)
+    if not keep_marks:
+        await mark_restored(
+            manifest["engine"],
+            partial,
+            uuid.UUID(manifest["cluster_key"]),
+            int(manifest["num_partitions"]),
+        )
     _fsync_tree(partial)
     _move_into_place(partial, target)
     return manifest
+
+
+async def mark_restored(
+    engine_name: str, data_dir: Path, cluster_key: uuid.UUID, num_partitions: int
+) -> list[int]:
+    """Record in a stopped node's storage that it was restored from a copy: every
+    partition's low-water marks read ``LOST_SESSION`` (durably, through the engine), as an
+    engine does for a damaged tail it moved aside. Returns the partitions marked."""
+    engine = await _open_engine(engine_name, data_dir, cluster_key, num_partitions)
+    try:
+        marked = []
+        for partition_id in engine.partition_ids():
+            partition = engine.partition(partition_id)
+            info = partition.session_info()
+            if info.low_water_mark_session_id != LOST_SESSION:
+                await partition.set_session_info(
+                    dataclasses.replace(info, low_water_mark_session_id=LOST_SESSION)
+                )
+            marked.append(partition_id)
+        return marked
+    finally:
+        await engine.close()
 
 
 def _require_empty(path: Path, what_to_do: str) -> None:

@@ -61,9 +61,20 @@ def verify_snapshot_command(snapshot: Path) -> None:
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="the node's config file: restore into its storage.data_dir",
 )
-def restore_command(snapshot: Path, data_dir: Path | None, config: Path | None) -> None:
+@click.option(
+    "--keep-marks",
+    is_flag=True,
+    help="leave the partitions' marks as copied (only when EVERY storage node of the "
+    "cluster is restored from its snapshot): by default each restored partition is "
+    "marked restored, so it rejoins as a suspect replica and is caught up before it votes",
+)
+def restore_command(
+    snapshot: Path, data_dir: Path | None, config: Path | None, keep_marks: bool
+) -> None:
     """Verify SNAPSHOT and copy it into a STOPPED node's empty data directory; start the
-    node on it afterwards (the servers catch its partitions up)."""
+    node on it afterwards (the servers catch its partitions up). Each partition is marked
+    restored: what the node acknowledged after the snapshot is gone from the copy, so it
+    does not vote in a recovery before it holds the committed log again."""
     from waltz_server.snapshot import SnapshotError, read_manifest, restore_snapshot
 
     if (data_dir is None) == (config is None):
@@ -80,7 +91,7 @@ def restore_command(snapshot: Path, data_dir: Path | None, config: Path | None) 
                 f"storage.cluster_key is {loaded.storage.cluster_key}"
             )
     assert data_dir is not None
-    manifest = asyncio.run(restore_snapshot(snapshot, data_dir))
+    manifest = asyncio.run(restore_snapshot(snapshot, data_dir, keep_marks=keep_marks))
     click.echo(f"restored {snapshot} into {data_dir}: {_summary(manifest)}")
 
 
