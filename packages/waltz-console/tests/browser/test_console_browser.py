@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,79 @@ def test_a_commit_shows_within_two_seconds(
         "partition 1's commit latency",
     )
     screenshot(browser, "partitions")
+
+
+def _console_version(dev: DevProcess) -> int:
+    """The console's refresh count now (read as any HTTP client would)."""
+    with urllib.request.urlopen(dev.info["console"] + "api/overview", timeout=10) as answer:
+        version: int = json.load(answer)["version"]
+    return version
+
+
+NAVIGATIONS: list[tuple[str, str, str]] = [
+    # (how, where, the view element that shows the page's live data); "load": a new
+    # document (another query string: the browser keeps the page it leaves in its
+    # back/forward cache), "route": the same document, another route
+    ("load", "?n=1#/cluster", "#view-cluster #servers-table tbody tr"),
+    ("load", "?n=2#/partitions", "#view-partitions #partitions-table tbody tr"),
+    ("load", "?n=3#/events", "#view-events"),
+    ("back", "", "#view-partitions #partitions-table tbody tr"),
+    ("back", "", "#view-cluster #servers-table tbody tr"),
+    ("forward", "", "#view-partitions #partitions-table tbody tr"),
+    ("load", "?n=4#/clients", "#view-clients"),
+    ("route", "#/partition/1", "#view-partition #replicas-table tbody tr"),
+    ("load", "?n=5#/partition/2", "#view-partition #replicas-table tbody tr"),
+    ("back", "", "#view-partition #replicas-table tbody tr"),
+    ("load", "?n=6#/cluster", "#view-cluster #servers-table tbody tr"),
+    ("load", "?n=7#/partitions", "#view-partitions #partitions-table tbody tr"),
+    ("back", "", "#view-cluster #servers-table tbody tr"),
+    ("forward", "", "#view-partitions #partitions-table tbody tr"),
+    ("load", "?n=8#/events", "#view-events"),
+    ("route", "#/cluster", "#view-cluster #servers-table tbody tr"),
+    ("load", "?n=9#/transactions/1?follow=1", "#view-transactions #tx-summary"),
+    ("load", "?n=10#/partition/3", "#view-partition #replicas-table tbody tr"),
+    ("back", "", "#view-transactions #tx-summary"),
+    ("load", "?n=11#/partitions", "#view-partitions #partitions-table tbody tr"),
+]
+
+
+def test_twenty_navigations_in_one_tab_each_live(dev: DevProcess, browser: Any) -> None:
+    """Pages left in the back/forward cache close their live-update connection (and a
+    page shown again from it reopens one), so navigating never exhausts the browser's
+    six connections per host: each page shows its live data within 2 s."""
+    assert len(NAVIGATIONS) == 20
+    base = dev.info["console"]
+    for step, (how, where, shows) in enumerate(NAVIGATIONS, 1):
+        version = _console_version(dev)
+        started = time.monotonic()
+        if how == "load":
+            browser.get(base + where)
+        elif how == "route":
+            browser.execute_script("location.hash = arguments[0]", where)
+        elif how == "back":
+            browser.back()
+        else:
+            browser.forward()
+
+        def live(shows: str = shows, version: int = version) -> bool:
+            return bool(
+                browser.execute_script(
+                    "const main = document.getElementById('main');"
+                    "return document.getElementById('live').textContent === 'live'"
+                    " && !main.textContent.includes('Loading')"
+                    " && Number(main.dataset.version) >= arguments[1]"
+                    " && document.querySelector(arguments[0]) !== null",
+                    shows,
+                    version,
+                )
+            )
+
+        browser.wait_for(
+            live,
+            f"navigation {step} ({how} {where}) live, with data as new as version {version}",
+            timeout=max(0.0, LIVE_BOUND - (time.monotonic() - started)),
+        )
+    assert severe_logs(browser) == []
 
 
 def test_browses_a_transaction_s_data(

@@ -454,21 +454,44 @@ function liveView() {
   return r.view !== "actions";
 }
 
-function connect() {
+// At most one live-update connection per tab. A page the browser keeps in its
+// back/forward cache would otherwise hold its stream open while hidden, and after a
+// few navigations the browser's six connections per host would all be taken: the
+// next page would wait for one ("Loading ...") until a cached page is evicted.
+let source = null;
+
+function setLive(text, on) {
   const live = document.getElementById("live");
-  const source = new EventSource("/api/stream");
+  live.textContent = text;
+  live.className = on ? "live on" : "live off";
+}
+
+function connect() {
+  if (source !== null) return;
+  setLive("connecting", false);
+  source = new EventSource("/api/stream");
   source.addEventListener("update", (e) => {
-    live.textContent = "live";
-    live.className = "live on";
+    setLive("live", true);
     const data = JSON.parse(e.data);
     state.version = data.version;
     if (liveView()) render();
   });
-  source.addEventListener("error", () => {
-    live.textContent = "reconnecting";
-    live.className = "live off";
-  });
+  source.addEventListener("error", () => setLive("reconnecting", false));
+}
+
+function disconnect() {
+  if (source === null) return;
+  source.close();
+  source = null;
+  setLive("paused", false);
 }
 
 window.addEventListener("hashchange", render);
 window.addEventListener("DOMContentLoaded", () => { render(); connect(); });
+// leaving the page (it may be kept in the back/forward cache): close the stream;
+// shown again from that cache: reopen it and show what changed meanwhile
+window.addEventListener("pagehide", disconnect);
+window.addEventListener("pageshow", (e) => {
+  if (e.persisted) render();
+  connect();
+});
