@@ -114,6 +114,8 @@ class Collector:
         self.probe_timeout = probe_timeout
         self.timeout = timeout
         self.wall_clock = wall_clock
+        self.started = wall_clock()
+        """When the console started (the time line begins there)."""
         self.meta = MetaState(uri=uri, error="connecting to the coordination service ...")
         self.probes = Probes()
         self.trackers = Trackers()

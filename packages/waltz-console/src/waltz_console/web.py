@@ -12,6 +12,7 @@ the coordination service cannot be reached)::
     GET  /api/overview                       cluster, servers, storage nodes, session
     GET  /api/partitions?offset&limit&q      a page of partitions
     GET  /api/partitions/{p}                 one partition, its clients and events
+                                             (and ``started``: when the time line began)
     GET  /api/partitions/{p}/transactions?start&count   (or ?latest=1&count)
     GET  /api/clients?offset&limit&q         a page of connected clients
     GET  /api/events?after&partition&limit   the time line (newest first)
@@ -245,6 +246,7 @@ class Console:
                 "events": [e for e in reversed(self.collector.events) if e["partition"] == pid][
                     :50
                 ],
+                "started": self.collector.started,
             }
         )
 
@@ -268,7 +270,13 @@ class Console:
         kind = request.query.get("kind", "")
         if kind:
             rows = [e for e in rows if e["kind"] == kind]
-        return _json({"events": list(reversed(rows))[:limit], "total": len(rows)})
+        return _json(
+            {
+                "events": list(reversed(rows))[:limit],
+                "total": len(rows),
+                "started": self.collector.started,
+            }
+        )
 
     async def transactions(self, request: web.Request) -> web.Response:
         pid = self._partition_id(request)

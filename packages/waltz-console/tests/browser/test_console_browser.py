@@ -196,6 +196,30 @@ def test_twenty_navigations_in_one_tab_each_live(dev: DevProcess, browser: Any) 
     assert severe_logs(browser) == []
 
 
+def test_empty_tables_say_why(dev: DevProcess, browser: Any) -> None:
+    """A table without rows says why, not bare headers (no client is connected now: the
+    commits before were made by short-lived `waltz client append` processes)."""
+
+    def empty(table: str) -> str:
+        return browser.text(f"{table} tfoot tr.empty") or ""
+
+    for fragment, table, says in (
+        ("#/clients", "#clients-table", "No client is connected to this cluster"),
+        ("#/clients?q=nobody", "#clients-table", "No client matches \u201cnobody\u201d"),
+        ("#/partitions?q=nothing", "#partitions-table", "No partition matches \u201cnothing\u201d"),
+        ("#/events?kind=no_such_kind", "#events-table", "No no_such_kind event since the console"),
+        ("#/partition/3", "#clients-table", "No client is connected to partition 3 now."),
+    ):
+        open_view(browser, dev, fragment)
+        browser.wait_for(lambda table=table, says=says: says in empty(table), f"{fragment}: {says}")
+        assert (
+            browser.execute_script(
+                "return document.querySelectorAll(arguments[0] + ' tbody tr').length", table
+            )
+            == 0
+        )
+
+
 def test_browses_a_transaction_s_data(
     dev: DevProcess, browser: Any, screenshot: Callable[[Any, str], Path]
 ) -> None:

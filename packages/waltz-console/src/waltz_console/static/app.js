@@ -90,10 +90,23 @@ function pager(total, offset, limit, onMove) {
     h("button", { id: "next-page", disabled: current >= last, onclick: () => onMove(offset + limit) }, "Next ›"));
 }
 
-function table(id, headers, rows) {
+// A table without rows says why it has none (in its foot: its body holds only rows).
+function table(id, headers, rows, empty) {
   return h("table", { id },
     h("thead", {}, h("tr", {}, headers.map((x) => h("th", {}, x)))),
-    h("tbody", {}, rows));
+    h("tbody", {}, rows),
+    rows.length || !empty ? null
+      : h("tfoot", {}, h("tr", { class: "empty" }, h("td", { colspan: headers.length, class: "wrap muted" }, empty))));
+}
+
+function matching(what, q) {
+  return `No ${what} matches “${q}”: clear the filter to see them all.`;
+}
+
+function noHttp() {
+  // the clients come from the servers' /status: without it the console cannot see them
+  const o = state.overview;
+  return o && o.servers.length > 0 && o.servers.every((s) => !s.http);
 }
 
 // -- views -----------------------------------------------------------------------------------
@@ -121,7 +134,8 @@ views.cluster = async () => {
         h("td", { class: "leader" }, s.leader ? "leader" : ""),
         h("td", { class: "wrap owned" }, `${s.partitions.length}: ${abbreviate(s.partitions)}`),
         h("td", { class: "wrap" }, s.preferred_partitions.length ? `${abbreviate(s.preferred_partitions)} (${s.preferred_source})` : "–"),
-        h("td", {}, show(s.connected_clients))))),
+        h("td", {}, show(s.connected_clients)))),
+      "No server is registered in coordination: start one with this cluster's coordination URI (waltz server)."),
     h("h2", {}, "Storage nodes"),
     table("storage-table", ["node", "group", "state", "replicas assigned", "hosted", "disk used", "disk free", "fsync p50", "fsync p99", "fenced requests"],
       o.storage.map((s) => h("tr", { "data-node": s.node },
@@ -131,7 +145,8 @@ views.cluster = async () => {
         h("td", {}, s.hosted.length),
         h("td", {}, bytes(s.disk_used)), h("td", {}, bytes(s.disk_free)),
         h("td", {}, show(s.fsync_p50_ms, "ms")), h("td", {}, show(s.fsync_p99_ms, "ms")),
-        h("td", {}, s.fenced_requests === null ? "–" : `${s.fenced_requests} (${show(s.fenced_rate)}/s)`)))),
+        h("td", {}, s.fenced_requests === null ? "–" : `${s.fenced_requests} (${show(s.fenced_rate)}/s)`))),
+      "No storage node is a member of this cluster: add one on the Actions page (or waltz cluster add-storage-node)."),
     Object.keys(c.probe_errors || {}).length
       ? h("div", { class: "notice" }, "Endpoints that did not answer: " +
           Object.entries(c.probe_errors).map(([u, e]) => `${u}: ${e}`).join("; "))
@@ -170,7 +185,8 @@ views.partitions = async (route) => {
         h("td", {}, show(p.low_water_mark)),
         h("td", {}, show(p.lock_failure_rate)),
         h("td", { class: "p50" }, show(p.commit_p50_ms, "ms")), h("td", { class: "p99" }, show(p.commit_p99_ms, "ms")),
-        h("td", {}, p.clients)))));
+        h("td", {}, p.clients))),
+      q ? matching("partition", q) : "The cluster has no partition."));
 };
 
 views.partition = async (route) => {
@@ -192,23 +208,28 @@ views.partition = async (route) => {
     h("h3", {}, "Replicas"),
     table("replicas-table", ["storage node", "max transaction id", "acknowledged", "in the store session", "lag"],
       p.replicas.map((r) => h("tr", { "data-node": r.node }, h("td", {}, r.node), h("td", {}, show(r.max_transaction_id)),
-        h("td", {}, show(r.acknowledged)), h("td", {}, r.writable ? "yes" : "no"), h("td", {}, show(r.lag))))),
+        h("td", {}, show(r.acknowledged)), h("td", {}, r.writable ? "yes" : "no"), h("td", {}, show(r.lag)))),
+      `Partition ${p.partition} has no replica assigned: add one on the Actions page.`),
     h("h3", {}, "Clients"),
-    clientsTable(data.clients),
+    clientsTable(data.clients, noHttp()
+      ? "Clients are not known: the console reads no server's HTTP endpoint (--http)."
+      : `No client is connected to partition ${p.partition} now.`),
     h("h3", {}, "Events"),
-    eventsTable(data.events));
+    eventsTable(data.events, `Nothing has happened to partition ${p.partition} since the console started (${when(data.started)}).`));
 };
 
-function clientsTable(rows) {
+function clientsTable(rows, empty) {
   return table("clients-table", ["partition", "client", "feed position", "lag", "server"],
     rows.map((c) => h("tr", {}, h("td", {}, partitionLink(c.partition)), h("td", {}, c.client),
-      h("td", {}, c.position), h("td", { class: c.lag ? "warn" : "" }, show(c.lag)), h("td", {}, show(c.server_id)))));
+      h("td", {}, c.position), h("td", { class: c.lag ? "warn" : "" }, show(c.lag)), h("td", {}, show(c.server_id)))),
+    empty);
 }
 
-function eventsTable(rows) {
+function eventsTable(rows, empty) {
   return table("events-table", ["time", "kind", "partition", "what happened"],
     rows.map((e) => h("tr", { class: `event-${e.kind}` }, h("td", {}, when(e.time)), h("td", {}, e.kind),
-      h("td", {}, e.partition === null ? "" : partitionLink(e.partition)), h("td", { class: "wrap" }, e.message))));
+      h("td", {}, e.partition === null ? "" : partitionLink(e.partition)), h("td", { class: "wrap" }, e.message))),
+    empty);
 }
 
 views.clients = async (route) => {
@@ -220,7 +241,9 @@ views.clients = async (route) => {
   return h("div", { id: "view-clients" },
     h("div", { class: "toolbar" }, search),
     pager(data.total, data.offset, data.limit, (o) => go("clients", null, { q, offset: o })),
-    clientsTable(data.rows));
+    clientsTable(data.rows, q ? matching("client", q) : noHttp()
+      ? "Clients are not known: the console reads no server's HTTP endpoint (--http)."
+      : "No client is connected to this cluster: producers and consumers show here while connected to a partition's server."));
 };
 
 views.events = async (route) => {
@@ -228,7 +251,9 @@ views.events = async (route) => {
   const data = await api(`/api/events?limit=500${kind ? "&kind=" + encodeURIComponent(kind) : ""}`);
   return h("div", { id: "view-events" },
     h("p", { class: "muted" }, `${data.total} event(s) since the console started; newest first.`),
-    eventsTable(data.events));
+    eventsTable(data.events, kind
+      ? `No ${kind} event since the console started (${when(data.started)}).`
+      : `Nothing has happened since the console started (${when(data.started)}): servers, partitions, store sessions, replicas, ACLs and archive rounds show here as they change.`));
 };
 
 views.transactions = async (route) => {
@@ -370,7 +395,8 @@ function actionResult(name, answer) {
   return h("div", {}, box,
     table("findings-table", ["severity", "kind", "subject", "finding"],
       answer.findings.map((f) => h("tr", { class: `finding ${f.severity}` }, h("td", {}, f.severity), h("td", {}, f.kind),
-        h("td", {}, f.subject), h("td", { class: "wrap" }, f.message)))));
+        h("td", {}, f.subject), h("td", { class: "wrap" }, f.message))),
+      "No finding: the metadata, the storage nodes and the servers agree."));
 }
 
 function confirmAction(text) {
