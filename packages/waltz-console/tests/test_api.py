@@ -287,3 +287,35 @@ def test_listen_address() -> None:
     for bad in ("8090", "host:", "host:99999", ":80"):
         with pytest.raises(ConfigError, match="--listen must be HOST:PORT"):
             parse_listen(bad)
+
+
+async def test_new_commits_without_a_known_latency_read_the_metrics_early() -> None:
+    """A server's ``/metrics`` is read every 5 s; when its status shows commits on a
+    partition whose latency the page does not know, at the next probe (2 s apart at
+    most), so the first commits' latency shows at once."""
+    from waltz_console.views import Snapshot
+
+    collector = Collector("local:///nonexistent-console-test", http_urls=["http://s1"])
+    loop = asyncio.get_running_loop()
+
+    def status(hwm: int) -> dict[str, Any]:
+        return {
+            "role": "server",
+            "server_id": 1,
+            "partitions": [{"partition": 0, "high_water_mark": hwm}],
+        }
+
+    def shown(p99: float | None) -> None:
+        collector.snapshot = Snapshot({}, [], [], [{"partition": 0, "commit_p99_ms": p99}], [])
+
+    shown(None)
+    assert not collector._commits_without_latency("http://s1", status(10))  # never read
+    collector._marks_at_metrics["http://s1"] = {0: 10}
+    collector.probes.metrics_read["http://s1"] = loop.time() - 3.0
+    assert not collector._commits_without_latency("http://s1", status(10))  # no commit
+    assert collector._commits_without_latency("http://s1", status(11))
+    shown(4.0)
+    assert not collector._commits_without_latency("http://s1", status(11))  # known
+    shown(None)
+    collector.probes.metrics_read["http://s1"] = loop.time()
+    assert not collector._commits_without_latency("http://s1", status(11))  # read just now

@@ -157,6 +157,63 @@ def test_rates_and_percentiles_over_the_window() -> None:
     assert p0["commit_p99_ms"] == pytest.approx(91.0)
 
 
+def test_commit_latency_stays_shown_between_metrics_reads() -> None:
+    """Issue 29: "Commit p50/p99 shows "-" for both after fresh commits". The status is read
+    every second and ``/metrics`` every 5 s: a refresh between two reads reuses the last
+    one, and the percentiles cover the reads of the last minute (timed by when they were
+    read), so commits stay shown after the next reads find no new ones."""
+    trackers = Trackers()
+    meta = _meta({0: 1, 1: 1, 2: 1})
+
+    def refresh(now: float, read_at: float, counts: list[int]) -> Any:
+        probes = _probes(10, buckets=_latency(counts))
+        probes.metrics_read = dict.fromkeys(probes.metrics, read_at)
+        return build(meta, probes, trackers, now)
+
+    refresh(100.0, 100.0, [0, 0, 0, 0])
+    for now in (101.0, 102.0, 103.0, 104.0):
+        refresh(now, 100.0, [0, 0, 0, 0])
+    shown = []
+    # 10 commits before the read at 105; then reads at 110, 115, ... find nothing new
+    for now in range(105, 175):
+        read_at = float(now - now % 5)
+        snap = refresh(float(now), read_at, [5, 9, 10, 10])
+        p0 = snap.partition(0)
+        assert p0 is not None
+        shown.append((now, p0["commit_p99_ms"], snap.cluster["commit_p99_ms"]))
+    for now, p99, cluster_p99 in shown:
+        if now < 165:  # the read at 105 is within the last minute of reads
+            assert p99 == pytest.approx(91.0), now
+            assert cluster_p99 == pytest.approx(91.0), now
+        else:
+            assert p99 is None and cluster_p99 is None, now  # no commit in the last minute
+
+
+def test_the_cluster_latency_merges_the_partitions_histograms() -> None:
+    trackers = Trackers()
+    meta = _meta({0: 1, 1: 1, 2: 1})
+    two = "\n".join(
+        f'waltz_server_commit_latency_seconds_bucket{{le="{le}",partition="{p}"}} {c}.0'
+        for p, counts in ((0, (0, 0, 0)), (1, (0, 0, 0)))
+        for le, c in zip(("0.001", "0.01", "+Inf"), counts, strict=True)
+    )
+    rows = [_row(0, 10), _row(1, 10)]
+    probes = _probes(10, buckets=two)
+    probes.status["http://s1"] = _server_status(1, rows, leader=True)
+    build(meta, probes, trackers, 100.0)
+    after = two.replace('le="0.001",partition="0"} 0', 'le="0.001",partition="0"} 50')
+    after = after.replace('le="0.01",partition="0"} 0', 'le="0.01",partition="0"} 50')
+    after = after.replace('le="+Inf",partition="0"} 0', 'le="+Inf",partition="0"} 50')
+    after = after.replace('le="0.01",partition="1"} 0', 'le="0.01",partition="1"} 50')
+    after = after.replace('le="+Inf",partition="1"} 0', 'le="+Inf",partition="1"} 50')
+    probes = _probes(10, buckets=after)
+    probes.status["http://s1"] = _server_status(1, rows, leader=True)
+    snap = build(meta, probes, trackers, 105.0)
+    # 50 commits under 1 ms on partition 0, 50 from 1 to 10 ms on partition 1
+    assert snap.cluster["commit_p50_ms"] == pytest.approx(1.0)
+    assert snap.cluster["commit_p99_ms"] == pytest.approx(9.82)
+
+
 def test_a_histogram_that_appears_with_the_first_commit_counts_it() -> None:
     """A partition's latency histogram has no series before its first commit: once the
     server's metrics were read without it, its first buckets are observations."""

@@ -5,9 +5,10 @@ into a :class:`~waltz_console.views.Snapshot` and a time line of events.
   preferred partition overrides, each partition's assignment and store metadata):
   a change refreshes the views at once.
 - Every ``interval`` seconds each HTTP endpoint given (servers and storage nodes) is
-  asked its ``/status``, and every ``metrics_interval`` seconds its ``/metrics``; a
-  process that does not answer is shown as such, never waited for beyond
-  ``probe_timeout``.
+  asked its ``/status``, and every ``metrics_interval`` seconds its ``/metrics`` (a
+  server's at once when its status shows commits on a partition whose latency is not
+  known yet: the first commits' latency shows within a refresh or two); a process that
+  does not answer is shown as such, never waited for beyond ``probe_timeout``.
 - While the coordination service cannot be reached (or holds no cluster) the console
   keeps serving, says why on every page, and retries with back-off.
 
@@ -54,6 +55,9 @@ from waltz_server.server.preferred import PreferredPartitionStore
 log = logging.getLogger(__name__)
 
 MAX_EVENTS = 2000
+PROMPT_METRICS_SPACING = 2.0
+"""Seconds at least between a server's ``/metrics`` reads made early for new commits
+(a cluster with many partitions committing now and then reads no more often)."""
 WANTED_METRICS = (
     "waltz_server_commit_latency_seconds_bucket",
     "waltz_storage_fsync_latency_seconds_bucket",
@@ -131,6 +135,8 @@ class Collector:
         self._watches: list[Watch] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._backoff = Backoff(0.2, 5.0, rng)
+        self._marks_at_metrics: dict[str, dict[Any, Any]] = {}
+        """Each server's high-water marks when its metrics were read last."""
         self._url_server: dict[str, int] = {}
         """Which server answered last at each URL (to tell who fell silent)."""
 
@@ -282,6 +288,24 @@ class Collector:
 
     # -- HTTP endpoints -------------------------------------------------------------------------
 
+    def _commits_without_latency(self, url: str, status: dict[str, Any]) -> bool:
+        """Whether a server's ``status`` shows a high-water mark that moved since its
+        metrics were read, on a partition whose commit latency the page does not know."""
+        if status.get("role") != "server" or url not in self._marks_at_metrics:
+            return False
+        last = self.probes.metrics_read.get(url)
+        if last is not None and asyncio.get_running_loop().time() - last < PROMPT_METRICS_SPACING:
+            return False
+        marks = self._marks_at_metrics[url]
+        for row in status.get("partitions", []):
+            pid, hwm = row.get("partition"), row.get("high_water_mark")
+            if hwm is None or pid not in marks or marks[pid] == hwm:
+                continue
+            shown = self.snapshot.partition(int(pid)) if isinstance(pid, int) else None
+            if shown is not None and shown["commit_p99_ms"] is None:
+                return True
+        return False
+
     async def _probe(
         self, url: str, with_metrics: bool
     ) -> tuple[str, dict[str, Any] | None, Any, str | None]:
@@ -293,9 +317,13 @@ class Collector:
             if not isinstance(status, dict):
                 return url, None, None, "/status did not answer a JSON object"
             metrics = None
-            if with_metrics:
+            if with_metrics or self._commits_without_latency(url, status):
                 metrics_reply = await http_get(f"{url}/metrics", self.probe_timeout)
                 metrics = parse_metrics(metrics_reply.body) if metrics_reply.status == 200 else {}
+                self._marks_at_metrics[url] = {
+                    row.get("partition"): row.get("high_water_mark")
+                    for row in status.get("partitions", [])
+                }
             return url, status, metrics, None
         except TimeoutError:
             return url, None, None, f"no answer within {self.probe_timeout:g} s"
@@ -323,8 +351,10 @@ class Collector:
             probes.status[url] = status
             if metrics is not None:
                 probes.metrics[url] = metrics
+                probes.metrics_read[url] = now
             elif url in self.probes.metrics:  # between two reads, the last one stands
                 probes.metrics[url] = self.probes.metrics[url]
+                probes.metrics_read[url] = self.probes.metrics_read.get(url, now)
         self.probes = probes
 
     # -- refreshing ----------------------------------------------------------------------------

@@ -31,7 +31,11 @@ from waltz_api.cluster import (
 from waltz_api.errors import ConfigError
 
 RATE_WINDOW = 10.0
-"""Seconds of samples a rate or a percentile is computed over."""
+"""Seconds of samples a rate is computed over."""
+LATENCY_WINDOW = 60.0
+"""Seconds of histogram reads a latency percentile is computed over: ``/metrics`` is
+read every 5 s, so a shorter window would show nothing for the first seconds after
+a commit and nothing again 10 s later."""
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
 
@@ -63,30 +67,43 @@ class Probes:
     errors: dict[str, str] = field(default_factory=dict)
     silent_servers: set[int] = field(default_factory=set)
     """Servers whose endpoint answered before and does not now."""
+    metrics_read: dict[str, float] = field(default_factory=dict)
+    """When each endpoint's ``metrics`` were read (the event loop's time): histogram
+    samples are timed by their read, not by the refreshes that reuse them."""
 
 
 class Series:
     """Timed samples of one value (a counter or a set of histogram buckets), kept for
-    :data:`RATE_WINDOW` seconds."""
+    ``window`` seconds."""
 
-    __slots__ = ("samples",)
+    __slots__ = ("samples", "window")
 
-    def __init__(self) -> None:
+    def __init__(self, window: float = RATE_WINDOW) -> None:
         self.samples: deque[tuple[float, Any]] = deque()
+        self.window = window
 
     def add(self, now: float, value: Any) -> None:
         self.samples.append((now, value))
-        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW:
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
             self.samples.popleft()
+
+    def _forget_before_restart(self) -> None:
+        """A counter (or a histogram's count) that went down restarted: the samples
+        before the drop are forgotten."""
+
+        def total(value: Any) -> Any:
+            return value[-1][1] if isinstance(value, list) and value else value
+
+        for i in range(len(self.samples) - 1, 0, -1):
+            if total(self.samples[i][1]) < total(self.samples[i - 1][1]):
+                for _ in range(i):
+                    self.samples.popleft()
+                break
 
     def rate(self) -> float | None:
         """Increase per second over the window (a counter that went down restarted: the
         samples before the drop are forgotten); None with fewer than two samples."""
-        for i in range(len(self.samples) - 1, 0, -1):
-            if self.samples[i][1] < self.samples[i - 1][1]:
-                for _ in range(i):
-                    self.samples.popleft()
-                break
+        self._forget_before_restart()
         if len(self.samples) < 2:
             return None
         (t0, v0), (t1, v1) = self.samples[0], self.samples[-1]
@@ -94,6 +111,7 @@ class Series:
 
     def delta(self) -> Any:
         """The last sample minus the first (for histograms: a bucket list)."""
+        self._forget_before_restart()
         if len(self.samples) < 2:
             return None
         first, last = self.samples[0][1], self.samples[-1][1]
@@ -110,12 +128,24 @@ class Trackers:
     def __init__(self) -> None:
         self._series: dict[tuple[Any, ...], Series] = {}
 
-    def add(self, key: tuple[Any, ...], now: float, value: Any) -> Series:
+    def add(
+        self, key: tuple[Any, ...], now: float, value: Any, window: float = RATE_WINDOW
+    ) -> Series:
         series = self._series.get(key)
         if series is None:
-            series = self._series[key] = Series()
+            series = self._series[key] = Series(window)
         series.add(now, value)
         return series
+
+    def add_read(
+        self, key: tuple[Any, ...], read_at: float, value: Any, window: float = LATENCY_WINDOW
+    ) -> Series:
+        """Add a sample read at ``read_at`` unless that read is in already (a refresh
+        between two reads of ``/metrics`` reuses the last one)."""
+        series = self._series.get(key)
+        if series is not None and series.samples and series.samples[-1][0] >= read_at:
+            return series
+        return self.add(key, read_at, value, window)
 
     def get(self, key: tuple[Any, ...]) -> Series | None:
         return self._series.get(key)
@@ -146,6 +176,18 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]] | None) 
     if count == below:
         return upper
     return lower + (upper - lower) * (rank - below) / (count - below)
+
+
+def merge_buckets(
+    histograms: Sequence[Sequence[tuple[float, float]]],
+) -> list[tuple[float, float]] | None:
+    """The sum of cumulative histograms with the same bounds (the cluster's commit
+    latency from its partitions'); None without any."""
+    total: dict[float, float] = {}
+    for buckets in histograms:
+        for le, count in buckets:
+            total[le] = total.get(le, 0.0) + count
+    return sorted(total.items()) or None
 
 
 def histogram_buckets(
@@ -234,6 +276,7 @@ def build(
     server_status: dict[int, dict[str, Any]] = {}
     server_metrics: dict[int, Mapping[str, list[tuple[dict[str, str], float]]]] = {}
     server_urls: dict[int, str] = {}
+    read_at: dict[str, float] = {u: probes.metrics_read.get(u, now) for u in probes.metrics}
     storage_status: dict[str, dict[str, Any]] = {}
     storage_metrics: dict[str, Mapping[str, list[tuple[dict[str, str], float]]]] = {}
     storage_urls: dict[str, str] = {}
@@ -288,6 +331,7 @@ def build(
 
     partitions: list[dict[str, Any]] = []
     clients: list[dict[str, Any]] = []
+    cluster_latency: list[list[tuple[float, float]]] = []
     total_rate = 0.0
     metrics_seen = [sid for sid, url in server_urls.items() if url in probes.metrics]
     for pid in range(num_partitions):
@@ -320,10 +364,15 @@ def build(
                 if trackers.get(key) is None and seen is not None and seen.samples:
                     # a partition's histogram appears with its first commit: it was
                     # empty when this server's metrics were read before
-                    trackers.add(key, seen.samples[-1][0], [(le, 0.0) for le, _ in buckets])
-                window = trackers.add(key, now, buckets).delta()
+                    trackers.add(
+                        key, seen.samples[-1][0], [(le, 0.0) for le, _ in buckets], LATENCY_WINDOW
+                    )
+                at = read_at.get(server_urls[sid_row[0]], now)
+                window = trackers.add_read(key, at, buckets).delta()
                 p50 = histogram_quantile(0.5, window)
                 p99 = histogram_quantile(0.99, window)
+                if window:
+                    cluster_latency.append(window)
         acknowledged: dict[str, int] = dict(row.get("acknowledged", {})) if row else {}
         writable = set(row.get("writable_replicas", [])) if row else set()
         replica_nodes = sorted(holders.get(pid, ()))
@@ -379,7 +428,8 @@ def build(
 
     for sid in metrics_seen:  # after the partitions: "seen before this refresh" above
         keep.add(("metrics", sid))
-        trackers.add(("metrics", sid), now, 0)
+        trackers.add_read(("metrics", sid), read_at[server_urls[sid]], 0)
+    merged = merge_buckets(cluster_latency)
 
     # servers ---------------------------------------------------------------------------------
     owned: dict[int, list[int]] = {}
@@ -430,7 +480,8 @@ def build(
         if buckets:
             key = ("fsync", node)
             keep.add(key)
-            window = trackers.add(key, now, buckets).delta()
+            at = read_at.get(node_url, now) if node_url is not None else now
+            window = trackers.add_read(key, at, buckets).delta()
             fsync_p50 = histogram_quantile(0.5, window)
             fsync_p99 = histogram_quantile(0.99, window)
         fenced = sum(v for _, v in metrics.get("waltz_storage_fenced_requests_total", []))
@@ -468,6 +519,8 @@ def build(
         "storage_nodes": len(nodes),
         "storage_up": sum(1 for s in storage if s["up"]),
         "commit_rate": round(total_rate, 2),
+        "commit_p50_ms": _ms(histogram_quantile(0.5, merged)),
+        "commit_p99_ms": _ms(histogram_quantile(0.99, merged)),
         "unowned": sum(1 for p in partitions if not p["owner_alive"]),
         "probe_errors": dict(sorted(probes.errors.items())),
     }

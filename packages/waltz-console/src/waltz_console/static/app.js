@@ -202,7 +202,7 @@ views.partition = async (route) => {
       card("Store session", p.session_id, "session"),
       card("State", p.state || "unknown", "state"),
       card("Low-water mark", p.low_water_mark, "lwm"),
-      card("Commit p50 / p99", `${show(p.commit_p50_ms)} / ${show(p.commit_p99_ms)} ms`, "latency"),
+      card("Commit p50 / p99 (last minute)", `${show(p.commit_p50_ms)} / ${show(p.commit_p99_ms)} ms`, "latency"),
       card("Lock failures", show(p.lock_failure_rate, "/s"), "locks")),
     h("p", {}, h("a", { href: `#/transactions/${p.partition}?latest=1`, id: "browse-link" }, "Browse its transactions ›")),
     h("h3", {}, "Replicas"),
