@@ -28,7 +28,8 @@ from waltz_api.cluster import (
     ServerInfo,
 )
 from waltz_console.collector import parse_metrics
-from waltz_console.views import MetaState, Probes, Trackers, build, derive_events, page
+from waltz_console.events import derive_events
+from waltz_console.views import MetaState, Probes, Trackers, build, page
 
 BOUNDS = ("0.0005", "0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5",
           "1.0", "2.0", "5.0", "+Inf")  # fmt: skip

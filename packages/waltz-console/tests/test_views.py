@@ -17,13 +17,13 @@ from waltz_api.cluster import (
 )
 from waltz_api.errors import ConfigError
 from waltz_console.collector import parse_metrics
+from waltz_console.events import derive_events
 from waltz_console.views import (
     MetaState,
     Probes,
     Series,
     Trackers,
     build,
-    derive_events,
     histogram_quantile,
     page,
     parse_int,

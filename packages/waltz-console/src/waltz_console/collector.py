@@ -39,14 +39,13 @@ from waltz_api.cluster import (
 )
 from waltz_api.contracts.coordination import Coordination, SessionState, Versioned, Watch, join_path
 from waltz_api.errors import WaltzError
+from waltz_console.events import Event, derive_events
 from waltz_console.views import (
-    Event,
     MetaState,
     Probes,
     Snapshot,
     Trackers,
     build,
-    derive_events,
     redact_uri,
 )
 from waltz_server.observability import http_get

@@ -40,6 +40,7 @@ from waltz_api.errors import ConfigError, WaltzError
 from waltz_console.actions import ACTIONS, ActionContext
 from waltz_console.auth import CSRF_HEADER, SESSION_COOKIE, Sessions
 from waltz_console.collector import Collector
+from waltz_console.events import Event
 from waltz_console.transactions import (
     MAX_RECORDS,
     RangeAnswer,
@@ -47,7 +48,7 @@ from waltz_console.transactions import (
     describe_record,
     read_range,
 )
-from waltz_console.views import DEFAULT_PAGE, Event, page, parse_int
+from waltz_console.views import DEFAULT_PAGE, page, parse_int
 from waltz_server.cluster_admin import ClusterAdmin
 
 log = logging.getLogger(__name__)
