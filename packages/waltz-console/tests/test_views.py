@@ -390,3 +390,60 @@ def test_parse_int_says_what_is_wrong() -> None:
         parse_int("-4", "start")
     with pytest.raises(ConfigError, match="partition is required"):
         parse_int("", "partition")
+
+
+def test_replicas_clients_acl_and_archive_rounds_are_events() -> None:
+    """Issue 29: the time line showed only the coordination connect after commits, a
+    failover and client connects. It names replicas leaving and rejoining a store
+    session, clients connecting and leaving, ACL changes and archive rounds."""
+    from waltz_api.access import AccessControl, Permission
+    from waltz_api.cluster import ArchiveMark
+
+    meta = _meta({0: 1, 1: 1, 2: 1})
+    key = "k" * 40
+    before = build(meta, _probes(10), Trackers(), 0.0)
+    probes = _probes(12)
+    row = probes.status["http://s1"]["partitions"][0]
+    row["writable_replicas"] = [NODES[0], NODES[1]]
+    row["clients"] = [{"client": "client:10", "position": 12}]
+    meta.acl = AccessControl(enforced=True).granted(key, [2], Permission.WRITE, name="billing")
+    meta.archive[0] = ArchiveMark(0, mark=8, archived_bytes=4096)
+    after = build(meta, probes, Trackers(), 1.0)
+    messages = [(e.kind, e.message, e.partition) for e in derive_events(before, after)]
+    assert messages == [
+        ("replica_rejoined", f"partition 0: the replica on {NODES[1]} rejoined store session 4", 0),
+        ("archive", "partition 0: an archive round archived through transaction 8 "
+         "(4096 bytes in the archive)", 0),
+        ("client_connected", "client client:10 connected to partition 0 (feed position 12)", 0),
+        ("client_left", "client client:9 left partition 0", 0),
+        ("acl", "ACL enforced: clients need a grant for each partition", None),
+        ("acl", "ACL: key billing (kkkkkkkk...) granted write on partition 2", 2),
+    ]  # fmt: skip
+    # the replica leaves again, the grant changes, the next round; the same clients
+    probes = _probes(14)
+    row = probes.status["http://s1"]["partitions"][0]
+    row["clients"] = [{"client": "client:10", "position": 14}]
+    meta.acl = meta.acl.revoked(key, [2], Permission.WRITE)
+    meta.archive[0] = ArchiveMark(0, mark=12, archived_bytes=8192)
+    later = build(meta, probes, Trackers(), 2.0)
+    messages = [(e.kind, e.message) for e in derive_events(after, later)]
+    assert messages == [
+        ("replica_left", f"partition 0: the replica on {NODES[1]} left store session 4 "
+         "(it stopped answering or fell behind; it catches up to rejoin)"),
+        ("archive", "partition 0: an archive round archived through transaction 12 "
+         "(8192 bytes in the archive)"),
+        ("acl", "ACL: key billing (kkkkkkkk...) holds read on partition 2 (was write)"),
+    ]  # fmt: skip
+
+
+def test_many_clients_at_once_are_one_event() -> None:
+    meta = _meta({0: 1, 1: 1, 2: 1})
+    before = build(meta, _probes(10), Trackers(), 0.0)
+    probes = _probes(10)
+    probes.status["http://s1"]["partitions"][0]["clients"] = [
+        {"client": f"client:{i}", "position": 10} for i in range(100, 130)
+    ]
+    after = build(meta, probes, Trackers(), 1.0)
+    assert [(e.kind, e.message) for e in derive_events(before, after)] == [
+        ("clients", "30 client(s) connected, 1 left")
+    ]

@@ -2,8 +2,8 @@
 into a :class:`~waltz_console.views.Snapshot` and a time line of events.
 
 - The cluster metadata comes from watches (live servers, replica assignments,
-  preferred partition overrides, each partition's assignment and store metadata):
-  a change refreshes the views at once.
+  preferred partition overrides, the ACL, each partition's assignment, store
+  metadata and archive mark): a change refreshes the views at once.
 - Every ``interval`` seconds each HTTP endpoint given (servers and storage nodes) is
   asked its ``/status``, and every ``metrics_interval`` seconds its ``/metrics`` (a
   server's at once when its status shows commits on a partition whose latency is not
@@ -28,13 +28,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from waltz_api.access import AccessControl
 from waltz_api.backoff import Backoff
 from waltz_api.cluster import (
+    ARCHIVE_PARTITION_DIR,
     STORE_PARTITION_DIR,
     ClusterMetadata,
     PartitionAssignment,
     ReplicaAssignments,
     coordination_from_uri,
+    decode_archive_mark,
     decode_store_metadata,
 )
 from waltz_api.contracts.coordination import Coordination, SessionState, Versioned, Watch, join_path
@@ -248,13 +251,21 @@ class Collector:
 
         self._watches.append(await meta.watch_server_ids(on_servers))
         self._watches.append(await meta.watch_replica_assignments(on_assignments))
+
+        def on_acl(value: AccessControl | None) -> None:
+            fresh.acl = value
+            self._dirty.set()
+
         self._watches.append(await PreferredPartitionStore(coordination).watch(on_overrides))
+        self._watches.append(await meta.watch_access_control(on_acl))
         for pid in range(config.num_partitions):
             self._watches.append(
                 await meta.watch_partition_assignment(pid, self._on_owner(fresh, pid))
             )
             path = join_path(STORE_PARTITION_DIR, pid)
             self._watches.append(await coordination.watch(path, self._on_store(fresh, pid, path)))
+            path = join_path(ARCHIVE_PARTITION_DIR, pid)
+            self._watches.append(await coordination.watch(path, self._on_archive(fresh, pid, path)))
         fresh.error = None
         self.meta = fresh
         self._dirty.set()
@@ -284,6 +295,21 @@ class Collector:
             self._dirty.set()
 
         return on_store
+
+    def _on_archive(
+        self, state: MetaState, pid: int, path: str
+    ) -> Callable[[Versioned | None], None]:
+        def on_archive(value: Versioned | None) -> None:
+            if value is None:
+                state.archive.pop(pid, None)
+            else:
+                try:
+                    state.archive[pid] = decode_archive_mark(value.value, path, pid)
+                except WaltzError as exc:
+                    log.warning("console: %s", exc)
+            self._dirty.set()
+
+        return on_archive
 
     # -- HTTP endpoints -------------------------------------------------------------------------
 

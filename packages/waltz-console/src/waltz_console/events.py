@@ -157,4 +157,154 @@ def derive_events(before: Snapshot | None, after: Snapshot) -> list[Event]:
                 events.append(
                     Event("membership", f"partition {pid}: replica on {node} removed", pid)
                 )
+        events.extend(_replica_session_events(pid, old, p))
+        events.extend(_archive_events(pid, old, p))
+    events.extend(_client_events(before, after))
+    events.extend(_acl_events(before.acl, after.acl))
     return events
+
+
+MAX_CLIENT_EVENTS = 10
+"""Client connects and leaves in one refresh beyond which one summary is shown (a
+cluster whose clients all start at once would otherwise fill the time line)."""
+
+
+def _replica_session_events(pid: int, old: dict[str, Any], new: dict[str, Any]) -> list[Event]:
+    """Replicas leaving and rejoining the store session that stays the same (a new store
+    session, or another owner, starts its own membership: that is not a replica leaving)."""
+    if (
+        old["state"] is None
+        or new["state"] is None
+        or old["owner"] != new["owner"]
+        or old["serving_session_id"] != new["serving_session_id"]
+    ):
+        return []
+    was = {r["node"] for r in old["replicas"] if r["writable"]}
+    now = {r["node"] for r in new["replicas"] if r["writable"]}
+    assigned = {r["node"] for r in old["replicas"]} & {r["node"] for r in new["replicas"]}
+    session = new["serving_session_id"]
+    events = [
+        Event(
+            "replica_left",
+            f"partition {pid}: the replica on {node} left store session {session} "
+            "(it stopped answering or fell behind; it catches up to rejoin)",
+            pid,
+        )
+        for node in sorted((was - now) & assigned)
+    ]
+    events += [
+        Event(
+            "replica_rejoined",
+            f"partition {pid}: the replica on {node} rejoined store session {session}",
+            pid,
+        )
+        for node in sorted((now - was) & assigned)
+    ]
+    return events
+
+
+def _archive_events(pid: int, old: dict[str, Any], new: dict[str, Any]) -> list[Event]:
+    before, after = old.get("archive_mark"), new.get("archive_mark")
+    if after is None or after < 0 or (before is not None and after <= before):
+        return []
+    return [
+        Event(
+            "archive",
+            f"partition {pid}: an archive round archived through transaction {after} "
+            f"({new.get('archived_bytes') or 0} bytes in the archive)",
+            pid,
+        )
+    ]
+
+
+def _client_events(before: Snapshot, after: Snapshot) -> list[Event]:
+    old = {(c["partition"], c["client"]): c for c in before.clients}
+    new = {(c["partition"], c["client"]): c for c in after.clients}
+    # only partitions whose server answered both times: a silent server is not its
+    # clients leaving
+    answered = {p["partition"] for p in before.partitions if p["state"] is not None} & {
+        p["partition"] for p in after.partitions if p["state"] is not None
+    }
+    came = sorted(k for k in new.keys() - old.keys() if k[0] in answered)
+    went = sorted(k for k in old.keys() - new.keys() if k[0] in answered)
+    if len(came) + len(went) > MAX_CLIENT_EVENTS:
+        return [Event("clients", f"{len(came)} client(s) connected, {len(went)} left")]
+    events = [
+        Event(
+            "client_connected",
+            f"client {client} connected to partition {pid} "
+            f"(feed position {new[(pid, client)]['position']})",
+            pid,
+        )
+        for pid, client in came
+    ]
+    events += [
+        Event("client_left", f"client {client} left partition {pid}", pid) for pid, client in went
+    ]
+    return events
+
+
+def _grants(acl: dict[str, Any] | None) -> dict[tuple[str, str], dict[str, Any]]:
+    rows = [] if acl is None else acl["grants"]
+    return {(r["key"], str(r["partition"])): r for r in rows}
+
+
+def _acl_events(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Event]:
+    events: list[Event] = []
+    was_enforced = before is not None and before["enforced"]
+    enforced = after is not None and after["enforced"]
+    if enforced != was_enforced:
+        events.append(
+            Event(
+                "acl",
+                "ACL enforced: clients need a grant for each partition"
+                if enforced
+                else "ACL no longer enforced: every client may read and write",
+            )
+        )
+    old, new = _grants(before), _grants(after)
+
+    def who(row: dict[str, Any]) -> str:
+        return (
+            f"key {row['name']} ({row['key'][:8]}...)"
+            if row["name"]
+            else f"key {row['key'][:8]}..."
+        )
+
+    def where(row: dict[str, Any]) -> str:
+        return (
+            f"partition {row['partition']}"
+            if isinstance(row["partition"], int)
+            else "every partition"
+        )
+
+    for k in sorted(new.keys() - old.keys()):
+        row = new[k]
+        events.append(
+            Event("acl", f"ACL: {who(row)} granted {row['permission']} on {where(row)}", _pid(row))
+        )
+    for k in sorted(old.keys() - new.keys()):
+        row = old[k]
+        events.append(
+            Event(
+                "acl",
+                f"ACL: {who(row)} no longer holds {row['permission']} on {where(row)}",
+                _pid(row),
+            )
+        )
+    for k in sorted(old.keys() & new.keys()):
+        if old[k]["permission"] != new[k]["permission"]:
+            row = new[k]
+            events.append(
+                Event(
+                    "acl",
+                    f"ACL: {who(row)} holds {row['permission']} on {where(row)} "
+                    f"(was {old[k]['permission']})",
+                    _pid(row),
+                )
+            )
+    return events
+
+
+def _pid(row: dict[str, Any]) -> int | None:
+    return row["partition"] if isinstance(row["partition"], int) else None

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from waltz_api.access import AccessControl
 from waltz_api.cluster import (
     NO_SERVER,
+    ArchiveMark,
     ClusterConfig,
     PartitionAssignment,
     PartitionStoreMetadata,
@@ -54,6 +56,8 @@ class MetaState:
     owners: dict[int, PartitionAssignment] = field(default_factory=dict)
     store: dict[int, PartitionStoreMetadata] = field(default_factory=dict)
     overrides: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    acl: AccessControl | None = None
+    archive: dict[int, ArchiveMark] = field(default_factory=dict)
     error: str | None = None
 
 
@@ -246,6 +250,8 @@ class Snapshot:
     storage: list[dict[str, Any]]
     partitions: list[dict[str, Any]]
     clients: list[dict[str, Any]]
+    acl: dict[str, Any] | None = None
+    """The ACL (``enforced`` and its ``grants``, one row each), None while there is none."""
 
     def partition(self, partition_id: int) -> dict[str, Any] | None:
         if 0 <= partition_id < len(self.partitions):
@@ -373,6 +379,7 @@ def build(
                 p99 = histogram_quantile(0.99, window)
                 if window:
                     cluster_latency.append(window)
+        archived = meta.archive.get(pid)
         acknowledged: dict[str, int] = dict(row.get("acknowledged", {})) if row else {}
         writable = set(row.get("writable_replicas", [])) if row else set()
         replica_nodes = sorted(holders.get(pid, ()))
@@ -423,6 +430,8 @@ def build(
                 "commit_p50_ms": _ms(p50),
                 "commit_p99_ms": _ms(p99),
                 "clients": len(partition_clients),
+                "archive_mark": None if archived is None else archived.mark,
+                "archived_bytes": None if archived is None else archived.archived_bytes,
             }
         )
 
@@ -509,7 +518,7 @@ def build(
         )
     trackers.forget_except(keep)
 
-    cluster = {
+    cluster: dict[str, Any] = {
         "coordination": redact_uri(meta.uri),
         "coordination_error": meta.error,
         "cluster_key": None if meta.config is None else str(meta.config.cluster_key),
@@ -524,7 +533,13 @@ def build(
         "unowned": sum(1 for p in partitions if not p["owner_alive"]),
         "probe_errors": dict(sorted(probes.errors.items())),
     }
-    return Snapshot(cluster, servers, storage, partitions, clients)
+    acl = None
+    if meta.acl is not None:
+        acl = {"enforced": meta.acl.enforced, "grants": meta.acl.rows()}
+        cluster["acl"] = {"enforced": meta.acl.enforced, "keys": len(meta.acl.keys)}
+    else:
+        cluster["acl"] = None
+    return Snapshot(cluster, servers, storage, partitions, clients, acl)
 
 
 # -- paging -----------------------------------------------------------------------------------

@@ -418,6 +418,35 @@ def test_a_replica_add_asks_for_confirmation(
     )
 
 
+def test_the_time_line_shows_sessions_clients_and_acl_changes(
+    dev: DevProcess, browser: Any
+) -> None:
+    """Issue 29: the Events page listed only the coordination connect. After the replica
+    added above (a new store session), the client that followed partition 1 and an ACL
+    grant and revoke (the ACL stays unenforced: clients are not refused), the time line
+    names each."""
+    import zmq
+
+    public, _secret = zmq.curve_keypair()
+    key = public.decode()
+    coordination = ("--coordination", dev.info["coordination"])
+    dev.run("acl", "grant", *coordination, "--key", key, "--partition", "3",
+            "--permission", "write", "--name", "console-test")  # fmt: skip
+    dev.run("acl", "revoke", *coordination, "--key", "console-test", "--partition", "3")
+    open_view(browser, dev, "#/events")
+    wanted = [
+        f"ACL: key console-test ({key[:8]}...) granted write on partition 3",
+        f"ACL: key console-test ({key[:8]}...) no longer holds write on partition 3",
+        "partition 2: new store session",
+        "connected to partition 1",
+        "left partition 1",
+    ]
+    browser.wait_for(
+        lambda: all(w in (browser.text("#events-table") or "") for w in wanted),
+        f"the time line naming {wanted}",
+    )
+
+
 def test_a_killed_server_shows_as_a_failover(
     dev: DevProcess, browser: Any, screenshot: Callable[[Any, str], Path]
 ) -> None:
