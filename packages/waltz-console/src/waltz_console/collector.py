@@ -43,6 +43,7 @@ from waltz_api.cluster import (
 from waltz_api.contracts.coordination import Coordination, SessionState, Versioned, Watch, join_path
 from waltz_api.errors import WaltzError
 from waltz_console.events import Event, derive_events
+from waltz_console.history import History
 from waltz_console.views import (
     MetaState,
     Probes,
@@ -127,6 +128,8 @@ class Collector:
         self.trackers = Trackers()
         self.snapshot: Snapshot = build(self.meta, self.probes, self.trackers, 0.0)
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        self.history = History()
+        """The charts' points (every 5 s, the last 10 minutes)."""
         self.version = 0
         self.coordination: Coordination | None = None
         self.metadata: ClusterMetadata | None = None
@@ -403,6 +406,7 @@ class Collector:
             elif self.version:
                 events.append(Event("coordination", f"connected to {redact_uri(self.uri)}"))
         self.add_events(events)
+        self.history.record(self.wall_clock(), snapshot)
         self.snapshot = snapshot
         self.version += 1
         changed, self._changed = self._changed, asyncio.Event()

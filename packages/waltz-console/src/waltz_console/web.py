@@ -14,6 +14,8 @@ the coordination service cannot be reached)::
     GET  /api/partitions/{p}                 one partition, its clients and events
                                              (and ``started``: when the time line began)
     GET  /api/partitions/{p}/transactions?start&count   (or ?latest=1&count)
+    GET  /api/charts[?partition=p]           the cluster's (a partition's) charts: commit
+                                             rate, latency, replica lag, feed lag
     GET  /api/clients?offset&limit&q         a page of connected clients
     GET  /api/events?after&partition&limit   the time line (newest first)
     GET  /api/stream                         SSE: "update" after every refresh
@@ -156,6 +158,7 @@ class Console:
         app.router.add_get("/api/partitions", self.partitions)
         app.router.add_get("/api/partitions/{partition}", self.partition)
         app.router.add_get("/api/partitions/{partition}/transactions", self.transactions)
+        app.router.add_get("/api/charts", self.charts)
         app.router.add_get("/api/clients", self.clients)
         app.router.add_get("/api/events", self.events)
         app.router.add_get("/api/stream", self.stream)
@@ -248,7 +251,21 @@ class Console:
                     :50
                 ],
                 "started": self.collector.started,
+                "charts": self.collector.history.charts(pid, self.collector.wall_clock()),
             }
+        )
+
+    async def charts(self, request: web.Request) -> web.Response:
+        """The geometry of the line charts (``waltz_console.history.chart``): the page
+        makes the SVG elements from it."""
+        pid = None
+        if request.query.get("partition", "") != "":
+            pid = parse_int(request.query.get("partition"), "partition")
+            if self.collector.snapshot.partition(pid) is None:
+                raise ApiError(404, f"partition {pid} does not exist")
+        now = self.collector.wall_clock()
+        return _json(
+            {"version": self.collector.version, "charts": self.collector.history.charts(pid, now)}
         )
 
     async def clients(self, request: web.Request) -> web.Response:

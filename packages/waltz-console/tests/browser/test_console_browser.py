@@ -123,6 +123,57 @@ def test_a_commit_shows_within_two_seconds(
     screenshot(browser, "partitions")
 
 
+def _chart(browser: Any, key: str) -> dict[str, Any]:
+    """The chart ``key`` on the page: its known points and its drawn lines and dots."""
+    found: dict[str, Any] = browser.execute_script(
+        "const c = document.getElementById('chart-' + arguments[0]);"
+        "if (!c) return {points: -1, drawn: 0};"
+        "return {points: Number(c.dataset.points),"
+        " drawn: c.querySelectorAll('svg polyline.series, svg circle.series').length,"
+        " lines: [...c.querySelectorAll('svg polyline.series')]"
+        "   .map(l => l.getAttribute('points').split(' ').length)};",
+        key,
+    )
+    return found
+
+
+def test_charts_on_the_cluster_and_partition_pages(
+    dev: DevProcess, browser: Any, screenshot: Callable[[Any, str], Path]
+) -> None:
+    """After the commits above: the commit rate, commit latency and replica lag over the
+    last minutes, drawn as SVG (no script or style from elsewhere); a chart with nothing
+    to draw says so."""
+    for _ in range(3):
+        dev.run("client", "append", "--coordination", dev.info["coordination"],
+                "--partition", "1", "--data", "charted")  # fmt: skip
+    open_view(browser, dev, "#/partition/1")
+    browser.wait_for(
+        lambda: (
+            _chart(browser, "commit-latency")["points"] >= 1
+            and _chart(browser, "commit-latency")["drawn"] >= 1
+        ),
+        "partition 1's commit latency charted",
+    )
+    for key in ("commit-rate", "replica-lag"):  # feed lag: with the client below
+        browser.wait_for(
+            lambda key=key: max(_chart(browser, key).get("lines") or [0]) >= 2,
+            f"partition 1's {key} chart with a line of 2 points or more",
+        )
+    open_view(browser, dev, "#/cluster")
+    browser.wait_for(
+        lambda: (
+            _chart(browser, "commit-rate")["points"] >= 2
+            and _chart(browser, "commit-latency")["points"] >= 1
+        ),
+        "the cluster's charts",
+    )
+    assert "rate" in (browser.text("#chart-commit-rate figcaption") or "")
+    if _chart(browser, "feed-lag")["points"] == 0:  # no client now
+        assert "No client" in (browser.text("#chart-feed-lag") or "")
+    screenshot(browser, "cluster")
+    assert severe_logs(browser) == []
+
+
 def _console_version(dev: DevProcess) -> int:
     """The console's refresh count now (read as any HTTP client would)."""
     with urllib.request.urlopen(dev.info["console"] + "api/overview", timeout=10) as answer:
@@ -295,6 +346,12 @@ def test_clients_and_a_followed_partition(
             "the connected client, caught up",
         )
         screenshot(browser, "clients")
+        # the client's feed lag is charted on its partition's page
+        open_view(browser, dev, "#/partition/1")
+        browser.wait_for(
+            lambda: _chart(browser, "feed-lag")["points"] >= 1,
+            "partition 1's feed lag charted",
+        )
 
         open_view(browser, dev, "#/transactions/1?follow=1")
         browser.wait_for(lambda: browser.text("#tx-summary"), "the newest transactions")

@@ -109,12 +109,61 @@ function noHttp() {
   return o && o.servers.length > 0 && o.servers.every((s) => !s.http);
 }
 
+// -- charts: the console computes their geometry (history.py); the page only makes the
+// SVG elements, every value set as an attribute or text -------------------------------------
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+  for (const child of children) el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return el;
+}
+
+function figure(value) {
+  return value === null || value === undefined ? "–" : String(Number(value.toFixed(2)));
+}
+
+function chartFigure(c) {
+  const w = c.width, ht = c.height;
+  const drawing = svg("svg", { viewBox: `0 0 ${w} ${ht}`, preserveAspectRatio: "none", class: "plot-area",
+    role: "img", "aria-label": `${c.title} over the last ${Math.round(c.span / 60)} minutes` },
+  svg("line", { x1: 0, y1: 0.5, x2: w, y2: 0.5, class: "grid" }),
+  svg("line", { x1: 0, y1: ht / 2, x2: w, y2: ht / 2, class: "grid" }),
+  svg("line", { x1: 0, y1: ht - 0.5, x2: w, y2: ht - 0.5, class: "axis" }));
+  c.lines.forEach((line, i) => {
+    for (const segment of line.segments) {
+      const points = segment.split(" ");
+      if (points.length === 1) {
+        const [x, y] = points[0].split(",");
+        drawing.append(svg("circle", { cx: x, cy: y, r: 2, class: `series s${i}`, "data-line": line.name }));
+      } else {
+        drawing.append(svg("polyline", { points: segment, class: `series s${i}`, "data-line": line.name }));
+      }
+    }
+  });
+  return h("figure", { class: "chart", id: `chart-${c.key}`, "data-points": c.points },
+    h("figcaption", {}, h("b", {}, c.title), " ",
+      c.lines.map((l, i) => h("span", { class: `legend s${i}` }, `${l.name} ${figure(l.last)} ${c.unit}`))),
+    h("div", { class: "plot" },
+      h("span", { class: "ymax" }, c.y_label),
+      drawing,
+      c.points ? null : h("span", { class: "nodata" }, c.empty),
+      h("div", { class: "xaxis" }, h("span", {}, `${Math.round(c.span / 60)} min ago`), h("span", {}, "now"))));
+}
+
+function chartsRow(charts) {
+  return h("div", { class: "charts", id: "charts" }, charts.map(chartFigure));
+}
+
 // -- views -----------------------------------------------------------------------------------
 
 const views = {};
 
 views.cluster = async () => {
   const o = state.overview || await api("/api/overview");
+  const charts = await api("/api/charts");
   const c = o.cluster;
   const leader = o.servers.find((s) => s.leader && s.alive);
   return h("div", { id: "view-cluster" },
@@ -125,7 +174,9 @@ views.cluster = async () => {
       card("Storage nodes up", `${c.storage_up} / ${c.storage_nodes}`, "storage-up"),
       card("Partitions", c.partitions, "partition-count"),
       card("Without a live server", c.unowned, "unowned"),
-      card("Commit rate", `${c.commit_rate} tx/s`, "commit-rate")),
+      card("Commit rate", `${c.commit_rate} tx/s`, "commit-rate"),
+      card("Commit p50 / p99 (last minute)", `${show(c.commit_p50_ms)} / ${show(c.commit_p99_ms)} ms`, "latency")),
+    chartsRow(charts.charts),
     h("h2", {}, "Servers"),
     table("servers-table", ["server", "endpoint", "alive", "leader", "partitions owned", "preferred", "clients"],
       o.servers.map((s) => h("tr", { "data-server": s.server_id },
@@ -205,6 +256,7 @@ views.partition = async (route) => {
       card("Commit p50 / p99 (last minute)", `${show(p.commit_p50_ms)} / ${show(p.commit_p99_ms)} ms`, "latency"),
       card("Lock failures", show(p.lock_failure_rate, "/s"), "locks"),
       card("Archived through", p.archive_mark === null || p.archive_mark < 0 ? "not archived" : p.archive_mark, "archive")),
+    chartsRow(data.charts),
     h("p", {}, h("a", { href: `#/transactions/${p.partition}?latest=1`, id: "browse-link" }, "Browse its transactions ›")),
     h("h3", {}, "Replicas"),
     table("replicas-table", ["storage node", "max transaction id", "acknowledged", "in the store session", "lag"],
