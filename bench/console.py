@@ -5,9 +5,10 @@ replicas each, ``--servers`` servers, 5 storage nodes, 2 clients per partition):
 metadata, every server's ``/status`` document and ``/metrics`` text (a commit latency
 histogram per partition), every storage node's ``/status``. Then times, per refresh:
 parsing the ``/metrics`` texts (only the families the console reads), parsing the
-``/status`` JSON, building the snapshot and deriving events, and one page of the
-partitions table; beside them, in the same run, ``json.loads`` of the same status
-documents (the floor of reading them at all). Never pass/fail.
+``/status`` JSON, building the snapshot and deriving events, one page of the
+partitions table, recording the charts' points and drawing a partition's charts;
+beside them, in the same run, ``json.loads`` of the same status documents (the floor
+of reading them at all). Never pass/fail.
 
     .venv/bin/python bench/console.py [--partitions 1000] [--servers 3] [--repeats 7]
 """
@@ -29,6 +30,7 @@ from waltz_api.cluster import (
 )
 from waltz_console.collector import parse_metrics
 from waltz_console.events import derive_events
+from waltz_console.history import History
 from waltz_console.views import MetaState, Probes, Trackers, build, page
 
 BOUNDS = ("0.0005", "0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5",
@@ -120,7 +122,10 @@ def main() -> None:
         "parse the /metrics texts (wanted families)": [],
         "build the snapshot and derive events": [],
         "one page of 50 partitions": [],
+        "record the charts' points (every 5 s)": [],
+        "a partition's charts (its page, each refresh)": [],
     }
+    history = History(step=1.0)  # a tick is a second here
     for tick, (meta, statuses, metrics_texts) in enumerate(ticks):
         started = time.perf_counter()
         for text in statuses.values():
@@ -139,11 +144,19 @@ def main() -> None:
         started = time.perf_counter()
         page(snapshot.partitions, offset=950, limit=50, query="", fields=("partition",))
         paged = time.perf_counter() - started
+        started = time.perf_counter()
+        history.record(float(tick), snapshot)
+        recorded = time.perf_counter() - started
+        started = time.perf_counter()
+        history.charts(args.partitions - 1, float(tick))
+        charted = time.perf_counter() - started
         previous = snapshot
         if tick == 0:
             continue  # the first has no rates yet
         for name, value in zip(
-            timings, (floor, parsed_status, parsed_metrics, built, paged), strict=True
+            timings,
+            (floor, parsed_status, parsed_metrics, built, paged, recorded, charted),
+            strict=True,
         ):
             timings[name].append(value)
     total = 0.0

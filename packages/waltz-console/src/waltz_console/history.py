@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from waltz_api.errors import ConfigError
 from waltz_console.views import Snapshot
 
 STEP = 5.0
@@ -82,6 +83,10 @@ class History:
     """The cluster's series and each partition's, recorded from snapshots."""
 
     def __init__(self, step: float = STEP, points: int = POINTS) -> None:
+        if step <= 0 or points < 2:
+            raise ConfigError(
+                f"a chart needs a step above 0 and 2 points or more, got {step}, {points}"
+            )
         self.step = step
         self.points = points
         self.cluster = Series(points)

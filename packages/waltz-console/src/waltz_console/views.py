@@ -76,6 +76,11 @@ class Probes:
     samples are timed by their read, not by the refreshes that reuse them."""
 
 
+def _total(value: Any) -> Any:
+    """A counter's value, or a histogram's count (its last bucket's)."""
+    return value[-1][1] if isinstance(value, list) and value else value
+
+
 class Series:
     """Timed samples of one value (a counter or a set of histogram buckets), kept for
     ``window`` seconds."""
@@ -87,27 +92,16 @@ class Series:
         self.window = window
 
     def add(self, now: float, value: Any) -> None:
+        if self.samples and _total(value) < _total(self.samples[-1][1]):
+            # a counter (or a histogram's count) that went down restarted (the
+            # partition moved, the server restarted): the samples before are forgotten
+            self.samples.clear()
         self.samples.append((now, value))
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
             self.samples.popleft()
 
-    def _forget_before_restart(self) -> None:
-        """A counter (or a histogram's count) that went down restarted: the samples
-        before the drop are forgotten."""
-
-        def total(value: Any) -> Any:
-            return value[-1][1] if isinstance(value, list) and value else value
-
-        for i in range(len(self.samples) - 1, 0, -1):
-            if total(self.samples[i][1]) < total(self.samples[i - 1][1]):
-                for _ in range(i):
-                    self.samples.popleft()
-                break
-
     def rate(self) -> float | None:
-        """Increase per second over the window (a counter that went down restarted: the
-        samples before the drop are forgotten); None with fewer than two samples."""
-        self._forget_before_restart()
+        """Increase per second over the window; None with fewer than two samples."""
         if len(self.samples) < 2:
             return None
         (t0, v0), (t1, v1) = self.samples[0], self.samples[-1]
@@ -115,7 +109,6 @@ class Series:
 
     def delta(self) -> Any:
         """The last sample minus the first (for histograms: a bucket list)."""
-        self._forget_before_restart()
         if len(self.samples) < 2:
             return None
         first, last = self.samples[0][1], self.samples[-1][1]
