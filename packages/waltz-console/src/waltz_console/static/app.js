@@ -485,6 +485,7 @@ async function render() {
     do {
       state.pending = false;
       const route = parseRoute();
+      const routeKey = location.hash;
       state.route = route;
       for (const a of document.querySelectorAll("#nav a")) {
         a.classList.toggle("active", a.dataset.view === route.view || (route.view === "partition" && a.dataset.view === "partitions"));
@@ -509,12 +510,14 @@ async function render() {
       } catch (err) {
         content = h("div", { class: "error", id: "view-error" }, err.message);
       }
+      // the route changed while this one was read: its hashchange renders the new one
+      if (routeKey !== location.hash) { state.pending = true; continue; }
       // keep the focus and the scroll position of a form being typed in
       const active = document.activeElement;
-      if (active && active.tagName === "INPUT" && main.contains(active) && state.routeKey === location.hash) {
+      if (active && active.tagName === "INPUT" && main.contains(active) && state.routeKey === routeKey) {
         continue;
       }
-      state.routeKey = location.hash;
+      state.routeKey = routeKey;
       // the same view with the same values: keep the page as it is (a button being
       // clicked or text being selected stays where it is)
       const current = main.firstElementChild;
