@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from waltz_console.history import HEIGHT, WIDTH, History, Series, chart
+from waltz_console.history import HEIGHT, PAD, WIDTH, History, Series, chart
 from waltz_console.views import Snapshot
 
 
@@ -60,9 +60,9 @@ def test_the_chart_geometry() -> None:
     assert p50["last"] == 2.0 and p99["last"] == 6.0
     # split where the value is not known: one lone point, then a line of two
     assert p99["segments"] == [
-        f"{WIDTH * (1 - 20 / 30):.1f},{HEIGHT * 0.7:.1f}",
-        f"{WIDTH * (1 - 10 / 30):.1f},{HEIGHT * 0.25:.1f} "
-        f"{WIDTH * (1 - 5 / 30):.1f},{HEIGHT * 0.4:.1f}",
+        f"{WIDTH * (1 - 20 / 30):.1f},{PAD + (HEIGHT - 2 * PAD) * 0.7:.1f}",
+        f"{WIDTH * (1 - 10 / 30):.1f},{PAD + (HEIGHT - 2 * PAD) * 0.25:.1f} "
+        f"{WIDTH * (1 - 5 / 30):.1f},{PAD + (HEIGHT - 2 * PAD) * 0.4:.1f}",
     ]
     nothing = chart("rate", "Commit rate", "tx/s", None, [("commit_rate", "rate")], now=1, span=1)
     assert nothing["points"] == 0 and nothing["lines"][0] == {
@@ -79,3 +79,21 @@ def test_the_scale_is_a_round_number(largest: float, scale: float) -> None:
     series = Series()
     series.add(10.0, {"commit_rate": largest})
     assert chart("r", "r", "", series, [("commit_rate", "r")], now=10, span=60)["y_max"] == scale
+
+
+def test_the_charts_cover_what_the_console_knows() -> None:
+    """A console that started a minute ago draws that minute (at least), not a line in
+    the last tenth of a 10-minute chart; then up to 10 minutes."""
+    history = History(step=5.0, points=120)
+    for at in range(0, 601, 5):
+        history.record(1000.0 + at, _snapshot(1.0, 2.0, 0, 0))
+        if at == 30:
+            early = history.charts(None, 1030.0)[0]
+            assert (early["span"], early["x_label"]) == (60.0, "60 s ago")
+        if at == 200:
+            middle = history.charts(None, 1200.0)[0]
+            assert (middle["span"], middle["x_label"]) == (200.0, "3 min ago")
+            # the first point at the left edge
+            assert middle["lines"][0]["segments"][0].startswith("0.0,")
+    late = history.charts(None, 1600.0)[0]
+    assert (late["span"], late["x_label"]) == (595.0, "10 min ago")  # 120 points kept

@@ -26,6 +26,12 @@ POINTS = 120
 FIELDS = ("commit_rate", "commit_p50_ms", "commit_p99_ms", "replica_lag", "feed_lag")
 WIDTH, HEIGHT = 300.0, 90.0
 """The charts' coordinates (the SVG view box; the page scales it)."""
+PAD = 4.0
+"""Room above the highest value and below the lowest (a line at 0 or at the top stays
+visible)."""
+SHORTEST_SPAN = 60.0
+"""The charts of a console that started a moment ago cover this much (then up to
+``step * points`` seconds: the console knows nothing from before it started)."""
 CHARTS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...], str], ...] = (
     ("commit-rate", "Commit rate", "tx/s", (("commit_rate", "rate"),),
      "Not known: the owner's status gives it."),
@@ -130,7 +136,8 @@ class History:
     def charts(self, partition: int | None, now: float) -> list[dict[str, Any]]:
         """The four charts of the cluster (``partition`` None) or of a partition."""
         series = self.cluster if partition is None else self.partitions.get(partition)
-        span = self.step * self.points
+        known = now - self.cluster.times[0] if self.cluster.times else 0.0
+        span = min(self.step * self.points, max(SHORTEST_SPAN, known))
         drawn = []
         for key, title, unit, lines, empty in CHARTS:
             found = chart(key, title, unit, series, lines, now=now, span=span)
@@ -192,7 +199,7 @@ def chart(
                 current = []
                 continue
             x = WIDTH * (1.0 - (now - at) / span)
-            y = HEIGHT * (1.0 - value / y_max)
+            y = PAD + (HEIGHT - 2 * PAD) * (1.0 - value / y_max)
             current.append(f"{x:.1f},{y:.1f}")
         if current:
             segments.append(" ".join(current))
@@ -207,6 +214,7 @@ def chart(
         "y_max": y_max,
         "y_label": f"{_number(y_max)} {unit}",
         "span": span,
+        "x_label": f"{span / 60:.0f} min ago" if span >= 90 else f"{span:.0f} s ago",
         "points": len(known),
         "lines": drawn,
     }

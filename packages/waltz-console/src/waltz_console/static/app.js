@@ -128,7 +128,7 @@ function figure(value) {
 function chartFigure(c) {
   const w = c.width, ht = c.height;
   const drawing = svg("svg", { viewBox: `0 0 ${w} ${ht}`, preserveAspectRatio: "none", class: "plot-area",
-    role: "img", "aria-label": `${c.title} over the last ${Math.round(c.span / 60)} minutes` },
+    role: "img", "aria-label": `${c.title} since ${c.x_label}` },
   svg("line", { x1: 0, y1: 0.5, x2: w, y2: 0.5, class: "grid" }),
   svg("line", { x1: 0, y1: ht / 2, x2: w, y2: ht / 2, class: "grid" }),
   svg("line", { x1: 0, y1: ht - 0.5, x2: w, y2: ht - 0.5, class: "axis" }));
@@ -150,7 +150,7 @@ function chartFigure(c) {
       h("span", { class: "ymax" }, c.y_label),
       drawing,
       c.points ? null : h("span", { class: "nodata" }, c.empty),
-      h("div", { class: "xaxis" }, h("span", {}, `${Math.round(c.span / 60)} min ago`), h("span", {}, "now"))));
+      h("div", { class: "xaxis" }, h("span", {}, c.x_label), h("span", {}, "now"))));
 }
 
 function chartsRow(charts) {
