@@ -5,16 +5,18 @@ the group commit's state; the committer, the format, recovery, the control file,
 files and the quarantine are modules of their own.)
 
 Threads: one *committer* owns every write (:mod:`waltz_storage_fs.committer`).
-Appends of all partitions queue to it; each round it writes every queued batch
-(one ``pwrite`` per batch for the data, one for the index entries), then issues
-one ``fdatasync`` per touched data file, and only then resolves the appends'
-futures. While a round is on the disk the next appends queue up, so concurrent
-appends coalesce (group commit). Reads run in a small pool of engine-owned
-threads with ``pread`` through the index; nothing keeps a segment, or an index,
-in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in that pool too, and
-there writes the new segment file of a split that nobody reads yet; the
-committer then makes it part of the log. Where the committer and the reads run
-is the engine's *runner*: threads (the default), or the event loop
+Appends of all partitions queue to it; each round it writes every queued batch (one
+``pwrite`` per batch for the data, one for the index entries), then issues one
+``fdatasync`` per touched data file, then writes each touched partition's new
+acknowledged end into the control file and flushes it once (so that recovery can
+tell an acknowledged tail lost from a torn write: :mod:`waltz_storage_fs.format`),
+and only then resolves the appends' futures. While a round is on the disk the next
+appends queue up, so concurrent appends coalesce (group commit). Reads run in a
+small pool of engine-owned threads with ``pread`` through the index; nothing keeps a
+segment, or an index, in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in
+that pool too, and there writes the new segment file of a split that nobody reads
+yet; the committer then makes it part of the log. Where the committer and the reads
+run is the engine's *runner*: threads (the default), or the event loop
 (:class:`~waltz_storage_fs.committer.LoopRunner`, for the simulation).
 """
 
