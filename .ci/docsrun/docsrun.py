@@ -20,8 +20,9 @@ it (blank lines between are allowed) is one marker:
     <!-- docs: illustrative (reason) -->
         not runnable here, and why (another host, root, a placeholder)
 
-Absolute paths under /opt/waltz, /etc/waltz and /tmp in a block (and in an `until`
-text) are rooted in the run's temp dir: `/opt/waltz` runs as `$ROOT/opt/waltz`.
+Absolute paths under /opt/waltz (and /opt/waltz-*), /etc/waltz and /tmp in a block
+(and in an `until` text) are rooted in the run's temp dir: `/opt/waltz` runs as
+`$ROOT/opt/waltz`.
 
 `python .ci/docsrun/docsrun.py check` lists unmarked blocks and bad markers (exit 1).
 Standard library only.
@@ -30,6 +31,7 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
@@ -48,7 +50,9 @@ FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>\S*)\s*$")
 REASON = re.compile(r"\((?P<reason>.+)\)$")
 UNTIL = re.compile(r'^until "(?P<until>[^"]+)"')
 COVERED = re.compile(r"^(?P<path>[\w./-]+)::(?P<test>\w+)")
-ROOTED = re.compile(r"(?:(?<![^\s'\"=:])|(?<=://))(?P<path>/opt/waltz|/etc/waltz|/tmp)(?=[/\s'\"]|$)")
+ROOTED = re.compile(
+    r"(?:(?<![^\s'\"=:])|(?<=://))(?P<path>/opt/waltz[\w-]*|/etc/waltz|/tmp)(?=[/\s'\"]|$)"
+)
 BACKGROUND_STOP_SECONDS = 60.0
 
 
@@ -157,7 +161,9 @@ def covered_by_problems(block: Block, repo: Path) -> list[str]:
     if not test_file.is_file():
         return [f"{block.where}: covered-by {named.group('path')}: no such file"]
     test = named.group("test")
-    if not re.search(rf"^\s*(?:async )?def {test}\(", test_file.read_text(), re.MULTILINE):
+    if not re.search(
+        rf"^\s*(?:(?:async )?def {test}\(|class {test}\b)", test_file.read_text(), re.M
+    ):
         return [f"{block.where}: covered-by {named.group(0)}: the file has no {test}"]
     return []
 
@@ -191,6 +197,11 @@ def prepare_root(root: Path) -> dict[str, str]:
     for name in ("opt", "etc", "tmp", "home"):
         (root / name).mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WALTZ_", "PYTHONPATH"))}
+    # a fresh HOME, but the download caches of the real one (a fresh checkout, not a
+    # fresh network): uv and pip find what they fetched before
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    env.setdefault("UV_CACHE_DIR", str(cache / "uv"))
+    env.setdefault("PIP_CACHE_DIR", str(cache / "pip"))
     env.update(HOME=str(root / "home"), TMPDIR=str(root / "tmp"), LC_ALL="C.UTF-8")
     return env
 
@@ -205,10 +216,8 @@ class Outcome:
 def _stop_group(process: subprocess.Popen[bytes], deadline: float) -> bool:
     """SIGTERM to the process group ``process`` leads (it was started in its own
     session); True when the whole group is gone before ``deadline``."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     while time.monotonic() < deadline:
         process.poll()
         try:
