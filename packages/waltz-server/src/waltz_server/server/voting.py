@@ -182,7 +182,18 @@ def storage_older_than_metadata(
     records it clean in ``state_session_id``, but its low-water marks were written by an
     older session (or its engine found it lost records: LOST_SESSION). A storage that
     does not keep the marks' session (NO_SESSION) is judged by its fence session id, as
-    the original did (a session that raised the fence and died then hides a restore)."""
+    the original did (a session that raised the fence and died then hides a restore).
+
+    A replica the metadata never recorded clean (``state_session_id`` -1: added to the
+    partition, and no session's recovery completed with it) never joined a session's
+    writers (a replica writes only once the metadata records it clean), so it
+    acknowledged nothing and its storage cannot have lost anything that counted: it is
+    never older. (A new partition whose fence a session raised before that session
+    died reads LOST_SESSION: taken for a suspect, the replica would count as offline
+    until it is marked clean, which only a session that opens can do, and with another
+    replica of the last session removed, that session could never open.)"""
+    if state_session_id < 0:
+        return False
     if storage_low_water_mark_session_id == LOST_SESSION:
         return True
     if storage_low_water_mark_session_id == NO_SESSION:
