@@ -137,12 +137,16 @@ def main() -> None:
 
 
 def start(
-    name: str, args: list[str | Path], work: Path
+    name: str, args: list[str | Path], work: Path, env: dict[str, str] | None = None
 ) -> tuple[str, subprocess.Popen[bytes], Path]:
     log = work / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(a) for a in args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            [str(a) for a in args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
         )
     print(f"started {name} (pid {process.pid})", flush=True)
     return name, process, log

@@ -1,7 +1,9 @@
 """deploy/: the alert rules (promtool), the dashboard's and the rules' metric names
 (against what the code exports), the systemd units (systemd-analyze verify), the
-configs (the real loaders) and the compose file (docker compose config, where
-docker compose is installed; a visible skip otherwise)."""
+configs (the real loaders), the compose file (docker compose config, where
+docker compose is installed; a visible skip otherwise) and the image (built and run
+where a container engine answers; a visible skip otherwise: `tox -e dist` replays its
+install script, .ci/distcheck/image.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -182,3 +186,86 @@ def test_compose_file_passes_docker_compose_config() -> None:
         timeout=120,
     )
     assert checked.returncode == 0, checked.stderr
+
+
+def _container_engine() -> str:
+    """docker or podman, when one is installed and its engine answers; skips visibly
+    otherwise (the documented absence of a container engine, not a pass)."""
+    tried = []
+    for name in ("docker", "podman"):
+        found = shutil.which(name)
+        if found is None:
+            continue
+        probe = subprocess.run(
+            [found, "info"], check=False, capture_output=True, text=True, timeout=60
+        )
+        if probe.returncode == 0:
+            return found
+        tried.append(f"{name} is installed but `{name} info` failed: {probe.stderr.strip()[:200]}")
+    pytest.skip(
+        "no container engine answers ("
+        + ("; ".join(tried) or "neither docker nor podman is installed")
+        + "): the image is not built here; tox -e dist replays its install script"
+    )
+
+
+def _engine(engine: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [engine, *args], check=False, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.system
+@pytest.mark.timeout(2400)
+def test_the_image_builds_and_runs() -> None:
+    engine = _container_engine()
+    tag = f"waltz-test:{uuid.uuid4().hex[:12]}"
+    built = _engine(
+        engine, "build", "-f", str(DEPLOY / "container" / "Dockerfile"), "-t", tag, str(ROOT),
+        timeout=1800,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
+    container = f"waltz-test-storage-{uuid.uuid4().hex[:8]}"
+    try:
+        listed = _engine(engine, "run", "--rm", tag, "plugins", "list")
+        assert listed.returncode == 0, listed.stderr
+        for plugin in ("fs", "zk", "etcd", "local", "zmq", "hwm-array"):
+            assert re.search(rf"^  {plugin} +waltz-", listed.stdout, re.MULTILINE), listed.stdout
+        # a storage node from the image's own config, as deploy/compose.yaml starts one
+        started = _engine(
+            engine, "run", "-d", "--name", container, tag,
+            "storage", "--config", "/etc/waltz/storage.toml",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        ready = (
+            "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9500/readyz').status)"
+        )
+        deadline = time.monotonic() + 180
+        while True:
+            probe = _engine(engine, "exec", container, "python", "-c", ready, timeout=60)
+            if probe.returncode == 0 and probe.stdout.strip() == "200":
+                break
+            logs = _engine(engine, "logs", container)
+            assert time.monotonic() < deadline, f"not ready: {logs.stdout}{logs.stderr}"
+            time.sleep(1)
+        stopped = _engine(engine, "stop", "--time", "30", container)
+        assert stopped.returncode == 0, stopped.stderr
+        code = _engine(engine, "inspect", "-f", "{{.State.ExitCode}}", container)
+        assert code.stdout.strip() == "0", _engine(engine, "logs", container).stderr
+    finally:
+        _engine(engine, "rm", "-f", container)
+        _engine(engine, "rmi", "-f", tag)
+
+
+def test_the_dockerfile_runs_the_install_script_and_ignores_local_venvs() -> None:
+    dockerfile = (DEPLOY / "container" / "Dockerfile").read_text(encoding="utf-8")
+    script = (DEPLOY / "container" / "install-waltz.sh").read_text(encoding="utf-8")
+    runs = re.findall(r"^RUN (.+(?:\\\n.+)*)", dockerfile, re.MULTILINE)
+    # every pip step is the script's: nothing installed beside it
+    assert not [r for r in runs if "pip" in r and "install-waltz.sh" not in r], runs
+    assert any("install-waltz.sh wheels /wheels" in r for r in runs), runs
+    assert any("install-waltz.sh install /wheels /opt/waltz" in r for r in runs), runs
+    for package in ("waltz-cli", "waltz-storage-fs", "waltz-server", "waltz-coord-zk"):
+        assert f"./packages/{package} " in script, package
+    ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
+    assert {".venv", ".tox", ".git"} <= set(ignored)

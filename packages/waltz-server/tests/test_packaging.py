@@ -142,28 +142,37 @@ def _tox_dist_commands() -> list[str]:
     return [" ".join(line.split()) for line in raw.splitlines() if line.strip()]
 
 
-def test_the_operators_install_commands_are_what_tox_dist_runs() -> None:
-    """docs/operators.md's install lines, word for word, are the `dist` environment's
-    (its paths: `wheels`, `/opt/waltz` for the server venv, `/opt/waltz-client`)."""
+def _operators_install_blocks() -> list[str]:
+    """docs/operators.md's blocks marked `<!-- docs: run-dist -->`, their lines joined."""
     guide = (ROOT / "docs" / "operators.md").read_text(encoding="utf-8")
-    documented = " ".join(guide.replace("\\\n", " ").split())
-    install = [c for c in _tox_dist_commands() if ".ci/distcheck" not in c]
-    assert len(install) == 5, install
-    for command in install:
-        as_documented = (
-            command.replace("{toxinidir}/", "")
-            .replace("{envtmpdir}/wheels", "wheels")
-            .replace("{envtmpdir}/server", "/opt/waltz")
-            .replace("{envtmpdir}/client", "/opt/waltz-client")
-            .replace("python -m", "python3 -m")
-        )
-        assert "{" not in as_documented, as_documented
-        assert as_documented in documented, f"docs/operators.md lacks: {as_documented}"
+    blocks = re.findall(r"^<!-- docs: run-dist [^\n]*-->\n```\n(.*?)^```$", guide, re.M | re.S)
+    return [" ".join(block.replace("\\\n", " ").split()) for block in blocks]
 
 
-def test_tox_dist_builds_every_distribution() -> None:
-    build = next(c for c in _tox_dist_commands() if " wheel " in c)
+def test_tox_dist_runs_the_operators_install_blocks_and_checks_what_they_made() -> None:
+    """The `dist` environment runs docs/operators.md's install blocks as written (the
+    docs runner: `wheels` in its checkout, `/opt/waltz` under its root), then checks the
+    wheels and runs the smoke test on the venvs those blocks made."""
+    blocks = _operators_install_blocks()
+    assert len(blocks) == 3, blocks
+    assert '/opt/waltz/bin/pip install --find-links wheels "waltz-server[default]"' in blocks[1]
+    assert (
+        '/opt/waltz-client/bin/pip install --find-links wheels "waltz-client[default]"'
+        in (blocks[2])
+    )
+    commands = _tox_dist_commands()
+    assert commands[0].endswith(".ci/docsrun/docsrun.py run run-dist --workdir {envtmpdir}/docs")
+    assert "check_wheels.py {envtmpdir}/docs/checkout/wheels" in commands[1]
+    assert (
+        "--server-venv {envtmpdir}/docs/root/opt/waltz "
+        "--client-venv {envtmpdir}/docs/root/opt/waltz-client" in commands[2]
+    )
+    assert not [c for c in commands if " pip " in c or " venv " in c], commands
+
+
+def test_the_documented_wheel_build_builds_every_distribution_from_paths() -> None:
+    build = next(b for b in _operators_install_blocks() if " wheel " in b).split()
     for path in PROJECTS:
         if path.parent.parent.name == "examples":
             continue
-        assert f"{{toxinidir}}/{path.parent.relative_to(ROOT)}" in build.split(), path
+        assert f"./{path.parent.relative_to(ROOT)}" in build, path

@@ -31,7 +31,7 @@ from waltz_api.errors import (
 from waltz_api.messages import ErrorCode, FailureResponse
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
-from waltz_api.types import SessionInfo
+from waltz_api.types import LOST_SESSION, SessionInfo
 from waltz_conformance.records import make_record, make_records
 from waltz_server.storage_node import StorageAdminClient, StorageClient
 from waltz_server.storage_node.testing import StorageNodeProcess
@@ -169,7 +169,9 @@ async def test_fencing_survives_kill_9_and_restart(cluster: Cluster) -> None:
     old = await cluster.client()
     new = await cluster.client()
     await old.append(5, 0, make_records(0, 3, partition_id=0))
-    assert await new.last_session_info(8, 0) == SessionInfo(5, -1, -1)
+    # session 5's append found the partition pristine (no marks, no records) when it
+    # raised the fence: recorded LOST_SESSION (a wiped disk never reads as a clean voter)
+    assert await new.last_session_info(8, 0) == SessionInfo(5, -1, -1, LOST_SESSION)
     with pytest.raises(SessionFencedError):
         await old.append(5, 0, [make_record(3, partition_id=0)])
 
@@ -261,7 +263,9 @@ async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
     code, out, err = await waltz("list", "--config", str(cluster.config))
     assert code == 0, err
     last = out.splitlines()[-1].split()
-    assert last[0] == "3" and last[1] == "0" and last[-1] == "no"
+    # partition, max id, session, low-water, local lwm, lwm session, available, notes:
+    # the session's append found it pristine when it raised the fence (LOST_SESSION)
+    assert last[0] == "3" and last[1] == "0" and last[5] == "LOST" and last[6] == "no"
     code, out, err = await waltz("remove-partition", "3", "--endpoint", cluster.endpoint, "--yes")
     assert code == 2 and "--cluster-key" in err
     code, out, err = await waltz(

@@ -67,6 +67,10 @@ async def test_a_format_1_directory_opens_and_is_migrated(tmp_path: Path) -> Non
     finally:
         await engine.close()
     assert tools.verify(location).ok
+    # migrated with the end of the log it held (format 3's acknowledged end)
+    dump = tools.read_control_file(location)
+    hosted = [p.current for p in dump.partitions if p.current and p.current.assigned]
+    assert [s.acked_end for s in hosted] == [31, 5]
 
 
 async def test_a_newer_format_is_refused_unchanged(tmp_path: Path) -> None:

@@ -1,9 +1,12 @@
 """Start-up recovery never deletes what may be data: torn tails are cut, damaged bytes and
 files that cannot belong to the log are moved to the quarantine, intact records after
-damage stay in the log (a hole, repaired from a peer), a damaged tail is LOST."""
+damage stay in the log (a hole, repaired from a peer), a damaged tail is LOST, and so is
+a log that ends below the acknowledged end the control file keeps (whatever its shape:
+the torn-write rule holds only above that end)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import uuid
@@ -67,6 +70,25 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
     await s.close()
     yield s
     await s.close()
+
+
+def set_acked_end(directory: Path, pid: int, end: int) -> None:
+    """Write a newer struct with this acknowledged end (as if the control file's flush of
+    the round that wrote the records after ``end`` had not completed)."""
+    dump = tools.read_control_file(directory)
+    info = dump.partitions[pid]
+    current, slot = info.current, info.current_slot
+    assert current is not None and slot is not None
+    newer = dataclasses.replace(current, sequence=current.sequence + 1, acked_end=end)
+    with dump.path.open("r+b") as f:
+        f.seek(fmt.info_struct_offset(pid, 1 - slot))
+        f.write(fmt.encode_info_struct(pid, newer))
+
+
+def acked_end(directory: Path, pid: int) -> int:
+    current = tools.read_control_file(directory).partitions[pid].current
+    assert current is not None
+    return current.acked_end
 
 
 def flip(path: Path, offset: int) -> None:
@@ -177,8 +199,12 @@ async def test_a_torn_write_is_cut_and_nothing_is_lost(store: Store, how: str) -
     engine = await store.open(segment_size=1 << 20)
     await engine.add_partition(2)
     part = engine.partition(2)
-    await part.append([make_record(t, 2, data=bytes([65 + t % 26]) * 100) for t in range(30)])
+    await part.append([make_record(t, 2, data=bytes([65 + t % 26]) * 100) for t in range(20)])
+    await part.append([make_record(t, 2, data=bytes([65 + t % 26]) * 100) for t in range(20, 30)])
     await store.close()
+    # the power went before the second append was acknowledged: its end is not recorded
+    assert acked_end(store.directory, 2) == 30
+    set_acked_end(store.directory, 2, 20)
     path, start, _ = tools.find_record(store.directory, 2, 20)
     raw = bytearray(path.read_bytes())
     size = len(raw)
@@ -209,6 +235,73 @@ async def test_a_torn_write_is_cut_and_nothing_is_lost(store: Store, how: str) -
         assert "torn-write" in entry.folder.name
     else:
         assert kept == []
+    assert acked_end(store.directory, 2) == last + 1  # what recovery kept counts now
+
+
+def old_record_20(size: int) -> bytes:
+    """The first ``size`` bytes of an older, longer version of record 20 (what the disk
+    held there before the write that was lost)."""
+    return fmt.encode_record(make_record(20, 2, data=b"old" * 2000))[:size]
+
+
+@pytest.mark.parametrize(
+    "how", ["zeros", "older-bytes", "cut-in-a-record", "short-at-a-record", "missing-segment"]
+)
+async def test_an_acknowledged_tail_lost_after_its_flush_is_a_lost_tail(
+    store: Store, how: str
+) -> None:
+    """The records' bytes are gone after they were flushed and acknowledged (a lost write,
+    files cut or removed): whatever the shape, even a torn write's, the log ends below
+    the acknowledged end, so the partition is LOST and what is left is moved aside."""
+    small = how == "missing-segment"
+    engine = await store.open(segment_size=600 if small else 1 << 20)
+    part = await engine.add_partition(2)
+    written = [make_record(t, 2, data=bytes([65 + t % 26]) * 100) for t in range(30)]
+    for first in range(0, 30, 5):
+        await part.append(written[first : first + 5])
+    await store.close()
+    assert acked_end(store.directory, 2) == 30
+    path, start, _ = tools.find_record(store.directory, 2, 20)
+    raw = bytearray(path.read_bytes())
+    size = len(raw)
+    if how == "zeros":
+        raw[start:] = bytes(size - start)
+    elif how == "older-bytes":
+        raw[start:] = old_record_20(size - start)
+    elif how == "cut-in-a-record":
+        raw = raw[: start + 30]
+    elif how == "short-at-a-record":
+        raw = raw[:start]
+    if how == "missing-segment":
+        firsts = tools.segment_firsts(store.pdir(2))
+        for first in firsts[firsts.index(max(f for f in firsts if f <= 20)) :]:
+            store.segment(first, pid=2).unlink()
+            store.segment(first, pid=2).with_suffix(fmt.INDEX_SUFFIX).unlink()
+    else:
+        path.write_bytes(bytes(raw))
+    gone = bytes(path.read_bytes()[start:]) if path.exists() else b""
+    report = tools.verify(store.directory)
+    assert "below the acknowledged end 30" in " ".join(report.problems)
+    engine = await store.open(segment_size=600 if small else 1 << 20)
+    part = engine.partition(2)
+    last = part.max_transaction_id()
+    assert last < 20
+    assert part.session_info().low_water_mark_session_id == LOST_SESSION
+    assert await part.read_records(0, 100) == written[: last + 1]
+    (entry,) = store.quarantined()
+    assert (
+        f"acknowledged end recorded in the control file was 30 and the log ends at {last + 1}"
+        in entry.readme
+    )
+    if gone:
+        (name,) = entry.files
+        assert (entry.folder / name).read_bytes() == gone  # never deleted
+    # the end is lowered once the tail is moved aside: the next open finds nothing new
+    assert acked_end(store.directory, 2) == last + 1
+    engine = await store.open(segment_size=600 if small else 1 << 20)
+    assert engine.partition(2).session_info().low_water_mark_session_id == LOST_SESSION
+    assert len(store.quarantined()) == 1
+    await engine.partition(2).append([make_record(last + 1, 2)])
 
 
 async def test_a_stray_index_and_unknown_files(store: Store) -> None:

@@ -104,7 +104,8 @@ def test_a_flush_is_durable_only_once_it_completed() -> None:
         await part.append([make_record(0, 0, data=b"first")])
         gate.open.clear()
         append = asyncio.ensure_future(part.append([make_record(1, 0, data=b"second")]))
-        await gate.reached(3)  # add_partition's, the first append's, this one's
+        # add_partition's, the first append's two (data, then the control file), this one's
+        await gate.reached(4)
         assert b"second" not in durable_data(files)
         assert not append.done()
         gate.open.set()
@@ -127,7 +128,7 @@ def test_a_committer_cancelled_during_the_flush_never_makes_it_durable() -> None
         await part.append([make_record(0, 0, data=b"first")])
         gate.open.clear()
         append = asyncio.ensure_future(part.append([make_record(1, 0, data=b"second")]))
-        await gate.reached(3)
+        await gate.reached(4)
         committer = engine._runner._task  # type: ignore[attr-defined]
         committer.cancel()
         await asyncio.wait([committer])
@@ -161,7 +162,9 @@ def test_appends_queued_during_a_flush_share_the_next_round() -> None:
         assert gate.waits == waits + 1  # the later ones wait for the round under way
         gate.open.set()
         await asyncio.gather(first, *later)
-        assert gate.waits == waits + 2  # and all of them share one more
+        # a round waits twice (its data's flush, then the control file's): all of the
+        # later ones share one more round
+        assert gate.waits == waits + 4
         assert parts[0].max_transaction_id() == 5
         assert parts[1].max_transaction_id() == 4
         await engine.close()

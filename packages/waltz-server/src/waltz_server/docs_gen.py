@@ -213,7 +213,7 @@ def command_reference(group: click.Command, prog: str = "waltz") -> str:
         name = " ".join(path)
         out.append(f"{'#' * min(len(path) + 1, 4)} `{name}`\n")
         usage = " ".join(command.collect_usage_pieces(ctx))
-        out.append(f"```\n{name} {usage}\n```\n")
+        out.append(f"```text\n{name} {usage}\n```\n")
         help_text = _help_text(command)
         if help_text:
             out.append(help_text + "\n")

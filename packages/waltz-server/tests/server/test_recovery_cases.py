@@ -243,3 +243,40 @@ async def test_a_membership_change_while_writing_starts_a_session_over_the_new_s
         assert [r.replica_id.storage_node for r in stored.replicas] == [B, C, "d:1"]
     finally:
         await store.close()
+
+
+async def test_a_replica_set_change_ends_a_recovery_that_waits_for_a_removed_replica(
+    cluster: Cluster,
+) -> None:
+    """A session over a replica set whose recovery cannot decide (a down and a removed
+    replica of the last session, each of which may hold what was committed) is given
+    up when the assignment changes: the session over the new set opens. (It waited
+    for ever: the partition took the new set only once the old session had opened.)"""
+    from waltz_server.server.voting import Outcome
+
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
+    for name in NODES:
+        preload(cluster.nodes[name], 6, 3, 2)
+    meta = ClusterAdmin(cluster.coordination)
+    cluster.nodes[A].crash()
+    await meta.remove_replica(P, B)
+    store = cluster.store()
+    await store.start()
+    try:
+        for _ in range(2000):
+            session = store.session
+            if session is not None and session.recovery.outcome is Outcome.UNDECIDABLE:
+                break
+            await asyncio.sleep(0.01)
+        stuck = store.session
+        assert stuck is not None and stuck.recovery.outcome is Outcome.UNDECIDABLE
+        assert store.replica_nodes == [A, C] and not store.ready
+        await meta.add_replica(P, B)  # back: with c a majority of the last session's three
+        session = await store.wait_ready(TIMEOUT)
+        assert session is not stuck and stuck.done
+        assert store.replica_nodes == [A, B, C]
+        assert session.low_water_mark == 5
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 2, b"n")), TIMEOUT)
+        assert ids == [6, 7]
+    finally:
+        await store.close()

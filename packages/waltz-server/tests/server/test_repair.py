@@ -247,3 +247,28 @@ def test_plan_of_a_restored_replica_is_suspect() -> None:
     # the original's rule without the marks' session: the restore stays hidden
     plan = plan_replica(**common)  # type: ignore[arg-type]
     assert (plan.voting, plan.suspect) == (True, False)
+
+
+def test_a_replica_never_recorded_clean_is_not_suspect() -> None:
+    """A replica whose metadata state has no session (-1: added to the partition and
+    never recorded clean, so it never joined a session's writers) acknowledged nothing:
+    storage that reads LOST_SESSION (a new, pristine partition whose fence a session
+    raised, then died before its SetLowWaterMark) lost nothing. Counted as a suspect
+    it would be offline forever, and with a removed replica also offline the partition
+    never recovered (a CI failure: a replica replaced under load)."""
+    assert not storage_older_than_metadata(-1, 4, LOST_SESSION)
+    assert not storage_older_than_metadata(-1, 4, NO_SESSION)
+    assert not storage_older_than_metadata(-1, 4, 3)
+    plan = plan_replica(
+        known=True,
+        metadata_empty=False,
+        state_session_id=-1,
+        state_closing_high_water_mark=379,
+        storage_session_id=4,
+        storage_low_water_mark=-1,
+        max_transaction_id=-1,
+        storage_low_water_mark_session_id=LOST_SESSION,
+    )
+    # valid up to the closing mark it was recorded with (it holds nothing): caught up,
+    # it then votes as a replica of the last session, not as an offline one
+    assert (plan.truncate_to, plan.voting, plan.suspect) == (379, False, False)

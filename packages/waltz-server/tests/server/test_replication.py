@@ -155,13 +155,16 @@ def test_late_answers_for_a_replica_that_left_are_ignored() -> None:
     add(replication, 2)
     send(replication, A)
     replication.leave(A)
-    # its acknowledgement and a catch-up read arriving after it left change nothing
+    # nothing is sent to it; its acknowledgement and a catch-up read arriving after it
+    # left change nothing
+    assert replication.next_send(A) is None
     assert replication.on_appended(A, 1) is None
     records = [Record(i, ReqId(1, 1, 0, i), 0, b"x", 0) for i in (0, 1)]
     assert replication.caught_up_read(A, records) is None
     left = replication.progress(A)
     assert left is not None and left.acked == left.sent == -1 and not left.writing
     # nor do answers for a replica that never joined, or an empty read
+    assert replication.next_send(C) is None
     assert replication.on_appended(C, 1) is None
     assert replication.caught_up_read(C, records) is None
     assert replication.caught_up_read(B, []) is None

@@ -2,13 +2,18 @@
 
 One *committer* owns every write. Appends of all partitions queue to it; each
 round takes everything queued and splits it into *steps* (:func:`steps`): a run of
-appends is one group, committed in three steps (:class:`GroupCommit`): *write*
+appends is one group, committed in five steps (:class:`GroupCommit`): *write*
 (one ``pwrite`` per batch for the data, one for its index entries), *sync* (one
-``fdatasync`` per touched file, all at once), *finish* (a failed flush closes its
-partition; the others publish their records); any other job (an *action*: a
-truncation, a session info update, a repair...) runs alone, after the appends
-queued before it are durable. The round's futures are resolved at its end. While a
-round is on the disk the next appends queue up, so concurrent appends coalesce.
+``fdatasync`` per touched file, all at once), *stage* (a failed flush closes its
+partition; each of the others writes its new acknowledged end in the control file),
+*sync* of the control file (one ``fdatasync`` for all of them), *finish* (a failed
+control flush closes the partitions staged; the others publish their records). No
+append is acknowledged before its partition's acknowledged end covers it durably:
+recovery then knows a tail lost after it was acknowledged from a torn, unflushed
+write (:mod:`waltz_storage_fs.format`). Any other job (an *action*: a truncation, a
+session info update, a repair...) runs alone, after the appends queued before it are
+durable. The round's futures are resolved at its end. While a round is on the disk
+the next appends queue up, so concurrent appends coalesce.
 
 A :class:`Runner` decides where this runs; both call the same steps:
 
@@ -151,12 +156,36 @@ class GroupCommit:
         return Written(results, done, syncs, [fd for _, _, fd in syncs], list(touched))
 
     @staticmethod
-    def finish(written: Written, errors: list[OSError | None]) -> list[Result]:
-        """After the flush (``errors``: each file's, None when it completed): a failed
-        flush closes its partition; the appends of the others are done and published."""
+    def stage(written: Written, errors: list[OSError | None]) -> list[FsStoragePartition]:
+        """After the data flushes (``errors``: each file's, None when it completed): a
+        failed flush closes its partition; each of the others writes its acknowledged
+        end (not flushed yet). The partitions that wrote one: the control file must be
+        flushed before their appends are acknowledged."""
         for (part, _, _), error in zip(written.syncs, errors, strict=True):
             if error is not None and part.broken is None:
                 part.mark_broken(error)
+        staged: list[FsStoragePartition] = []
+        for part in written.touched:
+            if part.broken is not None:
+                continue
+            try:
+                if part.stage_acked_end():
+                    staged.append(part)
+            except OSError as exc:
+                part.mark_broken(exc)
+        return staged
+
+    @staticmethod
+    def finish(
+        written: Written, staged: list[FsStoragePartition], control_error: OSError | None
+    ) -> list[Result]:
+        """After the control file's flush (``control_error``: None when it completed or
+        none was needed): a failed one closes the partitions staged, as a failed data
+        flush would; the appends of the others are done and published."""
+        if control_error is not None:
+            for part in staged:
+                if part.broken is None:
+                    part.mark_broken(control_error)
         results = written.results
         for job in written.done:
             assert job.partition is not None
@@ -358,20 +387,27 @@ class _CommitterThread(threading.Thread):
                 results.append(logic.act(step))
                 continue
             written = logic.write(step)
-            results.extend(logic.finish(written, self._sync_all(written.fds)))
+            if not written.fds:
+                results.extend(logic.finish(written, [], None))
+                continue
+            started = time.perf_counter()
+            staged = logic.stage(written, self._syncs.sync_all(written.fds))
+            control_error = self._sync_control() if staged else None
+            observer = self._engine.fsync_observer
+            if observer is not None:
+                observer(time.perf_counter() - started)
+            results.extend(logic.finish(written, staged, control_error))
         self._finish(results)
 
-    def _sync_all(self, fds: list[int]) -> list[OSError | None]:
-        """Flush the files of a group (data, and index files at a checkpoint); fdatasync
-        for both kinds: it flushes the size too, not the mtime."""
-        if not fds:
-            return []
-        started = time.perf_counter()
-        errors = self._syncs.sync_all(fds)
-        observer = self._engine.fsync_observer
-        if observer is not None:
-            observer(time.perf_counter() - started)
-        return errors
+    def _sync_control(self) -> OSError | None:
+        """Flush the control file (the round's acknowledged ends); its error, if any.
+        (The group's files were flushed before, all at once: fdatasync for both kinds,
+        data and index at a checkpoint; it flushes the size too, not the mtime.)"""
+        try:
+            self._engine.control.sync()
+        except OSError as exc:
+            return exc
+        return None
 
     def _finish(self, results: list[Result]) -> None:
         if results:
@@ -466,15 +502,24 @@ class LoopRunner(Runner):
                 results.append(logic.act(step))
                 continue
             written = logic.write(step)
-            results.extend(logic.finish(written, await self._sync_all(logic.engine, written.fds)))
+            if not written.fds:
+                results.extend(logic.finish(written, [], None))
+                continue
+            engine = logic.engine
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            staged = logic.stage(written, await self._sync_all(engine, written.fds))
+            control_error = None
+            if staged:  # a flush of its own, after the data's: it takes its time too
+                (control_error,) = await self._sync_all(engine, [engine.control.fd])
+            observer = engine.fsync_observer
+            if observer is not None:
+                observer(loop.time() - started)
+            results.extend(logic.finish(written, staged, control_error))
         resolve(results)
 
     async def _sync_all(self, engine: FsStorageEngine, fds: list[int]) -> list[OSError | None]:
         """Request the flushes, wait for them, then make the writes durable."""
-        if not fds:
-            return []
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         await self._flush_wait()
         errors: list[BaseException | None] = []
         for fd in fds:
@@ -484,7 +529,4 @@ class LoopRunner(Runner):
                 errors.append(exc)
             else:
                 errors.append(None)
-        observer = engine.fsync_observer
-        if observer is not None:
-            observer(loop.time() - started)
         return _checked(errors)

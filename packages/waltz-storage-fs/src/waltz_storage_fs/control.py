@@ -8,6 +8,7 @@ migrated when it is opened (see :mod:`waltz_storage_fs.format`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from pathlib import Path
@@ -19,7 +20,10 @@ from waltz_storage_fs.files import OPEN_NEW, OPEN_WRITE, Files
 
 log = logging.getLogger(__name__)
 
-V1_BACKUP_SUFFIX = ".v1"
+
+def backup_suffix(version: int) -> str:
+    """The suffix of the control file of an older format, kept beside the migrated one."""
+    return f".v{version}"
 
 
 class ControlFile:
@@ -84,12 +88,20 @@ class ControlFile:
             return None, None
         return first, second
 
-    def write_struct(self, partition_id: int, slot: int, struct: fmt.InfoStruct) -> None:
+    def write_struct(
+        self, partition_id: int, slot: int, struct: fmt.InfoStruct, *, sync: bool = True
+    ) -> None:
+        """Write one struct; flushed unless ``sync`` is False (the committer writes the
+        acknowledged ends of a round's partitions, then flushes once: :meth:`sync`)."""
         self.files.pwrite(
             self.fd,
             fmt.encode_info_struct(partition_id, struct),
             fmt.info_struct_offset(partition_id, slot),
         )
+        if sync:
+            self.files.fdatasync(self.fd)
+
+    def sync(self) -> None:
         self.files.fdatasync(self.fd)
 
     def reset_partition(self, partition_id: int, assigned: bool) -> tuple[int, fmt.InfoStruct]:
@@ -127,7 +139,8 @@ def _write_atomically(files: Files, path: Path, body: bytes) -> None:
 
 def _migrate(files: Files, path: Path, header: fmt.ControlHeader) -> None:
     """Rewrite an older control file in the current format (each partition's current
-    struct in both slots; both stay invalid where both were), keeping the old one."""
+    struct in both slots; both stay invalid where both were), keeping the old one. The
+    acknowledged end is unknown (recovery sets it to the log's end at this open)."""
     fd = files.open(path, OPEN_WRITE)
     try:
         size = fmt.partition_info_offset(header.num_partitions, header.version)
@@ -148,10 +161,10 @@ def _migrate(files: Files, path: Path, header: fmt.ControlHeader) -> None:
         if current is None:
             parts.append(fmt.invalid_partition_info(pid))
             continue
-        struct = current[1]
-        older = fmt.InfoStruct(struct.session_info, struct.flags, struct.sequence - 1)
+        struct = dataclasses.replace(current[1], acked_end=fmt.ACKED_END_UNKNOWN)
+        older = dataclasses.replace(struct, sequence=struct.sequence - 1)
         parts.append(fmt.encode_partition_info(pid, struct, older))
-    backup = path.with_name(path.name + V1_BACKUP_SUFFIX)
+    backup = path.with_name(path.name + backup_suffix(header.version))
     if not files.exists(backup):
         files.link(path, backup)
         files.fsync_dir(path.parent)

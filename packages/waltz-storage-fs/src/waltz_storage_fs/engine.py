@@ -5,16 +5,18 @@ the group commit's state; the committer, the format, recovery, the control file,
 files and the quarantine are modules of their own.)
 
 Threads: one *committer* owns every write (:mod:`waltz_storage_fs.committer`).
-Appends of all partitions queue to it; each round it writes every queued batch
-(one ``pwrite`` per batch for the data, one for the index entries), then issues
-one ``fdatasync`` per touched data file, and only then resolves the appends'
-futures. While a round is on the disk the next appends queue up, so concurrent
-appends coalesce (group commit). Reads run in a small pool of engine-owned
-threads with ``pread`` through the index; nothing keeps a segment, or an index,
-in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in that pool too, and
-there writes the new segment file of a split that nobody reads yet; the
-committer then makes it part of the log. Where the committer and the reads run
-is the engine's *runner*: threads (the default), or the event loop
+Appends of all partitions queue to it; each round it writes every queued batch (one
+``pwrite`` per batch for the data, one for the index entries), then issues one
+``fdatasync`` per touched data file, then writes each touched partition's new
+acknowledged end into the control file and flushes it once (so that recovery can
+tell an acknowledged tail lost from a torn write: :mod:`waltz_storage_fs.format`),
+and only then resolves the appends' futures. While a round is on the disk the next
+appends queue up, so concurrent appends coalesce (group commit). Reads run in a
+small pool of engine-owned threads with ``pread`` through the index; nothing keeps a
+segment, or an index, in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in
+that pool too, and there writes the new segment file of a split that nobody reads
+yet; the committer then makes it part of the log. Where the committer and the reads
+run is the engine's *runner*: threads (the default), or the event loop
 (:class:`~waltz_storage_fs.committer.LoopRunner`, for the simulation).
 """
 
@@ -178,6 +180,8 @@ class FsStoragePartition(StoragePartition):
         self._flags = struct.flags
         self._info_slot = slot
         self._info_sequence = struct.sequence
+        self._acked_end = struct.acked_end
+        """Committer side: the acknowledged end in the control file (format.py)."""
         self._next_txid = 0  # loop side: the id the next append must start with
         self.broken: OSError | None = None
         self._closed = False
@@ -226,12 +230,21 @@ class FsStoragePartition(StoragePartition):
             index_checkpoint_interval=self._engine.options.index_checkpoint_interval,
             verify_all=bool(self._engine.options.verify_on_open),
             mark_lost=self._mark_lost,
+            acked_end=self._acked_end,
         ).run()
         self._segments = layout.segments
         self._start = layout.start
         self.quarantined = layout.quarantined
         self.publish()
         self._next_txid = self._view.max_txid + 1
+        end = self._next_txid
+        if end != self._acked_end:
+            # below: the lost tail is marked and moved aside; above: records recovery
+            # kept, made durable before they count as acknowledged (a migrated
+            # directory's end is unknown until now)
+            if end > self._acked_end and self._segments:
+                self._files.fdatasync(self._segments[-1].data_fd)
+            self._write_info(self._info, self._flags, acked_end=end)
         if self._view.missing:
             log.warning(
                 "partition %d: transactions %s are missing (damaged, moved aside); the server "
@@ -240,25 +253,40 @@ class FsStoragePartition(StoragePartition):
                 ", ".join(f"{a}..{b}" for a, b in self._view.missing),
             )
 
-    def _mark_lost(self) -> None:
+    def _mark_lost(self, acked_end: int | None = None) -> None:
         """Durably: the records after the log's end may have been lost (LOST_SESSION)."""
         info = dataclasses.replace(self._info, low_water_mark_session_id=LOST_SESSION)
-        self._write_info(info, self._flags)
+        self._write_info(info, self._flags, acked_end=acked_end)
         log.warning(
             "partition %d: records it acknowledged may be lost: its low-water-mark session is "
             "LOST until a store session starts here again (the server catches it up)",
             self.partition_id,
         )
 
-    def _write_info(self, info: SessionInfo, flags: int) -> None:
-        """Write the struct that is not current (then it is), flushed."""
+    def _write_info(
+        self, info: SessionInfo, flags: int, *, acked_end: int | None = None, sync: bool = True
+    ) -> None:
+        """Write the struct that is not current (then it is), flushed unless ``sync`` is
+        False (the caller flushes the control file before it relies on it)."""
         slot = 1 - self._info_slot
         sequence = self._info_sequence + 1
+        end = self._acked_end if acked_end is None else acked_end
         self._engine.control.write_struct(
-            self.partition_id, slot, fmt.InfoStruct(info, flags, sequence)
+            self.partition_id, slot, fmt.InfoStruct(info, flags, sequence, end), sync=sync
         )
-        self._info, self._flags = info, flags
+        self._info, self._flags, self._acked_end = info, flags, end
         self._info_slot, self._info_sequence = slot, sequence
+
+    def stage_acked_end(self) -> bool:
+        """After a round's data flushes: write the new acknowledged end (not flushed: the
+        committer flushes the control file once for the round, before it acknowledges
+        anything). Whether there was one to write."""
+        seg = self._segments[-1] if self._segments else None
+        end = seg.end if seg is not None else self._start
+        if end == self._acked_end:
+            return False
+        self._write_info(self._info, self._flags, acked_end=end, sync=False)
+        return True
 
     # -- committer side (runs in the committer thread) ----------------------------------
 
@@ -387,10 +415,15 @@ class FsStoragePartition(StoragePartition):
 
     def _truncate_files(self, transaction_id: int) -> None:
         files = self._files
+        end = min(self._acked_end, transaction_id + 1)
         if any(a <= transaction_id for a, _ in missing_ranges(self._segments, self._start)):
             # records in a hole at or below the new end were acknowledged once: the log
             # ends before them now, with nothing to say it ever held them
-            self._mark_lost()
+            self._mark_lost(acked_end=end)
+        elif end != self._acked_end:
+            # first, flushed: a crash before the cut leaves records above the end, kept
+            # as a write that was never acknowledged; never an end above a cut log
+            self._write_info(self._info, self._flags, acked_end=end)
         removed = False
         while self._segments and self._segments[-1].first > transaction_id:
             seg = self._segments.pop()
@@ -451,6 +484,10 @@ class FsStoragePartition(StoragePartition):
                 delete_segment_files(files, seg)
             if doomed:
                 files.fsync_dir(self.directory)
+            if start > self._acked_end:
+                # a fast-forward past the log's end: after the start (a crash between
+                # leaves the end below the log's, which is no loss)
+                self._write_info(self._info, self._flags, acked_end=start)
         except OSError as exc:  # the files are in an unknown state until recovery
             self.mark_broken(exc)
             raise self.broken_error() from exc

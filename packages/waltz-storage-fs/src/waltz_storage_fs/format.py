@@ -12,22 +12,35 @@ Storage directory::
             0/<time>-<reason>/             one folder per action, with a README
 
 Format versions: the control file's version is the storage directory's format
-(:data:`FORMAT_VERSION`, 2). Version 1 (the original's three session fields)
-opens and is migrated in place to version 2 at the first open (the version-1
-file is kept beside it as ``waltz-storage.ctl.v1``). Segment and index files
-carry their own version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged).
+(:data:`FORMAT_VERSION`, 3). Older versions open and are migrated in place at the
+first open (the old file is kept beside it as ``waltz-storage.ctl.v<version>``):
+version 1 (the original's three session fields) and version 2 (no acknowledged
+end) get the acknowledged end of the log the partition holds at that open. A
+directory once opened by this version is not readable by a Waltz that only knows
+version 2 (0.1.0): there is no downgrade. Segment and index files carry their own
+version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged).
 
 Control file: a 128-byte header (format version int32, creation time int64 in
 ms, cluster key UUID, number of partitions int32, then reserved bytes of which
 the first four hold a CRC-32C of the fields before them), then one partition
 info per partition of the cluster: the partition id (int32) and two partition
-info structs, written alternately. A struct (version 2) is session id,
-low-water mark, local low-water mark, low-water-mark session id (int64 each),
-flags (int32: bit 0 hosted here, bit 1 marked unavailable by an
-administrator), sequence number (int64) and a CRC-32C (uint32) of the
-partition id and the struct's other fields: 48 bytes. The valid struct with
-the higher sequence number is the current one. (Version 1 structs lack the
-low-water-mark session: 40 bytes.)
+info structs, written alternately. A struct (version 3) is session id,
+low-water mark, local low-water mark, low-water-mark session id, acknowledged
+end (int64 each), flags (int32: bit 0 hosted here, bit 1 marked unavailable by
+an administrator), sequence number (int64) and a CRC-32C (uint32) of the
+partition id and the struct's other fields: 56 bytes. The valid struct with
+the higher sequence number is the current one. (Version 2 structs lack the
+acknowledged end: 48 bytes; version 1 structs also lack the low-water-mark
+session: 40 bytes.)
+
+The *acknowledged end* is the id after the last record the engine made durable
+and may have acknowledged (``max transaction id + 1``; the log's start when it is
+empty). It is kept apart from the records so that start-up recovery can tell a
+tail lost after it was acknowledged (a lost write: zeros or older bytes where
+flushed records were, a short file, a missing segment) from the torn tail of a
+write that was never flushed: the engine writes it, and flushes the control file,
+after a commit round's data flushes and before any append of the round is
+acknowledged; a truncation lowers it before it cuts the files.
 
 Segment data and index files start with the same 128-byte header: format
 version int32, creation time int64, cluster key UUID, partition id int32,
@@ -57,9 +70,9 @@ import crc32c
 
 from waltz_api.types import NO_SESSION, NO_TRANSACTION, Record, ReqId, SessionInfo
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The storage directory's on-disk format: the control file's version."""
-CONTROL_VERSIONS = (1, 2)
+CONTROL_VERSIONS = (1, 2, 3)
 """Control file versions this code opens (older ones are migrated to FORMAT_VERSION)."""
 SEGMENT_FORMAT_VERSION = 1
 """The version in segment and index file headers."""
@@ -81,10 +94,16 @@ _HEADER_CRC = struct.Struct(">I")
 
 _PARTITION_ID = struct.Struct(">i")
 _INFO_FIELDS_V1 = struct.Struct(">qqqiq")  # session, low-water, local low-water, flags, sequence
-_INFO_FIELDS = struct.Struct(">qqqqiq")  # ... and the low-water mark's session after local
-INFO_STRUCT_SIZE = _INFO_FIELDS.size + 4  # + CRC-32C = 48 bytes
-PARTITION_INFO_SIZE = _PARTITION_ID.size + 2 * INFO_STRUCT_SIZE  # 100 bytes
-_STRUCT_SIZES = {1: _INFO_FIELDS_V1.size + 4, 2: INFO_STRUCT_SIZE}
+_INFO_FIELDS_V2 = struct.Struct(">qqqqiq")  # ... and the low-water mark's session after local
+_INFO_FIELDS = struct.Struct(">qqqqqiq")  # ... and the acknowledged end after that
+INFO_STRUCT_SIZE = _INFO_FIELDS.size + 4  # + CRC-32C = 56 bytes
+PARTITION_INFO_SIZE = _PARTITION_ID.size + 2 * INFO_STRUCT_SIZE  # 116 bytes
+_LAYOUTS = {1: _INFO_FIELDS_V1, 2: _INFO_FIELDS_V2, 3: _INFO_FIELDS}
+_STRUCT_SIZES = {version: layout.size + 4 for version, layout in _LAYOUTS.items()}
+
+ACKED_END_UNKNOWN = -1
+"""The acknowledged end of a struct migrated from an older version: recovery sets it to
+the log's end (and checks nothing against it that once)."""
 
 FLAG_ASSIGNED = 0x1
 """The partition is hosted by this storage node."""
@@ -115,6 +134,10 @@ class InfoStruct:
     session_info: SessionInfo
     flags: int
     sequence: int
+    acked_end: int = 0
+    """The id after the last record made durable and maybe acknowledged (version 3);
+    :data:`ACKED_END_UNKNOWN` in a directory migrated from an older version until its
+    first recovery sets it."""
 
     @property
     def assigned(self) -> bool:
@@ -157,17 +180,15 @@ def info_struct_offset(partition_id: int, slot: int, version: int = FORMAT_VERSI
     )
 
 
-def encode_info_struct(partition_id: int, info: InfoStruct) -> bytes:
-    """A struct in the current format."""
+def encode_info_struct(partition_id: int, info: InfoStruct, version: int = FORMAT_VERSION) -> bytes:
+    """A struct in the current format (``version``: an older one, for tests' fixtures)."""
     s = info.session_info
-    fields = _INFO_FIELDS.pack(
-        s.session_id,
-        s.low_water_mark,
-        s.local_low_water_mark,
-        s.low_water_mark_session_id,
-        info.flags,
-        info.sequence,
-    )
+    values = [s.session_id, s.low_water_mark, s.local_low_water_mark]
+    if version >= 2:
+        values.append(s.low_water_mark_session_id)
+    if version >= 3:
+        values.append(info.acked_end)
+    fields = _LAYOUTS[version].pack(*values, info.flags, info.sequence)
     crc = crc32c.crc32c(fields, crc32c.crc32c(_PARTITION_ID.pack(partition_id)))
     return fields + _HEADER_CRC.pack(crc)
 
@@ -176,27 +197,30 @@ def decode_info_struct(
     partition_id: int, raw: bytes, version: int = FORMAT_VERSION
 ) -> InfoStruct | None:
     """The struct, or ``None`` when it is short or fails its checksum. A version-1 struct
-    has no low-water-mark session: it reads as NO_SESSION (unknown)."""
-    layout = _INFO_FIELDS if version >= 2 else _INFO_FIELDS_V1
+    has no low-water-mark session: it reads as NO_SESSION (unknown); a struct older than
+    version 3 has no acknowledged end: it reads as 0 (the migration sets it)."""
+    layout = _LAYOUTS[version]
     if len(raw) < layout.size + 4:
         return None
     fields = raw[: layout.size]
     (stored,) = _HEADER_CRC.unpack_from(raw, layout.size)
     if crc32c.crc32c(fields, crc32c.crc32c(_PARTITION_ID.pack(partition_id))) != stored:
         return None
-    if version >= 2:
-        session, low, local_low, low_session, flags, sequence = _INFO_FIELDS.unpack(fields)
-    else:
-        session, low, local_low, flags, sequence = _INFO_FIELDS_V1.unpack(fields)
-        low_session = NO_SESSION
-    return InfoStruct(SessionInfo(session, low, local_low, low_session), flags, sequence)
+    values = list(layout.unpack(fields))
+    flags, sequence = values[-2:]
+    session, low, local_low = values[:3]
+    low_session = values[3] if version >= 2 else NO_SESSION
+    acked_end = values[4] if version >= 3 else 0
+    return InfoStruct(SessionInfo(session, low, local_low, low_session), flags, sequence, acked_end)
 
 
-def encode_partition_info(partition_id: int, first: InfoStruct, second: InfoStruct) -> bytes:
+def encode_partition_info(
+    partition_id: int, first: InfoStruct, second: InfoStruct, version: int = FORMAT_VERSION
+) -> bytes:
     return (
         _PARTITION_ID.pack(partition_id)
-        + encode_info_struct(partition_id, first)
-        + encode_info_struct(partition_id, second)
+        + encode_info_struct(partition_id, first, version)
+        + encode_info_struct(partition_id, second, version)
     )
 
 

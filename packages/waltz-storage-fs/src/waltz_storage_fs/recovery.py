@@ -9,8 +9,13 @@ next segment began), scans the records after it, and decides what to do with
 whatever does not read back:
 
 - **A torn tail** (the last segment ends inside a record, or in zeros where the
-  disk never wrote the pages of the last, unflushed write): cut. It was never
+  disk never wrote the pages of the last, unflushed write), *above the acknowledged
+  end* the control file keeps (:mod:`waltz_storage_fs.format`): cut. It was never
   acknowledged.
+- **A lost acknowledged tail**: the log ends below the acknowledged end, whatever
+  the shape (zeros or older bytes where flushed records were, a short file, a
+  missing segment: a lost write). Never taken for a torn write: handled as a
+  damaged tail (below), the README and the log saying both ends.
 - **Damaged records with intact ones after them** (a bit flip, a zeroed or
   truncated region in a segment that was flushed whole): the damaged bytes are
   copied to the quarantine, the intact records after them move to a new
@@ -278,6 +283,7 @@ class PartitionRecovery:
         index_checkpoint_interval: int,
         verify_all: bool = False,
         mark_lost: Callable[[], None],
+        acked_end: int = fmt.ACKED_END_UNKNOWN,
     ) -> None:
         self.files = files
         self.directory = storage_directory / str(partition_id)
@@ -288,6 +294,10 @@ class PartitionRecovery:
         """Scan every record, whatever the indexes vouch for."""
         self.mark_lost = mark_lost
         """Records LOST_SESSION durably (before damage that shows it is cut away)."""
+        self.acked_end = acked_end
+        """The acknowledged end in the control file: the log held every id below it
+        (ACKED_END_UNKNOWN: not known, in a directory migrated at this open)."""
+        self._tail_saved = False
         self.quarantine = Quarantine(files, storage_directory, partition_id)
         self.layout = PartitionLayout()
         self._dir_changed = False
@@ -306,6 +316,7 @@ class PartitionRecovery:
             candidates = self._drop_below(start, self._read_headers())
             self._chain(candidates)
             self._finish_drop(start)
+            self._check_acked_end()
             if self._dir_changed:
                 self.files.fsync_dir(self.directory)
         except BaseException:
@@ -370,6 +381,30 @@ class PartitionRecovery:
             )
             start = segments[0].first
         self.layout.start = start
+
+    def _check_acked_end(self) -> None:
+        """A log that ends below its acknowledged end lost records it acknowledged (no
+        bytes left to move aside, or they were: LOST either way)."""
+        segments = self.layout.segments
+        end = segments[-1].end if segments else self.layout.start
+        if end >= self.acked_end:
+            return
+        self._lose_tail()
+        why = self._below_acked(end)
+        if not self._tail_saved:
+            self.quarantine.folder(
+                "lost-tail", f"partition {self.partition_id}: nothing to keep here: {why}"
+            )
+        log.warning("partition %d: %s", self.partition_id, why)
+
+    def _below_acked(self, end: int) -> str:
+        return (
+            f"the acknowledged end recorded in the control file was {self.acked_end} and the "
+            f"log ends at {end}: transactions {end}..{self.acked_end - 1} were made durable and "
+            "may have been acknowledged, then lost (a lost write, or files cut or removed "
+            "outside Waltz), not a torn write (lost tail; the replica is caught up from its "
+            "peers)"
+        )
 
     def _data_path(self, first: int) -> Path:
         return self.directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
@@ -440,7 +475,7 @@ class PartitionRecovery:
         finally:
             self.files.close(fd)
         if header is None:
-            if last and size <= fmt.HEADER_SIZE:
+            if last and size <= fmt.HEADER_SIZE and first >= self.acked_end:
                 # its creation was interrupted before the header was flushed: no record
                 log.warning(
                     "partition %d: removing segment %s, whose creation was interrupted "
@@ -525,6 +560,7 @@ class PartitionRecovery:
                 if last:
                     why += "; the records it held may have been acknowledged (lost tail)"
                     self._lose_tail()
+                    self._tail_saved = True
                 self._move_aside(self._paths(first), "unreadable-segment", why)
                 continue
             if candidate.fix_header is not None:
@@ -692,7 +728,8 @@ class PartitionRecovery:
             and not self._is_copy_of(self._data_path(limit), seg.data_fd, resync[0], size)
         ):
             resync = None
-        if last and resync is None and self._torn(seg.data_fd, p, size, e):
+        acked = e < self.acked_end  # then this is no torn write: records were flushed here
+        if last and not acked and resync is None and self._torn(seg.data_fd, p, size, e):
             log.warning(
                 "partition %d: cutting %d bytes after transaction %d in %s: the torn tail of "
                 "a write that was not flushed (%s)",
@@ -704,7 +741,12 @@ class PartitionRecovery:
             )
             self._cut(seg)
             return None
-        if last and resync is not None and self._has_zero_sector(seg.data_fd, p, resync[0]):
+        if (
+            last
+            and not acked
+            and resync is not None
+            and self._has_zero_sector(seg.data_fd, p, resync[0])
+        ):
             # A write torn by a power loss may leave pages after unwritten ones: taken for
             # one (had a zeroed region of flushed data done this, the bytes are kept here).
             why = (
@@ -722,8 +764,15 @@ class PartitionRecovery:
                     "shape of a torn write: the records they held may have been acknowledged "
                     "(lost tail; the replica is caught up from its peers)"
                 )
+                if acked:
+                    why = (
+                        f"bytes {p}..{size} of the last segment {seg.data_path.name}, after "
+                        f"transaction {e - 1}, fail their checksums ({reason}): "
+                        + self._below_acked(e)
+                    )
                 self._lose_tail()
                 self._save_and_cut(seg, p, size, "damaged-tail", why)
+                self._tail_saved = True
                 return None
             why = (
                 f"bytes {p}..{size} of {seg.data_path.name}, after transaction {e - 1}, fail "

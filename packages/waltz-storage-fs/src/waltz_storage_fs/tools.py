@@ -96,7 +96,16 @@ def format_control_file(dump: ControlFileDump) -> Iterator[str]:
                     f"session={i.session_id} low_water_mark={i.low_water_mark} "
                     f"local_low_water_mark={i.local_low_water_mark} "
                     f"low_water_mark_session={_session_name(i.low_water_mark_session_id)}"
+                    + _acked_end_text(s, h.version)
                 )
+
+
+def _acked_end_text(struct: fmt.InfoStruct, version: int) -> str:
+    if version < 3:
+        return ""
+    if struct.acked_end == fmt.ACKED_END_UNKNOWN:
+        return " acknowledged_end=unknown (set at the next open)"
+    return f" acknowledged_end={struct.acked_end}"
 
 
 def _session_name(session_id: int) -> str:
@@ -299,6 +308,15 @@ def verify(storage_directory: str | os.PathLike[str]) -> VerifyReport:
             report.problems.append(f"partition {pid}: hosted but {pdir} is missing")
             continue
         _verify_partition(pdir, pid, key, part_report, report.problems)
+        end = part_report.max_transaction_id + 1
+        if control.header.version >= 3 and end < current.acked_end:
+            report.problems.append(
+                f"partition {pid}: the log ends at {end}, below the acknowledged end "
+                f"{current.acked_end} recorded in the control file: transactions {end}.."
+                f"{current.acked_end - 1} were made durable and may have been acknowledged, "
+                "then lost; opening the storage moves what is left of them to the quarantine "
+                "and marks the partition LOST (the server catches it up from its peers)"
+            )
     report.quarantined = list_quarantine(directory)
     return report
 

@@ -9,7 +9,10 @@ replicas behind a higher one catch up from it (which adds their vote). Once
 decided, each replica truncates its dirty tail, records the new session's
 low-water mark, and catches up to the mark. When a quorum of the current
 replicas is clean, the replica states are written to the partition store
-metadata by compare-and-set, and the session may write.
+metadata by compare-and-set, and the session may write. They record a replica
+clean in the new session only once its storage holds the session's low-water mark
+(the next recovery takes storage without that session's marks for storage that
+lost what it acknowledged); a replica writes only once they record it clean.
 
 Damaged storage: a replica whose log misses a range (its engine moved damaged
 files aside, with intact records after them) has the range copied from a peer
@@ -196,8 +199,6 @@ class RecoveryManager:
             plan,
         )
         self._check()
-        if not plan.voting:
-            self._clean.add(node)
         me = _Recovering(node, connection, mark, plan.voting, plan.new, plan.suspect)
         self._states[node] = me
         self._evaluate()
@@ -215,6 +216,11 @@ class RecoveryManager:
                         me.mark = resolved
                     await connection.set_low_water_mark(resolved)
                     low_water_mark_set = True
+                    # its storage's marks are this session's now: the replica states
+                    # written next may record it clean in this session (not before:
+                    # the next recovery would take storage without them for storage
+                    # that lost what it acknowledged, a suspect counted as offline)
+                    self._clean.add(node)
                     self._check()
                 if me.mark >= resolved:
                     break
@@ -249,7 +255,6 @@ class RecoveryManager:
             self._notify()
 
         self._recovered.add(node)
-        self._clean.add(node)
         self._notify()
         if len(self._recovered) >= self.quorum:
             await self._write_replica_states()

@@ -367,6 +367,28 @@ class StorePartition:
         if self._watch is None:
             self._watch = await cluster.watch_replica_assignments(self._on_assignments)
 
+    async def _open(self, session: StoreSession) -> int:
+        """``session.open()``, given up (:class:`_ReplicaSetChanged`) when the replica
+        assignment changes first: a recovery over the old set may wait for ever (for a
+        removed replica's vote, say) while one over the new set can decide."""
+        opening = asyncio.ensure_future(session.open())
+        try:
+            while not opening.done() and not self._membership_changed:
+                changed = asyncio.ensure_future(self._changed.wait())
+                try:
+                    await asyncio.wait({opening, changed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+            if not opening.done():
+                opening.cancel()
+                with contextlib.suppress(asyncio.CancelledError, WaltzError, OSError):
+                    await opening
+                raise _ReplicaSetChanged()
+            return opening.result()
+        finally:
+            if not opening.done():  # (this task was cancelled)
+                opening.cancel()
+
     async def _manage(self) -> None:
         backoff = Backoff(self._config.retry_initial, self._config.retry_max, self._rng)
         while not self._closed:
@@ -403,7 +425,15 @@ class StorePartition:
             self.sessions_started += 1
             self._notify()
             try:
-                high_water_mark = await session.open()
+                high_water_mark = await self._open(session)
+            except _ReplicaSetChanged:
+                log.info(
+                    "partition %d: session %d ends before it opened: the replica set changed",
+                    self.partition_id,
+                    session.session_id,
+                )
+                await session.close()
+                continue
             except (WaltzError, OSError) as exc:
                 log.info(
                     "partition %d: session %d failed to open: %s",
@@ -449,3 +479,7 @@ class StorePartition:
             self._ready.clear()
             await session.close()
             self._notify()
+
+
+class _ReplicaSetChanged(Exception):
+    """The replica assignment changed while a store session was opening."""

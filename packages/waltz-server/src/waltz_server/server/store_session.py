@@ -151,18 +151,10 @@ class StoreSession:
                     self._run_replica(node), name=f"replica-{self.partition_id}-{node}"
                 )
             )
-        waiter = asyncio.ensure_future(self.recovery.wait_complete())
-        done_waiter = asyncio.ensure_future(self._done.wait())
-        try:
-            await asyncio.wait({waiter, done_waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            done_waiter.cancel()
-        if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
-            waiter.cancel()
-            with contextlib.suppress(asyncio.CancelledError, WaltzError):
-                await waiter
-            raise self._closed_error("recovery did not complete")
-        resolved = waiter.result()
+        try:  # (the session's end aborts the recovery: fail())
+            resolved = await self.recovery.wait_complete()
+        except WaltzError as exc:
+            raise self._closed_error("recovery did not complete") from (self._error or exc)
         config = self._config
         self._replication = Replication(
             replicas=self._replica_nodes,

@@ -182,7 +182,18 @@ def storage_older_than_metadata(
     records it clean in ``state_session_id``, but its low-water marks were written by an
     older session (or its engine found it lost records: LOST_SESSION). A storage that
     does not keep the marks' session (NO_SESSION) is judged by its fence session id, as
-    the original did (a session that raised the fence and died then hides a restore)."""
+    the original did (a session that raised the fence and died then hides a restore).
+
+    A replica the metadata never recorded clean (``state_session_id`` -1: added to the
+    partition, and no session recorded it clean yet) never joined a session's writers
+    (a replica writes only once the metadata records it clean), so it acknowledged
+    nothing and its storage cannot have lost anything that counted: it is never older.
+    (A new partition whose fence a session raised before that session ended reads
+    LOST_SESSION: taken for a suspect, the replica counted as offline, and with a
+    replica of the last session removed (offline for good) as well, a recovery of a
+    four-replica session could never decide.)"""
+    if state_session_id < 0:
+        return False
     if storage_low_water_mark_session_id == LOST_SESSION:
         return True
     if storage_low_water_mark_session_id == NO_SESSION:

@@ -1,0 +1,275 @@
+"""The acknowledged end: kept in the control file, apart from the records (issue 27).
+
+Each commit round writes the new end of every partition it appended to and flushes
+the control file once, after the data's flushes and before any of its appends is
+acknowledged; a truncation lowers it before it cuts the files; a fast-forward past the
+log's end raises it after the new start; a directory of format 2 gets the end of the
+log it holds when it is opened (and migrated). Recovery's side (a log found shorter
+than its end is LOST) is in test_recovery.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from waltz_api.errors import PartitionClosedError
+from waltz_api.types import LOST_SESSION, NO_SESSION
+from waltz_conformance.suites.storage import make_record
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs import tools
+from waltz_storage_fs.committer import LoopRunner, ThreadRunner
+from waltz_storage_fs.control import ControlFile
+from waltz_storage_fs.engine import FsStorageEngine
+from waltz_storage_fs.files import REAL_FILES, Files
+from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
+
+pytestmark = pytest.mark.timeout(300)
+
+KEY = uuid.UUID("3d1b7e2a-5c4f-4a8e-9b6d-2e0f1a7c5b38")
+OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3}
+V2 = Path(__file__).parent / "data" / "log-start-v2"
+V2_KEY = uuid.UUID("0c6e2f4a-9b1d-4f3e-8a7c-5d2e1f0b3a94")
+
+
+def acked_ends(directory: Path) -> dict[int, int]:
+    """Each hosted partition's acknowledged end, as the control file holds it now."""
+    dump = tools.read_control_file(directory)
+    return {
+        p.partition_id: p.current.acked_end
+        for p in dump.partitions
+        if p.current is not None and p.current.assigned
+    }
+
+
+class Watching(Files):
+    """The real files; records each flush, and what the control file holds when the
+    control file's flush starts (its fd is set once the engine is open)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.control_fd = -1
+        self.events: list[tuple[str, object]] = []
+        self.fail_control = False
+
+    def fdatasync(self, fd: int) -> None:
+        if fd == self.control_fd:
+            self.events.append(("control flush", acked_ends(self.directory)))
+            if self.fail_control:
+                raise OSError(errno.EIO, "a simulated failed flush of the control file")
+            super().fdatasync(fd)
+            self.events.append(("control flushed", None))
+            return
+        super().fdatasync(fd)
+        self.events.append(("flushed", fd))
+
+
+async def open_watched(
+    tmp_path: Path, runner: str, partitions: int
+) -> tuple[FsStorageEngine, Watching]:
+    files = Watching(tmp_path / "storage")
+    engine = await FsStorageEngine.open(
+        str(tmp_path / "storage"),
+        cluster_key=KEY,
+        num_partitions=partitions,
+        files=files,
+        runner=LoopRunner() if runner == "loop" else ThreadRunner(2),
+    )
+    for pid in range(partitions):
+        await engine.add_partition(pid)
+    files.control_fd = engine.control.fd
+    files.events.clear()
+    return engine, files
+
+
+@pytest.mark.parametrize("runner", ["thread", "loop"])
+async def test_no_append_is_acknowledged_before_its_end_is_flushed(
+    tmp_path: Path, runner: str
+) -> None:
+    engine, files = await open_watched(tmp_path, runner, 1)
+    part = engine.partition(0)
+    try:
+        for first in (0, 3, 4):
+            count = 3 if first == 0 else 1
+            task = asyncio.ensure_future(
+                part.append([make_record(first + i) for i in range(count)])
+            )
+            task.add_done_callback(lambda _t, n=first + count: files.events.append(("acked", n)))
+            await task
+        kinds = [kind for kind, _ in files.events]
+        assert kinds == ["flushed", "control flush", "control flushed", "acked"] * 3, files.events
+        # the control file held the new end when its flush began (written, then flushed)
+        ends = [value for kind, value in files.events if kind == "control flush"]
+        assert ends == [{0: 3}, {0: 4}, {0: 5}]
+    finally:
+        await engine.close()
+    assert acked_ends(tmp_path / "storage") == {0: 5}
+
+
+async def test_one_control_flush_per_round_for_all_its_partitions(tmp_path: Path) -> None:
+    engine, files = await open_watched(tmp_path, "loop", 3)
+    try:
+        await asyncio.gather(
+            *(
+                engine.partition(pid).append([make_record(t, pid) for t in range(pid + 1)])
+                for pid in range(3)
+            )
+        )
+        control = [value for kind, value in files.events if kind == "control flush"]
+        assert control == [{0: 1, 1: 2, 2: 3}], files.events  # one flush, every new end
+        assert [k for k, _ in files.events].count("flushed") == 3  # one per data file
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("runner", ["thread", "loop"])
+async def test_a_failed_control_flush_fails_the_rounds_appends(tmp_path: Path, runner: str) -> None:
+    engine, files = await open_watched(tmp_path, runner, 2)
+    try:
+        await engine.partition(0).append([make_record(0)])
+        files.fail_control = True
+        with pytest.raises(PartitionClosedError, match="I/O error"):
+            await engine.partition(0).append([make_record(1)])
+        files.fail_control = False
+        with pytest.raises(PartitionClosedError):  # closed until a restart's recovery
+            await engine.partition(0).append([make_record(2)])
+        await engine.partition(1).append([make_record(0, 1)])  # another partition goes on
+    finally:
+        await engine.close()
+    engine = await FsStorageEngine.open(str(tmp_path / "storage"))
+    try:
+        part = engine.partition(0)
+        # the record's data was flushed: recovery keeps it (it may never have been
+        # acknowledged: a write that was not, as far as the log's end knows)
+        assert part.max_transaction_id() in (0, 1)
+        assert part.session_info().low_water_mark_session_id == NO_SESSION
+    finally:
+        await engine.close()
+
+
+async def test_a_crash_after_a_truncation_is_no_lost_tail(tmp_path: Path) -> None:
+    """Append, truncate, crash at every step from the truncation on (and after it,
+    without a close), reopen: never LOST, and the end never above the log."""
+    snapshots: list[Snapshot] = []
+    base = tmp_path / "sim"
+    files = PowerLossFiles(base, on_step=snapshots.append)
+    location = str(base / "storage")
+    engine = await FsStorageEngine.open(
+        location, cluster_key=KEY, num_partitions=1, options=OPTIONS, files=files
+    )
+    part = await engine.add_partition(0)
+    for first in range(0, 30, 3):
+        await part.append([make_record(t) for t in range(first, first + 3)])
+    truncating = len(snapshots)
+    await part.truncate(9)
+    truncated = len(snapshots)
+    await part.append([make_record(t, data=b"after" * t) for t in range(10, 13)])
+    # no close: the process dies here
+    assert truncated - truncating > 3
+    failures: list[str] = []
+    seen: set[str] = set()
+    for number, snapshot in enumerate(snapshots[truncating:], truncating):
+        for name, tree in snapshot.states():
+            digest = tree_digest(tree)
+            if digest in seen:
+                continue
+            seen.add(digest)
+            directory = tmp_path / f"crash-{number}-{name}"
+            materialize(tree, directory)
+            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
+            opened = await FsStorageEngine.open(str(directory / "storage"), options=OPTIONS)
+            try:
+                p = opened.partition(0)
+                end = p.max_transaction_id() + 1
+                if p.session_info().low_water_mark_session_id == LOST_SESSION:
+                    failures.append(f"{where}: LOST after a truncation")
+                if number >= truncated and end < 10:
+                    failures.append(f"{where}: the log ends at {end}")
+            finally:
+                await opened.close()
+            if acked_ends(directory / "storage")[0] != end:
+                failures.append(f"{where}: the end is not the recovered log's")
+            shutil.rmtree(directory)
+    assert not failures, "\n".join(failures[:5])
+
+
+async def test_a_fast_forward_past_the_end_moves_the_end(tmp_path: Path) -> None:
+    location = tmp_path / "storage"
+    engine = await FsStorageEngine.open(
+        str(location), cluster_key=KEY, num_partitions=1, options=OPTIONS
+    )
+    part = await engine.add_partition(0)
+    await part.append([make_record(t) for t in range(10)])
+    assert await part.drop_prefix(20) == 21
+    assert acked_ends(location) == {0: 21}
+    await part.truncate(15)  # below the start: the (empty) log continues at 16
+    assert acked_ends(location) == {0: 16}
+    await engine.close()
+    engine = await FsStorageEngine.open(str(location), options=OPTIONS)
+    try:
+        part = engine.partition(0)
+        assert part.session_info().low_water_mark_session_id == NO_SESSION
+        assert part.log_start() == 16
+        await part.append([make_record(16)])
+    finally:
+        await engine.close()
+    assert acked_ends(location) == {0: 17}
+
+
+def old_control_file() -> bytes:
+    return (V2 / fmt.CONTROL_FILE_NAME).read_bytes()
+
+
+async def test_a_format_2_directory_is_migrated_with_its_log_end(tmp_path: Path) -> None:
+    location = tmp_path / "storage"
+    shutil.copytree(V2, location)
+    assert tools.read_control_file(location).header.version == 2
+    engine = await FsStorageEngine.open(str(location), cluster_key=V2_KEY, num_partitions=1)
+    try:
+        part = engine.partition(0)
+        assert part.session_info().low_water_mark_session_id == NO_SESSION
+        assert part.max_transaction_id() == 39
+    finally:
+        await engine.close()
+    dump = tools.read_control_file(location)
+    assert dump.header.version == fmt.FORMAT_VERSION == 3
+    assert acked_ends(location) == {0: 40}
+    assert (location / (fmt.CONTROL_FILE_NAME + ".v2")).read_bytes() == old_control_file()
+    # from now on the end is checked: the last record lost is a lost tail
+    path, start, _ = tools.find_record(location, 0, 39)
+    with path.open("r+b") as f:
+        f.truncate(start)
+    engine = await FsStorageEngine.open(str(location))
+    try:
+        assert engine.partition(0).session_info().low_water_mark_session_id == LOST_SESSION
+        assert engine.partition(0).max_transaction_id() == 38
+    finally:
+        await engine.close()
+
+
+async def test_a_migration_interrupted_before_recovery_sets_the_end_next_time(
+    tmp_path: Path,
+) -> None:
+    location = tmp_path / "storage"
+    shutil.copytree(V2, location)
+    ControlFile.open(location / fmt.CONTROL_FILE_NAME, REAL_FILES).close()  # then a crash
+    assert acked_ends(location) == {0: fmt.ACKED_END_UNKNOWN}
+    assert "acknowledged_end=unknown" in "\n".join(
+        tools.format_control_file(tools.read_control_file(location))
+    )
+    engine = await FsStorageEngine.open(str(location))
+    try:
+        part = engine.partition(0)
+        start = part.log_start()
+        assert await part.read_records(start, 100) == [
+            make_record(t, 0, size=30 + t) for t in range(start, 40)
+        ]
+        assert engine.partition(0).session_info().low_water_mark_session_id == NO_SESSION
+    finally:
+        await engine.close()
+    assert acked_ends(location) == {0: 40}
