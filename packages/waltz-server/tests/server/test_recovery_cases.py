@@ -280,3 +280,38 @@ async def test_a_replica_set_change_ends_a_recovery_that_waits_for_a_removed_rep
         assert ids == [6, 7]
     finally:
         await store.close()
+
+
+async def test_a_replica_recovering_after_the_others_left_is_recorded_clean_before_it_writes(
+    cluster: Cluster,
+) -> None:
+    """Storage seed 578: c hangs at its recovery while a and b recover and the session
+    opens; a and b then leave and rejoin (recovery forgets them); c recovers at last and
+    joins the writers. The replica states must record c clean in this session before it
+    writes: recorded as it was (behind the old closing mark), the next recovery truncates
+    it to that mark and counts it out, and what it acknowledged is lost."""
+    from test_store import wait_until
+
+    hung = asyncio.Event()
+    cluster.nodes[C].hold = hung
+    store = cluster.store()
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        written = 0
+        for node in (A, B):  # each leaves (crash: its connection breaks) and rejoins
+            cluster.nodes[node].crash()
+            more = await append_many(store, 10, node.encode())
+            cluster.nodes[node].restart()
+            await asyncio.wait_for(asyncio.gather(*more), TIMEOUT)
+            written += 10
+            await wait_until(lambda n=node: n in session.writable_replicas, f"{node} rejoined")
+        hung.set()  # c answers: it recovers into the running session
+        await wait_until(lambda: C in session.writable_replicas, "c joined the writers")
+        meta = (await ClusterAdmin(cluster.coordination).store_metadata(P)).value
+        states = {r.replica_id.storage_node: r for r in meta.replicas}
+        assert states[C].session_id == session.session_id, states[C]
+        assert states[C].closing_high_water_mark == UNRESOLVED, states[C]
+        assert store.session is session
+    finally:
+        await store.close()

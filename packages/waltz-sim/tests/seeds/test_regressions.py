@@ -85,6 +85,15 @@ REGRESSIONS = [
     ),
     (1906, "storage", "same as storage seed 23 (the unseen-lost-tail known issue)"),
     (
+        578,
+        "storage",
+        "a replica that recovered into a running session after the replicas that recovered "
+        "first had left (recovery forgot them) was never recorded clean in the replica "
+        "states, yet wrote and acknowledged; the next recovery truncated it to the old "
+        "closing mark and counted it out (acknowledged-lost); fixed in the server (a late "
+        "replica records itself clean before it writes)",
+    ),
+    (
         1116,
         "storage",
         "not a bug of the code: a damaged rejoin's damage, scheduled before the quorum phase, "

@@ -256,7 +256,12 @@ class RecoveryManager:
 
         self._recovered.add(node)
         self._notify()
-        if len(self._recovered) >= self.quorum:
+        if len(self._recovered) >= self.quorum or self._metadata_written.is_set():
+            # Once the states were written, a replica recovering late records itself
+            # clean before it writes, whatever the others do: those that recovered may
+            # have left meanwhile (forget), and a writer the states do not record clean
+            # in this session is truncated to the old closing mark by the next recovery
+            # (its acknowledgements lost: storage seed 578).
             await self._write_replica_states()
         else:
             while not self._metadata_written.is_set():
