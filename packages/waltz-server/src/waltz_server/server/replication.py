@@ -69,7 +69,12 @@ relies on, each faulted by the simulation and the tests:
    and when that copy is lost too every replica is left behind the recorded mark
    (simulation storage seed 1027). The simulation's ``storage`` profile names such
    losses (known issue ``unseen-lost-tail``).
-3. *Acknowledgements after a rejoin are real.* A suspect replica's new
+3. *Every writer is recorded clean before it writes.* A replica that recovers into the
+   session after it opened writes its state (clean in this session) to the partition
+   store metadata first, also when the replicas that recovered before it have left
+   since (storage seed 578: recorded behind the old closing mark, it was truncated to
+   that mark by the next recovery, its acknowledgements lost).
+4. *Acknowledgements after a rejoin are real.* A suspect replica's new
    acknowledgements count toward commits (its storage holds them); the next
    recovery still counts it as offline until it was marked clean, which is
    conservative.
