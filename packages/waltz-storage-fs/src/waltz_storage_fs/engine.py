@@ -182,6 +182,12 @@ class FsStoragePartition(StoragePartition):
         self._info_sequence = struct.sequence
         self._acked_end = struct.acked_end
         """Committer side: the acknowledged end in the control file (format.py)."""
+        self._durable_end = struct.acked_end
+        """Committer side: the end of the records flushed (the next control flush raises
+        the acknowledged end to it); never above the log's end after a truncation."""
+        self._flushed_view: _View | None = None
+        """Committer side: the records flushed, published once the control file's flush
+        covers them (None: nothing flushed since the last publish)."""
         self._next_txid = 0  # loop side: the id the next append must start with
         self.broken: OSError | None = None
         self._closed = False
@@ -200,12 +206,26 @@ class FsStoragePartition(StoragePartition):
         self.broken = exc
 
     def publish(self) -> None:
+        """Readers see the segments as they are now (an action's state, flushed)."""
+        self._view = self._make_view()
+        self._flushed_view = None  # an older state is never published after this one
+
+    def take_flushed_view(self) -> _View | None:
+        """The records flushed since the last publish (their end is being acknowledged):
+        readers see them once the control flush completed (:meth:`publish_view`)."""
+        view, self._flushed_view = self._flushed_view, None
+        return view
+
+    def publish_view(self, view: _View) -> None:
+        self._view = view
+
+    def _make_view(self) -> _View:
         segs = tuple(
             _SegView(s.first, s.count, s.size, s.data_fd, s.index_fd, s.created_ms)
             for s in self._segments
         )
         max_txid = segs[-1].first + segs[-1].count - 1 if segs else self._start - 1
-        self._view = _View(
+        return _View(
             segs,
             max_txid,
             tuple(missing_ranges(self._segments, self._start)),
@@ -237,7 +257,7 @@ class FsStoragePartition(StoragePartition):
         self.quarantined = layout.quarantined
         self.publish()
         self._next_txid = self._view.max_txid + 1
-        end = self._next_txid
+        end = self._durable_end = self._next_txid
         if end != self._acked_end:
             # below: the lost tail is marked and moved aside; above: records recovery
             # kept, made durable before they count as acknowledged (a migrated
@@ -277,13 +297,20 @@ class FsStoragePartition(StoragePartition):
         self._info, self._flags, self._acked_end = info, flags, end
         self._info_slot, self._info_sequence = slot, sequence
 
-    def stage_acked_end(self) -> bool:
-        """After a round's data flushes: write the new acknowledged end (not flushed: the
-        committer flushes the control file once for the round, before it acknowledges
-        anything). Whether there was one to write."""
+    def note_flushed(self) -> None:
+        """After a group's data flush: its records are durable (what the next control
+        flush covers, and what readers see after it)."""
         seg = self._segments[-1] if self._segments else None
-        end = seg.end if seg is not None else self._start
-        if end == self._acked_end:
+        self._durable_end = seg.end if seg is not None else self._start
+        self._flushed_view = self._make_view()
+
+    def stage_acked_end(self) -> bool:
+        """Write the durable end as the acknowledged end (not flushed: the committer
+        flushes the control file with the next group's data, before it acknowledges the
+        records it covers). Whether there was one to write: an end only rises here (a
+        truncation since the flush lowered the durable end with the acknowledged one)."""
+        end = self._durable_end
+        if end <= self._acked_end:
             return False
         self._write_info(self._info, self._flags, acked_end=end, sync=False)
         return True
@@ -415,6 +442,9 @@ class FsStoragePartition(StoragePartition):
 
     def _truncate_files(self, transaction_id: int) -> None:
         files = self._files
+        # never an end staged later above the cut log (records written after the cut
+        # are not durable before their own flush)
+        self._durable_end = min(self._durable_end, transaction_id + 1)
         end = min(self._acked_end, transaction_id + 1)
         if any(a <= transaction_id for a, _ in missing_ranges(self._segments, self._start)):
             # records in a hole at or below the new end were acknowledged once: the log
@@ -493,6 +523,7 @@ class FsStoragePartition(StoragePartition):
             raise self.broken_error() from exc
         self._segments = kept
         self._start = start
+        self._durable_end = max(self._durable_end, start)
         self.publish()
         log.info(
             "partition %d: deleted %d segment(s) of archived records; the local log starts at %d",
