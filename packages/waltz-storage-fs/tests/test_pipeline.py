@@ -114,18 +114,18 @@ async def test_under_sustained_appends_a_flush_time_carries_a_data_and_a_control
     ticks.ticking = True
     batches = 12
     done_at: dict[int, int] = {}
-    clock = 0
+    clock = [0]
     tasks = []
     per_tick: list[int] = []
     try:
         for batch in range(batches + 3):
             if batch < batches:
                 task = asyncio.ensure_future(part.append([make_record(batch)]))
-                task.add_done_callback(lambda _t, b=batch: done_at.setdefault(b, clock))
+                task.add_done_callback(lambda _t, b=batch: done_at.setdefault(b, clock[0]))
                 tasks.append(task)
             await settle()
             per_tick.append(ticks.tick())
-            clock += 1
+            clock[0] += 1
             await settle()
         await asyncio.gather(*tasks)
         assert {b: done_at[b] - b for b in range(batches)} == dict.fromkeys(range(batches), 2)
@@ -275,7 +275,7 @@ async def test_a_failed_flush_fails_the_appends_it_was_for(tmp_path: Path, faili
         if failing == "control":
             files.fail.add(engine.control.fd)
         else:
-            files.fail.add(parts[1]._segments[-1].data_fd)  # noqa: SLF001
+            files.fail.add(parts[1]._segments[-1].data_fd)
         assert ticks.tick() == 2  # the first group's control flush, the second's data
         await settle()
         ticks.ticking = False
@@ -312,7 +312,7 @@ async def test_a_truncation_after_a_flush_keeps_a_later_end_below_the_cut(
     loop = asyncio.get_running_loop()
 
     def job(first: int, records: list[Record]) -> Job:
-        blob, lengths = part._encode(records, first)  # noqa: SLF001
+        blob, lengths = part._encode(records, first)
         return Job(loop.create_future(), part, blob, lengths, first)
 
     def race() -> None:
@@ -444,7 +444,6 @@ async def test_power_loss_at_every_step_of_pipelined_appends(tmp_path: Path) -> 
         ticks.ticking = False
         truncating = files.step
         await parts[0].truncate(9)
-        truncated = files.step
         ticks.ticking = True
         for wave in range(3):
             append(0, 10 + 2 * wave, 2, b"b")
@@ -489,9 +488,9 @@ async def test_power_loss_at_every_step_of_pipelined_appends(tmp_path: Path) -> 
                     for (apid, txid), (step, data) in acked.items():
                         if apid != pid or step > snapshot.step:
                             continue
-                        if pid == 0 and txid > 9 and truncating <= snapshot.step:
-                            if data.startswith(b"a"):
-                                continue  # cut by the truncation (under way or done)
+                        cut = pid == 0 and txid > 9 and truncating <= snapshot.step
+                        if cut and data.startswith(b"a"):
+                            continue  # cut by the truncation (under way or done)
                         if by_id.get(txid) != data:
                             failures.append(f"{where}: acknowledged {pid}/{txid} lost")
             finally:
