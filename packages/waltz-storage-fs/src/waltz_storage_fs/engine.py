@@ -5,13 +5,14 @@ the group commit's state; the committer, the format, recovery, the control file,
 files and the quarantine are modules of their own.)
 
 Threads: one *committer* owns every write (:mod:`waltz_storage_fs.committer`).
-Appends of all partitions queue to it; each round it writes every queued batch (one
+Appends of all partitions queue to it; it writes every queued batch as one group (one
 ``pwrite`` per batch for the data, one for the index entries), then issues one
-``fdatasync`` per touched data file, then writes each touched partition's new
-acknowledged end into the control file and flushes it once (so that recovery can
-tell an acknowledged tail lost from a torn write: :mod:`waltz_storage_fs.format`),
-and only then resolves the appends' futures. While a round is on the disk the next
-appends queue up, so concurrent appends coalesce (group commit). Reads run in a
+``fdatasync`` per touched data file; once they completed, it writes each touched
+partition's new acknowledged end into the control file and flushes it (so that
+recovery can tell an acknowledged tail lost from a torn write:
+:mod:`waltz_storage_fs.format`), while the next group's data is flushed, and only
+then resolves the appends' futures. While a group is on the disk the next appends
+queue up, so concurrent appends coalesce (group commit). Reads run in a
 small pool of engine-owned threads with ``pread`` through the index; nothing keeps a
 segment, or an index, in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in
 that pool too, and there writes the new segment file of a split that nobody reads
@@ -287,7 +288,8 @@ class FsStoragePartition(StoragePartition):
         self, info: SessionInfo, flags: int, *, acked_end: int | None = None, sync: bool = True
     ) -> None:
         """Write the struct that is not current (then it is), flushed unless ``sync`` is
-        False (the caller flushes the control file before it relies on it)."""
+        False (the caller flushes the control file before it relies on it, and writes
+        no other struct of this partition until then)."""
         slot = 1 - self._info_slot
         sequence = self._info_sequence + 1
         end = self._acked_end if acked_end is None else acked_end
@@ -981,8 +983,9 @@ class FsStorageEngine(StorageEngine):
         self._committer = runner.start_committer(self)
         self._closed = False
         self.fsync_observer: Callable[[float], None] | None = None
-        """Called (on the committer thread) with the seconds of each group commit's
-        flush to disk alone; the storage node's metrics set it."""
+        """Called (on the committer thread) with the seconds of each flush to disk
+        alone: a group's data files (one ``fdatasync`` each, at once), or the control
+        file (the acknowledged ends); the storage node's metrics set it."""
 
     @classmethod
     async def open(
