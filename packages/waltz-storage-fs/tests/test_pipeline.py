@@ -499,3 +499,64 @@ async def test_power_loss_at_every_step_of_pipelined_appends(tmp_path: Path) -> 
             if len(failures) >= 5:
                 break
     assert not failures, "\n".join(failures)
+
+
+class ControlGate(Files):
+    """The real files; each control flush waits until the test releases it (signalling
+    that it began), each data flush signals that it ended."""
+
+    def __init__(self) -> None:
+        self.control_fd = -1
+        self.control_began = threading.Semaphore(0)
+        self.control_release = threading.Semaphore(0)
+        self.data_flushed = threading.Semaphore(0)
+
+    def fdatasync(self, fd: int) -> None:
+        if fd == self.control_fd:
+            self.control_began.release()
+            if not self.control_release.acquire(timeout=DEADLINE):
+                raise AssertionError("the test never released a control flush")
+        super().fdatasync(fd)
+        if fd != self.control_fd:
+            self.data_flushed.release()
+
+
+async def test_under_load_a_group_starts_while_the_control_file_is_flushed_alone(
+    tmp_path: Path,
+) -> None:
+    """ThreadRunner: at low load the committer flushes the control file itself (one
+    thread hop less); once appends came during such a flush, the next one alone runs
+    in a flusher thread and a group coming meanwhile has its data flushed at once."""
+    files = ControlGate()
+    engine = await FsStorageEngine.open(
+        str(tmp_path / "storage"),
+        cluster_key=KEY,
+        num_partitions=1,
+        files=files,
+        runner=ThreadRunner(2),
+    )
+    part = await engine.add_partition(0)
+    files.control_fd = engine.control.fd
+    try:
+        first = asyncio.ensure_future(part.append([make_record(0)]))
+        await acquired(files.data_flushed)
+        await acquired(files.control_began)  # the first one's, alone
+        second = asyncio.ensure_future(part.append([make_record(1)]))  # comes meanwhile
+        await settle()
+        files.control_release.release()
+        await asyncio.wait_for(first, DEADLINE)
+        await acquired(files.data_flushed)  # the second one's data, after it
+        await acquired(files.control_began)  # the second one's control flush, alone
+        third = asyncio.ensure_future(part.append([make_record(2)]))
+        await acquired(files.data_flushed)  # the third one's data, meanwhile
+        assert not second.done()
+        files.control_release.release()
+        await asyncio.wait_for(second, DEADLINE)
+        await acquired(files.control_began)
+        files.control_release.release()
+        await asyncio.wait_for(third, DEADLINE)
+    finally:
+        for _ in range(3):
+            files.control_release.release()
+        await engine.close()
+    assert acked_end(tmp_path / "storage") == 3

@@ -467,10 +467,10 @@ class _CommitterThread(threading.Thread):
 
     Everything comes to it through one SimpleQueue: jobs (a put from the event loop),
     and the end of each flush (from the two flusher threads: a group's files, spread
-    over :class:`SyncThreads`, and the control file). It takes everything queued,
-    starts what can start (:meth:`Pipeline.start`; an action runs here), and sends the
-    results back to the loop in one ``call_soon_threadsafe``. ``submit`` and ``stop``
-    are called on the event loop."""
+    over :class:`SyncThreads`, and the control file; or its own, see :meth:`_advance`).
+    It takes everything queued, starts what can start (:meth:`Pipeline.start`; an
+    action runs here), and sends the results back to the loop in one
+    ``call_soon_threadsafe``. ``submit`` and ``stop`` are called on the event loop."""
 
     def __init__(self, engine: FsStorageEngine, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name=f"waltz-fs-committer:{engine.directory}", daemon=True)
@@ -483,6 +483,10 @@ class _CommitterThread(threading.Thread):
         self._syncs = SyncThreads("waltz-fs-sync", lambda fd: engine.files.fdatasync(fd))  # noqa: PLW0108
         self._flushers: dict[str, queue.SimpleQueue[list[int] | None]] = {}
         self._threads: list[threading.Thread] = []
+        self._overlap = False
+        """Whether a group's data flush ran beside the last control flush (appends come
+        while the control file is flushed: the next one alone runs in a flusher thread,
+        so that a group coming meanwhile starts at once)."""
 
     def submit(self, job: Job) -> None:
         if self._stopping:
@@ -511,34 +515,59 @@ class _CommitterThread(threading.Thread):
                 if inbox.empty():
                     break
                 item = inbox.get_nowait()
+            here: Flush | None = None
             try:
-                results.extend(self._advance())
+                here = self._advance(results)
             except BaseException as exc:  # never leave a waiter hanging
                 log.exception("storage committer failed")
                 results.extend(pipe.fail_all(exc))
             self._finish(results)
+            if here is not None:  # its end is handled with whatever came meanwhile
+                ended = self._flushed(here)
+                if here.kind == CONTROL_FLUSH:  # beside a data flush, or jobs came
+                    self._overlap = pipe.data is not None or not inbox.empty()
+                inbox.put(ended)
         for flusher in self._flushers.values():
             flusher.put(None)
         for thread in self._threads:
             thread.join()
         self._syncs.stop()
 
-    def _advance(self) -> list[Result]:
-        """Start what can start (actions run here, one after the other)."""
+    def _advance(self, results: list[Result]) -> Flush | None:
+        """Start what can start (actions run here, one after the other); adds the results
+        known to ``results``. The flush to run in this thread, if any (a thread hop less
+        each way): the data flush while no control flush is under way (nothing else
+        could start meanwhile); the control flush while a data flush is under way, or
+        alone when no append came during the last one (under load, one alone runs in a
+        flusher thread: a group coming meanwhile starts at once)."""
         pipe = self._pipe
-        results: list[Result] = []
         while True:
             known, started = pipe.start()
             results.extend(known)
-            acting = False
-            for work in started:
-                if isinstance(work, Job):
-                    acting = True
+            flushes = [work for work in started if isinstance(work, Flush)]
+            here: Flush | None = None
+            for flush in flushes:
+                if flush.kind == CONTROL_FLUSH:
+                    if pipe.data is not None or not self._overlap:
+                        here = flush
+                    self._overlap = pipe.data is not None
+                elif pipe.cover is None:
+                    here = flush
                 else:
-                    self._flusher(work.kind).put(work.fds)
-            if not acting:
-                return results
+                    self._overlap = True
+            for flush in flushes:
+                if flush is not here:
+                    self._flusher(flush.kind).put(flush.fds)
+            if len(flushes) == len(started):
+                return here
+            assert here is None  # an action starts alone
             results.append(pipe.action_done())
+
+    def _flushed(self, flush: Flush) -> _Ended:
+        """Run ``flush`` here."""
+        started = time.perf_counter()
+        errors = self._sync(flush.kind, flush.fds)
+        return _Ended(flush.kind, errors, time.perf_counter() - started)
 
     def _ended(self, ended: _Ended) -> list[Result]:
         observer = self._engine.fsync_observer
@@ -566,14 +595,14 @@ class _CommitterThread(threading.Thread):
 
     def _flush(self, kind: str, flusher: queue.SimpleQueue[list[int] | None]) -> None:
         while (fds := flusher.get()) is not None:
-            started = time.perf_counter()
-            errors: list[OSError | None]
-            try:
-                errors = self._syncs.sync_all(fds) if kind == DATA_FLUSH else self._sync_one(fds)
-            except BaseException as exc:  # handed back as a failed flush: never a hang
-                log.exception("storage flush failed")
-                errors = [OSError(errno.EIO, f"the flush failed: {exc!r}")] * len(fds)
-            self._inbox.put(_Ended(kind, errors, time.perf_counter() - started))
+            self._inbox.put(self._flushed(Flush(kind, fds)))
+
+    def _sync(self, kind: str, fds: list[int]) -> list[OSError | None]:
+        try:
+            return self._syncs.sync_all(fds) if kind == DATA_FLUSH else self._sync_one(fds)
+        except BaseException as exc:  # handed back as a failed flush: never a hang
+            log.exception("storage flush failed")
+            return [OSError(errno.EIO, f"the flush failed: {exc!r}")] * len(fds)
 
     def _sync_one(self, fds: list[int]) -> list[OSError | None]:
         (fd,) = fds
