@@ -384,10 +384,11 @@ class ThreadRunner(Runner):
 
 
 class SyncThreads:
-    """Flushes the files of a round at once: the committer flushes the first one
-    itself and up to ``helpers`` threads the others (each the files handed to it, in
-    turn). The threads start when a round first has several files and stay for the
-    engine's life; a hand-off is a SimpleQueue put and get, no future, no executor."""
+    """Flushes the files of a group at once (one caller at a time): the calling thread
+    flushes the first one itself and up to ``helpers`` threads the others (each the
+    files handed to it, in turn). The threads start when a group first has several
+    files and stay for the engine's life; a hand-off is a SimpleQueue put and get, no
+    future, no executor."""
 
     def __init__(self, name: str, fdatasync: Callable[[int], None], helpers: int = 3) -> None:
         self._name = name
@@ -436,7 +437,7 @@ class SyncThreads:
         return _checked(errors)
 
     def stop(self) -> None:
-        """End the threads (after the round under way: called by the committer)."""
+        """End the threads (once no flush is under way: called by the committer)."""
         for inbox in self._inboxes:
             inbox.put(None)
         for thread in self._threads:
