@@ -11,6 +11,10 @@ Prints figures; never a pass/fail test. Usage::
   40-byte framing) on the same disk in the same run (the physical limit),
   turn by turn (one bare flush, one append, ...), and the ratio of the two.
 - The same with 4 partitions appending concurrently (group commit).
+- The latency of an append (p50, p99) of one appender awaiting each, and of appends
+  arriving at a steady rate on one partition whatever the answers (open loop: 500
+  and 2,000 appends/s of 10 x 100 B; each arrival while a flush is under way waits
+  for the next group).
 - Range reads (read_records of 1000) in records/s.
 - Start-up recovery time of a partition of ``--recovery-mb`` MB: with its
   index intact (scan from the last checkpoint) and with its index deleted
@@ -117,6 +121,47 @@ async def engine_appends(
         if partitions == 1:
             return counts[0] / in_append[0]
         return sum(counts) / elapsed
+    finally:
+        await engine.close()
+        shutil.rmtree(location)
+
+
+async def append_latency(
+    directory: Path, batch: int, size: int, seconds: float, rate: float | None = None
+) -> tuple[float, float, float]:
+    """(records/s, p50 ms, p99 ms) of appends to one partition: one appender awaiting
+    each (``rate`` None), or one started every ``1 / rate`` s whatever the answers."""
+    location = directory / f"latency-{batch}-{size}-{rate}"
+    engine = await FsStorageEngine.open(str(location), cluster_key=KEY, num_partitions=1)
+    payload = os.urandom(size)
+    checksum = crc32c.crc32c(payload)
+    latencies: list[float] = []
+    try:
+        part = await engine.add_partition(0)
+
+        async def timed(first: int) -> None:
+            started = time.perf_counter()
+            await part.append(records(first, batch, payload, checksum))
+            latencies.append(time.perf_counter() - started)
+
+        start = time.perf_counter()
+        appends = 0
+        pending: list[asyncio.Future[None]] = []
+        while (now := time.perf_counter()) < start + seconds:
+            if rate is None:
+                await timed(appends * batch)
+            else:
+                due = start + appends / rate
+                if due > now:
+                    await asyncio.sleep(due - now)
+                pending.append(asyncio.ensure_future(timed(appends * batch)))
+            appends += 1
+        await asyncio.gather(*pending)
+        elapsed = time.perf_counter() - start
+        latencies.sort()
+        p50 = latencies[len(latencies) // 2] * 1000
+        p99 = latencies[len(latencies) * 99 // 100] * 1000
+        return appends * batch / elapsed, p50, p99
     finally:
         await engine.close()
         shutil.rmtree(location)
@@ -232,6 +277,13 @@ async def main() -> None:
             print(
                 f"4 partitions appending concurrently, batches of 100 x {size} B: "
                 f"{concurrent:,.0f} records/s ({concurrent * size / 1e6:.1f} MB/s)"
+            )
+        for batch, offered in ((1, None), (100, None), (10, 500.0), (10, 2000.0)):
+            rate, p50, p99 = await append_latency(directory, batch, 100, args.seconds, offered)
+            how = "one appender" if offered is None else f"{offered:,.0f} appends/s arriving"
+            print(
+                f"append latency, {how}, batches of {batch} x 100 B: p50 {p50:.2f} ms, "
+                f"p99 {p99:.2f} ms ({rate:,.0f} records/s)"
             )
         for size in (100, 1024):
             rate, peak = await range_reads(directory, 100_000, size)

@@ -162,8 +162,8 @@ def test_appends_queued_during_a_flush_share_the_next_round() -> None:
         assert gate.waits == waits + 1  # the later ones wait for the round under way
         gate.open.set()
         await asyncio.gather(first, *later)
-        # a round waits twice (its data's flush, then the control file's): all of the
-        # later ones share one more round
+        # the first one's data; then at once the control file covering it and the later
+        # ones' data (all of them share it); then the control file covering them
         assert gate.waits == waits + 4
         assert parts[0].max_transaction_id() == 5
         assert parts[1].max_transaction_id() == 4

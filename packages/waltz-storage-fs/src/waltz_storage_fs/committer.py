@@ -1,31 +1,42 @@
 """The fs engine's writer: group commit, and the runners that run it.
 
-One *committer* owns every write. Appends of all partitions queue to it; each
-round takes everything queued and splits it into *steps* (:func:`steps`): a run of
-appends is one group, committed in five steps (:class:`GroupCommit`): *write*
-(one ``pwrite`` per batch for the data, one for its index entries), *sync* (one
-``fdatasync`` per touched file, all at once), *stage* (a failed flush closes its
-partition; each of the others writes its new acknowledged end in the control file),
-*sync* of the control file (one ``fdatasync`` for all of them), *finish* (a failed
-control flush closes the partitions staged; the others publish their records). No
-append is acknowledged before its partition's acknowledged end covers it durably:
-recovery then knows a tail lost after it was acknowledged from a torn, unflushed
-write (:mod:`waltz_storage_fs.format`). Any other job (an *action*: a truncation, a
-session info update, a repair...) runs alone, after the appends queued before it are
-durable. The round's futures are resolved at its end. While a round is on the disk
-the next appends queue up, so concurrent appends coalesce.
+One *committer* owns every write. Appends of all partitions queue to it, and go
+through two stages, each with at most one flush under way (:class:`Pipeline`):
 
-A :class:`Runner` decides where this runs; both call the same steps:
+- *data*: everything queued (a run of appends: a *group*) is *written* (one
+  ``pwrite`` per batch for the data, one for its index entries), then *flushed*
+  (one ``fdatasync`` per touched file, all at once): its records are durable, and
+  each partition's durable end is known. The next group starts as soon as this
+  flush ended: while it is on the disk the next appends queue up, so concurrent
+  appends coalesce.
+- *control*: no append is acknowledged before its partition's acknowledged end in
+  the control file covers it durably: recovery then knows a tail lost after it was
+  acknowledged from a torn, unflushed write (:mod:`waltz_storage_fs.format`). As soon
+  as a group is flushed (and the previous control flush ended), the ends it reached
+  are *staged* (written in the control file) and the control file is flushed; then
+  the appends of every group it covers are done (a failed control flush closes the
+  partitions staged) and their records published.
+
+The control flush of one group runs while the next group's data is flushed, so under
+load each stage costs one flush time, and an append two (its data's, then the control
+file's, started at once: no waiting for more work).
+
+Any other job (an *action*: a truncation, a session info update, a repair...) runs
+alone, once the appends queued before it are durable and acknowledged and nothing is
+under way; the jobs queued after it wait for it. A job's future is resolved when it
+is done.
+
+A :class:`Runner` decides where this runs; both drive the same :class:`Pipeline`:
 
 - :class:`ThreadRunner` (the default): a committer thread, a pool of reader
-  threads, and the flushes of a round spread over a few sync threads
-  (:class:`SyncThreads`);
-- :class:`LoopRunner`: everything on the event loop, one task for the committer:
-  a round is written synchronously, then its flushes are *requested*: the runner
-  awaits ``flush_wait()`` (the time the flush takes; nothing by default) and only
-  then calls ``fdatasync``, so a process that dies in between never made those
-  writes durable; reads run on the loop. For the deterministic simulation (virtual
-  time, no threads) and for tests; it blocks the loop for every file call.
+  threads, a flusher thread per stage, the files of a group spread over a few sync
+  threads (:class:`SyncThreads`);
+- :class:`LoopRunner`: everything on the event loop: the committer is a task, each
+  flush a task of its own that *requests* it: it awaits ``flush_wait()`` (the time
+  the flush takes; nothing by default) and only then calls ``fdatasync``, so a
+  process that dies in between never made those writes durable; reads run on the
+  loop. For the deterministic simulation (virtual time, no threads) and for tests;
+  it blocks the loop for every file call.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import abc
 import asyncio
 import collections
 import concurrent.futures
+import errno
 import logging
 import queue
 import threading
@@ -45,7 +57,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from waltz_api.errors import StorageError
 
 if TYPE_CHECKING:
-    from waltz_storage_fs.engine import FsStorageEngine, FsStoragePartition
+    from waltz_storage_fs.engine import FsStorageEngine, FsStoragePartition, _View
 
 log = logging.getLogger(__name__)
 
@@ -74,26 +86,6 @@ STOP = None
 # -- the logic, shared ------------------------------------------------------------------
 
 
-def steps(jobs: list[Job]) -> list[Job | list[Job]]:
-    """A round's steps, in order: each run of appends as one group (a list), each other
-    job (an action) alone."""
-    if all(job.action is None for job in jobs):  # the usual round: appends only
-        return [jobs]
-    out: list[Job | list[Job]] = []
-    group: list[Job] = []
-    for job in jobs:
-        if job.action is None:
-            group.append(job)
-            continue
-        if group:
-            out.append(group)
-            group = []
-        out.append(job)
-    if group:
-        out.append(group)
-    return out
-
-
 @dataclass(slots=True)
 class Written:
     """A group after its write step: what to flush, and what is known already."""
@@ -101,30 +93,151 @@ class Written:
     results: list[Result]
     """Appends refused before their flush (a partition closed by an error)."""
     done: list[Job]
-    """Appends written, waiting for their flush."""
+    """Appends written, waiting for their flush (then for the control flush covering them)."""
     syncs: list[tuple[FsStoragePartition, int, int]]
     """(partition, kind, fd) of every file to flush."""
     fds: list[int]
     """The files to flush (the fds of ``syncs``)."""
     touched: list[FsStoragePartition]
-    """The partitions written (each publishes its records once they are durable)."""
+    """The partitions written (each publishes its records once they are acknowledged)."""
 
 
-class GroupCommit:
-    """The steps of a round (see the module); the runners call them."""
+@dataclass(slots=True)
+class Cover:
+    """A control flush: the groups flushed before it that it covers."""
+
+    groups: list[Written]
+    staged: list[FsStoragePartition]
+    """The partitions whose new end it wrote in the control file."""
+    covered: dict[FsStoragePartition, _View | None]
+    """The partitions open when it was written (their appends are done once it is
+    durable), with the records they publish then (None: no newer ones)."""
+
+
+@dataclass(slots=True)
+class Flush:
+    """A flush to start (:meth:`Pipeline.start`): a group's files, or the control file."""
+
+    kind: str
+    """:data:`DATA_FLUSH` or :data:`CONTROL_FLUSH`."""
+    fds: list[int]
+
+
+DATA_FLUSH, CONTROL_FLUSH = "data", "control"
+
+
+class Pipeline:
+    """The committer's state between its flushes (see the module); both runners drive
+    it: they queue jobs, start what :meth:`start` returns, and report each flush's end.
+
+    Two stages, at most one flush each under way: a group's data (what is queued, as
+    soon as the previous group's data flush ended) and the control file (covering every
+    group flushed since the last one, as soon as the previous control flush ended). A
+    control struct is written only while no control flush is under way (each partition
+    alternates between its two structs: the one being flushed is never the one written
+    over), and an action only when nothing is under way."""
 
     def __init__(self, engine: FsStorageEngine) -> None:
         self.engine = engine
+        self.queue: collections.deque[Job] = collections.deque()
+        """Jobs not started, in order."""
+        self.data: Written | None = None
+        """The group whose data flush is under way."""
+        self.flushed: list[Written] = []
+        """Groups whose data flush ended, waiting for a control flush."""
+        self.cover: Cover | None = None
+        """The control flush under way."""
+        self.acting: Job | None = None
+        """The action under way (nothing else starts meanwhile)."""
 
-    @staticmethod
-    def act(job: Job) -> Result:
-        """Run an action (after the appends queued before it are durable)."""
-        assert job.action is not None
+    def idle(self) -> bool:
+        return (
+            not self.queue
+            and self.data is None
+            and not self.flushed
+            and self.cover is None
+            and self.acting is None
+        )
+
+    def start(self) -> tuple[list[Result], list[Flush | Job]]:
+        """Start what can start now: the results known already, and the flushes and the
+        action (at most one, last) for the runner to carry out."""
+        results: list[Result] = []
+        started: list[Flush | Job] = []
+        while self.acting is None:
+            if self.cover is None and self.flushed:
+                groups, self.flushed = self.flushed, []
+                cover = self.stage(groups)
+                if cover.staged:
+                    self.cover = cover
+                    started.append(Flush(CONTROL_FLUSH, [self.engine.control.fd]))
+                else:  # nothing to make durable (partitions closed meanwhile)
+                    results.extend(self.finish(cover, None))
+                continue
+            if not self.queue:
+                break
+            if self.queue[0].action is not None:
+                if self.data is None and self.cover is None and not self.flushed:
+                    self.acting = self.queue.popleft()
+                    started.append(self.acting)
+                break
+            if self.data is not None:
+                break
+            group: list[Job] = []
+            while self.queue and self.queue[0].action is None:
+                group.append(self.queue.popleft())
+            try:
+                written = self.write(group)
+            except BaseException as exc:  # a bug: fail the group, go on
+                log.exception("storage committer failed")
+                results.extend((job, exc) for job in group)
+                continue
+            results.extend(written.results)
+            if written.done:
+                self.data = written
+                started.append(Flush(DATA_FLUSH, written.fds))
+        return results, started
+
+    def data_done(self, errors: list[OSError | None]) -> None:
+        """The data flush under way ended (``errors``: each file's, None when it completed)."""
+        written = self.data
+        assert written is not None
+        self.data = None
+        self.flushed_group(written, errors)
+        self.flushed.append(written)
+
+    def control_done(self, error: OSError | None) -> list[Result]:
+        """The control flush under way ended: the appends it covers are done."""
+        cover = self.cover
+        assert cover is not None
+        self.cover = None
+        return self.finish(cover, error)
+
+    def action_done(self) -> Result:
+        """Run the action started (:meth:`start`): its result."""
+        job = self.acting
+        assert job is not None and job.action is not None
         try:
             job.action()
         except BaseException as exc:
             return job, exc
+        finally:
+            self.acting = None
         return job, None
+
+    def fail_all(self, exc: BaseException) -> list[Result]:
+        """After a bug in the committer: fail every job not done (never leave a waiter
+        hanging); the flushes under way still end (their results then are ignored)."""
+        jobs = list(self.queue)
+        self.queue.clear()
+        for written in [*([self.data] if self.data else []), *self.flushed]:
+            jobs.extend(written.done)
+        if self.cover is not None:
+            jobs.extend(job for written in self.cover.groups for job in written.done)
+        if self.acting is not None:
+            jobs.append(self.acting)
+            self.acting = None
+        return [(job, exc) for job in jobs]
 
     @staticmethod
     def write(jobs: list[Job]) -> Written:
@@ -156,16 +269,23 @@ class GroupCommit:
         return Written(results, done, syncs, [fd for _, _, fd in syncs], list(touched))
 
     @staticmethod
-    def stage(written: Written, errors: list[OSError | None]) -> list[FsStoragePartition]:
-        """After the data flushes (``errors``: each file's, None when it completed): a
-        failed flush closes its partition; each of the others writes its acknowledged
-        end (not flushed yet). The partitions that wrote one: the control file must be
-        flushed before their appends are acknowledged."""
+    def flushed_group(written: Written, errors: list[OSError | None]) -> None:
+        """After a group's data flushes: a failed flush closes its partition (its appends
+        fail when the group is covered); each of the others notes its durable end."""
         for (part, _, _), error in zip(written.syncs, errors, strict=True):
             if error is not None and part.broken is None:
                 part.mark_broken(error)
-        staged: list[FsStoragePartition] = []
         for part in written.touched:
+            if part.broken is None:
+                part.note_flushed()
+
+    @staticmethod
+    def stage(groups: list[Written]) -> Cover:
+        """Write the durable end of each partition of the groups flushed that is still
+        open, in the control file (not flushed yet)."""
+        staged: list[FsStoragePartition] = []
+        covered: dict[FsStoragePartition, _View | None] = {}
+        for part in dict.fromkeys(p for written in groups for p in written.touched):
             if part.broken is not None:
                 continue
             try:
@@ -173,29 +293,31 @@ class GroupCommit:
                     staged.append(part)
             except OSError as exc:
                 part.mark_broken(exc)
-        return staged
+                continue
+            covered[part] = part.take_flushed_view()
+        return Cover(groups, staged, covered)
 
     @staticmethod
-    def finish(
-        written: Written, staged: list[FsStoragePartition], control_error: OSError | None
-    ) -> list[Result]:
-        """After the control file's flush (``control_error``: None when it completed or
-        none was needed): a failed one closes the partitions staged, as a failed data
-        flush would; the appends of the others are done and published."""
+    def finish(cover: Cover, control_error: OSError | None) -> list[Result]:
+        """After the control flush that covers flushed groups (``control_error``: None
+        when it completed or none was needed): a failed one closes the partitions staged,
+        as a failed data flush would; the appends of the others are done and published."""
         if control_error is not None:
-            for part in staged:
+            for part in cover.staged:
                 if part.broken is None:
                     part.mark_broken(control_error)
-        results = written.results
-        for job in written.done:
-            assert job.partition is not None
-            if job.partition.broken is not None:
-                results.append((job, job.partition.broken_error()))
-            else:
-                results.append((job, None))
-        for part in written.touched:
-            if part.broken is None:
-                part.publish()
+        results: list[Result] = []
+        for written in cover.groups:
+            for job in written.done:
+                owner = job.partition
+                assert owner is not None
+                if owner in cover.covered and (control_error is None or owner not in cover.staged):
+                    results.append((job, None))
+                else:
+                    results.append((job, owner.broken_error()))
+        for part, view in cover.covered.items():
+            if part.broken is None and view is not None:
+                part.publish_view(view)
         return results
 
 
@@ -262,10 +384,11 @@ class ThreadRunner(Runner):
 
 
 class SyncThreads:
-    """Flushes the files of a round at once: the committer flushes the first one
-    itself and up to ``helpers`` threads the others (each the files handed to it, in
-    turn). The threads start when a round first has several files and stay for the
-    engine's life; a hand-off is a SimpleQueue put and get, no future, no executor."""
+    """Flushes the files of a group at once (one caller at a time): the calling thread
+    flushes the first one itself and up to ``helpers`` threads the others (each the
+    files handed to it, in turn). The threads start when a group first has several
+    files and stay for the engine's life; a hand-off is a SimpleQueue put and get, no
+    future, no executor."""
 
     def __init__(self, name: str, fdatasync: Callable[[int], None], helpers: int = 3) -> None:
         self._name = name
@@ -314,7 +437,7 @@ class SyncThreads:
         return _checked(errors)
 
     def stop(self) -> None:
-        """End the threads (after the round under way: called by the committer)."""
+        """End the threads (once no flush is under way: called by the committer)."""
         for inbox in self._inboxes:
             inbox.put(None)
         for thread in self._threads:
@@ -331,83 +454,164 @@ def _checked(errors: list[BaseException | None]) -> list[OSError | None]:
     return flushed
 
 
+@dataclass(slots=True)
+class _Ended:
+    """A flush ended (posted to the committer by a flusher thread)."""
+
+    kind: str
+    errors: list[OSError | None]
+    seconds: float
+
+
 class _CommitterThread(threading.Thread):
     """The one thread that writes (:class:`ThreadRunner`).
 
-    Jobs come through a SimpleQueue (a put from the event loop, a get here that takes
-    everything queued as one round); a round's results go back to the loop in one
+    Everything comes to it through one SimpleQueue: jobs (a put from the event loop),
+    and the end of each flush (from the two flusher threads: a group's files, spread
+    over :class:`SyncThreads`, and the control file; or its own, see :meth:`_advance`).
+    It takes everything queued, starts what can start (:meth:`Pipeline.start`; an
+    action runs here), and sends the results back to the loop in one
     ``call_soon_threadsafe``. ``submit`` and ``stop`` are called on the event loop."""
 
     def __init__(self, engine: FsStorageEngine, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name=f"waltz-fs-committer:{engine.directory}", daemon=True)
         self._engine = engine
-        self._logic = GroupCommit(engine)
+        self._pipe = Pipeline(engine)
         self._loop = loop
-        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Job | _Ended | None] = queue.SimpleQueue()
         self._stopping = False
         # engine.files read at each flush (a test may replace the file layer's methods)
         self._syncs = SyncThreads("waltz-fs-sync", lambda fd: engine.files.fdatasync(fd))  # noqa: PLW0108
+        self._flushers: dict[str, queue.SimpleQueue[list[int] | None]] = {}
+        self._threads: list[threading.Thread] = []
+        self._overlap = False
+        """Whether a group's data flush ran beside the last control flush (appends come
+        while the control file is flushed: the next one alone runs in a flusher thread,
+        so that a group coming meanwhile starts at once)."""
 
     def submit(self, job: Job) -> None:
         if self._stopping:
             raise StorageError("the storage engine is closed")
-        self._queue.put(job)
+        self._inbox.put(job)
 
     def stop(self) -> None:
         if not self._stopping:
             self._stopping = True
-            self._queue.put(STOP)
+            self._inbox.put(STOP)
 
     def run(self) -> None:
-        pending = self._queue
+        inbox = self._inbox
+        pipe = self._pipe
         stopped = False
-        while not stopped:
-            first = pending.get()
-            if first is STOP:
-                break
-            jobs = [first]
-            while not pending.empty():
-                job = pending.get_nowait()
-                if job is STOP:
+        while not (stopped and pipe.idle()):
+            item = inbox.get()
+            results: list[Result] = []
+            while True:
+                if item is STOP:
                     stopped = True
+                elif isinstance(item, _Ended):
+                    results.extend(self._ended(item))
+                else:
+                    pipe.queue.append(item)
+                if inbox.empty():
                     break
-                jobs.append(job)
+                item = inbox.get_nowait()
+            here: Flush | None = None
             try:
-                self._round(jobs)
+                here = self._advance(results)
             except BaseException as exc:  # never leave a waiter hanging
                 log.exception("storage committer failed")
-                self._finish([(job, exc) for job in jobs if not job.future.done()])
+                results.extend(pipe.fail_all(exc))
+            self._finish(results)
+            if here is not None:  # its end is handled with whatever came meanwhile
+                ended = self._flushed(here)
+                if here.kind == CONTROL_FLUSH:  # beside a data flush, or jobs came
+                    self._overlap = pipe.data is not None or not inbox.empty()
+                inbox.put(ended)
+        for flusher in self._flushers.values():
+            flusher.put(None)
+        for thread in self._threads:
+            thread.join()
         self._syncs.stop()
 
-    def _round(self, jobs: list[Job]) -> None:
-        logic = self._logic
-        results: list[Result] = []
-        for step in steps(jobs):
-            if isinstance(step, Job):
-                results.append(logic.act(step))
-                continue
-            written = logic.write(step)
-            if not written.fds:
-                results.extend(logic.finish(written, [], None))
-                continue
-            started = time.perf_counter()
-            staged = logic.stage(written, self._syncs.sync_all(written.fds))
-            control_error = self._sync_control() if staged else None
-            observer = self._engine.fsync_observer
-            if observer is not None:
-                observer(time.perf_counter() - started)
-            results.extend(logic.finish(written, staged, control_error))
-        self._finish(results)
+    def _advance(self, results: list[Result]) -> Flush | None:
+        """Start what can start (actions run here, one after the other); adds the results
+        known to ``results``. The flush to run in this thread, if any (a thread hop less
+        each way): the data flush while no control flush is under way (nothing else
+        could start meanwhile); the control flush while a data flush is under way, or
+        alone when no append came during the last one (under load, one alone runs in a
+        flusher thread: a group coming meanwhile starts at once)."""
+        pipe = self._pipe
+        while True:
+            known, started = pipe.start()
+            results.extend(known)
+            flushes = [work for work in started if isinstance(work, Flush)]
+            here: Flush | None = None
+            for flush in flushes:
+                if flush.kind == CONTROL_FLUSH:
+                    if pipe.data is not None or not self._overlap:
+                        here = flush
+                    self._overlap = pipe.data is not None
+                elif pipe.cover is None:
+                    here = flush
+                else:
+                    self._overlap = True
+            for flush in flushes:
+                if flush is not here:
+                    self._flusher(flush.kind).put(flush.fds)
+            if len(flushes) == len(started):
+                return here
+            assert here is None  # an action starts alone
+            results.append(pipe.action_done())
 
-    def _sync_control(self) -> OSError | None:
-        """Flush the control file (the round's acknowledged ends); its error, if any.
-        (The group's files were flushed before, all at once: fdatasync for both kinds,
-        data and index at a checkpoint; it flushes the size too, not the mtime.)"""
+    def _flushed(self, flush: Flush) -> _Ended:
+        """Run ``flush`` here."""
+        started = time.perf_counter()
+        errors = self._sync(flush.kind, flush.fds)
+        return _Ended(flush.kind, errors, time.perf_counter() - started)
+
+    def _ended(self, ended: _Ended) -> list[Result]:
+        observer = self._engine.fsync_observer
+        if observer is not None:
+            observer(ended.seconds)
+        if ended.kind == DATA_FLUSH:
+            self._pipe.data_done(ended.errors)
+            return []
+        return self._pipe.control_done(ended.errors[0])
+
+    def _flusher(self, kind: str) -> queue.SimpleQueue[list[int] | None]:
+        """The thread that flushes ``kind`` (started at its first flush)."""
+        flusher = self._flushers.get(kind)
+        if flusher is None:
+            flusher = self._flushers[kind] = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=self._flush,
+                args=(kind, flusher),
+                name=f"waltz-fs-{kind}-flush",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+        return flusher
+
+    def _flush(self, kind: str, flusher: queue.SimpleQueue[list[int] | None]) -> None:
+        while (fds := flusher.get()) is not None:
+            self._inbox.put(self._flushed(Flush(kind, fds)))
+
+    def _sync(self, kind: str, fds: list[int]) -> list[OSError | None]:
         try:
-            self._engine.control.sync()
+            return self._syncs.sync_all(fds) if kind == DATA_FLUSH else self._sync_one(fds)
+        except BaseException as exc:  # handed back as a failed flush: never a hang
+            log.exception("storage flush failed")
+            return [OSError(errno.EIO, f"the flush failed: {exc!r}")] * len(fds)
+
+    def _sync_one(self, fds: list[int]) -> list[OSError | None]:
+        (fd,) = fds
+        try:
+            self._engine.files.fdatasync(fd)
         except OSError as exc:
-            return exc
-        return None
+            return [exc]
+        return [None]
 
     def _finish(self, results: list[Result]) -> None:
         if results:
@@ -422,10 +626,12 @@ async def _no_wait() -> None:
 class LoopRunner(Runner):
     """Everything on the event loop (see the module): no thread at all.
 
-    ``flush_wait``: awaited once per group of flushes between requesting them and
+    ``flush_wait``: awaited by each flush (a group's files, or the control file: each
+    a task of the committer's, both under way at once) between requesting it and
     calling ``fdatasync`` (the flush's duration), and before each action (its own
     flushes happen inside it, synchronously); ``read_wait``: awaited before each read.
-    A task cancelled in a wait (its process died) never makes the writes durable."""
+    A committer cancelled (its process died) cancels its flushes: those never make the
+    writes durable."""
 
     def __init__(
         self,
@@ -439,14 +645,15 @@ class LoopRunner(Runner):
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._logic: GroupCommit | None = None
+        self._pipe: Pipeline | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
 
     async def run(self, fn: Callable[[], T]) -> T:
         await self._read_wait()
         return fn()
 
     def start_committer(self, engine: FsStorageEngine) -> Committer:
-        self._logic = GroupCommit(engine)
+        self._pipe = Pipeline(engine)
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"waltz-fs-committer:{engine.directory}"
@@ -471,62 +678,72 @@ class LoopRunner(Runner):
             await asyncio.wait([self._task])
 
     async def _run(self) -> None:
-        assert self._wake is not None
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            jobs: list[Job] = []
-            stopped = False
-            while self._queue:
-                job = self._queue.popleft()
-                if job is STOP:
-                    stopped = True
-                    break
-                jobs.append(job)
-            if jobs:
+        pipe, wake = self._pipe, self._wake
+        assert pipe is not None and wake is not None
+        stopped = False
+        try:
+            while True:
+                while self._queue:
+                    job = self._queue.popleft()
+                    if job is STOP:
+                        stopped = True
+                    else:
+                        pipe.queue.append(job)
                 try:
-                    await self._round(jobs)
+                    known, started = pipe.start()
                 except Exception as exc:  # never leave a waiter hanging
                     log.exception("storage committer failed")
-                    resolve([(job, exc) for job in jobs if not job.future.done()])
-            if stopped:
-                return
+                    known, started = pipe.fail_all(exc), []
+                resolve(known)
+                for work in started:
+                    self._spawn(self._act() if isinstance(work, Job) else self._flush(work))
+                if stopped and pipe.idle():
+                    return
+                await wake.wait()
+                wake.clear()
+        finally:
+            for task in self._flushes:  # cancelled: the process died
+                task.cancel()
 
-    async def _round(self, jobs: list[Job]) -> None:
-        logic = self._logic
-        assert logic is not None
-        results: list[Result] = []
-        for step in steps(jobs):
-            if isinstance(step, Job):
-                await self._flush_wait()
-                results.append(logic.act(step))
-                continue
-            written = logic.write(step)
-            if not written.fds:
-                results.extend(logic.finish(written, [], None))
-                continue
-            engine = logic.engine
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            staged = logic.stage(written, await self._sync_all(engine, written.fds))
-            control_error = None
-            if staged:  # a flush of its own, after the data's: it takes its time too
-                (control_error,) = await self._sync_all(engine, [engine.control.fd])
-            observer = engine.fsync_observer
-            if observer is not None:
-                observer(loop.time() - started)
-            results.extend(logic.finish(written, staged, control_error))
-        resolve(results)
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
-    async def _sync_all(self, engine: FsStorageEngine, fds: list[int]) -> list[OSError | None]:
-        """Request the flushes, wait for them, then make the writes durable."""
+    async def _act(self) -> None:
+        """The action started: after a flush's time (its flushes are its own)."""
+        pipe, wake = self._pipe, self._wake
+        assert pipe is not None and wake is not None
+        await self._flush_wait()
+        resolve([pipe.action_done()])
+        wake.set()
+
+    async def _flush(self, flush: Flush) -> None:
+        """Request the flush, wait for it, then make the writes durable."""
+        pipe, wake = self._pipe, self._wake
+        assert pipe is not None and wake is not None
+        engine = pipe.engine
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         await self._flush_wait()
         errors: list[BaseException | None] = []
-        for fd in fds:
+        for fd in flush.fds:
             try:
                 engine.files.fdatasync(fd)
             except BaseException as exc:
                 errors.append(exc)
             else:
                 errors.append(None)
-        return _checked(errors)
+        observer = engine.fsync_observer
+        if observer is not None:
+            observer(loop.time() - started)
+        try:
+            flushed = _checked(errors)
+            if flush.kind == DATA_FLUSH:
+                pipe.data_done(flushed)
+            else:
+                resolve(pipe.control_done(flushed[0]))
+        except Exception as exc:  # never leave a waiter hanging
+            log.exception("storage committer failed")
+            resolve(pipe.fail_all(exc))
+        wake.set()

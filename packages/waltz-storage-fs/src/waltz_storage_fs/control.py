@@ -92,7 +92,7 @@ class ControlFile:
         self, partition_id: int, slot: int, struct: fmt.InfoStruct, *, sync: bool = True
     ) -> None:
         """Write one struct; flushed unless ``sync`` is False (the committer writes the
-        acknowledged ends of a round's partitions, then flushes once: :meth:`sync`)."""
+        acknowledged ends of a group's partitions, then flushes the file once)."""
         self.files.pwrite(
             self.fd,
             fmt.encode_info_struct(partition_id, struct),

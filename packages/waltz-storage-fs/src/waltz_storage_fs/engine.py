@@ -5,13 +5,14 @@ the group commit's state; the committer, the format, recovery, the control file,
 files and the quarantine are modules of their own.)
 
 Threads: one *committer* owns every write (:mod:`waltz_storage_fs.committer`).
-Appends of all partitions queue to it; each round it writes every queued batch (one
+Appends of all partitions queue to it; it writes every queued batch as one group (one
 ``pwrite`` per batch for the data, one for the index entries), then issues one
-``fdatasync`` per touched data file, then writes each touched partition's new
-acknowledged end into the control file and flushes it once (so that recovery can
-tell an acknowledged tail lost from a torn write: :mod:`waltz_storage_fs.format`),
-and only then resolves the appends' futures. While a round is on the disk the next
-appends queue up, so concurrent appends coalesce (group commit). Reads run in a
+``fdatasync`` per touched data file; once they completed, it writes each touched
+partition's new acknowledged end into the control file and flushes it (so that
+recovery can tell an acknowledged tail lost from a torn write:
+:mod:`waltz_storage_fs.format`), while the next group's data is flushed, and only
+then resolves the appends' futures. While a group is on the disk the next appends
+queue up, so concurrent appends coalesce (group commit). Reads run in a
 small pool of engine-owned threads with ``pread`` through the index; nothing keeps a
 segment, or an index, in memory. A scrub (:mod:`waltz_storage_fs.scrub`) reads in
 that pool too, and there writes the new segment file of a split that nobody reads
@@ -182,6 +183,12 @@ class FsStoragePartition(StoragePartition):
         self._info_sequence = struct.sequence
         self._acked_end = struct.acked_end
         """Committer side: the acknowledged end in the control file (format.py)."""
+        self._durable_end = struct.acked_end
+        """Committer side: the end of the records flushed (the next control flush raises
+        the acknowledged end to it); never above the log's end after a truncation."""
+        self._flushed_view: _View | None = None
+        """Committer side: the records flushed, published once the control file's flush
+        covers them (None: nothing flushed since the last publish)."""
         self._next_txid = 0  # loop side: the id the next append must start with
         self.broken: OSError | None = None
         self._closed = False
@@ -200,12 +207,26 @@ class FsStoragePartition(StoragePartition):
         self.broken = exc
 
     def publish(self) -> None:
+        """Readers see the segments as they are now (an action's state, flushed)."""
+        self._view = self._make_view()
+        self._flushed_view = None  # an older state is never published after this one
+
+    def take_flushed_view(self) -> _View | None:
+        """The records flushed since the last publish (their end is being acknowledged):
+        readers see them once the control flush completed (:meth:`publish_view`)."""
+        view, self._flushed_view = self._flushed_view, None
+        return view
+
+    def publish_view(self, view: _View) -> None:
+        self._view = view
+
+    def _make_view(self) -> _View:
         segs = tuple(
             _SegView(s.first, s.count, s.size, s.data_fd, s.index_fd, s.created_ms)
             for s in self._segments
         )
         max_txid = segs[-1].first + segs[-1].count - 1 if segs else self._start - 1
-        self._view = _View(
+        return _View(
             segs,
             max_txid,
             tuple(missing_ranges(self._segments, self._start)),
@@ -237,7 +258,7 @@ class FsStoragePartition(StoragePartition):
         self.quarantined = layout.quarantined
         self.publish()
         self._next_txid = self._view.max_txid + 1
-        end = self._next_txid
+        end = self._durable_end = self._next_txid
         if end != self._acked_end:
             # below: the lost tail is marked and moved aside; above: records recovery
             # kept, made durable before they count as acknowledged (a migrated
@@ -267,7 +288,8 @@ class FsStoragePartition(StoragePartition):
         self, info: SessionInfo, flags: int, *, acked_end: int | None = None, sync: bool = True
     ) -> None:
         """Write the struct that is not current (then it is), flushed unless ``sync`` is
-        False (the caller flushes the control file before it relies on it)."""
+        False (the caller flushes the control file before it relies on it, and writes
+        no other struct of this partition until then)."""
         slot = 1 - self._info_slot
         sequence = self._info_sequence + 1
         end = self._acked_end if acked_end is None else acked_end
@@ -277,13 +299,20 @@ class FsStoragePartition(StoragePartition):
         self._info, self._flags, self._acked_end = info, flags, end
         self._info_slot, self._info_sequence = slot, sequence
 
-    def stage_acked_end(self) -> bool:
-        """After a round's data flushes: write the new acknowledged end (not flushed: the
-        committer flushes the control file once for the round, before it acknowledges
-        anything). Whether there was one to write."""
+    def note_flushed(self) -> None:
+        """After a group's data flush: its records are durable (what the next control
+        flush covers, and what readers see after it)."""
         seg = self._segments[-1] if self._segments else None
-        end = seg.end if seg is not None else self._start
-        if end == self._acked_end:
+        self._durable_end = seg.end if seg is not None else self._start
+        self._flushed_view = self._make_view()
+
+    def stage_acked_end(self) -> bool:
+        """Write the durable end as the acknowledged end (not flushed: the committer
+        flushes the control file with the next group's data, before it acknowledges the
+        records it covers). Whether there was one to write: an end only rises here (a
+        truncation since the flush lowered the durable end with the acknowledged one)."""
+        end = self._durable_end
+        if end <= self._acked_end:
             return False
         self._write_info(self._info, self._flags, acked_end=end, sync=False)
         return True
@@ -415,6 +444,9 @@ class FsStoragePartition(StoragePartition):
 
     def _truncate_files(self, transaction_id: int) -> None:
         files = self._files
+        # never an end staged later above the cut log (records written after the cut
+        # are not durable before their own flush)
+        self._durable_end = min(self._durable_end, transaction_id + 1)
         end = min(self._acked_end, transaction_id + 1)
         if any(a <= transaction_id for a, _ in missing_ranges(self._segments, self._start)):
             # records in a hole at or below the new end were acknowledged once: the log
@@ -493,6 +525,7 @@ class FsStoragePartition(StoragePartition):
             raise self.broken_error() from exc
         self._segments = kept
         self._start = start
+        self._durable_end = max(self._durable_end, start)
         self.publish()
         log.info(
             "partition %d: deleted %d segment(s) of archived records; the local log starts at %d",
@@ -950,8 +983,9 @@ class FsStorageEngine(StorageEngine):
         self._committer = runner.start_committer(self)
         self._closed = False
         self.fsync_observer: Callable[[float], None] | None = None
-        """Called (on the committer thread) with the seconds of each group commit's
-        flush to disk alone; the storage node's metrics set it."""
+        """Called (on the committer thread) with the seconds of each flush to disk
+        alone: a group's data files (one ``fdatasync`` each, at once), or the control
+        file (the acknowledged ends); the storage node's metrics set it."""
 
     @classmethod
     async def open(

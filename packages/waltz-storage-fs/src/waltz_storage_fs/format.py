@@ -39,8 +39,9 @@ empty). It is kept apart from the records so that start-up recovery can tell a
 tail lost after it was acknowledged (a lost write: zeros or older bytes where
 flushed records were, a short file, a missing segment) from the torn tail of a
 write that was never flushed: the engine writes it, and flushes the control file,
-after a commit round's data flushes and before any append of the round is
-acknowledged; a truncation lowers it before it cuts the files.
+after a commit group's data flushes completed (while the next group's data is being
+flushed) and before any append of the group is acknowledged; a truncation lowers it
+before it cuts the files.
 
 Segment data and index files start with the same 128-byte header: format
 version int32, creation time int64, cluster key UUID, partition id int32,
