@@ -192,9 +192,7 @@ async def test_a_damaged_segment_header_is_rewritten_from_its_index(opener: Open
     await engine.close()
     seg = opener.directory / "0" / fmt.segment_file_name(0, fmt.SEGMENT_SUFFIX)
     original = seg.read_bytes()[: fmt.HEADER_SIZE]
-    with seg.open("r+b") as f:
-        f.seek(10)
-        f.write(b"\xff")
+    _flip_byte(seg, 10)
     engine = await opener()
     await assert_log(engine, 0, 2)
     await assert_log(engine, 1, 2)
@@ -204,6 +202,16 @@ async def test_a_damaged_segment_header_is_rewritten_from_its_index(opener: Open
     assert entry.partition_id == 0 and "damaged-header" in entry.folder.name
     saved = (entry.folder / f"{seg.name}.header").read_bytes()
     assert saved != original and saved[:10] == original[:10]
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    """Change the byte at ``offset`` (inverted: writing a fixed value would change
+    nothing when the byte already holds it, e.g. a creation time's byte, 1 in 256)."""
+    with path.open("r+b") as f:
+        f.seek(offset)
+        (old,) = f.read(1)
+        f.seek(offset)
+        f.write(bytes([old ^ 0xFF]))
 
 
 async def test_a_segment_with_both_headers_damaged_is_moved_aside(opener: Opener) -> None:
@@ -218,9 +226,7 @@ async def test_a_segment_with_both_headers_damaged_is_moved_aside(opener: Opener
     middle, last = firsts[1], firsts[-1]
     for first in (middle, last):
         for suffix in (fmt.SEGMENT_SUFFIX, fmt.INDEX_SUFFIX):
-            with (pdir / fmt.segment_file_name(first, suffix)).open("r+b") as f:
-                f.seek(10)
-                f.write(b"\xff")
+            _flip_byte(pdir / fmt.segment_file_name(first, suffix), 10)
     engine = await opener(segment_size=300)
     part = engine.partition(0)
     # the middle one leaves a hole; the last one leaves a lost tail (LOST_SESSION)
