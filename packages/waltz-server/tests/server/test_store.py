@@ -798,3 +798,51 @@ async def test_a_replica_recovering_late_catches_up_from_writers_that_left_and_r
         assert len(cluster.nodes[C].log(P)) == 20
     finally:
         await store.close()
+
+
+async def test_a_suspect_replica_gets_the_sessions_marks_only_once_caught_up(
+    cluster: Cluster,
+) -> None:
+    """A recovery catching up a suspect replica (its storage lost what it acknowledged)
+    writes the session's marks on it only once it holds the closing mark's prefix:
+    written first, they clear its LOST_SESSION while it still lacks the records, and an
+    owner dying during the catch-up leaves a replica the next recovery takes for a clean
+    one that is merely behind (storage seed 101)."""
+    old = cluster.store(generation=1)
+    await old.start()
+    new: StorePartition | None = None
+    try:
+        await old.wait_ready(TIMEOUT)
+        acked = await asyncio.wait_for(
+            asyncio.gather(*await append_many(old, 50, b"acked")), TIMEOUT
+        )
+        assert acked == list(range(50))
+        await wait_until(lambda: len(cluster.nodes[C].log(P)) == 50, "c holds them too")
+        await old.close()
+        # C's storage node restarts having lost the end of its log (LOST_SESSION)
+        cluster.nodes[C].crash()
+        lost = cluster.nodes[C].partition(P)
+        del lost.log[10:]
+        lost.session_info = dataclasses.replace(
+            lost.session_info, low_water_mark_session_id=LOST_SESSION
+        )
+        cluster.nodes[C].append_delay = 1000.0  # its catch-up hangs
+        cluster.nodes[C].restart()
+        new = cluster.store(generation=2, seed=1)
+        await new.start()
+        session = await new.wait_ready(TIMEOUT)  # a and b are a quorum
+        appends = cluster.nodes[C].appends
+        await wait_until(
+            lambda: (
+                any(c.session_id == session.session_id for c in cluster.nodes[C].connections)
+                and lost.highest_session_id == session.session_id
+            ),
+            "c's recovery reached its storage",
+        )
+        await asyncio.sleep(0.2)  # (time for a wrong mark to be written: none may come)
+        assert len(lost.log) < 50 and cluster.nodes[C].appends == appends
+        assert lost.session_info.low_water_mark_session_id == LOST_SESSION, lost.session_info
+    finally:
+        await old.close()
+        if new is not None:
+            await new.close()

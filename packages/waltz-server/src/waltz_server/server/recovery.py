@@ -210,7 +210,13 @@ class RecoveryManager:
             self._check()
             resolved = self._resolved
             if resolved is not None:
-                if not low_water_mark_set:
+                # A suspect's storage gets this session's marks only once it holds the
+                # prefix up to the closing mark: written before (while it still lacks
+                # what it lost), they clear its LOST_SESSION, and an owner that dies
+                # during the catch-up leaves a replica the next recovery takes for a
+                # clean one that is merely behind, to vote once caught up from a peer
+                # (storage seed 101 of the replica-change runs: acknowledged ids lost).
+                if not low_water_mark_set and (not me.suspect or me.mark >= resolved):
                     if me.mark > resolved:
                         await connection.truncate(resolved)  # the dirty tail
                         me.mark = resolved
@@ -222,7 +228,7 @@ class RecoveryManager:
                     # that lost what it acknowledged, a suspect counted as offline)
                     self._clean.add(node)
                     self._check()
-                if me.mark >= resolved:
+                if low_water_mark_set and me.mark >= resolved:
                     break
             usher = self._usher_for(me)
             if usher is None:
