@@ -59,7 +59,9 @@ relies on, each faulted by the simulation and the tests:
    holds everything committed when it rejoined (:meth:`Replication.clean_due`) is
    it marked clean again (MarkReplica clean=True, which the node refuses if its log
    does not reach that far). An owner that dies anywhere in between leaves a
-   replica that the next recovery counts as offline.
+   replica that the next recovery counts as offline. A recovery catching up a suspect
+   replica writes the new session's marks on it only once it holds the closing mark's
+   prefix (storage seed 101: written first, they cleared LOST_SESSION).
 2. *A silently shortened log is beyond it.* A lost write at the very end of a log, or
    a restore from a snapshot taken within this session, leaves marks that look clean
    and a log that looks complete; the store session that wrote it sees the loss when
