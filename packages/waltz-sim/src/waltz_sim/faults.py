@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from waltz_api.errors import ConfigError
 from waltz_sim.fault_kit import ActiveFault, restart
 from waltz_sim.loop import WORLD_CONTEXT
+from waltz_sim.membership import ReplicaChanges
 from waltz_sim.net import COORDINATION
 from waltz_sim.storage_faults import STORAGE_WEIGHTS, StorageFaults
 
@@ -213,6 +214,10 @@ class Nemesis(StorageFaults):
             return
         await asyncio.sleep(WARM_UP)
         safety_end = until - QUORUM_PHASE if profile.quorum_faults else until
+        if self.world.config.membership == "replace":
+            changes = ReplicaChanges(self.world, self, self.world.rng("membership"))
+            self.world.replica_changes = changes
+            changes.start(safety_end)
         while profile.weights:
             await asyncio.sleep(self.rng.uniform(*profile.gap))
             if loop.time() >= safety_end:

@@ -1,0 +1,303 @@
+"""Replica-set changes: a spare storage node replaces a replica during the run.
+
+In a run with ``SimConfig.membership == "replace"`` the cluster has one more storage
+node than replicas per partition (``storage-<n>``): known to the cluster
+(``add_storage_node``), holding no replica at first. Once, in the safety phase, the
+nemesis *replaces* a replica of one partition, or of every partition, with the calls an
+operator makes (``waltz cluster add-replica`` / ``remove-replica``: ``ClusterAdmin``):
+
+1. the spare's replica is added: the owner ends its store session and opens one over the
+   larger set, whose recovery takes the new replica in (not a voter: caught up);
+2. at once (as `waltz cluster` scripts do) or a few seconds later, another replica is
+   removed (the same node for every partition changed): the owner opens a session over
+   the set without it. Until the store metadata names a set without it, the removed
+   node counts as impaired for the nemesis's rules (the committed records it held may
+   have their only other copies on the remaining ones, not yet on the new one);
+3. half the time, a while after, the removed replica is put back (added again: a
+   replica that left and comes back behind).
+
+What is judged at the end (:meth:`ReplicaChanges.final_sets`): the replicas of each
+partition's final set, read back like any other (every one caught up to the committed
+log); a removed replica not put back is not, except that no store session from the one
+that first recorded the set without it may have raised its fence (``removed-written``).
+A recovery that never completes after a change is seen by the liveness checks (the
+partition's ops undecided, no high-water mark at the read-back, replicas behind).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
+
+from waltz_api.cluster import coordination_from_uri
+from waltz_api.errors import ConfigError, CoordinationError
+from waltz_server.cluster_admin import ClusterAdmin
+from waltz_sim.fault_kit import ActiveFault
+
+if TYPE_CHECKING:
+    from waltz_sim.faults import Nemesis
+    from waltz_sim.world import SimProcess, World
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LATEST = 6.0
+"""Seconds before the end of the safety phase after which no replacement starts."""
+RETRY = 0.25
+"""Seconds between two attempts of a metadata call (or two looks at the rules)."""
+
+
+def storage_count(config_storage_nodes: int, membership: str) -> int:
+    """The storage processes of a run: one spare more when replicas are replaced."""
+    return config_storage_nodes + (1 if membership == "replace" else 0)
+
+
+@dataclass
+class Removal:
+    partition: int
+    node: str
+    """The storage process whose replica was removed."""
+    first_session: int | None = None
+    """The first store session over a set without it (None: not seen yet)."""
+    put_back: bool = False
+
+
+class ReplicaChanges:
+    """The replacement of one run (see the module docstring), played by the nemesis."""
+
+    def __init__(self, world: World, nemesis: Nemesis, rng: random.Random) -> None:
+        self.world = world
+        self.nemesis = nemesis
+        self.rng = rng
+        self.removals: list[Removal] = []
+        self.task: asyncio.Task[None] | None = None
+        self._opened = asyncio.Event()
+        self._watched: set[int] = set()
+
+    @property
+    def spare(self) -> SimProcess:
+        return self.world.of_kind("storage")[-1]
+
+    def start(self, safety_end: float) -> None:
+        """Play the replacement at a time the seed draws in ``[now + 1, safety_end - LATEST]``,
+        as a task of the ``admin`` process (its coordination client crosses the network)."""
+        admin = self.world.processes["admin"]
+        assert admin.incarnation is not None
+        loop = self.world.loop
+        at = self.rng.uniform(loop.time() + 1.0, max(loop.time() + 1.0, safety_end - LATEST))
+        self.task = loop.create_task(
+            self._play(at, safety_end), context=admin.incarnation.context.copy()
+        )
+
+    async def _play(self, at: float, safety_end: float) -> None:
+        world = self.world
+        loop = world.loop
+        coordination = coordination_from_uri(
+            world.coordination_uri, {"session_timeout": world.config.session_timeout}
+        )
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        try:
+            await self._retry(coordination.start, safety_end)
+            admin = ClusterAdmin(coordination)
+            await self._replace(admin, safety_end)
+        except _OutOfTime as exc:
+            world.trace.add("fault", f"replica change given up: {exc}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug of the simulation: said, never silent
+            text = f"replica change failed: {type(exc).__name__}: {exc}"
+            world.loop_errors.append(text)
+            world.trace.add("error", text)
+        finally:
+            await coordination.close()
+
+    async def _replace(self, admin: ClusterAdmin, safety_end: float) -> None:
+        world = self.world
+        loop = world.loop
+        rng = self.rng
+        spare = self.spare
+        spare_name = _node_name(spare)
+        partitions = list(range(world.config.partitions))
+        if rng.random() < 0.5:
+            partitions = [rng.choice(partitions)]
+        holders = [p for p in world.of_kind("storage") if p is not spare]
+        old = rng.choice(holders)
+        when = rng.choice(("at once", "at its session", "later"))
+        put_back = rng.random() < 0.5
+        which = ", ".join(str(p) for p in partitions)
+        if rng.random() < 0.5:
+            self._slow_spare(safety_end)
+        self._opened = asyncio.Event()
+        self._watched = set(partitions)
+        for partition in partitions:
+            await self._retry(partial(admin.add_replica, partition, spare_name), safety_end)
+        self._event(f"replica of partition {which} added on {spare.name}")
+        if when == "at its session":  # the owner's session over the larger set opened
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._opened.wait(), max(0.0, safety_end - loop.time()))
+        elif when == "later":
+            await asyncio.sleep(rng.uniform(0.5, 3.0))
+        while not self._removable(old):
+            if loop.time() >= safety_end:
+                raise _OutOfTime(f"{old.name} could not be removed within the rules")
+            await asyncio.sleep(RETRY)
+        impaired = ActiveFault(
+            "replace_replica",
+            f"remove the replica of partition {which} on {old.name} (replaced by {spare.name}, "
+            f"{when} after the add)",
+            lambda: None,
+            frozenset({old.name}),
+            duration=3600.0,  # healed once a session over the new set recorded it
+        )
+        self.nemesis._record(impaired, 3600.0)
+        removals = [Removal(partition, old.name) for partition in partitions]
+        self.removals.extend(removals)
+        for partition in partitions:
+            await self._retry(partial(_remove, admin, partition, _node_name(old)), safety_end)
+        for removal in removals:
+            removal.first_session = await self._retry(
+                partial(_first_session_without, admin, removal.partition, _node_name(old)), None
+            )
+        self.nemesis._heal(impaired)
+        self._event(f"partitions {which}: a store session over the set without {old.name}")
+        if not put_back:
+            return
+        await asyncio.sleep(rng.uniform(1.0, 4.0))
+        if loop.time() >= safety_end - 1.0:
+            return
+        for removal in removals:
+            await self._retry(
+                partial(admin.add_replica, removal.partition, _node_name(old)), safety_end
+            )
+            removal.put_back = True
+        self._event(f"replica of partition {which} put back on {old.name}")
+
+    def _removable(self, old: SimProcess) -> bool:
+        """The nemesis's rule with ``old`` impaired too (it holds committed records, some
+        maybe on one other replica only until a session over the new set recorded it),
+        the spare aside: it never acknowledged anything, and until the session after the
+        add wrote its marks its storage reads LOST_SESSION (a fenced pristine partition),
+        which the rule counts as damage."""
+        storage = (self.nemesis._impaired("storage") - {self.spare.name}) | {old.name}
+        return len(storage) <= (self.world.config.storage_nodes - 1) // 2
+
+    def on_point(self, name: str, detail: Mapping[str, object]) -> None:
+        """A protocol point was hit: a store session of a partition being changed opened."""
+        if name == "store.session_opened" and detail.get("partition") in self._watched:
+            self._opened.set()
+
+    def _slow_spare(self, safety_end: float) -> None:
+        """The spare's disk is slow while it is added (a new node catching up on a busy
+        disk): its catch-up and its marks come late."""
+        disk = self.world.disks.get(self.world.data_dir(self.spare.name))
+        if disk is None:
+            return
+        extra = self.rng.uniform(0.3, 2.0)
+        disk.extra_fsync.append(extra)
+
+        def heal() -> None:
+            if extra in disk.extra_fsync:
+                disk.extra_fsync.remove(extra)
+
+        held = self.rng.uniform(2.0, 6.0)
+        self.nemesis._record(
+            ActiveFault(
+                "slow_fsync",
+                f"slow fsyncs on {self.spare.name} (+{extra * 1000:.0f} ms) for {held:.1f}s",
+                heal,
+            ),
+            held,
+        )
+
+    def _event(self, text: str) -> None:
+        world = self.world
+        world.fault_log.append(f"{world.loop.time() - world.started_at:.2f} {text}")
+        world.trace.add("fault", text)
+
+    async def _retry(self, call: Callable[[], Awaitable[T]], until: float | None) -> T:
+        """``call`` until it answers (the coordination service may be down or cut off for a
+        while); past ``until`` (virtual time), :class:`_OutOfTime`."""
+        loop = self.world.loop
+        while True:
+            try:
+                return await call()
+            except (CoordinationError, _NotYet, OSError) as exc:
+                if until is not None and loop.time() >= until:
+                    raise _OutOfTime(f"{type(exc).__name__}: {exc}") from exc
+                if self.world.stopping:
+                    raise
+                await asyncio.sleep(RETRY)
+
+    async def final_sets(self) -> dict[int, list[str]]:
+        """Each partition's replica set at the end (storage process names)."""
+        world = self.world
+        coordination = coordination_from_uri(
+            world.coordination_uri, {"session_timeout": world.config.session_timeout}
+        )
+        await coordination.start()
+        try:
+            assignments = await ClusterAdmin(coordination).replica_assignments()
+        finally:
+            await coordination.close()
+        return {
+            partition: [n.split(":", maxsplit=1)[0] for n in assignments.replicas_of(partition)]
+            for partition in range(world.config.partitions)
+        }
+
+    def removed(self, partition: int, fences: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+        """The removed replicas of ``partition`` not put back, whose first session without
+        them is known: node -> (the fence its storage holds at the end, that session)."""
+        return {
+            r.node: (fences[r.node], r.first_session)
+            for r in self.removals
+            if r.partition == partition
+            and not r.put_back
+            and r.first_session is not None
+            and r.node in fences
+        }
+
+    def cancel(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class _OutOfTime(Exception):
+    """A replica change could not be made in the safety phase."""
+
+
+class _NotYet(Exception):
+    """No store session over the new replica set yet."""
+
+
+def _node_name(process: SimProcess) -> str:
+    from waltz_sim.world import World
+
+    return World.storage_node_name(int(process.name.rsplit("-", maxsplit=1)[1]))
+
+
+async def _remove(admin: ClusterAdmin, partition: int, node: str) -> None:
+    """Remove ``node``'s replica; done already (an earlier attempt whose answer was lost)
+    is done."""
+    try:
+        await admin.remove_replica(partition, node)
+    except ConfigError:
+        if node in (await admin.replica_assignments()).replicas_of(partition):
+            raise
+
+
+async def _first_session_without(admin: ClusterAdmin, partition: int, node: str) -> int:
+    """The store session whose replica states first name a set without ``node``."""
+    stored = (await admin.store_metadata(partition)).value
+    if any(state.replica_id.storage_node == node for state in stored.replicas):
+        raise _NotYet(f"partition {partition}: no store session without {node} yet")
+    return stored.session_id
+
+
+__all__ = ["Removal", "ReplicaChanges", "storage_count"]
