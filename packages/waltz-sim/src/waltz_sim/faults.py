@@ -293,7 +293,7 @@ class Nemesis(StorageFaults):
     # -- the rules ------------------------------------------------------------------------
 
     def _impaired(self, kind: str) -> set[str]:
-        names = {p.name for p in self.world.of_kind(kind) if not p.running}
+        names = {p.name for p in self.world.of_kind(kind) if not p.running and not p.retired}
         if kind == "storage":  # a disk whose damage is not repaired yet counts as down
             names |= {
                 p.name

@@ -80,6 +80,7 @@ class ReplicaChanges:
         self.task: asyncio.Task[None] | None = None
         self._opened = asyncio.Event()
         self._watched: set[int] = set()
+        self._crash_at_vote = False
 
     @property
     def spare(self) -> SimProcess:
@@ -132,8 +133,11 @@ class ReplicaChanges:
         when = rng.choice(("at once", "at its session", "later"))
         put_back = rng.random() < 0.5
         which = ", ".join(str(p) for p in partitions)
-        if rng.random() < 0.5:
-            self._slow_spare(safety_end)
+        self._crash_at_vote = rng.random() < 0.3
+        if self._crash_at_vote:  # the old replicas busy: the spare plans before they recover
+            self._slow_disks(holders, rng.uniform(0.02, 0.3))
+        elif rng.random() < 0.5:  # a new node catching up on a busy disk
+            self._slow_disks([spare], rng.uniform(0.3, 2.0))
         self._opened = asyncio.Event()
         self._watched = set(partitions)
         for partition in partitions:
@@ -161,6 +165,12 @@ class ReplicaChanges:
         self.removals.extend(removals)
         for partition in partitions:
             await self._retry(partial(_remove, admin, partition, _node_name(old)), safety_end)
+        if len(partitions) == world.config.partitions and not put_back and rng.random() < 0.5:
+            # it holds no replica any more: the operator stops it for good (a session of
+            # the old set still recovering may wait for it for ever)
+            old.retired = True
+            old.crash()
+            self._event(f"{old.name} decommissioned (stopped for good)")
         for removal in removals:
             removal.first_session = await self._retry(
                 partial(_first_session_without, admin, removal.partition, _node_name(old)), None
@@ -192,29 +202,43 @@ class ReplicaChanges:
         """A protocol point was hit: a store session of a partition being changed opened."""
         if name == "store.session_opened" and detail.get("partition") in self._watched:
             self._opened.set()
+        elif (
+            name == "recovery.voted"
+            and self._crash_at_vote
+            and detail.get("partition") in self._watched
+            and detail.get("replica") == _node_name(self.spare)
+        ):
+            self._crash_at_vote = False
+            self._crash_spare()
 
-    def _slow_spare(self, safety_end: float) -> None:
-        """The spare's disk is slow while it is added (a new node catching up on a busy
-        disk): its catch-up and its marks come late."""
-        disk = self.world.disks.get(self.world.data_dir(self.spare.name))
-        if disk is None:
+    def _crash_spare(self) -> None:
+        """The spare dies right after its first recovery planned it (before its marks),
+        and restarts a while later."""
+        spare = self.spare
+        if not spare.running or not self.nemesis._allowed({spare.name}):
             return
-        extra = self.rng.uniform(0.3, 2.0)
-        disk.extra_fsync.append(extra)
-
-        def heal() -> None:
-            if extra in disk.extra_fsync:
-                disk.extra_fsync.remove(extra)
-
-        held = self.rng.uniform(2.0, 6.0)
-        self.nemesis._record(
-            ActiveFault(
-                "slow_fsync",
-                f"slow fsyncs on {self.spare.name} (+{extra * 1000:.0f} ms) for {held:.1f}s",
-                heal,
-            ),
-            held,
+        spare.crash()
+        held = self.rng.uniform(0.3, 3.0)
+        fault = self.nemesis._restartable(
+            spare, f"crash {spare.name} at its first vote for {held:.1f}s", "crash"
         )
+        self.nemesis._record(fault, held)
+
+    def _slow_disks(self, nodes: list[SimProcess], extra: float) -> None:
+        """Slow the fsyncs of ``nodes`` by ``extra`` seconds for a few seconds."""
+        for node in nodes:
+            disk = self.world.disks.get(self.world.data_dir(node.name))
+            if disk is None:
+                continue
+            disk.extra_fsync.append(extra)
+            self.nemesis._record(
+                ActiveFault(
+                    "slow_fsync",
+                    f"slow fsyncs on {node.name} (+{extra * 1000:.0f} ms) while a replica is added",
+                    partial(_unslow, disk.extra_fsync, extra),
+                ),
+                self.rng.uniform(2.0, 6.0),
+            )
 
     def _event(self, text: str) -> None:
         world = self.world
@@ -280,6 +304,11 @@ def _node_name(process: SimProcess) -> str:
     from waltz_sim.world import World
 
     return World.storage_node_name(int(process.name.rsplit("-", maxsplit=1)[1]))
+
+
+def _unslow(extra_fsync: list[float], extra: float) -> None:
+    if extra in extra_fsync:
+        extra_fsync.remove(extra)
 
 
 async def _remove(admin: ClusterAdmin, partition: int, node: str) -> None:

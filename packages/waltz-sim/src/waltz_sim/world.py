@@ -154,6 +154,9 @@ class SimProcess:
     incarnations: int = 0
     handle: Any = None
     """What its main made available (the storage node, the running server, the client)."""
+    retired: bool = False
+    """Stopped for good (a storage node decommissioned after its replicas were removed):
+    never started again, not counted as impaired."""
 
     @property
     def alive(self) -> bool:
@@ -167,7 +170,9 @@ class SimProcess:
     def paused(self) -> bool:
         return self.incarnation is not None and self.incarnation.state is ProcessState.PAUSED
 
-    def start(self) -> Incarnation:
+    def start(self) -> Incarnation | None:
+        if self.retired:
+            return None
         if self.alive:
             raise SimulationError(f"{self.name} is running already")
         self.incarnations += 1
