@@ -2,26 +2,35 @@
 
 In a run with ``SimConfig.membership == "replace"`` the cluster has one more storage
 node than replicas per partition (``storage-<n>``): known to the cluster
-(``add_storage_node``), holding no replica at first. Once, in the safety phase, the
-nemesis *replaces* a replica of one partition, or of every partition, with the calls an
-operator makes (``waltz cluster add-replica`` / ``remove-replica``: ``ClusterAdmin``):
+(``add_storage_node``), holding no replica at first. Once, in the safety phase (a
+profile with faults), the run *replaces* a replica of one partition, or of every
+partition, with the calls an operator makes (``waltz cluster add-replica`` /
+``remove-replica``: ``ClusterAdmin``):
 
 1. the spare's replica is added: the owner ends its store session and opens one over the
-   larger set, whose recovery takes the new replica in (not a voter: caught up);
-2. at once (as `waltz cluster` scripts do) or a few seconds later, another replica is
-   removed (the same node for every partition changed): the owner opens a session over
-   the set without it. Until the store metadata names a set without it, the removed
-   node counts as impaired for the nemesis's rules (the committed records it held may
-   have their only other copies on the remaining ones, not yet on the new one);
-3. half the time, a while after, the removed replica is put back (added again: a
-   replica that left and comes back behind).
+   larger set, whose recovery takes the new replica in (not a voter: it catches up).
+   Half the time the spare's disk is slow meanwhile (a new node catching up on a busy
+   disk); or (three runs in ten) the old replicas' fsyncs are a little slow and the
+   spare crashes right after that recovery planned it (its ``recovery.voted`` point),
+   before its storage holds the session's marks, and restarts 0.3 to 3 s later;
+2. another replica is removed (the same node for every partition changed): at once after
+   the add (as a script does), as soon as the session over the larger set opened, or 0.5
+   to 3 s later. Until the store metadata names a set without it, the removed node counts
+   as impaired for the nemesis's rules (the committed records it held may have their only
+   other copies on the remaining ones, not yet on the new one); the removal waits until
+   the rules allow it, the spare aside (it never acknowledged anything);
+3. then, half the time, a while after, the removed replica is put back (added again: a
+   replica that left and comes back behind); otherwise, when every partition was changed,
+   half the time the removed node is decommissioned: stopped for good right after the
+   removal (``SimProcess.retired``: never restarted, not counted as impaired).
 
 What is judged at the end (:meth:`ReplicaChanges.final_sets`): the replicas of each
 partition's final set, read back like any other (every one caught up to the committed
 log); a removed replica not put back is not, except that no store session from the one
-that first recorded the set without it may have raised its fence (``removed-written``).
-A recovery that never completes after a change is seen by the liveness checks (the
-partition's ops undecided, no high-water mark at the read-back, replicas behind).
+that first recorded a set without it may have raised its fence (``removed-written``). A
+recovery that never completes after a change is seen by the liveness checks: the
+partition's high-water mark is not answered at the end (``no-high-water-mark``), and the
+fault-free throughput falls (``throughput``).
 """
 
 from __future__ import annotations

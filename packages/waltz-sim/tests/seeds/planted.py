@@ -381,6 +381,12 @@ class _Plugins:
 _LOSS = frozenset(
     {"acknowledged-lost", "committed-lost", "replica-fork", "under-replicated", "feed-content"}
 )
+_REAL = (
+    (store_session_module, "RecoveryManager", RecoveryManager),
+    (voting_module, "storage_older_than_metadata", voting_module.storage_older_than_metadata),
+    (StorePartition, "_open", StorePartition._open),
+)
+"""What the control runs of the liveness-found plants put back (see ``unplanted``)."""
 _STUCK = frozenset(
     {"undecided", "no-commit-after-heal", "no-high-water-mark", "replica-behind", "client-behind"}
 )
@@ -501,6 +507,18 @@ def planted(name: str) -> Iterator[Planted]:
     finally:
         patch.undo()
         reset_registry()
+
+
+@contextlib.contextmanager
+def unplanted() -> Iterator[None]:
+    """Inside a ``planted`` block: the real components again, for the block."""
+    patch = pytest.MonkeyPatch()
+    try:
+        for module, name, real in _REAL:
+            patch.setattr(module, name, real)
+        yield
+    finally:
+        patch.undo()
 
 
 def config_for(bug: Planted, seed: int, **changes: Any) -> SimConfig:
