@@ -43,6 +43,8 @@ def test_a_replica_is_replaced_during_the_run_and_the_final_set_is_caught_up() -
     assert re.search(rf"a store session over the set without {removed.group(2)}", log), log
     # the owner followed the assignment changes with new store sessions
     assert "replica assignment changed" in result.trace_text
+    # and the run replays event for event
+    assert run_seed(SimConfig(seed=SEED, membership="replace")).digest == result.digest
 
 
 def test_without_membership_changes_there_is_no_spare_node() -> None:
