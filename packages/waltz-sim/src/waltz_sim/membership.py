@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -52,8 +51,6 @@ from waltz_sim.fault_kit import ActiveFault
 if TYPE_CHECKING:
     from waltz_sim.faults import Nemesis
     from waltz_sim.world import SimProcess, World
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -90,6 +87,9 @@ class ReplicaChanges:
         self._opened = asyncio.Event()
         self._watched: set[int] = set()
         self._crash_at_vote = False
+        self.failure: str | None = None
+        """Why the replacement itself failed (a bug of the simulation, not of the code
+        under test: ``run_seed`` reports it as the seed's error)."""
 
     @property
     def spare(self) -> SimProcess:
@@ -121,10 +121,9 @@ class ReplicaChanges:
             world.trace.add("fault", f"replica change given up: {exc}")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a bug of the simulation: said, never silent
-            text = f"replica change failed: {type(exc).__name__}: {exc}"
-            world.loop_errors.append(text)
-            world.trace.add("error", text)
+        except Exception as exc:  # a bug of the simulation: the seed fails (runner)
+            self.failure = f"the replica change failed: {type(exc).__name__}: {exc}"
+            world.trace.add("error", self.failure)
         finally:
             await coordination.close()
 

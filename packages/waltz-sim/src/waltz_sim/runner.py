@@ -181,6 +181,9 @@ def run_seed(
     result.point_hits = dict(world.points.hits)
     result.fault_log = list(world.fault_log)
     result.loop_errors = list(world.loop_errors)
+    changes = world.replica_changes
+    if changes is not None and changes.failure is not None and result.error is None:
+        result.error = changes.failure
     if snapshot is not None:
         semantics = SEMANTICS[config.workload]()
         checked = check(history, snapshot, semantics, config.liveness)
