@@ -44,7 +44,8 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from waltz_api.cluster import coordination_from_uri
-from waltz_api.errors import ConfigError, CoordinationError
+from waltz_api.contracts.coordination import Coordination
+from waltz_api.errors import ConfigError, CoordinationError, SessionLostError
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_sim.fault_kit import ActiveFault
 
@@ -87,6 +88,7 @@ class ReplicaChanges:
         self._opened = asyncio.Event()
         self._watched: set[int] = set()
         self._crash_at_vote = False
+        self._client: Coordination | None = None
         self.failure: str | None = None
         """Why the replacement itself failed (a bug of the simulation, not of the code
         under test: ``run_seed`` reports it as the seed's error)."""
@@ -108,15 +110,9 @@ class ReplicaChanges:
 
     async def _play(self, at: float, safety_end: float) -> None:
         world = self.world
-        loop = world.loop
-        coordination = coordination_from_uri(
-            world.coordination_uri, {"session_timeout": world.config.session_timeout}
-        )
-        await asyncio.sleep(max(0.0, at - loop.time()))
+        await asyncio.sleep(max(0.0, at - world.loop.time()))
         try:
-            await self._retry(coordination.start, safety_end)
-            admin = ClusterAdmin(coordination)
-            await self._replace(admin, safety_end)
+            await self._replace(safety_end)
         except _OutOfTime as exc:
             world.trace.add("fault", f"replica change given up: {exc}")
         except asyncio.CancelledError:
@@ -125,9 +121,26 @@ class ReplicaChanges:
             self.failure = f"the replica change failed: {type(exc).__name__}: {exc}"
             world.trace.add("error", self.failure)
         finally:
-            await coordination.close()
+            if self._client is not None:
+                await self._client.close()
 
-    async def _replace(self, admin: ClusterAdmin, safety_end: float) -> None:
+    async def _admin(self) -> ClusterAdmin:
+        """The admin's cluster metadata, on a coordination session of its own (a new one
+        once it was lost: the admin is an operator's shell, it runs the command again)."""
+        if self._client is None:
+            world = self.world
+            client = coordination_from_uri(
+                world.coordination_uri, {"session_timeout": world.config.session_timeout}
+            )
+            try:
+                await client.start()
+            except BaseException:
+                await client.close()
+                raise
+            self._client = client
+        return ClusterAdmin(self._client)
+
+    async def _replace(self, safety_end: float) -> None:
         world = self.world
         loop = world.loop
         rng = self.rng
@@ -149,7 +162,7 @@ class ReplicaChanges:
         self._opened = asyncio.Event()
         self._watched = set(partitions)
         for partition in partitions:
-            await self._retry(partial(admin.add_replica, partition, spare_name), safety_end)
+            await self._retry(partial(_add, partition=partition, node=spare_name), safety_end)
         self._event(f"replica of partition {which} added on {spare.name}")
         if when == "at its session":  # the owner's session over the larger set opened
             with contextlib.suppress(TimeoutError):
@@ -172,7 +185,9 @@ class ReplicaChanges:
         removals = [Removal(partition, old.name) for partition in partitions]
         self.removals.extend(removals)
         for partition in partitions:
-            await self._retry(partial(_remove, admin, partition, _node_name(old)), safety_end)
+            await self._retry(
+                partial(_remove, partition=partition, node=_node_name(old)), safety_end
+            )
         if len(partitions) == world.config.partitions and not put_back and rng.random() < 0.5:
             # it holds no replica any more: the operator stops it for good (a session of
             # the old set still recovering may wait for it for ever)
@@ -181,7 +196,8 @@ class ReplicaChanges:
             self._event(f"{old.name} decommissioned (stopped for good)")
         for removal in removals:
             removal.first_session = await self._retry(
-                partial(_first_session_without, admin, removal.partition, _node_name(old)), None
+                partial(_first_session_without, partition=removal.partition, node=_node_name(old)),
+                None,
             )
         self.nemesis._heal(impaired)
         self._event(f"partitions {which}: a store session over the set without {old.name}")
@@ -192,7 +208,7 @@ class ReplicaChanges:
             return
         for removal in removals:
             await self._retry(
-                partial(admin.add_replica, removal.partition, _node_name(old)), safety_end
+                partial(_add, partition=removal.partition, node=_node_name(old)), safety_end
             )
             removal.put_back = True
         self._event(f"replica of partition {which} put back on {old.name}")
@@ -253,18 +269,21 @@ class ReplicaChanges:
         world.fault_log.append(f"{world.loop.time() - world.started_at:.2f} {text}")
         world.trace.add("fault", text)
 
-    async def _retry(self, call: Callable[[], Awaitable[T]], until: float | None) -> T:
+    async def _retry(self, call: Callable[[ClusterAdmin], Awaitable[T]], until: float | None) -> T:
         """``call`` until it answers (the coordination service may be down or cut off for a
-        while); past ``until`` (virtual time), :class:`_OutOfTime`."""
+        while, the admin's session lost); past ``until`` (virtual time), :class:`_OutOfTime`."""
         loop = self.world.loop
         while True:
             try:
-                return await call()
+                return await call(await self._admin())
             except (CoordinationError, _NotYet, OSError) as exc:
                 if until is not None and loop.time() >= until:
                     raise _OutOfTime(f"{type(exc).__name__}: {exc}") from exc
                 if self.world.stopping:
                     raise
+                if isinstance(exc, SessionLostError) and self._client is not None:
+                    client, self._client = self._client, None
+                    await client.close()
                 await asyncio.sleep(RETRY)
 
     async def final_sets(self) -> dict[int, list[str]]:
@@ -319,7 +338,11 @@ def _unslow(extra_fsync: list[float], extra: float) -> None:
         extra_fsync.remove(extra)
 
 
-async def _remove(admin: ClusterAdmin, partition: int, node: str) -> None:
+async def _add(admin: ClusterAdmin, *, partition: int, node: str) -> None:
+    await admin.add_replica(partition, node)
+
+
+async def _remove(admin: ClusterAdmin, *, partition: int, node: str) -> None:
     """Remove ``node``'s replica; done already (an earlier attempt whose answer was lost)
     is done."""
     try:
@@ -329,7 +352,7 @@ async def _remove(admin: ClusterAdmin, partition: int, node: str) -> None:
             raise
 
 
-async def _first_session_without(admin: ClusterAdmin, partition: int, node: str) -> int:
+async def _first_session_without(admin: ClusterAdmin, *, partition: int, node: str) -> int:
     """The store session whose replica states first name a set without ``node``."""
     stored = (await admin.store_metadata(partition)).value
     if any(state.replica_id.storage_node == node for state in stored.replicas):
