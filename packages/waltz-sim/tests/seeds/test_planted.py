@@ -33,9 +33,9 @@ MAX_SEEDS = {
 
 
 NOT_FOUND = {
-    # a recovery over the old replica set waits only until the replicas it needs come
-    # back, and every simulated process comes back at the heal: with the other two
-    # halves of the fix in place, no seed of the CI ranges sees it (docs/simulation.md)
+    # with the other two halves of the fix in place, a recovery over the old replica set
+    # needs the removed replica only while another one is down too (which the rules
+    # forbid at a removal): no seed of the CI ranges sees it (docs/simulation.md)
     "recovering-kept",
 }
 
