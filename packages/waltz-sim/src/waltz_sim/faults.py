@@ -587,9 +587,18 @@ class Nemesis(StorageFaults):
         network.slow(lagging.name, server.name, extra)
         loop = self.loop
 
+        healed: list[bool] = []
+
         def crash() -> None:
+            if healed:  # the run's heal came first (it restarts nothing any more)
+                return
             process.crash()
             disk.pending_damage = True
+
+        def heal() -> None:
+            healed.append(True)
+            if not process.alive:
+                restart([process])
 
         def unslow() -> None:
             network.unslow(server.name, lagging.name, extra)
@@ -608,7 +617,7 @@ class Nemesis(StorageFaults):
             "damage_lagging",
             f"damage on {process.name}'s disk in {crash_after:.1f}s (beside a lagging "
             f"{lagging.name}), found at its restart in {restart_after:.1f}s",
-            lambda: None if process.alive else restart([process]),
+            heal,
             frozenset({process.name}),
             duration=restart_after,
         )
