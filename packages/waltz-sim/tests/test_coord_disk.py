@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from typing import Any
 
 import pytest
 from sim_support import elapsed, idle_process, in_world
@@ -167,6 +168,41 @@ def test_watches_deliver_in_order_and_end_on_the_final_state() -> None:
     versions = in_world(scenario)
     assert versions == sorted(versions)
     assert versions[0] == -1 and versions[-1] == 20
+
+
+def test_a_change_made_while_a_watch_is_set_up_comes_after_its_first_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The service registers the watcher and reads the value, then the node changes while
+    that answer travels back: the client gets the first value, then the change (a stale
+    first value delivered last once left a server with dead servers registered for ever:
+    storage seed 16 with a replaced replica)."""
+
+    async def scenario(world: World) -> list[int]:
+        writer_process, writer = await _client(world, "w")
+        reader_process, reader = await _client(world, "r")
+        await world._in(writer_process, writer.create("/v", b"0"))
+        service = world.coordination
+        add = service.add_watcher
+
+        def add_then_delete(watcher: Any) -> Any:
+            initial = add(watcher)
+            service._remove(watcher.path)  # at the service, before the answer leaves
+            return initial
+
+        monkeypatch.setattr(service, "add_watcher", add_then_delete)
+        # the change's notification is quicker than the answer (latencies are drawn)
+        monkeypatch.setattr(service, "watch_delay", lambda process: 0.0)
+        versions: list[int] = []
+
+        async def watch() -> None:
+            await reader.watch("/v", lambda v: versions.append(-1 if v is None else v.version))
+
+        await world._in(reader_process, watch())
+        await asyncio.sleep(2.0)
+        return versions
+
+    assert in_world(scenario) == [0, -1]
 
 
 def _records(start: int, count: int) -> list[Record]:

@@ -15,7 +15,14 @@ from sim_support import idle_process, in_world
 from waltz_client import AsyncWaltzClient
 from waltz_sim import SimConfig, run_seed
 from waltz_sim.loop import START_TIME, CallbackThread
-from waltz_sim.runner import EXACT_SHARE, FIVE_NODES_SHARE, PLAIN_SHARE, mixed, replay_command
+from waltz_sim.runner import (
+    EXACT_SHARE,
+    FIVE_NODES_SHARE,
+    PLAIN_SHARE,
+    REPLACE_SHARE,
+    mixed,
+    replay_command,
+)
 from waltz_sim.world import CATCH_UP, World
 
 DURATION = 20.0
@@ -86,9 +93,11 @@ def test_a_seed_chooses_its_configuration_and_the_replay_pins_it() -> None:
         shares["exact"] += config.lock_table == "exact"
         shares["five"] += config.storage_nodes == 5
         shares["plain"] += config.callbacks == "plain"
+        shares["replace"] += config.membership == "replace"
     assert shares["exact"] / 600 == pytest.approx(EXACT_SHARE, abs=0.06)
     assert shares["five"] / 600 == pytest.approx(FIVE_NODES_SHARE, abs=0.06)
     assert shares["plain"] / 600 == pytest.approx(PLAIN_SHARE, abs=0.06)
+    assert shares["replace"] / 600 == pytest.approx(REPLACE_SHARE, abs=0.06)
     # what is given stays; the rest is what the seed chooses anyway
     both = next(c for c in chosen if c.lock_table == "exact" and c.callbacks == "plain")
     pinned = mixed(SimConfig(seed=both.seed, lock_table="hwm-array"), {"lock_table"})
@@ -101,6 +110,7 @@ def test_a_seed_chooses_its_configuration_and_the_replay_pins_it() -> None:
         "--lock-table exact",
         "--callbacks plain",
         f"--storage-nodes {both.storage_nodes}",
+        f"--membership {both.membership}",
     ):
         assert flag in command
 

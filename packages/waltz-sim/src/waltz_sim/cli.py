@@ -32,6 +32,7 @@ from waltz_sim.runner import (
     EXACT_SHARE,
     FIVE_NODES_SHARE,
     PLAIN_SHARE,
+    REPLACE_SHARE,
     SeedResult,
     mixed,
     run_seed,
@@ -197,6 +198,14 @@ def _configs(
     f"client's callback thread). Default: chosen by the seed, {PLAIN_SHARE:.0%} plain.",
 )
 @click.option(
+    "--membership",
+    type=click.Choice(["none", "replace"]),
+    default=None,
+    help=f"replace: a spare storage node replaces a replica during the run (added, then "
+    f"another removed, maybe put back). Default: chosen by the seed, {REPLACE_SHARE:.0%} "
+    "replace.",
+)
+@click.option(
     "--budget",
     type=float,
     default=None,
@@ -241,6 +250,7 @@ def simulate(  # noqa: PLR0917 - click passes options by name
     storage_engine: str,
     lock_table: str | None,
     callbacks: str | None,
+    membership: str | None,
     budget: float | None,
     jobs: int,
     show_trace: bool,
@@ -261,7 +271,12 @@ def simulate(  # noqa: PLR0917 - click passes options by name
         raise click.UsageError("--duration must be at least 20 simulated seconds")
     if last is None and budget is None:
         budget = DEFAULT_BUDGET
-    given = {"lock_table": lock_table, "storage_nodes": storage_nodes, "callbacks": callbacks}
+    given = {
+        "lock_table": lock_table,
+        "storage_nodes": storage_nodes,
+        "callbacks": callbacks,
+        "membership": membership,
+    }
     base = SimConfig(
         duration=duration,
         faults=faults,
@@ -273,6 +288,7 @@ def simulate(  # noqa: PLR0917 - click passes options by name
         storage_nodes=storage_nodes or SimConfig.storage_nodes,
         lock_table=lock_table or SimConfig.lock_table,
         callbacks=callbacks or SimConfig.callbacks,
+        membership=membership or SimConfig.membership,
         trace_level=getattr(logging, trace_level.upper()),
     )
     started = time.perf_counter()

@@ -107,6 +107,10 @@ class _Watcher:
     pending: tuple[Any] | None = None
     scheduled: bool = False
     cancelled: bool = False
+    armed: bool = False
+    """The client has its initial value: changes are delivered from then on (a change
+    notified while that answer travels waits for it, as ZooKeeper sends a watch's event
+    only after the read that set it)."""
 
 
 class SimCoordinationService:
@@ -635,6 +639,9 @@ class SimCoordination(InProcessServiceClient):
             raise
         self._watchers[watcher.id] = watcher
         delivery.push(initial)
+        watcher.armed = True
+        if watcher.pending is not None and not watcher.scheduled and self._service.link_up(self):
+            self._schedule(watcher)  # a change made while the answer travelled
         return DeliveryWatch(delivery, lambda: self._cancel_watcher(watcher))
 
     def _cancel_watcher(self, watcher: _Watcher) -> None:
@@ -648,7 +655,7 @@ class SimCoordination(InProcessServiceClient):
         if watcher.cancelled:
             return
         watcher.pending = (value,)
-        if not watcher.scheduled and self._service.link_up(self):
+        if watcher.armed and not watcher.scheduled and self._service.link_up(self):
             self._schedule(watcher)
 
     def _schedule(self, watcher: _Watcher) -> None:

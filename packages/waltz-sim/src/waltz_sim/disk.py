@@ -303,6 +303,9 @@ class Disk(abc.ABC):
         """Damaged partitions whose log lost its end (cut, wiped, restored): they count as
         impaired until a store session also wrote their marks again (SetLowWaterMark), as
         the cluster took them back as clean replicas."""
+        self.fences: dict[int, int] = {}
+        """Each partition's fence (the session id of its session info), as the last
+        :meth:`read_back` found it."""
         self.backups: list[tuple[float, dict[int, PartitionImage]]] = []
         """Crash-consistent snapshots of the disk (its durable state), oldest first."""
         self.on_session_info: Callable[[int, SessionInfo, SessionInfo], None] | None = None
@@ -361,6 +364,7 @@ class SimDisk(Disk):
         return f"{lost} unsynced records lost" if lost else None
 
     async def read_back(self) -> dict[int, list[Record]]:
+        self.fences = {p: i.written_info.session_id for p, i in self.partitions.items()}
         return self.contents()
 
     def power_loss(self) -> int:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from waltz_api.errors import ConfigError
 from waltz_sim.fault_kit import ActiveFault, restart
 from waltz_sim.loop import WORLD_CONTEXT
+from waltz_sim.membership import ReplicaChanges
 from waltz_sim.net import COORDINATION
 from waltz_sim.storage_faults import STORAGE_WEIGHTS, StorageFaults
 
@@ -213,6 +214,10 @@ class Nemesis(StorageFaults):
             return
         await asyncio.sleep(WARM_UP)
         safety_end = until - QUORUM_PHASE if profile.quorum_faults else until
+        if self.world.config.membership == "replace":
+            changes = ReplicaChanges(self.world, self, self.world.rng("membership"))
+            self.world.replica_changes = changes
+            changes.start(safety_end)
         while profile.weights:
             await asyncio.sleep(self.rng.uniform(*profile.gap))
             if loop.time() >= safety_end:
@@ -288,7 +293,7 @@ class Nemesis(StorageFaults):
     # -- the rules ------------------------------------------------------------------------
 
     def _impaired(self, kind: str) -> set[str]:
-        names = {p.name for p in self.world.of_kind(kind) if not p.running}
+        names = {p.name for p in self.world.of_kind(kind) if not p.running and not p.retired}
         if kind == "storage":  # a disk whose damage is not repaired yet counts as down
             names |= {
                 p.name
@@ -582,9 +587,18 @@ class Nemesis(StorageFaults):
         network.slow(lagging.name, server.name, extra)
         loop = self.loop
 
+        healed: list[bool] = []
+
         def crash() -> None:
+            if healed:  # the run's heal came first (it restarts nothing any more)
+                return
             process.crash()
             disk.pending_damage = True
+
+        def heal() -> None:
+            healed.append(True)
+            if not process.alive:
+                restart([process])
 
         def unslow() -> None:
             network.unslow(server.name, lagging.name, extra)
@@ -603,7 +617,7 @@ class Nemesis(StorageFaults):
             "damage_lagging",
             f"damage on {process.name}'s disk in {crash_after:.1f}s (beside a lagging "
             f"{lagging.name}), found at its restart in {restart_after:.1f}s",
-            lambda: None if process.alive else restart([process]),
+            heal,
             frozenset({process.name}),
             duration=restart_after,
         )

@@ -272,6 +272,7 @@ class FsDisk(Disk):
                 contents[partition_id] = records
                 try:
                     part = engine.partition(partition_id)
+                    self.fences[partition_id] = part.session_info().session_id
                     end = part.max_transaction_id()
                 except WaltzError:
                     continue  # a partition recovery closed: nothing readable

@@ -17,7 +17,7 @@ from waltz_sim.loop import WORLD_CONTEXT, SimLoop, SimulationError
 from waltz_sim.trace import capture_logs
 from waltz_sim.world import SimConfig, World
 
-MIXED = ("lock_table", "storage_nodes", "callbacks")
+MIXED = ("lock_table", "storage_nodes", "callbacks", "membership")
 """The configuration a seed chooses (:func:`mixed`), unless given."""
 EXACT_SHARE = 1 / 3
 """Seeds that run the ``exact`` lock table (lock precision is then checked exactly)."""
@@ -25,6 +25,9 @@ FIVE_NODES_SHARE = 1 / 5
 """Seeds that run 5 storage nodes (5 replicas per partition: a quorum of 3)."""
 PLAIN_SHARE = 1 / 4
 """Seeds whose clients use plain (synchronous) callbacks on their callback thread."""
+REPLACE_SHARE = 1 / 4
+"""Seeds with a spare storage node that replaces a replica during the run
+(``membership = "replace"``, :mod:`waltz_sim.membership`)."""
 
 EXTRA_TIME = 120.0
 """Virtual seconds a run may take beyond its duration (the read-back) before it is
@@ -73,17 +76,19 @@ class SeedResult:
 def mixed(config: SimConfig, pinned: Collection[str] = ()) -> SimConfig:
     """``config`` with what its seed chooses of :data:`MIXED` (except the ``pinned``
     fields): a share of the seeds runs the exact lock table, 5 storage nodes, the
-    clients' plain callbacks. Every draw is made whatever is pinned, so pinning one
-    leaves the others as the seed chose them."""
+    clients' plain callbacks, a replica replaced during the run. Every draw is made
+    whatever is pinned, so pinning one leaves the others as the seed chose them."""
     rng = random.Random(f"waltz-sim:{config.seed}:mix")
     lock_table = "exact" if rng.random() < EXACT_SHARE else "hwm-array"
     storage_nodes = 5 if rng.random() < FIVE_NODES_SHARE else 3
     callbacks = "plain" if rng.random() < PLAIN_SHARE else "async"
+    membership = "replace" if rng.random() < REPLACE_SHARE else "none"
     return replace(
         config,
         lock_table=config.lock_table if "lock_table" in pinned else lock_table,
         storage_nodes=config.storage_nodes if "storage_nodes" in pinned else storage_nodes,
         callbacks=config.callbacks if "callbacks" in pinned else callbacks,
+        membership=config.membership if "membership" in pinned else membership,
     )
 
 
@@ -96,6 +101,7 @@ def variant(config: SimConfig) -> str:
         if config.storage_nodes != defaults.storage_nodes
         else "",
         f"{config.callbacks} callbacks" if config.callbacks != defaults.callbacks else "",
+        "a replica replaced" if config.membership == "replace" else "",
     ]
     return ", ".join(p for p in parts if p)
 
@@ -115,6 +121,7 @@ def replay_command(config: SimConfig) -> str:
         "storage_engine": "--storage-engine",
         "lock_table": "--lock-table",
         "callbacks": "--callbacks",
+        "membership": "--membership",
     }
     always = ("duration", "faults", "workload", *MIXED)  # a seed would choose the mixed ones
     for f in fields(SimConfig):
@@ -174,6 +181,9 @@ def run_seed(
     result.point_hits = dict(world.points.hits)
     result.fault_log = list(world.fault_log)
     result.loop_errors = list(world.loop_errors)
+    changes = world.replica_changes
+    if changes is not None and changes.failure is not None and result.error is None:
+        result.error = changes.failure
     if snapshot is not None:
         semantics = SEMANTICS[config.workload]()
         checked = check(history, snapshot, semantics, config.liveness)

@@ -65,6 +65,7 @@ from waltz_sim.loop import (
     SimLoop,
     SimulationError,
 )
+from waltz_sim.membership import ReplicaChanges, storage_count
 from waltz_sim.net import NetworkConfig, SimNetwork
 from waltz_sim.trace import Trace
 
@@ -115,6 +116,10 @@ class SimConfig:
     """The clients' callbacks: ``async`` (``async def``, on the loop) or ``plain`` (the
     synchronous ones most applications use, on the client's callback thread: the
     loop's stand-in for it)."""
+    membership: str = "none"
+    """``replace``: one more storage node, holding no replica at first, replaces a replica
+    of the partitions during the run (:mod:`waltz_sim.membership`); ``none``: the replica
+    sets never change."""
     liveness: LivenessBounds = field(
         default_factory=lambda: LivenessBounds(throughput_floor=THROUGHPUT_FLOOR)
     )
@@ -149,6 +154,9 @@ class SimProcess:
     incarnations: int = 0
     handle: Any = None
     """What its main made available (the storage node, the running server, the client)."""
+    retired: bool = False
+    """Stopped for good (a storage node decommissioned after its replicas were removed):
+    never started again, not counted as impaired."""
 
     @property
     def alive(self) -> bool:
@@ -162,7 +170,9 @@ class SimProcess:
     def paused(self) -> bool:
         return self.incarnation is not None and self.incarnation.state is ProcessState.PAUSED
 
-    def start(self) -> Incarnation:
+    def start(self) -> Incarnation | None:
+        if self.retired:
+            return None
         if self.alive:
             raise SimulationError(f"{self.name} is running already")
         self.incarnations += 1
@@ -378,6 +388,8 @@ class World:
         )
         self.client_databases: dict[str, Any] = {}
         self.snapshot: ClusterSnapshot | None = None
+        self.replica_changes: ReplicaChanges | None = None
+        """The replica set changes of the run (``SimConfig.membership``), set by the nemesis."""
         self.ready_at: float | None = None
         from waltz_sim.workloads import make_workload
 
@@ -419,6 +431,8 @@ class World:
         notes the store sessions, the striker counts the point (and may strike)."""
         self.history.point(name, detail)
         self.points(name, detail)
+        if self.replica_changes is not None:
+            self.replica_changes.on_point(name, detail)
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         message = str(context.get("message", ""))
@@ -512,7 +526,7 @@ class World:
             self.scripted = True
             self.submissions_end = float("inf")  # until the script is done
             scripted = self.loop.create_task(script(self), context=WORLD_CONTEXT)
-        for i in range(config.storage_nodes):
+        for i in range(storage_count(config.storage_nodes, config.membership)):
             self.add_process(f"storage-{i}", "storage", self._storage_main)
         for i in range(config.servers):
             self.add_process(f"server-{i}", "server", self._server_main)
@@ -596,6 +610,9 @@ class World:
                 storage_nodes=[self.storage_node_name(i) for i in range(self.config.storage_nodes)],
                 cluster_key=self.cluster_key,
             )
+            if self.config.membership == "replace":  # the spare: no replica yet
+                spare = self.storage_node_name(self.config.storage_nodes)
+                await ClusterAdmin(coordination).add_storage_node(spare)
         finally:
             await coordination.close()
 
@@ -653,6 +670,8 @@ class World:
         finally:
             self.stopping = True
             await client.close()
+        changes = self.replica_changes
+        final = await changes.final_sets() if changes is not None else None
         snapshot = ClusterSnapshot()
         disks = {
             process.name: await self.disks[self.data_dir(process.name)].read_back()
@@ -664,8 +683,15 @@ class World:
             replicas = {
                 name: [stored_record(r) for r in contents.get(partition, [])]
                 for name, contents in disks.items()
+                if final is None or name in final[partition]
             }
             snapshot.partitions[partition] = PartitionSnapshot(partition, high, replicas, records)
+            if changes is not None:
+                fences = {
+                    name: self.disks[self.data_dir(name)].fences.get(partition, -1)
+                    for name in disks
+                }
+                snapshot.partitions[partition].removed = changes.removed(partition, fences)
         return snapshot
 
     async def _read_partition(

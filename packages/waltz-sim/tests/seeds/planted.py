@@ -42,7 +42,16 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
   rolls over), so a power loss loses acknowledged records;
 - ``suspect-as-clean``: a storage node that records a replica marked suspect (its storage
   lost records it had acknowledged, and it rejoined its store session) as clean: the
-  rejoin clears LOST_SESSION, as before issue 27's fix (found by the ``storage`` profile).
+  rejoin clears LOST_SESSION, as before issue 27's fix (found by the ``storage`` profile);
+- the three halves of the replaced-replica fix undone, one at a time (runs with a replica
+  replaced: ``membership = "replace"``); each can leave a partition whose recovery waits
+  for ever, found by the liveness checks (and the seed passes without the plant):
+  ``clean-at-plan``: recovery records a new (non-voting) replica clean as soon as its
+  plan is made, before its storage holds the session's marks;
+  ``never-clean-suspect``: a replica the metadata never recorded clean is taken for a
+  suspect when its storage reads LOST_SESSION (a pristine partition's fence);
+  ``recovering-kept``: a replica assignment change does not give up a store session still
+  recovering (its recovery over the old set may wait for a removed replica).
 """
 
 from __future__ import annotations
@@ -58,7 +67,14 @@ import pytest
 from waltz_api.contracts.storage import StoragePartition
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 from waltz_api.plugins import get_registry, reset_registry
-from waltz_api.types import NO_TRANSACTION, LockRequest, Record, SessionInfo
+from waltz_api.types import (
+    LOST_SESSION,
+    NO_SESSION,
+    NO_TRANSACTION,
+    LockRequest,
+    Record,
+    SessionInfo,
+)
 from waltz_client import Transaction
 from waltz_client import partition as client_partition
 from waltz_client.state import FeedTracker
@@ -69,7 +85,11 @@ from waltz_server.server import recovery as recovery_module
 from waltz_server.server import replication as replication_module
 from waltz_server.server import server as server_module
 from waltz_server.server import store_session as store_session_module
+from waltz_server.server import voting as voting_module
+from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replication import Committed, Replication
+from waltz_server.server.store import StorePartition
+from waltz_server.server.store_session import StoreSession
 from waltz_server.storage_node import node as node_module
 from waltz_server.storage_node import partition as node_partition
 from waltz_server.storage_node.partition import PartitionWorker
@@ -230,6 +250,39 @@ def _marked_clean(partition: StoragePartition, request: Any) -> SessionInfo:
     return replace(info, low_water_mark_session_id=request.session_id)
 
 
+# -- the replaced-replica fix undone (clean-at-plan, never-clean-suspect, recovering-kept) ---------
+
+
+class CleanAtPlanRecovery(RecoveryManager):
+    """Records a replica that does not vote (a new one, one behind) clean as soon as its
+    plan is made: the replica states written next say it holds the session's marks
+    before its SetLowWaterMark (the recovery before the fix)."""
+
+    def _evaluate(self) -> None:
+        for state in self._states.values():
+            if not state.voting:
+                self._clean.add(state.node)
+        super()._evaluate()
+
+
+def _older_even_never_clean(
+    state_session_id: int, storage_session_id: int, storage_low_water_mark_session_id: int
+) -> bool:
+    """voting.storage_older_than_metadata before the fix: a replica never recorded clean
+    (state session -1) whose storage reads LOST_SESSION is older than the metadata."""
+    if storage_low_water_mark_session_id == LOST_SESSION:
+        return True
+    if storage_low_water_mark_session_id == NO_SESSION:
+        return storage_session_id < state_session_id
+    return storage_low_water_mark_session_id < state_session_id
+
+
+async def _open_whatever_changes(self: StorePartition, session: StoreSession) -> int:
+    """StorePartition._open before the fix: the session opens (its recovery completes)
+    whatever the replica assignment does meanwhile."""
+    return await session.open()
+
+
 # -- double-apply: a client re-applying its last transaction after each mount --------------------
 
 
@@ -307,6 +360,9 @@ class Planted:
     profile: str = "standard"
     also: frozenset[str] = frozenset()
     """Violations the seed that finds it must show too (another check that sees it)."""
+    control: bool = False
+    """Found by liveness invariants: the seed that finds it must pass without the plant
+    (the violations are the plant's, not a liveness problem of the code under test)."""
 
 
 class _Plugins:
@@ -325,6 +381,16 @@ class _Plugins:
 _LOSS = frozenset(
     {"acknowledged-lost", "committed-lost", "replica-fork", "under-replicated", "feed-content"}
 )
+_REAL = (
+    (store_session_module, "RecoveryManager", RecoveryManager),
+    (voting_module, "storage_older_than_metadata", voting_module.storage_older_than_metadata),
+    (StorePartition, "_open", StorePartition._open),
+)
+"""What the control runs of the liveness-found plants put back (see ``unplanted``)."""
+_STUCK = frozenset(
+    {"undecided", "no-commit-after-heal", "no-high-water-mark", "replica-behind", "client-behind"}
+)
+"""A partition whose recovery waits for ever after a replica set change."""
 PLANTED: dict[str, Planted] = {
     p.name: p
     for p in (
@@ -389,6 +455,14 @@ PLANTED: dict[str, Planted] = {
             {"storage_engine": "fs"},
         ),
         Planted("suspect-as-clean", _LOSS | {"client-ahead", "duplicate"}, {}, profile="storage"),
+        *(
+            Planted(name, _STUCK, {"membership": "replace"}, profile=profile, control=True)
+            for name, profile in (
+                ("clean-at-plan", "standard"),
+                ("never-clean-suspect", "standard"),
+                ("recovering-kept", "standard"),
+            )
+        ),
     )
 }
 
@@ -423,10 +497,28 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(FsStoragePartition, "_truncate_files", _truncate_files_one_record_late)
         elif name == "suspect-as-clean":
             patch.setattr(node_partition, "_marked", _marked_clean)
+        elif name == "clean-at-plan":
+            patch.setattr(store_session_module, "RecoveryManager", CleanAtPlanRecovery)
+        elif name == "never-clean-suspect":
+            patch.setattr(voting_module, "storage_older_than_metadata", _older_even_never_clean)
+        elif name == "recovering-kept":
+            patch.setattr(StorePartition, "_open", _open_whatever_changes)
         yield bug
     finally:
         patch.undo()
         reset_registry()
+
+
+@contextlib.contextmanager
+def unplanted() -> Iterator[None]:
+    """Inside a ``planted`` block: the real components again, for the block."""
+    patch = pytest.MonkeyPatch()
+    try:
+        for module, name, real in _REAL:
+            patch.setattr(module, name, real)
+        yield
+    finally:
+        patch.undo()
 
 
 def config_for(bug: Planted, seed: int, **changes: Any) -> SimConfig:

@@ -2,13 +2,14 @@
 
 Each bug (see planted.py) runs seeds from 0 until one shows a violation of the
 invariants that bug breaks; liveness violations do not count (the code under test
-has liveness problems of its own, listed in waltz_sim.known_issues).
+has liveness problems of its own, listed in waltz_sim.known_issues), except for the
+bugs found by them (``Planted.control``): the seed that finds one must pass without it.
 """
 
 from __future__ import annotations
 
 import pytest
-from planted import PLANTED, config_for, planted
+from planted import PLANTED, config_for, planted, unplanted
 
 from waltz_sim import run_seed
 
@@ -26,10 +27,25 @@ MAX_SEEDS = {
     "fs-truncate": 20,  # the fs chaos seeds tox -e sim runs
     "fs-unsynced-data": 50,  # the fs standard seeds tox -e sim runs
     "suspect-as-clean": 100,
+    "clean-at-plan": 10,
+    "never-clean-suspect": 5,
 }
 
 
-@pytest.mark.parametrize("name", sorted(PLANTED))
+NOT_FOUND = {
+    # with the other two halves of the fix in place, a recovery over the old replica set
+    # needs the removed replica only while another one is down too (which the rules
+    # forbid at a removal): no seed of the CI ranges sees it (docs/simulation.md)
+    "recovering-kept",
+}
+
+
+def test_every_planted_bug_is_hunted_or_said_not_found() -> None:
+    assert set(PLANTED) == set(MAX_SEEDS) | NOT_FOUND
+    assert not set(MAX_SEEDS) & NOT_FOUND
+
+
+@pytest.mark.parametrize("name", sorted(MAX_SEEDS))
 def test_the_planted_bug_is_found(
     name: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -39,6 +55,11 @@ def test_the_planted_bug_is_found(
             result = run_seed(config_for(bug, seed))
             assert result.error is None, f"seed {seed}: {result.error}"
             found = [v for v in result.violations if v.invariant in bug.detected_by]
+            if found and bug.control:
+                # the same seed without the plant: its liveness violations are the plant's
+                with unplanted():
+                    control = run_seed(config_for(bug, seed))
+                assert control.ok, f"seed {seed} fails without the plant too: {control.violations}"
             if found:
                 seen = {v.invariant for v in result.violations}
                 assert bug.also <= seen, f"seed {seed} found it, but not by {bug.also - seen}"

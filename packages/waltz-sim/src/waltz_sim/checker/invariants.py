@@ -29,7 +29,9 @@ Safety (each a ``Violation.invariant`` name):
 - ``feed-content``: a client applied a transaction that is not the committed one
   at that id (or not committed at all);
 - ``client-state``: a client's database differs from the replay of the log up to
-  its high-water mark (``client-ahead``: its mark is beyond the log).
+  its high-water mark (``client-ahead``: its mark is beyond the log);
+- ``removed-written``: a replica removed from its partition (and not put back) had its
+  fence raised by a store session over a replica set without it.
 
 Liveness (:mod:`waltz_sim.checker.liveness`): ``undecided``, ``late-decision``,
 ``no-commit-after-heal`` and ``throughput``; and at the end:
@@ -80,6 +82,7 @@ SAFETY = (
     "feed-content",
     "client-state",
     "client-ahead",
+    "removed-written",
 )
 LIVENESS = (
     "undecided",
@@ -169,6 +172,16 @@ def _committed_log(
     snapshot: PartitionSnapshot, out: list[Violation], bounds: LivenessBounds
 ) -> list[StoredRecord]:
     partition = snapshot.partition
+    for node, (fence, since) in sorted(snapshot.removed.items()):
+        if fence >= since:
+            out.append(
+                Violation(
+                    "removed-written",
+                    f"replica {node} was removed (store session {since} is the first over a "
+                    f"set without it), but session {fence} raised its fence",
+                    partition=partition,
+                )
+            )
     replicas = dict(sorted(snapshot.replicas.items()))
     for node, records in replicas.items():
         for index, record in enumerate(records):

@@ -110,6 +110,10 @@ class PartitionSnapshot:
     """Every replica's records (storage node -> all it stores, committed or not)."""
     served: Sequence[StoredRecord] | None = None
     """The committed log as the cluster served it at the end (None: not read)."""
+    removed: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Replicas removed from the partition during the run (and not put back): storage node
+    -> (the store session its fence holds at the end, the first session over a replica
+    set without it). None of those later sessions may raise its fence."""
 
 
 @dataclass(frozen=True, slots=True)
