@@ -86,6 +86,15 @@ REGRESSIONS = [
     ),
     (1906, "storage", "same as storage seed 23 (the unseen-lost-tail known issue)"),
     (
+        101,
+        "storage",
+        "a recovery wrote the session's marks on a suspect replica before catching it up, "
+        "clearing its LOST_SESSION; the owner died during the catch-up and the next "
+        "recovery took it for a clean replica behind, caught it up from a peer and closed "
+        "below acknowledged ids (acknowledged-lost); fixed in the server (the marks only "
+        "once it holds the closing mark's prefix)",
+    ),
+    (
         578,
         "storage",
         "a replica that recovered into a running session after the replicas that recovered "
