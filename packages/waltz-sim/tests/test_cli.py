@@ -33,8 +33,10 @@ def test_a_range_of_seeds_reports_each_and_a_summary() -> None:
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     # what a seed chose of its configuration, when not the defaults, follows its number
-    assert lines[0].startswith("seed 0 (5 storage nodes): ok: ")
-    assert any(line.startswith("seed 1 (plain callbacks): ok: ") for line in lines)
+    assert lines[0].startswith("seed 0 (5 storage nodes, a replica replaced): ok: ")
+    assert any(
+        line.startswith("seed 1 (plain callbacks, a replica replaced): ok: ") for line in lines
+    )
     assert "commits" in lines[0] and "simulated in" in lines[0]
     assert lines[-1].startswith("2 seeds, 2 passed, 0 failed;")
 
