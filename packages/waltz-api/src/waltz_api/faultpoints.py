@@ -31,6 +31,10 @@ POINTS: Mapping[str, str] = {
     "replica.repaired": "records a replica lost to damage were copied from a peer",
     "recovery.voted": "a replica's log end was counted in a recovery's vote",
     "recovery.decided": "a recovery decided the last session's closing high-water mark",
+    "recovery.marks_written": "a recovering replica's storage holds the session's marks "
+    "(a suspect's only once caught up): the replica states may record it clean",
+    "recovery.late_recorded": "a replica that recovered after the session opened is "
+    "recorded clean in the replica states, before it writes",
 }
 """Every point's name and what it marks."""
 

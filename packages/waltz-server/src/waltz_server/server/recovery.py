@@ -227,6 +227,12 @@ class RecoveryManager:
                     # the next recovery would take storage without them for storage
                     # that lost what it acknowledged, a suspect counted as offline)
                     self._clean.add(node)
+                    point(
+                        "recovery.marks_written",
+                        partition=self.partition_id,
+                        replica=node,
+                        suspect=me.suspect,
+                    )
                     self._check()
                 if low_water_mark_set and me.mark >= resolved:
                     break
@@ -262,13 +268,16 @@ class RecoveryManager:
 
         self._recovered.add(node)
         self._notify()
-        if len(self._recovered) >= self.quorum or self._metadata_written.is_set():
+        late = self._metadata_written.is_set()
+        if len(self._recovered) >= self.quorum or late:
             # Once the states were written, a replica recovering late records itself
             # clean before it writes, whatever the others do: those that recovered may
             # have left meanwhile (forget), and a writer the states do not record clean
             # in this session is truncated to the old closing mark by the next recovery
             # (its acknowledgements lost: storage seed 578).
             await self._write_replica_states()
+            if late:
+                point("recovery.late_recorded", partition=self.partition_id, replica=node)
         else:
             while not self._metadata_written.is_set():
                 self._check()
