@@ -205,3 +205,42 @@ def test_every_backoff_is_given_its_random_generator() -> None:
             ):
                 unseeded.append(f"{source.relative_to(ROOT)}:{node.lineno}")
     assert not unseeded, f"pass the component's rng to these Backoff(...): {unseeded}"
+
+
+REPLICA_USERS = (
+    "packages/waltz-server/src/waltz_server/server/store_session.py",
+    "packages/waltz-server/src/waltz_server/server/recovery.py",
+)
+"""The modules that drive replicas (``server/replica.py``'s ReplicaConnection)."""
+
+
+def _probes(source: str) -> list[int]:
+    """The lines of every ``getattr``/``hasattr`` call in ``source``."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+    ]
+
+
+def test_replicas_are_driven_through_their_contract_not_probed() -> None:
+    """Every call on a replica is in the ReplicaConnection Protocol (mypy checks it), an
+    optional one behind a declared capability: a probed method (``getattr(connection,
+    "prune", None)``) is one the type checker never sees, and a renamed or misspelt one
+    silently turns a feature off."""
+    found = {
+        path: lines
+        for path in REPLICA_USERS
+        if (lines := sorted(_probes((ROOT / path).read_text(encoding="utf-8"))))
+    }
+    assert not found, (
+        f"getattr/hasattr in the modules that drive replicas (lines {found}): declare the "
+        "call in ReplicaConnection (server/replica.py), and an optional one's capability "
+        "in its capabilities (waltz_api.capabilities)"
+    )
+
+
+def test_the_probe_check_sees_a_probe() -> None:
+    assert _probes('prune = getattr(connection, "prune", None)\nhasattr(c, "x")\n') == [1, 2]
