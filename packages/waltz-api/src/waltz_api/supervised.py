@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from waltz_api.errors import ProcessStartError
+from waltz_api.errors import InvalidArgumentError, ProcessStartError
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class SupervisedProcess:
     def _deadline(self, timeout: float | None, deadline: float | None) -> tuple[float, str]:
         if deadline is None:
             if timeout is None:
-                raise ValueError("give a timeout or a deadline")
+                raise InvalidArgumentError("wait_ready needs a timeout or a deadline")
             deadline = time.monotonic() + timeout
         return deadline, f"{timeout:g}s" if timeout is not None else "its deadline"
 
