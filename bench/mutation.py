@@ -84,8 +84,8 @@ MODULES: dict[str, Module] = {
         simulate=True,
     ),
     "partition": Module(
-        "packages/waltz-server/src/waltz_server/storage_node/partition.py",
-        ("packages/waltz-server/tests/test_storage_node.py",),
+        "packages/waltz-storage-node/src/waltz_storage_node/partition.py",
+        ("packages/waltz-storage-node/tests/test_storage_node.py",),
         (f"{SERVER_TESTS}/test_store_storage_nodes.py", f"{SERVER_TESTS}/test_archive_store.py"),
         simulate=True,
     ),

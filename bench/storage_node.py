@@ -30,7 +30,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_conformance.records import make_records
-from waltz_server.storage_node import StorageClient, StorageNode
+from waltz_storage_node import StorageClient, StorageNode
 
 CLUSTER_KEY = uuid.uuid4()
 

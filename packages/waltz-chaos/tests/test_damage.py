@@ -19,11 +19,11 @@ from waltz_api.types import LOST_SESSION
 from waltz_chaos import damage
 from waltz_chaos.errors import ChaosError
 from waltz_conformance.suites.storage import make_record
-from waltz_server.storage_node.config import load_storage_config
-from waltz_server.storage_node.main import start_node
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 from waltz_storage_fs.engine import FsStorageEngine
+from waltz_storage_node.config import load_storage_config
+from waltz_storage_node.main import start_node
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -168,7 +168,7 @@ def test_waltz_help_imports_no_command_and_no_implementation() -> None:
     heavy = (
         "waltz_server.cli.",
         "waltz_server.server",
-        "waltz_server.storage_node",
+        "waltz_storage_node",
         "waltz_client.cli",
         "waltz_client.client",
         "waltz_storage_fs.cli",

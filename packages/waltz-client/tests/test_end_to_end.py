@@ -28,8 +28,8 @@ from waltz_api.ports import free_ports
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.config import ServerNodeConfig
 from waltz_server.server.main import RunningServer, start_server
-from waltz_server.storage_node import StorageNode
 from waltz_storage_fs.engine import FsStorageEngine
+from waltz_storage_node import StorageNode
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.system]
 

@@ -27,7 +27,7 @@ from waltz_api.ports import free_port
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node.testing import StorageNodeProcess
 
 pytestmark = [
     pytest.mark.system,

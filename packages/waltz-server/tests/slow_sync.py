@@ -4,7 +4,7 @@ seconds longer while the file FLAG exists (the call then runs as usual)::
 
     python slow_sync.py FLAG DELAY PYTHON -m waltz_cli storage --config FILE
 
-It is meant as the ``wrap`` of a :class:`~waltz_server.storage_node.testing.StorageNodeProcess`
+It is meant as the ``wrap`` of a :class:`~waltz_storage_node.testing.StorageNodeProcess`
 (``[sys.executable, "slow_sync.py", FLAG, "1.5"]``): the node is the real ``waltz
 storage``, its `fs` engine's flushes slow as on a disk that takes that long to sync (its
 writes, reads and the network are untouched). Creating FLAG makes the disk slow;

@@ -58,7 +58,7 @@ from waltz_conformance.servers.etcd import EtcdCluster
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import RawClient, ServerProcess
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node.testing import StorageNodeProcess
 from waltz_transport_zmq import ZmqTransport
 from waltz_transport_zmq.keys import KeyPairFiles, generate_keypair
 

@@ -127,7 +127,7 @@ async def mark(h: SystemHarness) -> ArchiveMark:
 
 async def local_log(h: SystemHarness, index: int) -> tuple[int, int]:
     """(log start, max id) of a storage node's replica, from its admin command."""
-    from waltz_server.storage_node import StorageAdminClient
+    from waltz_storage_node import StorageAdminClient
 
     client = await h.storage_client(index)
     try:
@@ -443,7 +443,7 @@ async def scrape(h: SystemHarness) -> str:
 
 
 async def local_logs(h: SystemHarness) -> list[LocalLog]:
-    from waltz_server.storage_node import StorageAdminClient
+    from waltz_storage_node import StorageAdminClient
 
     found = []
     for index in range(len(h.storage)):

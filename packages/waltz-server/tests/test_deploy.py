@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from waltz_server.cli import main as waltz_cli
 from waltz_server.observability import exported_families
 from waltz_server.server.config import load_server_config
-from waltz_server.storage_node.config import load_storage_config
+from waltz_storage_node.config import load_storage_config
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"

@@ -58,7 +58,7 @@ def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
     ("section", "schema_path"),
     [
         ("server-config", "waltz_server.server.config:ServerNodeConfig"),
-        ("storage-config", "waltz_server.storage_node.config:StorageNodeConfig"),
+        ("storage-config", "waltz_storage_node.config:StorageNodeConfig"),
         ("client-config", "waltz_client:ClientConfig"),
     ],
 )
@@ -258,7 +258,7 @@ def test_the_readme_links_every_doc() -> None:
 
 def test_full_config_examples_in_the_docs_are_valid() -> None:
     from waltz_server.server.config import ServerNodeConfig
-    from waltz_server.storage_node.config import StorageNodeConfig
+    from waltz_storage_node.config import StorageNodeConfig
 
     checked = 0
     for path in MARKDOWN:
@@ -379,7 +379,7 @@ OTHER_VARIABLES = {
 
 def test_every_environment_variable_in_the_docs_is_a_config_key() -> None:
     from waltz_server.server.config import ServerNodeConfig
-    from waltz_server.storage_node.config import StorageNodeConfig
+    from waltz_storage_node.config import StorageNodeConfig
 
     keys = {
         key: type_ for s in (ServerNodeConfig, StorageNodeConfig) for key, type_, *_ in describe(s)

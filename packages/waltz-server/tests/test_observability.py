@@ -35,11 +35,11 @@ from waltz_server.observability import (
     new_registry,
 )
 from waltz_server.process import JsonFormatter
-from waltz_server.storage_node import StorageClient
-from waltz_server.storage_node.config import load_storage_config
-from waltz_server.storage_node.main import serve
-from waltz_server.storage_node.node import REQUEST_KINDS
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node import StorageClient
+from waltz_storage_node.config import load_storage_config
+from waltz_storage_node.main import serve
+from waltz_storage_node.node import REQUEST_KINDS
+from waltz_storage_node.testing import StorageNodeProcess
 
 pytestmark = pytest.mark.timeout(120)
 

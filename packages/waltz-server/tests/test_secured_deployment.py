@@ -40,7 +40,7 @@ from waltz_conformance.servers.certs import TestPKI
 from waltz_conformance.servers.etcd import EtcdAuth, EtcdCluster, EtcdTls
 from waltz_conformance.servers.zookeeper import ZooKeeperServer, ZooKeeperTls
 from waltz_server.server.testing import ServerProcess
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node.testing import StorageNodeProcess
 from waltz_transport_zmq import ZmqTransport
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]

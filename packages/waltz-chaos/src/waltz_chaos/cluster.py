@@ -4,7 +4,7 @@
 one-member etcd: :mod:`waltz_conformance.servers`), writes the cluster metadata,
 and starts ``waltz storage`` nodes on the ``fs`` engine, ``waltz server`` s and the
 client processes (:mod:`waltz_chaos.client`) as child processes
-(:class:`~waltz_server.storage_node.testing.StorageNodeProcess`,
+(:class:`~waltz_storage_node.testing.StorageNodeProcess`,
 :class:`~waltz_server.server.testing.ServerProcess`), each in its role's network
 namespace when the run has them (``ip netns exec``), each in its own session (a
 Ctrl-C reaches the chaos process only, which stops them by pid). Each storage node's
@@ -46,7 +46,7 @@ from waltz_chaos.external import ExternalProcess
 from waltz_chaos.netns import NetworkLab
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node.testing import StorageNodeProcess
 
 log = logging.getLogger(__name__)
 

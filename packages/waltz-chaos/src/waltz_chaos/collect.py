@@ -28,7 +28,6 @@ from waltz_api.errors import SessionFencedError, StorageError, TransportError, W
 from waltz_api.types import Record
 from waltz_chaos.cluster import ProcessEvent
 from waltz_client import AsyncWaltzClient, ClientConfig
-from waltz_server.storage_node.client import StorageClient
 from waltz_sim.checker import (
     INVOKE,
     UNKNOWN,
@@ -40,6 +39,7 @@ from waltz_sim.checker import (
     StoredRecord,
 )
 from waltz_sim.workloads import ReadOnlyCallbacks, stored_record
+from waltz_storage_node.client import StorageClient
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import StorageError, TransportError
 from waltz_api.types import LOST_SESSION
 from waltz_chaos.errors import ChaosError
-from waltz_server.storage_node.client import StorageAdminClient
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
+from waltz_storage_node.client import StorageAdminClient
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from waltz_chaos.errors import ChaosError
 from waltz_chaos.netns import LinkShape, NetworkLab
 from waltz_chaos.schedule import STORAGE_FAULTS, Fault, Schedule, impaired_by
 from waltz_client import AsyncWaltzClient, ClientConfig, Transaction, WaltzClientCallbacks
-from waltz_server.snapshot import mark_restored
+from waltz_storage_node.snapshot import mark_restored
 
 log = logging.getLogger(__name__)
 

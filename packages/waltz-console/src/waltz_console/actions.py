@@ -27,7 +27,7 @@ from waltz_server.server.preferred import (
     validate_endpoint,
     validate_partitions,
 )
-from waltz_server.storage_node.client import StorageAdminClient
+from waltz_storage_node.client import StorageAdminClient
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from waltz_api.errors import ConfigError, WaltzError
 from waltz_api.messages import ErrorResponse, HighWaterMarkRequest, HighWaterMarkResponse
 from waltz_api.types import ReqId
 from waltz_server.server.voting import quorum_of
-from waltz_server.storage_node.client import StorageAdminClient
+from waltz_storage_node.client import StorageAdminClient
 
 log = logging.getLogger(__name__)
 

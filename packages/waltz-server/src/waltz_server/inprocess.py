@@ -1,7 +1,7 @@
 """A whole Waltz cluster in this event loop, built from the real components: the one
 in-process cluster builder of tests, benchmarks and examples.
 
-Storage nodes are :class:`~waltz_server.storage_node.StorageNode` objects over a storage
+Storage nodes are :class:`~waltz_storage_node.StorageNode` objects over a storage
 engine plugin, servers are :func:`~waltz_server.server.main.start_server` (the same code
 ``waltz server`` runs), on a coordination service chosen by URI and a transport plugin
 chosen by name; every plugin comes from the registry, so the builder works with any
@@ -44,7 +44,7 @@ from waltz_api.ports import free_port
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.config import ServerNodeConfig
 from waltz_server.server.main import RunningServer, start_server
-from waltz_server.storage_node import StorageNode
+from waltz_storage_node import StorageNode
 
 log = logging.getLogger(__name__)
 

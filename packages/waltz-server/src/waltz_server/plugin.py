@@ -1,6 +1,6 @@
 """What waltz-server adds to the command line and the docs (entry point ``waltz_server``):
-the commands ``waltz cluster``, ``server``, ``storage`` and ``dev``, and the option
-tables of the server's and the storage node's config files.
+the commands ``waltz cluster``, ``server``, ``acl``, ``archive`` and ``dev``, and the
+option table of the server's config file (the storage node's are waltz-storage-node's).
 
 Light on purpose: a command's module is imported when it is chosen."""
 
@@ -25,12 +25,6 @@ def load_server() -> click.Command:
     from waltz_server.cli.server import server_command
 
     return server_command
-
-
-def load_storage() -> click.Command:
-    from waltz_server.cli.storage import storage_group
-
-    return storage_group
 
 
 def load_archive() -> click.Command:
@@ -64,11 +58,6 @@ def waltz_cli_commands() -> list[CommandDescriptor]:
             "preferred partitions (with a subcommand).",
         ),
         CommandDescriptor(
-            "storage",
-            load_storage,
-            "Run a storage node (with --config), or inspect a storage directory offline.",
-        ),
-        CommandDescriptor(
             "acl",
             load_acl,
             "Per-partition permissions (read, write, admin) of client keys, enforced by "
@@ -96,16 +85,8 @@ def server_options() -> Sequence[OptionSpec]:
     return option_specs(ServerNodeConfig)
 
 
-def storage_options() -> Sequence[OptionSpec]:
-    from waltz_api.config import option_specs
-    from waltz_server.storage_node.config import StorageNodeConfig
-
-    return option_specs(StorageNodeConfig)
-
-
 @hookimpl
 def waltz_option_schemas() -> list[OptionSchema]:
     return [
         OptionSchema("server-config", server_options, environment=True),
-        OptionSchema("storage-config", storage_options, environment=True),
     ]

@@ -20,7 +20,7 @@ from waltz_conformance.reference.storage import MemoryStorageEngine
 from waltz_conformance.reference.transport import MemoryTransport
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.store import StoreConfig, StorePartition
-from waltz_server.storage_node import StorageConnectionPool, StorageNode, StorageReplica
+from waltz_storage_node import StorageConnectionPool, StorageNode, StorageReplica
 
 pytestmark = pytest.mark.timeout(120)
 

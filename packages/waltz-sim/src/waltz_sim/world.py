@@ -453,8 +453,8 @@ class World:
         return process
 
     async def _storage_main(self, process: SimProcess) -> None:
-        from waltz_server.storage_node.config import load_storage_config
-        from waltz_server.storage_node.main import start_node
+        from waltz_storage_node.config import load_storage_config
+        from waltz_storage_node.main import start_node
 
         config = load_storage_config(
             None,

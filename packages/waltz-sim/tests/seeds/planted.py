@@ -90,9 +90,6 @@ from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replication import Committed, Replication
 from waltz_server.server.store import StorePartition
 from waltz_server.server.store_session import StoreSession
-from waltz_server.storage_node import node as node_module
-from waltz_server.storage_node import partition as node_partition
-from waltz_server.storage_node.partition import PartitionWorker
 from waltz_sim import workloads
 from waltz_sim.checker import FeedEvent
 from waltz_sim.disk import SimStorageEngine, SimStoragePartition
@@ -102,6 +99,9 @@ from waltz_storage_fs import format as fmt
 from waltz_storage_fs.committer import DATA, INDEX, Job
 from waltz_storage_fs.engine import FsStoragePartition
 from waltz_storage_fs.recovery import delete_segment_files, missing_ranges, write_log_start
+from waltz_storage_node import node as node_module
+from waltz_storage_node import partition as node_partition
+from waltz_storage_node.partition import PartitionWorker
 
 # -- early-ack: an engine that acknowledges before fdatasync -------------------------------------
 

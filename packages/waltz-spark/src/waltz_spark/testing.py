@@ -19,7 +19,7 @@ from waltz_client import ClientConfig, Transaction, TransactionContext, WaltzCli
 from waltz_client.api import TransactionBuilder
 from waltz_server.inprocess import InProcessCluster
 from waltz_server.server.main import RunningServer
-from waltz_server.storage_node import StorageNode
+from waltz_storage_node import StorageNode
 
 T = TypeVar("T")
 PARTITIONS = 2

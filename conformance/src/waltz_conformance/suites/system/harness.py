@@ -35,8 +35,8 @@ from waltz_conformance.suites.system.members import (
 )
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
-from waltz_server.storage_node.client import StorageClient
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node.client import StorageClient
+from waltz_storage_node.testing import StorageNodeProcess
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from waltz_api.contracts.transport import Transport
 from waltz_server.server.testing import ServerProcess
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node.testing import StorageNodeProcess
 
 
 class Member(ABC):
@@ -53,8 +53,8 @@ class StorageInLoop(Member):
     node: Any = None
 
     async def start(self) -> None:
-        from waltz_server.storage_node.config import load_storage_config
-        from waltz_server.storage_node.main import start_node
+        from waltz_storage_node.config import load_storage_config
+        from waltz_storage_node.main import start_node
 
         self.node = await start_node(load_storage_config(None, overrides=self.config))
 

@@ -394,7 +394,7 @@ async def _host_partition(
     """Check that the storage node answers and belongs to this cluster; with a partition,
     make it host that partition (idempotent)."""
     from waltz_server.cluster_check import storage_endpoint
-    from waltz_server.storage_node.client import StorageAdminClient
+    from waltz_storage_node.client import StorageAdminClient
 
     config = await meta.config()
     endpoint = storage_endpoint(reach.storage_endpoint, node)

@@ -50,7 +50,7 @@ from waltz_server.server.liveness import (
 from waltz_server.server.partition import PartitionConfig
 from waltz_server.server.server import ServerConfig
 from waltz_server.server.store import StoreConfig
-from waltz_server.storage_node.config import HttpSection
+from waltz_storage_node.config import HttpSection
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

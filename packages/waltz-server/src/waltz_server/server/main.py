@@ -45,7 +45,7 @@ from waltz_server.server.peers import PeerMonitor
 from waltz_server.server.server import WaltzServer
 from waltz_server.server.store import StorePartition
 from waltz_server.server.voting import Outcome
-from waltz_server.storage_node.client import StorageConnectionPool, StorageReplica
+from waltz_storage_node.client import StorageConnectionPool, StorageReplica
 
 log = logging.getLogger(__name__)
 

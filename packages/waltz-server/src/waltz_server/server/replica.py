@@ -3,7 +3,7 @@
 A :class:`ReplicaConnection` speaks for one store session id and one
 partition; every request carries that session id, and a storage node that has
 seen a newer one refuses it with SessionFencedError (FailureResponse FENCED).
-The storage client (``waltz_server.storage_node.client``) provides it over any
+The storage client (``waltz_storage_node.client``) provides it over any
 Transport; tests may provide it in-process.
 
 Errors: SessionFencedError when fenced; TransportError (ConnectionClosedError)

@@ -1,5 +1,5 @@
 """``waltz storage snapshot``, ``verify-snapshot`` and ``restore`` (see
-:mod:`waltz_server.snapshot`)."""
+:mod:`waltz_storage_node.snapshot`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from waltz_server.storage_node.cli import Target, _run, _target_options
-from waltz_server.storage_node.client import StorageAdminClient
+from waltz_storage_node.cli import Target, _run, _target_options
+from waltz_storage_node.client import StorageAdminClient
 
 
 def _summary(manifest: dict[str, Any]) -> str:
@@ -28,7 +28,7 @@ def _summary(manifest: dict[str, Any]) -> str:
 def snapshot_command(target: Target, out: Path, engine: str) -> None:
     """Copy a RUNNING node's partitions into the new directory OUT (consistent per
     partition, verifiable; the node keeps serving)."""
-    from waltz_server.snapshot import take_snapshot
+    from waltz_storage_node.snapshot import take_snapshot
 
     async def action(admin: StorageAdminClient) -> dict[str, Any]:
         return await take_snapshot(admin.client, out, engine=engine)
@@ -42,7 +42,7 @@ def snapshot_command(target: Target, out: Path, engine: str) -> None:
 def verify_snapshot_command(snapshot: Path) -> None:
     """Read every record of SNAPSHOT back and check it against its manifest (exit 1 when
     damaged)."""
-    from waltz_server.snapshot import verify_snapshot
+    from waltz_storage_node.snapshot import verify_snapshot
 
     manifest = asyncio.run(verify_snapshot(snapshot))
     click.echo(f"snapshot {snapshot} is intact: {_summary(manifest)}")
@@ -75,12 +75,12 @@ def restore_command(
     node on it afterwards (the servers catch its partitions up). Each partition is marked
     restored: what the node acknowledged after the snapshot is gone from the copy, so it
     does not vote in a recovery before it holds the committed log again."""
-    from waltz_server.snapshot import SnapshotError, read_manifest, restore_snapshot
+    from waltz_storage_node.snapshot import SnapshotError, read_manifest, restore_snapshot
 
     if (data_dir is None) == (config is None):
         raise click.UsageError("give --data-dir or --config (one of them)")
     if config is not None:
-        from waltz_server.storage_node.config import load_storage_config
+        from waltz_storage_node.config import load_storage_config
 
         loaded = load_storage_config(config)
         data_dir = Path(loaded.storage.data_dir)

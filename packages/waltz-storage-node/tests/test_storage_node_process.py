@@ -33,8 +33,8 @@ from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_api.types import LOST_SESSION, SessionInfo
 from waltz_conformance.records import make_record, make_records
-from waltz_server.storage_node import StorageAdminClient, StorageClient
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node import StorageAdminClient, StorageClient
+from waltz_storage_node.testing import StorageNodeProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
@@ -112,7 +112,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 def _waltz(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "waltz_server.cli", *args],
+        [sys.executable, "-m", "waltz_cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -229,7 +229,7 @@ async def test_admin_cli_against_a_running_node(cluster: Cluster) -> None:
     click commands in a thread (each would otherwise pay a process start-up)."""
     from click.testing import CliRunner
 
-    from waltz_server.cli import main
+    from waltz_cli import main
 
     c = await cluster.client()
     await c.append(3, 1, make_records(0, 4, partition_id=1))

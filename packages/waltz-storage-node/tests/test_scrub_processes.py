@@ -24,10 +24,10 @@ import pytest
 from click.testing import CliRunner
 
 from waltz_api.config import toml_document
+from waltz_cli import main
 from waltz_conformance.suites.system.clients import PartitionClient
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
 from waltz_conformance.suites.system.members import Member
-from waltz_server.cli import main
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 

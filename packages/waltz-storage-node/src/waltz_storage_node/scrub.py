@@ -33,7 +33,7 @@ from waltz_api.contracts.storage import ScrubProgress, StorageEngine
 from waltz_api.errors import PartitionClosedError, StorageError
 
 if TYPE_CHECKING:
-    from waltz_server.storage_node.node import StorageNode
+    from waltz_storage_node.node import StorageNode
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from waltz_api.plugins import get_registry
 from waltz_api.types import LOST_SESSION
 from waltz_cli.deadline import REFUSAL_PROBE, refused, run, tcp_address, timeout_option
 from waltz_cli.output import emitted, output_option, tables
-from waltz_server.storage_node.client import StorageAdminClient
+from waltz_storage_node.client import StorageAdminClient
 
 T = TypeVar("T")
 
@@ -67,7 +67,7 @@ def _target(
 ) -> Target:
     options = _parse_options(transport_options)
     if config is not None:
-        from waltz_server.storage_node.config import load_storage_config
+        from waltz_storage_node.config import load_storage_config
 
         cfg = load_storage_config(config)
         return Target(
@@ -387,11 +387,11 @@ def _scrub_directory(
 ) -> dict[str, Any]:
     from waltz_api.capabilities import SCRUB
     from waltz_api.contracts.storage import StorageEngine
-    from waltz_server.storage_node.scrub import scrub_engine
+    from waltz_storage_node.scrub import scrub_engine
 
     options: dict[str, Any] = {}
     if config is not None:
-        from waltz_server.storage_node.config import load_storage_config
+        from waltz_storage_node.config import load_storage_config
 
         cfg = load_storage_config(config)
         engine = engine or cfg.storage.engine

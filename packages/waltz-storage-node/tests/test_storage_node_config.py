@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from waltz_api.errors import ConfigError
-from waltz_server.storage_node.config import load_storage_config
-from waltz_server.storage_node.main import create_transport, open_engine
+from waltz_storage_node.config import load_storage_config
+from waltz_storage_node.main import create_transport, open_engine
 
 KEY = "5b1c3d7e-0a4f-4c1e-9a51-3d2b8f6e7c90"
 

@@ -66,7 +66,7 @@ from waltz_api.messages import (
 from waltz_api.outbox import Outbox
 from waltz_api.types import PartitionInfo, Record, RecordHeader, SessionInfo
 from waltz_server.server.replica import REPLICA_CAPABILITIES, LocalLog
-from waltz_server.storage_node.failures import error_from_failure
+from waltz_storage_node.failures import error_from_failure
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from types import TracebackType
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import WaltzError
 from waltz_api.supervised import SupervisedProcess
-from waltz_server.storage_node.client import StorageClient
+from waltz_storage_node.client import StorageClient
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from waltz_server.observability import (
     PartitionState,
     StorageNodeMetrics,
 )
-from waltz_server.storage_node.config import HttpSection
-from waltz_server.storage_node.node import REQUEST_KINDS, StorageNode
+from waltz_storage_node.config import HttpSection
+from waltz_storage_node.node import REQUEST_KINDS, StorageNode
 
 
 def metrics_for(section: HttpSection) -> StorageNodeMetrics | None:

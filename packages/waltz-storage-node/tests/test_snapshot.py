@@ -19,8 +19,8 @@ from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_api.types import LOST_SESSION, Record
 from waltz_conformance.records import make_records
-from waltz_server.storage_node import StorageClient
-from waltz_server.storage_node.testing import StorageNodeProcess
+from waltz_storage_node import StorageClient
+from waltz_storage_node.testing import StorageNodeProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
@@ -49,7 +49,7 @@ def _config(tmp_path: Path, name: str, endpoint: str, data_dir: Path) -> Path:
 
 def _waltz(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "waltz_server.cli", *args],
+        [sys.executable, "-m", "waltz_cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -170,7 +170,7 @@ async def test_snapshot_of_a_running_node_verify_and_restore(
         "storage", "restore", str(snapshot), "--data-dir", str(kept_dir), "--keep-marks"
     )
     assert as_copied.returncode == 0, as_copied.stderr
-    from waltz_server.snapshot import _open_engine
+    from waltz_storage_node.snapshot import _open_engine
 
     engine = await _open_engine("fs", kept_dir, CLUSTER_KEY, PARTITIONS)
     try:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
+from waltz_cli import main
 from waltz_conformance.suites.storage import make_record
-from waltz_server.cli import main
 from waltz_storage_fs.engine import FsStorageEngine
 
 KEY = uuid.UUID("11112222-3333-4444-8555-666677778888")

@@ -44,9 +44,9 @@ from waltz_api.messages import (
 from waltz_api.plugins import get_registry
 from waltz_api.types import LOST_SESSION, SessionInfo
 from waltz_conformance.records import make_record, make_records
-from waltz_server.storage_node import StorageAdminClient, StorageClient, StorageNode
-from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
 from waltz_storage_fs.engine import FsStorageEngine
+from waltz_storage_node import StorageAdminClient, StorageClient, StorageNode
+from waltz_storage_node.failures import StorageNotOpenError, StorageRequestError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -543,7 +543,7 @@ async def test_a_peer_that_stops_reading_holds_its_partition_only_until_it_goes(
     """Responses are bounded per connection (back pressure); when the non-reading
     peer goes away, the partition's worker is released and serves others."""
     from waltz_conformance.reference.storage import MemoryStorageEngine, forget
-    from waltz_server.storage_node import node as node_module
+    from waltz_storage_node import node as node_module
 
     monkeypatch.setattr(node_module, "OUTBOX_FRAMES", 4)
     location = f"memory-storage-{uuid.uuid4()}"
@@ -585,7 +585,7 @@ async def test_a_peer_that_stops_reading_holds_its_partition_only_until_it_goes(
 
 
 async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFixture) -> None:
-    from waltz_server.storage_node.client import replica_connector
+    from waltz_storage_node.client import replica_connector
 
     connect = replica_connector(fx.client_transport, CLUSTER_KEY, NUM_PARTITIONS, sender="server:9")
     replica = await connect(fx.endpoint, 3, 4)
@@ -616,7 +616,7 @@ async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFi
 
 
 async def test_connection_pool_shares_one_connection_per_node(fx: NodeFixture) -> None:
-    from waltz_server.storage_node.client import StorageConnectionPool
+    from waltz_storage_node.client import StorageConnectionPool
 
     pool = StorageConnectionPool(fx.client_transport, CLUSTER_KEY, NUM_PARTITIONS)
     try:
@@ -697,7 +697,7 @@ async def test_nothing_of_an_older_session_is_written_once_a_newer_one_arrived(
 
 
 async def test_partition_queue_is_bounded_in_bytes() -> None:
-    from waltz_server.storage_node.partition import PartitionWorker
+    from waltz_storage_node.partition import PartitionWorker
 
     location = f"memory-storage-{uuid.uuid4()}"
     engine = await _open_engine(location)
@@ -761,7 +761,7 @@ async def test_a_replica_deletes_its_archived_prefix_when_its_session_asks(
     archived) deletes whole segments up to the asked id, fenced like a request; reads
     below the new start are refused as archived; past the log's end the log continues
     after the asked id (a replica started at the archive mark)."""
-    from waltz_server.storage_node.client import replica_connector
+    from waltz_storage_node.client import replica_connector
 
     await fx.stop_node()
     engine: StorageEngine

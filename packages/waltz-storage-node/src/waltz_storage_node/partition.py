@@ -99,7 +99,7 @@ from waltz_api.messages import (
     TruncateRequest,
 )
 from waltz_api.types import LOST_SESSION, SessionInfo
-from waltz_server.storage_node.failures import StorageRequestError, code_for
+from waltz_storage_node.failures import StorageRequestError, code_for
 
 if TYPE_CHECKING:
     from waltz_server.observability import StorageNodeMetrics

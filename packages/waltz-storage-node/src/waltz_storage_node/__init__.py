@@ -9,15 +9,15 @@
 
 from __future__ import annotations
 
-from waltz_server.storage_node.client import (
+from waltz_storage_node.client import (
     StorageAdminClient,
     StorageClient,
     StorageConnectionPool,
     StorageReplica,
     replica_connector,
 )
-from waltz_server.storage_node.config import StorageNodeConfig, load_storage_config
-from waltz_server.storage_node.node import StorageNode
+from waltz_storage_node.config import StorageNodeConfig, load_storage_config
+from waltz_storage_node.node import StorageNode
 
 __all__ = [
     "StorageAdminClient",

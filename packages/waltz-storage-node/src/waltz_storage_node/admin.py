@@ -23,7 +23,7 @@ Commands (``command``: arguments -> result):
 - ``scrub``: {partition_id (optional: every hosted one), rate_bytes_per_second (optional:
   the background scrub's rate; 0: no bound)} -> {partitions: [{partition_id, records,
   bytes, damaged: [[first, last]], complete, error, missing_ranges}], seconds}: a scrub
-  pass now (engines with the ``scrub`` capability; :mod:`waltz_server.storage_node.scrub`);
+  pass now (engines with the ``scrub`` capability; :mod:`waltz_storage_node.scrub`);
   the answer comes when the pass ends
 
 The archive's two commands ride on the admin request so that the wire protocol stays
@@ -47,10 +47,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from waltz_api.errors import ClusterKeyMismatchError, PartitionClosedError, StorageError
-from waltz_server.storage_node.failures import StorageRequestError
+from waltz_storage_node.failures import StorageRequestError
 
 if TYPE_CHECKING:
-    from waltz_server.storage_node.node import StorageNode
+    from waltz_storage_node.node import StorageNode
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ async def _prune(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]
 
 async def _scrub(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
     from waltz_api.capabilities import SCRUB
-    from waltz_server.storage_node.scrub import Scrubber
+    from waltz_storage_node.scrub import Scrubber
 
     if SCRUB not in node.capabilities:
         raise StorageRequestError(

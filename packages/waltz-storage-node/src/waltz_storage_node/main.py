@@ -19,10 +19,10 @@ from waltz_api.errors import (
 from waltz_api.plugins import get_registry
 from waltz_server.observability import HttpEndpoint
 from waltz_server.process import run_until_signalled
-from waltz_server.storage_node.config import StorageNodeConfig, load_storage_config
-from waltz_server.storage_node.http import metrics_for, storage_node_endpoint
-from waltz_server.storage_node.node import StorageNode
-from waltz_server.storage_node.scrub import Scrubber
+from waltz_storage_node.config import StorageNodeConfig, load_storage_config
+from waltz_storage_node.http import metrics_for, storage_node_endpoint
+from waltz_storage_node.node import StorageNode
+from waltz_storage_node.scrub import Scrubber
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ def storage_group(ctx: click.Context, config_path: str | None) -> None:
             raise click.UsageError("--config runs the storage node; give it no subcommand")
         return
     try:
-        from waltz_server.storage_node.main import run_from_config
+        from waltz_storage_node.main import run_from_config
     except ImportError as exc:
         raise WaltzError(
             f"the storage node is not available in this installation ({exc}); "
@@ -40,12 +40,12 @@ def storage_group(ctx: click.Context, config_path: str | None) -> None:
 
 # The admin subcommands of a running node (list, add-partition, remove-partition,
 # availability, max-transaction-id) live with the storage node.
-from waltz_server.storage_node.cli import add_admin_commands  # noqa: E402
+from waltz_storage_node.cli import add_admin_commands  # noqa: E402
 
 add_admin_commands(storage_group)
 
 # snapshot (of a running node), verify-snapshot, restore
-from waltz_server.cli.snapshot import SNAPSHOT_COMMANDS  # noqa: E402
+from waltz_storage_node.snapshot_commands import SNAPSHOT_COMMANDS  # noqa: E402
 
 for _command in SNAPSHOT_COMMANDS:
     storage_group.add_command(_command)

@@ -47,12 +47,12 @@ from waltz_api.messages import (
 )
 from waltz_api.outbox import Outbox
 from waltz_api.peerlog import PeerLog
-from waltz_server.storage_node.failures import StorageNotOpenError, StorageRequestError
-from waltz_server.storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
+from waltz_storage_node.failures import StorageNotOpenError, StorageRequestError
+from waltz_storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
 
 if TYPE_CHECKING:
     from waltz_server.observability import StorageNodeMetrics
-    from waltz_server.storage_node.scrub import Scrubber
+    from waltz_storage_node.scrub import Scrubber
 
 log = logging.getLogger(__name__)
 _refusals = PeerLog(log)
@@ -123,7 +123,7 @@ class StorageNode:
         self.capabilities = capabilities
         """The optional features the engine's plugin declares (``waltz_api.capabilities``)."""
         self.scrubber: Scrubber | None = None
-        """The background scrub (:mod:`waltz_server.storage_node.scrub`): started and
+        """The background scrub (:mod:`waltz_storage_node.scrub`): started and
         stopped with the node when set before :meth:`start`."""
         self.transport = transport
         self.handshake_timeout = handshake_timeout
@@ -440,7 +440,7 @@ class StorageNode:
         return True
 
     async def _admin(self, request: StorageAdminRequest, outbox: Outbox) -> None:
-        from waltz_server.storage_node.admin import run_admin_command
+        from waltz_storage_node.admin import run_admin_command
 
         try:
             arguments = json.loads(request.arguments.decode("utf-8")) if request.arguments else {}
