@@ -34,14 +34,9 @@ from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_coord_zk import ZooKeeperCoordination
 from waltz_coord_zk.conformance import harness as conformance_harness
 from waltz_server.cluster_admin import ClusterAdmin
-from waltz_server.observability import (
-    HttpEndpoint,
-    ServerMetrics,
-    StorageNodeMetrics,
-    http_get,
-    new_registry,
-)
+from waltz_server.observability import HttpEndpoint, ServerMetrics, http_get, new_registry
 from waltz_server.server.cluster_manager import ClusterManager, compute_assignment
+from waltz_storage_node.metrics import StorageNodeMetrics
 
 
 def bench_compute(partitions: int, servers: int, repeats: int) -> None:

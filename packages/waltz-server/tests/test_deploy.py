@@ -21,9 +21,10 @@ import pytest
 from click.testing import CliRunner
 
 from waltz_server.cli import main as waltz_cli
-from waltz_server.observability import exported_families
+from waltz_server.observability import exported_families as server_families
 from waltz_server.server.config import load_server_config
 from waltz_storage_node.config import load_storage_config
+from waltz_storage_node.metrics import exported_families as storage_families
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -41,6 +42,11 @@ NOT_CHARTED = {
     "waltz_storage_low_water_mark",
     "waltz_storage_filesystem_size_bytes",
 }
+
+
+def exported_families() -> dict[str, str]:
+    """What a server and a storage node export, together."""
+    return server_families() | storage_families()
 
 
 def _tool(name: str) -> str:

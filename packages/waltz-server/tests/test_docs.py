@@ -212,8 +212,9 @@ def test_every_waltz_command_in_the_docs_exists() -> None:
 
 def _metric_families() -> set[str]:
     from waltz_server.observability import exported_families
+    from waltz_storage_node.metrics import exported_families as storage_families
 
-    return set(exported_families())
+    return set(exported_families()) | set(storage_families())
 
 
 def _is_python_name(name: str, text: str) -> bool:

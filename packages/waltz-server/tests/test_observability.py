@@ -21,6 +21,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, SessionFencedError
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
+from waltz_api.process import JsonFormatter
 from waltz_conformance.records import make_records
 from waltz_server.dev import DevCluster
 from waltz_server.observability import (
@@ -30,14 +31,13 @@ from waltz_server.observability import (
     FeedPosition,
     HttpEndpoint,
     ServerMetrics,
-    StorageNodeMetrics,
     http_get,
     new_registry,
 )
-from waltz_server.process import JsonFormatter
 from waltz_storage_node import StorageClient
 from waltz_storage_node.config import load_storage_config
 from waltz_storage_node.main import serve
+from waltz_storage_node.metrics import StorageNodeMetrics
 from waltz_storage_node.node import REQUEST_KINDS
 from waltz_storage_node.testing import StorageNodeProcess
 

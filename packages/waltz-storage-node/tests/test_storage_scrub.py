@@ -24,11 +24,11 @@ from waltz_api.errors import ConfigError, StorageError, TransportError
 from waltz_api.plugins import get_registry
 from waltz_cli import main
 from waltz_conformance.records import make_record
-from waltz_server.observability import StorageNodeMetrics
 from waltz_storage_fs import tools
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_node import StorageAdminClient, StorageClient, StorageNode
 from waltz_storage_node.config import load_storage_config
+from waltz_storage_node.metrics import StorageNodeMetrics
 from waltz_storage_node.scrub import CHUNK_BYTES, Pacer, Scrubber
 
 pytestmark = pytest.mark.timeout(120)

@@ -42,6 +42,7 @@ from waltz_api.cluster import (
 )
 from waltz_api.contracts.coordination import Coordination, SessionState, Versioned, Watch, join_path
 from waltz_api.errors import WaltzError
+from waltz_api.http_endpoint import http_get
 from waltz_console.events import Event, derive_events
 from waltz_console.history import History
 from waltz_console.views import (
@@ -52,7 +53,6 @@ from waltz_console.views import (
     build,
     redact_uri,
 )
-from waltz_server.observability import http_get
 from waltz_server.server.preferred import PreferredPartitionStore
 
 log = logging.getLogger(__name__)

@@ -113,7 +113,7 @@ async def serve(config: ConsoleConfig, stop: asyncio.Event) -> None:
 
 
 def run(config: ConsoleConfig, log_level: str = "INFO") -> None:
-    from waltz_server.process import run_until_signalled
+    from waltz_api.process import run_until_signalled
 
     if log_level != "DEBUG":
         # client libraries log every connection retry as a WARNING; the page says what

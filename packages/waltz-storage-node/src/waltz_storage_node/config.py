@@ -42,9 +42,8 @@ from typing import Any
 
 from waltz_api.config import load_config
 from waltz_api.errors import ConfigError
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
+from waltz_api.http_endpoint import HttpSection
+from waltz_api.process import LOG_LEVELS
 
 DEFAULT_SCRUB_RATE = 4 * 1024 * 1024
 DEFAULT_SCRUB_INTERVAL = 24 * 3600.0
@@ -176,25 +175,6 @@ class TransportSection:
             raise ConfigError(
                 "config key 'transport.endpoint' must not be empty (e.g. 'tcp://127.0.0.1:5500')",
                 "transport.endpoint",
-            )
-
-
-@dataclass
-class HttpSection:
-    """The health (``/health``) and Prometheus metrics (``/metrics``) endpoint."""
-
-    enabled: bool = field(default=False, metadata={"help": "serve /livez, /readyz and /metrics"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address of the HTTP endpoint"})
-    port: int = field(
-        default=0,
-        metadata={"min": 0, "max": 65535, "help": "port of the HTTP endpoint (0: any free)"},
-    )
-
-    def __post_init__(self) -> None:
-        if not self.host.strip():
-            raise ConfigError(
-                "config key 'http.host' must be an address to listen on (e.g. '127.0.0.1')",
-                "http.host",
             )
 
 

@@ -1,6 +1,6 @@
 """The storage node's health and metrics endpoint (config section ``[http]``).
 
-``/metrics`` serves the node's :class:`~waltz_server.observability.StorageNodeMetrics`
+``/metrics`` serves the node's :class:`~waltz_storage_node.metrics.StorageNodeMetrics`
 (appended records and bytes, engine appends and their latency per partition,
 fsync latency, fenced requests and sessions, disk usage and free space, each
 hosted partition's marks, process memory and CPU).
@@ -25,14 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from waltz_api.errors import WaltzError
-from waltz_server.observability import (
-    Check,
-    DiskUsage,
-    HttpEndpoint,
-    PartitionState,
-    StorageNodeMetrics,
-)
-from waltz_storage_node.config import HttpSection
+from waltz_api.http_endpoint import Check, HttpEndpoint, HttpSection
+from waltz_storage_node.metrics import DiskUsage, PartitionState, StorageNodeMetrics
 from waltz_storage_node.node import REQUEST_KINDS, StorageNode
 
 

@@ -16,9 +16,9 @@ from waltz_api.errors import (
     PluginError,
     StorageError,
 )
+from waltz_api.http_endpoint import HttpEndpoint
 from waltz_api.plugins import get_registry
-from waltz_server.observability import HttpEndpoint
-from waltz_server.process import run_until_signalled
+from waltz_api.process import run_until_signalled
 from waltz_storage_node.config import StorageNodeConfig, load_storage_config
 from waltz_storage_node.http import metrics_for, storage_node_endpoint
 from waltz_storage_node.node import StorageNode

@@ -51,7 +51,7 @@ from waltz_storage_node.failures import StorageNotOpenError, StorageRequestError
 from waltz_storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
 
 if TYPE_CHECKING:
-    from waltz_server.observability import StorageNodeMetrics
+    from waltz_storage_node.metrics import StorageNodeMetrics
     from waltz_storage_node.scrub import Scrubber
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class StorageNode:
     ) -> None:
         self.engine = engine
         self.metrics = metrics
-        """Prometheus metrics of the node (see :mod:`waltz_server.observability`), if any."""
+        """Prometheus metrics of the node (see :mod:`waltz_storage_node.metrics`), if any."""
         if metrics is not None:
             metrics.expect_requests(REQUEST_KINDS)
         self.capabilities = capabilities

@@ -102,7 +102,7 @@ from waltz_api.types import LOST_SESSION, SessionInfo
 from waltz_storage_node.failures import StorageRequestError, code_for
 
 if TYPE_CHECKING:
-    from waltz_server.observability import StorageNodeMetrics
+    from waltz_storage_node.metrics import StorageNodeMetrics
 
 log = logging.getLogger(__name__)
 

@@ -41,6 +41,8 @@ from typing import Any
 
 from waltz_api.config import load_config
 from waltz_api.errors import ConfigError
+from waltz_api.http_endpoint import HttpSection
+from waltz_api.process import LOG_LEVELS
 from waltz_server.server.archiving import ArchiveSection
 from waltz_server.server.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -50,9 +52,6 @@ from waltz_server.server.liveness import (
 from waltz_server.server.partition import PartitionConfig
 from waltz_server.server.server import ServerConfig
 from waltz_server.server.store import StoreConfig
-from waltz_storage_node.config import HttpSection
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass

@@ -31,8 +31,8 @@ from waltz_api.contracts.coordination import (
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, CoordinationError, PluginError
 from waltz_api.plugins import get_registry
+from waltz_api.process import run_until_signalled
 from waltz_server.observability import Check, FeedPosition, HttpEndpoint, ServerMetrics
-from waltz_server.process import run_until_signalled
 from waltz_server.server.access import AccessGate
 from waltz_server.server.cluster_manager import (
     ClusterManager,

@@ -20,6 +20,8 @@ from waltz_api.errors import WaltzError
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""The ``log_level`` choices of the config files."""
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

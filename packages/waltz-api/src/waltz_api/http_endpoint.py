@@ -1,7 +1,9 @@
 """The HTTP endpoint of servers and storage nodes: ``/metrics``, ``/livez``, ``/readyz``,
 ``/health`` and the JSON routes (``/status``), and the health checks behind them
-(see :mod:`waltz_server.observability` for what each answers). A small HTTP/1.1
-server on the process's event loop, standard library only; :func:`http_get` is its
+(see docs/observability.md for what each answers), and its config section
+(:class:`HttpSection`, ``[http]`` of both config files). A small HTTP/1.1 server on
+the process's event loop, standard library only but for ``prometheus-client``, which
+renders ``/metrics`` (``pip install 'waltz-api[metrics]'``); :func:`http_get` is its
 client (tests, ``waltz console``)."""
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +23,25 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from waltz_api.errors import ArgumentTypeError, ConfigError, InvalidArgumentError, WaltzError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class HttpSection:
+    """The health (``/health``) and Prometheus metrics (``/metrics``) endpoint."""
+
+    enabled: bool = field(default=False, metadata={"help": "serve /livez, /readyz and /metrics"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address of the HTTP endpoint"})
+    port: int = field(
+        default=0,
+        metadata={"min": 0, "max": 65535, "help": "port of the HTTP endpoint (0: any free)"},
+    )
+
+    def __post_init__(self) -> None:
+        if not self.host.strip():
+            raise ConfigError(
+                "config key 'http.host' must be an address to listen on (e.g. '127.0.0.1')",
+                "http.host",
+            )
 
 
 # -- health -------------------------------------------------------------------------------------
