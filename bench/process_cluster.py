@@ -18,10 +18,10 @@ from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.transport import Transport
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
+from waltz_api.storage_client import StorageAdminClient
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
-from waltz_storage_node.client import StorageAdminClient
 from waltz_storage_node.testing import StorageNodeProcess
 
 

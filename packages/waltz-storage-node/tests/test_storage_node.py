@@ -42,11 +42,11 @@ from waltz_api.messages import (
     SuccessResponse,
 )
 from waltz_api.plugins import get_registry
+from waltz_api.storage_failures import StorageNotOpenError, StorageRequestError
 from waltz_api.types import LOST_SESSION, SessionInfo
 from waltz_conformance.records import make_record, make_records
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_node import StorageAdminClient, StorageClient, StorageNode
-from waltz_storage_node.failures import StorageNotOpenError, StorageRequestError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -585,7 +585,7 @@ async def test_a_peer_that_stops_reading_holds_its_partition_only_until_it_goes(
 
 
 async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFixture) -> None:
-    from waltz_storage_node.client import replica_connector
+    from waltz_server.server.storage_client import replica_connector
 
     connect = replica_connector(fx.client_transport, CLUSTER_KEY, NUM_PARTITIONS, sender="server:9")
     replica = await connect(fx.endpoint, 3, 4)
@@ -616,7 +616,7 @@ async def test_replica_connector_speaks_for_one_session_and_partition(fx: NodeFi
 
 
 async def test_connection_pool_shares_one_connection_per_node(fx: NodeFixture) -> None:
-    from waltz_storage_node.client import StorageConnectionPool
+    from waltz_server.server.storage_client import StorageConnectionPool
 
     pool = StorageConnectionPool(fx.client_transport, CLUSTER_KEY, NUM_PARTITIONS)
     try:
@@ -761,7 +761,7 @@ async def test_a_replica_deletes_its_archived_prefix_when_its_session_asks(
     archived) deletes whole segments up to the asked id, fenced like a request; reads
     below the new start are refused as archived; past the log's end the log continues
     after the asked id (a replica started at the archive mark)."""
-    from waltz_storage_node.client import replica_connector
+    from waltz_server.server.storage_client import replica_connector
 
     await fx.stop_node()
     engine: StorageEngine

@@ -25,6 +25,7 @@ from typing import Any
 
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import SessionFencedError, StorageError, TransportError, WaltzError
+from waltz_api.storage_client import StorageClient
 from waltz_api.types import Record
 from waltz_chaos.cluster import ProcessEvent
 from waltz_client import AsyncWaltzClient, ClientConfig
@@ -39,7 +40,6 @@ from waltz_sim.checker import (
     StoredRecord,
 )
 from waltz_sim.workloads import ReadOnlyCallbacks, stored_record
-from waltz_storage_node.client import StorageClient
 
 log = logging.getLogger(__name__)
 

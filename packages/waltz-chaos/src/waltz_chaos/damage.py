@@ -24,11 +24,11 @@ from pathlib import Path
 
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import StorageError, TransportError
+from waltz_api.storage_client import StorageAdminClient
 from waltz_api.types import LOST_SESSION
 from waltz_chaos.errors import ChaosError
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
-from waltz_storage_node.client import StorageAdminClient
 
 log = logging.getLogger(__name__)
 

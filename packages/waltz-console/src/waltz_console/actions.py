@@ -20,6 +20,7 @@ from typing import Any
 from waltz_api.cluster import validate_storage_node
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, WaltzError
+from waltz_api.storage_client import StorageAdminClient
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.cluster_check import PROBLEM, check, collect, replica_progress, storage_endpoint
 from waltz_server.server.preferred import (
@@ -27,7 +28,6 @@ from waltz_server.server.preferred import (
     validate_endpoint,
     validate_partitions,
 )
-from waltz_storage_node.client import StorageAdminClient
 
 
 @dataclass(frozen=True)

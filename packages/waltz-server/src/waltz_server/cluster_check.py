@@ -35,9 +35,9 @@ from waltz_api.cluster import (
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, WaltzError
 from waltz_api.messages import ErrorResponse, HighWaterMarkRequest, HighWaterMarkResponse
+from waltz_api.storage_client import StorageAdminClient
 from waltz_api.types import ReqId
 from waltz_server.server.voting import quorum_of
-from waltz_storage_node.client import StorageAdminClient
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from waltz_conformance.reference.coordination import MemoryCoordination, MemoryC
 from waltz_conformance.reference.storage import MemoryStorageEngine, forget
 from waltz_conformance.reference.transport import MemoryTransport
 from waltz_server.cluster_admin import ClusterAdmin
-from waltz_storage_node import StorageConnectionPool, StorageNode, StorageReplica
+from waltz_server.server.storage_client import StorageConnectionPool, StorageReplica
+from waltz_storage_node import StorageNode
 
 
 @dataclass

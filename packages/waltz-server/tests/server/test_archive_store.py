@@ -20,8 +20,8 @@ from waltz_archive.store import ArchiveStore
 from waltz_conformance.reference.storage import MemoryStorageEngine, forget
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.archiving import PartitionArchiveLink, StoreArchiveSource
+from waltz_server.server.storage_client import StorageReplica
 from waltz_server.server.store import StoreConfig, StorePartition
-from waltz_storage_node import StorageReplica
 
 pytestmark = pytest.mark.timeout(120)
 __all__ = ["cluster"]  # the fixture, re-exported for pytest

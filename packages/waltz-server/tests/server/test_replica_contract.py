@@ -15,7 +15,7 @@ from test_repair import DamagedConnection, DamagedNode
 from waltz_api.capabilities import PREFIX, REPAIR
 from waltz_api.errors import StorageError
 from waltz_server.server.replica import REPLICA_CAPABILITIES, ReplicaConnection
-from waltz_storage_node.client import StorageReplica
+from waltz_server.server.storage_client import StorageReplica
 
 IMPLEMENTATIONS = [StorageReplica, FakeReplicaConnection, DamagedConnection]
 

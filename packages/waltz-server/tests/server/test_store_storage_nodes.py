@@ -19,8 +19,9 @@ from waltz_conformance.reference.coordination import MemoryCoordination, MemoryC
 from waltz_conformance.reference.storage import MemoryStorageEngine
 from waltz_conformance.reference.transport import MemoryTransport
 from waltz_server.cluster_admin import ClusterAdmin
+from waltz_server.server.storage_client import StorageConnectionPool, StorageReplica
 from waltz_server.server.store import StoreConfig, StorePartition
-from waltz_storage_node import StorageConnectionPool, StorageNode, StorageReplica
+from waltz_storage_node import StorageNode
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,31 +1,22 @@
 """The storage node (``waltz storage``): serves a storage engine's partitions to servers.
 
 - :class:`StorageNode`: the node (``main.run_from_config`` runs one from a config file).
-- :class:`StorageClient`: the server side of the server-storage protocol (pipelined).
-- :class:`StorageReplica`, :class:`StorageConnectionPool`, :func:`replica_connector`:
-  the server's ``ReplicaConnection`` over a StorageClient.
-- :class:`StorageAdminClient`: the admin commands (``waltz storage list`` ...).
+- :class:`StorageNodeConfig`, :func:`load_storage_config`: its config file.
+- :class:`StorageClient`, :class:`StorageAdminClient`: the protocol's requesting side and
+  the admin commands (``waltz storage list`` ...), from :mod:`waltz_api.storage_client`
+  (the server's replicas use them too: ``waltz_server.server.storage_client``).
 """
 
 from __future__ import annotations
 
-from waltz_storage_node.client import (
-    StorageAdminClient,
-    StorageClient,
-    StorageConnectionPool,
-    StorageReplica,
-    replica_connector,
-)
+from waltz_api.storage_client import StorageAdminClient, StorageClient
 from waltz_storage_node.config import StorageNodeConfig, load_storage_config
 from waltz_storage_node.node import StorageNode
 
 __all__ = [
     "StorageAdminClient",
     "StorageClient",
-    "StorageConnectionPool",
     "StorageNode",
     "StorageNodeConfig",
-    "StorageReplica",
     "load_storage_config",
-    "replica_connector",
 ]

@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from waltz_api.errors import ClusterKeyMismatchError, PartitionClosedError, StorageError
-from waltz_storage_node.failures import StorageRequestError
+from waltz_api.storage_failures import StorageRequestError
 
 if TYPE_CHECKING:
     from waltz_storage_node.node import StorageNode

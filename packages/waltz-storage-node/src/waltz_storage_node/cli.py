@@ -26,10 +26,10 @@ import click
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, PluginError, UnavailableError, WaltzError
 from waltz_api.plugins import get_registry
+from waltz_api.storage_client import StorageAdminClient
 from waltz_api.types import LOST_SESSION
 from waltz_cli.deadline import REFUSAL_PROBE, refused, run, tcp_address, timeout_option
 from waltz_cli.output import emitted, output_option, tables
-from waltz_storage_node.client import StorageAdminClient
 
 T = TypeVar("T")
 

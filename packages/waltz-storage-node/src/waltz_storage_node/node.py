@@ -47,7 +47,7 @@ from waltz_api.messages import (
 )
 from waltz_api.outbox import Outbox
 from waltz_api.peerlog import PeerLog
-from waltz_storage_node.failures import StorageNotOpenError, StorageRequestError
+from waltz_api.storage_failures import StorageNotOpenError, StorageRequestError
 from waltz_storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
 
 if TYPE_CHECKING:

@@ -98,8 +98,8 @@ from waltz_api.messages import (
     SuccessResponse,
     TruncateRequest,
 )
+from waltz_api.storage_failures import StorageRequestError, code_for
 from waltz_api.types import LOST_SESSION, SessionInfo
-from waltz_storage_node.failures import StorageRequestError, code_for
 
 if TYPE_CHECKING:
     from waltz_storage_node.metrics import StorageNodeMetrics

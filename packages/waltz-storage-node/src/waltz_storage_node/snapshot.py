@@ -54,8 +54,8 @@ from typing import Any
 from waltz_api.contracts.storage import StorageEngine, StoragePartition
 from waltz_api.errors import SessionFencedError, StorageError, WaltzError
 from waltz_api.plugins import get_registry
+from waltz_api.storage_client import StorageAdminClient, StorageClient
 from waltz_api.types import LOST_SESSION, NO_SESSION, Record, SessionInfo
-from waltz_storage_node.client import StorageAdminClient, StorageClient
 
 log = logging.getLogger(__name__)
 

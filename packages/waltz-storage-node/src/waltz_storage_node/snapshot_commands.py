@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
+from waltz_api.storage_client import StorageAdminClient
 from waltz_storage_node.cli import Target, _run, _target_options
-from waltz_storage_node.client import StorageAdminClient
 
 
 def _summary(manifest: dict[str, Any]) -> str:

@@ -20,8 +20,8 @@ from types import TracebackType
 
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import WaltzError
+from waltz_api.storage_client import StorageClient
 from waltz_api.supervised import SupervisedProcess
-from waltz_storage_node.client import StorageClient
 
 log = logging.getLogger(__name__)
 

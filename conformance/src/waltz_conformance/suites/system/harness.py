@@ -24,6 +24,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import SessionFencedError, StorageError, TransportError
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
+from waltz_api.storage_client import StorageClient
 from waltz_api.types import Record
 from waltz_conformance.harness import Harness
 from waltz_conformance.suites.system.members import (
@@ -35,7 +36,6 @@ from waltz_conformance.suites.system.members import (
 )
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.testing import ServerProcess
-from waltz_storage_node.client import StorageClient
 from waltz_storage_node.testing import StorageNodeProcess
 
 log = logging.getLogger(__name__)

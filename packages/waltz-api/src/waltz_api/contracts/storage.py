@@ -28,6 +28,31 @@ class LogExtent:
     created_ms: int = -1
 
 
+@dataclass(frozen=True)
+class LocalLog:
+    """A replica's local log (the storage node's ``local_log`` admin answer):
+    ``log_start .. max_transaction_id`` held, in ``extents`` (segments, ascending; the
+    last one is not sealed)."""
+
+    log_start: int
+    max_transaction_id: int
+    extents: tuple[LogExtent, ...] = ()
+
+    @property
+    def local_bytes(self) -> int:
+        """Bytes of the local log (-1 when the engine cannot tell)."""
+        sizes = [e.size for e in self.extents]
+        return -1 if any(size < 0 for size in sizes) else sum(sizes)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> LocalLog:
+        return cls(
+            int(value["log_start"]),
+            int(value["max_transaction_id"]),
+            tuple(LogExtent(*(int(v) for v in e)) for e in value.get("extents", ())),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ScrubProgress:
     """What one :meth:`StoragePartition.scrub` call did."""

@@ -329,7 +329,7 @@ async def _restore_node(
     template: str,
 ) -> list[dict[str, Any]]:
     from waltz_api.plugins import get_registry
-    from waltz_storage_node import StorageAdminClient
+    from waltz_api.storage_client import StorageAdminClient
 
     metadata = ClusterMetadata(coordination)
     config = await metadata.config()

@@ -393,8 +393,8 @@ async def _host_partition(
 ) -> None:
     """Check that the storage node answers and belongs to this cluster; with a partition,
     make it host that partition (idempotent)."""
+    from waltz_api.storage_client import StorageAdminClient
     from waltz_server.cluster_check import storage_endpoint
-    from waltz_storage_node.client import StorageAdminClient
 
     config = await meta.config()
     endpoint = storage_endpoint(reach.storage_endpoint, node)

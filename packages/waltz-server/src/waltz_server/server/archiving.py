@@ -30,12 +30,12 @@ from waltz_api.types import NO_TRANSACTION, Record
 from waltz_server.cluster_admin import ClusterAdmin
 
 if TYPE_CHECKING:
+    from waltz_api.contracts.storage import LocalLog
     from waltz_archive.archiver import ArchivePolicy, PartitionArchiver
     from waltz_archive.manifest import ArchivedRange, Manifest
     from waltz_archive.reader import ArchiveReader
     from waltz_archive.store import ArchiveStore
     from waltz_server.observability import ServerMetrics
-    from waltz_server.server.replica import LocalLog
     from waltz_server.server.store import StorePartition
 
 log = logging.getLogger(__name__)

@@ -43,9 +43,9 @@ from waltz_server.server.cluster_manager import (
 from waltz_server.server.config import ServerNodeConfig, load_server_config
 from waltz_server.server.peers import PeerMonitor
 from waltz_server.server.server import WaltzServer
+from waltz_server.server.storage_client import StorageConnectionPool, StorageReplica
 from waltz_server.server.store import StorePartition
 from waltz_server.server.voting import Outcome
-from waltz_storage_node.client import StorageConnectionPool, StorageReplica
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A :class:`ReplicaConnection` speaks for one store session id and one
 partition; every request carries that session id, and a storage node that has
 seen a newer one refuses it with SessionFencedError (FailureResponse FENCED).
-The storage client (``waltz_storage_node.client``) provides it over any
+The storage client (``waltz_server.server.storage_client``) provides it over any
 Transport; tests may provide it in-process.
 
 Errors: SessionFencedError when fenced; TransportError (ConnectionClosedError)
@@ -35,37 +35,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from waltz_api.capabilities import PREFIX, REPAIR
-from waltz_api.contracts.storage import LogExtent
+from waltz_api.contracts.storage import LocalLog
 from waltz_api.types import Record, SessionInfo
-
-
-@dataclass(frozen=True)
-class LocalLog:
-    """A replica's local log: ``log_start .. max_transaction_id`` held, in ``extents``
-    (segments, ascending; the last one is not sealed)."""
-
-    log_start: int
-    max_transaction_id: int
-    extents: tuple[LogExtent, ...] = ()
-
-    @property
-    def local_bytes(self) -> int:
-        """Bytes of the local log (-1 when the engine cannot tell)."""
-        sizes = [e.size for e in self.extents]
-        return -1 if any(size < 0 for size in sizes) else sum(sizes)
-
-    @classmethod
-    def from_json(cls, value: dict[str, Any]) -> LocalLog:
-        return cls(
-            int(value["log_start"]),
-            int(value["max_transaction_id"]),
-            tuple(LogExtent(*(int(v) for v in e)) for e in value.get("extents", ())),
-        )
-
 
 REPLICA_CAPABILITIES: Final = frozenset({REPAIR, PREFIX})
 """The optional features a replica connection may declare (see the module docstring)."""

@@ -49,6 +49,7 @@ from typing import TypeVar
 from waltz_api.backoff import Backoff
 from waltz_api.cluster import ClusterMetadata, ReplicaAssignments
 from waltz_api.contracts.coordination import Coordination, Watch
+from waltz_api.contracts.storage import LocalLog
 from waltz_api.errors import (
     ArchiveError,
     ClusterNotFoundError,
@@ -58,7 +59,7 @@ from waltz_api.errors import (
     WaltzError,
 )
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
-from waltz_server.server.replica import LocalLog, ReplicaConnector
+from waltz_server.server.replica import ReplicaConnector
 from waltz_server.server.store_config import (
     ArchiveLink,
     CommitListener,

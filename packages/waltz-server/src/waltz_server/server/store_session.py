@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from waltz_api.backoff import Backoff
 from waltz_api.capabilities import PREFIX, REPAIR
 from waltz_api.contracts.coordination import Coordination
+from waltz_api.contracts.storage import LocalLog
 from waltz_api.errors import (
     SessionFencedError,
     StorageError,
@@ -40,7 +41,7 @@ from waltz_api.faultpoints import point
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_api.wire import RecordBlock
 from waltz_server.server.recovery import RecoveryManager
-from waltz_server.server.replica import LocalLog, ReplicaConnection, ReplicaConnector
+from waltz_server.server.replica import ReplicaConnection, ReplicaConnector
 from waltz_server.server.replication import (
     CatchUp,
     Committed,
