@@ -287,7 +287,7 @@ class RealCluster:
     """An in-process cluster of real components (see the module docstring)."""
 
     async def start(self, root: Path) -> str:
-        from waltz_server.inprocess import InProcessCluster
+        from waltz_dev.inprocess import InProcessCluster
 
         self.cluster = InProcessCluster(root, log_level="WARNING")
         await self.cluster.start()

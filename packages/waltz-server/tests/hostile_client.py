@@ -67,7 +67,7 @@ def role_pid(pids: list[int], role: str) -> int:
 def dev_cluster(base: Path, *args: str, timeout: float = 120.0) -> Iterator[dict[str, Any]]:
     """A ``waltz dev`` in ``base`` (its child processes); its ready information. Stopped
     with SIGINT (then SIGKILL, every child by its pid) on exit."""
-    from waltz_server.dev import read_ready_file
+    from waltz_dev.dev import read_ready_file
 
     data_dir = base / ".waltz-dev"
     dev = SupervisedProcess(

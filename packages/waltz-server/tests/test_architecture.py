@@ -17,6 +17,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "waltz_cli": {"waltz_api"},
     "waltz_client": {"waltz_api"},
     "waltz_server": {"waltz_api", "waltz_cli"},
+    "waltz_storage_node": {"waltz_api", "waltz_cli"},
+    "waltz_dev": {"waltz_api", "waltz_cli", "waltz_server", "waltz_storage_node"},
     "waltz_storage_fs": {"waltz_api"},
     "waltz_archive": {"waltz_api"},
     "waltz_coord_zk": {"waltz_api"},
@@ -26,8 +28,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "waltz_conformance": {"waltz_api"},
     "waltz_spark": {"waltz_api", "waltz_client", "waltz_archive"},
     "waltz_console": {"waltz_api", "waltz_server"},
-    "waltz_sim": {"waltz_api", "waltz_server", "waltz_client"},
-    "waltz_chaos": {"waltz_api", "waltz_server", "waltz_client", "waltz_sim"},
+    "waltz_sim": {"waltz_api", "waltz_server", "waltz_storage_node", "waltz_client"},
+    "waltz_chaos": {"waltz_api", "waltz_server", "waltz_storage_node", "waltz_client", "waltz_sim"},
     "waltz_bank": {"waltz_api", "waltz_client", "waltz_cli"},
 }
 """Package -> the Waltz packages any of its modules may import."""
@@ -35,9 +37,9 @@ MAY_IMPORT: dict[str, set[str]] = {
 ALSO_IN: dict[str, set[str]] = {
     "waltz_client.cli": {"waltz_cli"},
     "waltz_bank.spark_jobs": {"waltz_spark"},
-    "waltz_conformance.suites.system": {"waltz_server"},
+    "waltz_conformance.suites.system": {"waltz_server", "waltz_storage_node"},
     "waltz_conformance.suites.system_failover": {"waltz_server"},
-    "waltz_spark.testing": {"waltz_server"},
+    "waltz_spark.testing": {"waltz_server", "waltz_storage_node", "waltz_dev"},
     "waltz_chaos.cluster": {"waltz_conformance"},
     "waltz_chaos.damage": {"waltz_storage_fs"},
     "waltz_sim.fsdisk": {"waltz_storage_fs"},

@@ -22,8 +22,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from waltz_api.ports import free_port
+from waltz_dev.dev import STORAGE_READY, Child, DevCluster
 from waltz_server.cli import main
-from waltz_server.dev import STORAGE_READY, Child, DevCluster
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 

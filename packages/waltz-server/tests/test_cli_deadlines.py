@@ -39,8 +39,8 @@ from click.testing import CliRunner
 from waltz_api.ports import free_port
 from waltz_cli import load_all
 from waltz_cli.deadline import DEFAULT_TIMEOUT, UNAVAILABLE_EXIT_CODE
+from waltz_dev.dev import DevCluster
 from waltz_server.cli import main as waltz_main
-from waltz_server.dev import DevCluster
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 

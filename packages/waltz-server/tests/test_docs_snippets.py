@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from waltz_server.dev import DevCluster
+from waltz_dev.dev import DevCluster
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 

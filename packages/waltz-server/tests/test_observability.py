@@ -23,7 +23,7 @@ from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_api.process import JsonFormatter
 from waltz_conformance.records import make_records
-from waltz_server.dev import DevCluster
+from waltz_dev.dev import DevCluster
 from waltz_server.observability import (
     ERROR_KINDS,
     SERVER_REQUEST_KINDS,

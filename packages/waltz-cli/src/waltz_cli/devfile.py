@@ -1,5 +1,5 @@
 """The file a running ``waltz dev`` cluster leaves in its data directory, naming its
-endpoints and coordination URI (written by ``waltz_server.dev``, read by any command
+endpoints and coordination URI (written by ``waltz_dev.dev``, read by any command
 that defaults to the dev cluster of the current directory, such as ``waltz client``)."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from waltz_server.dev import DevCluster
+from waltz_dev.dev import DevCluster
 
 CHROMIUM = os.environ.get("WALTZ_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("WALTZ_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -35,7 +35,7 @@ WAIT_DEADLINE = 30.0
 
 
 class DevProcess:
-    """A ``waltz dev`` cluster (``waltz_server.dev.DevCluster``, what the command runs:
+    """A ``waltz dev`` cluster (``waltz_dev.dev.DevCluster``, what the command runs:
     storage nodes, servers and the console as child processes), started in the test's
     process so that a test can kill one server without the supervisor stopping the
     rest as ``waltz dev`` does; every child is stopped by its pid at the end."""

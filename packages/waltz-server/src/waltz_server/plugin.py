@@ -1,5 +1,5 @@
 """What waltz-server adds to the command line and the docs (entry point ``waltz_server``):
-the commands ``waltz cluster``, ``server``, ``acl``, ``archive`` and ``dev``, and the
+the commands ``waltz cluster``, ``server``, ``acl`` and ``archive``, and the
 option table of the server's config file (the storage node's are waltz-storage-node's).
 
 Light on purpose: a command's module is imported when it is chosen."""
@@ -39,12 +39,6 @@ def load_acl() -> click.Command:
     return acl_group
 
 
-def load_dev() -> click.Command:
-    from waltz_server.cli.dev import dev_command
-
-    return dev_command
-
-
 @hookimpl
 def waltz_cli_commands() -> list[CommandDescriptor]:
     return [
@@ -67,13 +61,6 @@ def waltz_cli_commands() -> list[CommandDescriptor]:
             "archive",
             load_archive,
             "The archive: old records as Parquet in object storage (docs/archive.md).",
-        ),
-        CommandDescriptor(
-            "dev",
-            load_dev,
-            "Run a development cluster until Ctrl-C: local coordination, ZeroMQ on "
-            "loopback, fs storage in DATA_DIR, 3 storage nodes and 1+ servers as child "
-            "processes.",
         ),
     ]
 

@@ -17,7 +17,7 @@ from waltz_api.types import Record, ReqId
 from waltz_api.wire import checksum
 from waltz_client import ClientConfig, Transaction, TransactionContext, WaltzClientCallbacks
 from waltz_client.api import TransactionBuilder
-from waltz_server.inprocess import InProcessCluster
+from waltz_dev.inprocess import InProcessCluster
 from waltz_server.server.main import RunningServer
 from waltz_storage_node import StorageNode
 
@@ -26,7 +26,7 @@ PARTITIONS = 2
 
 
 class BackgroundCluster:
-    """An :class:`~waltz_server.inprocess.InProcessCluster` (local coordination, 3 fs
+    """An :class:`~waltz_dev.inprocess.InProcessCluster` (local coordination, 3 fs
     storage nodes, ZeroMQ, one server) on a private event loop thread."""
 
     def __init__(

@@ -26,7 +26,7 @@ from waltz_client import (
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz_server.dev import READY_FILE, DevCluster, read_ready_file
+from waltz_dev.dev import READY_FILE, DevCluster, read_ready_file
 from waltz_server.observability import http_get
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
@@ -61,7 +61,7 @@ class Put(TransactionContext):
 
 def run_waltz(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "waltz_server.cli", *args],
+        [sys.executable, "-m", "waltz_cli", *args],
         cwd=cwd,
         env={k: v for k, v in os.environ.items() if k != "WALTZ_COORDINATION"},
         capture_output=True,
@@ -88,7 +88,7 @@ class Dev:
         self.data_dir = data_dir
         self.log = log
         self.child = SupervisedProcess(
-            [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir), *args],
+            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir), *args],
             log,
             name="waltz dev",
             env=None if env is None else {**os.environ, **env},
@@ -261,7 +261,7 @@ async def test_client_commands_append_tail_and_high_water_mark(tmp_path: Path) -
         part = await waltz("tail", *uri, "--partition", "1", "--from", "1", "--no-data")
         assert part.stdout.splitlines() == ["1\t7"]
         follow = subprocess.Popen(  # noqa: ASYNC220 - a child the test talks to
-            [sys.executable, "-m", "waltz_server.cli", "client", "tail", *uri, "--partition",
+            [sys.executable, "-m", "waltz_cli", "client", "tail", *uri, "--partition",
              "1", "--from", "1", "--follow"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -383,7 +383,7 @@ async def test_sigterm_drains_a_server_and_its_partition_moves_before_the_sessio
 def test_dev_archive_gives_every_server_the_archive(tmp_path: Path) -> None:
     """`waltz dev --archive URL`: each server's config names the archive (a path with
     quotes and spaces stays one TOML string); without it there is no archive."""
-    from waltz_server.dev import DevState
+    from waltz_dev.dev import DevState
     from waltz_server.server.config import load_server_config
 
     url = "file://" + str(tmp_path / "an archive" / 'with "quotes"')

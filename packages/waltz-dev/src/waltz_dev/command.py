@@ -1,4 +1,4 @@
-"""``waltz dev``: run a whole cluster on this machine (see ``waltz_server.dev``)."""
+"""``waltz dev``: run a whole cluster on this machine (see ``waltz_dev.dev``)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def dev_command(
     fs storage in DATA_DIR, 3 storage nodes and 1+ servers as child processes."""
     import importlib.util
 
-    from waltz_server.dev import DevCluster
+    from waltz_dev.dev import DevCluster
 
     if console and importlib.util.find_spec("waltz_console") is None:
         click.echo("waltz dev: no console (pip install waltz-console to get one)", err=True)

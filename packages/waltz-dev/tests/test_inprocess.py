@@ -15,7 +15,7 @@ from waltz_client import (
 )
 from waltz_client.simple import MemoryMarks, Put
 from waltz_conformance.reference.storage import forget
-from waltz_server.inprocess import InProcessCluster
+from waltz_dev.inprocess import InProcessCluster
 
 pytestmark = pytest.mark.timeout(120)
 
