@@ -13,7 +13,7 @@ EXPECTED = {
     "waltz_api", "waltz_cli", "waltz_client", "waltz_server", "waltz_storage_fs", "waltz_coord_zk",
     "waltz_coord_etcd", "waltz_coord_local", "waltz_transport_zmq", "waltz_spark",
     "waltz_conformance", "waltz_console", "waltz_sim", "waltz_archive",
-    "waltz_chaos",
+    "waltz_chaos", "waltz_storage_node", "waltz_dev",
 }  # fmt: skip
 CONSOLE_ASSETS = ("index.html", "app.js", "app.css")
 """The console's page works offline only if its assets are in the wheel."""

@@ -2,9 +2,11 @@
 from wheels with plain pip (docs/operators.md, "Install"):
 
 - the server venv (`waltz-server[default]`): `waltz plugins list`, every command a
-  server node needs (the fs engine's storage tools and the client's commands come
-  from their packages), `waltz cluster create`, three `waltz storage` nodes and one
-  `waltz server` (each /readyz 200);
+  server host needs (the client's commands come from their package), no storage node
+  in it, `waltz cluster create` and one `waltz server` (/readyz 200);
+- the storage venv (`waltz-storage-node[default]`): its plugins and commands (the fs
+  engine's storage tools come from their package), no server in it, three
+  `waltz storage` nodes (each /readyz 200);
 - the client venv (`waltz-client[default]`): a client appends and reads back
   (.ci/distcheck/client.py), and `waltz client high-water-mark` answers;
 - every process stopped with SIGTERM exits 0.
@@ -67,24 +69,25 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: f
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--server-venv", type=Path, required=True)
+    parser.add_argument("--storage-venv", type=Path, required=True)
     parser.add_argument("--client-venv", type=Path, required=True)
     args = parser.parse_args()
     waltz = args.server_venv / "bin" / "waltz"
-    listed = run(waltz, "plugins", "list")
-    for plugin in ("zk", "local", "zmq", "fs", "hwm-array", "exact"):
-        if plugin not in listed:
-            raise SystemExit(f"`waltz plugins list` does not show {plugin}")
-    commands = run(waltz, "--help") + run(waltz, "storage", "--help")
-    for command in ("cluster", "server", "storage", "dev", "client", "perf", "keys", "verify"):
-        if f"  {command} " not in commands:
-            raise SystemExit(f"the server venv's `waltz` has no command {command!r}")
-    where = run(
-        args.server_venv / "bin" / "python",
-        "-c",
-        "import waltz_server; print(waltz_server.__file__)",
+    storage_waltz = args.storage_venv / "bin" / "waltz"
+    check_role(
+        args.server_venv,
+        plugins=("zk", "local", "zmq", "hwm-array", "exact"),
+        commands=("cluster", "server", "acl", "client", "perf", "keys"),
+        has="waltz_server",
+        lacks="waltz_storage_node",
     )
-    if not where.startswith(str(args.server_venv.resolve())):
-        raise SystemExit(f"waltz_server comes from {where}, not from the venv's wheels")
+    check_role(
+        args.storage_venv,
+        plugins=("zmq", "fs"),
+        commands=("storage", "keys", "verify", "snapshot"),
+        has="waltz_storage_node",
+        lacks="waltz_server",
+    )
 
     work = Path(tempfile.mkdtemp(prefix="waltz-dist-"))
     uri = f"local://{work / 'coordination'}?root=/waltz"
@@ -106,7 +109,8 @@ def main() -> None:
                 f'[transport]\nendpoint = "tcp://127.0.0.1:{port}"\n'
                 f"[http]\nenabled = true\nport = {http}\n"
             )
-            processes.append(start(f"storage-{i}", [waltz, "storage", "--config", config], work))
+            command = [storage_waltz, "storage", "--config", config]
+            processes.append(start(f"storage-{i}", command, work))
             wait_ready(f"http://127.0.0.1:{http}", processes[-1][1], processes[-1][2])
         http = free_port()
         config = work / "server.toml"
@@ -134,6 +138,34 @@ def main() -> None:
         raise SystemExit(f"not a clean exit on SIGTERM: {failed}")
     shutil.rmtree(work, ignore_errors=True)
     print("dist smoke test: 1 passed, 0 failed", flush=True)
+
+
+def check_role(
+    venv: Path, *, plugins: tuple[str, ...], commands: tuple[str, ...], has: str, lacks: str
+) -> None:
+    """The venv of one role: its plugins and commands, its product installed from the
+    venv's wheels, and not the other product."""
+    waltz = venv / "bin" / "waltz"
+    listed = run(waltz, "plugins", "list")
+    for plugin in plugins:
+        if f"  {plugin} " not in listed:
+            raise SystemExit(f"`waltz plugins list` in {venv} does not show {plugin}")
+    text = run(waltz, "--help")
+    if "storage" in commands:
+        text += run(waltz, "storage", "--help")
+    for command in commands:
+        if f"  {command} " not in text:
+            raise SystemExit(f"the `waltz` of {venv} has no command {command!r}")
+    where = run(venv / "bin" / "python", "-c", f"import {has}; print({has}.__file__)")
+    if not where.startswith(str(venv.resolve())):
+        raise SystemExit(f"{has} comes from {where}, not from the wheels in {venv}")
+    other = run(
+        venv / "bin" / "python",
+        "-c",
+        f"import importlib.util; print(importlib.util.find_spec({lacks!r}) is None)",
+    )
+    if other.strip() != "True":
+        raise SystemExit(f"{lacks} is installed in {venv}: a role's install must not need it")
 
 
 def start(

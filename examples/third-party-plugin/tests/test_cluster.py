@@ -1,6 +1,6 @@
 """A whole Waltz cluster keeping its log in the ``sqlite`` engine: the SystemSuite.
 
-Three real storage nodes (``waltz_server``'s StorageNode, each with its own
+Three real storage nodes (``waltz_storage_node``'s StorageNode, each with its own
 SQLite database) and two servers run in the test's event loop over the
 in-memory reference coordination and transport of ``waltz-conformance``,
 and the shared :class:`SystemSuite` checks the design's safety invariants on

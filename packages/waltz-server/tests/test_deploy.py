@@ -132,10 +132,13 @@ def test_systemd_units_verify(unit: Path, tmp_path: Path) -> None:
     waltz = Path(sys.executable).parent / "waltz"
     assert waltz.exists(), waltz
     text = unit.read_text(encoding="utf-8")
-    assert "ExecStart=/opt/waltz/bin/waltz " in text
-    # the installed `waltz` of this environment stands in for /opt/waltz's
+    # each role's venv (docs/operators.md): /opt/waltz a server's, /opt/waltz-storage a
+    # storage node's
+    venv = {"waltz-server.service": "/opt/waltz", "waltz-storage.service": "/opt/waltz-storage"}
+    assert f"ExecStart={venv[unit.name]}/bin/waltz " in text
+    # the installed `waltz` of this environment stands in for the venv's
     copy = tmp_path / unit.name
-    copy.write_text(text.replace("/opt/waltz/bin/waltz", str(waltz)), encoding="utf-8")
+    copy.write_text(text.replace(f"{venv[unit.name]}/bin/waltz", str(waltz)), encoding="utf-8")
     verified = subprocess.run(
         [analyze, "verify", "--man=no", str(copy)],
         check=False,
@@ -271,7 +274,13 @@ def test_the_dockerfile_runs_the_install_script_and_ignores_local_venvs() -> Non
     assert not [r for r in runs if "pip" in r and "install-waltz.sh" not in r], runs
     assert any("install-waltz.sh wheels /wheels" in r for r in runs), runs
     assert any("install-waltz.sh install /wheels /opt/waltz" in r for r in runs), runs
-    for package in ("waltz-cli", "waltz-storage-fs", "waltz-server", "waltz-coord-zk"):
+    for package in (
+        "waltz-cli",
+        "waltz-storage-fs",
+        "waltz-server",
+        "waltz-storage-node",
+        "waltz-coord-zk",
+    ):
         assert f"./packages/{package} " in script, package
     ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     assert {".venv", ".tox", ".git"} <= set(ignored)

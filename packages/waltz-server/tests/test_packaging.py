@@ -43,7 +43,14 @@ def _ids(paths: list[Path]) -> list[str]:
 
 def test_every_distribution_is_found() -> None:
     names = {_project(p)["name"] for p in PROJECTS}
-    assert {"waltz-api", "waltz-server", "waltz-client", "waltz-conformance"} <= names
+    assert {
+        "waltz-api",
+        "waltz-server",
+        "waltz-storage-node",
+        "waltz-dev",
+        "waltz-client",
+        "waltz-conformance",
+    } <= names
     assert len(PROJECTS) >= 12
 
 
@@ -154,17 +161,23 @@ def test_tox_dist_runs_the_operators_install_blocks_and_checks_what_they_made() 
     docs runner: `wheels` in its checkout, `/opt/waltz` under its root), then checks the
     wheels and runs the smoke test on the venvs those blocks made."""
     blocks = _operators_install_blocks()
-    assert len(blocks) == 3, blocks
+    assert len(blocks) == 4, blocks
+    # one venv per role: the server's, the storage node's, an application's client
     assert '/opt/waltz/bin/pip install --find-links wheels "waltz-server[default]"' in blocks[1]
     assert (
+        '/opt/waltz-storage/bin/pip install --find-links wheels "waltz-storage-node[default]"'
+        in blocks[2]
+    )
+    assert (
         '/opt/waltz-client/bin/pip install --find-links wheels "waltz-client[default]"'
-        in (blocks[2])
+        in (blocks[3])
     )
     commands = _tox_dist_commands()
     assert commands[0].endswith(".ci/docsrun/docsrun.py run run-dist --workdir {envtmpdir}/docs")
     assert "check_wheels.py {envtmpdir}/docs/checkout/wheels" in commands[1]
     assert (
         "--server-venv {envtmpdir}/docs/root/opt/waltz "
+        "--storage-venv {envtmpdir}/docs/root/opt/waltz-storage "
         "--client-venv {envtmpdir}/docs/root/opt/waltz-client" in commands[2]
     )
     assert not [c for c in commands if " pip " in c or " venv " in c], commands
