@@ -163,12 +163,27 @@ def test_waltz_help_imports_no_command_and_no_implementation() -> None:
     )
     help_text, _, modules_line = done.stdout.rpartition("\n[")
     modules = json.loads("[" + modules_line)
-    for name in ("cluster", "storage", "client", "perf", "simulate", "console", "spark", "keys"):
+    for name in (
+        "cluster",
+        "storage",
+        "dev",
+        "client",
+        "perf",
+        "simulate",
+        "console",
+        "spark",
+        "keys",
+    ):
         assert f"\n  {name} " in help_text, name
     heavy = (
         "waltz_server.cli.",
         "waltz_server.server",
-        "waltz_storage_node",
+        "waltz_storage_node.node",
+        "waltz_storage_node.command",
+        "waltz_storage_node.cli",
+        "waltz_storage_node.main",
+        "waltz_dev.dev",
+        "waltz_dev.command",
         "waltz_client.cli",
         "waltz_client.client",
         "waltz_storage_fs.cli",
