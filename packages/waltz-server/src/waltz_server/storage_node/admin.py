@@ -2,7 +2,14 @@
 
 Commands (``command``: arguments -> result):
 
-- ``info``: {} -> {cluster_key, num_partitions, endpoint, partitions: [ids]}
+- ``info``: {} -> {cluster_key, num_partitions, endpoint, partitions: [ids], feature_level,
+  max_feature_level} (the level the storage writes at and the highest it can: a node of
+  0.1.0 answers neither, it is at level 1)
+- ``set_feature_level``: {level, cluster_key} -> {feature_level, max_feature_level}: write
+  the formats of the cluster feature ``level`` from now on (``waltz cluster features
+  --raise``, and a server at connection; :mod:`waltz_api.features`); idempotent, never
+  lowers, refused above ``max_feature_level`` (a node of 0.1.0 answers "unknown admin
+  command")
 - ``list``: {} -> {partitions: [{partition_id, max_transaction_id, session_info:
   {session_id, low_water_mark, local_low_water_mark, low_water_mark_session_id},
   missing_ranges: [[first, last]] (lost to damage, to repair from a peer), available, error}]}
@@ -86,7 +93,20 @@ async def _info(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
         "num_partitions": node.engine.num_partitions,
         "endpoint": node.endpoint,
         "partitions": node.engine.partition_ids(),
+        "feature_level": node.engine.feature_level,
+        "max_feature_level": node.engine.max_feature_level,
     }
+
+
+async def _set_feature_level(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    _require_key(node, arguments)
+    level = _int_argument(arguments, "level", 1)
+    before = node.engine.feature_level
+    await node.engine.raise_feature_level(level)
+    after = node.engine.feature_level
+    if after != before:
+        log.info("feature level %d (was %d): the storage writes its formats now", after, before)
+    return {"feature_level": after, "max_feature_level": node.engine.max_feature_level}
 
 
 async def _list(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -252,6 +272,7 @@ COMMANDS: dict[str, AdminCommand] = {
     "local_log": _local_log,
     "prune": _prune,
     "info": _info,
+    "set_feature_level": _set_feature_level,
     "list": _list,
     "max_transaction_id": _max_transaction_id,
     "add_partition": _add_partition,

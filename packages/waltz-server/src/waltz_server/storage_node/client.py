@@ -36,6 +36,7 @@ from waltz_api.errors import (
     TransportError,
     WaltzError,
 )
+from waltz_api.features import MARK_REPLICA_LEVEL, MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 from waltz_api.messages import (
     FailureResponse,
     LastSessionInfoRequest,
@@ -65,6 +66,7 @@ from waltz_api.messages import (
 )
 from waltz_api.outbox import Outbox
 from waltz_api.types import PartitionInfo, Record, RecordHeader, SessionInfo
+from waltz_server.server.features import tell_storage_node
 from waltz_server.server.replica import LocalLog
 from waltz_server.storage_node.failures import error_from_failure
 
@@ -490,6 +492,11 @@ class StorageAdminClient:
     async def info(self) -> dict[str, Any]:
         return await self.command("info")
 
+    async def set_feature_level(self, level: int, cluster_key: uuid.UUID | str) -> dict[str, Any]:
+        """Tell the node the cluster's feature level (``{feature_level,
+        max_feature_level}`` after it); StorageError from a node that cannot."""
+        return await self.command("set_feature_level", level=level, cluster_key=str(cluster_key))
+
     async def list_partitions(self) -> list[PartitionInfo]:
         """Every hosted partition; one that could not be recovered shows max id -2
         and unavailable (``list_partitions_raw`` has its error)."""
@@ -577,6 +584,7 @@ class StorageReplica:
         *,
         owns_client: bool = False,
         cluster_key: uuid.UUID | None = None,
+        feature_level: Callable[[], int] = lambda: MAX_FEATURE_LEVEL,
     ) -> None:
         self.client = client
         self._storage_node = storage_node
@@ -584,6 +592,7 @@ class StorageReplica:
         self.session_id = session_id
         self._owns_client = owns_client
         self._cluster_key = cluster_key
+        self._feature_level = feature_level
 
     @property
     def storage_node(self) -> str:
@@ -602,6 +611,17 @@ class StorageReplica:
         await self.client.set_low_water_mark(self.session_id, self.partition_id, low_water_mark)
 
     async def mark_replica(self, low_water_mark: int, *, clean: bool, log_end: int = -1) -> None:
+        """MarkReplicaRequest from cluster feature level 2 on. Below it (a storage node
+        of 0.1.0 closes the connection on that message) as 0.1.0 did: a suspect replica
+        gets the session's marks (SetLowWaterMark), so a later recovery may count it as
+        a voter before it caught up (the gap level 2 closes); marking it clean again
+        writes nothing."""
+        if self._feature_level() < MARK_REPLICA_LEVEL:
+            if not clean:
+                await self.client.set_low_water_mark(
+                    self.session_id, self.partition_id, low_water_mark
+                )
+            return
         await self.client.mark_replica(
             self.session_id, self.partition_id, low_water_mark, clean=clean, log_end=log_end
         )
@@ -708,13 +728,16 @@ class StorageConnectionPool:
         *,
         sender: str = "server",
         timeout: float = 10.0,
+        feature_level: Callable[[], int] = lambda: MAX_FEATURE_LEVEL,
     ) -> None:
         self.transport = transport
         self.cluster_key = cluster_key
         self.num_partitions = num_partitions
         self.sender = sender
         self.timeout = timeout
+        self.feature_level = feature_level  # from 2 on, told to each node connected
         self._clients: dict[str, StorageClient] = {}
+        self._told: dict[str, int] = {}  # the level each node was told on its connection
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
 
@@ -733,18 +756,42 @@ class StorageConnectionPool:
             )
             try:
                 await client.open(self.cluster_key, self.num_partitions)
+                self._told.pop(storage_node, None)
+                await self._tell_level(storage_node, client)
             except BaseException:
                 await client.close()
                 raise
             self._clients[storage_node] = client
             return client
 
+    async def _tell_level(self, storage_node: str, client: StorageClient) -> None:
+        level = self.feature_level()
+        if level > max(MIN_FEATURE_LEVEL, self._told.get(storage_node, 0)) and (
+            await tell_storage_node(client, storage_node, level, self.cluster_key)
+        ):
+            self._told[storage_node] = level
+
+    async def tell_level(self) -> None:
+        """Tell every connected storage node the feature level (after it rose)."""
+        for storage_node, client in list(self._clients.items()):
+            if client.closed or client.conn.closed:
+                continue
+            async with self._locks.setdefault(storage_node, asyncio.Lock()):
+                if self._clients.get(storage_node) is client:
+                    with contextlib.suppress(TransportError, OSError):
+                        await self._tell_level(storage_node, client)
+
     async def connect(
         self, storage_node: str, partition_id: int, session_id: int
     ) -> StorageReplica:
         client = await self.client(storage_node)
         return StorageReplica(
-            client, storage_node, partition_id, session_id, cluster_key=self.cluster_key
+            client,
+            storage_node,
+            partition_id,
+            session_id,
+            cluster_key=self.cluster_key,
+            feature_level=self.feature_level,
         )
 
     async def close(self) -> None:
