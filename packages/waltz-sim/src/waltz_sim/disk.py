@@ -741,8 +741,7 @@ class SimStorageEngine(StorageEngine):
                     "key and the number of partitions"
                 )
             disk = world.disks[location] = SimDisk(world, location, cluster_key, num_partitions)
-            if feature_level is not None:
-                disk.feature_level = feature_level
+            disk.feature_level = feature_level or disk.feature_level
         if not isinstance(disk, SimDisk):
             raise StorageError(f"{location} is not a disk of the sim engine")
         if disk.pending_damage:
@@ -770,7 +769,6 @@ class SimStorageEngine(StorageEngine):
     async def raise_feature_level(self, level: int) -> None:
         self._check_feature_level(level)
         self.disk.feature_level = max(self.disk.feature_level, level)
-        await asyncio.sleep(0)
 
     @property
     def num_partitions(self) -> int:

@@ -66,6 +66,8 @@ class SystemHarness(Harness):
     before_servers: Callable[[SystemHarness], Awaitable[None]] | None = None
     """Run by :meth:`start` once the cluster exists and its storage nodes run, before
     any server starts (e.g. ``waltz archive restore`` into the new cluster)."""
+    feature_level: int | None = None
+    """The cluster's feature level at creation (None: the highest this code supports)."""
     client_transport: Transport | None = None
     metadata: ClusterAdmin | None = None
     storage_nodes: list[str] = field(default_factory=list)
@@ -137,6 +139,7 @@ class SystemHarness(Harness):
             num_replicas=self.num_storage_nodes,
             storage_nodes=self.storage_nodes,
             cluster_key=self.cluster_key,
+            **({} if self.feature_level is None else {"feature_level": self.feature_level}),
         )
         self.client_transport = get_registry().get("transport", self.transport).factory({})
         assert self.client_transport is not None
