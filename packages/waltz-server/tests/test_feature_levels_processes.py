@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field

@@ -25,7 +25,6 @@ import click
 
 from waltz_api.cluster import ClusterConfig, ReplicaAssignments, validate_storage_node
 from waltz_api.contracts.transport import Transport
-from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 from waltz_api.errors import (
     ClusterExistsError,
     ClusterNotFoundError,
@@ -34,6 +33,7 @@ from waltz_api.errors import (
     UnavailableError,
     WaltzError,
 )
+from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 from waltz_cli.coordination import coordination_option, start_coordination
 from waltz_cli.deadline import REFUSAL_PROBE, refused, run, tcp_address, timeout_option
 from waltz_cli.output import emit, output_option
@@ -173,6 +173,7 @@ def cluster_group() -> None:
     "earlier release join (raise it later with `waltz cluster features --raise`).",
 )
 def create_cluster(
+    *,
     uri: str,
     partitions: int,
     replicas: int,
