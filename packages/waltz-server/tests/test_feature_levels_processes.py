@@ -32,6 +32,7 @@ from waltz_client import (
 )
 from waltz_conformance.suites.system.clients import read_log
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
+from waltz_server.snapshot import DATA
 from waltz_storage_fs import tools
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.system, pytest.mark.slow]
@@ -160,6 +161,15 @@ async def test_a_level_1_cluster_keeps_format_2_until_raised_under_load(tmp_path
         assert shown.returncode == 0, shown.stderr
         assert "cluster feature level: 1" in shown.stdout
         assert shown.stdout.count(": 2 / 1") == 3, shown.stdout  # supports 2, writes at 1
+
+        # a copy taken before the raise is in the formats of level 1 too: what a node
+        # rolled back to 0.1.0 after the raise is restored from
+        snapshot = tmp_path / "before-the-raise"
+        taken = await asyncio.to_thread(
+            waltz, "storage", "snapshot", str(snapshot), "--endpoint", harness.storage_endpoint(0)
+        )
+        assert taken.returncode == 0, taken.stderr
+        assert tools.read_control_file(snapshot / DATA).header.version == 2
 
         raised = await asyncio.to_thread(
             waltz, "cluster", "features", "--raise", "--coordination", harness.coordination_uri
