@@ -9,6 +9,7 @@ check); the level is never lowered. ``data/log-start-v2`` is a format-2 director
 
 from __future__ import annotations
 
+import errno
 import shutil
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 from waltz_storage_fs.engine import FsStorageEngine
+from waltz_storage_fs.files import Files
 from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
 
 pytestmark = pytest.mark.timeout(300)
@@ -216,3 +218,37 @@ async def test_power_loss_while_the_level_is_raised(tmp_path: Path) -> None:
             shutil.rmtree(directory)
     assert not failures, "\n".join(failures[:5])
     assert versions == {2, 3}
+
+
+class FailingRename(Files):
+    """The real files; the next rename of the control file fails (a full disk, EIO)."""
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def replace(self, source: Path, target: Path) -> None:
+        if self.fail and target.name == fmt.CONTROL_FILE_NAME:
+            self.fail = False
+            raise OSError(errno.EIO, "injected")
+        super().replace(source, target)
+
+
+async def test_a_failed_migration_changes_nothing_and_can_be_retried(tmp_path: Path) -> None:
+    location = v2_copy(tmp_path)
+    files = FailingRename()
+    engine = await FsStorageEngine.open(str(location), files=files)
+    try:
+        part = engine.partition(0)
+        files.fail = True
+        with pytest.raises(StorageError, match="stays format 2"):
+            await engine.raise_feature_level(2)
+        assert engine.feature_level == 1
+        await part.append([make_record(40, 0)])  # the partition works on, in format 2
+        assert tools.read_control_file(location).header.version == 2
+        await engine.raise_feature_level(2)
+        await part.append([make_record(41, 0)])
+    finally:
+        await engine.close()
+    dump = tools.read_control_file(location)
+    current = dump.partitions[0].current
+    assert dump.header.version == 3 and current is not None and current.acked_end == 42

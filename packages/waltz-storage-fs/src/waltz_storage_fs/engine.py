@@ -1176,13 +1176,28 @@ class FsStorageEngine(StorageEngine):
             if self.control.version >= version:
                 return
             before = self.control.version
-            for part in self._partitions.values():
-                if part.broken is None:
+            live = [p for p in self._partitions.values() if p.broken is None]
+            try:
+                for part in live:
                     part.sync_last_segment()
-            self.control = self.control.upgrade(version)
-            for part in self._partitions.values():
-                part.adopt_control()
-            self.control.sync()
+                self.control = self.control.upgrade(version)
+            except OSError as exc:  # the old file is whole: nothing changed
+                raise StorageError(
+                    f"{self.directory}: the control file could not be migrated to format "
+                    f"{version} ({exc}); it stays format {before}: fix the disk and try again"
+                ) from exc
+            try:
+                for part in live:
+                    part.adopt_control()
+                self.control.sync()
+            except OSError as exc:  # as for a failed control flush: recovery checks them
+                for part in live:
+                    part.mark_broken(exc)
+                raise StorageError(
+                    f"{self.directory}: the acknowledged ends could not be written after the "
+                    f"migration to format {version} ({exc}); the partitions are closed until "
+                    "the node restarts"
+                ) from exc
             log.info(
                 "%s: feature level %d: the control file is now format %d (was %d); each "
                 "partition's acknowledged end is kept from now on",
