@@ -22,6 +22,7 @@ from waltz_api.config import toml_document
 from waltz_api.contracts.coordination import Coordination, SessionState
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import SessionFencedError, StorageError, TransportError
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_api.types import Record
@@ -139,7 +140,7 @@ class SystemHarness(Harness):
             num_replicas=self.num_storage_nodes,
             storage_nodes=self.storage_nodes,
             cluster_key=self.cluster_key,
-            **({} if self.feature_level is None else {"feature_level": self.feature_level}),
+            feature_level=self.feature_level or MAX_FEATURE_LEVEL,
         )
         self.client_transport = get_registry().get("transport", self.transport).factory({})
         assert self.client_transport is not None

@@ -493,8 +493,7 @@ class StorageAdminClient:
         return await self.command("info")
 
     async def set_feature_level(self, level: int, cluster_key: uuid.UUID | str) -> dict[str, Any]:
-        """Tell the node the cluster's feature level (``{feature_level,
-        max_feature_level}`` after it); StorageError from a node that cannot."""
+        """The cluster's feature level, told (StorageError: the node cannot write it)."""
         return await self.command("set_feature_level", level=level, cluster_key=str(cluster_key))
 
     async def list_partitions(self) -> list[PartitionInfo]:
