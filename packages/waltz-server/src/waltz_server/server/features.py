@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from waltz_api.cluster import ClusterMetadata
 from waltz_api.contracts.coordination import Watch
 from waltz_api.errors import ConfigError, StorageError, WaltzError
-from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
+from waltz_api.features import MARK_REPLICA_LEVEL, MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 
 if TYPE_CHECKING:
     from waltz_server.storage_node.client import StorageClient
@@ -119,3 +119,26 @@ async def tell_storage_node(
         )
         return False
     return True
+
+
+async def mark_at_level(
+    client: StorageClient,
+    level: int,
+    session_id: int,
+    partition_id: int,
+    low_water_mark: int,
+    *,
+    clean: bool,
+    log_end: int,
+) -> None:
+    """A replica's MarkReplicaRequest at cluster feature ``level``: sent from level 2 on.
+    Below it (a storage node of 0.1.0 closes the connection on that message) as 0.1.0
+    did: a suspect replica gets the session's marks (SetLowWaterMark), so a later
+    recovery may count it as a voter before it caught up (the gap level 2 closes);
+    marking it clean again writes nothing."""
+    if level >= MARK_REPLICA_LEVEL:
+        await client.mark_replica(
+            session_id, partition_id, low_water_mark, clean=clean, log_end=log_end
+        )
+    elif not clean:
+        await client.set_low_water_mark(session_id, partition_id, low_water_mark)

@@ -36,7 +36,7 @@ from waltz_api.errors import (
     TransportError,
     WaltzError,
 )
-from waltz_api.features import MARK_REPLICA_LEVEL, MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
+from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 from waltz_api.messages import (
     FailureResponse,
     LastSessionInfoRequest,
@@ -66,8 +66,8 @@ from waltz_api.messages import (
 )
 from waltz_api.outbox import Outbox
 from waltz_api.types import PartitionInfo, Record, RecordHeader, SessionInfo
-from waltz_server.server.features import tell_storage_node
-from waltz_server.server.replica import LocalLog
+from waltz_server.server.features import mark_at_level, tell_storage_node
+from waltz_server.server.replica import REPLICA_CAPABILITIES, LocalLog
 from waltz_server.storage_node.failures import error_from_failure
 
 log = logging.getLogger(__name__)
@@ -597,6 +597,12 @@ class StorageReplica:
     def storage_node(self) -> str:
         return self._storage_node
 
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Both optional features: the node refuses ``prune`` (StorageError) when its
+        engine cannot delete a prefix."""
+        return REPLICA_CAPABILITIES
+
     async def last_session_info(self) -> SessionInfo:
         return await self.client.last_session_info(self.session_id, self.partition_id)
 
@@ -610,19 +616,10 @@ class StorageReplica:
         await self.client.set_low_water_mark(self.session_id, self.partition_id, low_water_mark)
 
     async def mark_replica(self, low_water_mark: int, *, clean: bool, log_end: int = -1) -> None:
-        """MarkReplicaRequest from cluster feature level 2 on. Below it (a storage node
-        of 0.1.0 closes the connection on that message) as 0.1.0 did: a suspect replica
-        gets the session's marks (SetLowWaterMark), so a later recovery may count it as
-        a voter before it caught up (the gap level 2 closes); marking it clean again
-        writes nothing."""
-        if self._feature_level() < MARK_REPLICA_LEVEL:
-            if not clean:
-                await self.client.set_low_water_mark(
-                    self.session_id, self.partition_id, low_water_mark
-                )
-            return
-        await self.client.mark_replica(
-            self.session_id, self.partition_id, low_water_mark, clean=clean, log_end=log_end
+        """MarkReplicaRequest from feature level 2 on (see :func:`mark_at_level`)."""
+        level, session, partition = self._feature_level(), self.session_id, self.partition_id
+        await mark_at_level(
+            self.client, level, session, partition, low_water_mark, clean=clean, log_end=log_end
         )
 
     async def append(self, records: Sequence[Record]) -> None:
