@@ -104,12 +104,17 @@ class ProcessEvent:
 
 
 class ClientProcess:
-    """A ``python -m waltz_chaos.client`` child process (started and stopped by pid)."""
+    """A ``python -m waltz_chaos.client`` child process (started and stopped by pid);
+    ``python`` the interpreter (another venv's: that venv's client), this one's by
+    default."""
 
-    def __init__(self, spec_path: Path, log_path: Path, wrap: Sequence[str] = ()) -> None:
+    def __init__(
+        self, spec_path: Path, log_path: Path, wrap: Sequence[str] = (), python: str = ""
+    ) -> None:
         self.spec_path = spec_path
         self.log_path = log_path
         self.wrap = list(wrap)
+        self.python = python or sys.executable
         self.process: subprocess.Popen[bytes] | None = None
         self.log_offset = 0
 
@@ -127,7 +132,7 @@ class ClientProcess:
             self.process = subprocess.Popen(
                 [
                     *self.wrap,
-                    sys.executable,
+                    self.python,
                     "-m",
                     "waltz_chaos.client",
                     str(self.spec_path),

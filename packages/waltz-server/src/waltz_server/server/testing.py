@@ -32,7 +32,9 @@ class ServerProcess:
 
     ``wrap`` is put before the command (``ip netns exec NAME``: the server in a network
     namespace); with ``new_session`` the server is not in this process's session (a
-    Ctrl-C at the terminal reaches this process only, which stops the server)."""
+    Ctrl-C at the terminal reaches this process only, which stops the server).
+    ``command`` is the ``waltz`` to run (e.g. another venv's ``bin/waltz``; default: this
+    Python's ``-m waltz_cli``); set the attribute to start the next run from another."""
 
     def __init__(
         self,
@@ -41,11 +43,13 @@ class ServerProcess:
         *,
         wrap: Sequence[str] = (),
         new_session: bool = False,
+        command: Sequence[str] = (),
     ) -> None:
         self.config_path = Path(config_path)
         self.log_path = log_path
         self.wrap = list(wrap)
         self.new_session = new_session
+        self.command = list(command) or [sys.executable, "-m", "waltz_cli"]
         self.process: subprocess.Popen[bytes] | None = None
         self._ready_lines = 0
 
@@ -64,15 +68,7 @@ class ServerProcess:
         self._ready_lines = self.output().count(READY_MARKER)
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
-                [
-                    *self.wrap,
-                    sys.executable,
-                    "-m",
-                    "waltz_cli",
-                    "server",
-                    "--config",
-                    str(self.config_path),
-                ],
+                [*self.wrap, *self.command, "server", "--config", str(self.config_path)],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -42,18 +42,22 @@ class StorageNodeProcess:
         env: dict[str, str] | None = None,
         wrap: Sequence[str] = (),
         new_session: bool = False,
+        command: Sequence[str] = (),
     ) -> None:
         """``config_path`` None: the node is configured by ``WALTZ_*`` variables in
         ``env`` alone (added to this process's environment). ``wrap`` is put before the
         command (``ip netns exec NAME``: the node in a network namespace); with
         ``new_session`` the node is not in this process's session (a Ctrl-C at the
-        terminal reaches this process only, which stops the node)."""
+        terminal reaches this process only, which stops the node). ``command`` is the
+        ``waltz`` to run (e.g. another venv's ``bin/waltz``; default: this Python's
+        ``-m waltz_cli``); set the attribute to start the next run from another."""
         self.config_path = None if config_path is None else Path(config_path)
         self.endpoint = endpoint
         self.log_path = log_path
         self.env = env
         self.wrap = list(wrap)
         self.new_session = new_session
+        self.command = list(command) or [sys.executable, "-m", "waltz_cli"]
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -64,7 +68,7 @@ class StorageNodeProcess:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"storage node already running (pid {self.process.pid})")
         with self.log_path.open("ab") as log_file:
-            args = [*self.wrap, sys.executable, "-m", "waltz_cli", "storage"]
+            args = [*self.wrap, *self.command, "storage"]
             if self.config_path is not None:
                 args += ["--config", str(self.config_path)]
             self.process = subprocess.Popen(
