@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -114,6 +115,7 @@ class Member:
     version: Version
     handle: StorageNodeProcess | ServerProcess | ClientProcess
     http_port: int = 0
+    data_dir: Path | None = None
     incarnation: int = 0
     log_offset: int = 0
     versions: list[tuple[float, str]] = field(default_factory=list)
@@ -162,6 +164,15 @@ def _get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
     except (urllib.error.URLError, OSError):
         return 0, b""
+
+
+def digest(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` (relative path -> SHA-256 of its bytes)."""
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
 
 
 def longest_gap(times: Iterable[float], start: float, end: float) -> tuple[float, float]:
@@ -311,7 +322,9 @@ class MixedCluster:
             new_session=True,
             command=self.initial.waltz,
         )
-        self.members[name] = Member(name, "storage", self.initial, handle, http)
+        self.members[name] = Member(
+            name, "storage", self.initial, handle, http, data_dir=self.run_dir / "storage" / name
+        )
 
     def _add_server(self, name: str) -> None:
         http = free_port(LOOPBACK)
@@ -372,8 +385,13 @@ class MixedCluster:
         now = time.monotonic()
         member.versions.append((now, member.version.label))
         self.events.append(ProcessEvent(now, member.name, "start", member.incarnation))
-        if not wait:
-            return
+        if wait:
+            await self.wait_serving(member)
+
+    async def wait_serving(self, member: Member) -> None:
+        """Until ``member`` serves: it logged its ready line, then its ``/readyz`` is 200
+        (a server: every partition it serves recovered; a storage node: every hosted
+        partition available and holding what its store session recovered)."""
         marker = {"storage": STORAGE_READY, "server": SERVER_READY, "client": READY}[member.kind]
         await until(
             self._logged(member, marker),
@@ -591,6 +609,7 @@ __all__ = [
     "Phase",
     "Version",
     "commit_times",
+    "digest",
     "longest_gap",
     "this_venv",
     "until",

@@ -15,9 +15,11 @@ own): two of the old release, one of this checkout. Then:
 2. servers, one at a time (their partitions move to the other and back);
 3. the old clients, one at a time (SIGTERM: each drains and catches up; the new
    incarnation goes on from the same database);
-4. one storage node rolled back to the old release: it works (it catches up and the
-   cluster commits with it) or it is refused in one line naming the format versions;
-   then it runs the new release again;
+4. one server rolled back to the old release and forward again: it must work (a
+   server holds nothing durable); one storage node rolled back: it works (it catches up
+   and the cluster commits with it) or it is refused in one line naming the format
+   versions, exits non-zero and leaves its data as it was; then it runs the new release
+   again;
 5. (FEATURE_LEVELS) the feature level raised, then the old release refused;
 6. the clients drain, the cluster is read back, the checker judges the history: nothing
    lost or duplicated, every op answered within its deadline. The longest gap in
@@ -44,12 +46,14 @@ from mixed import (
     MixedCluster,
     Version,
     commit_times,
+    digest,
     longest_gap,
     this_venv,
     until,
 )
 from release import REPO, latest_release, release_venv
 
+from waltz_server.server.testing import READY_MARKER as SERVER_READY
 from waltz_server.storage_node.testing import READY_MARKER as STORAGE_READY
 from waltz_sim.checker import OK, LivenessBounds
 
@@ -116,31 +120,41 @@ def refusal(output: str) -> str:
 
 
 async def roll_back(cluster: MixedCluster, member: Member, old: Version, new: Version) -> Rollback:
-    """``member`` (a storage node) rolled back to ``old``: it works (it serves, catches up
-    and the cluster commits with it) or it exits with one line naming the versions. Either
-    way it runs ``new`` again at the end."""
+    """``member`` rolled back to ``old``: it works (it serves; a storage node catches up;
+    the cluster commits with it) or it exits non-zero with one line naming the versions,
+    its data left as it was. Either way it runs ``new`` again at the end."""
     cluster.phase(f"{member.name}: rolled back to {old.label}")
     code = await cluster.stop_member(member)
     assert code == 0, f"{member.name} exited {code} on SIGTERM:\n{member.tail()}"
+    before = {} if member.data_dir is None else digest(member.data_dir)
     member.version = old
     await cluster.start_member(member, wait=False)
+    ready = STORAGE_READY if member.kind == "storage" else SERVER_READY
 
     async def decided() -> bool:
-        return not member.running or STORAGE_READY in member.this_run()
+        return not member.running or ready in member.this_run()
 
     await until(decided, 60.0, lambda: f"{member.name} neither served nor exited")
     if not member.running:
         result = Rollback("refused", refusal(member.this_run()))
+        process = member.handle.process
+        assert process is not None and process.returncode != 0, "refused, yet exited 0"
+        if member.data_dir is not None:
+            assert digest(member.data_dir) == before, "the refused release changed the data"
         member.version = new
         cluster.phase(f"{member.name}: back to {new.label}")
         await cluster.start_member(member)
     else:
         since = time.monotonic()
-        await cluster.caught_up(member)
+        await cluster.wait_serving(member)
+        if member.kind == "storage":
+            await cluster.caught_up(member)
         await cluster.commits(since)
         result = Rollback("works")
         await cluster.restart(member, new)
-    await cluster.caught_up(member)
+    if member.kind == "storage":
+        await cluster.caught_up(member)
+    await cluster.commits(time.monotonic())
     return result
 
 
@@ -192,6 +206,7 @@ async def test_rolling_upgrade_under_load(cluster: MixedCluster, old_release: Ve
             await cluster.commits(time.monotonic())
     upgrade_end = time.monotonic()
 
+    server_rollback = await roll_back(cluster, cluster.of_kind("server")[0], old, new)
     storage = cluster.of_kind("storage")[0]
     rollback = await roll_back(cluster, storage, old, new)
     raised = None
@@ -215,6 +230,7 @@ async def test_rolling_upgrade_under_load(cluster: MixedCluster, old_release: Ve
         + ("" if gap <= GAP_GOAL else " -- OVER THE GOAL")
     )
     print(f"ops: {result.outcomes}; committed per partition: {result.committed}")
+    print(f"rollback of server-0 to {old.label}: {server_rollback.outcome}")
     print(f"rollback of {storage.name} to {old.label}: {rollback.outcome} {rollback.line}")
     if raised is not None:
         print(f"after the feature level raise: {raised.outcome} {raised.line}")
@@ -231,6 +247,8 @@ async def test_rolling_upgrade_under_load(cluster: MixedCluster, old_release: Ve
             op for op in records[name].ops if op.kind == OK and servers_done < op.time < upgraded_at
         ]
         assert late, f"{name} ({old.label}) committed nothing against {new.label} servers"
+    # a server holds nothing durable: before the raise it always goes back
+    assert server_rollback.outcome == "works", server_rollback.line
     assert gap <= GAP_LIMIT, f"a {gap:.1f} s gap in commits during the upgrade ({in_phase})"
     if FEATURE_LEVELS:
         assert rollback.outcome == "works", rollback.line
