@@ -37,6 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from waltz_api.errors import ProcessStartError
+from waltz_api.supervised import SupervisedProcess
+
 PYTHON = sys.executable
 WALTZ = str(Path(PYTHON).with_name("waltz"))
 
@@ -108,36 +111,34 @@ def import_profile(args: list[str], top: int) -> None:
         print(f"    {cumulative / 1000:8.1f} ms  {module}")
 
 
-def start_dev(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    log = (data_dir / "dev.log").open("wb")
-    process = subprocess.Popen(
+def start_dev(data_dir: Path) -> tuple[SupervisedProcess, str]:
+    dev = SupervisedProcess(
         [WALTZ, "dev", "--data-dir", str(data_dir / "cluster"), "--no-console"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
+        data_dir / "dev.log",
+        name="waltz dev",
+        new_session=True,
     )
+    dev.start()
     ready = data_dir / "cluster" / "waltz-dev.ready.json"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"waltz dev exited: {(data_dir / 'dev.log').read_text()}")
+    found: list[str] = []
+
+    def started() -> bool:
         try:
-            return process, str(json.loads(ready.read_text())["coordination"])
+            found.append(str(json.loads(ready.read_text())["coordination"]))
         except (OSError, ValueError, KeyError):
-            time.sleep(0.2)
-    stop_dev(process)
-    raise SystemExit("waltz dev was not ready in 180 s")
+            return False
+        return True
 
-
-def stop_dev(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGINT)
     try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
+        dev.wait_ready_sync(started, timeout=180, interval=0.2)
+    except ProcessStartError as exc:
+        stop_dev(dev)
+        raise SystemExit(str(exc)) from None
+    return dev, found[0]
+
+
+def stop_dev(dev: SupervisedProcess) -> None:
+    dev.terminate(timeout=60, signum=signal.SIGINT)
 
 
 def main() -> None:

@@ -48,8 +48,10 @@ from typing import Any
 
 from waltz_api.config import toml_document
 from waltz_api.contracts.transport import Transport
+from waltz_api.errors import ProcessStartError
 from waltz_api.plugins import get_registry
 from waltz_api.ports import LOOPBACK, free_port
+from waltz_api.supervised import SupervisedProcess
 from waltz_chaos.client import DRAINED, READY, ClientSpec
 from waltz_chaos.cluster import ClientProcess, ProcessEvent
 from waltz_chaos.collect import ClientRecords, load_client, read_back
@@ -117,29 +119,24 @@ class Member:
     http_port: int = 0
     data_dir: Path | None = None
     incarnation: int = 0
-    log_offset: int = 0
     versions: list[tuple[float, str]] = field(default_factory=list)
     """(when it started, the version's label), one per incarnation."""
 
     @property
+    def child(self) -> SupervisedProcess:
+        return self.handle.child
+
+    @property
     def pid(self) -> int | None:
-        return self.handle.pid
+        return self.child.pid
 
     @property
     def running(self) -> bool:
-        process = self.handle.process
-        return process is not None and process.poll() is None
-
-    @property
-    def log_path(self) -> Path:
-        return self.handle.log_path
+        return self.child.running
 
     def this_run(self) -> str:
         """The log of the current incarnation."""
-        with contextlib.suppress(OSError), self.log_path.open("rb") as f:
-            f.seek(self.log_offset)
-            return f.read().decode(errors="replace")
-        return ""
+        return self.child.output()
 
     def tail(self, lines: int = 25) -> str:
         return "\n".join(self.this_run().splitlines()[-lines:])
@@ -277,27 +274,27 @@ class MixedCluster:
 
     async def waltz(self, version: Version, *args: str, timeout: float = 60.0) -> str:
         """``waltz ARGS`` of ``version`` (its output; a :class:`HarnessError` on failure)."""
-        process = await asyncio.create_subprocess_exec(
-            *version.waltz,
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-        )
+        argv = [*version.waltz, *args]
         try:
-            out, _ = await asyncio.wait_for(process.communicate(), timeout)
-        except TimeoutError:
-            os.kill(process.pid, signal.SIGKILL)
-            await process.wait()
+            done = await asyncio.to_thread(
+                subprocess.run,
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
             raise HarnessError(
                 f"{version.label}: waltz {' '.join(args)}: no end in {timeout} s"
             ) from None
-        text = out.decode(errors="replace")
-        if process.returncode != 0:
+        if done.returncode != 0:
             raise HarnessError(
-                f"{version.label}: waltz {' '.join(args)} exited {process.returncode}: {text}"
+                f"{version.label}: waltz {' '.join(args)} exited {done.returncode}: "
+                f"{done.stdout}{done.stderr}"
             )
-        return text
+        return done.stdout
 
     def _add_storage(self, name: str) -> None:
         port, http = free_port(LOOPBACK), free_port(LOOPBACK)
@@ -374,8 +371,8 @@ class MixedCluster:
         """Start ``member`` from its version; ``wait``: until it serves (a storage node
         answers a handshake, a server logged it is ready, a client is ready)."""
         member.incarnation += 1
-        member.log_offset = member.log_path.stat().st_size if member.log_path.exists() else 0
         handle = member.handle
+        handle.child.kill_at_exit = True  # should this run die without stopping it
         if isinstance(handle, ClientProcess):
             handle.python = member.version.python
             handle.start(member.incarnation)
@@ -393,48 +390,31 @@ class MixedCluster:
         (a server: every partition it serves recovered; a storage node: every hosted
         partition available and holding what its store session recovered)."""
         marker = {"storage": STORAGE_READY, "server": SERVER_READY, "client": READY}[member.kind]
-        await until(
-            self._logged(member, marker),
-            60.0,
-            lambda: f"{member.name} ({member.version.label}) is not ready:\n{member.tail()}",
-        )
-        if member.http_port:
-            url = f"http://{LOOPBACK}:{member.http_port}/readyz"
+        try:
+            await member.child.wait_ready(re.escape(marker), timeout=60.0)
+            if member.http_port:
+                url = f"http://{LOOPBACK}:{member.http_port}/readyz"
 
-            async def ready() -> bool:
-                if not member.running:
-                    raise HarnessError(f"{member.name} exited:\n{member.tail()}")
-                code, _ = await asyncio.to_thread(_get, url)
-                return code == 200
+                async def ready() -> bool:
+                    code, _ = await asyncio.to_thread(_get, url)
+                    return code == 200
 
-            await until(ready, 90.0, lambda: f"{url} is not 200:\n{member.tail()}")
-
-    def _logged(self, member: Member, marker: str) -> Callable[[], Awaitable[bool]]:
-        async def check() -> bool:
-            if marker in member.this_run():
-                return True
-            if not member.running:
-                raise HarnessError(f"{member.name} exited:\n{member.tail()}")
-            return False
-
-        return check
+                await member.child.wait_ready(
+                    ready, timeout=90.0, interval=0.1, waiting_for=f"{url} to answer 200"
+                )
+        except ProcessStartError as exc:
+            raise HarnessError(f"{member.name} ({member.version.label}): {exc}") from exc
 
     async def stop_member(self, member: Member, timeout: float = 60.0) -> int | None:
         """SIGTERM by pid until it exits (SIGKILL after ``timeout``): its exit code. A
         client drains (no new op; those in flight end) and catches up first."""
-        process = member.handle.process
-        if process is None or process.poll() is not None:
-            return None if process is None else process.returncode
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            code = await asyncio.to_thread(process.wait, timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            code = await asyncio.to_thread(process.wait, 30)
+        if not member.running:
+            return member.child.returncode
+        code = await member.child.stop(timeout=timeout)
+        if code == -signal.SIGKILL:
             self.events.append(
                 ProcessEvent(time.monotonic(), member.name, "kill", member.incarnation)
             )
-            log.warning("%s did not stop within %.0f s: killed", member.name, timeout)
         return code
 
     async def restart(self, member: Member, version: Version) -> Phase:
@@ -534,7 +514,7 @@ class MixedCluster:
                 os.kill(member.pid, signal.SIGUSR1)
         drain = self.transaction_timeout + self.request_timeout + 15.0
         await asyncio.gather(
-            *(until(self._logged(m, DRAINED), drain, lambda: "drain") for m in clients)
+            *(m.child.wait_ready(re.escape(DRAINED), timeout=drain) for m in clients)
         )
         end_time = time.monotonic()
         for member in clients:
@@ -573,17 +553,8 @@ class MixedCluster:
     def stop_all(self) -> None:
         """Stop every process this cluster started, by its pid (also after a failure)."""
         for member in self.members.values():
-            process = member.handle.process
-            if process is None or process.poll() is not None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+            with contextlib.suppress(Exception):
+                member.child.terminate(timeout=30.0)
         if self.zookeeper is not None:
             with contextlib.suppress(Exception):
                 self.zookeeper.stop()

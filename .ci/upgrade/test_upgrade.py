@@ -137,8 +137,7 @@ async def roll_back(cluster: MixedCluster, member: Member, old: Version, new: Ve
     await until(decided, 60.0, lambda: f"{member.name} neither served nor exited")
     if not member.running:
         result = Rollback("refused", refusal(member.this_run()))
-        process = member.handle.process
-        assert process is not None and process.returncode != 0, "refused, yet exited 0"
+        assert member.child.returncode != 0, "refused, yet exited 0"
         if member.data_dir is not None:
             assert digest(member.data_dir) == before, "the refused release changed the data"
         member.version = new

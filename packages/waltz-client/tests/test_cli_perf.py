@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from waltz_api.supervised import SupervisedProcess
 from waltz_cli import main
 from waltz_cli.devfile import read_ready_file
 from waltz_client.cli.perf.engine import cancel_until_done, latency_summary, percentile
@@ -66,31 +67,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A `waltz dev` with 2 partitions; its coordination URI."""
     base = tmp_path_factory.mktemp("perf")
     data_dir, log = base / ".waltz-dev", base / "dev.log"  # the default `waltz dev` dir
-    with log.open("ab") as out:
-        dev = subprocess.Popen(
-            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir),
-             "--partitions", "2"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    children: list[int] = []
+    dev = SupervisedProcess(
+        [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir),
+         "--partitions", "2"],
+        log,
+        name="waltz dev",
+    )  # fmt: skip
+    dev.start()
+    ready: dict[str, Any] = {}
+
+    def started() -> bool:
+        info = read_ready_file(data_dir)
+        if info is None or info["pid"] != dev.pid:
+            return False
+        ready.update(info)
+        return True
+
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            info = read_ready_file(data_dir)
-            if info is not None and info["pid"] == dev.pid:
-                break
-            assert dev.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        children = info["child_pids"]
-        yield str(info["coordination"])
-        dev.send_signal(signal.SIGINT)
-        assert dev.wait(timeout=60) == 0, log.read_text()
+        dev.wait_ready_sync(started, timeout=90, interval=0.1)
+        yield str(ready["coordination"])
+        assert dev.terminate(timeout=60, signum=signal.SIGINT) == 0, log.read_text()
     finally:
-        if dev.poll() is None:
-            dev.kill()
-            dev.wait(timeout=30)
-        for pid in children:
+        dev.kill()
+        for pid in ready.get("child_pids", []):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from waltz_api import wire
 from waltz_api.messages import MountRequest, TransactionDataRequest
+from waltz_api.supervised import SupervisedProcess
 from waltz_api.types import ReqId
 from waltz_transport_zmq import ZmqTransport
 
@@ -69,29 +70,28 @@ def dev_cluster(base: Path, *args: str, timeout: float = 120.0) -> Iterator[dict
     from waltz_server.dev import read_ready_file
 
     data_dir = base / ".waltz-dev"
-    with (base / "dev.log").open("ab") as out:
-        dev = subprocess.Popen(
-            [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir), *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    children: list[int] = []
+    dev = SupervisedProcess(
+        [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir), *args],
+        base / "dev.log",
+        name="waltz dev",
+    )
+    dev.start()
+    ready: dict[str, Any] = {}
+
+    def started() -> bool:
+        info = read_ready_file(data_dir)
+        if info is None or info["pid"] != dev.pid:
+            return False
+        ready.update(info)
+        return True
+
     try:
-        deadline = time.monotonic() + timeout
-        while (info := read_ready_file(data_dir)) is None or info["pid"] != dev.pid:
-            if dev.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"waltz dev did not start: {(base / 'dev.log').read_text()}")
-            time.sleep(0.1)
-        children = info["child_pids"]
-        yield info
-        dev.send_signal(signal.SIGINT)
-        dev.wait(timeout=60)
+        dev.wait_ready_sync(started, timeout=timeout, interval=0.1)
+        yield ready
+        dev.terminate(timeout=60, signum=signal.SIGINT)
     finally:
-        if dev.poll() is None:
-            dev.kill()
-            dev.wait(timeout=30)
-        for pid in children:
+        dev.kill()
+        for pid in ready.get("child_pids", []):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

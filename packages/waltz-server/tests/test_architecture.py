@@ -205,3 +205,108 @@ def test_every_backoff_is_given_its_random_generator() -> None:
             ):
                 unseeded.append(f"{source.relative_to(ROOT)}:{node.lineno}")
     assert not unseeded, f"pass the component's rng to these Backoff(...): {unseeded}"
+
+
+REPLICA_USERS = (
+    "packages/waltz-server/src/waltz_server/server/store_session.py",
+    "packages/waltz-server/src/waltz_server/server/recovery.py",
+)
+"""The modules that drive replicas (``server/replica.py``'s ReplicaConnection)."""
+
+
+def _probes(source: str) -> list[int]:
+    """The lines of every ``getattr``/``hasattr`` call in ``source``."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+    ]
+
+
+def test_replicas_are_driven_through_their_contract_not_probed() -> None:
+    """Every call on a replica is in the ReplicaConnection Protocol (mypy checks it), an
+    optional one behind a declared capability: a probed method (``getattr(connection,
+    "prune", None)``) is one the type checker never sees, and a renamed or misspelt one
+    silently turns a feature off."""
+    found = {
+        path: lines
+        for path in REPLICA_USERS
+        if (lines := sorted(_probes((ROOT / path).read_text(encoding="utf-8"))))
+    }
+    assert not found, (
+        f"getattr/hasattr in the modules that drive replicas (lines {found}): declare the "
+        "call in ReplicaConnection (server/replica.py), and an optional one's capability "
+        "in its capabilities (waltz_api.capabilities)"
+    )
+
+
+def test_the_probe_check_sees_a_probe() -> None:
+    assert _probes('prune = getattr(connection, "prune", None)\nhasattr(c, "x")\n') == [1, 2]
+
+
+SPAWNS = {"Popen", "create_subprocess_exec", "create_subprocess_shell"}
+
+SPAWN_ELSEWHERE: dict[str, str] = {
+    "packages/waltz-api/src/waltz_api/supervised.py": "the supervised child process itself",
+    "packages/waltz-coord-local/src/waltz_coord_local/writer.py": (
+        "a worker driven over two pipes it inherits (pass_fds): no log, no ready line; it "
+        "ends when its request pipe closes"
+    ),
+    "conformance/src/waltz_conformance/suites/storage.py": (
+        "the crash test's writer streams its acknowledgements on a pipe, read as they come "
+        "until it is killed mid-write"
+    ),
+    "conformance/src/waltz_conformance/suites/coordination.py": (
+        "a worker that answers in JSON lines on its pipes (asyncio), killed mid-session"
+    ),
+    "bench/profiling.py": "py-spy, which ends by itself after its duration (no log, no readiness)",
+}
+"""The modules that may start a child process other than through
+``waltz_api.supervised.SupervisedProcess``, each with its reason."""
+
+
+def _spawns(source: str) -> list[int]:
+    """The lines of every ``Popen(...)`` / ``create_subprocess_*(...)`` call in ``source``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name in SPAWNS:
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_child_processes_are_started_by_the_supervised_helper_only() -> None:
+    """A child with a log file, a ready line, SIGTERM then SIGKILL: one implementation
+    (waltz_api.supervised), not one per launcher (there were eight)."""
+    sources = [
+        *ROOT.glob("packages/*/src/**/*.py"),
+        *ROOT.glob("conformance/src/**/*.py"),
+        *ROOT.glob("examples/*/src/**/*.py"),
+        *ROOT.glob("bench/**/*.py"),
+    ]
+    found: dict[str, list[int]] = {}
+    for source in sorted(sources):
+        relative = source.relative_to(ROOT).as_posix()
+        if lines := _spawns(source.read_text(encoding="utf-8")):
+            found[relative] = lines
+    unlisted = {path: lines for path, lines in found.items() if path not in SPAWN_ELSEWHERE}
+    assert not unlisted, (
+        f"start these child processes with waltz_api.supervised.SupervisedProcess (or list "
+        f"the module in SPAWN_ELSEWHERE with the reason it cannot): {unlisted}"
+    )
+    stale = sorted(set(SPAWN_ELSEWHERE) - set(found))
+    assert not stale, f"these modules start no child process any more: unlist them: {stale}"
+
+
+def test_the_spawn_check_sees_a_spawn() -> None:
+    source = (
+        "import subprocess, asyncio\nfrom subprocess import Popen\n"
+        "subprocess.Popen(['x'])\nPopen(['y'])\nasyncio.create_subprocess_exec('z')\n"
+        "subprocess.run(['ok'])\n"
+    )
+    assert _spawns(source) == [3, 4, 5]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.supervised import SupervisedProcess
 from waltz_client import (
     JSON,
     AsyncWaltzClient,
@@ -79,46 +80,44 @@ def alive(pid: int) -> bool:
 
 
 class Dev:
+    """``waltz dev`` as a child process (a SupervisedProcess)."""
+
     def __init__(
         self, data_dir: Path, log: Path, *args: str, env: dict[str, str] | None = None
     ) -> None:
         self.data_dir = data_dir
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "waltz_server.cli",
-                    "dev",
-                    "--data-dir",
-                    str(data_dir),
-                    *args,
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=None if env is None else {**os.environ, **env},
-            )
         self.log = log
+        self.child = SupervisedProcess(
+            [sys.executable, "-m", "waltz_server.cli", "dev", "--data-dir", str(data_dir), *args],
+            log,
+            name="waltz dev",
+            env=None if env is None else {**os.environ, **env},
+        )
+        self.child.start()
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        assert self.child.process is not None
+        return self.child.process
 
     async def ready(self, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            info = read_ready_file(self.data_dir)
-            if info is not None and info["pid"] == self.process.pid:
-                return info
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, self.log.read_text()
-            await asyncio.sleep(0.1)
+        found: dict[str, Any] = {}
 
-    def interrupt(self) -> int:
-        os.kill(self.process.pid, signal.SIGINT)
-        return self.process.wait(timeout=60)
+        def started() -> bool:
+            info = read_ready_file(self.data_dir)
+            if info is None or info["pid"] != self.process.pid:
+                return False
+            found.update(info)
+            return True
+
+        await self.child.wait_ready(started, timeout=timeout, interval=0.1)
+        return found
+
+    def interrupt(self) -> int | None:
+        return self.child.terminate(timeout=60, signum=signal.SIGINT)
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
+        self.child.kill()
 
 
 async def append_and_read(uri: str, values: list[str]) -> list[str]:

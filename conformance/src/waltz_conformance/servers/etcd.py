@@ -38,11 +38,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlencode
 
 from waltz_api.ports import free_ports
-from waltz_conformance.servers import stop_process, track_process
+from waltz_api.supervised import SupervisedProcess
 from waltz_conformance.servers.certs import CertFiles
 
 log = logging.getLogger(__name__)
@@ -111,8 +111,8 @@ class EtcdMember:
     peer_port: int
     data_dir: Path
     log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-    _log_file: IO[bytes] | None = field(default=None, repr=False)
+    child: SupervisedProcess | None = field(default=None, repr=False)
+    """The running member (None: not started, or stopped on purpose)."""
     host: str = HOST
     scheme: str = "http"
 
@@ -129,8 +129,12 @@ class EtcdMember:
         return f"{self.host}:{self.client_port}"
 
     @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return None if self.child is None else self.child.process
+
+    @property
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child is not None and self.child.running
 
 
 class EtcdCluster:
@@ -258,28 +262,24 @@ class EtcdCluster:
             ]
         if self.auth is not None:
             command += ["--auth-token=simple", f"--auth-token-ttl={self.auth.token_ttl}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-        if member._log_file is not None:
-            member._log_file.close()
-        member._log_file = member.log_path.open("ab")
-        member.process = subprocess.Popen(
+        member.child = SupervisedProcess(
             command,
-            stdout=member._log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
+            member.log_path,
+            name=f"etcd member {member.name}",
+            env={k: v for k, v in os.environ.items() if not k.startswith("ETCD")},
+            new_session=True,
+            kill_at_exit=True,
         )
-        track_process(member.process)
-        log.info("started etcd member %s (pid %d)", member.name, member.process.pid)
+        member.child.start()
 
     def _terminate(self, member: EtcdMember, *, kill: bool = False) -> None:
-        if member.process is not None:
-            stop_process(member.process, kill=kill, timeout=5.0)
-        member.process = None  # stopped on purpose: wait_healthy skips it
-        if member._log_file is not None:
-            member._log_file.close()
-            member._log_file = None
+        child, member.child = member.child, None  # stopped on purpose: wait_healthy skips it
+        if child is None:
+            return
+        if kill:
+            child.kill()
+        else:
+            child.terminate(5.0)
 
     # -- faults ----------------------------------------------------------------------
 
@@ -413,11 +413,11 @@ class EtcdCluster:
         while time.monotonic() < deadline:
             problem = ""
             for member in self.members:
-                if member.process is None:
+                if member.child is None:
                     continue
-                if member.process.poll() is not None:
+                if not member.child.running:
                     raise RuntimeError(
-                        f"etcd member {member.name} exited with {member.process.returncode}; "
+                        f"etcd member {member.name} exited with {member.child.returncode}; "
                         f"see {member.log_path}:\n{_tail(member.log_path)}"
                     )
                 try:

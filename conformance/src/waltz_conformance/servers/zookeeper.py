@@ -30,12 +30,9 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlencode
 
-from waltz_conformance.servers import (
-    free_port,
-    stop_process,
-    track_process,
-    wait_until,
-)
+from waltz_api.errors import ProcessStartError
+from waltz_api.supervised import SupervisedProcess
+from waltz_conformance.servers import free_port
 from waltz_conformance.servers.certs import CertFiles
 
 log = logging.getLogger(__name__)
@@ -53,7 +50,12 @@ PORT_ATTEMPTS = 3
 
 
 class ZooKeeperUnavailableError(RuntimeError):
-    """ZooKeeper or Java is not installed, or the server did not start."""
+    """ZooKeeper or Java is not installed, or the server did not start (``port_taken``:
+    because its port was in use)."""
+
+    def __init__(self, message: str, *, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class ZooKeeperServer:
         self.tick_time_ms = tick_time_ms
         self.heap_mb = heap_mb
         self.java = java or shutil.which("java") or "java"
-        self.process: subprocess.Popen[bytes] | None = None
+        self.child: SupervisedProcess | None = None
         self._auto_port = port is None
         self._started_once = False
         self.tls = tls
@@ -230,7 +232,7 @@ class ZooKeeperServer:
 
     def start(self, timeout: float = 90.0) -> ZooKeeperServer:
         """Start the server and wait until it answers ``ruok`` with ``imok``."""
-        if self.process is not None and self.process.poll() is None:
+        if self.running:
             return self
         if not ZOOKEEPER_JAR.exists():
             raise ZooKeeperUnavailableError(
@@ -247,8 +249,7 @@ class ZooKeeperServer:
                 self._started_once = True
                 return self
             except ZooKeeperUnavailableError as exc:
-                port_taken = "Address already in use" in str(exc)
-                if not (port_taken and self._auto_port and not self._started_once):
+                if not (exc.port_taken and self._auto_port and not self._started_once):
                     raise
                 if attempt == PORT_ATTEMPTS:
                     raise
@@ -258,36 +259,29 @@ class ZooKeeperServer:
 
     def _spawn_and_wait(self, timeout: float) -> None:
         config = self._write_config()
-        log_file = (self.workdir / "zookeeper.log").open("ab")
+        self.child = child = SupervisedProcess(
+            self._command(config),
+            self.workdir / "zookeeper.log",
+            name="ZooKeeper",
+            cwd=self.workdir,
+            new_session=True,
+            kill_at_exit=True,
+        )
+        child.start()
+        log.info("started ZooKeeper pid %d on %s", child.pid, self.connect_string)
         try:
-            self.process = subprocess.Popen(
-                self._command(config),
-                cwd=self.workdir,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
+            child.wait_ready_sync(
+                self._serving,
+                timeout=timeout,
+                interval=0.1,
+                waiting_for=f"ZooKeeper on {self.connect_string} to answer ruok",
             )
-        finally:
-            log_file.close()
-        track_process(self.process)
-        log.info("started ZooKeeper pid %d on %s", self.process.pid, self.connect_string)
-        try:
-            wait_until(self._serving, timeout, f"ZooKeeper on {self.connect_string}")
-        except TimeoutError as exc:
-            tail = self.log_tail()
+        except ProcessStartError as exc:
+            port_taken = "Address already in use" in child.output()
             self.stop(kill=True)
-            raise ZooKeeperUnavailableError(f"{exc}; its log ends with:\n{tail}") from exc
-        except ZooKeeperUnavailableError:
-            self.stop(kill=True)
-            raise
+            raise ZooKeeperUnavailableError(str(exc), port_taken=port_taken) from exc
 
     def _serving(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            raise ZooKeeperUnavailableError(
-                f"ZooKeeper exited with code {self.process.returncode}; "
-                f"its log ends with:\n{self.log_tail()}"
-            )
         tls = None if self.tls is None else self.tls.client_context()
         try:
             if four_letter_word(self.port, "ruok", self.host, tls=tls) != "imok":
@@ -299,26 +293,34 @@ class ZooKeeperServer:
             return False
 
     @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return None if self.child is None else self.child.process
+
+    @property
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child is not None and self.child.running
 
     def kill(self) -> None:
         """Kill the server with SIGKILL (its data stays for :meth:`restart`)."""
-        process, self.process = self.process, None
-        if process is not None:
-            stop_process(process, kill=True)
-            log.info("killed ZooKeeper pid %d", process.pid)
+        child, self.child = self.child, None
+        if child is not None:
+            child.kill()
+            log.info("killed ZooKeeper pid %s", child.pid)
 
     def restart(self, timeout: float = 90.0) -> None:
         """Start the server again on the same port with the same data."""
         self.kill()
         self.start(timeout)
 
-    def stop(self, *, kill: bool = False) -> None:
-        """Stop the server by its pid (SIGTERM, then SIGKILL)."""
-        if self.process is not None:
-            stop_process(self.process, kill=kill)
-            self.process = None
+    def stop(self, *, kill: bool = False, timeout: float = 10.0) -> None:
+        """Stop the server by its pid (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        child, self.child = self.child, None
+        if child is None:
+            return
+        if kill:
+            child.kill()
+        else:
+            child.terminate(timeout)
 
     def cleanup(self) -> None:
         """Stop the server and delete its temp directory (if this object made it)."""

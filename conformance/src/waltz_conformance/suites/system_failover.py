@@ -25,7 +25,6 @@ import itertools
 import logging
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from waltz_api.messages import (
     MountResponse,
     MountStatus,
 )
+from waltz_api.supervised import SupervisedProcess
 from waltz_api.types import LockRequest, ReqId
 from waltz_conformance.harness import requires
 from waltz_conformance.suites.system import (
@@ -269,26 +269,19 @@ class CpuLoad:
 
     def __init__(self, factor: int = 2) -> None:
         self.count = factor * (os.cpu_count() or 1)
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.processes = [
+            SupervisedProcess([sys.executable, "-c", "while True: pass"], None, name="busy loop")
+            for _ in range(self.count)
+        ]
 
     def __enter__(self) -> CpuLoad:
-        for _ in range(self.count):
-            self.processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", "while True: pass"],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+        for process in self.processes:
+            process.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         for process in self.processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGKILL)
-        for process in self.processes:
-            process.wait(timeout=30)
+            process.kill()
 
 
 def _signal_server(harness: SystemHarness, index: int, sig: signal.Signals) -> None:

@@ -45,13 +45,14 @@ import json
 import logging
 import os
 import random
-import signal
-import subprocess
+import re
 import sys
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,9 +67,11 @@ from waltz_api.errors import (
     ConnectError,
     ConnectionClosedError,
     FrameTooLargeError,
+    ProcessStartError,
     ProtocolError,
     TransportError,
 )
+from waltz_api.supervised import SupervisedProcess
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
 
 log = logging.getLogger(__name__)
@@ -107,11 +110,14 @@ class Peer(ABC):
 
 
 class ProcessPeer(Peer):
-    """The echo peer of transport plugin ``plugin`` in its own process.
+    """The echo peer of transport plugin ``plugin`` in its own process (a
+    :class:`~waltz_api.supervised.SupervisedProcess`, its output in a temp file).
 
     Every process it starts is stopped by pid in :meth:`stop` (call it in a
     ``finally``), and a peer whose parent dies exits by itself.
     """
+
+    READY = re.compile(r"^READY (\S+)$", re.MULTILINE)
 
     def __init__(
         self, plugin: str, endpoint: str, options: Mapping[str, Any], start_timeout: float = 30.0
@@ -121,8 +127,8 @@ class ProcessPeer(Peer):
         self._endpoint: str | None = None
         self.options = dict(options)
         self.start_timeout = start_timeout
-        self.process: subprocess.Popen[str] | None = None
-        self._paused = False
+        self._log_dir: tempfile.TemporaryDirectory[str] | None = None
+        self.child: SupervisedProcess | None = None
 
     @property
     def endpoint(self) -> str:
@@ -132,12 +138,16 @@ class ProcessPeer(Peer):
 
     @property
     def pid(self) -> int:
-        if self.process is None:
+        pid = None if self.child is None else self.child.pid
+        if pid is None:
             raise TransportError("the peer is not running")
-        return self.process.pid
+        return pid
 
-    def _spawn(self, endpoint: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
+    async def start(self) -> None:
+        endpoint = self._endpoint or self._requested
+        if self._log_dir is None:
+            self._log_dir = tempfile.TemporaryDirectory(prefix="waltz-transport-peer-")
+        self.child = child = SupervisedProcess(
             [
                 sys.executable,
                 "-m",
@@ -146,83 +156,43 @@ class ProcessPeer(Peer):
                 endpoint,
                 json.dumps(self.options),
             ],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
+            Path(self._log_dir.name) / "peer.log",
+            name=f"the {self.plugin} transport peer",
         )
-
-    async def start(self) -> None:
-        endpoint = self._endpoint or self._requested
-        self.process = process = self._spawn(endpoint)
-        assert process.stdout is not None
-        loop = asyncio.get_running_loop()
+        child.start()
         try:
-            line = await asyncio.wait_for(
-                loop.run_in_executor(None, process.stdout.readline), self.start_timeout
+            ready = await child.wait_ready(
+                self.READY, timeout=self.start_timeout, waiting_for=f"it to listen on {endpoint}"
             )
-        except TimeoutError:
-            self._reap()
-            raise TransportError(
-                f"the {self.plugin} transport peer did not start within {self.start_timeout} s"
-            ) from None
-        if not line.startswith("READY "):
-            self._reap()
-            raise TransportError(
-                f"the {self.plugin} transport peer failed to start on {endpoint} "
-                f"(exit code {process.returncode}); see its stderr above"
-            )
-        self._endpoint = line.split(" ", 1)[1].strip()
-        self._paused = False
-
-    def _signal(self, signum: int) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signum)
-
-    def _reap(self) -> None:
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            if self._paused:
-                self._signal(signal.SIGCONT)
-            process.kill()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            log.error("transport peer pid %d did not exit after SIGKILL", process.pid)
-        if process.stdout is not None:
-            process.stdout.close()
-        self.process = None
-        self._paused = False
+        except ProcessStartError as exc:
+            child.kill()
+            raise TransportError(str(exc)) from None
+        assert ready is not None
+        self._endpoint = ready.group(1)
 
     async def kill(self) -> None:
-        self._reap()
+        if self.child is not None:
+            self.child.kill()
 
     async def pause(self) -> None:
-        self._signal(signal.SIGSTOP)
-        self._paused = True
+        if self.child is not None:
+            self.child.pause()
 
     async def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-        self._paused = False
+        if self.child is not None:
+            self.child.resume()
 
     async def restart(self) -> None:
-        self._reap()
+        await self.kill()
         await self.start()
 
     async def stop(self) -> None:
-        process = self.process
-        if process is None:
-            return
-        if self._paused:
-            self._signal(signal.SIGCONT)
-            self._paused = False
-        self._signal(signal.SIGTERM)
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, process.wait, 5.0)
-        except subprocess.TimeoutExpired:
-            log.warning("transport peer pid %d ignored SIGTERM; killing it", process.pid)
-        self._reap()
+        child = self.child
+        if child is not None:
+            await child.stop(timeout=5.0)
+        if self._log_dir is not None:
+            self._log_dir.cleanup()
+            self._log_dir = None
 
 
 @dataclass(kw_only=True)

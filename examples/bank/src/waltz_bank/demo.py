@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from waltz_api.errors import WaltzError
+from waltz_api.supervised import SupervisedProcess
 from waltz_bank.bank import Report, Stats, run_bank
 from waltz_cli.devfile import read_ready_file
 
@@ -33,38 +31,30 @@ def dev_cluster(
 ) -> Iterator[dict[str, Any]]:
     """A ``waltz dev`` child process on ``data_dir`` (with ``partitions``, when given);
     yields its ready info, stops it by pid."""
-    log_path = data_dir / "waltz-dev.out"
     data_dir.mkdir(parents=True, exist_ok=True)
     more = [] if partitions is None else ["--partitions", str(partitions)]
-    with log_path.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir), *more],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C reaches the demo, which stops it in order
-        )
+    dev = SupervisedProcess(
+        [sys.executable, "-m", "waltz_cli", "dev", "--data-dir", str(data_dir), *more],
+        data_dir / "waltz-dev.out",
+        name="waltz dev",
+        new_session=True,  # a Ctrl-C reaches the demo, which stops it in order
+    )
+    dev.start()
+    ready: dict[str, Any] = {}
+
+    def started() -> bool:
+        info = read_ready_file(data_dir)
+        if info is not None and info.get("pid") == dev.pid:
+            ready.update(info)
+            return True
+        return False
+
     try:
-        deadline = time.monotonic() + timeout
         with console.status("starting a waltz dev cluster (3 storage nodes, 1 server) ..."):
-            while True:
-                info = read_ready_file(data_dir)
-                if info is not None and info.get("pid") == process.pid:
-                    break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise WaltzError(
-                        f"waltz dev did not start: {log_path.read_text(errors='replace')[-2000:]}"
-                    )
-                time.sleep(0.1)
-        yield info
+            dev.wait_ready_sync(started, timeout=timeout, interval=0.1)
+        yield ready
     finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+        dev.terminate(timeout=60, signum=signal.SIGINT)
 
 
 def render(report: Report, console: Console) -> None:

@@ -61,6 +61,16 @@ class DuplicatePluginError(PluginError):
     """Two plugins registered the same name for the same kind."""
 
 
+class ProcessStartError(WaltzError):
+    """A child process (``waltz_api.supervised``) exited while starting, or was not
+    ready by its deadline; the message ends with the end of its log. ``returncode`` is
+    its exit code (None: still running, late)."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 # -- wire protocol --------------------------------------------------------------
 
 

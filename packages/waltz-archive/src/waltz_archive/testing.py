@@ -6,18 +6,16 @@ brings it back."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from waltz_api.ports import free_port
+from waltz_api.supervised import SupervisedProcess
 
 KEY = "testing"
 SECRET = "testing"  # moto accepts any credentials; these are no secret
@@ -31,8 +29,17 @@ class S3Server:
         self.workdir = workdir
         self.port = free_port()
         self.start_timeout = start_timeout
-        self.process: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"s3-{self.port}.log"
+        self.child = SupervisedProcess(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            self.log_path,
+            name="the S3 server",
+            env={**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET},
+        )
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process
 
     @property
     def endpoint_url(self) -> str:
@@ -52,31 +59,28 @@ class S3Server:
         return f"s3://{bucket}/{prefix}"
 
     def start(self) -> S3Server:
+        """Start it and wait until it answers HTTP (ProcessStartError with its log when it
+        exits or does not answer within ``start_timeout``)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
+        self.child.start()
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET},
+            self.child.wait_ready_sync(
+                self._answers,
+                timeout=self.start_timeout,
+                interval=0.1,
+                waiting_for=f"an HTTP answer at {self.endpoint_url}",
             )
-        finally:
-            log.close()
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the S3 server exited at start ({self.log_path}: "
-                    f"{self.log_path.read_text(errors='replace')[-2000:]})"
-                )
-            try:
-                with urllib.request.urlopen(self.endpoint_url, timeout=2):
-                    return self
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"the S3 server did not answer within {self.start_timeout}s")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.endpoint_url, timeout=2):
+                return True
+        except (urllib.error.URLError, OSError):
+            return False
 
     def create_bucket(self, bucket: str) -> None:
         import s3fs
@@ -92,21 +96,15 @@ class S3Server:
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): requests hang until :meth:`resume`."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
+        assert self.child.running, "the S3 server is not running"
+        self.child.pause()
 
     def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
+        self.child.resume()
 
     def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGCONT)
-            process.kill()
-        process.wait(timeout=30)
+        """Kill it (by its pid; what it held in memory is gone)."""
+        self.child.kill()
 
     def __enter__(self) -> S3Server:
         return self.start()

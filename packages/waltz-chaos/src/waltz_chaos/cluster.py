@@ -39,6 +39,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import WaltzError
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
+from waltz_api.supervised import SupervisedProcess
 from waltz_chaos.client import DRAINED, READY, ClientSpec
 from waltz_chaos.errors import ChaosError
 from waltz_chaos.external import ExternalProcess
@@ -104,9 +105,9 @@ class ProcessEvent:
 
 
 class ClientProcess:
-    """A ``python -m waltz_chaos.client`` child process (started and stopped by pid);
-    ``python`` the interpreter (another venv's: that venv's client), this one's by
-    default."""
+    """A ``python -m waltz_chaos.client`` child process (started and stopped by pid; a
+    :class:`~waltz_api.supervised.SupervisedProcess`); ``python`` the interpreter (another
+    venv's: that venv's client; this one's by default), which may change between starts."""
 
     def __init__(
         self, spec_path: Path, log_path: Path, wrap: Sequence[str] = (), python: str = ""
@@ -115,46 +116,43 @@ class ClientProcess:
         self.log_path = log_path
         self.wrap = list(wrap)
         self.python = python or sys.executable
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_offset = 0
+        self.child = SupervisedProcess([], log_path, name="client", new_session=True)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process
 
     @property
     def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
+        return self.child.pid
 
     @property
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child.running
 
     def start(self, incarnation: int) -> None:
-        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log_file:
-            self.process = subprocess.Popen(
-                [
-                    *self.wrap,
-                    self.python,
-                    "-m",
-                    "waltz_chaos.client",
-                    str(self.spec_path),
-                    str(incarnation),
-                ],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self.child.argv = [
+            *self.wrap,
+            self.python,
+            "-m",
+            "waltz_chaos.client",
+            str(self.spec_path),
+            str(incarnation),
+        ]
+        self.child.start()
 
     def output(self) -> str:
         """This incarnation's log."""
-        with contextlib.suppress(OSError), self.log_path.open("rb") as f:
-            f.seek(self.log_offset)
-            return f.read().decode(errors="replace")
-        return ""
+        return self.child.output()
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
+        self.child.kill()
+
+    def pause(self) -> None:
+        self.child.pause()
+
+    def resume(self) -> None:
+        self.child.resume()
 
 
 @dataclass(eq=False)
@@ -179,10 +177,7 @@ class Member:
 
     @property
     def running(self) -> bool:
-        if isinstance(self.handle, ExternalProcess):
-            return self.handle.running
-        process = self.handle.process
-        return process is not None and process.poll() is None
+        return self.handle.running
 
     @property
     def external(self) -> bool:
@@ -548,14 +543,7 @@ class Cluster:
     def kill(self, member: Member) -> None:
         """kill -9 (and reap); the member stays down until :meth:`start_member`."""
         member.down = True
-        if isinstance(member.handle, ExternalProcess):
-            member.handle.kill()
-        elif member.running:
-            assert member.pid is not None
-            os.kill(member.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                assert member.handle.process is not None
-                member.handle.process.wait(timeout=30)
+        member.handle.kill()
         member.paused = False
         self._event(member.name, "kill", member.incarnation)
 
@@ -572,8 +560,7 @@ class Cluster:
 
     def pause(self, member: Member) -> None:
         if member.running and not member.paused:
-            assert member.pid is not None
-            os.kill(member.pid, signal.SIGSTOP)
+            member.handle.pause()
             member.paused = True
             self._event(member.name, "pause", member.incarnation)
 
@@ -581,8 +568,7 @@ class Cluster:
         if member.paused:
             member.paused = False
             if member.running:
-                assert member.pid is not None
-                os.kill(member.pid, signal.SIGCONT)
+                member.handle.resume()
             self._event(member.name, "resume", member.incarnation)
 
     async def kill_coordination(self) -> None:
@@ -679,8 +665,8 @@ class Cluster:
         sent = self.clock()
         clients = self.of_kind("client")
         for member in clients:
-            if member.running and member.pid is not None:
-                os.kill(member.pid, signal.SIGUSR1)
+            assert isinstance(member.handle, ClientProcess)
+            member.handle.child.send_signal(signal.SIGUSR1)
         await asyncio.gather(*(self.wait_client(m, DRAINED, timeout) for m in clients))
         return sent
 
@@ -689,8 +675,8 @@ class Cluster:
         self.stopping = True
         clients = self.of_kind("client")
         for member in clients:
-            if member.running and member.pid is not None:
-                os.kill(member.pid, signal.SIGTERM)
+            assert isinstance(member.handle, ClientProcess)
+            member.handle.child.send_signal(signal.SIGTERM)
         for _ in range(int(timeout * 10)):
             if not any(m.running for m in clients):
                 break
@@ -706,10 +692,9 @@ class Cluster:
         if self._supervisor is not None:
             self._supervisor.cancel()
         for member in self.members.values():
-            if member.paused and member.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(member.pid, signal.SIGCONT)
             handle = member.handle
+            if member.paused:
+                handle.resume()
             if isinstance(handle, ExternalProcess):
                 continue  # the user's cluster: it stays up
             if isinstance(handle, ClientProcess):

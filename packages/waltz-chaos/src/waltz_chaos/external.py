@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from waltz_api.supervised import SupervisedProcess
 from waltz_chaos.errors import ChaosError
 
 
@@ -32,17 +33,28 @@ class ExternalProcess:
         if not self.argv or self.argv == [b""]:
             raise ChaosError(f"process {pid} has no command line to restart it with")
         self.env = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_offset = 0
+        self.child = SupervisedProcess(
+            [a.decode(errors="replace") for a in self.argv],
+            log_path,
+            name=f"process {pid}",
+            env=self.env,
+            cwd=self.cwd,
+            new_session=True,
+        )
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The process this run restarted (None: still the original one)."""
+        return self.child.process
 
     @property
     def pid(self) -> int:
-        return self.original_pid if self.process is None else self.process.pid
+        return self.original_pid if self.child.pid is None else self.child.pid
 
     @property
     def running(self) -> bool:
-        if self.process is not None:
-            return self.process.poll() is None
+        if self.child.process is not None:
+            return self.child.running
         try:
             state = Path(f"/proc/{self.original_pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -50,35 +62,36 @@ class ExternalProcess:
         return state[0] != "Z"
 
     def start(self) -> None:
-        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log_file:
-            self.process = subprocess.Popen(
-                [a.decode(errors="replace") for a in self.argv],
-                cwd=self.cwd,
-                env=self.env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self.child.start()
 
     def output(self) -> str:
-        with contextlib.suppress(OSError), self.log_path.open("rb") as f:
-            f.seek(self.log_offset)
-            return f.read().decode(errors="replace")
-        return ""
+        return self.child.output()
+
+    def pause(self) -> None:
+        if self.child.process is not None:
+            self.child.pause()
+        elif self.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.original_pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.child.process is not None:
+            self.child.resume()
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.original_pid, signal.SIGCONT)
 
     def kill(self) -> None:
-        if self.running:
+        if self.child.process is not None:
+            self.child.kill()
+            return
+        if self.running:  # not our child: killed by its pid, then waited for until gone
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-            if self.process is not None:
-                self.process.wait(timeout=30)
-            else:
-                for _ in range(300):  # not our child: wait until it is gone
-                    if not self.running:
-                        break
-                    time.sleep(0.01)
+                os.kill(self.original_pid, signal.SIGKILL)
+            for _ in range(300):
+                if not self.running:
+                    break
+                time.sleep(0.01)
 
 
 __all__ = ["ExternalProcess"]

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import logging
 import os
-import signal
+import re
 import socket
 import subprocess
 import sys
@@ -39,6 +37,7 @@ from typing import Any
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.errors import ConfigError, WaltzError
 from waltz_api.ports import free_port
+from waltz_api.supervised import SupervisedProcess
 from waltz_cli.devfile import READY_FILE, read_ready_file
 from waltz_cli.devfile import alive as _alive
 from waltz_server.cluster_admin import ClusterAdmin
@@ -73,17 +72,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
         return True
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the supervisor dies (Linux prctl)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(libc_name, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 @dataclass
@@ -121,82 +109,52 @@ class DevState:
 
 
 class Child:
-    """One child process (a storage node or a server), stopped by its pid."""
+    """One child process (a storage node or a server), stopped by its pid: in its own
+    session, SIGTERM should the supervisor die (a
+    :class:`~waltz_api.supervised.SupervisedProcess`)."""
 
     def __init__(self, name: str, args: list[str], log_path: Path, ready_marker: str) -> None:
         self.name = name
         self.args = args
         self.log_path = log_path
         self.ready_marker = ready_marker
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log_start = 0
+        self.child = SupervisedProcess(
+            [sys.executable, "-m", "waltz_cli", *args],
+            log_path,
+            name=name,
+            # the generated config is the whole truth: no WALTZ_* override of the user's
+            # shell (e.g. WALTZ_COORDINATION, meant for the client commands) reaches it
+            env={k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")},
+            new_session=True,
+            die_with_parent=True,
+        )
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process
 
     @property
     def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
+        return self.child.pid
 
     @property
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child.running
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log_file:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "waltz_cli", *self.args],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, before exec
-                # the generated config is the whole truth: no WALTZ_* override of the user's
-                # shell (e.g. WALTZ_COORDINATION, meant for the client commands) reaches it
-                env={k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")},
-            )
-        log.info("%s started (pid %d)", self.name, self.process.pid)
+        self.child.start()
 
     def output(self) -> str:
         """This run's part of the child's log."""
-        with contextlib.suppress(OSError), self.log_path.open("rb") as f:
-            f.seek(self._log_start)
-            return f.read().decode(errors="replace")
-        return ""
+        return self.child.output()
 
     async def wait_ready(self, deadline: float) -> None:
-        while self.ready_marker not in self.output():
-            if not self.running:
-                code = None if self.process is None else self.process.returncode
-                raise WaltzError(
-                    f"{self.name} exited with code {code} while starting; its log "
-                    f"({self.log_path}) ends with:\n{self.output()[-2000:]}"
-                )
-            if time.monotonic() > deadline:
-                raise WaltzError(
-                    f"{self.name} not ready in time; see its log {self.log_path}:\n"
-                    f"{self.output()[-2000:]}"
-                )
-            await asyncio.sleep(0.05)
+        """Until this run logged its ready line, by the ``time.monotonic()`` deadline."""
+        await self.child.wait_ready(re.escape(self.ready_marker), deadline=deadline)
 
     async def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, then SIGKILL when it does not end in ``timeout`` seconds; the exit code."""
-        process = self.process
-        if process is None:
-            return None
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)  # polls the child's exit
-            if process.poll() is None:
-                log.warning(
-                    "%s (pid %d) did not stop in %ss: SIGKILL", self.name, process.pid, timeout
-                )
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
-        return process.returncode
+        return await self.child.stop(timeout)
 
 
 class DevCluster:

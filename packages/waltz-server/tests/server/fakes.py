@@ -20,6 +20,7 @@ from waltz_api.errors import (
     StorageError,
 )
 from waltz_api.types import LOST_SESSION, Record, SessionInfo
+from waltz_server.server.replica import LocalLog
 
 
 @dataclass
@@ -66,6 +67,11 @@ class FakeStorageNode:
 
 
 class FakeReplicaConnection:
+    """A ``ReplicaConnection`` without the optional features (no damage to report, no
+    prefix to delete): a subclass declares those it adds in ``capabilities``."""
+
+    capabilities: frozenset[str] = frozenset()
+
     def __init__(self, node: FakeStorageNode, partition_id: int, session_id: int) -> None:
         self.node = node
         self.partition_id = partition_id
@@ -141,6 +147,24 @@ class FakeReplicaConnection:
                 raise StorageAppendError("records are not dense")
         partition.log.extend(records)
         self.node.appends += 1
+
+    def start_append(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        return asyncio.ensure_future(self.append(records))
+
+    async def read_block(self, start: int, max_records: int, max_bytes: int) -> Sequence[Record]:
+        return await self.read_records(start, max_records, max_bytes)
+
+    async def missing_range(self) -> tuple[int, int] | None:
+        return None
+
+    async def repair(self, records: Sequence[Record]) -> None:
+        raise StorageError(f"{self.node.name} has no repair (capability REPAIR)")
+
+    async def local_log(self) -> LocalLog:
+        raise StorageError(f"{self.node.name} has no local log (capability PREFIX)")
+
+    async def prune(self, through: int) -> int:
+        raise StorageError(f"{self.node.name} cannot delete a prefix (capability PREFIX)")
 
     async def read_records(self, start: int, max_records: int, max_bytes: int) -> list[Record]:
         partition = await self._enter()

@@ -22,6 +22,7 @@ from test_store import (
     write_metadata,
 )
 
+from waltz_api.capabilities import REPAIR
 from waltz_api.errors import CorruptionError, StorageAppendError, StorageError
 from waltz_api.types import LOST_SESSION, NO_SESSION, UNRESOLVED, Record, SessionInfo
 from waltz_server.server.voting import plan_replica, storage_older_than_metadata
@@ -56,6 +57,7 @@ class DamagedNode(FakeStorageNode):
 
 class DamagedConnection(FakeReplicaConnection):
     node: DamagedNode
+    capabilities = frozenset({REPAIR})
 
     async def missing_range(self) -> tuple[int, int] | None:
         await self._enter()

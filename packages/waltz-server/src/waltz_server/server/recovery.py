@@ -36,6 +36,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from waltz_api.capabilities import PREFIX, REPAIR
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import (
     SessionFencedError,
@@ -295,13 +296,12 @@ class RecoveryManager:
     ) -> None:
         """The ushers deleted what ``node`` needs next (archived, after an archive mark
         newer than this recovery's): it starts after ``through`` instead."""
-        prune = getattr(connection, "prune", None)
-        if prune is None:
+        if PREFIX not in connection.capabilities:
             raise StorageError(
                 f"replica {node} cannot be caught up: the others archived and deleted "
                 f"transactions up to {through}, and it cannot start after them"
             )
-        await prune(through)
+        await connection.prune(through)
         me.mark = await connection.max_transaction_id()
         log.info(
             "partition %d session %d: replica %s starts after %d, archived and deleted by "
@@ -351,8 +351,8 @@ class RecoveryManager:
         hole at or below the mark drops its archived prefix instead of repairing it.
         Returns its log end and the plan left to carry out."""
         archive_mark = self.archive_mark
-        prune = getattr(connection, "prune", None)
-        if archive_mark < 0 or prune is None:
+        capabilities = connection.capabilities
+        if archive_mark < 0 or PREFIX not in capabilities:
             return max_id, plan
         if plan.mark_after(max_id) < archive_mark:
             if plan.truncate_to is not None and max_id > plan.truncate_to:
@@ -360,7 +360,7 @@ class RecoveryManager:
                 max_id = plan.truncate_to
                 plan = replace(plan, truncate_to=None)
             try:
-                await prune(archive_mark)
+                await connection.prune(archive_mark)
             except StorageError as exc:
                 if isinstance(exc, SessionFencedError):
                     raise
@@ -381,12 +381,11 @@ class RecoveryManager:
                 archive_mark,
             )
             return max_id, replace(plan, truncate_to=None)
-        missing_range = getattr(connection, "missing_range", None)
-        if missing_range is not None:
-            missing = await missing_range()
+        if REPAIR in capabilities:
+            missing = await connection.missing_range()
             if missing is not None and missing[0] <= archive_mark:
                 try:
-                    await prune(archive_mark)
+                    await connection.prune(archive_mark)
                 except StorageError as exc:
                     if isinstance(exc, SessionFencedError):
                         raise
@@ -398,11 +397,10 @@ class RecoveryManager:
     ) -> _Archived | None:
         """Whether ``usher`` failed a read at ``start`` because it deleted the records
         there (its log starts above: everything below was archived and verified)."""
-        local_log = getattr(usher.connection, "local_log", None)
-        if not isinstance(error, StorageError) or local_log is None:
+        if not isinstance(error, StorageError) or PREFIX not in usher.connection.capabilities:
             return None
         try:
-            found = await local_log()
+            found = await usher.connection.local_log()
         except (TransportError, StorageError):
             return None
         return _Archived(found.log_start - 1) if found.log_start > start else None
@@ -415,14 +413,12 @@ class RecoveryManager:
         there agree (the committed prefix, or the same session's). Until it is whole the
         replica is not in the vote: it does not vote beyond a hole. Returns its log end
         (lower when a missing range above the decided closing mark was truncated away)."""
-        missing_range = getattr(connection, "missing_range", None)
-        repair = getattr(connection, "repair", None)
-        if missing_range is None or repair is None:
+        if REPAIR not in connection.capabilities:
             return max_id  # a connection that cannot report damage has none to report
         waiting = False
         while True:
             self._check()
-            missing = await missing_range()
+            missing = await connection.missing_range()
             if missing is None or missing[0] > keep:
                 return max_id
             first, last = missing[0], min(missing[1], keep)
@@ -469,10 +465,9 @@ class RecoveryManager:
                 )
                 self._check()
                 if isinstance(records, _Archived):
-                    prune = getattr(connection, "prune", None)
-                    if prune is None:
+                    if PREFIX not in connection.capabilities:
                         break
-                    await prune(records.through)  # the hole was archived: dropped
+                    await connection.prune(records.through)  # the hole was archived: dropped
                     break
                 if not records:
                     break  # the usher failed or was truncated meanwhile: choose again
@@ -482,7 +477,7 @@ class RecoveryManager:
                         f"{records[0].transaction_id}, asked from {next_id}"
                     )
                 records = [r for r in records if r.transaction_id <= last]
-                await repair(records)
+                await connection.repair(records)
                 point("replica.repaired", partition=self.partition_id, replica=node)
                 next_id += len(records)
 

@@ -12,21 +12,33 @@ other refusal. A connection is safe for concurrent calls from several tasks
 (a recovering replica reads from another replica while that one appends); the
 storage node serves one partition's requests in arrival order.
 
-Optional calls (recovery uses them when a connection has them): ``missing_range()
--> tuple[int, int] | None``, the lowest range of the replica's log its storage
-lost to damage, and ``repair(records)``, records copied from a healthy replica
-into it (the storage client's StorageReplica has both). For the archive
-(docs/archive.md): ``local_log() -> LocalLog``, the replica's local log, and
-``prune(through) -> int``, delete its local records up to ``through`` (archived and
-verified; past its end: the log continues after ``through``), returning its new start.
+The contract is :class:`ReplicaConnection`, every call the store session and
+recovery make (mypy proves each implementation has them all). Two groups of calls are
+optional features of the storage behind a replica, declared in its ``capabilities``
+(the constants of :mod:`waltz_api.capabilities`, never guessed by probing attributes):
+
+- :data:`~waltz_api.capabilities.REPAIR`: ``missing_range() -> tuple[int, int] | None``,
+  the lowest range of the replica's log its storage lost to damage, and
+  ``repair(records)``, records copied from a healthy replica into it. Without it a
+  replica has no damage to report (``missing_range`` is None).
+- :data:`~waltz_api.capabilities.PREFIX` (the archive, docs/archive.md): ``local_log()
+  -> LocalLog``, the replica's local log, and ``prune(through) -> int``, delete its
+  local records up to ``through`` (archived and verified; past its end: the log
+  continues after ``through``), returning its new start. Without it the replica keeps
+  every record; both calls raise StorageError.
+
+The storage client's StorageReplica declares both (a storage node whose engine lacks
+the prefix capability refuses ``prune`` with StorageError, which recovery handles).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+from waltz_api.capabilities import PREFIX, REPAIR
 from waltz_api.contracts.storage import LogExtent
 from waltz_api.types import Record, SessionInfo
 
@@ -55,10 +67,21 @@ class LocalLog:
         )
 
 
+REPLICA_CAPABILITIES: Final = frozenset({REPAIR, PREFIX})
+"""The optional features a replica connection may declare (see the module docstring)."""
+
+
 class ReplicaConnection(Protocol):
+    """One partition on one storage node, for one store session: every call the store
+    session and recovery make (see the module docstring for the optional ones)."""
+
     @property
     def storage_node(self) -> str:
         """The storage node's connect string (the replica's identity in the metadata)."""
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The optional features it has, of :data:`REPLICA_CAPABILITIES`."""
 
     async def last_session_info(self) -> SessionInfo: ...
 
@@ -80,7 +103,29 @@ class ReplicaConnection(Protocol):
     async def append(self, records: Sequence[Record]) -> None:
         """Append dense records continuing the log, durably."""
 
+    def start_append(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        """:meth:`append` as a future, the request posted before it returns (the store
+        session's write loop keeps several in flight without a task per batch); their
+        results come in the order they were started."""
+
     async def read_records(self, start: int, max_records: int, max_bytes: int) -> list[Record]: ...
+
+    async def read_block(self, start: int, max_records: int, max_bytes: int) -> Sequence[Record]:
+        """:meth:`read_records` as the storage sent them (a ``RecordBlock``, nothing
+        decoded, where it can); it may hold more than ``max_records`` records."""
+
+    async def missing_range(self) -> tuple[int, int] | None:
+        """The lowest range its storage lost to damage (capability REPAIR; else None)."""
+
+    async def repair(self, records: Sequence[Record]) -> None:
+        """Fill a missing range with records copied from a peer (capability REPAIR)."""
+
+    async def local_log(self) -> LocalLog:
+        """Its local log (capability PREFIX; else StorageError)."""
+
+    async def prune(self, through: int) -> int:
+        """Delete its local records up to ``through``; its new log start (capability
+        PREFIX; else StorageError)."""
 
     async def close(self) -> None: ...
 

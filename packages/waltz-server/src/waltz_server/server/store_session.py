@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from waltz_api.backoff import Backoff
+from waltz_api.capabilities import PREFIX, REPAIR
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import (
     SessionFencedError,
@@ -37,6 +38,7 @@ from waltz_api.errors import (
 )
 from waltz_api.faultpoints import point
 from waltz_api.types import NO_TRANSACTION, Record, ReqId
+from waltz_api.wire import RecordBlock
 from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replica import LocalLog, ReplicaConnection, ReplicaConnector
 from waltz_server.server.replication import (
@@ -338,8 +340,8 @@ class StoreSession:
         self, start: int, max_records: int, max_bytes: int
     ) -> Sequence[Record]:
         """:meth:`read_committed` for a range read: records read from a replica come as
-        its storage node sent them (a RecordBlock, nothing decoded) when the connection
-        can (``read_block``); the block never goes past the high-water mark."""
+        its storage node sent them (``read_block``: a RecordBlock, nothing decoded, where
+        the replica can); the block never goes past the high-water mark."""
         end = self.high_water_mark
         if start > end or max_records <= 0:
             return []
@@ -349,16 +351,11 @@ class StoreSession:
             return await self.read_committed(start, count, max_bytes)
 
         async def read(connection: ReplicaConnection) -> Sequence[Record]:
-            read_block = getattr(connection, "read_block", None)
-            if read_block is None:
-                return await connection.read_records(start, count, max_bytes)
-            block: Sequence[Record] = await read_block(start, count, max_bytes)
-            return block
+            return await connection.read_block(start, count, max_bytes)
 
         block = await self._read_from_replicas(start, read)
         if len(block) > count:
-            cut = getattr(block, "cut", None)
-            block = cut(count) if cut is not None else block[:count]
+            block = block.cut(count) if isinstance(block, RecordBlock) else block[:count]
         return block
 
     async def _read_from_replicas(
@@ -486,12 +483,12 @@ class StoreSession:
         progress = replication.progress(node)
         acked = progress.acked if progress is not None else self.low_water_mark
         archive_mark = self._archive.mark if self._archive is not None else NO_TRANSACTION
-        prune = getattr(connection, "prune", None)
-        if archive_mark >= 0 and prune is not None:
-            missing_range = getattr(connection, "missing_range", None)
-            missing = await missing_range() if missing_range is not None else None
+        capabilities = connection.capabilities
+        if archive_mark >= 0 and PREFIX in capabilities:
+            missing = await connection.missing_range() if REPAIR in capabilities else None
             if missing is not None and missing[0] <= archive_mark:
-                await prune(archive_mark)  # a hole in archived records: dropped, not repaired
+                # a hole in archived records: dropped, not repaired
+                await connection.prune(archive_mark)
         await self._repair(node, connection, acked)
         info = await connection.last_session_info()
         max_id = await connection.max_transaction_id()
@@ -522,10 +519,10 @@ class StoreSession:
             await connection.mark_replica(self.low_water_mark, clean=False)
             point("replica.marked_suspect", partition=self.partition_id, replica=node)
         mark = plan.mark
-        if archive_mark >= 0 and prune is not None and mark < archive_mark:
+        if archive_mark >= 0 and PREFIX in capabilities and mark < archive_mark:
             # behind the archive: its log continues after the mark (everything at or below
             # it is committed and archived)
-            await prune(archive_mark)
+            await connection.prune(archive_mark)
             mark = await connection.max_transaction_id()
         log.info(
             "partition %d session %d: replica %s rejoins at %d",
@@ -547,11 +544,9 @@ class StoreSession:
         ``upto``, which it acknowledged in this session, are copied from writers that
         acknowledged them before it rejoins (their records there are the same: committed,
         or this session's)."""
-        missing_range = getattr(connection, "missing_range", None)
-        repair = getattr(connection, "repair", None)
-        if missing_range is None or repair is None:
+        if REPAIR not in connection.capabilities:
             return  # a connection that cannot report damage has none to report
-        while (missing := await missing_range()) is not None and missing[0] <= upto:
+        while (missing := await connection.missing_range()) is not None and missing[0] <= upto:
             first, last = missing[0], min(missing[1], upto)
             log.warning(
                 "partition %d session %d: repairing replica %s: transactions %d..%d, lost to "
@@ -586,7 +581,7 @@ class StoreSession:
                         f"repair of replica {node}: asked for records from {start}, got "
                         f"{records[0].transaction_id if records else 'none'}"
                     )
-                await repair(records)
+                await connection.repair(records)
                 point("replica.repaired", partition=self.partition_id, replica=node)
                 next_id += len(records)
 
@@ -631,11 +626,8 @@ class StoreSession:
         replication = self._replication
         assert replication is not None
         inflight: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-        # a connection that can post an append at once and hand back its future (no task
-        # per batch: StorageReplica.start_append); any other one runs append in a task
-        start_append: Callable[[Sequence[Record]], asyncio.Future[None]] | None = getattr(
-            connection, "start_append", None
-        )
+        # each append is posted at once and its future kept (no task per batch)
+        start_append = connection.start_append
         progress = replication.progress(node)
         suspect = progress is not None and progress.clean_at is not None
         if suspect and (log_end := replication.clean_due(node)) is not None:
@@ -657,12 +649,7 @@ class StoreSession:
                     if action is None:
                         continue
                 if isinstance(action, Send):
-                    appending = (
-                        start_append(action.records)
-                        if start_append is not None
-                        else asyncio.ensure_future(connection.append(action.records))
-                    )
-                    inflight.append((action.last_transaction_id, appending))
+                    inflight.append((action.last_transaction_id, start_append(action.records)))
                     continue
                 await self._wait_for_work(node, connection, inflight)
         finally:
@@ -761,11 +748,10 @@ class StoreSession:
         bound = min(through, *acked.values())
         for node in sorted(acked):
             connection = self._connections.get(node)
-            prune = getattr(connection, "prune", None)
-            if prune is None:
+            if connection is None or PREFIX not in connection.capabilities:
                 continue
             try:
-                await prune(bound)
+                await connection.prune(bound)
             except (TransportError, StorageError) as exc:  # its own task sees a real failure
                 log.info(
                     "partition %d: replica %s did not delete its archived records up to %d: %s",
@@ -779,12 +765,10 @@ class StoreSession:
         """One writer's local log (start, end, segments), or None."""
         for node in sorted(self.writable_replicas):
             connection = self._connections.get(node)
-            local_log = getattr(connection, "local_log", None)
-            if local_log is None:
+            if connection is None or PREFIX not in connection.capabilities:
                 continue
             try:
-                found: LocalLog = await local_log()
-                return found
+                return await connection.local_log()
             except (TransportError, StorageError) as exc:
                 log.debug("partition %d: no local log from %s: %s", self.partition_id, node, exc)
         return None

@@ -8,10 +8,9 @@ import collections
 import contextlib
 import logging
 import os
-import signal
+import re
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Self, TypeVar
@@ -20,6 +19,7 @@ from waltz_api import wire
 from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import ConnectionClosedError, ProtocolError, WaltzError
 from waltz_api.messages import Message
+from waltz_api.supervised import SupervisedProcess
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +28,14 @@ M = TypeVar("M", bound=Message)
 
 
 class ServerProcess:
-    """A ``waltz server --config`` child process (started, killed and restarted by pid).
+    """A ``waltz server --config`` child process (started, killed and restarted by pid;
+    a :class:`~waltz_api.supervised.SupervisedProcess`).
 
     ``wrap`` is put before the command (``ip netns exec NAME``: the server in a network
     namespace); with ``new_session`` the server is not in this process's session (a
     Ctrl-C at the terminal reaches this process only, which stops the server).
-    ``command`` is the ``waltz`` to run (e.g. another venv's ``bin/waltz``; default: this
-    Python's ``-m waltz_cli``); set the attribute to start the next run from another."""
+    ``command`` is the ``waltz`` to run (another venv's ``bin/waltz``; default: this
+    Python's ``-m waltz_cli``); the attribute may change between starts (an upgrade)."""
 
     def __init__(
         self,
@@ -48,68 +49,50 @@ class ServerProcess:
         self.config_path = Path(config_path)
         self.log_path = log_path
         self.wrap = list(wrap)
-        self.new_session = new_session
         self.command = list(command) or [sys.executable, "-m", "waltz_cli"]
-        self.process: subprocess.Popen[bytes] | None = None
-        self._ready_lines = 0
+        self.child = SupervisedProcess([], log_path, name="server", new_session=new_session)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process
 
     @property
     def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
+        return self.child.pid
 
     @property
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child.running
 
     def start(self) -> None:
-        if self.running:
-            raise RuntimeError(f"server already running (pid {self.pid})")
-        # the log is appended to: only a ready line after this start counts
-        self._ready_lines = self.output().count(READY_MARKER)
-        with self.log_path.open("ab") as log_file:
-            self.process = subprocess.Popen(
-                [*self.wrap, *self.command, "server", "--config", str(self.config_path)],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=self.new_session,
-            )
-        log.info("server started (pid %d)", self.process.pid)
+        # the wrap may change between starts (a test moves the server elsewhere)
+        self.child.argv = [*self.wrap, *self.command, "server", "--config", str(self.config_path)]
+        self.child.start()
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait for the ready line of this start (a restart's log still holds the previous
-        run's); raises with its log if it died or is late."""
-        deadline = time.monotonic() + timeout
-        while self.output().count(READY_MARKER) <= self._ready_lines:
-            if self.process is None or self.process.poll() is not None:
-                code = self.process.returncode if self.process else None
-                raise WaltzError(f"server exited with {code}: {self.output()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise WaltzError(f"server not ready after {timeout}s: {self.output()[-3000:]}")
-            await asyncio.sleep(0.05)
+        run's); raises ProcessStartError with its log if it died or is late."""
+        await self.child.wait_ready(re.escape(READY_MARKER), timeout=timeout)
 
     def output(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")
-        return ""
+        """The whole log (every start's)."""
+        return self.child.whole_log()
 
     def kill(self) -> None:
         """SIGKILL (a crash) and reap."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
+        self.child.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP: it answers nothing (its sockets stay open) until :meth:`resume`."""
+        self.child.pause()
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self.child.resume()
 
     def terminate(self, timeout: float = 30.0) -> int | None:
         """SIGTERM, SIGKILL if it does not end in time; the exit code."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return self.process.returncode
+        return self.child.terminate(timeout)
 
 
 class RawClient:

@@ -65,7 +65,7 @@ from waltz_api.messages import (
 )
 from waltz_api.outbox import Outbox
 from waltz_api.types import PartitionInfo, Record, RecordHeader, SessionInfo
-from waltz_server.server.replica import LocalLog
+from waltz_server.server.replica import REPLICA_CAPABILITIES, LocalLog
 from waltz_server.storage_node.failures import error_from_failure
 
 log = logging.getLogger(__name__)
@@ -588,6 +588,12 @@ class StorageReplica:
     @property
     def storage_node(self) -> str:
         return self._storage_node
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Both optional features: the node refuses ``prune`` (StorageError) when its
+        engine cannot delete a prefix."""
+        return REPLICA_CAPABILITIES
 
     async def last_session_info(self) -> SessionInfo:
         return await self.client.last_session_info(self.session_id, self.partition_id)
