@@ -20,7 +20,8 @@ own): two of the old release, one of this checkout. Then:
    and the cluster commits with it) or it is refused in one line naming the format
    versions, exits non-zero and leaves its data as it was; then it runs the new release
    again;
-5. (FEATURE_LEVELS) the feature level raised, then the old release refused;
+5. the feature level raised (``waltz cluster features --raise``): the storage node
+   migrates to the new format, and the old release is then refused in one line;
 6. the clients drain, the cluster is read back, the checker judges the history: nothing
    lost or duplicated, every op answered within its deadline. The longest gap in
    commits during the upgrade and the phases' times are printed.
@@ -58,13 +59,6 @@ from waltz_server.storage_node.testing import READY_MARKER as STORAGE_READY
 from waltz_sim.checker import OK, LivenessBounds
 
 CACHE = Path(os.environ.get("WALTZ_UPGRADE_CACHE", REPO / ".tox" / "upgrade-releases"))
-
-FEATURE_LEVELS = False
-"""Switch on once ``waltz cluster features`` exists (issue 32's negotiation, branch
-wt-features): the rollback of step 4 must then work (the cluster's feature level still
-allows the old format), and :func:`raise_level_then_roll_back` runs (step 5). Until
-then a storage node of this checkout migrates a 0.1.0 directory to format 3 when it
-opens it, and the rolled-back node is refused."""
 
 GAP_GOAL = 2.0
 """Seconds: the goal for the longest wait for a commit during the upgrade (printed)."""
@@ -160,7 +154,7 @@ async def roll_back(cluster: MixedCluster, member: Member, old: Version, new: Ve
 async def raise_level_then_roll_back(
     cluster: MixedCluster, member: Member, old: Version, new: Version
 ) -> Rollback:
-    """Step 5 (``FEATURE_LEVELS``): every process runs the new release; the operator
+    """Step 5: every process runs the new release; the operator
     raises the feature level (``waltz cluster features --raise``); the storage node,
     restarted under the raised level, writes the new format, and the old release is then
     refused in one line."""
@@ -209,9 +203,7 @@ async def test_rolling_upgrade_under_load(cluster: MixedCluster, old_release: Ve
     server_rollback = await roll_back(cluster, cluster.of_kind("server")[0], old, new)
     storage = cluster.of_kind("storage")[0]
     rollback = await roll_back(cluster, storage, old, new)
-    raised = None
-    if FEATURE_LEVELS:  # switch on with `waltz cluster features` (see FEATURE_LEVELS)
-        raised = await raise_level_then_roll_back(cluster, storage, old, new)
+    raised = await raise_level_then_roll_back(cluster, storage, old, new)
 
     cluster.phase("drain, read back, check")
     result, records = await cluster.finish(BOUNDS)
@@ -232,8 +224,7 @@ async def test_rolling_upgrade_under_load(cluster: MixedCluster, old_release: Ve
     print(f"ops: {result.outcomes}; committed per partition: {result.committed}")
     print(f"rollback of server-0 to {old.label}: {server_rollback.outcome}")
     print(f"rollback of {storage.name} to {old.label}: {rollback.outcome} {rollback.line}")
-    if raised is not None:
-        print(f"after the feature level raise: {raised.outcome} {raised.line}")
+    print(f"after the feature level raise: {raised.outcome} {raised.line}")
 
     assert result.ok, "the checker found:\n" + "\n".join(str(v) for v in result.violations)
     assert sum(result.committed.values()) > 0
@@ -250,10 +241,8 @@ async def test_rolling_upgrade_under_load(cluster: MixedCluster, old_release: Ve
     # a server holds nothing durable: before the raise it always goes back
     assert server_rollback.outcome == "works", server_rollback.line
     assert gap <= GAP_LIMIT, f"a {gap:.1f} s gap in commits during the upgrade ({in_phase})"
-    if FEATURE_LEVELS:
-        assert rollback.outcome == "works", rollback.line
-        assert raised is not None and raised.outcome == "refused"
-    else:
-        assert rollback.outcome in ("works", "refused")
-    if rollback.outcome == "refused":
-        assert re.search(r"version \d+ .*\(\d+(, \d+)*\)", rollback.line), rollback.line
+    # before the raise the cluster's level allows the old formats: the old release works;
+    # after it, the old release is refused in one line naming the versions
+    assert rollback.outcome == "works", rollback.line
+    assert raised.outcome == "refused", "the old release opened storage of a raised level"
+    assert re.search(r"version \d+ .*\(\d+(, \d+)*\)", raised.line), raised.line
