@@ -679,17 +679,36 @@ class AsyncWaltzClient:
 
 class _Host:
     """What this client tells its partitions (:class:`~waltz_client.host.PartitionHost`)
-    and its channels (:class:`~waltz_client.channel.ChannelHost`)."""
+    and its channels (:class:`~waltz_client.channel.ChannelHost`). The services a
+    partition uses per transaction are the client's own bound methods (no call in
+    between); the rest are read through."""
 
-    __slots__ = ("_client", "_runner", "apply_is_async", "callbacks", "config", "rng")
+    __slots__ = (
+        "_client",
+        "_runner",
+        "apply",
+        "apply_is_async",
+        "blocking_fetch",
+        "cache_put",
+        "callbacks",
+        "config",
+        "fetch_data",
+        "next_req_id",
+        "rng",
+    )
 
     def __init__(self, client: AsyncWaltzClient) -> None:
         self._client = client
-        self._runner = client._runner
+        self._runner = runner = client._runner
         self.config = client.config
         self.callbacks = client.callbacks
         self.rng = client.rng
         self.apply_is_async = client.apply_is_async
+        self.next_req_id: Callable[[int, int], ReqId] = client._next_req_id
+        self.fetch_data: Callable[[int, int], Awaitable[bytes]] = client._fetch_data
+        self.blocking_fetch: Callable[[int, int], bytes] = client._blocking_fetch
+        self.cache_put: Callable[[int, int, bytes], None] = client._cache_put
+        self.apply: Callable[[Transaction], Awaitable[None]] = runner.apply
 
     @property
     def closing(self) -> bool:
@@ -711,9 +730,6 @@ class _Host:
     def connect_timeout(self) -> float:
         return self.config.connect_timeout
 
-    def next_req_id(self, partition_id: int, generation: int) -> ReqId:
-        return self._client._next_req_id(partition_id, generation)
-
     async def connect(self, endpoint: str) -> Channel:
         return await self._client._channel_for(endpoint)
 
@@ -723,23 +739,11 @@ class _Host:
     async def on_callback_thread(self, fn: Callable[..., R], *args: Any) -> R:
         return await self._runner.on_thread(fn, *args)
 
-    def apply(self, transaction: Transaction) -> Awaitable[None]:
-        return self._runner.apply(transaction)
-
     def report(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
         try:
             self.callbacks.uncaught_exception(partition_id, transaction_id, exc)
         except Exception:
             log.exception("uncaught_exception callback raised")
-
-    async def fetch_data(self, partition_id: int, transaction_id: int) -> bytes:
-        return await self._client._fetch_data(partition_id, transaction_id)
-
-    def blocking_fetch(self, partition_id: int, transaction_id: int) -> bytes:
-        return self._client._blocking_fetch(partition_id, transaction_id)
-
-    def cache_put(self, partition_id: int, transaction_id: int, data: bytes) -> None:
-        self._client._cache_put(partition_id, transaction_id, data)
 
     def count_seen(self, count: int) -> None:
         self._client.transactions_seen += count

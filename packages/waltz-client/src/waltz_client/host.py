@@ -77,7 +77,7 @@ class PartitionHost(Protocol):
         """The application's ``uncaught_exception`` (its own exception only logged)."""
         ...
 
-    async def fetch_data(self, partition_id: int, transaction_id: int) -> bytes:
+    def fetch_data(self, partition_id: int, transaction_id: int) -> Awaitable[bytes]:
         """A transaction's data: from the cache, else from the server (and cached)."""
         ...
 
