@@ -371,18 +371,20 @@ class Partition(AppendDecisions):
     async def _prefetch(self, run: list[FeedData]) -> None:
         """Fetch the data of a run of feed items concurrently (pipelined RPCs) into the
         cache, so the callbacks' fetches hit it. Failures are left to the callbacks. An
-        append of ours is not fetched: its data is here, and the feed's decision puts it
-        in the cache before the callbacks run (:meth:`_decided`)."""
-        position, ours = self.feed.position, self.appends
-        fetch = self.host.fetch_data
-        await asyncio.gather(
-            *(
-                fetch(self.id, m.transaction_id)
-                for m in run
-                if m.transaction_id > position and m.req_id not in ours
-            ),
-            return_exceptions=True,
-        )
+        append of ours (its request id) is not fetched: the client sent its data, which
+        goes into the cache here."""
+        position, ours, host = self.feed.position, self.appends, self.host
+        fetches = []
+        for m in run:
+            if m.transaction_id <= position:
+                continue
+            append = ours.get(m.req_id)
+            if append is None:
+                fetches.append(host.fetch_data(self.id, m.transaction_id))
+            else:
+                host.cache_put(self.id, m.transaction_id, append.data)
+        if fetches:
+            await asyncio.gather(*fetches, return_exceptions=True)
 
     async def _on_feed_run(self, run: list[FeedData]) -> None:
         """Feed items in order; runs of consecutive APPLY items are applied by plain
