@@ -85,6 +85,7 @@ from waltz_api.features import MIN_FEATURE_LEVEL
 from waltz_api.types import LOST_SESSION, Record, ReqId, SessionInfo
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
 from waltz_conformance.records import make_record as make_record  # noqa: PLC0414 (re-exported)
+from waltz_conformance.suites import storage_damage
 
 
 @dataclass
@@ -855,8 +856,6 @@ class StorageSuite:
         """Seeded damage of every kind (storage_damage): every record served is
         byte-identical or refused with an error naming it; no intact record is
         deleted; with ``repair``, missing ranges filled make the log whole."""
-        from waltz_conformance.suites import storage_damage
-
         variants = request.config.getoption("waltz_damage_variants", None)
         count = int(variants) if variants is not None else self.damage_sweep_variants
         seed = int(request.config.getoption("waltz_damage_seed", None) or 0)

@@ -23,7 +23,7 @@ from waltz_api.errors import ConfigError, StorageError, WaltzError
 from waltz_api.features import MARK_REPLICA_LEVEL, MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 
 if TYPE_CHECKING:
-    from waltz_server.storage_node.client import StorageClient
+    from waltz_server.storage_node.client import StorageAdminClient, StorageClient
 
 log = logging.getLogger(__name__)
 
@@ -100,15 +100,13 @@ async def _logged(work: Awaitable[None]) -> None:
 
 
 async def tell_storage_node(
-    client: StorageClient, storage_node: str, level: int, cluster_key: uuid.UUID
+    admin: StorageAdminClient, storage_node: str, level: int, cluster_key: uuid.UUID
 ) -> bool:
     """Tell a storage node the cluster's feature level (admin ``set_feature_level``);
     whether it took it. A node that cannot (an older release) is logged, and used as it
     is: it writes what it wrote."""
-    from waltz_server.storage_node.client import StorageAdminClient
-
     try:
-        await StorageAdminClient(client).set_feature_level(level, cluster_key)
+        await admin.set_feature_level(level, cluster_key)
     except StorageError as exc:
         log.error(
             "storage node %s cannot write at the cluster's feature level %d (an older "

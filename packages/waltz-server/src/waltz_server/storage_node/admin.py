@@ -51,20 +51,40 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from waltz_api.errors import ClusterKeyMismatchError, PartitionClosedError, StorageError
 from waltz_server.storage_node.failures import StorageRequestError
+from waltz_server.storage_node.scrub import ScrubbedNode, Scrubber
 
-if TYPE_CHECKING:
-    from waltz_server.storage_node.node import StorageNode
+
+class AdminNode(ScrubbedNode, Protocol):
+    """What the admin commands use of their node
+    (:class:`~waltz_server.storage_node.node.StorageNode`, which runs them: this module
+    does not import it)."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+
+    @property
+    def scrubber(self) -> Scrubber | None: ...
+
+    def check_partition_id(self, partition_id: Any) -> int: ...
+
+    async def add_partition(self, partition_id: int) -> None: ...
+
+    async def remove_partition(self, partition_id: int) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
-AdminCommand = Callable[["StorageNode", dict[str, Any]], Awaitable[dict[str, Any]]]
+AdminCommand = Callable[[AdminNode, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-def _require_key(node: StorageNode, arguments: dict[str, Any]) -> None:
+def _require_key(node: AdminNode, arguments: dict[str, Any]) -> None:
     raw = arguments.get("cluster_key")
     if not isinstance(raw, str):
         raise StorageRequestError(
@@ -81,13 +101,13 @@ def _require_key(node: StorageNode, arguments: dict[str, Any]) -> None:
         )
 
 
-def _partition_id(node: StorageNode, arguments: dict[str, Any]) -> int:
+def _partition_id(node: AdminNode, arguments: dict[str, Any]) -> int:
     if "partition_id" not in arguments:
         raise StorageRequestError("this admin command needs partition_id")
     return node.check_partition_id(arguments["partition_id"])
 
 
-async def _info(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _info(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     return {
         "cluster_key": str(node.engine.cluster_key),
         "num_partitions": node.engine.num_partitions,
@@ -98,7 +118,7 @@ async def _info(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _set_feature_level(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _set_feature_level(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     level = _int_argument(arguments, "level", 1)
     before = node.engine.feature_level
@@ -109,7 +129,7 @@ async def _set_feature_level(node: StorageNode, arguments: dict[str, Any]) -> di
     return {"feature_level": after, "max_feature_level": node.engine.max_feature_level}
 
 
-async def _list(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _list(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     workers = node.hosted_workers()
     rows = []
     for partition_id in node.engine.partition_ids():
@@ -139,28 +159,28 @@ async def _list(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"partitions": rows}
 
 
-async def _max_transaction_id(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _max_transaction_id(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     partition_id = _partition_id(node, arguments)
     node.worker_of(partition_id)
     partition = node.engine.partition(partition_id)
     return {"partition_id": partition_id, "max_transaction_id": partition.max_transaction_id()}
 
 
-async def _add_partition(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _add_partition(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     partition_id = _partition_id(node, arguments)
     await node.add_partition(partition_id)
     return {"partition_id": partition_id}
 
 
-async def _remove_partition(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _remove_partition(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     partition_id = _partition_id(node, arguments)
     await node.remove_partition(partition_id)
     return {"partition_id": partition_id}
 
 
-async def _set_availability(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _set_availability(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     partition_id = _partition_id(node, arguments)
     available = arguments.get("available")
@@ -190,7 +210,7 @@ async def _set_availability(node: StorageNode, arguments: dict[str, Any]) -> dic
     return {"partition_id": partition_id, "available": available, "persisted": persisted}
 
 
-async def _stats(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _stats(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     return {
         "partitions": [
             {
@@ -203,7 +223,7 @@ async def _stats(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]
     }
 
 
-async def _local_log(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _local_log(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     partition_id = _partition_id(node, arguments)
     node.worker_of(partition_id)
     partition = node.engine.partition(partition_id)
@@ -224,7 +244,7 @@ def _int_argument(arguments: dict[str, Any], name: str, minimum: int) -> int:
     return value
 
 
-async def _prune(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _prune(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     partition_id = _partition_id(node, arguments)
     through = _int_argument(arguments, "through", -1)
@@ -233,9 +253,8 @@ async def _prune(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]
     return {"partition_id": partition_id, "log_start": start}
 
 
-async def _scrub(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _scrub(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     from waltz_api.capabilities import SCRUB
-    from waltz_server.storage_node.scrub import Scrubber
 
     if SCRUB not in node.capabilities:
         raise StorageRequestError(
@@ -284,7 +303,7 @@ COMMANDS: dict[str, AdminCommand] = {
 
 
 async def run_admin_command(
-    node: StorageNode, command: str, arguments: dict[str, Any]
+    node: AdminNode, command: str, arguments: dict[str, Any]
 ) -> dict[str, Any]:
     handler = COMMANDS.get(command)
     if handler is None:

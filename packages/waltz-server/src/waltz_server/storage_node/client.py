@@ -763,7 +763,9 @@ class StorageConnectionPool:
     async def _tell_level(self, storage_node: str, client: StorageClient) -> None:
         level = self.feature_level()
         if level > max(MIN_FEATURE_LEVEL, self._told.get(storage_node, 0)) and (
-            await tell_storage_node(client, storage_node, level, self.cluster_key)
+            await tell_storage_node(
+                StorageAdminClient(client), storage_node, level, self.cluster_key
+            )
         ):
             self._told[storage_node] = level
 
