@@ -555,6 +555,32 @@ async def test_prefetch_fetches_each_transaction_once_before_the_callbacks_ask(
         assert client.cache.hits >= 10
 
 
+async def test_prefetch_does_not_fetch_back_the_data_of_the_clients_own_transactions(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    """The client sent its transactions' data: with prefetch_data the feed's run is
+    prefetched, but only what others wrote is asked for (issue 30: its own was fetched
+    back from the server before the feed's decision put it in the cache)."""
+    app = RecordingApp(fetch_data=True)
+    async with serving(cluster, peer, app, prefetch_data=True) as client:
+        conn, _ = await mount(peer, 0)
+        mine = [Ctx(data=b"mine-%d" % n) for n in range(3)]
+        submitted = [asyncio.ensure_future(client.submit(ctx)) for ctx in mine]
+        appends = [(await peer.expect(AppendRequest))[1] for _ in mine]
+        for t, append in enumerate(appends):
+            peer.data[(0, t)] = append.data  # (answered, should the client ask)
+        peer.data[(0, 3)] = b"theirs"
+        # one run of the feed: the client's three transactions, then another client's
+        await conn.send(*(FeedData(a.req_id, t, 0) for t, a in enumerate(appends)))
+        await conn.send(FeedData(OTHER, 3, 0))
+        for t, future in enumerate(submitted):
+            committed(await asyncio.wait_for(future, 10), t)
+        await wait_for(lambda: app.hwm.get(0) == 3)
+        assert [app.data[(0, t)] for t in range(4)] == [b"mine-0", b"mine-1", b"mine-2", b"theirs"]
+        await peer.nothing_more(TransactionDataRequest, 0.2)
+        assert [r.transaction_id for r in peer.data_requests] == [3]
+
+
 async def test_a_lost_coordination_session_is_renewed_and_moves_are_still_followed(
     cluster: Cluster, peer: ProtocolTestPeer
 ) -> None:

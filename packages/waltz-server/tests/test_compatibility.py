@@ -27,7 +27,9 @@ from typing import Any
 from waltz_api import wire
 from waltz_api.access import EVERY_PARTITION, AccessControl, KeyGrants, Permission
 from waltz_api.cluster import (
+    FEATURES_PATH,
     FORMAT_VERSION,
+    SERVERS_DIR,
     ArchiveMark,
     ClusterConfig,
     LeaderRecord,
@@ -198,7 +200,8 @@ async def test_the_current_code_reads_the_version_1_layout() -> None:
         assert await cluster.config() == ClusterConfig(CLUSTER_KEY, 2, 2)
         assignments = await cluster.replica_assignments()
         assert assignments == ReplicaAssignments(2, {"st1:5500": (0, 1), "st2:5500": (0, 1)}, {})
-        assert await cluster.servers() == [ServerInfo(1, SERVER_ENDPOINT, (1,))]
+        assert await cluster.servers() == [ServerInfo(1, SERVER_ENDPOINT, (1,), 2)]
+        assert (await cluster.feature_level()).value == 2
         assert (await cluster.leader()).value == LeaderRecord(1, 1, 0)  # type: ignore[union-attr]
         assert (await cluster.partition_assignment(0)).value == PartitionAssignment(
             0, 1, SERVER_ENDPOINT, 1
@@ -220,6 +223,27 @@ async def test_the_current_code_reads_the_version_1_layout() -> None:
             True,
             {APP_KEY: KeyGrants({EVERY_PARTITION: Permission.READ, 1: Permission.WRITE}, "app1")},
         )
+    finally:
+        await coordination.close()
+
+
+async def test_a_layout_without_a_feature_level_is_at_level_1() -> None:
+    """Clusters created by 0.1.0 record no feature level, and its servers register none:
+    level 1 (waltz_api.features)."""
+    fixture = json.loads(LAYOUT_V1.read_text(encoding="utf-8"))
+    coordination = await _started()
+    try:
+        for path, value in fixture["tree"].items():
+            if path == FEATURES_PATH:
+                continue
+            old = value
+            if path.startswith(SERVERS_DIR + "/"):
+                old = {k: v for k, v in value.items() if k != "max_feature_level"}
+            raw = b"" if old is None else json.dumps(old).encode()
+            await coordination.create(path, raw)
+        cluster = ClusterAdmin(coordination)
+        assert (await cluster.feature_level()).value == 1
+        assert await cluster.servers() == [ServerInfo(1, SERVER_ENDPOINT, (1,), 1)]
     finally:
         await coordination.close()
 

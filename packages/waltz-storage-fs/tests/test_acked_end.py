@@ -4,8 +4,8 @@ Each commit round writes the new end of every partition it appended to and flush
 the control file once, after the data's flushes and before any of its appends is
 acknowledged; a truncation lowers it before it cuts the files; a fast-forward past the
 log's end raises it after the new start; a directory of format 2 gets the end of the
-log it holds when it is opened (and migrated). Recovery's side (a log found shorter
-than its end is LOST) is in test_recovery.py.
+log it holds when the feature level is raised to 2 (and it is migrated). Recovery's side
+(a log found shorter than its end is LOST) is in test_recovery.py.
 """
 
 from __future__ import annotations
@@ -234,6 +234,7 @@ async def test_a_format_2_directory_is_migrated_with_its_log_end(tmp_path: Path)
         part = engine.partition(0)
         assert part.session_info().low_water_mark_session_id == NO_SESSION
         assert part.max_transaction_id() == 39
+        await engine.raise_feature_level(2)
     finally:
         await engine.close()
     dump = tools.read_control_file(location)
@@ -257,7 +258,8 @@ async def test_a_migration_interrupted_before_recovery_sets_the_end_next_time(
 ) -> None:
     location = tmp_path / "storage"
     shutil.copytree(V2, location)
-    ControlFile.open(location / fmt.CONTROL_FILE_NAME, REAL_FILES).close()  # then a crash
+    # the migration of a raise to level 2, then a crash before the ends were written
+    ControlFile.open(location / fmt.CONTROL_FILE_NAME, REAL_FILES).upgrade(3).close()
     assert acked_ends(location) == {0: fmt.ACKED_END_UNKNOWN}
     assert "acknowledged_end=unknown" in "\n".join(
         tools.format_control_file(tools.read_control_file(location))

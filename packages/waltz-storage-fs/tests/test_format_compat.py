@@ -3,8 +3,9 @@
 ``data/format-v1`` was written by the fs engine of format version 1 (the
 original's three session fields; 3 partitions of which 0 and 2 hosted,
 partition 0 in four segments). Never regenerate it: it is the proof that a
-directory of that format still opens. Opening migrates it to the current
-format in place, keeping the version-1 control file beside it.
+directory of that format still opens. Opening migrates it to format 2 in place (what
+0.1.0 did: the format of cluster feature level 1), keeping the version-1 control file
+beside it; raising the feature level to 2 migrates it to format 3.
 """
 
 from __future__ import annotations
@@ -56,18 +57,22 @@ async def test_a_format_1_directory_opens_and_is_migrated(tmp_path: Path) -> Non
         await engine.partition(2).set_session_info(SessionInfo(3, 4, 4, 3))
     finally:
         await engine.close()
-    assert tools.read_control_file(location).header.version == fmt.FORMAT_VERSION
+    assert tools.read_control_file(location).header.version == 2
     backup = location / (fmt.CONTROL_FILE_NAME + ".v1")
     assert backup.read_bytes() == (V1 / fmt.CONTROL_FILE_NAME).read_bytes()
     engine = await FsStorageEngine.open(str(location), cluster_key=V1_KEY, num_partitions=3)
     try:
+        assert engine.feature_level == 1
         await assert_log(engine, 0, 30)
         assert engine.partition(2).session_info() == SessionInfo(3, 4, 4, 3)
         assert engine.partition(0).session_info() == SessionInfo(5, 27, 27, NO_SESSION)
+        await engine.raise_feature_level(2)
+        assert engine.feature_level == 2
     finally:
         await engine.close()
+    assert tools.read_control_file(location).header.version == fmt.FORMAT_VERSION == 3
     assert tools.verify(location).ok
-    # migrated with the end of the log it held (format 3's acknowledged end)
+    # migrated with the end of the log it held when the level was raised
     dump = tools.read_control_file(location)
     hosted = [p.current for p in dump.partitions if p.current and p.current.assigned]
     assert [s.acked_end for s in hosted] == [31, 5]

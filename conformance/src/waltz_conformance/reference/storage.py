@@ -25,6 +25,7 @@ from waltz_api.errors import (
     StorageAppendError,
     StorageError,
 )
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, SessionInfo
 
 _INT32 = (-(2**31), 2**31 - 1)
@@ -44,6 +45,7 @@ class _StoreState:
     cluster_key: uuid.UUID
     num_partitions: int
     partitions: dict[int, _PartitionState] = field(default_factory=dict)
+    feature_level: int = MAX_FEATURE_LEVEL
 
 
 _STORES: dict[str, _StoreState] = {}
@@ -199,6 +201,7 @@ class MemoryStorageEngine(StorageEngine):
         cluster_key: uuid.UUID | None = None,
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
+        feature_level: int | None = None,
     ) -> MemoryStorageEngine:
         if options:
             raise StorageError(
@@ -215,6 +218,8 @@ class MemoryStorageEngine(StorageEngine):
                 if num_partitions < 1:
                     raise StorageError(f"number of partitions must be >= 1, not {num_partitions}")
                 store = _StoreState(cluster_key, num_partitions)
+                if feature_level is not None:
+                    store.feature_level = feature_level
                 _STORES[location] = store
         engine = cls(location, store)
         engine.check_cluster_key(
@@ -227,6 +232,16 @@ class MemoryStorageEngine(StorageEngine):
     @property
     def cluster_key(self) -> uuid.UUID:
         return self.store.cluster_key
+
+    @property
+    def feature_level(self) -> int:
+        return self.store.feature_level
+
+    async def raise_feature_level(self, level: int) -> None:
+        self._check_open()
+        self._check_feature_level(level)
+        self.store.feature_level = max(self.store.feature_level, level)
+        await asyncio.sleep(0)
 
     @property
     def num_partitions(self) -> int:

@@ -81,9 +81,11 @@ from waltz_api.errors import (
     StorageAppendError,
     StorageError,
 )
+from waltz_api.features import MIN_FEATURE_LEVEL
 from waltz_api.types import LOST_SESSION, Record, ReqId, SessionInfo
 from waltz_conformance.harness import Harness, requires, skip_unless_capable
 from waltz_conformance.records import make_record as make_record  # noqa: PLC0414 (re-exported)
+from waltz_conformance.suites import storage_damage
 
 
 @dataclass
@@ -107,11 +109,20 @@ class StorageHarness(Harness):
         cluster_key: uuid.UUID | None = None,
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
+        feature_level: int | None = None,
     ) -> StorageEngine:
         assert self.engine_class is not None, "the harness needs engine_class"
         merged = {**self.options, **(options or {})}
+        if feature_level is None:  # an engine of an earlier release takes no such argument
+            return await self.engine_class.open(
+                location, cluster_key=cluster_key, num_partitions=num_partitions, options=merged
+            )
         return await self.engine_class.open(
-            location, cluster_key=cluster_key, num_partitions=num_partitions, options=merged
+            location,
+            cluster_key=cluster_key,
+            num_partitions=num_partitions,
+            options=merged,
+            feature_level=feature_level,
         )
 
     # -- file_faults ---------------------------------------------------------------------
@@ -230,12 +241,15 @@ class Store:
         self.engine: StorageEngine | None = None
         self._opened: list[StorageEngine] = []
 
-    async def open(self, location: str | None = None, **options: Any) -> StorageEngine:
+    async def open(
+        self, location: str | None = None, *, feature_level: int | None = None, **options: Any
+    ) -> StorageEngine:
         engine = await self.harness.open(
             location or self.location,
             cluster_key=self.cluster_key,
             num_partitions=self.num_partitions,
             options=options,
+            feature_level=feature_level,
         )
         self._opened.append(engine)
         if location is None:
@@ -499,6 +513,50 @@ class StorageSuite:
         await engine.partition(0).set_session_info(SessionInfo(3, 6, 6))
         engine = await store.reopen()
         assert engine.partition(0).session_info() == SessionInfo(3, 6, 6)
+
+    async def test_new_storage_is_created_at_the_feature_level_given(self, store: Store) -> None:
+        engine = await store.open()
+        assert engine.feature_level == engine.max_feature_level
+        other = await store.open(store.harness.new_location(), feature_level=MIN_FEATURE_LEVEL)
+        assert other.feature_level == MIN_FEATURE_LEVEL
+
+    async def test_raise_feature_level_keeps_everything_and_never_lowers(
+        self, store: Store
+    ) -> None:
+        engine = await store.open(feature_level=MIN_FEATURE_LEVEL)
+        part = await engine.add_partition(1)
+        await append_range(engine, 1, 0, 12, batch=4)
+        await part.set_session_info(SessionInfo(3, 7, 7, 3))
+        await part.truncate(9)
+        top = engine.max_feature_level
+        await engine.raise_feature_level(top)
+        assert engine.feature_level == top
+        await assert_log(engine, 1, 9)
+        assert part.session_info() == SessionInfo(3, 7, 7, 3)
+        assert part.log_start() == 0
+        await append_range(engine, 1, 10, 14)  # appends go on, in the new formats
+        await engine.raise_feature_level(top)  # idempotent
+        await engine.raise_feature_level(MIN_FEATURE_LEVEL)  # never lowered
+        assert engine.feature_level == top
+        with pytest.raises(StorageError, match=str(top + 1)):
+            await engine.raise_feature_level(top + 1)
+        assert engine.feature_level == top
+        await assert_log(engine, 1, 13)
+
+    @requires("reopen")
+    async def test_feature_level_survives_reopen(self, store: Store) -> None:
+        engine = await store.open(feature_level=MIN_FEATURE_LEVEL)
+        await engine.add_partition(0)
+        await append_range(engine, 0, 0, 5)
+        engine = await store.reopen()  # opening never raises the level, nor lowers it
+        assert engine.feature_level == MIN_FEATURE_LEVEL
+        await engine.raise_feature_level(engine.max_feature_level)
+        await append_range(engine, 0, 5, 8)
+        engine = await store.reopen()
+        assert engine.feature_level == engine.max_feature_level
+        await assert_log(engine, 0, 7)
+        engine = await store.reopen(feature_level=MIN_FEATURE_LEVEL)
+        assert engine.feature_level == engine.max_feature_level
 
     @requires("reopen")
     async def test_cluster_key_mismatch(self, store: Store) -> None:
@@ -798,8 +856,6 @@ class StorageSuite:
         """Seeded damage of every kind (storage_damage): every record served is
         byte-identical or refused with an error naming it; no intact record is
         deleted; with ``repair``, missing ranges filled make the log whole."""
-        from waltz_conformance.suites import storage_damage
-
         variants = request.config.getoption("waltz_damage_variants", None)
         count = int(variants) if variants is not None else self.damage_sweep_variants
         seed = int(request.config.getoption("waltz_damage_seed", None) or 0)

@@ -20,6 +20,9 @@ and for every record written:
 
 The engine may refuse to open, or close a partition, with a StorageError; the
 intact records must still be on disk then. The sweep counts each outcome.
+
+:mod:`waltz_conformance.suites.storage` runs the sweep with its harness; what the sweep
+needs of it is a :class:`DamageHarness` (this module does not import the suite).
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ import re
 import shutil
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import crc32c
 
@@ -41,8 +44,43 @@ from waltz_api.contracts.storage import StorageEngine
 from waltz_api.errors import CorruptionError, StorageError
 from waltz_api.types import Record, ReqId, SessionInfo
 
-if TYPE_CHECKING:
-    from waltz_conformance.suites.storage import StorageHarness
+
+class DamageHarness(Protocol):
+    """What the sweep uses of the storage suite's harness
+    (:class:`~waltz_conformance.suites.storage.StorageHarness`, capability
+    ``file_faults``)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+
+    def new_location(self) -> str: ...
+
+    async def open(
+        self,
+        location: str,
+        *,
+        cluster_key: uuid.UUID | None = None,
+        num_partitions: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> StorageEngine: ...
+
+    def record_extent(
+        self, location: str, partition_id: int, transaction_id: int
+    ) -> tuple[Path, int, int]: ...
+
+    def index_files(self, location: str, partition_id: int) -> list[Path]: ...
+
+    def data_files(self, location: str, partition_id: int) -> list[Path]: ...
+
+    def metadata_files(self, location: str) -> list[Path]: ...
+
+    def stray_names(self, location: str, partition_id: int) -> list[Path]: ...
+
+    def copy_location(self, source: str, target: str) -> None: ...
+
 
 KINDS = ("truncate", "flip", "zero", "stray", "duplicate", "foreign")
 PARTITIONS = (0, 1)
@@ -110,7 +148,7 @@ class SweepResult:
         )
 
 
-async def build_pristine(harness: StorageHarness, options: dict[str, Any]) -> Pristine:
+async def build_pristine(harness: DamageHarness, options: dict[str, Any]) -> Pristine:
     """Two partitions of RECORDS records each, closed (everything flushed)."""
     key = uuid.uuid4()
     locations = []
@@ -139,7 +177,7 @@ async def build_pristine(harness: StorageHarness, options: dict[str, Any]) -> Pr
     return Pristine(locations[0], key, 4, extents, stored, locations[1])
 
 
-def choose_damage(rng: random.Random, harness: StorageHarness, pristine: Pristine) -> Damage:
+def choose_damage(rng: random.Random, harness: DamageHarness, pristine: Pristine) -> Damage:
     kind = rng.choice(KINDS)
     pid = rng.choice(PARTITIONS)
     base = Path(pristine.location)
@@ -167,7 +205,7 @@ def choose_damage(rng: random.Random, harness: StorageHarness, pristine: Pristin
 
 
 def apply_damage(
-    rng: random.Random, damage: Damage, harness: StorageHarness, pristine: Pristine, where: str
+    rng: random.Random, damage: Damage, harness: DamageHarness, pristine: Pristine, where: str
 ) -> None:
     base = Path(where)
     assert damage.target is not None
@@ -228,7 +266,7 @@ def _names(message: str, transaction_id: int) -> bool:
 
 
 async def run_variant(
-    harness: StorageHarness,
+    harness: DamageHarness,
     pristine: Pristine,
     seed: int,
     options: dict[str, Any],
@@ -263,7 +301,7 @@ async def run_variant(
 
 
 async def _open_and_check(
-    harness: StorageHarness,
+    harness: DamageHarness,
     where: str,
     *,
     options: dict[str, Any],
@@ -316,7 +354,7 @@ async def _check_partition(
     hit: set[tuple[int, int]],
     context: str,
     result: SweepResult,
-    harness: StorageHarness,
+    harness: DamageHarness,
 ) -> set[tuple[int, int]]:
     part = engine.partition(pid)
     top = part.max_transaction_id()
@@ -368,7 +406,7 @@ async def _check_partition(
 
 
 async def _repair_and_reopen(
-    harness: StorageHarness,
+    harness: DamageHarness,
     where: str,
     *,
     options: dict[str, Any],
@@ -430,7 +468,7 @@ def _disk_contents(where: str) -> list[bytes]:
     return [path.read_bytes() for path in Path(where).rglob("*") if path.is_file()]
 
 
-def remove(harness: StorageHarness, pristine: Pristine) -> None:
+def remove(harness: DamageHarness, pristine: Pristine) -> None:
     """Delete the sweep's pristine storages (and a scratch root the harness made)."""
     for location in (pristine.location, pristine.foreign_location):
         shutil.rmtree(location, ignore_errors=True)

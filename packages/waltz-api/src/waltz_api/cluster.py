@@ -4,6 +4,8 @@ Layout under the coordination root (paths of the original where the spec
 names them)::
 
     /cluster/config                  ClusterConfig: cluster key, partitions, replicas
+    /cluster/features                the cluster's feature level (waltz_api.features;
+                                     absent: level 1, a cluster of 0.1.0; CAS, raised only)
     /store/assignment                ReplicaAssignments: storage node -> partition ids
     /store/partition/<id>            PartitionStoreMetadata: generation, store session id,
                                      replica states (changed ONLY by CAS)
@@ -46,6 +48,7 @@ from waltz_api.errors import (
     ConfigError,
     CoordinationError,
 )
+from waltz_api.features import MIN_FEATURE_LEVEL
 from waltz_api.types import UNRESOLVED, ReplicaId, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 
 CONFIG_PATH = "/cluster/config"
+FEATURES_PATH = "/cluster/features"
 REPLICA_ASSIGNMENT_PATH = "/store/assignment"
 STORE_PARTITION_DIR = "/store/partition"
 PARTITION_ASSIGNMENT_DIR = "/assignment/partition"
@@ -133,6 +137,9 @@ class ServerInfo:
     server_id: int
     endpoint: str
     preferred_partitions: tuple[int, ...] = ()
+    max_feature_level: int = MIN_FEATURE_LEVEL
+    """The highest cluster feature level the server supports (a registration of 0.1.0
+    has none: level 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +307,19 @@ def decode_config(raw: bytes, path: str = CONFIG_PATH) -> tuple[ClusterConfig, b
     return config, doc.get("state") == "ready"
 
 
+def encode_feature_level(level: int) -> bytes:
+    return _encode("feature_level", {"level": level})
+
+
+def decode_feature_level(raw: bytes, path: str = FEATURES_PATH) -> int:
+    """The recorded level (a number this code may not know: the caller checks it)."""
+    doc = _decode("feature_level", raw, path)
+    level = doc.get("level")
+    if isinstance(level, bool) or not isinstance(level, int) or level < MIN_FEATURE_LEVEL:
+        raise CoordinationError(f"{path} holds no valid feature level: {level!r}")
+    return level
+
+
 def encode_replica_assignments(assignments: ReplicaAssignments) -> bytes:
     return _encode(
         "replica_assignments",
@@ -331,6 +351,7 @@ def encode_server(info: ServerInfo) -> bytes:
             "server_id": info.server_id,
             "endpoint": info.endpoint,
             "preferred_partitions": list(info.preferred_partitions),
+            "max_feature_level": info.max_feature_level,
         },
     )
 
@@ -339,7 +360,8 @@ def decode_server(raw: bytes, path: str) -> ServerInfo:
     doc = _decode("server", raw, path)
     try:
         preferred = tuple(int(p) for p in doc.get("preferred_partitions", ()))
-        return ServerInfo(int(doc["server_id"]), str(doc["endpoint"]), preferred)
+        level = int(doc.get("max_feature_level", MIN_FEATURE_LEVEL))
+        return ServerInfo(int(doc["server_id"]), str(doc["endpoint"]), preferred, level)
     except (KeyError, TypeError, ValueError) as exc:
         raise CoordinationError(
             f"{path} does not hold a valid server registration: {exc}"
@@ -472,6 +494,27 @@ class ClusterMetadata:
 
     async def exists(self) -> bool:
         return await self.coordination.exists(CONFIG_PATH)
+
+    async def feature_level(self) -> Stored[int]:
+        """The cluster's recorded feature level and its version (level 1, version -1
+        when none is recorded: a cluster created by 0.1.0). May be above what this code
+        supports (a newer release raised it): the caller checks."""
+        await self.config()  # no cluster: the clear error
+        found = await self.coordination.get(FEATURES_PATH)
+        if found is None:
+            return Stored(MIN_FEATURE_LEVEL, -1)
+        return Stored(decode_feature_level(found.value), found.version)
+
+    async def watch_feature_level(self, callback: Callable[[int], Awaitable[None] | None]) -> Watch:
+        """Call ``callback`` with the recorded feature level now and after every change
+        (level 1 while none is recorded)."""
+
+        def on_value(value: Versioned | None) -> Awaitable[None] | None:
+            if value is None:
+                return callback(MIN_FEATURE_LEVEL)
+            return callback(decode_feature_level(value.value))
+
+        return await self.coordination.watch(FEATURES_PATH, on_value)
 
     async def replica_assignments(self) -> ReplicaAssignments:
         found = await self._require(REPLICA_ASSIGNMENT_PATH)

@@ -494,6 +494,10 @@ class StorageAdminClient:
     async def info(self) -> dict[str, Any]:
         return await self.command("info")
 
+    async def set_feature_level(self, level: int, cluster_key: uuid.UUID | str) -> dict[str, Any]:
+        """The cluster's feature level, told (StorageError: the node cannot write it)."""
+        return await self.command("set_feature_level", level=level, cluster_key=str(cluster_key))
+
     async def list_partitions(self) -> list[PartitionInfo]:
         """Every hosted partition; one that could not be recovered shows max id -2
         and unavailable (``list_partitions_raw`` has its error)."""

@@ -106,12 +106,16 @@ class ProcessEvent:
 
 class ClientProcess:
     """A ``python -m waltz_chaos.client`` child process (started and stopped by pid; a
-    :class:`~waltz_api.supervised.SupervisedProcess`)."""
+    :class:`~waltz_api.supervised.SupervisedProcess`); ``python`` the interpreter (another
+    venv's: that venv's client; this one's by default), which may change between starts."""
 
-    def __init__(self, spec_path: Path, log_path: Path, wrap: Sequence[str] = ()) -> None:
+    def __init__(
+        self, spec_path: Path, log_path: Path, wrap: Sequence[str] = (), python: str = ""
+    ) -> None:
         self.spec_path = spec_path
         self.log_path = log_path
         self.wrap = list(wrap)
+        self.python = python or sys.executable
         self.child = SupervisedProcess([], log_path, name="client", new_session=True)
 
     @property
@@ -129,7 +133,7 @@ class ClientProcess:
     def start(self, incarnation: int) -> None:
         self.child.argv = [
             *self.wrap,
-            sys.executable,
+            self.python,
             "-m",
             "waltz_chaos.client",
             str(self.spec_path),

@@ -4,7 +4,9 @@
 number* increases with every channel the client creates (a MountRequest carries
 it, so a server can drop messages of an older connection). It routes stream
 messages to their partition's inbox (:class:`~waltz_client.partition.Partition`
-processes them in order) and matches RPC answers to their callers by ReqId.
+processes them in order) and matches RPC answers to their callers by ReqId. What it
+needs of its client is a :class:`ChannelHost`, of a partition a :class:`Carried`: it
+imports neither.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, Protocol, TypeVar
 
-from waltz_api.contracts.transport import Connection
+from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import (
     ConnectionClosedError,
     ProtocolError,
@@ -28,10 +30,6 @@ from waltz_api.messages import (
 )
 from waltz_api.types import ReqId
 from waltz_api.wire import ProtocolConnection, Role
-
-if TYPE_CHECKING:
-    from waltz_client.client import AsyncWaltzClient
-    from waltz_client.partition import Partition
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +111,51 @@ def _wake_next(waiters: deque[asyncio.Future[None]]) -> None:
             return
 
 
+class Carried(Protocol):
+    """What a channel needs of a partition whose stream messages it carries."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def inbox(self) -> Inbox[tuple[Channel, Message]]: ...
+
+    def channel_lost(self, channel: Channel) -> None:
+        """The channel broke: mount elsewhere, or anew."""
+        ...
+
+
+class ChannelHost(Protocol):
+    """What a channel is told by its client."""
+
+    @property
+    def transport(self) -> Transport: ...
+
+    @property
+    def client_id(self) -> int: ...
+
+    @property
+    def connect_timeout(self) -> float: ...
+
+    @property
+    def closing(self) -> bool: ...
+
+    def partition(self, partition_id: int) -> Carried | None:
+        """The mounted partition a stream message is for (None: not one of ours)."""
+        ...
+
+    def channel_lost(self, channel: Channel) -> None:
+        """The channel broke: the client forgets it (the next connect opens a new one)."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task the client cancels when it closes."""
+        ...
+
+
 class Channel:
-    def __init__(self, client: AsyncWaltzClient, endpoint: str, seq_num: int) -> None:
-        self.client = client
+    def __init__(self, host: ChannelHost, endpoint: str, seq_num: int) -> None:
+        self.host = host
         self.endpoint = endpoint
         self.seq_num = seq_num
         self.stream: Connection | None = None
@@ -123,7 +163,7 @@ class Channel:
         self._stream_proto: ProtocolConnection | None = None
         self._rpc_proto: ProtocolConnection | None = None
         self.rpc_waiters: dict[ReqId, asyncio.Future[Message]] = {}
-        self.partitions: set[Partition] = set()
+        self.partitions: set[Carried] = set()
         self.closed = False
         self._tasks: list[asyncio.Task[None]] = []
         self._turns: dict[int, asyncio.Lock] = {}
@@ -151,21 +191,21 @@ class Channel:
     def max_frame_size(self) -> int:
         """The largest frame the stream connection takes: the transport's, or the
         server's if it announced a smaller one."""
-        own = self.client.transport.max_frame_size
+        own = self.host.transport.max_frame_size
         announced = None if self.stream is None else self.stream.max_frame_size
         return own if announced is None else min(own, announced)
 
     async def _connect(self, kind: str) -> tuple[Connection, ProtocolConnection]:
-        client = self.client
-        conn = await client.transport.connect(
+        host = self.host
+        conn = await host.transport.connect(
             self.endpoint,
-            timeout=client.config.connect_timeout,
-            replace_key=f"waltz-client-{client.client_id}-{kind}",
+            timeout=host.connect_timeout,
+            replace_key=f"waltz-client-{host.client_id}-{kind}",
         )
         try:
-            proto = ProtocolConnection(Role.INITIATOR, sender=f"client:{client.client_id}")
+            proto = ProtocolConnection(Role.INITIATOR, sender=f"client:{host.client_id}")
             await conn.send(proto.start_handshake())
-            frame = await asyncio.wait_for(conn.recv(), client.config.connect_timeout)
+            frame = await asyncio.wait_for(conn.recv(), host.connect_timeout)
             proto.receive_frame(frame)
         except BaseException:
             await conn.close()
@@ -215,9 +255,7 @@ class Channel:
             while True:
                 message = self._stream_proto.receive_frame(await self.stream.recv())
                 req_id: ReqId | None = getattr(message, "req_id", None)
-                partition = (
-                    None if req_id is None else self.client.partitions.get(req_id.partition_id)
-                )
+                partition = None if req_id is None else self.host.partition(req_id.partition_id)
                 if partition is None:
                     log.warning("dropping %s for a partition this client does not mount", message)
                     continue
@@ -247,17 +285,17 @@ class Channel:
         if self.closed:
             return
         self.closed = True
-        if not isinstance(reason, ConnectionClosedError) or not self.client.closing:
+        if not isinstance(reason, ConnectionClosedError) or not self.host.closing:
             log.warning("connection to server %s lost: %s", self.endpoint, reason)
         for future in self.rpc_waiters.values():
             if not future.done():
                 future.set_exception(ChannelLost(f"the connection to {self.endpoint} broke"))
-        self.client._channel_lost(self)
+        self.host.channel_lost(self)
         # by id, not set order (object addresses): the same run replays the same (simulation)
         for partition in sorted(self.partitions, key=lambda p: p.id):
             partition.channel_lost(self)
         self.partitions.clear()
-        self.client._spawn(self.close())
+        self.host.spawn(self.close())
 
     async def close(self) -> None:
         self.closed = True

@@ -9,8 +9,15 @@ Layout, one event loop, four modules:
   partition's mounting, feed and appends' outcomes (the I/O shell around the pure
   machines of :mod:`waltz_client.state`); how appends are decided (flush rounds,
   deadlines) is its part in :mod:`waltz_client.decisions`.
+- :mod:`waltz_client.runner`: where the application's callbacks run.
 - here: :class:`AsyncWaltzClient`: discovery (cluster metadata watches),
   submissions, flush, high-water mark, lazy data fetch with a bounded cache.
+
+The direction is top down: the client makes its partitions and channels and tells them
+what they need (:class:`~waltz_client.host.PartitionHost`,
+:class:`~waltz_client.channel.ChannelHost`, both implemented by :class:`_Host`, which
+the type checker holds to them where it is passed); they never import the client or
+reach into it.
 
 Protocol as this client speaks it (stream connection, per partition):
 
@@ -32,13 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 import logging
 import random
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -67,16 +73,16 @@ from waltz_api.types import NO_TRANSACTION, Record, ReqId
 from waltz_client.api import (
     SubmissionResult,
     Transaction,
-    TransactionBuilder,
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz_client.channel import Channel, ChannelLost
+from waltz_client.channel import Carried, Channel, ChannelLost
 from waltz_client.config import POISON_POLICIES, ClientConfig
 from waltz_client.decisions import Expired as _Expired
 from waltz_client.decisions import before_deadline, call_hook
 from waltz_client.errors import TransactionExpiredError, access_denied
 from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition
+from waltz_client.runner import CALLBACK_THREAD_PREFIX, CallbackRunner
 from waltz_client.state import (
     Outcome,
     Resolution,
@@ -90,39 +96,12 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 M = TypeVar("M", bound=Message)
 INT32_MAX = 2**31 - 1
-CALLBACK_THREAD_PREFIX = "waltz-callbacks"
 _MAX_COORDINATION_DELAY = 5.0
 """The longest pause between two attempts to renew a lost coordination session."""
 
 
 _NO_OP_ON_COMPLETION = TransactionContext.on_completion
 """The default hook, which does nothing (not called: a call per submission saved)."""
-
-_Built = tuple[TransactionBuilder, bool]
-"""A context's builder, and whether ``execute`` wants it sent."""
-
-_Build = tuple[TransactionContext, int, "asyncio.Future[Any]", TransactionBuilder | None]
-"""A build waiting for the callback thread: its context, partition and outcome future,
-and its builder when the high-water mark was read on the loop already (then only
-``execute`` runs there, and the future gets what it returned; else the future gets the
-:data:`_Built`)."""
-
-
-def _checked_builder(context: TransactionContext, p: int, hwm: object) -> TransactionBuilder:
-    if isinstance(hwm, bool) or not isinstance(hwm, int):
-        raise ClientError(f"client_high_water_mark returned {hwm!r}, not an int")
-    context.attempts += 1
-    return TransactionBuilder(p, hwm)
-
-
-def _deliver_builds(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
-    for future, built, exc in outcomes:
-        if future.done():
-            continue
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(built)
 
 
 class AsyncWaltzClient:
@@ -163,16 +142,13 @@ class AsyncWaltzClient:
             )
         self.callbacks = callbacks
         self.config = config
-        self.hwm_is_async = inspect.iscoroutinefunction(callbacks.client_high_water_mark)
-        self.apply_is_async = inspect.iscoroutinefunction(callbacks.apply_transaction)
-        self._async_functions: dict[object, bool] = {}
-        """function -> is it a coroutine function (``execute`` of each context class)."""
+        self._runner = CallbackRunner(callbacks, callback_executor)
+        self.hwm_is_async = self._runner.hwm_is_async
+        self.apply_is_async = self._runner.apply_is_async
         self._context_types: set[type] = set()
         """The classes of the contexts submitted so far (all TransactionContexts)."""
         self._submit_names: dict[int, str] = {}
         """partition id -> the name of its submission tasks."""
-        self._builds: list[_Build] = []
-        """Builds waiting for the callback thread (taken there in one hop)."""
         self.client_id = -1
         self.num_partitions = 0
         self.partitions: dict[int, Partition] = {}
@@ -193,15 +169,11 @@ class AsyncWaltzClient:
         self._fetching: dict[tuple[int, int], asyncio.Future[bytes]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._cache_lock = threading.Lock()
-        self._callback_executor = callback_executor
-        """Runs the plain callbacks one at a time, in order (None: a thread of the client's
-        own). The simulation's runs them on the loop: get_data() then reads the prefetch."""
-        self._executor: Executor | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = -1
         self._started = False
         self.rng = rng or random.Random()
         """The jitter of every retry's back-off (inject a seeded one to replay a run)."""
+        self._host = _Host(self)
+        """What the partitions and channels are told of this client."""
 
     # -- life cycle --------------------------------------------------------------------------------
 
@@ -224,11 +196,7 @@ class AsyncWaltzClient:
         self._started = True
         from waltz_api.plugins import get_registry
 
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._executor = self._callback_executor or ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=CALLBACK_THREAD_PREFIX
-        )
+        self._runner.start()
         try:
             descriptor = get_registry().get("transport", self.config.transport)
             transport = descriptor.factory(dict(self.config.transport_options))
@@ -259,7 +227,7 @@ class AsyncWaltzClient:
                     )
             self.client_id = await self._metadata.allocate_client_id()
             for p in wanted:
-                partition = Partition(self, p)
+                partition = Partition(self._host, p)
                 self.partitions[p] = partition
                 partition.start()
             await self._watch_assignments()
@@ -299,8 +267,7 @@ class AsyncWaltzClient:
         if self._owns_coordination and self._coordination is not None:
             with contextlib.suppress(WaltzError):
                 await self._coordination.close()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._runner.shutdown()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -392,7 +359,7 @@ class AsyncWaltzClient:
                     )
                 elif deadline is not None and loop.time() >= deadline:
                     raise _Expired("the deadline passed as it was about to be executed again")
-                builder, go = await self._build(context, p)
+                builder, go = await self._runner.build(context, p)
                 if not go:
                     call_hook(context.on_completion, False)
                     return SubmissionResult(False, p, NO_TRANSACTION, context.attempts)
@@ -467,81 +434,6 @@ class AsyncWaltzClient:
             await self._before_deadline(partition.wait_retry(None), deadline, retry_wait)
 
     _before_deadline = staticmethod(before_deadline)
-
-    def _is_async(self, fn: Callable[..., Any]) -> bool:
-        key = getattr(fn, "__func__", fn)
-        known = self._async_functions.get(key)
-        if known is None:
-            known = inspect.iscoroutinefunction(fn)
-            if len(self._async_functions) > 1000:  # contexts made of ever new functions
-                self._async_functions.clear()
-            self._async_functions[key] = known
-        return known
-
-    async def _build(self, context: TransactionContext, p: int) -> _Built:
-        """Read the client high-water mark and execute the context. When both are plain
-        methods they run together on the callback thread, so an apply never runs in
-        between; the builds waiting at the same time go there in one hop (a plain
-        ``execute`` after an async high-water mark too)."""
-        execute = context.execute
-        if self.hwm_is_async:
-            hwm = await self.callbacks.client_high_water_mark(p)  # type: ignore[misc]
-            builder = _checked_builder(context, p, hwm)
-            if self._is_async(execute):
-                return builder, bool(await execute(builder))  # type: ignore[misc]
-            value = await self._queue_build(context, p, builder)
-            if type(value) is not bool and inspect.isawaitable(value):  # (an ABC check)
-                value = await value
-            return builder, bool(value)
-        if self._is_async(execute):
-            builder = _checked_builder(
-                context, p, await self._call_callback(self.callbacks.client_high_water_mark, p)
-            )
-            return builder, bool(await execute(builder))  # type: ignore[misc]
-        built: _Built = await self._queue_build(context, p, None)
-        return built
-
-    def _queue_build(
-        self, context: TransactionContext, p: int, builder: TransactionBuilder | None
-    ) -> asyncio.Future[Any]:
-        """A build for the callback thread, sent there with the others of this loop turn."""
-        loop = self._loop
-        assert loop is not None
-        future: asyncio.Future[Any] = loop.create_future()
-        if not self._builds:
-            loop.call_soon(self._send_builds)  # once this turn's builds have joined
-        self._builds.append((context, p, future, builder))
-        return future
-
-    def _send_builds(self) -> None:
-        builds, self._builds = self._builds, []
-        assert self._executor is not None
-        try:
-            self._executor.submit(self._run_builds, builds)
-        except RuntimeError as exc:  # the executor is shut down: the client is closing
-            for _, _, future, _ in builds:
-                if not future.done():
-                    future.set_exception(ClientError(f"the Waltz client is closed ({exc})"))
-
-    def _run_builds(self, builds: list[_Build]) -> None:
-        """On the callback thread: each build's high-water mark read (unless it was read
-        already) and execute, in order; the outcomes go back to the loop in one call."""
-        read_hwm = self.callbacks.client_high_water_mark
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        for context, p, future, builder in builds:
-            if future.done():
-                continue  # the submission was cancelled meanwhile
-            try:
-                if builder is None:
-                    built = _checked_builder(context, p, read_hwm(p))
-                    outcomes.append((future, (built, bool(context.execute(built))), None))
-                else:
-                    outcomes.append((future, context.execute(builder), None))
-            except BaseException as exc:
-                outcomes.append((future, None, exc))
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self._loop.call_soon_threadsafe(_deliver_builds, outcomes)
 
     # -- flush, high-water mark, data --------------------------------------------------------------
 
@@ -696,7 +588,7 @@ class AsyncWaltzClient:
                 return channel
             if self.closing:
                 raise ChannelLost("the client is closing")
-            channel = Channel(self, endpoint, next(self._network_seq))
+            channel = Channel(self._host, endpoint, next(self._network_seq))
             await channel.open()
             self._channels[endpoint] = channel
             return channel
@@ -766,32 +658,9 @@ class AsyncWaltzClient:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _channel_lost(self, channel: Channel) -> None:
-        if self._channels.get(channel.endpoint) is channel:
-            del self._channels[channel.endpoint]
-
-    async def _call_callback(self, fn: Callable[..., R | Awaitable[R]], *args: Any) -> R:
-        if self._is_async(fn):
-            result: R = await fn(*args)  # type: ignore[misc]
-            return result
-        assert self._loop is not None and self._executor is not None
-        value: Any = await self._loop.run_in_executor(self._executor, fn, *args)
-        if inspect.isawaitable(value):
-            value = await value
-        done: R = value
-        return done
-
-    def _apply(self, transaction: Transaction) -> Awaitable[None]:
-        """``apply_transaction(transaction)``, to await: the callback's own coroutine when
-        it is an ``async def`` (no frame in between), else its run on the callback thread."""
-        apply = self.callbacks.apply_transaction
-        if self.apply_is_async:
-            return apply(transaction)  # type: ignore[return-value]
-        return self._call_callback(apply, transaction)
-
     def _blocking_fetch(self, partition_id: int, transaction_id: int) -> bytes:
-        on_loop = threading.get_ident() == self._loop_thread
-        if on_loop and self._callback_executor is None:
+        on_loop = self._runner.on_loop_thread()
+        if on_loop and self._runner.given_executor is None:
             raise ClientError(
                 "Transaction.get_data() blocks, so it cannot run on the client's event loop; "
                 "use `await transaction.fetch_data()` in async callbacks"
@@ -802,13 +671,93 @@ class AsyncWaltzClient:
             return cached
         if on_loop:  # the callback executor runs on the loop: waiting would block it
             raise ClientError(f"the data of transaction {transaction_id} is not prefetched")
-        assert self._loop is not None
+        assert self._runner.loop is not None
         return asyncio.run_coroutine_threadsafe(
-            self._fetch_data(partition_id, transaction_id), self._loop
+            self._fetch_data(partition_id, transaction_id), self._runner.loop
         ).result(self.config.request_timeout * 2)
 
-    def _report(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
+
+class _Host:
+    """What this client tells its partitions (:class:`~waltz_client.host.PartitionHost`)
+    and its channels (:class:`~waltz_client.channel.ChannelHost`). The services a
+    partition uses per transaction are the client's own bound methods (no call in
+    between); the rest are read through."""
+
+    __slots__ = (
+        "_client",
+        "_runner",
+        "apply",
+        "apply_is_async",
+        "blocking_fetch",
+        "cache_put",
+        "callbacks",
+        "config",
+        "fetch_data",
+        "next_req_id",
+        "rng",
+    )
+
+    def __init__(self, client: AsyncWaltzClient) -> None:
+        self._client = client
+        self._runner = runner = client._runner
+        self.config = client.config
+        self.callbacks = client.callbacks
+        self.rng = client.rng
+        self.apply_is_async = client.apply_is_async
+        self.next_req_id: Callable[[int, int], ReqId] = client._next_req_id
+        self.fetch_data: Callable[[int, int], Awaitable[bytes]] = client._fetch_data
+        self.blocking_fetch: Callable[[int, int], bytes] = client._blocking_fetch
+        self.cache_put: Callable[[int, int, bytes], None] = client._cache_put
+        self.apply: Callable[[Transaction], Awaitable[None]] = runner.apply
+
+    @property
+    def closing(self) -> bool:
+        return self._client.closing
+
+    @property
+    def metadata(self) -> ClusterMetadata:
+        return self._client.metadata
+
+    @property
+    def transport(self) -> Transport:
+        return self._client.transport
+
+    @property
+    def client_id(self) -> int:
+        return self._client.client_id
+
+    @property
+    def connect_timeout(self) -> float:
+        return self.config.connect_timeout
+
+    async def connect(self, endpoint: str) -> Channel:
+        return await self._client._channel_for(endpoint)
+
+    async def call_callback(self, fn: Callable[..., R | Awaitable[R]], *args: Any) -> R:
+        return await self._runner.call(fn, *args)
+
+    async def on_callback_thread(self, fn: Callable[..., R], *args: Any) -> R:
+        return await self._runner.on_thread(fn, *args)
+
+    def report(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
         try:
             self.callbacks.uncaught_exception(partition_id, transaction_id, exc)
         except Exception:
             log.exception("uncaught_exception callback raised")
+
+    def count_seen(self, count: int) -> None:
+        self._client.transactions_seen += count
+
+    def retry_backoff(self) -> Backoff:
+        return self._client.retry_backoff()
+
+    def partition(self, partition_id: int) -> Carried | None:
+        return self._client.partitions.get(partition_id)
+
+    def channel_lost(self, channel: Channel) -> None:
+        channels = self._client._channels
+        if channels.get(channel.endpoint) is channel:
+            del channels[channel.endpoint]
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._client._spawn(coro)

@@ -23,7 +23,7 @@ import heapq
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from waltz_api.errors import ServerError, WaltzError
 from waltz_api.messages import AppendRequest, FlushRequest, FlushResponse, Message
@@ -32,6 +32,7 @@ from waltz_api.wire import checksum
 from waltz_client.api import TransactionBuilder, TransactionContext
 from waltz_client.channel import Channel, ChannelLost
 from waltz_client.errors import TransactionOutcomeUnknownError
+from waltz_client.host import PartitionHost
 from waltz_client.state import (
     FeedTracker,
     MountSequencer,
@@ -41,9 +42,6 @@ from waltz_client.state import (
     RunningSubmissions,
     TransactionMonitor,
 )
-
-if TYPE_CHECKING:
-    from waltz_client.client import AsyncWaltzClient
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +90,7 @@ class AppendDecisions:
     """Registering, resolving and deciding a partition's appends (see the module)."""
 
     # the partition's state this part uses (set by Partition.__init__)
-    client: AsyncWaltzClient
+    host: PartitionHost
     id: int
     mount: MountSequencer
     channel: Channel | None
@@ -119,13 +117,11 @@ class AppendDecisions:
     def _decided(self, resolutions: list[Resolution]) -> list[Resolution]:
         """The feed carried appends of ours: their data goes into the client's cache
         (an application reading it is not sent to the server for what it just sent)."""
-        client = self.client
         for resolution in resolutions:
             if resolution.outcome is Outcome.COMMITTED:
                 append = self.appends.get(resolution.req_id)
                 if append is not None:
-                    with client._cache_lock:  # (AsyncWaltzClient._cache_put, inlined)
-                        client.cache.put((self.id, resolution.transaction_id), append.data)
+                    self.host.cache_put(self.id, resolution.transaction_id, append.data)
         return resolutions
 
     def _resolve(self, resolutions: list[Resolution], *, applied: bool = False) -> None:
@@ -178,7 +174,7 @@ class AppendDecisions:
         try:
             if not self.mount.appends_allowed or self.channel is not channel:
                 return None
-            req_id = self.client._next_req_id(self.id, self.mount.generation)
+            req_id = self.host.next_req_id(self.id, self.mount.generation)
             data = builder.data
             outcome = self.register(req_id, context, data, deadline)
             try:  # noqa: SIM105 (no context manager object per submission)
@@ -316,7 +312,7 @@ class AppendDecisions:
         self._decision.add_done_callback(self._background.discard)
 
     async def _decide(self, covers: int) -> None:
-        grace = self.client.config.request_timeout
+        grace = self.host.config.request_timeout
         try:
             await self.flush_round(grace)
         except asyncio.CancelledError:
@@ -358,7 +354,7 @@ class AppendDecisions:
         the wait for it goes on (as the mount's own timer does)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        backoff = self.client.retry_backoff()
+        backoff = self.host.retry_backoff()
         why = "no answer"
         while True:
             remaining = deadline - loop.time()
@@ -381,7 +377,7 @@ class AppendDecisions:
                 channel = self.channel
                 if channel is None:
                     continue
-                req_id = self.client._next_req_id(self.id, self.mount.generation)
+                req_id = self.host.next_req_id(self.id, self.mount.generation)
                 future: asyncio.Future[Message] = loop.create_future()
                 self.requests[req_id] = future
                 try:

@@ -5,7 +5,8 @@ appends are decided, flush rounds and deadlines, is :mod:`waltz_client.decisions
 feed position, retry queue and concurrency limit (the pure machines of
 :mod:`waltz_client.state`) and turns their decisions into I/O: a worker task
 processes the partition's stream messages strictly in order, a second one
-(re)mounts it whenever its assignment or connection changes.
+(re)mounts it whenever its assignment or connection changes. What it needs of the
+client it is told (:class:`~waltz_client.host.PartitionHost`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 import heapq
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from waltz_api.backoff import Backoff
 from waltz_api.cluster import NO_SERVER, PartitionAssignment
@@ -43,6 +44,7 @@ from waltz_client.api import Transaction
 from waltz_client.channel import Channel, ChannelLost, Inbox
 from waltz_client.decisions import AppendDecisions, SentAppend
 from waltz_client.errors import PoisonTransactionError, access_denied
+from waltz_client.host import PartitionHost
 from waltz_client.state import (
     ApplyDecision,
     ApplyFailures,
@@ -56,9 +58,6 @@ from waltz_client.state import (
     RunningSubmissions,
     TransactionMonitor,
 )
-
-if TYPE_CHECKING:
-    from waltz_client.client import AsyncWaltzClient
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +75,15 @@ MAX_APPLY_RETRY_DELAY = 10.0
 
 
 class Partition(AppendDecisions):
-    def __init__(self, client: AsyncWaltzClient, partition_id: int) -> None:
-        self.client = client
+    def __init__(self, host: PartitionHost, partition_id: int) -> None:
+        self.host = host
         self.id = partition_id
         self.mount = MountSequencer()
         self.monitor = TransactionMonitor()
         self.feed = FeedTracker()
         self.retries: RetryQueue[asyncio.Future[None]] = RetryQueue()
         self.limit: ConcurrencyLimit[asyncio.Future[None]] = ConcurrencyLimit(
-            client.config.max_concurrent_transactions
+            host.config.max_concurrent_transactions
         )
         self.appends: dict[ReqId, SentAppend] = {}
         self.requests: dict[ReqId, asyncio.Future[Message]] = {}
@@ -115,11 +114,11 @@ class Partition(AppendDecisions):
         self._tasks: list[asyncio.Task[None]] = []
         self._delayed: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
-        interval = client.config.retry_interval
-        self._mount_backoff = Backoff(interval, max(interval, MAX_RETRY_DELAY), client.rng)
+        interval = host.config.retry_interval
+        self._mount_backoff = Backoff(interval, max(interval, MAX_RETRY_DELAY), host.rng)
         """Paces mounts while they keep failing (an unreachable server, NOT_READY...)."""
-        self._apply_failures = ApplyFailures(client.config.apply_retries)
-        self._apply_backoff = Backoff(interval, max(interval, MAX_APPLY_RETRY_DELAY), client.rng)
+        self._apply_failures = ApplyFailures(host.config.apply_retries)
+        self._apply_backoff = Backoff(interval, max(interval, MAX_APPLY_RETRY_DELAY), host.rng)
         """Paces the offers of a transaction apply_transaction keeps failing on."""
         self._mount_timer: asyncio.TimerHandle | None = None
         self.reassigned = asyncio.Event()
@@ -185,7 +184,7 @@ class Partition(AppendDecisions):
         reassigned, since a connection attempt to a dead server can take the whole
         connect timeout."""
         changed = self.reassigned
-        connecting = asyncio.ensure_future(self.client._channel_for(endpoint))
+        connecting = asyncio.ensure_future(self.host.connect(endpoint))
         waiting = asyncio.ensure_future(changed.wait())
         try:
             await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
@@ -218,7 +217,7 @@ class Partition(AppendDecisions):
     def _remount_later(self, *, refresh: bool = False, delay: float | None = None) -> None:
         """Mount again after ``delay`` (default: the mount back-off), re-reading the
         assignment first when ``refresh``."""
-        if self.client.closing or self._delayed is not None:
+        if self.host.closing or self._delayed is not None:
             return
         loop = asyncio.get_running_loop()
 
@@ -237,7 +236,7 @@ class Partition(AppendDecisions):
 
     async def _refresh(self) -> None:
         try:
-            stored = await self.client.metadata.partition_assignment(self.id)
+            stored = await self.host.metadata.partition_assignment(self.id)
         except WaltzError as exc:
             log.warning("cannot read partition %d's assignment: %s", self.id, exc)
             self._remount_later(refresh=True)
@@ -247,8 +246,8 @@ class Partition(AppendDecisions):
             self.need_mount.set()
 
     async def _maintain(self) -> None:
-        client = self.client
-        while not client.closing:
+        host = self.host
+        while not host.closing:
             await self.need_mount.wait()
             self.need_mount.clear()
             if self.mount.state is not MountState.UNMOUNTED:
@@ -264,9 +263,7 @@ class Partition(AppendDecisions):
                     raise
                 self._unreachable = None
                 self.mounted.clear()
-                app_hwm = await client._call_callback(
-                    client.callbacks.client_high_water_mark, self.id
-                )
+                app_hwm = await host.call_callback(host.callbacks.client_high_water_mark, self.id)
             except (TransportError, ProtocolError, ChannelLost) as exc:
                 log.warning("partition %d: cannot reach %s: %s", self.id, endpoint, exc)
                 self._unreachable = exc
@@ -278,7 +275,7 @@ class Partition(AppendDecisions):
                 continue
             except Exception as exc:
                 log.exception("partition %d: client_high_water_mark failed", self.id)
-                client._report(self.id, NO_TRANSACTION, exc)
+                host.report(self.id, NO_TRANSACTION, exc)
                 self._remount_later()
                 continue
             if (
@@ -289,7 +286,7 @@ class Partition(AppendDecisions):
                 self.need_mount.set()  # the assignment changed meanwhile
                 continue
             if not isinstance(app_hwm, int) or isinstance(app_hwm, bool):
-                client._report(
+                host.report(
                     self.id,
                     NO_TRANSACTION,
                     ClientError(f"client_high_water_mark returned {app_hwm!r}, not an int"),
@@ -297,7 +294,7 @@ class Partition(AppendDecisions):
                 self._remount_later()
                 continue
             mount_from = self.feed.start_mount(app_hwm)
-            req_id = client._next_req_id(self.id, generation)
+            req_id = host.next_req_id(self.id, generation)
             self.mount.begin_mount(req_id, channel.seq_num)
             if self.channel is not channel:
                 self._detach(self.channel)
@@ -312,13 +309,13 @@ class Partition(AppendDecisions):
                 self._mount_timer.cancel()
             self._mount_progress = self._progress
             self._mount_timer = asyncio.get_running_loop().call_later(
-                client.config.request_timeout, self._mount_timed_out, req_id
+                host.config.request_timeout, self._mount_timed_out, req_id
             )
 
     def _mount_timed_out(self, req_id: ReqId) -> None:
         self._mount_timer = None
         loop = asyncio.get_running_loop()
-        timeout = self.client.config.request_timeout
+        timeout = self.host.config.request_timeout
         if self.mount.state is MountState.MOUNTING and self._progress != self._mount_progress:
             # a long catch-up feed is streaming: the mount is alive, wait on
             self._mount_progress = self._progress
@@ -329,7 +326,7 @@ class Partition(AppendDecisions):
                 "partition %d: no answer to the mount from %s within %s s; mounting again",
                 self.id,
                 self.mount.endpoint,
-                self.client.config.request_timeout,
+                self.host.config.request_timeout,
             )
             self.mount.unmount()
             self._remount_later(refresh=True)
@@ -338,7 +335,7 @@ class Partition(AppendDecisions):
 
     async def _work(self) -> None:
         inbox = self.inbox
-        batchable, prefetch = not self.client.apply_is_async, self.client.config.prefetch_data
+        batchable, prefetch = not self.host.apply_is_async, self.host.config.prefetch_data
         while True:
             channel, message = await inbox.get()
             if channel is not self.channel:
@@ -355,7 +352,7 @@ class Partition(AppendDecisions):
                         else:
                             pending = item
                             break
-                    if self.client.config.prefetch_data:
+                    if self.host.config.prefetch_data:
                         await self._prefetch(run)
                     if batchable:
                         await self._on_feed_run(run)
@@ -373,13 +370,21 @@ class Partition(AppendDecisions):
 
     async def _prefetch(self, run: list[FeedData]) -> None:
         """Fetch the data of a run of feed items concurrently (pipelined RPCs) into the
-        cache, so the callbacks' fetches hit it. Failures are left to the callbacks."""
-        position = self.feed.position
-        fetch = self.client._fetch_data
-        await asyncio.gather(
-            *(fetch(self.id, m.transaction_id) for m in run if m.transaction_id > position),
-            return_exceptions=True,
-        )
+        cache, so the callbacks' fetches hit it. Failures are left to the callbacks. An
+        append of ours (its request id) is not fetched: the client sent its data, which
+        goes into the cache here."""
+        position, ours, host = self.feed.position, self.appends, self.host
+        fetches = []
+        for m in run:
+            if m.transaction_id <= position:
+                continue
+            append = ours.get(m.req_id)
+            if append is None:
+                fetches.append(host.fetch_data(self.id, m.transaction_id))
+            else:
+                host.cache_put(self.id, m.transaction_id, append.data)
+        if fetches:
+            await asyncio.gather(*fetches, return_exceptions=True)
 
     async def _on_feed_run(self, run: list[FeedData]) -> None:
         """Feed items in order; runs of consecutive APPLY items are applied by plain
@@ -401,7 +406,7 @@ class Partition(AppendDecisions):
             i = j
 
     async def _apply_run(self, items: list[FeedData]) -> None:
-        client = self.client
+        host = self.host
         monitor = self.monitor
         resolutions = [self._decided(monitor.on_feed(m.req_id, m.transaction_id)) for m in items]
         transactions = [
@@ -410,12 +415,12 @@ class Partition(AppendDecisions):
                 m.transaction_id,
                 m.header,
                 m.req_id,
-                fetch=client._fetch_data,
-                blocking=client._blocking_fetch,
+                fetch=host.fetch_data,
+                blocking=host.blocking_fetch,
             )
             for m in items
         ]
-        apply = client.callbacks.apply_transaction
+        apply = host.callbacks.apply_transaction
 
         def apply_all(start: int) -> tuple[int, Exception | None]:
             for k in range(start, len(transactions)):
@@ -425,15 +430,14 @@ class Partition(AppendDecisions):
                     return k, exc
             return len(transactions), None
 
-        assert client._loop is not None and client._executor is not None
         start = 0
         progressed = False
         while start < len(items):
-            done, error = await client._loop.run_in_executor(client._executor, apply_all, start)
+            done, error = await host.on_callback_thread(apply_all, start)
             for k in range(start, done):
                 self._resolve(resolutions[k], applied=True)
                 self.feed.advance(items[k].transaction_id)
-            client.transactions_seen += done - start
+            host.count_seen(done - start)
             if done > start:
                 progressed = True
                 self._applied(items[done - 1].transaction_id)
@@ -445,7 +449,7 @@ class Partition(AppendDecisions):
                     self._resolve(resolutions[k], applied=False)
                 break
             self.feed.advance(items[done].transaction_id)  # skipped: handed to dead_letter
-            client.transactions_seen += 1
+            host.count_seen(1)
             progressed = True
             start = done + 1
         if progressed:
@@ -458,10 +462,10 @@ class Partition(AppendDecisions):
     async def _apply_failed(self, transaction: Transaction, exc: Exception) -> bool:
         """``apply_transaction`` raised on ``transaction``: offer it again later, stop the
         partition, or skip it (True: handed to dead_letter, the feed goes on)."""
-        client = self.client
+        host = self.host
         transaction_id = transaction.transaction_id
         decision = self._apply_failures.on_failure(transaction_id)
-        client._report(self.id, transaction_id, exc)
+        host.report(self.id, transaction_id, exc)
         if decision is ApplyDecision.RETRY:
             delay = self._apply_backoff.next_delay()
             log.warning(
@@ -470,16 +474,16 @@ class Partition(AppendDecisions):
                 self.id,
                 transaction_id,
                 self._apply_failures.failures,
-                client.config.apply_retries + 1,
+                host.config.apply_retries + 1,
                 exc,
                 delay,
             )
             self._unmount_and_retry(delay)
             return False
-        tries = client.config.apply_retries + 1
-        if client.config.poison_policy == "skip":
+        tries = host.config.apply_retries + 1
+        if host.config.poison_policy == "skip":
             try:
-                await client._call_callback(client.callbacks.dead_letter, transaction, exc)
+                await host.call_callback(host.callbacks.dead_letter, transaction, exc)
             except Exception as hook_exc:
                 self._fail_partition(
                     PoisonTransactionError(
@@ -554,17 +558,17 @@ class Partition(AppendDecisions):
             return
         resolutions = self._decided(self.monitor.on_feed(message.req_id, message.transaction_id))
         if action is FeedAction.APPLY:
-            client = self.client
+            host = self.host
             transaction = Transaction(
                 self.id,
                 message.transaction_id,
                 message.header,
                 message.req_id,
-                fetch=client._fetch_data,
-                blocking=client._blocking_fetch,
+                fetch=host.fetch_data,
+                blocking=host.blocking_fetch,
             )
             try:
-                await client._apply(transaction)
+                await host.apply(transaction)
             except Exception as exc:
                 self._resolve(resolutions, applied=False)
                 if not await self._apply_failed(transaction, exc):
@@ -574,7 +578,7 @@ class Partition(AppendDecisions):
                 self._applied(message.transaction_id)
         self._resolve(resolutions, applied=action is FeedAction.APPLY)
         self.feed.advance(message.transaction_id)
-        self.client.transactions_seen += 1
+        self.host.count_seen(1)
         self._advance_waiters()
 
     def _unmount_and_retry(self, delay: float | None = None) -> None:
@@ -640,7 +644,7 @@ class Partition(AppendDecisions):
         if self.mount.state is not MountState.FAILED:
             self.mount.fail()
         self._detach(self.channel)
-        self.client._report(self.id, transaction_id, error)
+        self.host.report(self.id, transaction_id, error)
         for append in self.appends.values():
             if not append.outcome.done():
                 append.outcome.set_exception(error)
@@ -734,7 +738,7 @@ class Partition(AppendDecisions):
     def check_usable(self) -> None:
         if self.failure is not None:
             raise self.failure
-        if self.client.closing:
+        if self.host.closing:
             raise ClientError("the Waltz client is closed")
 
     async def acquire_slot(self) -> None:

@@ -39,6 +39,7 @@ from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.storage import StoragePartition
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ServerError
+from waltz_api.features import MIN_FEATURE_LEVEL
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_server.cluster_admin import ClusterAdmin
@@ -172,6 +173,7 @@ class InProcessCluster:
             cluster_key=self.cluster_key,
             num_partitions=self.num_partitions,
             options=self.storage_options or None,
+            feature_level=MIN_FEATURE_LEVEL,  # as a storage node: the servers raise it
         )
         try:
             for partition in range(self.num_partitions):

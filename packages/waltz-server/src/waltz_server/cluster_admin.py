@@ -21,6 +21,7 @@ from waltz_api.cluster import (
     ARCHIVE_PARTITION_DIR,
     CONFIG_PATH,
     DEFAULT_CAS_ATTEMPTS,
+    FEATURES_PATH,
     LEADER_PATH,
     NO_SESSION,
     PARTITION_ASSIGNMENT_DIR,
@@ -42,6 +43,7 @@ from waltz_api.cluster import (
     decode_replica_assignments,
     encode_archive_mark,
     encode_config,
+    encode_feature_level,
     encode_leader,
     encode_partition_assignment,
     encode_replica_assignments,
@@ -58,6 +60,7 @@ from waltz_api.errors import (
     CoordinationError,
     NodeExistsError,
 )
+from waltz_api.features import MAX_FEATURE_LEVEL, check_feature_level
 from waltz_api.types import UNRESOLVED, ReplicaId, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -119,12 +122,16 @@ class ClusterAdmin(ClusterMetadata):
         storage_nodes: Sequence[str] = (),
         assignments: ReplicaAssignments | None = None,
         cluster_key: uuid.UUID | None = None,
+        feature_level: int = MAX_FEATURE_LEVEL,
     ) -> ClusterConfig:
-        """Write a new cluster (the spec's CreateCluster utility).
+        """Write a new cluster (the spec's CreateCluster utility) at ``feature_level``
+        (the highest this code supports by default; a lower one for a cluster that
+        processes of an earlier release join: ``waltz_api.features``).
 
         Refused with ClusterExistsError when the root already holds a cluster
         (complete or not): the config is claimed first with a create, so of two
         concurrent creators exactly one proceeds."""
+        check_feature_level(feature_level)
         config = ClusterConfig(cluster_key or uuid.uuid4(), num_partitions, num_replicas)
         if assignments is None:
             assignments = default_replica_assignments(storage_nodes, num_partitions, num_replicas)
@@ -149,6 +156,7 @@ class ClusterAdmin(ClusterMetadata):
                 "overwrite it. Use another root, or delete the old cluster first "
                 "(`waltz cluster delete --coordination URI --cluster-key KEY`)"
             ) from None
+        await c.create(FEATURES_PATH, encode_feature_level(feature_level))
         await c.create(REPLICA_ASSIGNMENT_PATH, encode_replica_assignments(assignments))
         for partition in range(num_partitions):
             replicas = tuple(
@@ -165,12 +173,50 @@ class ClusterAdmin(ClusterMetadata):
             )
         await c.set(CONFIG_PATH, encode_config(config, ready=True), expected_version=claimed)
         log.info(
-            "created cluster %s: %d partitions, %d replicas",
+            "created cluster %s: %d partitions, %d replicas, feature level %d",
             config.cluster_key,
             num_partitions,
             num_replicas,
+            feature_level,
         )
         return config
+
+    async def raise_feature_level(self, level: int) -> tuple[int, int]:
+        """Record ``level`` as the cluster's feature level by compare-and-set (created
+        when none is recorded); returns (the level before, the level now). Raising to the
+        recorded level does nothing; lowering is refused (a process may have written a
+        format of the higher level already). The caller checks first that every process
+        supports ``level`` (``waltz cluster features``)."""
+        check_feature_level(level)
+        for _ in range(DEFAULT_CAS_ATTEMPTS):
+            current = await self.feature_level()
+            if level < current.value:
+                raise ConfigError(
+                    f"the cluster is at feature level {current.value}; a feature level is "
+                    f"never lowered (to {level}): processes may have written its formats "
+                    "already. To go back, restore the storage nodes from copies taken before "
+                    'the raise (docs/compatibility.md, "Feature levels")',
+                    key="feature_level",
+                )
+            if level == current.value:
+                return current.value, level
+            try:
+                if current.version < 0:
+                    await self.coordination.create(FEATURES_PATH, encode_feature_level(level))
+                else:
+                    await self.coordination.set(
+                        FEATURES_PATH,
+                        encode_feature_level(level),
+                        expected_version=current.version,
+                    )
+            except (BadVersionError, NodeExistsError):
+                continue
+            log.info("cluster feature level raised from %d to %d", current.value, level)
+            return current.value, level
+        raise CoordinationError(
+            f"the feature level kept changing: no compare-and-set succeeded in "
+            f"{DEFAULT_CAS_ATTEMPTS} attempts; try again"
+        )
 
     async def delete_cluster(self, cluster_key: uuid.UUID, *, force: bool = False) -> None:
         """Delete every piece of this cluster's metadata (the whole layout above).
@@ -377,11 +423,13 @@ class ClusterAdmin(ClusterMetadata):
     async def register_server(
         self, server_id: int, endpoint: str, *, preferred_partitions: Sequence[int] = ()
     ) -> None:
-        """Register a live server (ephemeral: gone when its session ends)."""
+        """Register a live server (ephemeral: gone when its session ends), with the
+        highest feature level it supports."""
+        info = ServerInfo(server_id, endpoint, tuple(preferred_partitions), MAX_FEATURE_LEVEL)
         try:
             await self.coordination.create(
                 join_path(SERVERS_DIR, server_id),
-                encode_server(ServerInfo(server_id, endpoint, tuple(preferred_partitions))),
+                encode_server(info),
                 ephemeral=True,
             )
         except NodeExistsError:

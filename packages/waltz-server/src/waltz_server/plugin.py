@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 def load_cluster() -> click.Command:
     from waltz_server.cli.cluster import cluster_group
+    from waltz_server.cli.features import features_command
 
+    cluster_group.add_command(features_command)
     return cluster_group
 
 

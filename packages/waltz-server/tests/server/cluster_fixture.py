@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.types import Record
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
 from waltz_conformance.reference.storage import MemoryStorageEngine, forget
@@ -23,6 +24,8 @@ class Node:
     num_partitions: int
     node: StorageNode | None = None
     server_transport: MemoryTransport | None = None
+    feature_level: int | None = None
+    """The level new storage is created at (None: the engine's highest)."""
 
     @property
     def endpoint(self) -> str:
@@ -30,7 +33,10 @@ class Node:
 
     async def start(self) -> None:
         engine = await MemoryStorageEngine.open(
-            self.location, cluster_key=self.key, num_partitions=self.num_partitions
+            self.location,
+            cluster_key=self.key,
+            num_partitions=self.num_partitions,
+            feature_level=self.feature_level,
         )
         for partition in range(self.num_partitions):
             if partition not in engine.partition_ids():
@@ -75,9 +81,16 @@ class InProcessCluster:
 
     @classmethod
     async def create(
-        cls, num_partitions: int = 1, num_nodes: int = 3, service: str | None = None
+        cls,
+        num_partitions: int = 1,
+        num_nodes: int = 3,
+        service: str | None = None,
+        feature_level: int = MAX_FEATURE_LEVEL,
+        node_feature_level: int | None = None,
     ) -> InProcessCluster:
-        """``service``: a named memory coordination service (``memory://<service>/waltz``)."""
+        """``service``: a named memory coordination service (``memory://<service>/waltz``);
+        ``feature_level`` the cluster's, ``node_feature_level`` the level the storage nodes'
+        new storage starts at (None: the engine's highest)."""
         tag = uuid.uuid4().hex[:8]
         key = uuid.uuid4()
         backend = (
@@ -86,7 +99,13 @@ class InProcessCluster:
         coordination = MemoryCoordination(backend, "/waltz")
         await coordination.start()
         nodes = [
-            Node(f"sn-{tag}-{i}:{5500 + i}", f"mem-{tag}-{i}", key, num_partitions)
+            Node(
+                f"sn-{tag}-{i}:{5500 + i}",
+                f"mem-{tag}-{i}",
+                key,
+                num_partitions,
+                feature_level=node_feature_level,
+            )
             for i in range(num_nodes)
         ]
         await ClusterAdmin(coordination).create_cluster(
@@ -94,6 +113,7 @@ class InProcessCluster:
             num_replicas=num_nodes,
             storage_nodes=[n.connect for n in nodes],
             cluster_key=key,
+            feature_level=feature_level,
         )
         for node in nodes:
             await node.start()

@@ -53,6 +53,7 @@ from waltz_api.errors import (
     StorageAppendError,
     StorageError,
 )
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.types import LOST_SESSION, NO_TRANSACTION, Record, RecordHeader, SessionInfo
 from waltz_sim.damage import INDEX_CHECKPOINT, ZEROS, corruption_message, merged
 from waltz_sim.loop import Incarnation, current_incarnation
@@ -358,6 +359,7 @@ class SimDisk(Disk):
         self.num_partitions = num_partitions
         self.partitions: dict[int, PartitionImage] = {}
         self.engine: SimStorageEngine | None = None
+        self.feature_level = MAX_FEATURE_LEVEL
 
     def lose_power(self) -> str | None:
         lost = self.power_loss()
@@ -723,6 +725,7 @@ class SimStorageEngine(StorageEngine):
         cluster_key: uuid.UUID | None = None,
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
+        feature_level: int | None = None,
     ) -> SimStorageEngine:
         if options:
             raise StorageError(
@@ -738,6 +741,7 @@ class SimStorageEngine(StorageEngine):
                     "key and the number of partitions"
                 )
             disk = world.disks[location] = SimDisk(world, location, cluster_key, num_partitions)
+            disk.feature_level = feature_level or disk.feature_level
         if not isinstance(disk, SimDisk):
             raise StorageError(f"{location} is not a disk of the sim engine")
         if disk.pending_damage:
@@ -757,6 +761,14 @@ class SimStorageEngine(StorageEngine):
     @property
     def cluster_key(self) -> uuid.UUID:
         return self.disk.cluster_key
+
+    @property
+    def feature_level(self) -> int:
+        return self.disk.feature_level
+
+    async def raise_feature_level(self, level: int) -> None:
+        self._check_feature_level(level)
+        self.disk.feature_level = max(self.disk.feature_level, level)
 
     @property
     def num_partitions(self) -> int:

@@ -304,6 +304,7 @@ class SimFsEngine(FsStorageEngine):
         cluster_key: uuid.UUID | None = None,
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
+        feature_level: int | None = None,
         files: Any = None,
         runner: Any = None,
     ) -> FsStorageEngine:
@@ -322,6 +323,7 @@ class SimFsEngine(FsStorageEngine):
             cluster_key=cluster_key,
             num_partitions=num_partitions,
             options={**disk.options, **(options or {})},
+            feature_level=feature_level,
             files=disk.files,
             runner=LoopRunner(flush_wait=disk.flush_wait, read_wait=disk.read_delay),
         )

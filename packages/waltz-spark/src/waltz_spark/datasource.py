@@ -65,7 +65,7 @@ from pyspark.sql.types import (
 )
 
 from waltz_api.errors import ConfigError, LockFailureError
-from waltz_api.types import Lock, LockMode, Record
+from waltz_api.types import Record
 from waltz_spark.archived import ArchiveOptions, ArchiveSplit, read_archive_split, split_archived
 from waltz_spark.blocks import block_to_batch
 from waltz_spark.reader import Endpoint, LogReader
@@ -538,32 +538,6 @@ class RowsRejectedError(LockFailureError):
             f"or write with .option('onLockFailure', 'ignore'):\n{shown}{more}",
             max(int(row.get("conflicting_transaction_id") or -1) for row in rejected),
         )
-
-
-def _lock_mode(raw: Any) -> LockMode:
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return LockMode(raw)
-    text = str(raw or "write").strip().upper()
-    try:
-        return LockMode[text]
-    except KeyError:
-        raise ConfigError(
-            f"lock mode must be one of read, write, append; got {raw!r}", key="locks"
-        ) from None
-
-
-def row_locks(row: dict[str, Any]) -> list[Lock]:
-    """The ``locks`` column: an array of structs (name, id, mode) or of "name:id" strings."""
-    raw = row.get("locks")
-    locks: list[Lock] = []
-    for item in raw or ():
-        if isinstance(item, str):
-            name, _, lock_id = item.rpartition(":")
-            locks.append(Lock(name, int(lock_id), LockMode.WRITE))
-        else:
-            value = item.asDict() if hasattr(item, "asDict") else dict(item)
-            locks.append(Lock(value["name"], int(value["id"]), _lock_mode(value.get("mode"))))
-    return locks
 
 
 class WaltzWriter(DataSourceWriter):

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from waltz_api.errors import ClientError
-from waltz_api.types import Lock
+from waltz_api.errors import ClientError, ConfigError
+from waltz_api.types import Lock, LockMode
 from waltz_client import (
     ClientConfig,
     SubmissionResult,
@@ -105,8 +105,6 @@ def append_rows(
     coordination: str, transport: str, rows: Iterable[dict[str, Any]], timeout: float
 ) -> tuple[int, list[dict[str, Any]]]:
     """Append each row; returns (appended count, the rows a lock check rejected)."""
-    from waltz_spark.datasource import row_locks
-
     with LogReader(coordination, transport=transport) as reader:
         marks = reader.high_water_marks(range(reader.num_partitions()))
     config = ClientConfig(coordination, transport=transport, request_timeout=timeout)
@@ -131,3 +129,29 @@ def append_rows(
                 rejected.append(_shown(row, context))
     log.info("waltz write task: %d appended, %d rejected", appended, len(rejected))
     return appended, rejected
+
+
+def _lock_mode(raw: Any) -> LockMode:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return LockMode(raw)
+    text = str(raw or "write").strip().upper()
+    try:
+        return LockMode[text]
+    except KeyError:
+        raise ConfigError(
+            f"lock mode must be one of read, write, append; got {raw!r}", key="locks"
+        ) from None
+
+
+def row_locks(row: dict[str, Any]) -> list[Lock]:
+    """The ``locks`` column: an array of structs (name, id, mode) or of "name:id" strings."""
+    raw = row.get("locks")
+    locks: list[Lock] = []
+    for item in raw or ():
+        if isinstance(item, str):
+            name, _, lock_id = item.rpartition(":")
+            locks.append(Lock(name, int(lock_id), LockMode.WRITE))
+        else:
+            value = item.asDict() if hasattr(item, "asDict") else dict(item)
+            locks.append(Lock(value["name"], int(value["id"]), _lock_mode(value.get("mode"))))
+    return locks

@@ -2,8 +2,10 @@
 
 Each partition has two structs written alternately (the one that is not
 current, with the next sequence number, then flushed), so a torn write leaves
-the other one valid. A storage directory of an older format version is
-migrated when it is opened (see :mod:`waltz_storage_fs.format`).
+the other one valid. The file is written in its own version (2 or 3: the cluster's
+feature level decides, see :mod:`waltz_storage_fs.format`); a version-1 file is migrated
+to version 2 when it is opened, and :meth:`ControlFile.upgrade` migrates a version-2 file
+to version 3 once the level allows it.
 """
 
 from __future__ import annotations
@@ -35,13 +37,28 @@ class ControlFile:
         self.header = header
         self.files = files
 
+    @property
+    def version(self) -> int:
+        """The control file's format version (2 or 3)."""
+        return self.header.version
+
+    @property
+    def keeps_acked_end(self) -> bool:
+        """Whether its structs hold each partition's acknowledged end (version 3)."""
+        return self.header.version >= fmt.ACKED_END_VERSION
+
     @classmethod
     def create(
-        cls, directory: Path, cluster_key: uuid.UUID, num_partitions: int, files: Files
+        cls,
+        directory: Path,
+        cluster_key: uuid.UUID,
+        num_partitions: int,
+        files: Files,
+        version: int = fmt.FORMAT_VERSION,
     ) -> ControlFile:
-        header = fmt.ControlHeader(fmt.FORMAT_VERSION, files.now_ms(), cluster_key, num_partitions)
+        header = fmt.ControlHeader(version, files.now_ms(), cluster_key, num_partitions)
         body = fmt.encode_control_header(header) + b"".join(
-            fmt.initial_partition_info(p) for p in range(num_partitions)
+            fmt.initial_partition_info(p, version) for p in range(num_partitions)
         )
         _write_atomically(files, directory / fmt.CONTROL_FILE_NAME, body)
         return cls.open(directory / fmt.CONTROL_FILE_NAME, files)
@@ -71,19 +88,34 @@ class ControlFile:
                 f"{path}: control file format version {header.version} is not one this Waltz "
                 f"opens ({', '.join(map(str, fmt.CONTROL_VERSIONS))}); a newer Waltz wrote it"
             )
-        if header.version < fmt.FORMAT_VERSION:
+        if header.version < fmt.FORMAT_OF_LEVEL[1]:
+            # what 0.1.0 did too: a version-1 file becomes version 2 (level 1's format)
             files.close(fd)  # the lock is taken again on the migrated file
-            _migrate(files, path, header)
+            _migrate(files, path, header, fmt.FORMAT_OF_LEVEL[1])
             return cls.open(path, files)
         return cls(path, fd, header, files)
+
+    def upgrade(self, version: int) -> ControlFile:
+        """Migrate this (flushed) file to ``version`` in place, keeping the old one beside
+        it; returns the new file open and locked (this one is closed). Each partition's
+        acknowledged end is unknown in it (the caller writes it). A crash leaves the old
+        file or the new one, whole."""
+        self.sync()
+        _migrate(self.files, self.path, self.header, version)
+        new = ControlFile.open(self.path, self.files)
+        self.close()
+        return new
 
     def read_partition(
         self, partition_id: int
     ) -> tuple[fmt.InfoStruct | None, fmt.InfoStruct | None]:
+        version = self.header.version
         raw = self.files.pread(
-            self.fd, fmt.PARTITION_INFO_SIZE, fmt.partition_info_offset(partition_id)
+            self.fd,
+            fmt.partition_info_size(version),
+            fmt.partition_info_offset(partition_id, version),
         )
-        stored_id, first, second = fmt.decode_partition_info(partition_id, raw)
+        stored_id, first, second = fmt.decode_partition_info(partition_id, raw, version)
         if stored_id is not None and stored_id != partition_id:
             return None, None
         return first, second
@@ -93,10 +125,11 @@ class ControlFile:
     ) -> None:
         """Write one struct; flushed unless ``sync`` is False (the committer writes the
         acknowledged ends of a group's partitions, then flushes the file once)."""
+        version = self.header.version
         self.files.pwrite(
             self.fd,
-            fmt.encode_info_struct(partition_id, struct),
-            fmt.info_struct_offset(partition_id, slot),
+            fmt.encode_info_struct(partition_id, struct, version),
+            fmt.info_struct_offset(partition_id, slot, version),
         )
         if sync:
             self.files.fdatasync(self.fd)
@@ -137,10 +170,10 @@ def _write_atomically(files: Files, path: Path, body: bytes) -> None:
     files.fsync_dir(path.parent)
 
 
-def _migrate(files: Files, path: Path, header: fmt.ControlHeader) -> None:
-    """Rewrite an older control file in the current format (each partition's current
+def _migrate(files: Files, path: Path, header: fmt.ControlHeader, version: int) -> None:
+    """Rewrite an older control file in format ``version`` (each partition's current
     struct in both slots; both stay invalid where both were), keeping the old one. The
-    acknowledged end is unknown (recovery sets it to the log's end at this open)."""
+    acknowledged end is unknown (recovery sets it to the log's end at the next open)."""
     fd = files.open(path, OPEN_WRITE)
     try:
         size = fmt.partition_info_offset(header.num_partitions, header.version)
@@ -148,7 +181,7 @@ def _migrate(files: Files, path: Path, header: fmt.ControlHeader) -> None:
     finally:
         files.close(fd)
     new_header = fmt.ControlHeader(
-        fmt.FORMAT_VERSION, header.creation_time_ms, header.cluster_key, header.num_partitions
+        version, header.creation_time_ms, header.cluster_key, header.num_partitions
     )
     parts = [fmt.encode_control_header(new_header)]
     for pid in range(header.num_partitions):
@@ -159,11 +192,11 @@ def _migrate(files: Files, path: Path, header: fmt.ControlHeader) -> None:
         )
         current = None if stored not in (None, pid) else fmt.current_struct(first, second)
         if current is None:
-            parts.append(fmt.invalid_partition_info(pid))
+            parts.append(fmt.invalid_partition_info(pid, version))
             continue
         struct = dataclasses.replace(current[1], acked_end=fmt.ACKED_END_UNKNOWN)
         older = dataclasses.replace(struct, sequence=struct.sequence - 1)
-        parts.append(fmt.encode_partition_info(pid, struct, older))
+        parts.append(fmt.encode_partition_info(pid, struct, older, version))
     backup = path.with_name(path.name + backup_suffix(header.version))
     if not files.exists(backup):
         files.link(path, backup)
@@ -174,7 +207,7 @@ def _migrate(files: Files, path: Path, header: fmt.ControlHeader) -> None:
         "kept as %s)",
         path,
         header.version,
-        fmt.FORMAT_VERSION,
+        version,
         header.version,
         backup.name,
     )

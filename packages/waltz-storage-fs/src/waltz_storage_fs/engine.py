@@ -181,9 +181,11 @@ class FsStoragePartition(StoragePartition):
         self._flags = struct.flags
         self._info_slot = slot
         self._info_sequence = struct.sequence
-        self._acked_end = struct.acked_end
-        """Committer side: the acknowledged end in the control file (format.py)."""
-        self._durable_end = struct.acked_end
+        keeps_end = engine.control.keeps_acked_end
+        self._acked_end = struct.acked_end if keeps_end else fmt.ACKED_END_UNKNOWN
+        """Committer side: the acknowledged end in the control file (format.py);
+        ACKED_END_UNKNOWN for good in a directory of format 2 (feature level 1)."""
+        self._durable_end = self._acked_end
         """Committer side: the end of the records flushed (the next control flush raises
         the acknowledged end to it); never above the log's end after a truncation."""
         self._flushed_view: _View | None = None
@@ -259,7 +261,7 @@ class FsStoragePartition(StoragePartition):
         self.publish()
         self._next_txid = self._view.max_txid + 1
         end = self._durable_end = self._next_txid
-        if end != self._acked_end:
+        if end != self._acked_end and self._engine.control.keeps_acked_end:
             # below: the lost tail is marked and moved aside; above: records recovery
             # kept, made durable before they count as acknowledged (a migrated
             # directory's end is unknown until now)
@@ -293,6 +295,8 @@ class FsStoragePartition(StoragePartition):
         slot = 1 - self._info_slot
         sequence = self._info_sequence + 1
         end = self._acked_end if acked_end is None else acked_end
+        if not self._engine.control.keeps_acked_end:
+            end = fmt.ACKED_END_UNKNOWN  # format 2 has no place for it
         self._engine.control.write_struct(
             self.partition_id, slot, fmt.InfoStruct(info, flags, sequence, end), sync=sync
         )
@@ -312,10 +316,22 @@ class FsStoragePartition(StoragePartition):
         records it covers). Whether there was one to write: an end only rises here (a
         truncation since the flush lowered the durable end with the acknowledged one)."""
         end = self._durable_end
-        if end <= self._acked_end:
+        if end <= self._acked_end or not self._engine.control.keeps_acked_end:
             return False
         self._write_info(self._info, self._flags, acked_end=end, sync=False)
         return True
+
+    def adopt_control(self) -> None:
+        """After the control file was migrated to a format that keeps acknowledged ends
+        (:meth:`FsStorageEngine.raise_feature_level`): the migration put the current
+        struct in slot 0; write the log's end (flushed: its records are) as the
+        acknowledged end (not flushed: the caller flushes the control file)."""
+        self._info_slot = 0
+        self._acked_end = fmt.ACKED_END_UNKNOWN
+        seg = self._segments[-1] if self._segments else None
+        end = seg.end if seg is not None else self._start
+        self._durable_end = end
+        self._write_info(self._info, self._flags, acked_end=end, sync=False)
 
     # -- committer side (runs in the committer thread) ----------------------------------
 
@@ -549,6 +565,12 @@ class FsStoragePartition(StoragePartition):
         except OSError as exc:
             self.mark_broken(exc)
             raise self.broken_error() from exc
+
+    def sync_last_segment(self) -> None:
+        """Flush the last segment's data (committer side, with nothing under way: what
+        it holds was flushed already; a format migration does not rely on that alone)."""
+        if self._segments:
+            self._files.fdatasync(self._segments[-1].data_fd)
 
     def close_files(self) -> None:
         self._closed = True
@@ -995,25 +1017,40 @@ class FsStorageEngine(StorageEngine):
         cluster_key: uuid.UUID | None = None,
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
+        feature_level: int | None = None,
         files: Files = REAL_FILES,
         runner: Runner | None = None,
     ) -> FsStorageEngine:
         """See :meth:`StorageEngine.open`; ``files`` is the file layer (tests inject
         :class:`~waltz_storage_fs.powerloss.PowerLossFiles`), ``runner`` where the
-        committer and the reads run (default: threads; one runner per open)."""
+        committer and the reads run (default: threads; one runner per open). A new
+        directory is created in the format of ``feature_level`` (format 3 at level 2, 2
+        at level 1); an existing one keeps its format (a version-1 one becomes 2)."""
         opts = FsOptions.from_mapping(options)
+        level = cls.max_feature_level if feature_level is None else feature_level
+        if level not in fmt.FORMAT_OF_LEVEL:
+            raise StorageError(
+                f"the fs engine writes at feature levels "
+                f"{', '.join(map(str, fmt.FORMAT_OF_LEVEL))}, not {level!r}: upgrade the "
+                "storage node"
+            )
+        version = fmt.FORMAT_OF_LEVEL[level]
         directory = Path(location)
         loop = asyncio.get_running_loop()
         if runner is None:
             runner = ThreadRunner(opts.read_threads)
         try:
             control = await runner.run(
-                lambda: _open_control(files, directory, cluster_key, num_partitions)
+                lambda: _open_control(files, directory, cluster_key, num_partitions, version)
             )
         except BaseException:
             await runner.close()
             raise
         engine = cls(directory, control, opts, loop, runner, files=files)
+        if not control.keeps_acked_end:
+            log.warning(
+                "%s: %s", directory, fmt.LOST_TAIL_UNCHECKED.format(version=control.version)
+            )
         try:
             engine.check_given(cluster_key, num_partitions)
             await runner.run(engine._recover_all)
@@ -1119,6 +1156,59 @@ class FsStorageEngine(StorageEngine):
     def num_partitions(self) -> int:
         return self.control.header.num_partitions
 
+    max_feature_level = max(fmt.FORMAT_OF_LEVEL)
+
+    @property
+    def feature_level(self) -> int:
+        """The level of the control file's format (kept in the file itself)."""
+        return fmt.level_of_format(self.control.version)
+
+    async def raise_feature_level(self, level: int) -> None:
+        """Migrate the control file to the format of ``level`` (format 2 to 3: each
+        partition's acknowledged end is the end of the log it holds then), in the
+        committer, between two groups of appends (they wait for it)."""
+        self._check_feature_level(level)
+        version = fmt.FORMAT_OF_LEVEL[level]
+        if self.control.version >= version:
+            return
+
+        def upgrade() -> None:
+            if self.control.version >= version:
+                return
+            before = self.control.version
+            live = [p for p in self._partitions.values() if p.broken is None]
+            try:
+                for part in live:
+                    part.sync_last_segment()
+                self.control = self.control.upgrade(version)
+            except OSError as exc:  # the old file is whole: nothing changed
+                raise StorageError(
+                    f"{self.directory}: the control file could not be migrated to format "
+                    f"{version} ({exc}); it stays format {before}: fix the disk and try again"
+                ) from exc
+            try:
+                for part in live:
+                    part.adopt_control()
+                self.control.sync()
+            except OSError as exc:  # as for a failed control flush: recovery checks them
+                for part in live:
+                    part.mark_broken(exc)
+                raise StorageError(
+                    f"{self.directory}: the acknowledged ends could not be written after the "
+                    f"migration to format {version} ({exc}); the partitions are closed until "
+                    "the node restarts"
+                ) from exc
+            log.info(
+                "%s: feature level %d: the control file is now format %d (was %d); each "
+                "partition's acknowledged end is kept from now on",
+                self.directory,
+                level,
+                version,
+                before,
+            )
+
+        await self.run_committed(upgrade)
+
     def partition_ids(self) -> list[int]:
         return sorted({*self._partitions, *self._closed_partitions})
 
@@ -1196,7 +1286,11 @@ class FsStorageEngine(StorageEngine):
 
 
 def _open_control(
-    files: Files, directory: Path, cluster_key: uuid.UUID | None, num_partitions: int | None
+    files: Files,
+    directory: Path,
+    cluster_key: uuid.UUID | None,
+    num_partitions: int | None,
+    version: int,
 ) -> ControlFile:
     path = directory / fmt.CONTROL_FILE_NAME
     if files.exists(path):
@@ -1216,4 +1310,4 @@ def _open_control(
     if num_partitions < 1:
         raise StorageError(f"number of partitions must be >= 1, not {num_partitions}")
     make_dirs(files, directory)
-    return ControlFile.create(directory, cluster_key, num_partitions, files)
+    return ControlFile.create(directory, cluster_key, num_partitions, files, version)

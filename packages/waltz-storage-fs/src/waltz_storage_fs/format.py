@@ -12,13 +12,16 @@ Storage directory::
             0/<time>-<reason>/             one folder per action, with a README
 
 Format versions: the control file's version is the storage directory's format
-(:data:`FORMAT_VERSION`, 3). Older versions open and are migrated in place at the
-first open (the old file is kept beside it as ``waltz-storage.ctl.v<version>``):
-version 1 (the original's three session fields) and version 2 (no acknowledged
-end) get the acknowledged end of the log the partition holds at that open. A
-directory once opened by this version is not readable by a Waltz that only knows
-version 2 (0.1.0): there is no downgrade. Segment and index files carry their own
-version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged).
+(:data:`FORMAT_VERSION`, 3, the newest). Which one a directory is written in follows the
+cluster's feature level (:mod:`waltz_api.features`, :data:`FORMAT_OF_LEVEL`): at level 1
+format 2 (what 0.1.0 writes: no acknowledged end, so no lost-tail check), at level 2
+format 3. Every version opens: version 1 (the original's three session fields) is
+migrated to 2 at the first open; a version-2 directory stays version 2 until the engine
+is told level 2 (:meth:`FsStorageEngine.raise_feature_level`), which migrates it in
+place (the old file is kept beside it as ``waltz-storage.ctl.v<version>``) and gives
+each partition the acknowledged end of the log it holds then. A version-3 directory is
+not readable by 0.1.0, which knows version 2 only. Segment and index files carry their
+own version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged).
 
 Control file: a 128-byte header (format version int32, creation time int64 in
 ms, cluster key UUID, number of partitions int32, then reserved bytes of which
@@ -74,7 +77,28 @@ from waltz_api.types import NO_SESSION, NO_TRANSACTION, Record, ReqId, SessionIn
 FORMAT_VERSION = 3
 """The storage directory's on-disk format: the control file's version."""
 CONTROL_VERSIONS = (1, 2, 3)
-"""Control file versions this code opens (older ones are migrated to FORMAT_VERSION)."""
+"""Control file versions this code opens (version 1 is migrated to 2 at the open)."""
+FORMAT_OF_LEVEL = {1: 2, 2: 3}
+"""The control file version written at each cluster feature level."""
+ACKED_END_VERSION = 3
+"""The first version that keeps each partition's acknowledged end."""
+
+
+LOST_TAIL_UNCHECKED = (
+    "control file format {version} keeps no acknowledged ends (cluster feature level 1): "
+    "a lost acknowledged tail cannot be told from a torn write, so it is not checked; "
+    "raising the cluster's feature level to 2 (`waltz cluster features --raise`) "
+    "migrates the directory to format 3"
+)
+"""What ``waltz storage verify`` notes, and the engine logs at open, on a directory of
+format 1 or 2."""
+
+
+def level_of_format(version: int) -> int:
+    """The feature level a directory of control file ``version`` is written at."""
+    return max((lvl for lvl, v in FORMAT_OF_LEVEL.items() if v <= version), default=1)
+
+
 SEGMENT_FORMAT_VERSION = 1
 """The version in segment and index file headers."""
 CONTROL_FILE_NAME = "waltz-storage.ctl"
@@ -249,16 +273,18 @@ def current_struct(
     return slot, struct_
 
 
-def initial_partition_info(partition_id: int) -> bytes:
+def initial_partition_info(partition_id: int, version: int = FORMAT_VERSION) -> bytes:
     """A partition info for a partition not hosted here: both structs valid."""
     empty = SessionInfo()
-    return encode_partition_info(partition_id, InfoStruct(empty, 0, 1), InfoStruct(empty, 0, 0))
+    return encode_partition_info(
+        partition_id, InfoStruct(empty, 0, 1), InfoStruct(empty, 0, 0), version
+    )
 
 
-def invalid_partition_info(partition_id: int) -> bytes:
+def invalid_partition_info(partition_id: int, version: int = FORMAT_VERSION) -> bytes:
     """A partition info whose two structs both fail their checksum (kept as such)."""
-    raw = _PARTITION_ID.pack(partition_id) + bytes(2 * INFO_STRUCT_SIZE)
-    assert decode_partition_info(partition_id, raw)[1:] == (None, None)
+    raw = _PARTITION_ID.pack(partition_id) + bytes(2 * _STRUCT_SIZES[version])
+    assert decode_partition_info(partition_id, raw, version)[1:] == (None, None)
     return raw
 
 

@@ -71,9 +71,7 @@ def read_control_file(path: str | os.PathLike[str]) -> ControlFileDump:
 def format_control_file(dump: ControlFileDump) -> Iterator[str]:
     h = dump.header
     yield f"control file: {dump.path} ({dump.size} bytes)"
-    yield f"format version: {h.version}" + (
-        "" if h.version == fmt.FORMAT_VERSION else f" (opening migrates it to {fmt.FORMAT_VERSION})"
-    )
+    yield f"format version: {h.version}" + _version_note(h.version)
     yield f"creation time: {h.creation_time_ms} ms"
     yield f"cluster key: {h.cluster_key}"
     yield f"number of partitions: {h.num_partitions}"
@@ -98,6 +96,19 @@ def format_control_file(dump: ControlFileDump) -> Iterator[str]:
                     f"low_water_mark_session={_session_name(i.low_water_mark_session_id)}"
                     + _acked_end_text(s, h.version)
                 )
+
+
+def _version_note(version: int) -> str:
+    if version == fmt.FORMAT_VERSION or version not in fmt.CONTROL_VERSIONS:
+        return ""
+    level = fmt.level_of_format(version)
+    migration = (
+        f"opening migrates it to {fmt.FORMAT_OF_LEVEL[level]}"
+        if version < fmt.FORMAT_OF_LEVEL[level]
+        else f"raising the cluster's feature level above {level} migrates it to "
+        f"{fmt.FORMAT_OF_LEVEL[level + 1]}"
+    )
+    return f" (cluster feature level {level}; {migration})"
 
 
 def _acked_end_text(struct: fmt.InfoStruct, version: int) -> str:
@@ -255,6 +266,8 @@ class VerifyReport:
     partitions: list[PartitionReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     quarantined: list[QuarantineEntry] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the check could not cover (not problems)."""
 
     @property
     def ok(self) -> bool:
@@ -272,6 +285,8 @@ def verify(storage_directory: str | os.PathLike[str]) -> VerifyReport:
     expected_size = fmt.partition_info_offset(control.header.num_partitions, control.header.version)
     if control.size != expected_size:
         report.problems.append(f"control file is {control.size} bytes, expected {expected_size}")
+    if control.header.version < fmt.ACKED_END_VERSION:
+        report.notes.append(fmt.LOST_TAIL_UNCHECKED.format(version=control.header.version))
     for p in control.partitions:
         pid = p.partition_id
         current = p.current
@@ -426,6 +441,8 @@ def format_verify(report: VerifyReport) -> Iterator[str]:
         yield f"QUARANTINED: partition {entry.partition_id}: {entry.folder}: {summary}"
         for name in entry.files:
             yield f"    {name}"
+    for note in report.notes:
+        yield f"note: {note}"
     for problem in report.problems:
         yield f"PROBLEM: {problem}"
     if report.quarantined:

@@ -2,7 +2,14 @@
 
 Commands (``command``: arguments -> result):
 
-- ``info``: {} -> {cluster_key, num_partitions, endpoint, partitions: [ids]}
+- ``info``: {} -> {cluster_key, num_partitions, endpoint, partitions: [ids], feature_level,
+  max_feature_level} (the level the storage writes at and the highest it can: a node of
+  0.1.0 answers neither, it is at level 1)
+- ``set_feature_level``: {level, cluster_key} -> {feature_level, max_feature_level}: write
+  the formats of the cluster feature ``level`` from now on (``waltz cluster features
+  --raise``, and a server at connection; :mod:`waltz_api.features`); idempotent, never
+  lowers, refused above ``max_feature_level`` (a node of 0.1.0 answers "unknown admin
+  command")
 - ``list``: {} -> {partitions: [{partition_id, max_transaction_id, session_info:
   {session_id, low_water_mark, local_low_water_mark, low_water_mark_session_id},
   missing_ranges: [[first, last]] (lost to damage, to repair from a peer), available, error}]}
@@ -44,20 +51,40 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from waltz_api.errors import ClusterKeyMismatchError, PartitionClosedError, StorageError
 from waltz_api.storage_failures import StorageRequestError
+from waltz_storage_node.scrub import ScrubbedNode, Scrubber
 
-if TYPE_CHECKING:
-    from waltz_storage_node.node import StorageNode
+
+class AdminNode(ScrubbedNode, Protocol):
+    """What the admin commands use of their node
+    (:class:`~waltz_storage_node.node.StorageNode`, which runs them: this module
+    does not import it)."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+
+    @property
+    def scrubber(self) -> Scrubber | None: ...
+
+    def check_partition_id(self, partition_id: Any) -> int: ...
+
+    async def add_partition(self, partition_id: int) -> None: ...
+
+    async def remove_partition(self, partition_id: int) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
-AdminCommand = Callable[["StorageNode", dict[str, Any]], Awaitable[dict[str, Any]]]
+AdminCommand = Callable[[AdminNode, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-def _require_key(node: StorageNode, arguments: dict[str, Any]) -> None:
+def _require_key(node: AdminNode, arguments: dict[str, Any]) -> None:
     raw = arguments.get("cluster_key")
     if not isinstance(raw, str):
         raise StorageRequestError(
@@ -74,22 +101,35 @@ def _require_key(node: StorageNode, arguments: dict[str, Any]) -> None:
         )
 
 
-def _partition_id(node: StorageNode, arguments: dict[str, Any]) -> int:
+def _partition_id(node: AdminNode, arguments: dict[str, Any]) -> int:
     if "partition_id" not in arguments:
         raise StorageRequestError("this admin command needs partition_id")
     return node.check_partition_id(arguments["partition_id"])
 
 
-async def _info(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _info(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     return {
         "cluster_key": str(node.engine.cluster_key),
         "num_partitions": node.engine.num_partitions,
         "endpoint": node.endpoint,
         "partitions": node.engine.partition_ids(),
+        "feature_level": node.engine.feature_level,
+        "max_feature_level": node.engine.max_feature_level,
     }
 
 
-async def _list(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _set_feature_level(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
+    _require_key(node, arguments)
+    level = _int_argument(arguments, "level", 1)
+    before = node.engine.feature_level
+    await node.engine.raise_feature_level(level)
+    after = node.engine.feature_level
+    if after != before:
+        log.info("feature level %d (was %d): the storage writes its formats now", after, before)
+    return {"feature_level": after, "max_feature_level": node.engine.max_feature_level}
+
+
+async def _list(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     workers = node.hosted_workers()
     rows = []
     for partition_id in node.engine.partition_ids():
@@ -119,28 +159,28 @@ async def _list(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"partitions": rows}
 
 
-async def _max_transaction_id(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _max_transaction_id(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     partition_id = _partition_id(node, arguments)
     node.worker_of(partition_id)
     partition = node.engine.partition(partition_id)
     return {"partition_id": partition_id, "max_transaction_id": partition.max_transaction_id()}
 
 
-async def _add_partition(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _add_partition(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     partition_id = _partition_id(node, arguments)
     await node.add_partition(partition_id)
     return {"partition_id": partition_id}
 
 
-async def _remove_partition(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _remove_partition(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     partition_id = _partition_id(node, arguments)
     await node.remove_partition(partition_id)
     return {"partition_id": partition_id}
 
 
-async def _set_availability(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _set_availability(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     partition_id = _partition_id(node, arguments)
     available = arguments.get("available")
@@ -170,7 +210,7 @@ async def _set_availability(node: StorageNode, arguments: dict[str, Any]) -> dic
     return {"partition_id": partition_id, "available": available, "persisted": persisted}
 
 
-async def _stats(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _stats(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     return {
         "partitions": [
             {
@@ -183,7 +223,7 @@ async def _stats(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]
     }
 
 
-async def _local_log(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _local_log(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     partition_id = _partition_id(node, arguments)
     node.worker_of(partition_id)
     partition = node.engine.partition(partition_id)
@@ -204,7 +244,7 @@ def _int_argument(arguments: dict[str, Any], name: str, minimum: int) -> int:
     return value
 
 
-async def _prune(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _prune(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     _require_key(node, arguments)
     partition_id = _partition_id(node, arguments)
     through = _int_argument(arguments, "through", -1)
@@ -213,9 +253,8 @@ async def _prune(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]
     return {"partition_id": partition_id, "log_start": start}
 
 
-async def _scrub(node: StorageNode, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _scrub(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
     from waltz_api.capabilities import SCRUB
-    from waltz_storage_node.scrub import Scrubber
 
     if SCRUB not in node.capabilities:
         raise StorageRequestError(
@@ -252,6 +291,7 @@ COMMANDS: dict[str, AdminCommand] = {
     "local_log": _local_log,
     "prune": _prune,
     "info": _info,
+    "set_feature_level": _set_feature_level,
     "list": _list,
     "max_transaction_id": _max_transaction_id,
     "add_partition": _add_partition,
@@ -263,7 +303,7 @@ COMMANDS: dict[str, AdminCommand] = {
 
 
 async def run_admin_command(
-    node: StorageNode, command: str, arguments: dict[str, Any]
+    node: AdminNode, command: str, arguments: dict[str, Any]
 ) -> dict[str, Any]:
     handler = COMMANDS.get(command)
     if handler is None:

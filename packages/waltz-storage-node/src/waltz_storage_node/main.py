@@ -16,6 +16,7 @@ from waltz_api.errors import (
     PluginError,
     StorageError,
 )
+from waltz_api.features import MIN_FEATURE_LEVEL
 from waltz_api.http_endpoint import HttpEndpoint
 from waltz_api.plugins import get_registry
 from waltz_api.process import run_until_signalled
@@ -41,6 +42,10 @@ async def open_engine(config: StorageNodeConfig) -> StorageEngine:
             cluster_key=section.cluster_uuid,
             num_partitions=section.num_partitions,
             options=section.options,
+            # new storage starts at level 1 (a node of 0.1.0 reads it); the cluster
+            # tools and the servers raise it to the cluster's level (admin command
+            # set_feature_level), and the engine keeps it
+            feature_level=MIN_FEATURE_LEVEL,
         )
     except ClusterKeyMismatchError as exc:
         raise ConfigError(

@@ -48,6 +48,7 @@ from waltz_api.messages import (
 from waltz_api.outbox import Outbox
 from waltz_api.peerlog import PeerLog
 from waltz_api.storage_failures import StorageNotOpenError, StorageRequestError
+from waltz_storage_node.admin import run_admin_command
 from waltz_storage_node.partition import PARTITION_REQUESTS, PartitionWorker, failure_for
 
 if TYPE_CHECKING:
@@ -440,8 +441,6 @@ class StorageNode:
         return True
 
     async def _admin(self, request: StorageAdminRequest, outbox: Outbox) -> None:
-        from waltz_storage_node.admin import run_admin_command
-
         try:
             arguments = json.loads(request.arguments.decode("utf-8")) if request.arguments else {}
             if not isinstance(arguments, dict):

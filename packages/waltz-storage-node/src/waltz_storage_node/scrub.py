@@ -27,13 +27,32 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from waltz_api.contracts.storage import ScrubProgress, StorageEngine
 from waltz_api.errors import PartitionClosedError, StorageError
 
 if TYPE_CHECKING:
-    from waltz_storage_node.node import StorageNode
+    from waltz_storage_node.metrics import StorageNodeMetrics
+    from waltz_storage_node.partition import PartitionWorker
+
+
+class ScrubbedNode(Protocol):
+    """What a scrub uses of its node (:class:`~waltz_storage_node.node.StorageNode`;
+    the node and its admin commands make scrubbers, so this module does not import them)."""
+
+    @property
+    def engine(self) -> StorageEngine: ...
+
+    @property
+    def metrics(self) -> StorageNodeMetrics | None: ...
+
+    def hosted_workers(self) -> dict[int, PartitionWorker]: ...
+
+    def worker_of(self, partition_id: int) -> PartitionWorker: ...
+
+    async def end_sessions(self, partition_id: int, why: str) -> int: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +154,7 @@ class Scrubber:
 
     def __init__(
         self,
-        node: StorageNode,
+        node: ScrubbedNode,
         *,
         rate_bytes_per_second: int | None,
         interval: float,

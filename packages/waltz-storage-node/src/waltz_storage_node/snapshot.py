@@ -53,6 +53,7 @@ from typing import Any
 
 from waltz_api.contracts.storage import StorageEngine, StoragePartition
 from waltz_api.errors import SessionFencedError, StorageError, WaltzError
+from waltz_api.features import MIN_FEATURE_LEVEL
 from waltz_api.plugins import get_registry
 from waltz_api.storage_client import StorageAdminClient, StorageClient
 from waltz_api.types import LOST_SESSION, NO_SESSION, Record, SessionInfo
@@ -106,11 +107,20 @@ def _same_session(stored: SessionInfo, expected: SessionInfo) -> bool:
 
 
 async def _open_engine(
-    engine: str, location: Path, cluster_key: uuid.UUID, num_partitions: int
+    engine: str,
+    location: Path,
+    cluster_key: uuid.UUID,
+    num_partitions: int,
+    feature_level: int | None = None,
 ) -> StorageEngine:
+    """``feature_level``: the level a new storage is created at (a snapshot: the source
+    node's, so that a node of the release that wrote it can be restored from it)."""
     engine_class = typing.cast(type[StorageEngine], get_registry().get("storage", engine).factory)
     return await engine_class.open(
-        str(location), cluster_key=cluster_key, num_partitions=num_partitions
+        str(location),
+        cluster_key=cluster_key,
+        num_partitions=num_partitions,
+        feature_level=feature_level,
     )
 
 
@@ -201,7 +211,9 @@ async def take_snapshot(
     num_partitions = int(node["num_partitions"])
     await client.open(cluster_key, num_partitions)
     partial = _fresh(out_path.with_name(out_path.name + ".partial"))
-    target = await _open_engine(engine, partial / DATA, cluster_key, num_partitions)
+    # a node of 0.1.0 reports no level: it writes level 1's formats
+    level = int(node.get("feature_level", MIN_FEATURE_LEVEL))
+    target = await _open_engine(engine, partial / DATA, cluster_key, num_partitions, level)
     partitions: dict[str, Any] = {}
     try:
         for partition_id in sorted(int(p) for p in node["partitions"]):

@@ -42,17 +42,21 @@ class StorageNodeProcess:
         env: dict[str, str] | None = None,
         wrap: Sequence[str] = (),
         new_session: bool = False,
+        command: Sequence[str] = (),
     ) -> None:
         """``config_path`` None: the node is configured by ``WALTZ_*`` variables in
         ``env`` alone (added to this process's environment). ``wrap`` is put before the
         command (``ip netns exec NAME``: the node in a network namespace); with
         ``new_session`` the node is not in this process's session (a Ctrl-C at the
-        terminal reaches this process only, which stops the node)."""
+        terminal reaches this process only, which stops the node). ``command`` is the
+        ``waltz`` to run (another venv's ``bin/waltz``; default: this Python's ``-m
+        waltz_cli``); the attribute may change between starts (an upgrade)."""
         self.config_path = None if config_path is None else Path(config_path)
         self.endpoint = endpoint
         self.log_path = log_path
         self.env = env
         self.wrap = list(wrap)
+        self.command = list(command) or [sys.executable, "-m", "waltz_cli"]
         self.child = SupervisedProcess([], log_path, name="storage node", new_session=new_session)
 
     @property
@@ -68,7 +72,7 @@ class StorageNodeProcess:
         return self.child.running
 
     def start(self) -> None:
-        args = [*self.wrap, sys.executable, "-m", "waltz_cli", "storage"]
+        args = [*self.wrap, *self.command, "storage"]
         if self.config_path is not None:
             args += ["--config", str(self.config_path)]
         self.child.argv = args

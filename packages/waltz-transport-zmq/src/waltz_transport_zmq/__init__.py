@@ -9,14 +9,8 @@ from typing import TYPE_CHECKING
 from waltz_api.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from waltz_transport_zmq.transport import (
-        ClientConnection,
-        ServerConnection,
-        ZmqConnection,
-        ZmqListener,
-        ZmqTransport,
-        create_zmq_transport,
-    )
+    from waltz_transport_zmq.connection import ClientConnection, ServerConnection, ZmqConnection
+    from waltz_transport_zmq.transport import ZmqListener, ZmqTransport, create_zmq_transport
 
 __all__ = [
     "ClientConnection",
@@ -29,9 +23,9 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "ClientConnection": ".transport",
-        "ServerConnection": ".transport",
-        "ZmqConnection": ".transport",
+        "ClientConnection": ".connection",
+        "ServerConnection": ".connection",
+        "ZmqConnection": ".connection",
         "ZmqListener": ".transport",
         "ZmqTransport": ".transport",
         "create_zmq_transport": ".transport",

@@ -22,6 +22,7 @@ from waltz_api.config import toml_document
 from waltz_api.contracts.coordination import Coordination, SessionState
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import SessionFencedError, StorageError, TransportError
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_api.storage_client import StorageClient
@@ -66,6 +67,8 @@ class SystemHarness(Harness):
     before_servers: Callable[[SystemHarness], Awaitable[None]] | None = None
     """Run by :meth:`start` once the cluster exists and its storage nodes run, before
     any server starts (e.g. ``waltz archive restore`` into the new cluster)."""
+    feature_level: int | None = None
+    """The cluster's feature level at creation (None: the highest this code supports)."""
     client_transport: Transport | None = None
     metadata: ClusterAdmin | None = None
     storage_nodes: list[str] = field(default_factory=list)
@@ -137,6 +140,7 @@ class SystemHarness(Harness):
             num_replicas=self.num_storage_nodes,
             storage_nodes=self.storage_nodes,
             cluster_key=self.cluster_key,
+            feature_level=self.feature_level or MAX_FEATURE_LEVEL,
         )
         self.client_transport = get_registry().get("transport", self.transport).factory({})
         assert self.client_transport is not None

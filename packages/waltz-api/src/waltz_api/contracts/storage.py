@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz_api.errors import StorageAppendError, StorageError
+from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 from waltz_api.types import Record, RecordHeader, SessionInfo
 from waltz_api.wire import RecordBlock
 
@@ -264,7 +265,17 @@ class StorageEngine(ABC):
     Opened with :meth:`open`. A new location needs ``cluster_key`` and
     ``num_partitions``; an existing one checks them when given and raises
     :class:`~waltz_api.errors.ClusterKeyMismatchError` on a mismatch.
+
+    Feature levels (:mod:`waltz_api.features`): the storage writes the formats of its
+    :attr:`feature_level` only, so that a storage node of the release that introduced an
+    earlier level can still read it until the cluster's level is raised. It reads every
+    format it ever wrote, at any level.
     """
+
+    max_feature_level: int = MAX_FEATURE_LEVEL
+    """The highest cluster feature level this engine can write at."""
+
+    _feature_level: int = MIN_FEATURE_LEVEL
 
     @classmethod
     @abstractmethod
@@ -275,6 +286,7 @@ class StorageEngine(ABC):
         cluster_key: uuid.UUID | None = None,
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
+        feature_level: int | None = None,
     ) -> StorageEngine:
         """Open (or create) the storage at ``location`` and recover its partitions.
 
@@ -282,7 +294,12 @@ class StorageEngine(ABC):
         ``index_checkpoint_interval``, ``read_threads``); an unknown option is
         a StorageError. A partition that fails recovery stays closed without
         failing the open; a damaged storage-wide header fails it (nothing is
-        changed then)."""
+        changed then).
+
+        ``feature_level``: the level new storage is created at (None: the engine's
+        :attr:`max_feature_level`; a storage node passes 1 and is told the cluster's
+        level afterwards). An existing storage keeps the level it recorded: opening
+        never raises it (nor lowers it)."""
 
     @property
     @abstractmethod
@@ -308,6 +325,34 @@ class StorageEngine(ABC):
             raise ClusterKeyMismatchError(
                 f"number of partitions {num_partitions} does not match this storage's "
                 f"{self.num_partitions}"
+            )
+
+    @property
+    def feature_level(self) -> int:
+        """The cluster feature level this storage writes at (kept across a reopen by an
+        engine whose formats depend on it)."""
+        return self._feature_level
+
+    async def raise_feature_level(self, level: int) -> None:
+        """Write the formats of ``level`` from now on (migrating what it holds where a
+        format changed), durably; idempotent, and a lower level than :attr:`feature_level`
+        changes nothing (a level is never lowered). Raises StorageError, changing
+        nothing, for a level above :attr:`max_feature_level`. Records stay readable and
+        unchanged, the session info and the log's start too; appends may continue
+        meanwhile (they wait for it).
+
+        This default keeps the level in memory only: an engine whose stored formats do
+        not depend on the level (the memory engine)."""
+        self._check_feature_level(level)
+        self._feature_level = max(self._feature_level, level)
+
+    def _check_feature_level(self, level: int) -> None:
+        if isinstance(level, bool) or not isinstance(level, int) or level < MIN_FEATURE_LEVEL:
+            raise StorageError(f"feature level must be an integer >= 1, got {level!r}")
+        if level > self.max_feature_level:
+            raise StorageError(
+                f"this storage engine writes at feature level {self.max_feature_level} at "
+                f"most, not {level}: upgrade the storage node before raising the cluster's level"
             )
 
     @abstractmethod

@@ -4,7 +4,8 @@
 against its partition's committed high-water mark), ``verify`` (the metadata against the
 storage nodes and servers), ``delete``; membership: ``add-storage-node``,
 ``remove-storage-node``, ``add-replica`` (``--wait``: until it caught up),
-``remove-replica``. Commands that contact storage nodes or servers take
+``remove-replica``; ``features`` (module :mod:`waltz_server.cli.features`): the feature
+level. Commands that contact storage nodes or servers take
 ``--transport`` (default zmq), ``--transport-option KEY=VALUE`` and
 ``--storage-endpoint`` (how a storage node's ``host:port`` becomes an endpoint, as in
 the server's config; default ``tcp://{}``).
@@ -32,6 +33,7 @@ from waltz_api.errors import (
     UnavailableError,
     WaltzError,
 )
+from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 from waltz_cli.coordination import coordination_option, start_coordination
 from waltz_cli.deadline import REFUSAL_PROBE, refused, run, tcp_address, timeout_option
 from waltz_cli.output import emit, output_option
@@ -162,12 +164,22 @@ def cluster_group() -> None:
     default=None,
     help="The cluster key (a UUID); a new random one by default.",
 )
+@click.option(
+    "--feature-level",
+    type=click.IntRange(min=MIN_FEATURE_LEVEL, max=MAX_FEATURE_LEVEL),
+    default=MAX_FEATURE_LEVEL,
+    show_default=True,
+    help="The cluster's feature level: a lower one for a cluster that processes of an "
+    "earlier release join (raise it later with `waltz cluster features --raise`).",
+)
 def create_cluster(
+    *,
     uri: str,
     partitions: int,
     replicas: int,
     storage_nodes: tuple[str, ...],
     cluster_key: uuid.UUID | None,
+    feature_level: int,
 ) -> None:
     """Write a new cluster's metadata. Refused (exit 1) when the root holds another
     cluster; a re-run with the same --cluster-key, partitions and replicas does nothing."""
@@ -182,6 +194,7 @@ def create_cluster(
                 num_replicas=replicas,
                 storage_nodes=nodes,
                 cluster_key=cluster_key,
+                feature_level=feature_level,
             )
         except ClusterExistsError:
             if cluster_key is None:
@@ -208,7 +221,8 @@ def create_cluster(
         return
     click.echo(
         f"created cluster {config.cluster_key}: {config.num_partitions} partitions, "
-        f"{config.num_replicas} replicas on {len(nodes)} storage nodes at {uri}"
+        f"{config.num_replicas} replicas on {len(nodes)} storage nodes at {uri} (feature "
+        f"level {feature_level})"
     )
 
 

@@ -19,12 +19,12 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from waltz_api.access import AccessControl, Permission, denial, needed_for
 from waltz_api.backoff import Backoff
 from waltz_api.cluster import ClusterMetadata
-from waltz_api.contracts.coordination import Coordination, SessionState
+from waltz_api.contracts.coordination import Coordination, SessionState, Watch
 from waltz_api.errors import CoordinationError, WaltzError
 from waltz_api.messages import Message
 
@@ -43,8 +43,13 @@ class AccessGate:
         coordination: Callable[[], Coordination],
         on_change: Callable[[AccessControl], None] | None = None,
         rng: random.Random | None = None,
+        followers: Sequence[Callable[[ClusterMetadata], Awaitable[Watch]]] = (),
     ) -> None:
+        """``followers``: more watches of the cluster metadata to keep on the same
+        coordination client (each started anew with every client), e.g. the cluster's
+        feature level (:class:`waltz_server.server.features.ClusterFeatures`)."""
         self._new_client = coordination
+        self._followers = list(followers)
         self._rng = rng or random.Random()
         """The retry back-off's jitter (injected: a simulation replays it)."""
         self.on_change = on_change
@@ -135,12 +140,16 @@ class AccessGate:
             try:
                 await client.start()
                 client.add_session_listener(_on_lost(lost))
-                watch = await ClusterMetadata(client).watch_access_control(self._apply)
-                backoff.reset()
+                metadata = ClusterMetadata(client)
+                watches = [await metadata.watch_access_control(self._apply)]
                 try:
+                    for follow in self._followers:
+                        watches.append(await follow(metadata))
+                    backoff.reset()
                     await lost.wait()
                 finally:
-                    watch.cancel()
+                    for watch in watches:
+                        watch.cancel()
                 log.warning("the ACL's coordination session was lost; watching it anew")
             except WaltzError as exc:
                 log.warning("cannot watch the cluster's ACL (%s); trying again", exc)

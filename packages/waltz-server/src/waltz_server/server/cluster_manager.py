@@ -1,5 +1,10 @@
 """The cluster manager: server membership, leadership and the partition assignment.
 
+(Above 800 lines on purpose: one class driving one coordination session, whose
+registration, watches, leadership and events share its epoch and are read together; the
+pure parts are modules of their own: the assignment rule, leadership decisions, the
+events, the preferred partitions.)
+
 Every server runs one :class:`ClusterManager`. It
 
 - registers the server (an ephemeral ``/servers/<id>`` entry carrying its

@@ -41,6 +41,7 @@ from waltz_server.server.cluster_manager import (
     PartitionLost,
 )
 from waltz_server.server.config import ServerNodeConfig, load_server_config
+from waltz_server.server.features import ClusterFeatures, check_supported
 from waltz_server.server.peers import PeerMonitor
 from waltz_server.server.server import WaltzServer
 from waltz_server.server.storage_client import StorageConnectionPool, StorageReplica
@@ -118,8 +119,11 @@ class RunningServer:
     pool: StorageConnectionPool
     transport: Transport
     http: HttpEndpoint | None = None
+    features: ClusterFeatures | None = None
 
     async def stop(self) -> None:
+        if self.features is not None:
+            await self.features.close()
         await self.manager.stop()
         await self.server.close()
         if self.server.access is not None:
@@ -257,12 +261,18 @@ async def start_server(
         cluster = ClusterMetadata(probe)
         cluster_config = await cluster.config()
         assignments: ReplicaAssignments = await cluster.replica_assignments()
+        features = ClusterFeatures(check_supported((await cluster.feature_level()).value))
     finally:
         await probe.close()
     transport = create_transport(config)
     pool = StorageConnectionPool(
-        transport, cluster_config.cluster_key, cluster_config.num_partitions, sender="server"
+        transport,
+        cluster_config.cluster_key,
+        cluster_config.num_partitions,
+        sender="server",
+        feature_level=features,
     )
+    features.on_raise(lambda _: pool.tell_level())
     template = config.transport.storage_endpoint
 
     async def connector(storage_node: str, partition_id: int, session_id: int) -> StorageReplica:
@@ -279,6 +289,7 @@ async def start_server(
     access = AccessGate(
         lambda: coordination_from_uri(uri, options),
         rng=None if rng is None else random.Random(rng.getrandbits(64)),
+        followers=[features.follow],
     )
     await access.start()  # nothing is served before the ACL is known
     server = WaltzServer(
@@ -325,7 +336,7 @@ async def start_server(
         await transport.close()
         raise
     server.name = f"server:{manager.server_id}"
-    running = RunningServer(server, manager, pool, transport)
+    running = RunningServer(server, manager, pool, transport, features=features)
     if config.http.enabled:
         running.http = server_endpoint(running, config.http.host, config.http.port)
         try:

@@ -13,15 +13,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from waltz_api.contracts.storage import LocalLog
 from waltz_api.contracts.transport import Transport
-from waltz_api.errors import ConnectionClosedError, StorageError
+from waltz_api.errors import ConnectionClosedError, StorageError, TransportError
+from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
 from waltz_api.storage_client import StorageAdminClient, StorageClient
 from waltz_api.types import Record, RecordHeader, SessionInfo
+from waltz_server.server.features import mark_at_level, tell_storage_node
 from waltz_server.server.replica import REPLICA_CAPABILITIES
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ class StorageReplica:
         *,
         owns_client: bool = False,
         cluster_key: uuid.UUID | None = None,
+        feature_level: Callable[[], int] = lambda: MAX_FEATURE_LEVEL,
     ) -> None:
         self.client = client
         self._storage_node = storage_node
@@ -53,6 +57,7 @@ class StorageReplica:
         self.session_id = session_id
         self._owns_client = owns_client
         self._cluster_key = cluster_key
+        self._feature_level = feature_level
 
     @property
     def storage_node(self) -> str:
@@ -77,8 +82,10 @@ class StorageReplica:
         await self.client.set_low_water_mark(self.session_id, self.partition_id, low_water_mark)
 
     async def mark_replica(self, low_water_mark: int, *, clean: bool, log_end: int = -1) -> None:
-        await self.client.mark_replica(
-            self.session_id, self.partition_id, low_water_mark, clean=clean, log_end=log_end
+        """MarkReplicaRequest from feature level 2 on (see :func:`mark_at_level`)."""
+        level, session, partition = self._feature_level(), self.session_id, self.partition_id
+        await mark_at_level(
+            self.client, level, session, partition, low_water_mark, clean=clean, log_end=log_end
         )
 
     async def append(self, records: Sequence[Record]) -> None:
@@ -183,13 +190,16 @@ class StorageConnectionPool:
         *,
         sender: str = "server",
         timeout: float = 10.0,
+        feature_level: Callable[[], int] = lambda: MAX_FEATURE_LEVEL,
     ) -> None:
         self.transport = transport
         self.cluster_key = cluster_key
         self.num_partitions = num_partitions
         self.sender = sender
         self.timeout = timeout
+        self.feature_level = feature_level  # from 2 on, told to each node connected
         self._clients: dict[str, StorageClient] = {}
+        self._told: dict[str, int] = {}  # the level each node was told on its connection
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
 
@@ -208,18 +218,44 @@ class StorageConnectionPool:
             )
             try:
                 await client.open(self.cluster_key, self.num_partitions)
+                self._told.pop(storage_node, None)
+                await self._tell_level(storage_node, client)
             except BaseException:
                 await client.close()
                 raise
             self._clients[storage_node] = client
             return client
 
+    async def _tell_level(self, storage_node: str, client: StorageClient) -> None:
+        level = self.feature_level()
+        if level > max(MIN_FEATURE_LEVEL, self._told.get(storage_node, 0)) and (
+            await tell_storage_node(
+                StorageAdminClient(client), storage_node, level, self.cluster_key
+            )
+        ):
+            self._told[storage_node] = level
+
+    async def tell_level(self) -> None:
+        """Tell every connected storage node the feature level (after it rose)."""
+        for storage_node, client in list(self._clients.items()):
+            if client.closed or client.conn.closed:
+                continue
+            async with self._locks.setdefault(storage_node, asyncio.Lock()):
+                if self._clients.get(storage_node) is client:
+                    with contextlib.suppress(TransportError, OSError):
+                        await self._tell_level(storage_node, client)
+
     async def connect(
         self, storage_node: str, partition_id: int, session_id: int
     ) -> StorageReplica:
         client = await self.client(storage_node)
         return StorageReplica(
-            client, storage_node, partition_id, session_id, cluster_key=self.cluster_key
+            client,
+            storage_node,
+            partition_id,
+            session_id,
+            cluster_key=self.cluster_key,
+            feature_level=self.feature_level,
         )
 
     async def close(self) -> None:

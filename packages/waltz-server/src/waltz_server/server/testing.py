@@ -33,7 +33,9 @@ class ServerProcess:
 
     ``wrap`` is put before the command (``ip netns exec NAME``: the server in a network
     namespace); with ``new_session`` the server is not in this process's session (a
-    Ctrl-C at the terminal reaches this process only, which stops the server)."""
+    Ctrl-C at the terminal reaches this process only, which stops the server).
+    ``command`` is the ``waltz`` to run (another venv's ``bin/waltz``; default: this
+    Python's ``-m waltz_cli``); the attribute may change between starts (an upgrade)."""
 
     def __init__(
         self,
@@ -42,10 +44,12 @@ class ServerProcess:
         *,
         wrap: Sequence[str] = (),
         new_session: bool = False,
+        command: Sequence[str] = (),
     ) -> None:
         self.config_path = Path(config_path)
         self.log_path = log_path
         self.wrap = list(wrap)
+        self.command = list(command) or [sys.executable, "-m", "waltz_cli"]
         self.child = SupervisedProcess([], log_path, name="server", new_session=new_session)
 
     @property
@@ -62,15 +66,7 @@ class ServerProcess:
 
     def start(self) -> None:
         # the wrap may change between starts (a test moves the server elsewhere)
-        self.child.argv = [
-            *self.wrap,
-            sys.executable,
-            "-m",
-            "waltz_cli",
-            "server",
-            "--config",
-            str(self.config_path),
-        ]
+        self.child.argv = [*self.wrap, *self.command, "server", "--config", str(self.config_path)]
         self.child.start()
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
