@@ -2,7 +2,8 @@
 
 Layout: ``<location>/waltz-storage.sqlite3`` holds three tables:
 
-- ``meta``: the cluster key, the number of partitions and the format version;
+- ``meta``: the cluster key, the number of partitions, the format version and the
+  cluster feature level it was told (one format at every level);
 - ``partitions``: the hosted partitions and their session info;
 - ``records``: every record, keyed by (partition, transaction id).
 
@@ -43,6 +44,7 @@ from waltz_api.errors import (
     StorageAppendError,
     StorageError,
 )
+from waltz_api.features import MIN_FEATURE_LEVEL
 from waltz_api.types import NO_TRANSACTION, Record, RecordHeader, ReqId, SessionInfo
 
 logger = logging.getLogger(__name__)
@@ -491,11 +493,15 @@ class SqliteStorageEngine(StorageEngine):
         cluster_key: uuid.UUID | None = None,
         num_partitions: int | None = None,
         options: Mapping[str, Any] | None = None,
+        feature_level: int | None = None,
     ) -> SqliteStorageEngine:
+        # One format at every cluster feature level (waltz_api.features): the level is
+        # recorded (meta) and reported, as the contract asks, and changes nothing else.
         parsed = SqliteOptions.parse(options)
         directory = Path(location)
+        level = cls.max_feature_level if feature_level is None else feature_level
         engine = await asyncio.to_thread(
-            cls._open_blocking, directory, parsed, cluster_key, num_partitions
+            cls._open_blocking, directory, parsed, cluster_key, num_partitions, level
         )
         try:
             if cluster_key is not None or num_partitions is not None:
@@ -515,10 +521,13 @@ class SqliteStorageEngine(StorageEngine):
         options: SqliteOptions,
         cluster_key: uuid.UUID | None,
         num_partitions: int | None,
+        feature_level: int,
     ) -> SqliteStorageEngine:
         path = directory / DB_FILE_NAME
         if not path.exists():
-            cls._create(directory, path, options, cluster_key, num_partitions)
+            cls._create(
+                directory, path, options, cluster_key, num_partitions, feature_level=feature_level
+            )
         writer = _connect(path, options)
         try:
             reader = _connect(path, options)
@@ -544,6 +553,8 @@ class SqliteStorageEngine(StorageEngine):
                 reader=reader,
                 writer=writer,
             )
+            # storage created before feature levels: the first level
+            engine._feature_level = int(meta.get("feature_level", str(MIN_FEATURE_LEVEL)))
         except sqlite3.DatabaseError as exc:
             reader.close()
             writer.close()
@@ -595,6 +606,8 @@ class SqliteStorageEngine(StorageEngine):
         options: SqliteOptions,
         cluster_key: uuid.UUID | None,
         num_partitions: int | None,
+        *,
+        feature_level: int,
     ) -> None:
         if cluster_key is None or num_partitions is None:
             raise StorageError(
@@ -626,6 +639,7 @@ class SqliteStorageEngine(StorageEngine):
                     ("format_version", str(FORMAT_VERSION)),
                     ("cluster_key", str(cluster_key)),
                     ("num_partitions", str(num_partitions)),
+                    ("feature_level", str(feature_level)),
                 ],
             )
             connection.execute("COMMIT")
@@ -644,6 +658,22 @@ class SqliteStorageEngine(StorageEngine):
     @property
     def num_partitions(self) -> int:
         return self._num_partitions
+
+    async def raise_feature_level(self, level: int) -> None:
+        self._check_feature_level(level)
+        if level <= self._feature_level:
+            return
+
+        def apply(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('feature_level', ?)",
+                (str(level),),
+            )
+
+        def on_commit(_: object) -> None:
+            self._feature_level = max(self._feature_level, level)
+
+        await self.write(apply, on_commit)
 
     def check_open(self) -> None:
         if self._closed:
