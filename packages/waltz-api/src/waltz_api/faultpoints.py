@@ -35,6 +35,14 @@ POINTS: Mapping[str, str] = {
     "(a suspect's only once caught up): the replica states may record it clean",
     "recovery.late_recorded": "a replica that recovered after the session opened is "
     "recorded clean in the replica states, before it writes",
+    "leader.record_written": "a server wrote the leader record (claimed, took over or "
+    "renewed the leadership)",
+    "client.flush_mark_taken": "a client took a flush round's mark: the appends it sent "
+    "before are decided by the answer",
+    "archive.object_uploaded": "an archive range object is uploaded (or an orphan adopted), "
+    "its manifest not yet written",
+    "archive.mark_advanced": "the archive mark moved over a verified range; the replicas "
+    "are not pruned yet",
 }
 """Every point's name and what it marks."""
 

@@ -58,6 +58,7 @@ from waltz_api.errors import (
     CoordinationError,
     NodeExistsError,
 )
+from waltz_api.faultpoints import point
 from waltz_api.types import UNRESOLVED, ReplicaId, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -427,6 +428,7 @@ class ClusterAdmin(ClusterMetadata):
             raise BadVersionError(
                 "the leader record exists already; read it and decide again"
             ) from None
+        point("leader.record_written", server=server_id, term=record.term)
         return Stored(record, version)
 
     async def set_leader(
@@ -437,6 +439,7 @@ class ClusterAdmin(ClusterMetadata):
         version = await self.coordination.set(
             LEADER_PATH, encode_leader(record), expected_version=expected_version
         )
+        point("leader.record_written", server=record.server_id, term=record.term)
         return Stored(record, version)
 
     # -- the archive mark (compare-and-set only, forward only) ----------------------------------
