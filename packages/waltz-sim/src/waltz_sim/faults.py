@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from waltz_api.errors import ConfigError
+from waltz_sim.archive import ARCHIVE_WEIGHTS, ArchiveFaults
 from waltz_sim.fault_kit import ActiveFault, restart
 from waltz_sim.loop import WORLD_CONTEXT
 from waltz_sim.membership import ReplicaChanges
@@ -42,6 +43,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WARM_UP = 2.0
+DAMAGE_KINDS = frozenset(
+    {"power_loss", "fsync_error", "damage", "damage_lagging", "lost_write", "corruption"}
+    | {"read_error", "misdirected_write", "wiped_disk", "stale_restore", "damaged_rejoin"}
+)
+"""Faults that may cost a storage node what it acknowledged (``Nemesis.damaged_at``)."""
 QUORUM_PHASE = 7.0
 """Seconds at the end of the fault phase kept for the quorum fault (held 3 to 6 s)."""
 
@@ -186,7 +192,7 @@ class NemesisStats:
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
-class Nemesis(StorageFaults):
+class Nemesis(StorageFaults, ArchiveFaults):
     """Injects a profile's faults into a world (see the module docstring)."""
 
     def __init__(self, world: World, rng: random.Random) -> None:
@@ -196,6 +202,9 @@ class Nemesis(StorageFaults):
         self.active: dict[ActiveFault, None] = {}
         self.stats = NemesisStats()
         self.healed_at: float | None = None
+        self.object_store = world.object_store
+        self.damaged_at: dict[str, float] = {}
+        """When a fault of :data:`DAMAGE_KINDS` last struck each storage node."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -218,13 +227,16 @@ class Nemesis(StorageFaults):
             changes = ReplicaChanges(self.world, self, self.world.rng("membership"))
             self.world.replica_changes = changes
             changes.start(safety_end)
-        while profile.weights:
+        weights = dict(profile.weights)
+        if weights and self.world.config.archive == "on":
+            weights.update(ARCHIVE_WEIGHTS)
+        while weights:
             await asyncio.sleep(self.rng.uniform(*profile.gap))
             if loop.time() >= safety_end:
                 break
-            if "stale_restore" in profile.weights:
+            if "stale_restore" in weights:
                 self._keep_backups()
-            self._inject_one(dict(profile.weights))
+            self._inject_one(dict(weights))
         if profile.quorum_faults:
             held = self.rng.uniform(3.0, QUORUM_PHASE - 1.0)
             await asyncio.sleep(max(0.0, until - held - loop.time()))
@@ -263,6 +275,8 @@ class Nemesis(StorageFaults):
             f"{self.loop.time() - self.world.started_at:.2f} {fault.description}"
         )
         self.world.trace.add("fault", f"inject {fault.description}")
+        if fault.kind in DAMAGE_KINDS:
+            self.damaged_at.update(dict.fromkeys(fault.impairs, self.loop.time()))
         self.active[fault] = None
         if fault.duration is not None:
             duration = fault.duration

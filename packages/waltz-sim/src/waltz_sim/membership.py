@@ -88,6 +88,8 @@ class ReplicaChanges:
         self._opened = asyncio.Event()
         self._watched: set[int] = set()
         self._crash_at_vote = False
+        self._added_at = 0.0
+        """When the spare's replica was added."""
         self._client: Coordination | None = None
         self.failure: str | None = None
         """Why the replacement itself failed (a bug of the simulation, not of the code
@@ -161,6 +163,7 @@ class ReplicaChanges:
             self._slow_disks([spare], rng.uniform(0.3, 2.0))
         self._opened = asyncio.Event()
         self._watched = set(partitions)
+        self._added_at = loop.time()
         for partition in partitions:
             await self._retry(partial(_add, partition=partition, node=spare_name), safety_end)
         self._event(f"replica of partition {which} added on {spare.name}")
@@ -218,9 +221,17 @@ class ReplicaChanges:
         maybe on one other replica only until a session over the new set recorded it),
         the spare aside: it never acknowledged anything, and until the session after the
         add wrote its marks its storage reads LOST_SESSION (a fenced pristine partition),
-        which the rule counts as damage."""
-        storage = (self.nemesis._impaired("storage") - {self.spare.name}) | {old.name}
+        which the rule counts as damage. Only that is excused: a spare a fault impairs
+        (down, or damaged since it acknowledged records) counts like any replica."""
+        storage = self.nemesis._impaired("storage") | {old.name}
+        if self._spare_excused():
+            storage.discard(self.spare.name)
         return len(storage) <= (self.world.config.storage_nodes - 1) // 2
+
+    def _spare_excused(self) -> bool:
+        """No fault that may cost a node what it acknowledged struck the spare since
+        its replica was added (then its damage is real, not a pristine partition's)."""
+        return self.nemesis.damaged_at.get(self.spare.name, -1.0) < self._added_at
 
     def on_point(self, name: str, detail: Mapping[str, object]) -> None:
         """A protocol point was hit: a store session of a partition being changed opened."""
