@@ -257,7 +257,8 @@ class FsDisk(Disk):
 
     async def read_back(self) -> dict[int, list[Record]]:
         """Open a copy of the files as they are now (what was written: a restart after a
-        crash) with the real engine, and read every partition up to its first hole."""
+        crash) with the real engine, and read every partition from its log start (what
+        it deleted is archived) up to its first hole."""
         copy = _Clocked(self)
         copy.preload(self.files.snapshot("read back").state("volatile"))
         if not copy.exists(copy.base / fmt.CONTROL_FILE_NAME):
@@ -274,12 +275,13 @@ class FsDisk(Disk):
                     part = engine.partition(partition_id)
                     self.fences[partition_id] = part.session_info().session_id
                     end = part.max_transaction_id()
+                    start = part.log_start()  # below it: deleted, in the archive
                 except WaltzError:
                     continue  # a partition recovery closed: nothing readable
                 size = 1000
-                while len(records) <= end:
+                while start + len(records) <= end:
                     try:
-                        batch = await part.read_records(len(records), size)
+                        batch = await part.read_records(start + len(records), size)
                     except WaltzError:  # a hole or a damaged record: read up to it
                         if size == 1:
                             break

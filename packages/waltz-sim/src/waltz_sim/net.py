@@ -254,6 +254,9 @@ class SimConnection(Connection):
         self._wire_timer: asyncio.TimerHandle | None = None
         self._held: deque[bytes | None] = deque()
         """Frames waiting for a cut direction to heal (None: the end of input)."""
+        self.identity: str | None = None
+        """On an accepted end: the connecting transport's ``identity`` option (what a
+        security handshake would have proved; the ACL's key)."""
 
     @property
     def network(self) -> SimNetwork:
@@ -266,6 +269,10 @@ class SimConnection(Connection):
     @property
     def peer(self) -> str:
         return self._peer
+
+    @property
+    def peer_identity(self) -> str | None:
+        return self.identity
 
     @property
     def closed(self) -> bool:
@@ -455,6 +462,8 @@ class SimListener(Listener):
             transport.next_id(),
             f"{client_end.process_name} ({client_end.transport.uid})",
         )
+        identity = client_end.transport.options.get("identity")
+        server_end.identity = identity if isinstance(identity, str) else None
         if replace_key is not None:
             lineage = (client_end.transport.uid, replace_key)
             older = self.lineages.get(lineage)

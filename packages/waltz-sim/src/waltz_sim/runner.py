@@ -17,7 +17,7 @@ from waltz_sim.loop import WORLD_CONTEXT, SimLoop, SimulationError
 from waltz_sim.trace import capture_logs
 from waltz_sim.world import SimConfig, World
 
-MIXED = ("lock_table", "storage_nodes", "callbacks", "membership")
+MIXED = ("lock_table", "storage_nodes", "callbacks", "membership", "archive", "acl")
 """The configuration a seed chooses (:func:`mixed`), unless given."""
 EXACT_SHARE = 1 / 3
 """Seeds that run the ``exact`` lock table (lock precision is then checked exactly)."""
@@ -28,6 +28,12 @@ PLAIN_SHARE = 1 / 4
 REPLACE_SHARE = 1 / 4
 """Seeds with a spare storage node that replaces a replica during the run
 (``membership = "replace"``, :mod:`waltz_sim.membership`)."""
+ARCHIVE_SHARE = 1 / 4
+"""Seeds whose servers archive to the simulated object store (``archive = "on"``,
+:mod:`waltz_sim.archive`): ranges, manifests, the mark, reads below it, pruning (with an
+engine that can delete a prefix: ``fs``)."""
+ACL_SHARE = 1 / 5
+"""Seeds with the ACL enforced (``acl = "on"``): one client may not write everywhere."""
 
 EXTRA_TIME = 120.0
 """Virtual seconds a run may take beyond its duration (the read-back) before it is
@@ -83,12 +89,16 @@ def mixed(config: SimConfig, pinned: Collection[str] = ()) -> SimConfig:
     storage_nodes = 5 if rng.random() < FIVE_NODES_SHARE else 3
     callbacks = "plain" if rng.random() < PLAIN_SHARE else "async"
     membership = "replace" if rng.random() < REPLACE_SHARE else "none"
+    archive = "on" if rng.random() < ARCHIVE_SHARE else "none"
+    acl = "on" if rng.random() < ACL_SHARE else "none"
     return replace(
         config,
         lock_table=config.lock_table if "lock_table" in pinned else lock_table,
         storage_nodes=config.storage_nodes if "storage_nodes" in pinned else storage_nodes,
         callbacks=config.callbacks if "callbacks" in pinned else callbacks,
         membership=config.membership if "membership" in pinned else membership,
+        archive=config.archive if "archive" in pinned else archive,
+        acl=config.acl if "acl" in pinned else acl,
     )
 
 
@@ -102,6 +112,8 @@ def variant(config: SimConfig) -> str:
         else "",
         f"{config.callbacks} callbacks" if config.callbacks != defaults.callbacks else "",
         "a replica replaced" if config.membership == "replace" else "",
+        "archive" if config.archive == "on" else "",
+        "ACL" if config.acl == "on" else "",
     ]
     return ", ".join(p for p in parts if p)
 
@@ -122,6 +134,8 @@ def replay_command(config: SimConfig) -> str:
         "lock_table": "--lock-table",
         "callbacks": "--callbacks",
         "membership": "--membership",
+        "archive": "--archive",
+        "acl": "--acl",
     }
     always = ("duration", "faults", "workload", *MIXED)  # a seed would choose the mixed ones
     for f in fields(SimConfig):

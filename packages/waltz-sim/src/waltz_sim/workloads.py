@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from waltz_api.errors import ClientError, WaltzError
+from waltz_api.errors import ClientError, PermissionDeniedError, WaltzError
 from waltz_api.types import Lock, LockMode
 from waltz_client import (
     AsyncWaltzClient,
@@ -52,6 +52,7 @@ from waltz_sim.checker import (
     StoredRecord,
     encode_txn,
 )
+from waltz_sim.checker.access import REFUSED
 from waltz_sim.checker.semantics import APPEND, READ, WRITE
 from waltz_sim.checker.semantics import Lock as LockSpec
 from waltz_sim.loop import CallbackThread
@@ -248,6 +249,7 @@ class Workload:
                 coordination=world.coordination_uri,
                 coordination_options={"session_timeout": config.session_timeout},
                 transport="sim",
+                transport_options={"identity": process.name},
                 transaction_timeout=config.transaction_timeout,
                 request_timeout=config.request_timeout,
                 prefetch_data=plain,  # a plain apply cannot wait for its data on the loop
@@ -286,6 +288,8 @@ class Workload:
             committed = await client.submit(op)
         except TransactionExpiredError as exc:
             history.end(FAIL, op.op_id, detail=f"expired: {exc}"[:200])
+        except PermissionDeniedError as exc:  # the ACL: definitely not committed
+            history.end(FAIL, op.op_id, detail=f"{REFUSED}: {exc}"[:200])
         except asyncio.CancelledError:
             raise
         except (ClientError, WaltzError) as exc:

@@ -25,40 +25,34 @@ shift the others' draws.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import itertools
 import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.errors import WaltzError
 from waltz_api.plugins import get_registry
 from waltz_server.cluster_admin import ClusterAdmin
+from waltz_sim import access, archive
+from waltz_sim.archive import ObjectStore
 from waltz_sim.checker import (
     FAIL,
-    INVOKE,
-    OK,
-    UNKNOWN,
     ClientSnapshot,
     ClusterSnapshot,
-    FeedEvent,
     History,
     LivenessBounds,
-    LockFailure,
-    OpEvent,
     PartitionSnapshot,
-    SessionSpan,
     StoredRecord,
 )
 from waltz_sim.coord import SimCoordinationService
 from waltz_sim.disk import Disk, DiskConfig
+from waltz_sim.history import HistoryRecorder
 from waltz_sim.loop import (
-    CURRENT,
     WORLD_CONTEXT,
     Incarnation,
     ProcessState,
@@ -120,6 +114,13 @@ class SimConfig:
     """``replace``: one more storage node, holding no replica at first, replaces a replica
     of the partitions during the run (:mod:`waltz_sim.membership`); ``none``: the replica
     sets never change."""
+    archive: str = "none"
+    """``on``: the servers archive to the simulated object store (:mod:`waltz_sim.archive`):
+    ranges, manifests, the archive mark, reads below it; pruning and fast-forward with an
+    engine that deletes a prefix (``fs``)."""
+    acl: str = "none"
+    """``on``: the ACL is enforced; one client may write partition 0 only
+    (:mod:`waltz_sim.access`)."""
     liveness: LivenessBounds = field(
         default_factory=lambda: LivenessBounds(throughput_floor=THROUGHPUT_FLOOR)
     )
@@ -251,106 +252,6 @@ class SimProcess:
             resource.on_resume()
 
 
-@dataclass
-class _Pending:
-    event: OpEvent
-    process: str
-
-
-class HistoryRecorder:
-    """The history the clients write (world side: it survives their crashes), and the
-    store sessions the servers open (seen at the protocol points)."""
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.ops: list[OpEvent] = []
-        self.feed: list[FeedEvent] = []
-        self.pending: dict[str, _Pending] = {}
-        self.lock_failures: list[LockFailure] = []
-        self.sessions: dict[tuple[int, int], SessionSpan] = {}
-        self._all_decided: asyncio.Event | None = None
-
-    def _add(self, event: OpEvent) -> None:
-        self.ops.append(event)
-        text = f"{event.kind} {event.op_id} p{event.partition}"
-        if event.kind == OK:
-            text += f" -> {event.transaction_id}"
-        if event.detail:
-            text += f" ({event.detail})"
-        self.world.trace.add("op", text)
-
-    def invoke(self, op_id: str, client: str, partition: int, detail: str) -> None:
-        event = OpEvent(INVOKE, op_id, client, self.world.loop.time(), partition, detail=detail)
-        self.pending[op_id] = _Pending(event, client)
-        self._add(event)
-
-    def end(self, kind: str, op_id: str, transaction_id: int = -1, detail: str = "") -> None:
-        pending = self.pending.pop(op_id, None)
-        if pending is None:
-            return  # ended already (the client crashed meanwhile)
-        if not self.pending and self._all_decided is not None:
-            self._all_decided.set()
-        invoke = pending.event
-        self._add(
-            OpEvent(
-                kind,
-                op_id,
-                invoke.client,
-                self.world.loop.time(),
-                invoke.partition,
-                transaction_id,
-                detail,
-            )
-        )
-
-    def crashed(self, process: str) -> None:
-        for op_id, pending in list(self.pending.items()):
-            if pending.process == process:
-                self.end(UNKNOWN, op_id, detail="crashed with the op in flight")
-        now = self.world.loop.time()
-        for key, span in self.sessions.items():
-            if span.server == process and span.closed_at is None:
-                self.sessions[key] = replace(span, closed_at=now)
-
-    def applied(self, event: FeedEvent) -> None:
-        self.feed.append(event)
-
-    def lock_failed(self, failure: LockFailure) -> None:
-        self.lock_failures.append(failure)
-        self.world.trace.add(
-            "op",
-            f"lock failure {failure.op_id} p{failure.partition}: built on "
-            f"{failure.client_high_water_mark}, conflict {failure.conflict}",
-        )
-
-    def point(self, name: str, detail: Mapping[str, object]) -> None:
-        """A protocol point was hit: note the store sessions' openings and ends."""
-        if name not in ("store.session_opened", "store.session_closing"):
-            return
-        partition, session = detail.get("partition"), detail.get("session")
-        mark = detail.get("mark")
-        if not isinstance(partition, int) or not isinstance(session, int):
-            return
-        now = self.world.loop.time()
-        key = (partition, session)
-        span = self.sessions.get(key)
-        if name == "store.session_opened" and isinstance(mark, int) and span is None:
-            incarnation = CURRENT.get()
-            server = incarnation.process.name if incarnation is not None else ""
-            self.sessions[key] = SessionSpan(partition, session, now, mark, server=server)
-        elif name == "store.session_closing" and span is not None and span.closed_at is None:
-            self.sessions[key] = replace(span, closed_at=now)
-
-    async def drain(self, until: float) -> bool:
-        """Wait until no op is open, or until ``until`` (virtual time); True: none is."""
-        self._all_decided = asyncio.Event()
-        if self.pending:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(until):
-                    await self._all_decided.wait()
-        return not self.pending
-
-
 class World:
     """See the module docstring."""
 
@@ -363,8 +264,10 @@ class World:
         self.coordination = SimCoordinationService(self, self.rng("coordination"))
         self.disk_rng = self.rng("disk")
         self.disks: dict[str, Disk] = {}
+        self.object_store = ObjectStore(self.rng("archive"))
+        """The archive's object store (used in ``archive`` seeds): it outlives the servers."""
         self.processes: dict[str, SimProcess] = {}
-        self.history = HistoryRecorder(self)
+        self.history = HistoryRecorder(loop, self.trace)
         self.transport_uids = itertools.count(1)
         self.cluster_key = uuid.UUID(int=self.rng("cluster-key").getrandbits(128), version=4)
         self.stopping = False
@@ -483,6 +386,9 @@ class World:
         from waltz_server.server.main import start_server
         from waltz_sim.faults import profile as fault_profile
 
+        archive_options: dict[str, Any] = {}
+        if self.config.archive == "on":
+            archive_options["archive"] = archive.server_section(self.name)
         config = load_server_config(
             None,
             env={},
@@ -500,6 +406,7 @@ class World:
                     "lock_table": self.config.lock_table,
                     **fault_profile(self.config.faults).server_options,
                     **self.config.server_options,
+                    **archive_options,
                 },
             },
         )
@@ -613,6 +520,9 @@ class World:
             if self.config.membership == "replace":  # the spare: no replica yet
                 spare = self.storage_node_name(self.config.storage_nodes)
                 await ClusterAdmin(coordination).add_storage_node(spare)
+            if self.config.acl == "on":
+                acl = access.access_control(self.config.clients, self.config.partitions)
+                await ClusterAdmin(coordination).change_access_control(lambda _: acl)
         finally:
             await coordination.close()
 
@@ -657,6 +567,7 @@ class World:
                 coordination=self.coordination_uri,
                 coordination_options={"session_timeout": self.config.session_timeout},
                 transport="sim",
+                transport_options={"identity": access.READER},
                 request_timeout=self.config.request_timeout,
             ),
             rng=self.rng("read-back"),
@@ -686,6 +597,8 @@ class World:
                 if final is None or name in final[partition]
             }
             snapshot.partitions[partition] = PartitionSnapshot(partition, high, replicas, records)
+            if self.config.archive == "on":
+                await self._read_archive(snapshot.partitions[partition])
             if changes is not None:
                 fences = {
                     name: self.disks[self.data_dir(name)].fences.get(partition, -1)
@@ -693,6 +606,28 @@ class World:
                 }
                 snapshot.partitions[partition].removed = changes.removed(partition, fences)
         return snapshot
+
+    async def _read_archive(self, snapshot: PartitionSnapshot) -> None:
+        """The partition's archive, as the mark names it, into ``snapshot``."""
+        from waltz_sim.workloads import stored_record
+
+        coordination = coordination_from_uri(
+            self.coordination_uri, {"session_timeout": self.config.session_timeout}
+        )
+        await coordination.start()
+        try:
+            url = archive.server_section(self.name)["url"]
+            records = await archive.read_archive(coordination, url, snapshot.partition)
+            snapshot.archived = [stored_record(r) for r in records]
+        except WaltzError as exc:
+            snapshot.archive_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            await coordination.close()
+        self.trace.add(
+            "world",
+            f"partition {snapshot.partition}: {len(snapshot.archived)} records in the archive"
+            + (f" ({snapshot.archive_error})" if snapshot.archive_error else ""),
+        )
 
     async def _read_partition(
         self, client: Any, partition: int
@@ -735,8 +670,21 @@ class World:
             sessions=list(self.history.sessions.values()),
             lock_table=self.config.lock_table,
             baseline=self._baseline(),
-            offered_rate=self.config.clients * self.config.ops_per_second,
+            offered_rate=self._offered_rate(),
+            refused=self._refused(),
         )
+
+    def _refused(self) -> frozenset[tuple[str, int]] | None:
+        if self.config.acl != "on":
+            return None
+        return access.refused(self.config.clients, self.config.partitions)
+
+    def _offered_rate(self) -> float:
+        """What the clients offer that the ACL lets them write (ops spread evenly)."""
+        config = self.config
+        pairs = config.clients * config.partitions
+        allowed = pairs - len(self._refused() or ())
+        return config.clients * config.ops_per_second * allowed / pairs
 
     def _baseline(self) -> list[tuple[float, float]]:
         """The fault-free windows where the throughput is held to its floor: from the
@@ -779,9 +727,10 @@ def _register_plugins() -> None:
     they exist only inside a simulated process, so no user should see them)."""
     from waltz_sim import plugin
 
+    archive.register()
     registry = get_registry()
     if registry.manager.get_plugin("waltz_sim") is None:
         registry.register(plugin, name="waltz_sim")
 
 
-__all__ = ["FAIL", "HistoryRecorder", "SimConfig", "SimProcess", "World"]
+__all__ = ["FAIL", "SimConfig", "SimProcess", "World"]
