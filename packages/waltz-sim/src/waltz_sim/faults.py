@@ -65,6 +65,9 @@ class Profile:
     """Crash or pause processes at protocol points (``waltz_sim.points``)."""
     server_options: Mapping[str, object] = field(default_factory=dict)
     """``[server]`` keys of the profile's runs (a run's own ``server_options`` win)."""
+    client_flushes: float = 0.0
+    """Per client, the mean rate (per second) of its ``flush()`` calls, on a partition
+    chosen at random: flush rounds among appends in flight (0: none)."""
 
 
 _NETWORK = {"partition": 3.0, "isolate": 1.0, "slow_link": 2.0, "reset": 2.0}
@@ -141,6 +144,7 @@ PROFILES: dict[str, Profile] = {
             },
             gap=(1.5, 4.0),
             point_strikes=True,
+            client_flushes=0.2,
             # tiny batches and window: a slow replica falls behind what is in flight to
             # it (as one thousands of records behind does on a busy cluster) and catches
             # up from a healthy replica's storage;

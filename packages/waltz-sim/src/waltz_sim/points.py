@@ -29,8 +29,17 @@ STRIKE_GAP = 1.5
 """Seconds of virtual time between two strikes."""
 DEFAULT_PROBABILITY = 0.25
 """Per hit of a point, once the gap has passed."""
-STRIKE_PROBABILITY = {"replica.marked_suspect": 0.9, "replica.rejoined": 0.4}
-"""Points hit rarely, at the most fragile moments, are struck more often."""
+STRIKE_PROBABILITY = {
+    "replica.marked_suspect": 0.9,
+    "replica.rejoined": 0.4,
+    "leader.record_written": 0.1,
+    "client.flush_mark_taken": 0.05,
+    "archive.object_uploaded": 0.15,
+    "archive.mark_advanced": 0.15,
+}
+"""Points hit rarely, at the most fragile moments, are struck more often; points hit
+often (renewals, flushes, archive rounds) less, so that they leave strikes for the
+others."""
 
 
 class PointStriker:
@@ -61,6 +70,9 @@ class PointStriker:
             return
         if self.rng.random() >= STRIKE_PROBABILITY.get(name, DEFAULT_PROBABILITY):
             return
+        if name.startswith("archive.") and self.rng.random() < 0.4:
+            self._archive_fault(name)
+            return
         target = incarnation.process
         replica = detail.get("replica")
         node = self._storage_process(replica) if isinstance(replica, str) else None
@@ -88,6 +100,25 @@ class PointStriker:
         self.strikes += 1
         self._next_strike = now + STRIKE_GAP
         loop.call_at(now + delay, self._strike, target, action, name, context=WORLD_CONTEXT)
+
+    def _archive_fault(self, name: str) -> None:
+        """At an archive point, the object store fails instead of the process: it refuses
+        every call for a while (the manifest's write, the next round), or the next upload
+        lands with its answer lost (an orphan for the next round)."""
+        store = self.world.object_store
+        loop = self.world.loop
+        if self.rng.random() < 0.5:
+            held = self.rng.uniform(0.2, 3.0)
+            store.refuse_until = max(store.refuse_until, loop.time() + held)
+            description = f"archive refuses calls at {name} for {held:.1f}s"
+        else:
+            store.lost_answers += 1
+            description = f"archive loses the next upload's answer at {name} for 0.0s"
+        self.strikes += 1
+        self._next_strike = loop.time() + STRIKE_GAP
+        self.world.faults_injected += 1
+        self.world.fault_log.append(f"{loop.time() - self.world.started_at:.2f} {description}")
+        self.world.trace.add("fault", f"strike: {description}")
 
     def _storage_process(self, replica: str) -> SimProcess | None:
         """The storage node process whose connect string is ``replica``."""

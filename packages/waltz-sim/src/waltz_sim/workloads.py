@@ -218,6 +218,8 @@ class Workload:
 
     def __init__(self, world: World, ops: OpMix) -> None:
         self.world = world
+        self.flush_rate = 0.0
+        """Per client, ``flush()`` calls per second (``Profile.client_flushes``)."""
         self.ops = ops
         self.name = ops.name
         self.semantics = ops.semantics
@@ -263,6 +265,7 @@ class Workload:
         rng = world.rng(f"workload:{process.incarnation.name}")
         inflight: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
+        flusher = loop.create_task(self._flush(client, process)) if self.flush_rate > 0 else None
         while loop.time() < world.submissions_end:
             await asyncio.sleep(rng.expovariate(config.ops_per_second))
             if len(inflight) >= config.max_inflight or loop.time() >= world.submissions_end:
@@ -280,6 +283,20 @@ class Workload:
             inflight.add(task)
             task.add_done_callback(inflight.discard)
         await loop.create_future()  # the client stays up (its feed goes on) until the end
+        assert flusher is None or flusher.done()  # (held until here: a task of the process)
+
+    async def _flush(self, client: AsyncWaltzClient, process: SimProcess) -> None:
+        """Now and then the client flushes a partition (a flush round beside its appends)."""
+        assert process.incarnation is not None
+        rng = self.world.rng(f"flush:{process.incarnation.name}")
+        loop = asyncio.get_running_loop()
+        while loop.time() < self.world.submissions_end:
+            await asyncio.sleep(rng.expovariate(self.flush_rate))
+            partition = rng.randrange(self.world.config.partitions)
+            try:
+                await client.flush(partition)
+            except (ClientError, WaltzError) as exc:
+                log.debug("%s: flush of partition %d: %s", process.name, partition, exc)
 
     async def _submit(self, client: AsyncWaltzClient, process: SimProcess, op: WorkloadOp) -> None:
         history = self.world.history

@@ -297,6 +297,7 @@ class World:
         from waltz_sim.workloads import make_workload
 
         self.workload = make_workload(config.workload, self)
+        self.workload.flush_rate = profile(config.faults).client_flushes
         loop.set_exception_handler(self._loop_exception)
 
     # -- randomness -------------------------------------------------------------------------
