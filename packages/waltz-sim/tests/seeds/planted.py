@@ -95,10 +95,10 @@ from waltz_server.server import replication as replication_module
 from waltz_server.server import server as server_module
 from waltz_server.server import store_session as store_session_module
 from waltz_server.server import voting as voting_module
-from waltz_server.server.recovery import RecoveryManager
-from waltz_server.server.replication import Committed, Replication
 from waltz_server.server.access import AccessGate
 from waltz_server.server.archiving import StoreArchiveSource
+from waltz_server.server.recovery import RecoveryManager
+from waltz_server.server.replication import Committed, Replication
 from waltz_server.server.store import StorePartition
 from waltz_server.server.store_session import StoreSession
 from waltz_server.storage_node import node as node_module
