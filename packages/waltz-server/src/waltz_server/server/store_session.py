@@ -491,7 +491,7 @@ class StoreSession:
             missing_range = getattr(connection, "missing_range", None)
             missing = await missing_range() if missing_range is not None else None
             if missing is not None and missing[0] <= archive_mark:
-                await prune(archive_mark)  # a hole in archived records: dropped, not repaired
+                await self._drop_archived(node, prune, archive_mark)  # a hole: dropped
         await self._repair(node, connection, acked)
         info = await connection.last_session_info()
         max_id = await connection.max_transaction_id()
@@ -522,10 +522,9 @@ class StoreSession:
             await connection.mark_replica(self.low_water_mark, clean=False)
             point("replica.marked_suspect", partition=self.partition_id, replica=node)
         mark = plan.mark
-        if archive_mark >= 0 and prune is not None and mark < archive_mark:
-            # behind the archive: its log continues after the mark (everything at or below
-            # it is committed and archived)
-            await prune(archive_mark)
+        behind = archive_mark >= 0 and prune is not None and mark < archive_mark
+        # behind the archive: its log continues after the mark (all below is archived)
+        if behind and prune is not None and await self._drop_archived(node, prune, archive_mark):
             mark = await connection.max_transaction_id()
         log.info(
             "partition %d session %d: replica %s rejoins at %d",
@@ -589,6 +588,22 @@ class StoreSession:
                 await repair(records)
                 point("replica.repaired", partition=self.partition_id, replica=node)
                 next_id += len(records)
+
+    async def _drop_archived(
+        self, node: str, prune: Callable[[int], Awaitable[object]], upto: int
+    ) -> bool:
+        """``node`` deletes its archived records up to ``upto``; False when it cannot (no
+        ``prefix`` capability): it is repaired and caught up from its peers instead."""
+        try:
+            await prune(upto)
+        except StorageError as exc:
+            if isinstance(exc, SessionFencedError):
+                raise
+            log.info(
+                "partition %d: replica %s keeps archived records: %s", self.partition_id, node, exc
+            )
+            return False
+        return True
 
     def _join(self, node: str, mark: int) -> None:
         replication = self._replication
