@@ -41,6 +41,7 @@ ALSO_IN: dict[str, set[str]] = {
     "waltz_chaos.cluster": {"waltz_conformance"},
     "waltz_chaos.damage": {"waltz_storage_fs"},
     "waltz_sim.fsdisk": {"waltz_storage_fs"},
+    "waltz_sim.archive": {"waltz_archive"},
     "waltz_server.locktables.conformance": {"waltz_conformance"},
     "waltz_server.server.archiving": {"waltz_archive"},
     "waltz_server.cli.archive": {"waltz_archive"},

@@ -27,7 +27,7 @@ import asyncio
 import io
 import random
 from collections.abc import Callable, Mapping
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from waltz_api.errors import ArchiveError, ConfigError
@@ -68,6 +68,16 @@ class ObjectStore:
         return sorted(p for p in self.objects if p.startswith(prefix) and p.endswith(".parquet"))
 
 
+class ArchiveWorld(Protocol):
+    """What the simulated archive needs of its world (``waltz_sim.world.World``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def object_store(self) -> ObjectStore: ...
+
+
 class SimArchiveStore(ArchiveStore):
     """:class:`~waltz_archive.store.ArchiveStore` over the world's :class:`ObjectStore`."""
 
@@ -75,17 +85,14 @@ class SimArchiveStore(ArchiveStore):
         parts = urlsplit(url)
         if parts.scheme != SCHEME or not parts.netloc:
             raise ConfigError(f"the simulated archive takes {SCHEME}://<world>/<root>, got {url!r}")
-        world = current_incarnation().process.world
+        world: ArchiveWorld = current_incarnation().process.world
         if parts.netloc != world.name:
             raise ConfigError(f"{url!r} names world {parts.netloc!r}, not {world.name!r}")
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.root = parts.path.rstrip("/") or "/archive"
         self.local = False
-        self.world = world
-        store = world.object_store
-        assert isinstance(store, ObjectStore)
-        self.backing = store
+        self.backing = world.object_store
 
     # -- the seam -------------------------------------------------------------------------
 

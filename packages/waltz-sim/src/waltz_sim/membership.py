@@ -41,17 +41,14 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import ConfigError, CoordinationError, SessionLostError
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_sim.fault_kit import ActiveFault
-
-if TYPE_CHECKING:
-    from waltz_sim.faults import Nemesis
-    from waltz_sim.world import SimProcess, World
+from waltz_sim.world import SimProcess, World
 
 T = TypeVar("T")
 
@@ -62,8 +59,27 @@ RETRY = 0.25
 
 
 def storage_count(config_storage_nodes: int, membership: str) -> int:
-    """The storage processes of a run: one spare more when replicas are replaced."""
+    """The storage processes of a run: one spare more when replicas are replaced
+    (``SimConfig.storage_processes``)."""
     return config_storage_nodes + (1 if membership == "replace" else 0)
+
+
+class Rules(Protocol):
+    """What a replacement needs of the nemesis (``waltz_sim.faults.Nemesis``): its rules
+    and its record of the faults."""
+
+    @property
+    def damaged_at(self) -> dict[str, float]: ...
+
+    def _record(self, fault: ActiveFault, duration: float) -> None: ...
+
+    def _heal(self, fault: ActiveFault) -> None: ...
+
+    def _impaired(self, kind: str) -> set[str]: ...
+
+    def _allowed(self, impairs: set[str]) -> bool: ...
+
+    def _restartable(self, process: SimProcess, description: str, kind: str) -> ActiveFault: ...
 
 
 @dataclass
@@ -79,7 +95,7 @@ class Removal:
 class ReplicaChanges:
     """The replacement of one run (see the module docstring), played by the nemesis."""
 
-    def __init__(self, world: World, nemesis: Nemesis, rng: random.Random) -> None:
+    def __init__(self, world: World, nemesis: Rules, rng: random.Random) -> None:
         self.world = world
         self.nemesis = nemesis
         self.rng = rng
@@ -339,8 +355,6 @@ class _NotYet(Exception):
 
 
 def _node_name(process: SimProcess) -> str:
-    from waltz_sim.world import World
-
     return World.storage_node_name(int(process.name.rsplit("-", maxsplit=1)[1]))
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from waltz_api.faultpoints import POINTS
+from waltz_sim.fault_kit import ActiveFault
 from waltz_sim.loop import CURRENT, WORLD_CONTEXT
 
 if TYPE_CHECKING:
@@ -61,7 +62,12 @@ class PointStriker:
         if name not in POINTS:
             raise KeyError(f"protocol point {name!r} is not registered in faultpoints.POINTS")
         self.hits[name] = self.hits.get(name, 0) + 1
-        if not self.strike or self.nemesis is None or self.strikes >= MAX_STRIKES:
+        if (
+            not self.strike
+            or self.nemesis is None
+            or self.world.ready_at is None  # the cluster is starting: not yet
+            or self.strikes >= MAX_STRIKES
+        ):
             return
         incarnation = CURRENT.get()
         loop = self.world.loop
@@ -73,7 +79,7 @@ class PointStriker:
         if name.startswith("archive.") and self.rng.random() < 0.4:
             self._archive_fault(name)
             return
-        target = incarnation.process
+        target = self.world.processes[incarnation.process.name]
         replica = detail.get("replica")
         node = self._storage_process(replica) if isinstance(replica, str) else None
         action = "crash" if self.rng.random() < 0.6 else "pause"
@@ -165,8 +171,6 @@ class PointStriker:
 
     def _record(self, description: str, heal: Callable[[], None], held: float) -> None:
         """A lasting fault of a strike, healed after ``held`` or at the run's heal."""
-        from waltz_sim.faults import ActiveFault
-
         assert self.nemesis is not None
         self.nemesis._record(ActiveFault("strike", description, heal), held)
 

@@ -13,7 +13,10 @@ from typing import Any
 
 from waltz_api import faultpoints
 from waltz_sim.checker import SAFETY, SEMANTICS, Violation, check
+from waltz_sim.faults import Nemesis
 from waltz_sim.loop import WORLD_CONTEXT, SimLoop, SimulationError
+from waltz_sim.points import PointStriker
+from waltz_sim.profiles import profile
 from waltz_sim.trace import capture_logs
 from waltz_sim.world import SimConfig, World
 
@@ -148,6 +151,20 @@ def replay_command(config: SimConfig) -> str:
     return " ".join(parts)
 
 
+def arm(world: World, *, scripted: bool = False) -> PointStriker:
+    """Give ``world`` its nemesis and its point striker (which strikes in a run of the
+    nemesis, not in a scripted one); returns the striker."""
+    config = world.config
+    nemesis = Nemesis(world, world.rng("faults"))
+    striker = PointStriker(world, world.rng("points"), strike=profile(config.faults).point_strikes)
+    world.nemesis = nemesis
+    world.points = striker
+    if not scripted:
+        striker.nemesis = nemesis
+        striker.strike_until = nemesis.safety_end(world.started_at + config.duration - config.quiet)
+    return striker
+
+
 def run_seed(
     config: SimConfig,
     *,
@@ -162,6 +179,7 @@ def run_seed(
     cpu = time.process_time()
     loop = SimLoop()
     world = World(config, loop)
+    striker = arm(world, scripted=script is not None)
     gc_enabled = gc.isenabled()
     gc.disable()
     gc.freeze()  # what exists before the run is never collected during it: cheap collections
@@ -192,7 +210,7 @@ def run_seed(
     result.wall_seconds = time.perf_counter() - wall
     result.cpu_seconds = time.process_time() - cpu
     result.faults = world.faults_injected
-    result.point_hits = dict(world.points.hits)
+    result.point_hits = dict(striker.hits)
     result.fault_log = list(world.fault_log)
     result.loop_errors = list(world.loop_errors)
     changes = world.replica_changes

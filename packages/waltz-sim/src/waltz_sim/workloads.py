@@ -27,7 +27,7 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from waltz_api.errors import ClientError, PermissionDeniedError, WaltzError
 from waltz_api.types import Lock, LockMode
@@ -55,10 +55,11 @@ from waltz_sim.checker import (
 from waltz_sim.checker.access import REFUSED
 from waltz_sim.checker.semantics import APPEND, READ, WRITE
 from waltz_sim.checker.semantics import Lock as LockSpec
-from waltz_sim.loop import CallbackThread
+from waltz_sim.loop import CallbackThread, Incarnation, SimLoop
 
 if TYPE_CHECKING:
-    from waltz_sim.world import SimProcess, World
+    from waltz_sim.config import SimConfig
+    from waltz_sim.history import HistoryRecorder
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,48 @@ class ClientDatabase:
     ops: int = 0
 
 
+class ClientProcess(Protocol):
+    """What a client's workload needs of its process (the world's ``SimProcess``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def incarnation(self) -> Incarnation | None: ...
+
+    @property
+    def incarnations(self) -> int: ...
+
+    handle: Any
+    """What its main made available (here the client)."""
+
+
+class ClientWorld(Protocol):
+    """What the workload needs of its world (``waltz_sim.world.World``)."""
+
+    @property
+    def loop(self) -> SimLoop: ...
+
+    @property
+    def config(self) -> SimConfig: ...
+
+    @property
+    def history(self) -> HistoryRecorder: ...
+
+    @property
+    def coordination_uri(self) -> str: ...
+
+    @property
+    def submissions_end(self) -> float: ...
+
+    @property
+    def client_databases(self) -> dict[str, Any]: ...
+
+    def rng(self, name: str) -> random.Random: ...
+
+
 class _Callbacks(WaltzClientCallbacks):
-    def __init__(self, workload: Workload, process: SimProcess, db: ClientDatabase) -> None:
+    def __init__(self, workload: Workload, process: ClientProcess, db: ClientDatabase) -> None:
         self.workload = workload
         self.process = process
         self.incarnation = process.incarnations
@@ -123,7 +164,7 @@ class _PlainCallbacks(WaltzClientCallbacks):
     client runs them on its callback thread (in the simulation, the loop's stand-in for
     it, :class:`~waltz_sim.loop.CallbackThread`), the data read with ``get_data()``."""
 
-    def __init__(self, workload: Workload, process: SimProcess, db: ClientDatabase) -> None:
+    def __init__(self, workload: Workload, process: ClientProcess, db: ClientDatabase) -> None:
         self.database = _Callbacks(workload, process, db)
 
     def client_high_water_mark(self, partition_id: int) -> int:
@@ -216,7 +257,7 @@ class Workload:
     """The simulated clients of a run: each submits the ops of :attr:`ops` (whose
     :attr:`semantics` says what they mean) and keeps its database."""
 
-    def __init__(self, world: World, ops: OpMix) -> None:
+    def __init__(self, world: ClientWorld, ops: OpMix) -> None:
         self.world = world
         self.flush_rate = 0.0
         """Per client, ``flush()`` calls per second (``Profile.client_flushes``)."""
@@ -228,7 +269,7 @@ class Workload:
         """The next op of a client."""
         return self.ops.choose(rng, partitions)
 
-    def database(self, process: SimProcess) -> ClientDatabase:
+    def database(self, process: ClientProcess) -> ClientDatabase:
         databases = self.world.client_databases
         db = databases.get(process.name)
         if db is None:
@@ -239,7 +280,7 @@ class Workload:
         assert isinstance(db, ClientDatabase)
         return db
 
-    async def client_main(self, process: SimProcess) -> None:
+    async def client_main(self, process: ClientProcess) -> None:
         world = self.world
         config = world.config
         db = self.database(process)
@@ -285,7 +326,7 @@ class Workload:
         await loop.create_future()  # the client stays up (its feed goes on) until the end
         assert flusher is None or flusher.done()  # (held until here: a task of the process)
 
-    async def _flush(self, client: AsyncWaltzClient, process: SimProcess) -> None:
+    async def _flush(self, client: AsyncWaltzClient, process: ClientProcess) -> None:
         """Now and then the client flushes a partition (a flush round beside its appends)."""
         assert process.incarnation is not None
         rng = self.world.rng(f"flush:{process.incarnation.name}")
@@ -298,7 +339,9 @@ class Workload:
             except (ClientError, WaltzError) as exc:
                 log.debug("%s: flush of partition %d: %s", process.name, partition, exc)
 
-    async def _submit(self, client: AsyncWaltzClient, process: SimProcess, op: WorkloadOp) -> None:
+    async def _submit(
+        self, client: AsyncWaltzClient, process: ClientProcess, op: WorkloadOp
+    ) -> None:
         history = self.world.history
         history.invoke(op.op_id, process.name, op.spec.partition, op.spec.detail)
         try:
@@ -459,7 +502,7 @@ def op_mix(name: str) -> OpMix:
         ) from None
 
 
-def make_workload(name: str, world: World) -> Workload:
+def make_workload(name: str, world: ClientWorld) -> Workload:
     return Workload(world, op_mix(name))
 
 

@@ -36,14 +36,16 @@ def test_every_protocol_point_is_hit_and_struck_over_the_points_seeds(
 def test_an_unregistered_point_is_an_error() -> None:
     from waltz_sim.loop import SimLoop
     from waltz_sim.points import PointStriker
+    from waltz_sim.runner import arm
     from waltz_sim.world import World
 
     loop = SimLoop()
     try:
         world = World(SimConfig(seed=1), loop)
-        with faultpoints.installed(world.points), pytest.raises(KeyError, match="registered"):
+        striker = arm(world)
+        with faultpoints.installed(world.on_point), pytest.raises(KeyError, match="registered"):
             faultpoints.point("no.such.point")
-        assert isinstance(world.points, PointStriker)
+        assert isinstance(world.points, PointStriker) and world.points is striker
     finally:
         loop.close()
 
