@@ -3,10 +3,12 @@
 Every run counts the protocol points its processes hit (``SeedResult.point_hits``,
 printed by ``waltz simulate -v`` and summed into a coverage table over the seeds).
 In a profile with ``point_strikes`` the striker also acts at a point: with a
-probability per hit, it crashes (kill -9) or pauses the process that hit it, or the
-storage node of the replica the point names, exactly there (after the code's current
-step: it stops at its next await) or a few milliseconds later; a crashed process is
-restarted and a paused one resumed after a while. The nemesis's rules hold: at most a
+probability per hit, it crashes (kill -9), pauses or cuts off (from every process and
+the coordination service) the process that hit it, or the storage node of the replica
+the point names, exactly there (after the code's current step: it stops at its next
+await) or a few milliseconds later; a crashed process is restarted, a paused one
+resumed and a cut healed after a while. At an archive point it may fail the object
+store instead (every call refused for a while, or the next upload's answer lost). The nemesis's rules hold: at most a
 minority of the storage nodes and never every server impaired at once, only in the
 safety phase, and at most ``MAX_STRIKES`` per run, ``STRIKE_GAP`` seconds apart.
 """
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from waltz_api.faultpoints import POINTS
 from waltz_sim.fault_kit import ActiveFault
 from waltz_sim.loop import CURRENT, WORLD_CONTEXT
+from waltz_sim.net import COORDINATION
 
 if TYPE_CHECKING:
     from waltz_sim.faults import Nemesis
@@ -41,6 +44,8 @@ STRIKE_PROBABILITY = {
 """Points hit rarely, at the most fragile moments, are struck more often; points hit
 often (renewals, flushes, archive rounds) less, so that they leave strikes for the
 others."""
+CUT_SHARE = 0.4
+"""Of the pauses a strike would make, the share that cut the process off instead."""
 
 
 class PointStriker:
@@ -52,6 +57,8 @@ class PointStriker:
         self.strike = strike
         self.nemesis: Nemesis | None = None
         """Set once the nemesis runs: its rules decide what may be impaired."""
+        self.cut_rng = world.rng("points-cut")
+        """Which pauses become cuts (a stream of its own: the strikes' draws stay)."""
         self.hits: dict[str, int] = {}
         self.strikes = 0
         self._next_strike = 0.0
@@ -179,6 +186,8 @@ class PointStriker:
             return
         loop = self.world.loop
         held = self.rng.uniform(0.3, 3.0)
+        if action == "pause" and self.cut_rng.random() < CUT_SHARE:
+            action = "cut"  # (a stream of its own: the strikes' own draws stay as they were)
         description = f"{action} {target.name} at {name} for {held:.1f}s"
         self.world.faults_injected += 1
         self.world.fault_log.append(f"{loop.time() - self.world.started_at:.2f} {description}")
@@ -186,9 +195,29 @@ class PointStriker:
         if action == "crash":
             target.crash()
             loop.call_at(loop.time() + held, _restart, target, context=WORLD_CONTEXT)
+        elif action == "cut":
+            self._isolate(target, description, held)
         else:
             target.pause()
             loop.call_at(loop.time() + held, target.resume, context=WORLD_CONTEXT)
+
+    def _isolate(self, target: SimProcess, description: str, held: float) -> None:
+        """Cut ``target`` off from every process and the coordination service, both ways
+        (it runs on, alone), impaired for the nemesis's rules until it heals."""
+        network = self.world.network
+        others = [p for p in self.world.processes if p != target.name] + [COORDINATION]
+        for other in others:
+            network.cut(target.name, other)
+            network.cut(other, target.name)
+
+        def heal() -> None:
+            for other in others:
+                network.heal(target.name, other)
+                network.heal(other, target.name)
+
+        assert self.nemesis is not None
+        fault = ActiveFault("strike", description, heal, frozenset({target.name}))
+        self.nemesis._record(fault, held)
 
 
 def _restart(process: SimProcess) -> None:
