@@ -8,9 +8,10 @@ the coordination service) the process that hit it, or the storage node of the re
 the point names, exactly there (after the code's current step: it stops at its next
 await) or a few milliseconds later; a crashed process is restarted, a paused one
 resumed and a cut healed after a while. At an archive point it may fail the object
-store instead (every call refused for a while, or the next upload's answer lost). The nemesis's rules hold: at most a
-minority of the storage nodes and never every server impaired at once, only in the
-safety phase, and at most ``MAX_STRIKES`` per run, ``STRIKE_GAP`` seconds apart.
+store instead (every call refused for a while, or the next upload's answer lost). The
+nemesis's rules hold: at most a minority of the storage nodes and never every server
+impaired at once, only in the safety phase, and at most ``MAX_STRIKES`` per run,
+``STRIKE_GAP`` seconds apart.
 """
 
 from __future__ import annotations
