@@ -14,7 +14,8 @@ context: it must not block and must not raise (a simulated crash only marks the
 process dead; the code stops at its next await, and nothing it sends is delivered).
 
 Every point is registered in :data:`POINTS` with what it marks; calling an
-unregistered name is a bug that the project's tests catch (test_faultpoints).
+unregistered name is a bug that the project's tests catch
+(``packages/waltz-api/tests/test_faultpoints.py``, and the simulation raises).
 """
 
 from __future__ import annotations
