@@ -15,10 +15,10 @@ An object store's PUT is atomic and durable when it returns, so a crash of the s
 never leaves half an object: the window the protocol must survive is between an
 object's upload and its manifest (the ``archive.object_uploaded`` protocol point, where
 the ``points`` profile strikes), and between the mark and the pruning
-(``archive.mark_advanced``). The faults (:meth:`ObjectStore.slow`,
-:meth:`ObjectStore.fail`): calls slowed past the deadline, calls refused (a 503), and
-uploads whose answer is lost although the object landed (an orphan the next round must
-adopt or set aside).
+(``archive.mark_advanced``). The faults (:class:`ArchiveFaults`, the nemesis's, on the
+:class:`ObjectStore`'s knobs): calls slowed, some past the deadline, calls refused (a
+503), and uploads whose answer is lost although the object landed (an orphan the next
+round must adopt or set aside).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ class ObjectStore:
         self.rng = rng
         self.objects: dict[str, bytes] = {}
         self.extra = 0.0
-        """Seconds added to every call (the ``slow`` fault)."""
+        """Seconds added to every call (``archive_slow``)."""
         self.refuse_until = 0.0
-        """Calls before this virtual time fail (the ``fail`` fault)."""
+        """Calls before this virtual time fail (``archive_outage``)."""
         self.lost_answers = 0
         """The next uploads land, but their callers hear a failure."""
         self.calls = 0
@@ -62,10 +62,6 @@ class ObjectStore:
 
     def token(self) -> str:
         return f"{self.rng.getrandbits(32):08x}"
-
-    def ranges(self, root: str, partition_id: int) -> list[str]:
-        prefix = f"{root}/partition-{partition_id}/"
-        return sorted(p for p in self.objects if p.startswith(prefix) and p.endswith(".parquet"))
 
 
 class ArchiveWorld(Protocol):
