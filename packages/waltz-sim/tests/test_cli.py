@@ -64,7 +64,7 @@ def test_an_open_range_runs_until_the_budget_is_spent() -> None:
         ["simulate", "--seeds", "5..", "--budget", "0.01", "--duration", "20", "--faults", "none"],
     )
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("seed 5 (plain callbacks): ok: ")
+    assert result.output.startswith("seed 5 (plain callbacks, archive): ok: ")
     assert result.output.splitlines()[-1].startswith("1 seeds, 1 passed, 0 failed;")
 
 

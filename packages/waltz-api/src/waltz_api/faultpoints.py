@@ -14,7 +14,8 @@ context: it must not block and must not raise (a simulated crash only marks the
 process dead; the code stops at its next await, and nothing it sends is delivered).
 
 Every point is registered in :data:`POINTS` with what it marks; calling an
-unregistered name is a bug that the project's tests catch (test_faultpoints).
+unregistered name is a bug that the project's tests catch
+(``packages/waltz-api/tests/test_faultpoints.py``, and the simulation raises).
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ POINTS: Mapping[str, str] = {
     "(a suspect's only once caught up): the replica states may record it clean",
     "recovery.late_recorded": "a replica that recovered after the session opened is "
     "recorded clean in the replica states, before it writes",
+    "leader.record_written": "a server wrote the leader record (claimed, took over or "
+    "renewed the leadership)",
+    "client.flush_mark_taken": "a client took a flush round's mark: the appends it sent "
+    "before are decided by the answer",
+    "archive.object_uploaded": "an archive range object is uploaded (or an orphan adopted), "
+    "its manifest not yet written",
+    "archive.mark_advanced": "the archive mark moved over a verified range; the replicas "
+    "are not pruned yet",
 }
 """Every point's name and what it marks."""
 

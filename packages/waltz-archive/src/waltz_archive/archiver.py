@@ -33,6 +33,7 @@ from waltz_api.cluster import ArchiveMark, ClusterMetadata, Stored
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.contracts.storage import LogExtent
 from waltz_api.errors import ArchiveError, BadVersionError, WaltzError
+from waltz_api.faultpoints import point
 from waltz_api.types import Record
 from waltz_api.wire import RecordBlock
 from waltz_archive import layout
@@ -256,9 +257,9 @@ class PartitionArchiver:
                 await asyncio.sleep(self.policy.interval)
 
     async def _blocking(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn`` in a thread, under the archive deadline."""
+        """``fn`` off the loop (:meth:`ArchiveStore.call`), under the archive deadline."""
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn), self.policy.timeout)
+            return await self.store.call(fn, self.policy.timeout)
         except TimeoutError:
             raise ArchiveError(
                 f"partition {self.partition_id}: {what} at {self.store.url} took longer than "
@@ -316,14 +317,16 @@ class PartitionArchiver:
         if end is None:
             await self._prune(mark.mark)
             return None
-        started = time.perf_counter()
+        clock = asyncio.get_running_loop()
+        started = clock.time()
         identity = await self.identity()
         adopted = await self._adopt_orphan(mark.mark + 1, high_water_mark, identity)
         archived = (
             adopted if adopted is not None else await self._write(mark.mark + 1, end, identity)
         )
+        point("archive.object_uploaded", partition=self.partition_id, last=archived.last)
         manifest = self.manifest.extended(archived, mark.manifest)
-        name = layout.ManifestName(archived.last, layout.new_token()).name
+        name = layout.ManifestName(archived.last, self.store.new_token()).name
         path = self.store.path(layout.partition_dir(self.partition_id), name)
         encoded = manifest.encode()
 
@@ -354,10 +357,11 @@ class PartitionArchiver:
                 exc,
             )
             return None
+        point("archive.mark_advanced", partition=self.partition_id, mark=archived.last)
         self.manifest = manifest
         if self.on_mark is not None:
             self.on_mark(manifest)
-        seconds = time.perf_counter() - started
+        seconds = clock.time() - started
         if self.listener is not None:
             self.listener.archived(archived, seconds, adopted is not None)
         log.info(

@@ -100,7 +100,7 @@ class RangeWriter:
         self.data_bytes = 0
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
-        self._token = layout.new_token()
+        self._token = store.new_token()
         fd, self._spool = tempfile.mkstemp(
             prefix=f"waltz-archive-p{partition_id}-", suffix=".parquet", dir=options.spool_dir
         )

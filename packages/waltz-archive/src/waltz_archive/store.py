@@ -1,7 +1,7 @@
 """The archive location: an fsspec file system and a root path, blocking calls.
 
-Every call is blocking (the server runs them in threads, with a deadline); every
-failure of the location (unreachable, refused, full, missing) is an
+Every call is blocking (the server runs them with :meth:`ArchiveStore.call`: in a
+thread, with a deadline); every failure of the location (unreachable, refused, full, missing) is an
 :class:`~waltz_api.errors.ArchiveError` naming the URL and the object.
 
 Durability: an object store's PUT is durable when it returns. A local directory
@@ -9,23 +9,35 @@ Durability: an object store's PUT is durable when it returns. A local directory
 :meth:`ArchiveStore.write_bytes` then write to a temporary name, fsync the file, rename
 it to its final name and fsync the directory, so that a machine crash after the archive
 mark moved can never lose an object the mark relies on.
+
+The seam: :func:`open_store` makes the store of a URL, with a class registered for its
+scheme (:func:`register_scheme`) or this fsspec one. The deterministic simulation
+registers its object store this way (``waltz_sim.archive``): it overrides the calls,
+:meth:`ArchiveStore.call` (its calls run on the event loop after a simulated latency)
+and :meth:`ArchiveStore.new_token` (names drawn from the run's seed), and the archiver,
+the reader and the server run unchanged over it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+from urllib.parse import urlsplit
 
 import fsspec
 
 from waltz_api.errors import ArchiveError, ConfigError
+from waltz_archive import layout
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +80,16 @@ class ArchiveStore:
         self.local = (protocol if isinstance(protocol, str) else protocol[0]) in _LOCAL
 
     def __repr__(self) -> str:
-        return f"ArchiveStore({self.url!r})"
+        return f"{type(self).__name__}({self.url!r})"
+
+    async def call(self, fn: Callable[[], T], timeout: float) -> T:
+        """Run ``fn`` (blocking calls to this location) off the event loop, in a thread;
+        TimeoutError after ``timeout`` seconds (the thread finishes on its own)."""
+        return await asyncio.wait_for(asyncio.to_thread(fn), timeout)
+
+    def new_token(self) -> str:
+        """The random token that ends a new object's or manifest's name."""
+        return layout.new_token()
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
@@ -184,3 +205,22 @@ class ArchiveStore:
     def exists(self, path: str) -> bool:
         with self._errors("looking for", path):
             return bool(self.fs.exists(path))
+
+
+_SCHEMES: dict[str, Callable[[str, Mapping[str, Any] | None], ArchiveStore]] = {}
+
+
+def register_scheme(
+    scheme: str, factory: Callable[[str, Mapping[str, Any] | None], ArchiveStore]
+) -> None:
+    """Make :func:`open_store` use ``factory`` for URLs of ``scheme`` (the simulation's
+    object store; replaces an earlier registration of the scheme)."""
+    _SCHEMES[scheme] = factory
+
+
+def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> ArchiveStore:
+    """The store of ``url``: a registered scheme's, else :class:`ArchiveStore` (fsspec)."""
+    factory = _SCHEMES.get(urlsplit(url.strip()).scheme)
+    if factory is not None:
+        return factory(url, storage_options)
+    return ArchiveStore(url, storage_options)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz_api.errors import ServerError, WaltzError
+from waltz_api.faultpoints import point
 from waltz_api.messages import AppendRequest, FlushRequest, FlushResponse, Message
 from waltz_api.types import ReqId
 from waltz_api.wire import checksum
@@ -284,6 +285,7 @@ class AppendDecisions:
         def flush_request(req_id: ReqId) -> FlushRequest:
             nonlocal mark
             mark = self.monitor.flush_mark()  # taken as it is sent (again on a retry)
+            point("client.flush_mark_taken", partition=self.id, mark=mark)
             return FlushRequest(req_id)
 
         response = await self.request(flush_request, timeout)

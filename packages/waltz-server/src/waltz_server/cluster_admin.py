@@ -60,6 +60,7 @@ from waltz_api.errors import (
     CoordinationError,
     NodeExistsError,
 )
+from waltz_api.faultpoints import point
 from waltz_api.features import MAX_FEATURE_LEVEL, check_feature_level
 from waltz_api.types import UNRESOLVED, ReplicaId, ReplicaState
 
@@ -475,6 +476,7 @@ class ClusterAdmin(ClusterMetadata):
             raise BadVersionError(
                 "the leader record exists already; read it and decide again"
             ) from None
+        point("leader.record_written", server=server_id, term=record.term)
         return Stored(record, version)
 
     async def set_leader(
@@ -485,6 +487,7 @@ class ClusterAdmin(ClusterMetadata):
         version = await self.coordination.set(
             LEADER_PATH, encode_leader(record), expected_version=expected_version
         )
+        point("leader.record_written", server=record.server_id, term=record.term)
         return Stored(record, version)
 
     # -- the archive mark (compare-and-set only, forward only) ----------------------------------

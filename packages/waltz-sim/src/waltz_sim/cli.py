@@ -29,6 +29,8 @@ from waltz_sim.faults import PROFILES
 from waltz_sim.known_issues import KnownIssue, explained_by
 from waltz_sim.points import coverage_table
 from waltz_sim.runner import (
+    ACL_SHARE,
+    ARCHIVE_SHARE,
     EXACT_SHARE,
     FIVE_NODES_SHARE,
     PLAIN_SHARE,
@@ -206,6 +208,21 @@ def _configs(
     "replace.",
 )
 @click.option(
+    "--archive",
+    type=click.Choice(["none", "on"]),
+    default=None,
+    help=f"on: the servers archive to a simulated object store (ranges, the mark, reads "
+    f"below it, pruning with --storage-engine fs). Default: chosen by the seed, "
+    f"{ARCHIVE_SHARE:.0%} on.",
+)
+@click.option(
+    "--acl",
+    type=click.Choice(["none", "on"]),
+    default=None,
+    help=f"on: the ACL is enforced and one client may write only partition 0. Default: "
+    f"chosen by the seed, {ACL_SHARE:.0%} on.",
+)
+@click.option(
     "--budget",
     type=float,
     default=None,
@@ -251,6 +268,8 @@ def simulate(  # noqa: PLR0917 - click passes options by name
     lock_table: str | None,
     callbacks: str | None,
     membership: str | None,
+    archive: str | None,
+    acl: str | None,
     budget: float | None,
     jobs: int,
     show_trace: bool,
@@ -276,6 +295,8 @@ def simulate(  # noqa: PLR0917 - click passes options by name
         "storage_nodes": storage_nodes,
         "callbacks": callbacks,
         "membership": membership,
+        "archive": archive,
+        "acl": acl,
     }
     base = SimConfig(
         duration=duration,
@@ -289,6 +310,8 @@ def simulate(  # noqa: PLR0917 - click passes options by name
         lock_table=lock_table or SimConfig.lock_table,
         callbacks=callbacks or SimConfig.callbacks,
         membership=membership or SimConfig.membership,
+        archive=archive or SimConfig.archive,
+        acl=acl or SimConfig.acl,
         trace_level=getattr(logging, trace_level.upper()),
     )
     started = time.perf_counter()

@@ -32,7 +32,7 @@ import logging
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from waltz_api.contracts.coordination import (
@@ -59,11 +59,8 @@ from waltz_api.errors import (
     NotEmptyError,
     SessionLostError,
 )
-from waltz_sim.loop import WORLD_CONTEXT, current_incarnation
-from waltz_sim.net import COORDINATION
-
-if TYPE_CHECKING:
-    from waltz_sim.world import World
+from waltz_sim.loop import WORLD_CONTEXT, SimLoop, current_incarnation
+from waltz_sim.net import COORDINATION, SimNetwork
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +110,34 @@ class _Watcher:
     only after the read that set it)."""
 
 
+class _SessionSettings(Protocol):
+    @property
+    def session_timeout(self) -> float: ...
+
+
+class CoordWorld(Protocol):
+    """What the coordination service needs of its world (``waltz_sim.world.World``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def loop(self) -> SimLoop: ...
+
+    @property
+    def network(self) -> SimNetwork: ...
+
+    @property
+    def coordination(self) -> SimCoordinationService: ...
+
+    @property
+    def config(self) -> _SessionSettings: ...
+
+
 class SimCoordinationService:
     """The tree, the sessions and the watchers (the world's single coordination service)."""
 
-    def __init__(self, world: World, rng: random.Random) -> None:
+    def __init__(self, world: CoordWorld, rng: random.Random) -> None:
         self.world = world
         self.rng = rng
         self.available = True
@@ -688,7 +709,7 @@ def sim_coordination_factory(
             key="coordination",
         )
     incarnation = current_incarnation()
-    world = incarnation.process.world
+    world: CoordWorld = incarnation.process.world
     if parts.netloc != world.name:
         raise ConfigError(
             f"{connect!r} names world {parts.netloc!r}, but this process lives in {world.name!r}",

@@ -4,12 +4,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from waltz_sim.world import SimProcess
+
+class Startable(Protocol):
+    """A process the nemesis restarts (the world's ``SimProcess``)."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self) -> object: ...
 
 
 @dataclass(eq=False)
@@ -26,7 +32,7 @@ class ActiveFault:
     """What plays the fault over time, when it is more than one step (its own state)."""
 
 
-def restart(processes: list[SimProcess]) -> None:
+def restart(processes: Iterable[Startable]) -> None:
     """Start those of ``processes`` that are down."""
     for process in processes:
         if not process.alive:

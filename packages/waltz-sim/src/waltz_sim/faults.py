@@ -25,16 +25,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from waltz_api.errors import ConfigError
+from waltz_sim.archive import ARCHIVE_WEIGHTS, ArchiveFaults
 from waltz_sim.fault_kit import ActiveFault, restart
 from waltz_sim.loop import WORLD_CONTEXT
 from waltz_sim.membership import ReplicaChanges
 from waltz_sim.net import COORDINATION
-from waltz_sim.storage_faults import STORAGE_WEIGHTS, StorageFaults
+from waltz_sim.profiles import PROFILES, Profile, profile
+from waltz_sim.storage_faults import StorageFaults
 
 if TYPE_CHECKING:
     from waltz_sim.world import SimProcess, World
@@ -42,142 +42,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WARM_UP = 2.0
+DAMAGE_KINDS = frozenset(
+    {"power_loss", "fsync_error", "damage", "damage_lagging", "lost_write", "corruption"}
+    | {"read_error", "misdirected_write", "wiped_disk", "stale_restore", "damaged_rejoin"}
+)
+"""Faults that may cost a storage node what it acknowledged (``Nemesis.damaged_at``)."""
 QUORUM_PHASE = 7.0
 """Seconds at the end of the fault phase kept for the quorum fault (held 3 to 6 s)."""
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    description: str
-    weights: dict[str, float]
-    gap: tuple[float, float] = (1.0, 3.0)
-    """Seconds between two faults of the safety phase."""
-    quorum_faults: tuple[str, ...] = ()
-    """Faults of the quorum phase (one is chosen); none: no quorum phase."""
-    point_strikes: bool = False
-    """Crash or pause processes at protocol points (``waltz_sim.points``)."""
-    server_options: Mapping[str, object] = field(default_factory=dict)
-    """``[server]`` keys of the profile's runs (a run's own ``server_options`` win)."""
-
-
-_NETWORK = {"partition": 3.0, "isolate": 1.0, "slow_link": 2.0, "reset": 2.0}
-_DISK = {"power_loss": 2.0, "slow_fsync": 2.0, "fsync_error": 1.5, "damage": 1.0}
-_PROCESS = {"crash": 3.0, "pause": 2.0}
-_COORDINATION = {
-    "expire_session": 1.5,
-    "coordination_outage": 1.0,
-    "slow_watches": 1.5,
-    "zombie": 2.0,
-}
-_QUORUM = (
-    "storage_majority_down",
-    "storage_power_cut",
-    "servers_down",
-    "long_coordination_outage",
-    "storage_cut_off",
-    "storage_majority_paused",
-)
-
-PROFILES: dict[str, Profile] = {
-    p.name: p
-    for p in (
-        Profile("none", "no faults at all (the baseline)", {}),
-        Profile(
-            "mild",
-            "slow links, connection resets, and now and then a crash and restart",
-            {"slow_link": 2.0, "reset": 2.0, "crash": 1.0, "slow_fsync": 1.0},
-            gap=(3.0, 6.0),
-        ),
-        Profile(
-            "network",
-            "partitions (asymmetric too), isolated processes, slow links, resets",
-            _NETWORK,
-            quorum_faults=("storage_cut_off",),
-        ),
-        Profile(
-            "disk",
-            "power losses (unsynced writes lost, last write torn), slow and failing fsyncs",
-            {**_DISK, "crash": 1.0},
-            quorum_faults=("storage_power_cut", "storage_majority_down"),
-        ),
-        Profile(
-            "process",
-            "crashes and restarts, pauses (SIGSTOP) of servers, storage nodes and clients",
-            {**_PROCESS, "power_loss": 1.0},
-            quorum_faults=("servers_down", "storage_majority_down", "storage_majority_paused"),
-        ),
-        Profile(
-            "coordination",
-            "session expiries, coordination outages, slow watches, cuts from coordination",
-            {**_COORDINATION, "partition": 1.0},
-            quorum_faults=("long_coordination_outage",),
-        ),
-        Profile(
-            "standard",
-            "every fault: network, disk, process and coordination, then a quorum break",
-            {**_NETWORK, **_DISK, **_PROCESS, **_COORDINATION},
-            quorum_faults=_QUORUM,
-        ),
-        Profile(
-            "points",
-            "protocol-timed faults: crashes and pauses exactly at protocol points (a replica's "
-            "rejoin, a recovery's vote, a session opening...), among slow fsyncs, damaged "
-            "disks, pauses and network faults that leave a slow but live quorum",
-            {
-                **_NETWORK,
-                **_PROCESS,
-                "slow_fsync": 3.0,
-                "damage": 1.0,
-                "damage_lagging": 3.0,
-                "power_loss": 1.0,
-                "zombie": 1.0,
-            },
-            gap=(1.5, 4.0),
-            point_strikes=True,
-            # tiny batches and window: a slow replica falls behind what is in flight to
-            # it (as one thousands of records behind does on a busy cluster) and catches
-            # up from a healthy replica's storage;
-            # and a checkpoint interval that is reached: store sessions roll over
-            server_options={
-                "max_batch_records": 2,
-                "max_window_bytes": 1024,
-                "checkpoint_interval": 60,
-            },
-        ),
-        Profile(
-            "storage",
-            "what disks do to acknowledged records (lost, corrupt, misdirected, unreadable, "
-            "torn; wiped and stale disks) with lagging replicas and owner crashes",
-            {
-                **STORAGE_WEIGHTS,
-                "slow_fsync": 3.0,
-                "owner_crash": 2.0,
-                "crash": 1.0,
-                "pause": 1.0,
-                "slow_link": 1.0,
-            },
-            gap=(0.7, 2.0),
-            quorum_faults=("storage_power_cut", "storage_majority_down", "servers_down"),
-        ),
-        Profile(
-            "chaos",
-            "every fault, three times as often",
-            {**_NETWORK, **_DISK, **_PROCESS, **_COORDINATION},
-            gap=(0.5, 1.5),
-            quorum_faults=_QUORUM,
-        ),
-    )
-}
-
-
-def profile(name: str) -> Profile:
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown fault profile {name!r}; choose one of {', '.join(PROFILES)}", key="faults"
-        ) from None
 
 
 @dataclass
@@ -186,7 +57,7 @@ class NemesisStats:
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
-class Nemesis(StorageFaults):
+class Nemesis(StorageFaults, ArchiveFaults):
     """Injects a profile's faults into a world (see the module docstring)."""
 
     def __init__(self, world: World, rng: random.Random) -> None:
@@ -196,6 +67,9 @@ class Nemesis(StorageFaults):
         self.active: dict[ActiveFault, None] = {}
         self.stats = NemesisStats()
         self.healed_at: float | None = None
+        self.object_store = world.object_store
+        self.damaged_at: dict[str, float] = {}
+        """When a fault of :data:`DAMAGE_KINDS` last struck each storage node."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -218,13 +92,16 @@ class Nemesis(StorageFaults):
             changes = ReplicaChanges(self.world, self, self.world.rng("membership"))
             self.world.replica_changes = changes
             changes.start(safety_end)
-        while profile.weights:
+        weights = dict(profile.weights)
+        if weights and self.world.config.archive == "on":
+            weights.update(ARCHIVE_WEIGHTS)
+        while weights:
             await asyncio.sleep(self.rng.uniform(*profile.gap))
             if loop.time() >= safety_end:
                 break
-            if "stale_restore" in profile.weights:
+            if "stale_restore" in weights:
                 self._keep_backups()
-            self._inject_one(dict(profile.weights))
+            self._inject_one(dict(weights))
         if profile.quorum_faults:
             held = self.rng.uniform(3.0, QUORUM_PHASE - 1.0)
             await asyncio.sleep(max(0.0, until - held - loop.time()))
@@ -263,6 +140,8 @@ class Nemesis(StorageFaults):
             f"{self.loop.time() - self.world.started_at:.2f} {fault.description}"
         )
         self.world.trace.add("fault", f"inject {fault.description}")
+        if fault.kind in DAMAGE_KINDS:
+            self.damaged_at.update(dict.fromkeys(fault.impairs, self.loop.time()))
         self.active[fault] = None
         if fault.duration is not None:
             duration = fault.duration

@@ -38,14 +38,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import random
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from waltz_api.errors import WaltzError
 from waltz_api.types import LOST_SESSION, Record
 from waltz_sim.disk import Disk
+from waltz_sim.diskmodel import DiskWorld
 from waltz_sim.loop import Incarnation, current_incarnation
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs.committer import LoopRunner
@@ -53,9 +55,6 @@ from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.files import OPEN_READ
 from waltz_storage_fs.plugin import CAPABILITIES as FS_CAPABILITIES
 from waltz_storage_fs.powerloss import STATES, PowerLossFiles
-
-if TYPE_CHECKING:
-    from waltz_sim.world import World
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +154,16 @@ class SimFiles(_Clocked):
         super().link(src, dst)
 
 
+class FsWorld(DiskWorld, Protocol):
+    """What the fs engine's disk needs of its world: a disk's, and random streams."""
+
+    def rng(self, name: str) -> random.Random: ...
+
+
 class FsDisk(Disk):
     """The disk of a storage node that runs the ``fs`` engine (see the module)."""
 
-    def __init__(self, world: World, location: str) -> None:
+    def __init__(self, world: FsWorld, location: str) -> None:
         super().__init__(world, location)
         self.files = SimFiles(self)
         rng = world.rng(f"fs-options:{location}")
@@ -257,7 +262,8 @@ class FsDisk(Disk):
 
     async def read_back(self) -> dict[int, list[Record]]:
         """Open a copy of the files as they are now (what was written: a restart after a
-        crash) with the real engine, and read every partition up to its first hole."""
+        crash) with the real engine, and read every partition from its log start (what
+        it deleted is archived) up to its first hole."""
         copy = _Clocked(self)
         copy.preload(self.files.snapshot("read back").state("volatile"))
         if not copy.exists(copy.base / fmt.CONTROL_FILE_NAME):
@@ -274,12 +280,13 @@ class FsDisk(Disk):
                     part = engine.partition(partition_id)
                     self.fences[partition_id] = part.session_info().session_id
                     end = part.max_transaction_id()
+                    start = part.log_start()  # below it: deleted, in the archive
                 except WaltzError:
                     continue  # a partition recovery closed: nothing readable
                 size = 1000
-                while len(records) <= end:
+                while start + len(records) <= end:
                     try:
-                        batch = await part.read_records(len(records), size)
+                        batch = await part.read_records(start + len(records), size)
                     except WaltzError:  # a hole or a damaged record: read up to it
                         if size == 1:
                             break
@@ -309,7 +316,7 @@ class SimFsEngine(FsStorageEngine):
         runner: Any = None,
     ) -> FsStorageEngine:
         incarnation = current_incarnation()
-        world = incarnation.process.world
+        world: FsWorld = incarnation.process.world
         disk = world.disks.get(location)
         if disk is None:
             disk = world.disks[location] = FsDisk(world, location)

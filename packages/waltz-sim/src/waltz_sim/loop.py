@@ -36,12 +36,9 @@ import heapq
 import logging
 import selectors
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from waltz_api.errors import WaltzError
-
-if TYPE_CHECKING:
-    from waltz_sim.world import SimProcess
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +70,19 @@ class Resource(Protocol):
     def on_resume(self) -> None: ...
 
 
+class SimulatedProcess(Protocol):
+    """What the loop and the simulated contracts know of a process (the world's
+    ``SimProcess``): its name and its world. Each contract reads what it needs of the
+    world through a protocol of its own (``net.NetWorld``, ``disk.DiskWorld``...), so
+    nothing below the world imports it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def world(self) -> Any: ...
+
+
 CURRENT: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar(
     "waltz_sim_incarnation", default=None
 )
@@ -82,7 +92,7 @@ CURRENT: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar(
 class Incarnation:
     """One life of a simulated process: from a start to a crash (a restart is a new one)."""
 
-    def __init__(self, process: SimProcess, number: int) -> None:
+    def __init__(self, process: SimulatedProcess, number: int) -> None:
         self.process = process
         self.number = number
         self.state = ProcessState.RUNNING

@@ -41,17 +41,14 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.contracts.coordination import Coordination
 from waltz_api.errors import ConfigError, CoordinationError, SessionLostError
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_sim.fault_kit import ActiveFault
-
-if TYPE_CHECKING:
-    from waltz_sim.faults import Nemesis
-    from waltz_sim.world import SimProcess, World
+from waltz_sim.world import SimProcess, World
 
 T = TypeVar("T")
 
@@ -62,8 +59,27 @@ RETRY = 0.25
 
 
 def storage_count(config_storage_nodes: int, membership: str) -> int:
-    """The storage processes of a run: one spare more when replicas are replaced."""
+    """The storage processes of a run: one spare more when replicas are replaced
+    (``SimConfig.storage_processes``)."""
     return config_storage_nodes + (1 if membership == "replace" else 0)
+
+
+class Rules(Protocol):
+    """What a replacement needs of the nemesis (``waltz_sim.faults.Nemesis``): its rules
+    and its record of the faults."""
+
+    @property
+    def damaged_at(self) -> dict[str, float]: ...
+
+    def _record(self, fault: ActiveFault, duration: float) -> None: ...
+
+    def _heal(self, fault: ActiveFault) -> None: ...
+
+    def _impaired(self, kind: str) -> set[str]: ...
+
+    def _allowed(self, impairs: set[str]) -> bool: ...
+
+    def _restartable(self, process: SimProcess, description: str, kind: str) -> ActiveFault: ...
 
 
 @dataclass
@@ -79,7 +95,7 @@ class Removal:
 class ReplicaChanges:
     """The replacement of one run (see the module docstring), played by the nemesis."""
 
-    def __init__(self, world: World, nemesis: Nemesis, rng: random.Random) -> None:
+    def __init__(self, world: World, nemesis: Rules, rng: random.Random) -> None:
         self.world = world
         self.nemesis = nemesis
         self.rng = rng
@@ -88,6 +104,8 @@ class ReplicaChanges:
         self._opened = asyncio.Event()
         self._watched: set[int] = set()
         self._crash_at_vote = False
+        self._added_at = 0.0
+        """When the spare's replica was added."""
         self._client: Coordination | None = None
         self.failure: str | None = None
         """Why the replacement itself failed (a bug of the simulation, not of the code
@@ -161,6 +179,7 @@ class ReplicaChanges:
             self._slow_disks([spare], rng.uniform(0.3, 2.0))
         self._opened = asyncio.Event()
         self._watched = set(partitions)
+        self._added_at = loop.time()
         for partition in partitions:
             await self._retry(partial(_add, partition=partition, node=spare_name), safety_end)
         self._event(f"replica of partition {which} added on {spare.name}")
@@ -218,9 +237,17 @@ class ReplicaChanges:
         maybe on one other replica only until a session over the new set recorded it),
         the spare aside: it never acknowledged anything, and until the session after the
         add wrote its marks its storage reads LOST_SESSION (a fenced pristine partition),
-        which the rule counts as damage."""
-        storage = (self.nemesis._impaired("storage") - {self.spare.name}) | {old.name}
+        which the rule counts as damage. Only that is excused: a spare a fault impairs
+        (down, or damaged since it acknowledged records) counts like any replica."""
+        storage = self.nemesis._impaired("storage") | {old.name}
+        if self._spare_excused():
+            storage.discard(self.spare.name)
         return len(storage) <= (self.world.config.storage_nodes - 1) // 2
+
+    def _spare_excused(self) -> bool:
+        """No fault that may cost a node what it acknowledged struck the spare since
+        its replica was added (then its damage is real, not a pristine partition's)."""
+        return self.nemesis.damaged_at.get(self.spare.name, -1.0) < self._added_at
 
     def on_point(self, name: str, detail: Mapping[str, object]) -> None:
         """A protocol point was hit: a store session of a partition being changed opened."""
@@ -328,8 +355,6 @@ class _NotYet(Exception):
 
 
 def _node_name(process: SimProcess) -> str:
-    from waltz_sim.world import World
-
     return World.storage_node_name(int(process.name.rsplit("-", maxsplit=1)[1]))
 
 

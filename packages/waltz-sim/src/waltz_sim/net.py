@@ -29,9 +29,9 @@ import itertools
 import logging
 import random
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from waltz_api.contracts.transport import (
     DEFAULT_FAILURE_DETECTION_BOUND,
@@ -47,10 +47,10 @@ from waltz_api.errors import (
     FrameTooLargeError,
     TransportError,
 )
-from waltz_sim.loop import WORLD_CONTEXT, Incarnation, current_incarnation
+from waltz_sim.loop import WORLD_CONTEXT, Incarnation, SimLoop, current_incarnation
 
 if TYPE_CHECKING:
-    from waltz_sim.world import World
+    from waltz_sim.trace import Trace
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,28 @@ class NetworkStats:
     breaks: int = 0
 
 
+class NetWorld(Protocol):
+    """What the network needs of its world (``waltz_sim.world.World``)."""
+
+    @property
+    def loop(self) -> SimLoop: ...
+
+    @property
+    def trace(self) -> Trace: ...
+
+    @property
+    def network(self) -> SimNetwork: ...
+
+    @property
+    def transport_uids(self) -> Iterator[int]: ...
+
+    def coordination_links_changed(self) -> None: ...
+
+
 class SimNetwork:
     """Links between processes: latency, cuts, slow links, and the live connections."""
 
-    def __init__(self, world: World, rng: random.Random, config: NetworkConfig) -> None:
+    def __init__(self, world: NetWorld, rng: random.Random, config: NetworkConfig) -> None:
         self.world = world
         self.rng = rng
         self.config = config
@@ -254,6 +272,9 @@ class SimConnection(Connection):
         self._wire_timer: asyncio.TimerHandle | None = None
         self._held: deque[bytes | None] = deque()
         """Frames waiting for a cut direction to heal (None: the end of input)."""
+        self.identity: str | None = None
+        """On an accepted end: the connecting transport's ``identity`` option (what a
+        security handshake would have proved; the ACL's key)."""
 
     @property
     def network(self) -> SimNetwork:
@@ -266,6 +287,10 @@ class SimConnection(Connection):
     @property
     def peer(self) -> str:
         return self._peer
+
+    @property
+    def peer_identity(self) -> str | None:
+        return self.identity
 
     @property
     def closed(self) -> bool:
@@ -455,6 +480,8 @@ class SimListener(Listener):
             transport.next_id(),
             f"{client_end.process_name} ({client_end.transport.uid})",
         )
+        identity = client_end.transport.options.get("identity")
+        server_end.identity = identity if isinstance(identity, str) else None
         if replace_key is not None:
             lineage = (client_end.transport.uid, replace_key)
             older = self.lineages.get(lineage)
@@ -517,7 +544,7 @@ class SimTransport(Transport):
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.incarnation = current_incarnation()
-        world = self.incarnation.process.world
+        world: NetWorld = self.incarnation.process.world
         self.network: SimNetwork = world.network
         self.uid = f"{self.incarnation.name}/t{next(world.transport_uids)}"
         self._ids = itertools.count(1)

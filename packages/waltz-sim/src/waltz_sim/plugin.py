@@ -6,6 +6,8 @@ point): they work only inside a simulated process, so they are not offered to us
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 
 
@@ -58,3 +60,11 @@ def waltz_storage_engines() -> list[PluginDescriptor]:
             description="the real fs engine on the simulated disks (`--storage-engine fs`)",
         ),
     ]
+
+
+PLUGINS = SimpleNamespace(
+    waltz_transports=waltz_transports,
+    waltz_coordinators=waltz_coordinators,
+    waltz_storage_engines=waltz_storage_engines,
+)
+"""The three hooks as one plugin object (``World`` registers it when a run starts)."""

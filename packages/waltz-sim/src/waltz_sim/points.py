@@ -3,12 +3,15 @@
 Every run counts the protocol points its processes hit (``SeedResult.point_hits``,
 printed by ``waltz simulate -v`` and summed into a coverage table over the seeds).
 In a profile with ``point_strikes`` the striker also acts at a point: with a
-probability per hit, it crashes (kill -9) or pauses the process that hit it, or the
-storage node of the replica the point names, exactly there (after the code's current
-step: it stops at its next await) or a few milliseconds later; a crashed process is
-restarted and a paused one resumed after a while. The nemesis's rules hold: at most a
-minority of the storage nodes and never every server impaired at once, only in the
-safety phase, and at most ``MAX_STRIKES`` per run, ``STRIKE_GAP`` seconds apart.
+probability per hit, it crashes (kill -9), pauses or cuts off (from every process and
+the coordination service) the process that hit it, or the storage node of the replica
+the point names, exactly there (after the code's current step: it stops at its next
+await) or a few milliseconds later; a crashed process is restarted, a paused one
+resumed and a cut healed after a while. At an archive point it may fail the object
+store instead (every call refused for a while, or the next upload's answer lost). The
+nemesis's rules hold: at most a minority of the storage nodes and never every server
+impaired at once, only in the safety phase, and at most ``MAX_STRIKES`` per run,
+``STRIKE_GAP`` seconds apart.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from waltz_api.faultpoints import POINTS
+from waltz_sim.fault_kit import ActiveFault
 from waltz_sim.loop import CURRENT, WORLD_CONTEXT
+from waltz_sim.net import COORDINATION
 
 if TYPE_CHECKING:
     from waltz_sim.faults import Nemesis
@@ -29,8 +34,19 @@ STRIKE_GAP = 1.5
 """Seconds of virtual time between two strikes."""
 DEFAULT_PROBABILITY = 0.25
 """Per hit of a point, once the gap has passed."""
-STRIKE_PROBABILITY = {"replica.marked_suspect": 0.9, "replica.rejoined": 0.4}
-"""Points hit rarely, at the most fragile moments, are struck more often."""
+STRIKE_PROBABILITY = {
+    "replica.marked_suspect": 0.9,
+    "replica.rejoined": 0.4,
+    "leader.record_written": 0.1,
+    "client.flush_mark_taken": 0.05,
+    "archive.object_uploaded": 0.15,
+    "archive.mark_advanced": 0.15,
+}
+"""Points hit rarely, at the most fragile moments, are struck more often; points hit
+often (renewals, flushes, archive rounds) less, so that they leave strikes for the
+others."""
+CUT_SHARE = 0.4
+"""Of the pauses a strike would make, the share that cut the process off instead."""
 
 
 class PointStriker:
@@ -42,6 +58,8 @@ class PointStriker:
         self.strike = strike
         self.nemesis: Nemesis | None = None
         """Set once the nemesis runs: its rules decide what may be impaired."""
+        self.cut_rng = world.rng("points-cut")
+        """Which pauses become cuts (a stream of its own: the strikes' draws stay)."""
         self.hits: dict[str, int] = {}
         self.strikes = 0
         self._next_strike = 0.0
@@ -52,7 +70,12 @@ class PointStriker:
         if name not in POINTS:
             raise KeyError(f"protocol point {name!r} is not registered in faultpoints.POINTS")
         self.hits[name] = self.hits.get(name, 0) + 1
-        if not self.strike or self.nemesis is None or self.strikes >= MAX_STRIKES:
+        if (
+            not self.strike
+            or self.nemesis is None
+            or self.world.ready_at is None  # the cluster is starting: not yet
+            or self.strikes >= MAX_STRIKES
+        ):
             return
         incarnation = CURRENT.get()
         loop = self.world.loop
@@ -61,7 +84,10 @@ class PointStriker:
             return
         if self.rng.random() >= STRIKE_PROBABILITY.get(name, DEFAULT_PROBABILITY):
             return
-        target = incarnation.process
+        if name.startswith("archive.") and self.rng.random() < 0.4:
+            self._archive_fault(name)
+            return
+        target = self.world.processes[incarnation.process.name]
         replica = detail.get("replica")
         node = self._storage_process(replica) if isinstance(replica, str) else None
         action = "crash" if self.rng.random() < 0.6 else "pause"
@@ -88,6 +114,25 @@ class PointStriker:
         self.strikes += 1
         self._next_strike = now + STRIKE_GAP
         loop.call_at(now + delay, self._strike, target, action, name, context=WORLD_CONTEXT)
+
+    def _archive_fault(self, name: str) -> None:
+        """At an archive point, the object store fails instead of the process: it refuses
+        every call for a while (the manifest's write, the next round), or the next upload
+        lands with its answer lost (an orphan for the next round)."""
+        store = self.world.object_store
+        loop = self.world.loop
+        if self.rng.random() < 0.5:
+            held = self.rng.uniform(0.2, 3.0)
+            store.refuse_until = max(store.refuse_until, loop.time() + held)
+            description = f"archive refuses calls at {name} for {held:.1f}s"
+        else:
+            store.lost_answers += 1
+            description = f"archive loses the next upload's answer at {name} for 0.0s"
+        self.strikes += 1
+        self._next_strike = loop.time() + STRIKE_GAP
+        self.world.faults_injected += 1
+        self.world.fault_log.append(f"{loop.time() - self.world.started_at:.2f} {description}")
+        self.world.trace.add("fault", f"strike: {description}")
 
     def _storage_process(self, replica: str) -> SimProcess | None:
         """The storage node process whose connect string is ``replica``."""
@@ -134,8 +179,6 @@ class PointStriker:
 
     def _record(self, description: str, heal: Callable[[], None], held: float) -> None:
         """A lasting fault of a strike, healed after ``held`` or at the run's heal."""
-        from waltz_sim.faults import ActiveFault
-
         assert self.nemesis is not None
         self.nemesis._record(ActiveFault("strike", description, heal), held)
 
@@ -144,6 +187,8 @@ class PointStriker:
             return
         loop = self.world.loop
         held = self.rng.uniform(0.3, 3.0)
+        if action == "pause" and self.cut_rng.random() < CUT_SHARE:
+            action = "cut"  # (a stream of its own: the strikes' own draws stay as they were)
         description = f"{action} {target.name} at {name} for {held:.1f}s"
         self.world.faults_injected += 1
         self.world.fault_log.append(f"{loop.time() - self.world.started_at:.2f} {description}")
@@ -151,9 +196,29 @@ class PointStriker:
         if action == "crash":
             target.crash()
             loop.call_at(loop.time() + held, _restart, target, context=WORLD_CONTEXT)
+        elif action == "cut":
+            self._isolate(target, description, held)
         else:
             target.pause()
             loop.call_at(loop.time() + held, target.resume, context=WORLD_CONTEXT)
+
+    def _isolate(self, target: SimProcess, description: str, held: float) -> None:
+        """Cut ``target`` off from every process and the coordination service, both ways
+        (it runs on, alone), impaired for the nemesis's rules until it heals."""
+        network = self.world.network
+        others = [p for p in self.world.processes if p != target.name] + [COORDINATION]
+        for other in others:
+            network.cut(target.name, other)
+            network.cut(other, target.name)
+
+        def heal() -> None:
+            for other in others:
+                network.heal(target.name, other)
+                network.heal(other, target.name)
+
+        assert self.nemesis is not None
+        fault = ActiveFault("strike", description, heal, frozenset({target.name}))
+        self.nemesis._record(fault, held)
 
 
 def _restart(process: SimProcess) -> None:

@@ -13,11 +13,14 @@ from typing import Any
 
 from waltz_api import faultpoints
 from waltz_sim.checker import SAFETY, SEMANTICS, Violation, check
+from waltz_sim.faults import Nemesis
 from waltz_sim.loop import WORLD_CONTEXT, SimLoop, SimulationError
+from waltz_sim.points import PointStriker
+from waltz_sim.profiles import profile
 from waltz_sim.trace import capture_logs
 from waltz_sim.world import SimConfig, World
 
-MIXED = ("lock_table", "storage_nodes", "callbacks", "membership")
+MIXED = ("lock_table", "storage_nodes", "callbacks", "membership", "archive", "acl")
 """The configuration a seed chooses (:func:`mixed`), unless given."""
 EXACT_SHARE = 1 / 3
 """Seeds that run the ``exact`` lock table (lock precision is then checked exactly)."""
@@ -28,6 +31,12 @@ PLAIN_SHARE = 1 / 4
 REPLACE_SHARE = 1 / 4
 """Seeds with a spare storage node that replaces a replica during the run
 (``membership = "replace"``, :mod:`waltz_sim.membership`)."""
+ARCHIVE_SHARE = 1 / 4
+"""Seeds whose servers archive to the simulated object store (``archive = "on"``,
+:mod:`waltz_sim.archive`): ranges, manifests, the mark, reads below it, pruning (with an
+engine that can delete a prefix: ``fs``)."""
+ACL_SHARE = 1 / 5
+"""Seeds with the ACL enforced (``acl = "on"``): one client may not write everywhere."""
 
 EXTRA_TIME = 120.0
 """Virtual seconds a run may take beyond its duration (the read-back) before it is
@@ -83,12 +92,16 @@ def mixed(config: SimConfig, pinned: Collection[str] = ()) -> SimConfig:
     storage_nodes = 5 if rng.random() < FIVE_NODES_SHARE else 3
     callbacks = "plain" if rng.random() < PLAIN_SHARE else "async"
     membership = "replace" if rng.random() < REPLACE_SHARE else "none"
+    archive = "on" if rng.random() < ARCHIVE_SHARE else "none"
+    acl = "on" if rng.random() < ACL_SHARE else "none"
     return replace(
         config,
         lock_table=config.lock_table if "lock_table" in pinned else lock_table,
         storage_nodes=config.storage_nodes if "storage_nodes" in pinned else storage_nodes,
         callbacks=config.callbacks if "callbacks" in pinned else callbacks,
         membership=config.membership if "membership" in pinned else membership,
+        archive=config.archive if "archive" in pinned else archive,
+        acl=config.acl if "acl" in pinned else acl,
     )
 
 
@@ -102,6 +115,8 @@ def variant(config: SimConfig) -> str:
         else "",
         f"{config.callbacks} callbacks" if config.callbacks != defaults.callbacks else "",
         "a replica replaced" if config.membership == "replace" else "",
+        "archive" if config.archive == "on" else "",
+        "ACL" if config.acl == "on" else "",
     ]
     return ", ".join(p for p in parts if p)
 
@@ -122,6 +137,8 @@ def replay_command(config: SimConfig) -> str:
         "lock_table": "--lock-table",
         "callbacks": "--callbacks",
         "membership": "--membership",
+        "archive": "--archive",
+        "acl": "--acl",
     }
     always = ("duration", "faults", "workload", *MIXED)  # a seed would choose the mixed ones
     for f in fields(SimConfig):
@@ -132,6 +149,20 @@ def replay_command(config: SimConfig) -> str:
         if value != getattr(defaults, f.name) or f.name in always:
             parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
     return " ".join(parts)
+
+
+def arm(world: World, *, scripted: bool = False) -> PointStriker:
+    """Give ``world`` its nemesis and its point striker (which strikes in a run of the
+    nemesis, not in a scripted one); returns the striker."""
+    config = world.config
+    nemesis = Nemesis(world, world.rng("faults"))
+    striker = PointStriker(world, world.rng("points"), strike=profile(config.faults).point_strikes)
+    world.nemesis = nemesis
+    world.points = striker
+    if not scripted:
+        striker.nemesis = nemesis
+        striker.strike_until = nemesis.safety_end(world.started_at + config.duration - config.quiet)
+    return striker
 
 
 def run_seed(
@@ -148,6 +179,7 @@ def run_seed(
     cpu = time.process_time()
     loop = SimLoop()
     world = World(config, loop)
+    striker = arm(world, scripted=script is not None)
     gc_enabled = gc.isenabled()
     gc.disable()
     gc.freeze()  # what exists before the run is never collected during it: cheap collections
@@ -178,7 +210,7 @@ def run_seed(
     result.wall_seconds = time.perf_counter() - wall
     result.cpu_seconds = time.process_time() - cpu
     result.faults = world.faults_injected
-    result.point_hits = dict(world.points.hits)
+    result.point_hits = dict(striker.hits)
     result.fault_log = list(world.fault_log)
     result.loop_errors = list(world.loop_errors)
     changes = world.replica_changes

@@ -314,7 +314,7 @@ class Scenario:
             if incarnation is None:
                 raise SimulationError("the rejoin was logged outside a server process")
             self.note(f"{record.getMessage()}: crash the owner {incarnation.name}")
-            incarnation.process.crash()
+            self.world.processes[incarnation.process.name].crash()
 
         match = message_is(REJOIN, partition, session_id, self.replica_name(replica))
         return self.on_log(match, crash)

@@ -31,21 +31,10 @@ from waltz_sim.damage import CHECKSUM, HOLDS, STALE, ZEROS
 from waltz_sim.disk import PartitionImage, SimDisk
 from waltz_sim.fault_kit import ActiveFault, restart
 from waltz_sim.loop import WORLD_CONTEXT
+from waltz_sim.profiles import STORAGE_WEIGHTS
 
 if TYPE_CHECKING:
     from waltz_sim.world import SimProcess, World
-
-STORAGE_WEIGHTS = {
-    "lost_write": 2.0,
-    "corruption": 2.0,
-    "misdirected_write": 1.0,
-    "read_error": 1.0,
-    "wiped_disk": 1.0,
-    "stale_restore": 1.0,
-    "power_loss": 1.0,
-    "damaged_rejoin": 4.0,
-}
-"""The disk faults of the ``storage`` profile (``power_loss`` tears the last write)."""
 
 BACKUP_AGE = 1.0
 """A stale restore uses a snapshot at least this many seconds old."""

@@ -31,6 +31,7 @@ CAPTURED_LOGGERS = (
     "waltz_api",
     "waltz_sim",
     "waltz_storage_fs",
+    "waltz_archive",
     "waltz_conformance",
     "asyncio",
 )

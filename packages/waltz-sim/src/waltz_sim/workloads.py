@@ -27,9 +27,9 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from waltz_api.errors import ClientError, WaltzError
+from waltz_api.errors import ClientError, PermissionDeniedError, WaltzError
 from waltz_api.types import Lock, LockMode
 from waltz_client import (
     AsyncWaltzClient,
@@ -52,12 +52,14 @@ from waltz_sim.checker import (
     StoredRecord,
     encode_txn,
 )
+from waltz_sim.checker.access import REFUSED
 from waltz_sim.checker.semantics import APPEND, READ, WRITE
 from waltz_sim.checker.semantics import Lock as LockSpec
-from waltz_sim.loop import CallbackThread
+from waltz_sim.loop import CallbackThread, Incarnation, SimLoop
 
 if TYPE_CHECKING:
-    from waltz_sim.world import SimProcess, World
+    from waltz_sim.config import SimConfig
+    from waltz_sim.history import HistoryRecorder
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +85,48 @@ class ClientDatabase:
     ops: int = 0
 
 
+class ClientProcess(Protocol):
+    """What a client's workload needs of its process (the world's ``SimProcess``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def incarnation(self) -> Incarnation | None: ...
+
+    @property
+    def incarnations(self) -> int: ...
+
+    handle: Any
+    """What its main made available (here the client)."""
+
+
+class ClientWorld(Protocol):
+    """What the workload needs of its world (``waltz_sim.world.World``)."""
+
+    @property
+    def loop(self) -> SimLoop: ...
+
+    @property
+    def config(self) -> SimConfig: ...
+
+    @property
+    def history(self) -> HistoryRecorder: ...
+
+    @property
+    def coordination_uri(self) -> str: ...
+
+    @property
+    def submissions_end(self) -> float: ...
+
+    @property
+    def client_databases(self) -> dict[str, Any]: ...
+
+    def rng(self, name: str) -> random.Random: ...
+
+
 class _Callbacks(WaltzClientCallbacks):
-    def __init__(self, workload: Workload, process: SimProcess, db: ClientDatabase) -> None:
+    def __init__(self, workload: Workload, process: ClientProcess, db: ClientDatabase) -> None:
         self.workload = workload
         self.process = process
         self.incarnation = process.incarnations
@@ -122,7 +164,7 @@ class _PlainCallbacks(WaltzClientCallbacks):
     client runs them on its callback thread (in the simulation, the loop's stand-in for
     it, :class:`~waltz_sim.loop.CallbackThread`), the data read with ``get_data()``."""
 
-    def __init__(self, workload: Workload, process: SimProcess, db: ClientDatabase) -> None:
+    def __init__(self, workload: Workload, process: ClientProcess, db: ClientDatabase) -> None:
         self.database = _Callbacks(workload, process, db)
 
     def client_high_water_mark(self, partition_id: int) -> int:
@@ -215,8 +257,10 @@ class Workload:
     """The simulated clients of a run: each submits the ops of :attr:`ops` (whose
     :attr:`semantics` says what they mean) and keeps its database."""
 
-    def __init__(self, world: World, ops: OpMix) -> None:
+    def __init__(self, world: ClientWorld, ops: OpMix) -> None:
         self.world = world
+        self.flush_rate = 0.0
+        """Per client, ``flush()`` calls per second (``Profile.client_flushes``)."""
         self.ops = ops
         self.name = ops.name
         self.semantics = ops.semantics
@@ -225,7 +269,7 @@ class Workload:
         """The next op of a client."""
         return self.ops.choose(rng, partitions)
 
-    def database(self, process: SimProcess) -> ClientDatabase:
+    def database(self, process: ClientProcess) -> ClientDatabase:
         databases = self.world.client_databases
         db = databases.get(process.name)
         if db is None:
@@ -236,7 +280,7 @@ class Workload:
         assert isinstance(db, ClientDatabase)
         return db
 
-    async def client_main(self, process: SimProcess) -> None:
+    async def client_main(self, process: ClientProcess) -> None:
         world = self.world
         config = world.config
         db = self.database(process)
@@ -248,6 +292,7 @@ class Workload:
                 coordination=world.coordination_uri,
                 coordination_options={"session_timeout": config.session_timeout},
                 transport="sim",
+                transport_options={"identity": process.name},
                 transaction_timeout=config.transaction_timeout,
                 request_timeout=config.request_timeout,
                 prefetch_data=plain,  # a plain apply cannot wait for its data on the loop
@@ -261,6 +306,7 @@ class Workload:
         rng = world.rng(f"workload:{process.incarnation.name}")
         inflight: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
+        flusher = loop.create_task(self._flush(client, process)) if self.flush_rate > 0 else None
         while loop.time() < world.submissions_end:
             await asyncio.sleep(rng.expovariate(config.ops_per_second))
             if len(inflight) >= config.max_inflight or loop.time() >= world.submissions_end:
@@ -278,14 +324,32 @@ class Workload:
             inflight.add(task)
             task.add_done_callback(inflight.discard)
         await loop.create_future()  # the client stays up (its feed goes on) until the end
+        assert flusher is None or flusher.done()  # (held until here: a task of the process)
 
-    async def _submit(self, client: AsyncWaltzClient, process: SimProcess, op: WorkloadOp) -> None:
+    async def _flush(self, client: AsyncWaltzClient, process: ClientProcess) -> None:
+        """Now and then the client flushes a partition (a flush round beside its appends)."""
+        assert process.incarnation is not None
+        rng = self.world.rng(f"flush:{process.incarnation.name}")
+        loop = asyncio.get_running_loop()
+        while loop.time() < self.world.submissions_end:
+            await asyncio.sleep(rng.expovariate(self.flush_rate))
+            partition = rng.randrange(self.world.config.partitions)
+            try:
+                await client.flush(partition)
+            except (ClientError, WaltzError) as exc:
+                log.debug("%s: flush of partition %d: %s", process.name, partition, exc)
+
+    async def _submit(
+        self, client: AsyncWaltzClient, process: ClientProcess, op: WorkloadOp
+    ) -> None:
         history = self.world.history
         history.invoke(op.op_id, process.name, op.spec.partition, op.spec.detail)
         try:
             committed = await client.submit(op)
         except TransactionExpiredError as exc:
             history.end(FAIL, op.op_id, detail=f"expired: {exc}"[:200])
+        except PermissionDeniedError as exc:  # the ACL: definitely not committed
+            history.end(FAIL, op.op_id, detail=f"{REFUSED}: {exc}"[:200])
         except asyncio.CancelledError:
             raise
         except (ClientError, WaltzError) as exc:
@@ -438,7 +502,7 @@ def op_mix(name: str) -> OpMix:
         ) from None
 
 
-def make_workload(name: str, world: World) -> Workload:
+def make_workload(name: str, world: ClientWorld) -> Workload:
     return Workload(world, op_mix(name))
 
 

@@ -25,48 +25,43 @@ shift the others' draws.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import itertools
 import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.errors import WaltzError
 from waltz_api.plugins import get_registry
 from waltz_server.cluster_admin import ClusterAdmin
+from waltz_sim.access import READER, access_control, refused
+from waltz_sim.archive import ObjectStore, read_archive, server_section
+from waltz_sim.archive import register as register_archive
 from waltz_sim.checker import (
     FAIL,
-    INVOKE,
-    OK,
-    UNKNOWN,
     ClientSnapshot,
     ClusterSnapshot,
-    FeedEvent,
     History,
-    LivenessBounds,
-    LockFailure,
-    OpEvent,
     PartitionSnapshot,
-    SessionSpan,
     StoredRecord,
 )
+from waltz_sim.config import THROUGHPUT_FLOOR, SimConfig
 from waltz_sim.coord import SimCoordinationService
-from waltz_sim.disk import Disk, DiskConfig
+from waltz_sim.disk import Disk
+from waltz_sim.history import HistoryRecorder
 from waltz_sim.loop import (
-    CURRENT,
     WORLD_CONTEXT,
     Incarnation,
     ProcessState,
     SimLoop,
     SimulationError,
 )
-from waltz_sim.membership import ReplicaChanges, storage_count
-from waltz_sim.net import NetworkConfig, SimNetwork
+from waltz_sim.net import SimNetwork
+from waltz_sim.profiles import profile
 from waltz_sim.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -77,68 +72,12 @@ SIM_ENGINES = {"fs": "sim-fs"}
 engine on the simulated disks (``waltz_sim.fsdisk``), registered as ``sim-fs``."""
 GC_INTERVAL = 5.0
 """Virtual seconds between garbage collections (automatic collection is off)."""
-THROUGHPUT_FLOOR = 0.45
-"""The share of the offered rate (clients x ``ops_per_second``) that the fault-free
-windows commit at least (``LivenessBounds.throughput_floor``). Measured over 200 seeds
-of each CI profile (the seed-chosen mix of lock tables, replicas and callbacks): the
-lowest was 0.63 for ``standard`` and 0.56 for ``points`` (medians 0.81 and 0.80; the
-warm-up is low, most withdrawals are declined on empty accounts); ``none`` runs 0.70
-to 0.90. The lock check made too strict (``>=``) commits 0.10 to 0.36."""
 SETTLE = 4.0
 """Virtual seconds after the heal before the throughput is held to its floor again
 (crashed processes restart, recoveries run, clients mount again)."""
 CATCH_UP = 3.0
 """Virtual seconds between the end of the submissions (or of the drain) and the
 read-back: the clients' feeds deliver the last commits."""
-
-
-@dataclass
-class SimConfig:
-    """One run: the cluster, the workload, the faults, the bounds."""
-
-    seed: int = 0
-    duration: float = 40.0
-    """Simulated seconds from the start to the final read-back."""
-    storage_nodes: int = 3
-    servers: int = 2
-    clients: int = 4
-    partitions: int = 2
-    workload: str = "bank"
-    faults: str = "standard"
-    session_timeout: float = 4.0
-    transaction_timeout: float = 10.0
-    """The clients' (ClientConfig.transaction_timeout): below the decision deadline, so an op
-    waiting to be retried since before the heal expires within its deadline."""
-    request_timeout: float = 10.0
-    storage_engine: str = "sim"
-    lock_table: str = "hwm-array"
-    callbacks: str = "async"
-    """The clients' callbacks: ``async`` (``async def``, on the loop) or ``plain`` (the
-    synchronous ones most applications use, on the client's callback thread: the
-    loop's stand-in for it)."""
-    membership: str = "none"
-    """``replace``: one more storage node, holding no replica at first, replaces a replica
-    of the partitions during the run (:mod:`waltz_sim.membership`); ``none``: the replica
-    sets never change."""
-    liveness: LivenessBounds = field(
-        default_factory=lambda: LivenessBounds(throughput_floor=THROUGHPUT_FLOOR)
-    )
-    network: NetworkConfig = field(default_factory=NetworkConfig)
-    disk: DiskConfig = field(default_factory=DiskConfig)
-    ops_per_second: float = 2.5
-    """Per client: the mean rate at which it starts ops (the throughput floor,
-    ``LivenessBounds.throughput_floor``, is a share of it)."""
-    max_inflight: int = 2
-    """Per client: ops in flight at once."""
-    trace_level: int = logging.INFO
-    server_options: dict[str, Any] = field(default_factory=dict)
-    """More keys of the servers' ``[server]`` config section (``checkpoint_interval``...),
-    for scripted scenarios (:mod:`waltz_sim.scenario`); the seeded runs use the defaults."""
-
-    @property
-    def quiet(self) -> float:
-        """The fault-free time at the end: every op gets its deadline, and a margin."""
-        return self.liveness.decision_deadline + 3.0
 
 
 @dataclass(eq=False)
@@ -251,104 +190,38 @@ class SimProcess:
             resource.on_resume()
 
 
-@dataclass
-class _Pending:
-    event: OpEvent
-    process: str
+class PointHandler(Protocol):
+    """Hears a protocol point (``waltz_api.faultpoints``): the runner's ``PointStriker``."""
+
+    def __call__(self, name: str, detail: Mapping[str, object]) -> None: ...
 
 
-class HistoryRecorder:
-    """The history the clients write (world side: it survives their crashes), and the
-    store sessions the servers open (seen at the protocol points)."""
+def _no_strike(name: str, detail: Mapping[str, object]) -> None:
+    return None
 
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.ops: list[OpEvent] = []
-        self.feed: list[FeedEvent] = []
-        self.pending: dict[str, _Pending] = {}
-        self.lock_failures: list[LockFailure] = []
-        self.sessions: dict[tuple[int, int], SessionSpan] = {}
-        self._all_decided: asyncio.Event | None = None
 
-    def _add(self, event: OpEvent) -> None:
-        self.ops.append(event)
-        text = f"{event.kind} {event.op_id} p{event.partition}"
-        if event.kind == OK:
-            text += f" -> {event.transaction_id}"
-        if event.detail:
-            text += f" ({event.detail})"
-        self.world.trace.add("op", text)
+class FaultDriver(Protocol):
+    """What plays a run's faults (``waltz_sim.faults.Nemesis``, set by the runner)."""
 
-    def invoke(self, op_id: str, client: str, partition: int, detail: str) -> None:
-        event = OpEvent(INVOKE, op_id, client, self.world.loop.time(), partition, detail=detail)
-        self.pending[op_id] = _Pending(event, client)
-        self._add(event)
+    @property
+    def healed_at(self) -> float | None: ...
 
-    def end(self, kind: str, op_id: str, transaction_id: int = -1, detail: str = "") -> None:
-        pending = self.pending.pop(op_id, None)
-        if pending is None:
-            return  # ended already (the client crashed meanwhile)
-        if not self.pending and self._all_decided is not None:
-            self._all_decided.set()
-        invoke = pending.event
-        self._add(
-            OpEvent(
-                kind,
-                op_id,
-                invoke.client,
-                self.world.loop.time(),
-                invoke.partition,
-                transaction_id,
-                detail,
-            )
-        )
+    async def run(self, until: float) -> None: ...
 
-    def crashed(self, process: str) -> None:
-        for op_id, pending in list(self.pending.items()):
-            if pending.process == process:
-                self.end(UNKNOWN, op_id, detail="crashed with the op in flight")
-        now = self.world.loop.time()
-        for key, span in self.sessions.items():
-            if span.server == process and span.closed_at is None:
-                self.sessions[key] = replace(span, closed_at=now)
+    def heal_all(self) -> None: ...
 
-    def applied(self, event: FeedEvent) -> None:
-        self.feed.append(event)
 
-    def lock_failed(self, failure: LockFailure) -> None:
-        self.lock_failures.append(failure)
-        self.world.trace.add(
-            "op",
-            f"lock failure {failure.op_id} p{failure.partition}: built on "
-            f"{failure.client_high_water_mark}, conflict {failure.conflict}",
-        )
+class ReplicaSetChanges(Protocol):
+    """A run's replica-set changes (``waltz_sim.membership.ReplicaChanges``)."""
 
-    def point(self, name: str, detail: Mapping[str, object]) -> None:
-        """A protocol point was hit: note the store sessions' openings and ends."""
-        if name not in ("store.session_opened", "store.session_closing"):
-            return
-        partition, session = detail.get("partition"), detail.get("session")
-        mark = detail.get("mark")
-        if not isinstance(partition, int) or not isinstance(session, int):
-            return
-        now = self.world.loop.time()
-        key = (partition, session)
-        span = self.sessions.get(key)
-        if name == "store.session_opened" and isinstance(mark, int) and span is None:
-            incarnation = CURRENT.get()
-            server = incarnation.process.name if incarnation is not None else ""
-            self.sessions[key] = SessionSpan(partition, session, now, mark, server=server)
-        elif name == "store.session_closing" and span is not None and span.closed_at is None:
-            self.sessions[key] = replace(span, closed_at=now)
+    @property
+    def failure(self) -> str | None: ...
 
-    async def drain(self, until: float) -> bool:
-        """Wait until no op is open, or until ``until`` (virtual time); True: none is."""
-        self._all_decided = asyncio.Event()
-        if self.pending:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(until):
-                    await self._all_decided.wait()
-        return not self.pending
+    def on_point(self, name: str, detail: Mapping[str, object]) -> None: ...
+
+    async def final_sets(self) -> dict[int, list[str]]: ...
+
+    def removed(self, partition: int, fences: Mapping[str, int]) -> dict[str, tuple[int, int]]: ...
 
 
 class World:
@@ -363,8 +236,10 @@ class World:
         self.coordination = SimCoordinationService(self, self.rng("coordination"))
         self.disk_rng = self.rng("disk")
         self.disks: dict[str, Disk] = {}
+        self.object_store = ObjectStore(self.rng("archive"))
+        """The archive's object store (used in ``archive`` seeds): it outlives the servers."""
         self.processes: dict[str, SimProcess] = {}
-        self.history = HistoryRecorder(self)
+        self.history = HistoryRecorder(loop, self.trace)
         self.transport_uids = itertools.count(1)
         self.cluster_key = uuid.UUID(int=self.rng("cluster-key").getrandbits(128), version=4)
         self.stopping = False
@@ -380,20 +255,19 @@ class World:
         self.scripted = False
         self.faults_injected = 0
         self.fault_log: list[str] = []
-        from waltz_sim.faults import profile
-        from waltz_sim.points import PointStriker
-
-        self.points = PointStriker(
-            self, self.rng("points"), strike=profile(config.faults).point_strikes
-        )
+        self.points: PointHandler = _no_strike
+        """Hears every protocol point (after the history): the runner's ``PointStriker``."""
+        self.nemesis: FaultDriver | None = None
+        """Plays the faults of the run: set before :meth:`run` (the runner's ``Nemesis``)."""
         self.client_databases: dict[str, Any] = {}
         self.snapshot: ClusterSnapshot | None = None
-        self.replica_changes: ReplicaChanges | None = None
+        self.replica_changes: ReplicaSetChanges | None = None
         """The replica set changes of the run (``SimConfig.membership``), set by the nemesis."""
         self.ready_at: float | None = None
         from waltz_sim.workloads import make_workload
 
         self.workload = make_workload(config.workload, self)
+        self.workload.flush_rate = profile(config.faults).client_flushes
         loop.set_exception_handler(self._loop_exception)
 
     # -- randomness -------------------------------------------------------------------------
@@ -481,8 +355,10 @@ class World:
     async def _server_main(self, process: SimProcess) -> None:
         from waltz_server.server.config import load_server_config
         from waltz_server.server.main import start_server
-        from waltz_sim.faults import profile as fault_profile
 
+        archive_options: dict[str, Any] = {}
+        if self.config.archive == "on":
+            archive_options["archive"] = server_section(self.name)
         config = load_server_config(
             None,
             env={},
@@ -498,8 +374,9 @@ class World:
                 },
                 "server": {
                     "lock_table": self.config.lock_table,
-                    **fault_profile(self.config.faults).server_options,
+                    **profile(self.config.faults).server_options,
                     **self.config.server_options,
+                    **archive_options,
                 },
             },
         )
@@ -515,9 +392,10 @@ class World:
         the script places the faults instead of the nemesis: it starts before the cluster
         does (to see every log record), and when it returns everything is healed (as the
         nemesis heals at its end) and the quiet phase follows."""
-        from waltz_sim.faults import Nemesis
-
         config = self.config
+        nemesis = self.nemesis
+        if nemesis is None:
+            raise SimulationError("no fault driver: set World.nemesis first (waltz_sim.runner.arm)")
         _register_plugins()
         admin = self.add_process("admin", "admin", _idle, restart_on_exit=False)
         admin.start()
@@ -526,7 +404,7 @@ class World:
             self.scripted = True
             self.submissions_end = float("inf")  # until the script is done
             scripted = self.loop.create_task(script(self), context=WORLD_CONTEXT)
-        for i in range(storage_count(config.storage_nodes, config.membership)):
+        for i in range(config.storage_processes):
             self.add_process(f"storage-{i}", "storage", self._storage_main)
         for i in range(config.servers):
             self.add_process(f"server-{i}", "server", self._server_main)
@@ -548,10 +426,7 @@ class World:
         else:
             self.run_end = float("inf")  # until the script is done
         gc_task = self.loop.create_task(self._collect_garbage(), context=WORLD_CONTEXT)
-        nemesis = Nemesis(self, self.rng("faults"))
         if scripted is None:
-            self.points.nemesis = nemesis
-            self.points.strike_until = nemesis.safety_end(end - config.quiet)
             await nemesis.run(until=end - config.quiet)
             self.healed_at = nemesis.healed_at
         else:
@@ -613,6 +488,9 @@ class World:
             if self.config.membership == "replace":  # the spare: no replica yet
                 spare = self.storage_node_name(self.config.storage_nodes)
                 await ClusterAdmin(coordination).add_storage_node(spare)
+            if self.config.acl == "on":
+                acl = access_control(self.config.clients, self.config.partitions)
+                await ClusterAdmin(coordination).change_access_control(lambda _: acl)
         finally:
             await coordination.close()
 
@@ -657,6 +535,7 @@ class World:
                 coordination=self.coordination_uri,
                 coordination_options={"session_timeout": self.config.session_timeout},
                 transport="sim",
+                transport_options={"identity": READER},
                 request_timeout=self.config.request_timeout,
             ),
             rng=self.rng("read-back"),
@@ -686,6 +565,8 @@ class World:
                 if final is None or name in final[partition]
             }
             snapshot.partitions[partition] = PartitionSnapshot(partition, high, replicas, records)
+            if self.config.archive == "on":
+                await self._read_archive(snapshot.partitions[partition])
             if changes is not None:
                 fences = {
                     name: self.disks[self.data_dir(name)].fences.get(partition, -1)
@@ -693,6 +574,28 @@ class World:
                 }
                 snapshot.partitions[partition].removed = changes.removed(partition, fences)
         return snapshot
+
+    async def _read_archive(self, snapshot: PartitionSnapshot) -> None:
+        """The partition's archive, as the mark names it, into ``snapshot``."""
+        from waltz_sim.workloads import stored_record
+
+        coordination = coordination_from_uri(
+            self.coordination_uri, {"session_timeout": self.config.session_timeout}
+        )
+        await coordination.start()
+        try:
+            url = server_section(self.name)["url"]
+            records = await read_archive(coordination, url, snapshot.partition)
+            snapshot.archived = [stored_record(r) for r in records]
+        except WaltzError as exc:
+            snapshot.archive_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            await coordination.close()
+        self.trace.add(
+            "world",
+            f"partition {snapshot.partition}: {len(snapshot.archived)} records in the archive"
+            + (f" ({snapshot.archive_error})" if snapshot.archive_error else ""),
+        )
 
     async def _read_partition(
         self, client: Any, partition: int
@@ -735,8 +638,21 @@ class World:
             sessions=list(self.history.sessions.values()),
             lock_table=self.config.lock_table,
             baseline=self._baseline(),
-            offered_rate=self.config.clients * self.config.ops_per_second,
+            offered_rate=self._offered_rate(),
+            refused=self._refused(),
         )
+
+    def _refused(self) -> frozenset[tuple[str, int]] | None:
+        if self.config.acl != "on":
+            return None
+        return refused(self.config.clients, self.config.partitions)
+
+    def _offered_rate(self) -> float:
+        """What the clients offer that the ACL lets them write (ops spread evenly)."""
+        config = self.config
+        pairs = config.clients * config.partitions
+        allowed = pairs - len(self._refused() or ())
+        return config.clients * config.ops_per_second * allowed / pairs
 
     def _baseline(self) -> list[tuple[float, float]]:
         """The fault-free windows where the throughput is held to its floor: from the
@@ -777,11 +693,12 @@ async def _idle(process: SimProcess) -> None:
 def _register_plugins() -> None:
     """The ``sim`` plugins, registered by the simulation itself (never by entry point:
     they exist only inside a simulated process, so no user should see them)."""
-    from waltz_sim import plugin
+    from waltz_sim.plugin import PLUGINS
 
+    register_archive()
     registry = get_registry()
     if registry.manager.get_plugin("waltz_sim") is None:
-        registry.register(plugin, name="waltz_sim")
+        registry.register(PLUGINS, name="waltz_sim")
 
 
-__all__ = ["FAIL", "HistoryRecorder", "SimConfig", "SimProcess", "World"]
+__all__ = ["FAIL", "THROUGHPUT_FLOOR", "SimConfig", "SimProcess", "World"]

@@ -51,7 +51,15 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
   ``never-clean-suspect``: a replica the metadata never recorded clean is taken for a
   suspect when its storage reads LOST_SESSION (a pristine partition's fence);
   ``recovering-kept``: a replica assignment change does not give up a store session still
-  recovering (its recovery over the old set may wait for a removed replica).
+  recovering (its recovery over the old set may wait for a removed replica);
+- ``archive-prunes-ahead``: the archiver asks the replicas to delete a dozen records more
+  than it archived (runs with the archive on the fs engine, which deletes whole
+  segments): committed records are then nowhere, neither on a replica nor in the archive;
+- ``acl-open``: a server whose access gate refuses nothing: a client the ACL lets only
+  read a partition commits there (runs with the ACL on);
+- ``acl-every-partition``: the ACL's permission ignoring a key's grants on one partition
+  (only its grant on every partition counts): a client allowed to write partition 0 is
+  refused there.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ from typing import Any
 
 import pytest
 
+from waltz_api.access import EVERY_PARTITION, AccessControl, Permission
 from waltz_api.contracts.storage import StoragePartition
 from waltz_api.hookspecs import PluginDescriptor, PluginKind, hookimpl
 from waltz_api.plugins import get_registry, reset_registry
@@ -86,6 +95,8 @@ from waltz_server.server import replication as replication_module
 from waltz_server.server import server as server_module
 from waltz_server.server import store_session as store_session_module
 from waltz_server.server import voting as voting_module
+from waltz_server.server.access import AccessGate
+from waltz_server.server.archiving import StoreArchiveSource
 from waltz_server.server.recovery import RecoveryManager
 from waltz_server.server.replication import Committed, Replication
 from waltz_server.server.store import StorePartition
@@ -391,6 +402,24 @@ _STUCK = frozenset(
     {"undecided", "no-commit-after-heal", "no-high-water-mark", "replica-behind", "client-behind"}
 )
 """A partition whose recovery waits for ever after a replica set change."""
+# -- the archive and the ACL ---------------------------------------------------------------------
+
+
+async def _prune_ahead(self: StoreArchiveSource, through: int) -> None:
+    await self.store.prune(through + 12)  # the bug: a dozen records not archived deleted too
+
+
+def _refuse_nothing(self: AccessGate, *args: object, **kwargs: object) -> str | None:
+    return None  # the bug: the gate lets every request through
+
+
+def _permission_everywhere_only(
+    self: AccessControl, identity: str | None, partition_id: int
+) -> Permission | None:
+    grants = self.keys.get(identity) if identity is not None else None
+    return None if grants is None else grants.partitions.get(EVERY_PARTITION)  # the bug
+
+
 PLANTED: dict[str, Planted] = {
     p.name: p
     for p in (
@@ -463,6 +492,13 @@ PLANTED: dict[str, Planted] = {
                 ("recovering-kept", "standard"),
             )
         ),
+        Planted(
+            "archive-prunes-ahead",
+            _LOSS | {"dense-ids", "replica-behind"},
+            {"storage_engine": "fs", "archive": "on"},
+        ),
+        Planted("acl-open", frozenset({"acl-refused-committed"}), {"acl": "on"}),
+        Planted("acl-every-partition", frozenset({"acl-wrongly-refused"}), {"acl": "on"}),
     )
 }
 
@@ -503,6 +539,12 @@ def planted(name: str) -> Iterator[Planted]:
             patch.setattr(voting_module, "storage_older_than_metadata", _older_even_never_clean)
         elif name == "recovering-kept":
             patch.setattr(StorePartition, "_open", _open_whatever_changes)
+        elif name == "archive-prunes-ahead":
+            patch.setattr(StoreArchiveSource, "prune", _prune_ahead)
+        elif name == "acl-open":
+            patch.setattr(AccessGate, "refusal", _refuse_nothing)
+        elif name == "acl-every-partition":
+            patch.setattr(AccessControl, "permission", _permission_everywhere_only)
         yield bug
     finally:
         patch.undo()

@@ -29,6 +29,9 @@ MAX_SEEDS = {
     "suspect-as-clean": 100,
     "clean-at-plan": 10,
     "never-clean-suspect": 5,
+    "archive-prunes-ahead": 5,
+    "acl-open": 3,
+    "acl-every-partition": 3,
 }
 
 

@@ -139,6 +139,24 @@ MIXED_REGRESSIONS = [
         "the quiet phase (replica-behind); fixed in waltz_sim.faults (a healed fault's "
         "crash is called off)",
     ),
+    (
+        56,
+        "points",
+        "(archive, the sim engine without the prefix capability) a replica that came back "
+        "with records lost to damage below the archive mark was asked to delete its archived "
+        "prefix when it rejoined; its engine refused, and the rejoin failed the same way "
+        "every retry: the replica never rejoined (replica-behind); fixed in "
+        "store_session.py (a replica that cannot delete is repaired and caught up instead)",
+    ),
+    (
+        3,
+        "points",
+        "(a replaced replica) the spare's replica was removed beside it while a damage fault "
+        "had cost the spare its acknowledged tail (the rules excused the spare as pristine): "
+        "the next recovery waited for ever for the removed replica (no-high-water-mark); "
+        "fixed in waltz_sim.membership (the spare is excused only until a damaging fault "
+        "strikes it)",
+    ),
 ]
 
 

@@ -210,7 +210,7 @@ class PartitionArchiveLink:
 
     async def _blocking(self, fn: Any) -> Any:
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn), self.timeout)
+            return await self.store.call(fn, self.timeout)
         except TimeoutError:
             raise ArchiveError(
                 f"partition {self.partition_id}: the archive {self.store.url} did not answer "
@@ -285,7 +285,7 @@ class ServerArchive:
         rng: random.Random | None = None,
     ) -> None:
         try:
-            from waltz_archive.store import ArchiveStore
+            from waltz_archive.store import open_store
         except ImportError as exc:
             raise ConfigError(
                 f"config key 'server.archive.url' is set but the archive cannot be used: "
@@ -297,7 +297,7 @@ class ServerArchive:
         self.coordination = coordination
         self.metrics = metrics
         self.rng = rng or random.Random()
-        self.store = ArchiveStore(section.url, section.storage_options)
+        self.store = open_store(section.url, section.storage_options)
         self.policy = section.policy()
         self.links: dict[int, PartitionArchiveLink] = {}
         self.archivers: dict[int, PartitionArchiver] = {}

@@ -1,4 +1,7 @@
 """A store session: one partition's quorum writes to its replicas, from recovery to end.
+(Above 800 lines on purpose: the writers, a replica's rejoin and its repair act on one
+session's state - its window, its replicas and the replication core - in the order its
+safety argument gives; the pure rules are :mod:`~waltz_server.server.replication`.)
 
 :class:`StoreSession` is the I/O shell of the pure :mod:`waltz_server.server.replication`:
 it takes a new session id by CAS in coordination, recovers
@@ -489,7 +492,7 @@ class StoreSession:
             missing = await connection.missing_range() if REPAIR in capabilities else None
             if missing is not None and missing[0] <= archive_mark:
                 # a hole in archived records: dropped, not repaired
-                await connection.prune(archive_mark)
+                await self._drop_archived(node, connection.prune, archive_mark)
         await self._repair(node, connection, acked)
         info = await connection.last_session_info()
         max_id = await connection.max_transaction_id()
@@ -520,10 +523,10 @@ class StoreSession:
             await connection.mark_replica(self.low_water_mark, clean=False)
             point("replica.marked_suspect", partition=self.partition_id, replica=node)
         mark = plan.mark
-        if archive_mark >= 0 and PREFIX in capabilities and mark < archive_mark:
-            # behind the archive: its log continues after the mark (everything at or below
-            # it is committed and archived)
-            await connection.prune(archive_mark)
+        behind = archive_mark >= 0 and PREFIX in capabilities and mark < archive_mark
+        # behind the archive: its log continues after the mark (everything at or below it
+        # is committed and archived)
+        if behind and await self._drop_archived(node, connection.prune, archive_mark):
             mark = await connection.max_transaction_id()
         log.info(
             "partition %d session %d: replica %s rejoins at %d",
@@ -585,6 +588,22 @@ class StoreSession:
                 await connection.repair(records)
                 point("replica.repaired", partition=self.partition_id, replica=node)
                 next_id += len(records)
+
+    async def _drop_archived(
+        self, node: str, prune: Callable[[int], Awaitable[object]], upto: int
+    ) -> bool:
+        """``node`` deletes its archived records up to ``upto``; False when it cannot (no
+        ``prefix`` capability): it is repaired and caught up from its peers instead."""
+        try:
+            await prune(upto)
+        except StorageError as exc:
+            if isinstance(exc, SessionFencedError):
+                raise
+            log.info(
+                "partition %d: replica %s keeps archived records: %s", self.partition_id, node, exc
+            )
+            return False
+        return True
 
     def _join(self, node: str, mark: int) -> None:
         replication = self._replication

@@ -48,6 +48,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from waltz_sim.checker.access import check_access
 from waltz_sim.checker.liveness import OpLife, check_liveness
 from waltz_sim.checker.locks import check_lock_precision, check_lock_safety
 from waltz_sim.checker.model import (
@@ -83,6 +84,9 @@ SAFETY = (
     "client-state",
     "client-ahead",
     "removed-written",
+    "archive-unreadable",
+    "acl-refused-committed",
+    "acl-wrongly-refused",
 )
 LIVENESS = (
     "undecided",
@@ -119,6 +123,7 @@ def check(
     _check_feed(history, logs, txns, out)
     _check_clients(history, logs, txns, semantics=semantics, bounds=bounds, out=out)
     check_lock_precision(history, txns, out)
+    check_access(history, ops, txns, out)
     result.throughput = check_liveness(history, ops, bounds, out)
     for op in ops.values():
         kind = op.end.kind if op.end is not None else "pending"
@@ -183,14 +188,38 @@ def _committed_log(
                 )
             )
     replicas = dict(sorted(snapshot.replicas.items()))
+    archived = list(snapshot.archived)
+    if snapshot.archive_error is not None:
+        out.append(
+            Violation(
+                "archive-unreadable",
+                f"the archive the archive mark names cannot be read: {snapshot.archive_error}",
+                partition=partition,
+            )
+        )
+    starts = {"archive": 0}
     for node, records in replicas.items():
+        # a replica deleted what is archived: it may start anywhere up to the mark's next id
+        starts[node] = records[0].transaction_id if records and archived else 0
+    for node, records in [("archive", archived), *replicas.items()]:
+        start = starts[node]
+        if start > len(archived):
+            out.append(
+                Violation(
+                    "dense-ids",
+                    f"replica {node} starts at transaction {start}, after the archive's end "
+                    f"{len(archived) - 1}: the ids between are nowhere",
+                    partition=partition,
+                    transaction_id=start,
+                )
+            )
         for index, record in enumerate(records):
-            if record.transaction_id != index:
+            if record.transaction_id != start + index:
                 out.append(
                     Violation(
                         "dense-ids",
-                        f"replica {node} holds transaction {record.transaction_id} at position "
-                        f"{index}",
+                        f"{'the archive' if node == 'archive' else f'replica {node}'} holds "
+                        f"transaction {record.transaction_id} at position {index}",
                         partition=partition,
                         transaction_id=record.transaction_id,
                     )
@@ -207,21 +236,24 @@ def _committed_log(
                 partition=partition,
             )
         )
-        high = _agreed_prefix(replicas, quorum) - 1
+        high = max(len(archived), _agreed_prefix(replicas, quorum)) - 1
     log: list[StoredRecord] = []
     forked = False
     for transaction_id in range(high + 1):
         held = [
-            (node, records[transaction_id])
+            (node, records[transaction_id - starts[node]])
             for node, records in replicas.items()
-            if transaction_id < len(records)
+            if 0 <= transaction_id - starts[node] < len(records)
         ]
+        in_archive = transaction_id < len(archived)
+        if in_archive:  # the archive holds it: the first copy, the one each replica must match
+            held.insert(0, ("archive", archived[transaction_id]))
         if not held:
             out.append(
                 Violation(
                     "committed-lost",
                     f"committed transaction {transaction_id} (high-water mark {high}) is on no "
-                    "replica",
+                    "replica" + (" and not in the archive" if archived else ""),
                     partition=partition,
                     transaction_id=transaction_id,
                 )
@@ -242,7 +274,7 @@ def _committed_log(
                     )
                     forked = True
                     break
-        if len(held) < quorum:
+        if len(held) < quorum and not in_archive:
             out.append(
                 Violation(
                     "under-replicated",
@@ -278,12 +310,12 @@ def _committed_log(
             )
     if bounds.catch_up and snapshot.high_water_mark is not None:
         for node, records in replicas.items():
-            if len(records) < len(log):
+            if starts[node] + len(records) < len(log):
                 out.append(
                     Violation(
                         "replica-behind",
-                        f"replica {node} holds {len(records)} of the {len(log)} committed "
-                        "transactions at the end",
+                        f"replica {node} holds {starts[node] + len(records)} of the {len(log)} "
+                        "committed transactions at the end (the archive the ones it deleted)",
                         partition=partition,
                     )
                 )

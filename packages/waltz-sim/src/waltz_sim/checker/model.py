@@ -114,6 +114,13 @@ class PartitionSnapshot:
     """Replicas removed from the partition during the run (and not put back): storage node
     -> (the store session its fence holds at the end, the first session over a replica
     set without it). None of those later sessions may raise its fence."""
+    archived: Sequence[StoredRecord] = ()
+    """The partition's archive read at the end: ids 0 to the archive mark (empty without
+    an archive). A replica may then start anywhere up to the mark's next id (it deleted
+    what is archived), and an archived id counts as held safely by the archive."""
+    archive_error: str | None = None
+    """Why the archive the mark names could not be read at the end (committed records
+    lost: ``archive-unreadable``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +205,9 @@ class History:
     offered_rate: float | None = None
     """Ops per second the clients start together when nothing holds them back (the
     throughput floor is a share of it; None: no floor)."""
+    refused: frozenset[tuple[str, int]] | None = None
+    """With an enforced ACL: the (client, partition) pairs whose appends it refuses
+    (every other client may write there). None: no ACL."""
 
 
 @dataclass(frozen=True)
