@@ -4,7 +4,7 @@ issue 31 ("one durable round per storage node, not one per partition").
 Prints figures; never a pass/fail test. Usage::
 
     python bench/storage_round.py [--dir DIR] [--seconds 2] [--partitions 1,4,8]
-                                  [--records 1,8,64]
+                                  [--records 1,8,64] [--designs journal,files]
 
 A *round* makes K records of 100 B (plus their 40-byte framing and an 8-byte index
 entry each) in each of P partitions durable, as one storage node's committer does for
@@ -40,12 +40,21 @@ round's latency:
   index files behind it (written over from their start once full): the segments' writes
   then change no file size either, so the file system's own journal has nothing of
   theirs to commit with the journal's flush.
+- ``c' journal, deferred``: the journal with the segment writes held in memory and
+  done at the checkpoint only (readers would read the newest records from memory):
+  between checkpoints the file system has nothing but the journal to write.
 - ``d prealloc``: today's round (``a files``) over preallocated, zero-filled segment
   files, so that an ``fdatasync`` need not also write the file's size.
 
+Every flush of a round runs in a pool thread while the round's thread waits, as the
+engine's sync threads do (``--inline-flushes``: a lone flush in the round's thread): on
+this loaded 2-core VM a thread that waited in ``fdatasync`` itself often woke a
+scheduler tick later than one woken by another thread, which hid every other
+difference.
+
 Then the cost of one ``fdatasync`` of one appended 4 KiB block on its own: a growing
 file, a file preallocated with ``fallocate`` (unwritten extents), and a zero-filled
-one (each in turn, p50 / p99).
+one, each flushed by a pool thread and by the writing thread (in turn, p50 / p99).
 """
 
 from __future__ import annotations
@@ -97,6 +106,20 @@ def sync_file_range(fd: int) -> None:
         raise OSError(ctypes.get_errno(), "sync_file_range")
 
 
+INLINE = False
+"""``--inline-flushes``: a round's thread runs a lone flush itself."""
+
+
+def flush(pool: ThreadPoolExecutor, sync: Callable[[int], None], fds: list[int]) -> None:
+    """Flush ``fds`` at once, each in a pool thread while the caller waits (as the
+    engine's sync threads do); a lone one in the caller with ``--inline-flushes``."""
+    if INLINE and len(fds) == 1:
+        sync(fds[0])
+        return
+    for future in [pool.submit(sync, fd) for fd in fds]:
+        future.result()
+
+
 def zero_filled(path: Path, size: int) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     zeros = bytes(CHUNK)
@@ -142,21 +165,17 @@ class FileRound:
 
     def round(self, blob: bytes, index: bytes) -> None:
         self.write(blob, index)
+        sync = sync_file_range if self.how == "sync_file_range" else os.fdatasync
         if self.how == "syncfs":
-            syncfs(self.segments[0])
+            flush(self.pool, syncfs, self.segments[:1])
         else:
-            sync = sync_file_range if self.how == "sync_file_range" else os.fdatasync
-            if self.partitions == 1:
-                sync(self.segments[0])
-            else:
-                for future in [self.pool.submit(sync, fd) for fd in self.segments]:
-                    future.result()
+            flush(self.pool, sync, self.segments)
         self.rounds += 1
         struct_bytes = self.rounds.to_bytes(8, "big") * (CONTROL_STRUCT // 8)
         for p in range(self.partitions):
             slot = (self.rounds & 1) * CONTROL_STRUCT
             os.pwrite(self.control, struct_bytes, 128 + p * 2 * CONTROL_STRUCT + slot)
-        (sync_file_range if self.how == "sync_file_range" else os.fdatasync)(self.control)
+        flush(self.pool, sync, [self.control])
 
     def close(self) -> None:
         for fd in [*self.segments, *self.indexes, self.control]:
@@ -168,18 +187,23 @@ _PART_HEAD = struct.Struct(">iqi")  # partition, first id, count
 
 
 class JournalRound:
-    """Design c: a shared, preallocated, zero-filled journal; segments written behind."""
+    """Design c: a shared, preallocated, zero-filled journal; segments written behind
+    (``how``: ``behind`` each round, ``prealloc`` each round over preallocated segments,
+    ``deferred`` only at the checkpoint, from memory)."""
 
     def __init__(
-        self, directory: Path, partitions: int, pool: ThreadPoolExecutor, preallocated: bool
+        self, directory: Path, partitions: int, pool: ThreadPoolExecutor, how: str
     ) -> None:
         directory.mkdir()
         self.pool = pool
         self.partitions = partitions
-        self.preallocated = preallocated
+        self.preallocated = how == "prealloc"
+        self.deferred = how == "deferred"
+        self.held: list[tuple[int, bytes, bytes]] = []
+        """Deferred: the segment writes not done yet."""
         self.journal = zero_filled(directory / "journal", PREALLOCATED)
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
-        if preallocated:
+        if self.preallocated:
             self.segments = [
                 zero_filled(directory / f"{p}.seg", PREALLOCATED) for p in range(partitions)
             ]
@@ -202,7 +226,9 @@ class JournalRound:
         self.checkpoints: list[Future[None] | None] = [None] * self.regions
         self.checkpoint_count = 0
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, held: list[tuple[int, bytes, bytes]]) -> None:
+        for p, blob, index in held:
+            self.write(p, blob, index)
         for fd in self.segments:
             os.fdatasync(fd)
         for fd in self.indexes:
@@ -218,7 +244,8 @@ class JournalRound:
         current = self.position // self.region
         if (self.position + len(entry) - 1) // self.region != current:
             # leaving this region: a checkpoint frees it; the next must have been freed
-            self.checkpoints[current] = self.pool.submit(self.checkpoint)
+            held, self.held = self.held, []
+            self.checkpoints[current] = self.pool.submit(self.checkpoint, held)
             self.checkpoint_count += 1
             following = (current + 1) % self.regions
             pending = self.checkpoints[following]
@@ -226,15 +253,21 @@ class JournalRound:
                 pending.result()
             self.position = following * self.region
         os.pwrite(self.journal, entry, self.position)
-        os.fdatasync(self.journal)
+        flush(self.pool, os.fdatasync, [self.journal])
         self.position += len(entry)
         for p in range(self.partitions):  # behind the journal: no flush
-            if self.preallocated and self.offsets[p] + len(blob) > PREALLOCATED:
-                self.offsets[p] = self.index_offsets[p] = 0
-            os.pwrite(self.segments[p], blob, self.offsets[p])
-            os.pwrite(self.indexes[p], index, self.index_offsets[p])
-            self.offsets[p] += len(blob)
-            self.index_offsets[p] += len(index)
+            if self.deferred:
+                self.held.append((p, blob, index))
+            else:
+                self.write(p, blob, index)
+
+    def write(self, p: int, blob: bytes, index: bytes) -> None:
+        if self.preallocated and self.offsets[p] + len(blob) > PREALLOCATED:
+            self.offsets[p] = self.index_offsets[p] = 0
+        os.pwrite(self.segments[p], blob, self.offsets[p])
+        os.pwrite(self.indexes[p], index, self.index_offsets[p])
+        self.offsets[p] += len(blob)
+        self.index_offsets[p] += len(index)
 
     def close(self) -> None:
         for pending in self.checkpoints:
@@ -289,7 +322,13 @@ def row(label: str, latencies: list[float], spent: float, per_round: int) -> str
 
 
 async def one_case(
-    directory: Path, partitions: int, records: int, seconds: float, pool: ThreadPoolExecutor
+    directory: Path,
+    partitions: int,
+    records: int,
+    seconds: float,
+    pool: ThreadPoolExecutor,
+    *,
+    designs: set[str],
 ) -> None:
     blob = b"".join(
         fmt.RECORD_HEAD.pack(t, 1, 1, 0, 0, 0, len(PAYLOAD), 0) + PAYLOAD + bytes(4)
@@ -305,12 +344,17 @@ async def one_case(
         design = FileRound(case / how, partitions, pool, how)
         raw[how] = functools.partial(design.round, blob, index)
         closers.append(design.close)
-    journal = JournalRound(case / "journal", partitions, pool, preallocated=False)
-    raw["journal"] = lambda: journal.round(blob, index)
-    closers.append(journal.close)
-    both = JournalRound(case / "journal-prealloc", partitions, pool, preallocated=True)
-    raw["journal-prealloc"] = lambda: both.round(blob, index)
-    closers.append(both.close)
+    journals = {
+        name: JournalRound(case / name, partitions, pool, how)
+        for name, how in (
+            ("journal", "behind"),
+            ("journal-prealloc", "prealloc"),
+            ("journal-deferred", "deferred"),
+        )
+    }
+    for name, journal in journals.items():
+        raw[name] = functools.partial(journal.round, blob, index)
+        closers.append(journal.close)
     labels = {
         "engine": "a engine",
         "files": "a files",
@@ -318,8 +362,10 @@ async def one_case(
         "sync_file_range": "b sync_file_range *",
         "journal": "c journal",
         "journal-prealloc": "c+d journal+prealloc",
+        "journal-deferred": "c' journal, deferred",
         "prealloc": "d prealloc",
     }
+    labels = {name: label for name, label in labels.items() if not designs or name in designs}
     latencies: dict[str, list[float]] = {name: [] for name in labels}
     spent = dict.fromkeys(labels, 0.0)
     try:
@@ -343,7 +389,10 @@ async def one_case(
         print(f"P={partitions} partitions, K={records} records each per round")
         for name, label in labels.items():
             print(row(label, latencies[name], spent[name], partitions * records))
-        print(f"  (checkpoints: c {journal.checkpoint_count}, c+d {both.checkpoint_count})")
+        counts = ", ".join(
+            f"{labels[n]} {j.checkpoint_count}" for n, j in journals.items() if n in labels
+        )
+        print(f"  (checkpoints: {counts})")
     finally:
         await engine.close()
         for close in closers:
@@ -351,8 +400,9 @@ async def one_case(
         shutil.rmtree(case, ignore_errors=True)
 
 
-def flush_cost(directory: Path, seconds: float) -> None:
-    """One 4 KiB block appended and ``fdatasync``'d: growing, fallocate'd, zero-filled."""
+def flush_cost(directory: Path, seconds: float, pool: ThreadPoolExecutor) -> None:
+    """One 4 KiB block appended and ``fdatasync``'d: growing, fallocate'd, zero-filled;
+    each flushed by a pool thread and by the writing thread itself."""
     block = os.urandom(4096)
     flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
     growing = os.open(directory / "growing", flags, 0o644)
@@ -362,21 +412,28 @@ def flush_cost(directory: Path, seconds: float) -> None:
     zeroed = zero_filled(directory / "zeroed", PREALLOCATED)
     fds = {"growing file": growing, "fallocate'd": fallocated, "zero-filled": zeroed}
     offsets = dict.fromkeys(fds, 0)
-    times: dict[str, list[float]] = {name: [] for name in fds}
-    deadline = time.perf_counter() + seconds * len(fds)
+    times: dict[tuple[str, bool], list[float]] = {
+        (name, inline): [] for name in fds for inline in (False, True)
+    }
+    deadline = time.perf_counter() + seconds * len(times)
     while time.perf_counter() < deadline:
-        for name, fd in fds.items():
+        for (name, inline), spent in times.items():
+            fd = fds[name]
             if offsets[name] + len(block) > PREALLOCATED:
                 offsets[name] = 0
             started = time.perf_counter()
             os.pwrite(fd, block, offsets[name])
-            os.fdatasync(fd)
-            times[name].append(time.perf_counter() - started)
+            if inline:
+                os.fdatasync(fd)
+            else:
+                pool.submit(os.fdatasync, fd).result()
+            spent.append(time.perf_counter() - started)
             offsets[name] += len(block)
     print("one 4 KiB block written and fdatasync'd (in turn):")
-    for name, values in times.items():
+    for (name, inline), values in times.items():
+        how = "by the writer" if inline else "by a pool thread"
         print(
-            f"  {name:<14} p50 {statistics.median(values) * 1e3:.2f} ms, "
+            f"  {name:<14} {how:<17} p50 {statistics.median(values) * 1e3:.2f} ms, "
             f"p99 {percentile(values, 0.99) * 1e3:.2f} ms ({len(values)} flushes)"
         )
     for fd in fds.values():
@@ -389,7 +446,22 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="per design and case")
     parser.add_argument("--partitions", default="1,4,8")
     parser.add_argument("--records", default="1,8,64")
+    parser.add_argument(
+        "--designs",
+        default="",
+        help="only these (comma-separated: engine, files, syncfs, sync_file_range, journal, "
+        "journal-prealloc, journal-deferred, prealloc; default all)",
+    )
+    parser.add_argument("--skip-flush-cost", action="store_true")
+    parser.add_argument(
+        "--inline-flushes",
+        action="store_true",
+        help="a round's thread runs a lone flush itself (default: a pool thread runs it)",
+    )
     args = parser.parse_args()
+    global INLINE  # noqa: PLW0603
+    INLINE = args.inline_flushes
+    designs = set(filter(None, args.designs.split(",")))
     directory = Path(tempfile.mkdtemp(prefix="waltz-bench-round-", dir=args.dir))
     pool = ThreadPoolExecutor(max_workers=16)
     try:
@@ -404,8 +476,9 @@ async def main() -> None:
         )
         for partitions in map(int, args.partitions.split(",")):
             for records in map(int, args.records.split(",")):
-                await one_case(directory, partitions, records, args.seconds, pool)
-        flush_cost(directory, args.seconds)
+                await one_case(directory, partitions, records, args.seconds, pool, designs=designs)
+        if not args.skip_flush_cost:
+            flush_cost(directory, args.seconds, pool)
         load = os.getloadavg()
         print(f"load at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     finally:
