@@ -3,8 +3,10 @@
 Not used by the engine yet (no feature level writes it): these tests pin what recovery
 will rely on: a zero-filled (preallocated) tail is told from a torn entry, an entry
 made durable and then lost is never taken for a torn tail (nothing is cut), record data
-never passes for an entry, the ring wraps only over checkpointed entries, and a power
-loss at any step of a run of rounds keeps every round whose flush returned.
+never passes for an entry, the ring wraps only over checkpointed entries, a power
+loss at any step of a run of rounds keeps every round whose flush returned, and a
+replay writes back exactly the records past each partition's segments, never guessing
+over a gap.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from waltz_api.errors import CorruptionError, StorageError
+from waltz_conformance.suites.storage import make_record
+from waltz_storage_fs import format as fmt
 from waltz_storage_fs import journal as jnl
 from waltz_storage_fs.files import REAL_FILES
 from waltz_storage_fs.journal import ALIGN, HEADER_BLOCK, JOURNAL_FILE_NAME, Chunk, Journal
@@ -210,3 +214,41 @@ def test_a_power_loss_at_any_step_keeps_every_round_whose_flush_returned(
 
 def power_round(number: int) -> list[Chunk]:
     return round_chunks(number, partitions=1 + number % 3, size=200 + 40 * number)
+
+
+def records_chunk(pid: int, first: int, count: int) -> Chunk:
+    blob = b"".join(fmt.encode_record(make_record(t, pid)) for t in range(first, first + count))
+    return Chunk(pid, first, count, blob)
+
+
+def entries_of(*rounds: list[Chunk]) -> list[jnl.Entry]:
+    return [jnl.Entry(HEADER_BLOCK + n * ALIGN, n, 0, tuple(c)) for n, c in enumerate(rounds)]
+
+
+def test_the_replay_plan_is_the_records_past_each_partitions_segments() -> None:
+    entries = entries_of(
+        [records_chunk(0, 10, 3), records_chunk(1, 0, 2)],
+        [records_chunk(0, 13, 4)],
+        [records_chunk(1, 2, 1), records_chunk(0, 17, 2), records_chunk(5, 0, 1)],
+    )
+    plan = jnl.replay_plan(entries, {0: 15, 1: 3, 2: 0})
+    assert set(plan) == {0}  # partition 1 is whole in its segments; 2 has nothing; 5 gone
+    assert [(c.first_txid, c.count) for c in plan[0]] == [(15, 2), (17, 2)]
+    assert plan[0][0].blob == records_chunk(0, 15, 2).blob  # cut at a record boundary
+    assert plan[0][1] == records_chunk(0, 17, 2)
+    whole = jnl.replay_plan(entries, {0: 10, 1: 0})
+    assert [(c.first_txid, c.count) for c in whole[0]] == [(10, 3), (13, 4), (17, 2)]
+    assert [(c.first_txid, c.count) for c in whole[1]] == [(0, 2), (2, 1)]
+    assert jnl.replay_plan(entries, {0: 25}) == {}  # complete records past the journal stay
+
+
+def test_a_replay_plan_never_guesses_over_a_gap() -> None:
+    entries = entries_of([records_chunk(0, 10, 3)], [records_chunk(0, 14, 1)])
+    with pytest.raises(CorruptionError, match=r"entry #1 holds partition 0's ids from 14"):
+        jnl.replay_plan(entries, {0: 10})
+    with pytest.raises(CorruptionError, match=r"ids 8\.\.9, made durable, are in neither"):
+        jnl.replay_plan(entries_of([records_chunk(0, 10, 3)]), {0: 8})
+    bad = records_chunk(0, 10, 3)
+    broken = Chunk(0, 10, 3, bad.blob[:5] + bytes([bad.blob[5] ^ 1]) + bad.blob[6:])
+    with pytest.raises(CorruptionError, match="record 10 is invalid"):
+        jnl.replay_plan(entries_of([broken]), {0: 12})

@@ -2,7 +2,8 @@
 
 Not reachable yet: no feature level writes it and the engine does not open it (see
 docs/performance.md, "One durable round per storage node"). This module holds its
-format, its writer and the scan that recovery will run; the engine's use of it (the
+format, its writer, the scan that recovery will run and the plan of what a replay
+writes back into the segments (:func:`replay_plan`); the engine's use of it (the
 segments written behind it, the checkpoints, replay at the open, the migration from
 format 3) is the next step.
 
@@ -47,13 +48,14 @@ from __future__ import annotations
 import os
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
 
 from waltz_api.errors import CorruptionError, StorageError
+from waltz_storage_fs import format as fmt
 from waltz_storage_fs.files import OPEN_NEW, OPEN_WRITE, Files
 
 JOURNAL_FILE_NAME = "waltz-storage.jnl"
@@ -357,6 +359,64 @@ def scan(files: Files, fd: int, header: JournalHeader, position: int, sequence: 
     return result
 
 
+def replay_plan(entries: Sequence[Entry], ends: Mapping[int, int]) -> dict[int, list[Chunk]]:
+    """What recovery writes back into each partition's segments: for each partition of
+    ``ends`` (the id after the last record its segments hold once their own recovery
+    ran), the records the entries hold from that id on, as chunks in order (a chunk cut
+    at a record boundary where the end falls inside it). Entries of partitions not in
+    ``ends`` are left out (not hosted any more).
+
+    CorruptionError when a partition's records in the journal are not one run of
+    consecutive ids, or start above its end (records the journal and the segments
+    both lack: acknowledged, then lost): the journal then disagrees with the segments
+    and nothing may be guessed."""
+    plan: dict[int, list[Chunk]] = {}
+    expected: dict[int, int] = {}
+    for entry in entries:
+        for chunk in entry.chunks:
+            pid = chunk.partition_id
+            if pid not in ends:
+                continue
+            after = expected.get(pid)
+            if after is not None and chunk.first_txid != after:
+                raise CorruptionError(
+                    f"journal entry #{entry.sequence} holds partition {pid}'s ids from "
+                    f"{chunk.first_txid}, the entry before it up to {after - 1}: the journal "
+                    "disagrees with itself; repair this node from a replica"
+                )
+            if after is None and chunk.first_txid > ends[pid]:
+                raise CorruptionError(
+                    f"partition {pid}'s segments end before id {ends[pid]} and the journal "
+                    f"(entry #{entry.sequence}) holds it from id {chunk.first_txid} on: ids "
+                    f"{ends[pid]}..{chunk.first_txid - 1}, made durable, are in neither; "
+                    "repair this partition from a replica"
+                )
+            expected[pid] = chunk.first_txid + chunk.count
+            if expected[pid] <= ends[pid]:
+                continue
+            skip = max(0, ends[pid] - chunk.first_txid)
+            blob = chunk.blob[_record_offset(chunk, skip, entry.sequence) :]
+            plan.setdefault(pid, []).append(
+                Chunk(pid, chunk.first_txid + skip, chunk.count - skip, blob)
+            )
+    return plan
+
+
+def _record_offset(chunk: Chunk, index: int, sequence: int) -> int:
+    """The offset in ``chunk.blob`` of its record ``index`` (each record checked)."""
+    offset = 0
+    for number in range(index):
+        try:
+            offset = fmt.check_record(chunk.blob, offset, chunk.first_txid + number)
+        except fmt.RecordFormatError as exc:
+            raise CorruptionError(
+                f"journal entry #{sequence}: partition {chunk.partition_id}'s record "
+                f"{chunk.first_txid + number} is invalid ({exc}) in a whole entry: a bug "
+                "wrote it; repair this node from a replica"
+            ) from None
+    return offset
+
+
 __all__ = [
     "ALIGN",
     "HEADER_BLOCK",
@@ -370,5 +430,6 @@ __all__ = [
     "decode_header",
     "encode_entry",
     "encode_header",
+    "replay_plan",
     "scan",
 ]
