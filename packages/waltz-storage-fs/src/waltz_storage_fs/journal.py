@@ -33,7 +33,7 @@ next sequence number. Where it stops, the rest of the body tells what the stop i
   round whose flush never completed, or an older lap's entries): never acknowledged;
 - ``damaged``: a whole entry with the next number or a later one is somewhere else in
   the body: an entry that had been made durable (a later round was only written once
-  it was) is gone. Nothing may be cut there; the caller raises.
+  it was) is gone. Nothing may be cut there: :meth:`Journal.open` raises.
 
 An entry is only written once the one before it is durable (one round in flight), so a
 torn entry is always the last one written; every entry before it was durable. A lost
