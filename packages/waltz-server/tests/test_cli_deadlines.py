@@ -156,6 +156,7 @@ def coordination_commands(uri: str, timeout: float = TIMEOUT) -> dict[str, list[
         "cluster create": ["cluster", "create", *c, "--partitions", "1", "--replicas", "1",
                            "--storage", "127.0.0.1:1"],
         "cluster delete": ["cluster", "delete", *c, "--cluster-key", key],
+        "cluster features": ["cluster", "features", *c],
         "cluster remove-replica": ["cluster", "remove-replica", "0", "127.0.0.1:1", *c],
         "cluster remove-storage-node": ["cluster", "remove-storage-node", "127.0.0.1:1", *c],
         "cluster show": ["cluster", "show", *c],
