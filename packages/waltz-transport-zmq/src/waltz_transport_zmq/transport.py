@@ -107,6 +107,10 @@ class ZmqListener(Listener):
     def endpoint(self) -> str:
         return self._endpoint
 
+    def poke(self) -> None:
+        """Read what waits on the socket (the watchdog's periodic look)."""
+        self._pump.poke()
+
     def _reply(self, identity: bytes, message: bytes) -> None:
         """Best effort, never queued: to a peer that has no connection here."""
         with contextlib.suppress(zmq.ZMQError):
@@ -332,6 +336,14 @@ class ZmqTransport(Transport):
             now = loop.time()
             for conn in list(self._connections):
                 conn.tick(now, timeout)
+            # Every socket is read once per interval whatever its file descriptor says: its
+            # readiness is an edge that any operation on the socket may consume, and a
+            # socket that sends nothing (a listener without connections: a peer's hello
+            # waits on it) would otherwise never look again.
+            for listener in list(self._listeners):
+                listener.poke()
+            for client in list(self._client_connections):
+                client.pump.poke()
 
     async def listen(self, endpoint: str, handler: ConnectionHandler) -> Listener:
         opts = self.opts

@@ -26,7 +26,7 @@ from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
 from waltz_api.storage_client import StorageClient
-from waltz_api.types import Record
+from waltz_api.types import Record, SessionInfo
 from waltz_conformance.harness import Harness
 from waltz_conformance.suites.system.members import (
     Member,
@@ -456,7 +456,12 @@ class SystemHarness(Harness):
         return client
 
     async def replica_log(self, index: int, partition: int) -> list[Record]:
-        """Every record on one storage node's replica of ``partition``.
+        """Every record on one storage node's replica of ``partition`` (see
+        :meth:`replica_view`)."""
+        return (await self.replica_view(index, partition))[1]
+
+    async def replica_view(self, index: int, partition: int) -> tuple[SessionInfo, list[Record]]:
+        """The session info and every record of one storage node's replica of ``partition``.
 
         Read with the session id the replica itself holds, never a newer one: every
         storage request fences, so a checker's read with the current session id would
@@ -479,11 +484,12 @@ class SystemHarness(Harness):
                 continue
             try:
                 session = await _held_session(client, partition)
+                info = await client.last_session_info(session, partition)
                 records: list[Record] = []
                 while True:
                     batch = await client.records(session, partition, len(records), 1000)
                     if not batch:
-                        return records
+                        return info, records
                     records.extend(batch)
             except (StorageError, TransportError, TimeoutError, OSError) as exc:
                 # fenced by a newer session, or the node restarted or did not answer
