@@ -1,6 +1,6 @@
 """Every ``waltz`` command that talks to a cluster ends within its ``--timeout``.
 
-Each command runs as a real process (``python -m waltz_cli``) against:
+Each command runs against:
 
 - a dead coordination service: a port nobody listens on (zk://, etcd://: refused, so
   reported at once), a port that accepts and never answers (a hung service: the
@@ -10,10 +10,14 @@ Each command runs as a real process (``python -m waltz_cli``) against:
   stopped (SIGSTOP: it holds its port and answers nothing), then whose storage nodes
   are one killed (a closed port) and one stopped.
 
-Each must end within --timeout plus :func:`margin` (the interpreter's start on this
-machine, and closing), with one ``error:`` line and the documented exit code: 4 when
-the cluster did not answer or refused, 1 for a missing ``local`` location (no cluster
-there), 1 for ``cluster verify``'s problems.
+Where the timeout decides (a hung peer), each command is a real process (``python -m
+waltz_cli``) and must end within --timeout plus :func:`margin` (the interpreter's start
+on this machine, and closing). Where a refusal decides, every command runs in this
+process (:func:`in_process`: no interpreter start per command, which cost more than
+the commands themselves) and must leave no thread that would keep a process alive; one
+command per kind of refusal also runs as a real process. Each ends with one ``error:``
+line and the documented exit code: 4 when the cluster did not answer or refused, 1 for
+a missing ``local`` location (no cluster there), 1 for ``cluster verify``'s problems.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -88,6 +93,32 @@ def waltz(*args: str, cwd: Path | None = None, limit: float = 120) -> Ran:
 def run_all(commands: list[list[str]], cwd: Path) -> list[Ran]:
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         return list(pool.map(lambda args: waltz(*args, cwd=cwd), commands))
+
+
+def lingering(before: set[threading.Thread]) -> list[threading.Thread]:
+    """Threads started since ``before`` that would keep a process from exiting."""
+    return [t for t in threading.enumerate() if t not in before and not t.daemon]
+
+
+def in_process(commands: list[list[str]], cwd: Path) -> list[Ran]:
+    """Each command run in this process, one after the other (click's runner; the
+    environment's WALTZ_COORDINATION removed, as for :func:`waltz`). A command that
+    returned but left a thread that is not a daemon behind (a process would not exit)
+    fails, unless the thread ends within 10 s."""
+    results = []
+    with contextlib.chdir(cwd):
+        for args in commands:
+            before = set(threading.enumerate())
+            started = time.monotonic()
+            result = CliRunner().invoke(waltz_main, args, env={"WALTZ_COORDINATION": None})
+            took = time.monotonic() - started
+            deadline = time.monotonic() + 10.0
+            while lingering(before) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not lingering(before), f"waltz {' '.join(args)} left {lingering(before)}"
+            assert not isinstance(result.exception, Exception), (args, result.exception)
+            results.append(Ran(tuple(args), result.exit_code, result.stderr, took))
+    return results
 
 
 def margin() -> float:
@@ -238,12 +269,20 @@ def test_a_refused_coordination_service_is_reported_at_once(scheme: str) -> None
 def test_every_command_ends_within_its_timeout_against_a_dead_service(
     scheme: str, how: str, silent_port: int, tmp_path: Path
 ) -> None:
-    """Refused: reported at once, far within a long --timeout; silent: the timeout."""
+    """Refused: reported at once, far within a long --timeout (in this process, and
+    ``cluster show`` as a process); silent: the timeout (processes)."""
     port = free_port() if how == "refused" else silent_port
     uri = f"{scheme}://127.0.0.1:{port}/waltz"
     commands = coordination_commands(uri, LONG if how == "refused" else TIMEOUT)
     bound = margin() + TIMEOUT if how == "silent" else LONG / 2
-    for ran in run_all(list(commands.values()), tmp_path):
+    if how == "refused":
+        ran_all = [
+            *in_process(list(commands.values()), tmp_path),
+            waltz(*commands["cluster show"], cwd=tmp_path),
+        ]
+    else:
+        ran_all = run_all(list(commands.values()), tmp_path)
+    for ran in ran_all:
         line = one_line(ran)
         assert ran.code == UNAVAILABLE_EXIT_CODE, str(ran)
         assert ran.took < bound, f"{ran} (bound {bound:.1f}s)"
@@ -259,7 +298,11 @@ def test_a_missing_local_location_is_refused_and_not_created(tmp_path: Path) -> 
     commands = coordination_commands(uri, LONG)
     creating = commands.pop("cluster create")
     bound = LONG / 2
-    for ran in run_all(list(commands.values()), tmp_path):
+    ran_all = [
+        *in_process(list(commands.values()), tmp_path),
+        waltz(*commands["cluster show"], cwd=tmp_path),
+    ]
+    for ran in ran_all:
         line = one_line(ran)
         assert ran.code == 1, str(ran)
         assert ran.took < bound, f"{ran} (bound {bound:.1f}s)"
@@ -355,10 +398,13 @@ def test_storage_commands_end_within_their_timeout_when_a_node_is_down(
         "cluster add-storage-node": ["cluster", "add-storage-node", node, *long],
         "cluster add-replica": ["cluster", "add-replica", "0", node, *long],
     }
-    # a closed port: refused, at once (far within the long --timeout)
+    # a closed port: refused, at once (far within the long --timeout); in this process,
+    # and `storage stats` as a process
     bound = LONG / 2
     commands = {**storage_commands(dev.storage[0], dev.key, tmp_path, LONG), **membership}
-    for name, result in zip(commands, run_all(list(commands.values()), tmp_path), strict=True):
+    ran = in_process(list(commands.values()), tmp_path)
+    ran.append(waltz(*commands["storage stats"], cwd=tmp_path))
+    for name, result in zip([*commands, "storage stats"], ran, strict=True):
         line = one_line(result)
         assert result.code == UNAVAILABLE_EXIT_CODE, f"{name}: {result}"
         assert "refused the connection" in line, f"{name}: {result}"

@@ -386,7 +386,9 @@ async def test_an_action_runs_once_the_appends_before_it_are_acknowledged(
         await engine.close()
 
 
-async def test_power_loss_at_every_step_of_pipelined_appends(tmp_path: Path) -> None:
+async def test_power_loss_at_every_step_of_pipelined_appends(
+    tmp_path: Path, crash_states: Path
+) -> None:
     """Appends to two partitions arriving while flushes are under way (each flush time
     carries a group's data and the control flush of the one before), then a truncation
     and more appends; a crash state at every step: every acknowledged record is there,
@@ -466,7 +468,7 @@ async def test_power_loss_at_every_step_of_pipelined_appends(tmp_path: Path) -> 
             if digest in seen:
                 continue
             seen.add(digest)
-            directory = tmp_path / f"crash-{number}-{name}"
+            directory = crash_states / f"crash-{number}-{name}"
             materialize(tree, directory)
             where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
             if not (directory / "storage" / "waltz-storage.ctl").exists():

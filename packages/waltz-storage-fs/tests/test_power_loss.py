@@ -216,7 +216,7 @@ async def _check_engine(engine: FsStorageEngine, step: int, where: str, model: M
 
 
 async def crash_everywhere(
-    tmp_path: Path, snapshots: list[Snapshot], model: Model, checked: Checked
+    crash_states: Path, snapshots: list[Snapshot], model: Model, checked: Checked
 ) -> None:
     seen: set[str] = set()
     for number, snapshot in enumerate(snapshots):
@@ -227,7 +227,7 @@ async def crash_everywhere(
                 continue
             seen.add(digest)
             checked.distinct += 1
-            directory = tmp_path / f"crash-{number}-{name}"
+            directory = crash_states / f"crash-{number}-{name}"
             failure = await check_state(tree, directory, snapshot, name, model)
             if failure is not None:
                 checked.failures.append(failure)
@@ -242,7 +242,7 @@ def recorder(snapshots: list[Snapshot]) -> Callable[[Snapshot], None]:
     return snapshots.append
 
 
-async def test_power_loss_at_every_step_of_a_workload(tmp_path: Path) -> None:
+async def test_power_loss_at_every_step_of_a_workload(tmp_path: Path, crash_states: Path) -> None:
     snapshots: list[Snapshot] = []
     base = tmp_path / "sim"
     files = PowerLossFiles(base, on_step=recorder(snapshots))
@@ -250,7 +250,7 @@ async def test_power_loss_at_every_step_of_a_workload(tmp_path: Path) -> None:
     await workload.run()
     assert len(snapshots) > 150, "the workload made too few steps to be a test"
     checked = Checked()
-    await crash_everywhere(tmp_path / "states", snapshots, workload.model, checked)
+    await crash_everywhere(crash_states, snapshots, workload.model, checked)
     reasons = sorted(
         {q.split(": ", 1)[0] + ": " + q.split("Z-", 1)[-1] for q in checked.quarantined}
     )
@@ -261,7 +261,9 @@ async def test_power_loss_at_every_step_of_a_workload(tmp_path: Path) -> None:
     assert not checked.failures, "\n".join(checked.failures)
 
 
-async def test_power_loss_while_a_format_1_directory_is_migrated(tmp_path: Path) -> None:
+async def test_power_loss_while_a_format_1_directory_is_migrated(
+    tmp_path: Path, crash_states: Path
+) -> None:
     snapshots: list[Snapshot] = []
     base = tmp_path / "sim"
     files = PowerLossFiles(base)
@@ -287,7 +289,7 @@ async def test_power_loss_while_a_format_1_directory_is_migrated(tmp_path: Path)
             if digest in seen:
                 continue
             seen.add(digest)
-            directory = tmp_path / f"crash-{number}-{name}"
+            directory = crash_states / f"crash-{number}-{name}"
             materialize(tree, directory)
             where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
             try:
@@ -320,7 +322,9 @@ class PrefixModel:
     """(start step, ack step, kept up to)."""
 
 
-async def test_power_loss_while_an_archived_prefix_is_dropped(tmp_path: Path) -> None:
+async def test_power_loss_while_an_archived_prefix_is_dropped(
+    tmp_path: Path, crash_states: Path
+) -> None:
     """Drop a prefix (whole segments, then past the log's end), truncate below the start,
     append after it, reopen: at every crash point the log opens without a hole or a
     LOST mark, never starts above what a drop was asked to delete, keeps the start of
@@ -386,7 +390,7 @@ async def test_power_loss_while_an_archived_prefix_is_dropped(tmp_path: Path) ->
             if digest in seen:
                 continue
             seen.add(digest)
-            directory = tmp_path / f"crash-{number}-{name}"
+            directory = crash_states / f"crash-{number}-{name}"
             materialize(tree, directory)
             where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
             storage = directory / "storage"

@@ -19,6 +19,7 @@ from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.plugin import CAPABILITIES
+from waltz_storage_fs.powerloss import scratch_directory
 
 
 @dataclass
@@ -80,12 +81,8 @@ class FsStorageHarness(StorageHarness):
 
     def scratch(self) -> FsStorageHarness:
         """The sweep's copies on a tmpfs when there is one (its fsyncs cost nothing)."""
-        shm = Path("/dev/shm")
-        if not shm.is_dir() or not os.access(shm, os.W_OK):
-            return self
-        return dataclasses.replace(
-            self, root=Path(tempfile.mkdtemp(prefix="waltz-sweep-", dir=shm))
-        )
+        made = scratch_directory("waltz-sweep-")
+        return self if made is None else dataclasses.replace(self, root=made)
 
     def segment_count(self, location: str, partition_id: int) -> int:
         return len(tools.segment_firsts(Path(location) / str(partition_id)))

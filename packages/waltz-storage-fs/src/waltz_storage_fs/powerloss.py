@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +41,17 @@ SECTOR = 512
 
 _Op = tuple[str, int, bytes]
 """A pending change of a file: ("write", offset, data) or ("truncate", size, b"")."""
+
+
+def scratch_directory(prefix: str) -> Path | None:
+    """A new directory on a tmpfs (``/dev/shm``) when there is a writable one, else
+    None. For copies the real engine opens only to check what it makes of them (crash
+    states, damage sweeps): their fsyncs test nothing there, and cost seconds on a busy
+    disk (the power loss itself is simulated)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        return None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=shm))
 
 
 class _Inode:

@@ -1,0 +1,22 @@
+"""Fixtures shared by the fs engine's tests."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from waltz_storage_fs.powerloss import scratch_directory
+
+
+@pytest.fixture
+def crash_states(tmp_path: Path) -> Iterator[Path]:
+    """Where a power-loss test writes each crash state and the real engine opens it: a
+    tmpfs when there is one (the power loss is simulated: real fsyncs there test
+    nothing, and cost most of the test's time on a busy disk), else under tmp_path."""
+    made = scratch_directory("waltz-power-loss-")
+    yield tmp_path / "states" if made is None else made
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
