@@ -193,3 +193,22 @@ async def test_frame_beyond_zmq_maxmsgsize_closes_only_that_connection() -> None
     finally:
         await client.close()
         await server.close()
+
+
+async def test_a_listener_whose_readiness_signal_was_lost_still_accepts() -> None:
+    """A socket's readiness is an edge that any operation on it may consume; a listener
+    with no connection sends nothing that would make it look again, so a lost edge left a
+    peer's hello unread for ever (connects to an idle, just-resumed peer timed out under
+    load). The watchdog reads every socket once per heartbeat interval: here the
+    listener's reader is taken away altogether, and a connect still succeeds in time."""
+    server, client = ZmqTransport({"heartbeat_interval": 0.2}), ZmqTransport()
+    try:
+        listener = await server.listen("tcp://127.0.0.1:*", echo)
+        pump = listener._pump  # type: ignore[attr-defined]
+        asyncio.get_running_loop().remove_reader(pump._fd)  # every edge from now on is lost
+        conn = await client.connect(listener.endpoint, timeout=5.0)
+        await conn.send(b"hello")
+        assert await asyncio.wait_for(conn.recv(), 5.0) == b"hello"
+    finally:
+        await client.close()
+        await server.close()
