@@ -706,8 +706,10 @@ async def test_a_replica_that_lost_acknowledged_records_never_votes_them_away(
         await wait_until(lambda: replication.suspects == [A], "a rejoined as a suspect")
         assert A in session.writable_replicas
         assert lost.session_info.low_water_mark_session_id == LOST_SESSION
-        # the owner dies (a new generation takes over) while B is down
+        # the owner dies (a new generation takes over) while B is down; it is stopped
+        # before A may catch up, or it would catch A up and mark it clean first
         cluster.nodes[B].crash()
+        await old.close()
         cluster.nodes[A].append_delay = cluster.nodes[C].append_delay = 0.0
         new = cluster.store(generation=2, seed=1)
         await new.start()
