@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import waltz_api
-import waltz_coord_local
 from waltz_api.errors import (
     CoordinationError,
     CoordinationUnavailableError,
@@ -96,9 +95,11 @@ class WriterProcess:
         self._handles = 0
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
+        # This package's and waltz_api's source roots (this file's own, not the
+        # package's __init__: importing the package here would close a circle).
         roots = [
-            str(Path(module.__file__ or "").resolve().parents[1])
-            for module in (waltz_coord_local, waltz_api)
+            str(Path(__file__).resolve().parents[1]),
+            str(Path(waltz_api.__file__ or "").resolve().parents[1]),
         ]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [env.get("PYTHONPATH")])])
