@@ -19,6 +19,7 @@ from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
@@ -32,6 +33,7 @@ __all__ = [
     "ScrapeCollector",
     "families",
     "new_registry",
+    "sample_values",
     "waltz_version",
 ]
 
@@ -139,3 +141,15 @@ def families(registry: CollectorRegistry) -> dict[str, str]:
             suffix = "_total" if family.type == "counter" else ""
             found[family.name + suffix] = family.type
     return found
+
+
+def sample_values(exposition: str, name: str, **labels: str) -> list[float]:
+    """The values of the samples called ``name`` with these labels in a Prometheus text
+    exposition (what ``/metrics`` serves): none when absent. For tests and scripts that
+    read a process's metrics."""
+    return [
+        float(sample.value)
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]
