@@ -5,6 +5,7 @@ clean shutdown."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import json
 import logging
@@ -24,6 +25,23 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """The ``log_level`` choices of the config files."""
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_level_field() -> Any:
+    """The ``log_level`` key of a process's config (a server's, a storage node's)."""
+    return dataclasses.field(default="INFO", metadata={"choices": LOG_LEVELS, "help": "log level"})
+
+
+def log_format_field() -> Any:
+    """The ``log_format`` key of a process's config: how :func:`configure_logging` writes."""
+    return dataclasses.field(
+        default="text",
+        metadata={
+            "choices": LOG_FORMATS,
+            "help": "log lines on stderr: text, or json (one object per line)",
+        },
+    )
+
 
 _PARTITION = re.compile(r"\bpartition (\d+)\b")
 _SESSION = re.compile(r"\b(?:store )?session (\d+)\b")

@@ -42,7 +42,7 @@ from typing import Any
 from waltz_api.config import load_config
 from waltz_api.errors import ConfigError
 from waltz_api.http_endpoint import HttpSection
-from waltz_api.process import LOG_LEVELS
+from waltz_api.process import log_format_field, log_level_field
 from waltz_server.server.archiving import ArchiveSection
 from waltz_server.server.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -196,14 +196,8 @@ class ServerNodeConfig:
     transport: ServerTransportSection
     server: ServerSection = field(default_factory=ServerSection)
     http: HttpSection = field(default_factory=HttpSection)
-    log_level: str = field(default="INFO", metadata={"choices": LOG_LEVELS, "help": "log level"})
-    log_format: str = field(
-        default="text",
-        metadata={
-            "choices": ("text", "json"),
-            "help": "log lines on stderr: text, or json (one object per line)",
-        },
-    )
+    log_level: str = log_level_field()
+    log_format: str = log_format_field()
 
 
 def load_server_config(
