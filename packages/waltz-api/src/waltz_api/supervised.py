@@ -353,6 +353,84 @@ class SupervisedProcess:
         return process.returncode
 
 
+class WaltzCommandProcess:
+    """A ``waltz <subcommand> [--config FILE]`` child (a server, a storage node) as tests,
+    benchmarks and the upgrade harness run it: a :class:`SupervisedProcess` started,
+    paused, killed and restarted by pid. Readiness is the product's own
+    (``wait_ready`` of :class:`~waltz_server.server.testing.ServerProcess` and
+    :class:`~waltz_storage_node.testing.StorageNodeProcess`).
+
+    ``config_path`` None: configured by ``WALTZ_*`` variables in ``env`` alone (added
+    to this process's environment, as ``env`` always is). ``wrap`` is put before the
+    command (``ip netns exec NAME``: the process in a network namespace) and may change
+    between starts (a test moves it elsewhere); with ``new_session`` the child is not in
+    this process's session (a Ctrl-C at the terminal reaches this process only, which
+    stops the child). ``command`` is the ``waltz`` to run (another venv's
+    ``bin/waltz``; default: this Python's ``-m waltz_cli``) and may change between
+    starts too (an upgrade)."""
+
+    def __init__(
+        self,
+        subcommand: str,
+        config_path: str | os.PathLike[str] | None,
+        log_path: Path,
+        *,
+        name: str,
+        env: Mapping[str, str] | None = None,
+        wrap: Sequence[str] = (),
+        new_session: bool = False,
+        command: Sequence[str] = (),
+    ) -> None:
+        self.subcommand = subcommand
+        self.config_path = None if config_path is None else Path(config_path)
+        self.log_path = log_path
+        self.env = None if env is None else dict(env)
+        self.wrap = list(wrap)
+        self.command = list(command) or [sys.executable, "-m", "waltz_cli"]
+        self.child = SupervisedProcess([], log_path, name=name, new_session=new_session)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid
+
+    @property
+    def running(self) -> bool:
+        return self.child.running
+
+    def start(self) -> None:
+        args = [*self.wrap, *self.command, self.subcommand]
+        if self.config_path is not None:
+            args += ["--config", str(self.config_path)]
+        self.child.argv = args
+        self.child.env = None if self.env is None else {**os.environ, **self.env}
+        self.child.start()
+
+    def output(self) -> str:
+        """The whole log (every start's)."""
+        return self.child.whole_log()
+
+    def kill(self) -> None:
+        """SIGKILL (a crash) and reap."""
+        self.child.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP: it answers nothing (its sockets stay open) until :meth:`resume`."""
+        self.child.pause()
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self.child.resume()
+
+    def terminate(self, timeout: float = 30.0, signum: int = signal.SIGTERM) -> int | None:
+        """SIGTERM (or ``signum``: a clean shutdown), SIGKILL if it does not end in
+        time; the exit code."""
+        return self.child.terminate(timeout, signum)
+
+
 @atexit.register
 def _kill_leftovers() -> None:
     """SIGKILL every ``kill_at_exit`` child still running (a run that crashed)."""

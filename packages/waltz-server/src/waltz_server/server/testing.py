@@ -9,8 +9,6 @@ import contextlib
 import logging
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Self, TypeVar
@@ -19,7 +17,7 @@ from waltz_api import wire
 from waltz_api.contracts.transport import Connection, Transport
 from waltz_api.errors import ConnectionClosedError, ProtocolError, WaltzError
 from waltz_api.messages import Message
-from waltz_api.supervised import SupervisedProcess
+from waltz_api.supervised import WaltzCommandProcess
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +25,9 @@ READY_MARKER = "ready on"
 M = TypeVar("M", bound=Message)
 
 
-class ServerProcess:
+class ServerProcess(WaltzCommandProcess):
     """A ``waltz server --config`` child process (started, killed and restarted by pid;
-    a :class:`~waltz_api.supervised.SupervisedProcess`).
-
-    ``wrap`` is put before the command (``ip netns exec NAME``: the server in a network
-    namespace); with ``new_session`` the server is not in this process's session (a
-    Ctrl-C at the terminal reaches this process only, which stops the server).
-    ``command`` is the ``waltz`` to run (another venv's ``bin/waltz``; default: this
-    Python's ``-m waltz_cli``); the attribute may change between starts (an upgrade)."""
+    the options are :class:`~waltz_api.supervised.WaltzCommandProcess`'s)."""
 
     def __init__(
         self,
@@ -46,53 +38,20 @@ class ServerProcess:
         new_session: bool = False,
         command: Sequence[str] = (),
     ) -> None:
-        self.config_path = Path(config_path)
-        self.log_path = log_path
-        self.wrap = list(wrap)
-        self.command = list(command) or [sys.executable, "-m", "waltz_cli"]
-        self.child = SupervisedProcess([], log_path, name="server", new_session=new_session)
-
-    @property
-    def process(self) -> subprocess.Popen[bytes] | None:
-        return self.child.process
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid
-
-    @property
-    def running(self) -> bool:
-        return self.child.running
-
-    def start(self) -> None:
-        # the wrap may change between starts (a test moves the server elsewhere)
-        self.child.argv = [*self.wrap, *self.command, "server", "--config", str(self.config_path)]
-        self.child.start()
+        super().__init__(
+            "server",
+            config_path,
+            log_path,
+            name="server",
+            wrap=wrap,
+            new_session=new_session,
+            command=command,
+        )
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait for the ready line of this start (a restart's log still holds the previous
         run's); raises ProcessStartError with its log if it died or is late."""
         await self.child.wait_ready(re.escape(READY_MARKER), timeout=timeout)
-
-    def output(self) -> str:
-        """The whole log (every start's)."""
-        return self.child.whole_log()
-
-    def kill(self) -> None:
-        """SIGKILL (a crash) and reap."""
-        self.child.kill()
-
-    def pause(self) -> None:
-        """SIGSTOP: it answers nothing (its sockets stay open) until :meth:`resume`."""
-        self.child.pause()
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause`."""
-        self.child.resume()
-
-    def terminate(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM, SIGKILL if it does not end in time; the exit code."""
-        return self.child.terminate(timeout)
 
 
 class RawClient:
