@@ -353,7 +353,40 @@ class SupervisedProcess:
         return process.returncode
 
 
-class WaltzCommandProcess:
+class ChildHandle:
+    """What a wrapper around one :class:`SupervisedProcess` (``self.child``) shows of it:
+    its process, pid and state, and its pause, resume and kill. The wrappers (a waltz
+    command's child, ``waltz dev``'s and ``waltz chaos``'s processes) add how theirs
+    starts and when it is ready."""
+
+    child: SupervisedProcess
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid
+
+    @property
+    def running(self) -> bool:
+        return self.child.running
+
+    def kill(self) -> None:
+        """SIGKILL (a crash) and reap."""
+        self.child.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP: it answers nothing (its sockets stay open) until :meth:`resume`."""
+        self.child.pause()
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self.child.resume()
+
+
+class WaltzCommandProcess(ChildHandle):
     """A ``waltz <subcommand> [--config FILE]`` child (a server, a storage node) as tests,
     benchmarks and the upgrade harness run it: a :class:`SupervisedProcess` started,
     paused, killed and restarted by pid. Readiness is the product's own
@@ -389,18 +422,6 @@ class WaltzCommandProcess:
         self.command = list(command) or [sys.executable, "-m", "waltz_cli"]
         self.child = SupervisedProcess([], log_path, name=name, new_session=new_session)
 
-    @property
-    def process(self) -> subprocess.Popen[bytes] | None:
-        return self.child.process
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid
-
-    @property
-    def running(self) -> bool:
-        return self.child.running
-
     def start(self) -> None:
         args = [*self.wrap, *self.command, self.subcommand]
         if self.config_path is not None:
@@ -412,18 +433,6 @@ class WaltzCommandProcess:
     def output(self) -> str:
         """The whole log (every start's)."""
         return self.child.whole_log()
-
-    def kill(self) -> None:
-        """SIGKILL (a crash) and reap."""
-        self.child.kill()
-
-    def pause(self) -> None:
-        """SIGSTOP: it answers nothing (its sockets stay open) until :meth:`resume`."""
-        self.child.pause()
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause`."""
-        self.child.resume()
 
     def terminate(self, timeout: float = 30.0, signum: int = signal.SIGTERM) -> int | None:
         """SIGTERM (or ``signum``: a clean shutdown), SIGKILL if it does not end in

@@ -39,7 +39,7 @@ from waltz_api.contracts.transport import Transport
 from waltz_api.errors import WaltzError
 from waltz_api.plugins import get_registry
 from waltz_api.ports import free_port
-from waltz_api.supervised import SupervisedProcess
+from waltz_api.supervised import ChildHandle, SupervisedProcess
 from waltz_chaos.client import DRAINED, READY, ClientSpec
 from waltz_chaos.errors import ChaosError
 from waltz_chaos.external import ExternalProcess
@@ -104,7 +104,7 @@ class ProcessEvent:
     detail: str = ""
 
 
-class ClientProcess:
+class ClientProcess(ChildHandle):
     """A ``python -m waltz_chaos.client`` child process (started and stopped by pid; a
     :class:`~waltz_api.supervised.SupervisedProcess`); ``python`` the interpreter (another
     venv's: that venv's client; this one's by default), which may change between starts."""
@@ -117,18 +117,6 @@ class ClientProcess:
         self.wrap = list(wrap)
         self.python = python or sys.executable
         self.child = SupervisedProcess([], log_path, name="client", new_session=True)
-
-    @property
-    def process(self) -> subprocess.Popen[bytes] | None:
-        return self.child.process
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid
-
-    @property
-    def running(self) -> bool:
-        return self.child.running
 
     def start(self, incarnation: int) -> None:
         self.child.argv = [
@@ -144,15 +132,6 @@ class ClientProcess:
     def output(self) -> str:
         """This incarnation's log."""
         return self.child.output()
-
-    def kill(self) -> None:
-        self.child.kill()
-
-    def pause(self) -> None:
-        self.child.pause()
-
-    def resume(self) -> None:
-        self.child.resume()
 
 
 @dataclass(eq=False)

@@ -26,7 +26,6 @@ import logging
 import os
 import re
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -37,7 +36,7 @@ from typing import Any
 from waltz_api.cluster import coordination_from_uri
 from waltz_api.errors import ConfigError, WaltzError
 from waltz_api.ports import free_port
-from waltz_api.supervised import SupervisedProcess
+from waltz_api.supervised import ChildHandle, SupervisedProcess
 from waltz_cli.devfile import READY_FILE, read_ready_file
 from waltz_cli.devfile import alive as _alive
 from waltz_server.cluster_admin import ClusterAdmin
@@ -108,7 +107,7 @@ class DevState:
         os.replace(tmp, path)
 
 
-class Child:
+class Child(ChildHandle):
     """One child process (a storage node or a server), stopped by its pid: in its own
     session, SIGTERM should the supervisor die (a
     :class:`~waltz_api.supervised.SupervisedProcess`)."""
@@ -128,18 +127,6 @@ class Child:
             new_session=True,
             die_with_parent=True,
         )
-
-    @property
-    def process(self) -> subprocess.Popen[bytes] | None:
-        return self.child.process
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid
-
-    @property
-    def running(self) -> bool:
-        return self.child.running
 
     def start(self) -> None:
         self.child.start()
