@@ -146,6 +146,31 @@ class CallbackRunner:
         built: Built = await self._queue_build(context, p, None)
         return built
 
+    async def build_many(
+        self, items: list[tuple[TransactionContext, int]]
+    ) -> list[Built | BaseException]:
+        """:meth:`build` of each (context, partition), in order: the plain ones go to the
+        callback thread in one hop; each gets its :data:`Built` or what it raised."""
+        pending: list[Built | BaseException | asyncio.Future[Any]] = []
+        for context, p in items:
+            if not self.hwm_is_async and not self.is_async(context.execute):
+                pending.append(self._queue_build(context, p, None))
+                continue
+            try:
+                pending.append(await self.build(context, p))
+            except Exception as exc:
+                pending.append(exc)
+        built: list[Built | BaseException] = []
+        for item in pending:
+            if isinstance(item, asyncio.Future):
+                try:
+                    built.append(await item)
+                except Exception as exc:
+                    built.append(exc)
+            else:
+                built.append(item)
+        return built
+
     def _queue_build(
         self, context: TransactionContext, p: int, builder: TransactionBuilder | None
     ) -> asyncio.Future[Any]:
