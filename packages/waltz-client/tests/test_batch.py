@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from client_protocol_peer import ProtocolTestPeer
 from client_support import Cluster, Ctx, RecordingApp, committed, mount
-from test_protocol import running, serving, wait_for
+from test_protocol import OTHER, running, serving, wait_for
 
 from waltz_api.errors import ClientError
 from waltz_api.messages import (
@@ -94,30 +94,33 @@ async def test_a_batch_is_one_hop_and_one_send_and_each_transaction_is_answered_
         assert [a.header for a in appends] == [1, 2, 4]
         assert [a.req_id.seq_num for a in appends] == sorted(a.req_id.seq_num for a in appends)
         assert counts.hops == 1 and counts.sends == [3]
-        # the first commits, the second fails its lock on it, the fourth commits
+        # the first commits, the second fails its lock on transaction 2 (another
+        # client's, not in this client's feed yet), the fourth commits
         await conn.send(
             FeedData(appends[0].req_id, 0, 1),
-            LockFailure(appends[1].req_id, 0),
+            LockFailure(appends[1].req_id, 2),
             FeedData(appends[2].req_id, 1, 4),
         )
+        await peer.nothing_more(AppendRequest, 0.3)  # executed again only on that state
+        await conn.send(FeedData(OTHER, 2, 0))
         _, again = await peer.expect(AppendRequest)
-        assert again.header == 2 and again.client_high_water_mark == 1
+        assert again.header == 2 and again.client_high_water_mark == 2
         assert counts.hops == 2 and counts.sends == [3, 1]  # the retry: its own round
         await peer.nothing_more(AppendRequest, 0.2)
         assert not batch.done()
-        await conn.send(FeedData(again.req_id, 2, 2))
+        await conn.send(FeedData(again.req_id, 3, 2))
         results = await asyncio.wait_for(batch, 10)
         committed(results[0], 0)
-        committed(results[1], 2)
+        committed(results[1], 3)
         assert results[2] == SubmissionResult(False, 0, -1, 1)
         committed(results[3], 1)
         assert isinstance(results[4], ValueError)
         assert contexts[0].events == [("application", 0), ("completion", True)]
-        assert contexts[1].events == [("lock_failure", 0), ("application", 2), ("completion", True)]
-        assert contexts[1].hwms == [-1, 1] and contexts[1].attempts == 2
+        assert contexts[1].events == [("lock_failure", 2), ("application", 3), ("completion", True)]
+        assert contexts[1].hwms == [-1, 2] and contexts[1].attempts == 2
         assert contexts[2].events == [("completion", False)]
         assert [e for e, _ in contexts[4].events] == ["exception"]
-        assert app.applied == [(0, 0, 1), (0, 1, 4), (0, 2, 2)]
+        assert app.applied == [(0, 0, 1), (0, 1, 4), (0, 2, 0), (0, 3, 2)]
         await peer.nothing_more(AppendRequest, 0.2)
 
 
@@ -282,7 +285,10 @@ async def test_submit_nowait_answers_each_future_from_one_task_per_loop_turn(
         _, append = await peer.expect(AppendRequest)
         flushing = asyncio.ensure_future(client.flush(0))
         _, flush = await peer.expect(FlushRequest)
-        await conn.send(FeedData(append.req_id, 4, 9), FlushResponse(flush.req_id, 4))
+        await conn.send(FlushResponse(flush.req_id, 3))  # not committed: executed again
+        _, again = await peer.expect(AppendRequest)
+        assert again.header == 9 and again.req_id != append.req_id
+        assert not flushing.done()
+        await conn.send(FeedData(again.req_id, 4, 9))
         assert await asyncio.wait_for(flushing, 10) == 4
-        assert future.done()
         committed(future.result(), 4)
