@@ -3,7 +3,9 @@
 Three systems, started here and measured in the same run, each as an application
 uses it:
 
-- **Waltz** through the client library (``waltz_client.AsyncWaltzClient``): a
+- **Waltz** through the client library (``AsyncWaltzClient.submit_nowait`` by default;
+  ``--waltz-api`` also measures ``submit``, ``submit_many`` and the threaded
+  ``WaltzClient``, one API's clients at a time, the peers beside the first): a
   ZooKeeper, three ``waltz storage`` nodes (fs engine, real fsync), one
   ``waltz server``, ZeroMQ on loopback, 4 partitions (``process_cluster.py``);
 - **ZooKeeper** 3.8 standalone (fsync on, its default), through kazoo;
@@ -33,6 +35,7 @@ peers; at K=1 at least etcd), the Waltz server's RSS and CPU microseconds per co
 Figures only, never pass/fail. Needs the Debian packages zookeeper and etcd-server.
 
     .venv/bin/python bench/peers.py [--seconds 5] [--ks 1,8,32,64] [--processes 4]
+        [--systems waltz,zookeeper,etcd] [--waltz-api nowait,submit,many,threads,...]
 """
 
 from __future__ import annotations
@@ -655,6 +658,41 @@ def print_goals(ks: list[int], cells: dict[tuple[str, str, int], Cell]) -> None:
         )
 
 
+async def measure(
+    workers: Workers,
+    system: str,
+    cell_of: tuple[str, int],
+    *,
+    args: argparse.Namespace,
+    cluster: Any,
+    meter: CpuMeter,
+    spy_name: str,
+) -> Cell:
+    """One cell: ``workers`` run ``workload`` with K workers; Waltz's CPU per commit."""
+    workload, k = cell_of
+    spy = None
+    pids = cluster.pids()
+    if system == "waltz" and args.py_spy:
+        worker_pid = workers.processes[0].pid
+        spy = Spy(args.py_spy, spy_name, {**pids, "client0": worker_pid}, gil=args.gil)
+        spy.start(args.seconds)
+    meter.start()
+    results = await workers.run(workload, k, args.seconds, args.entities)
+    meter.stop()
+    cell = summarize(results, args.seconds)
+    if system == "waltz":
+        commits = sum(r["commits"] for r in results)
+        cell.cpu_us = meter.per_transaction_us(commits)
+        if commits:
+            clients = sum(r["cpu"] for r in results)
+            cell.cpu_us["clients"] = clients / commits * 1e6
+        cell.server_rss_mb = peak_rss_mb(cluster.server.pid)
+    if spy is not None:
+        spy.stop()
+        print(f"  py-spy, Waltz {spy_name}:\n{spy.report()}", flush=True)
+    return cell
+
+
 async def main(args: argparse.Namespace) -> None:
     ks = [int(k) for k in args.ks.split(",")]
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
@@ -683,16 +721,10 @@ async def main(args: argparse.Namespace) -> None:
             for api in apis:
                 if api not in WALTZ_APIS:
                     raise SystemExit(f"--waltz-api {api!r}: one of {', '.join(WALTZ_APIS)}")
-            # the Waltz column is the first API's; the others are measured beside it
-            groups = [
-                (f"waltz:{api}" if system == "waltz" else system, system, api)
-                for system in systems
-                for api in (apis if system == "waltz" else [""])
-            ]
-            for key, system, api in groups:
-                workers[key] = Workers(system, addresses[system], args.processes, api or "nowait")
-            for group in workers.values():
-                await group.ready()
+            for system in systems:
+                if system != "waltz":
+                    workers[system] = Workers(system, addresses[system], args.processes)
+                    await workers[system].ready()
             print(
                 f"Waltz: 1 server, 3 storage nodes (fs, fsync), ZooKeeper, zmq, {PARTITIONS} "
                 f"partitions, client library ({apis[0]}); ZooKeeper: standalone, fsync; "
@@ -706,36 +738,34 @@ async def main(args: argparse.Namespace) -> None:
                     "storage": [pid for role, pid in pids.items() if role != "server"],
                 }
             )
-            for workload in WORKLOADS:
-                for k in ks:
-                    for key, system, api in groups:
-                        spy = None
-                        if system == "waltz" and args.py_spy:
-                            worker_pid = workers[key].processes[0].pid
-                            spy = Spy(
-                                args.py_spy,
-                                f"{workload}-K{k}-{api}",
-                                {**pids, "client0": worker_pid},
-                                gil=args.gil,
+            # one Waltz API's clients at a time (an idle client still consumes the feed of
+            # every partition: it would load the cluster of the API measured); the peers
+            # are measured beside the first
+            for turn, api in enumerate(apis if "waltz" in systems else [""]):
+                key = f"waltz:{api}"
+                if api:
+                    workers[key] = Workers("waltz", cluster.uri, args.processes, api)
+                    await workers[key].ready()
+                groups = [(key, "waltz", api)] if api else []
+                if turn == 0:
+                    groups += [(system, system, "") for system in systems if system != "waltz"]
+                for workload in WORKLOADS:
+                    for k in ks:
+                        for group_key, system, _ in groups:
+                            cells[(workload, group_key, k)] = await measure(
+                                workers[group_key],
+                                system,
+                                (workload, k),
+                                args=args,
+                                cluster=cluster,
+                                meter=meter,
+                                spy_name=f"{workload}-K{k}-{api}",
                             )
-                            spy.start(args.seconds)
-                        meter.start()
-                        results = await workers[key].run(workload, k, args.seconds, args.entities)
-                        meter.stop()
-                        cell = summarize(results, args.seconds)
-                        if system == "waltz":
-                            commits = sum(r["commits"] for r in results)
-                            cell.cpu_us = meter.per_transaction_us(commits)
-                            if commits:
-                                clients = sum(r["cpu"] for r in results)
-                                cell.cpu_us["clients"] = clients / commits * 1e6
-                            cell.server_rss_mb = peak_rss_mb(cluster.server.pid)
-                        cells[(workload, key, k)] = cell
-                        if key == f"waltz:{apis[0]}":
-                            cells[(workload, "waltz", k)] = cell
-                        if spy is not None:
-                            spy.stop()
-                            print(f"  py-spy, Waltz {workload} K={k} ({api}):\n{spy.report()}")
+                            if group_key == f"waltz:{apis[0]}":
+                                cells[(workload, "waltz", k)] = cells[(workload, group_key, k)]
+                if api:
+                    workers.pop(key).stop()
+            for workload in WORKLOADS:
                 print_table(workload, ks, cells)
                 if len(apis) > 1:
                     print_apis(workload, ks, apis, cells)

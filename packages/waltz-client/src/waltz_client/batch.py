@@ -28,22 +28,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ClientError
 from waltz_api.types import NO_TRANSACTION
 from waltz_client.api import SubmissionResult, TransactionBuilder, TransactionContext
+from waltz_client.config import ClientConfig
 from waltz_client.decisions import Expired, before_deadline, call_hook
 from waltz_client.errors import TransactionExpiredError
 from waltz_client.partition import Partition
+from waltz_client.runner import Built
 from waltz_client.state import Outcome, Resolution
-
-if TYPE_CHECKING:
-    from waltz_client.client import AsyncWaltzClient
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,33 @@ Answer = SubmissionResult | BaseException
 
 Done = Callable[[int, Answer], None]
 """``done(index, answer)``: the transaction at ``index`` of the batch is decided."""
+
+
+class BatchHost(Protocol):
+    """What a batch is told of its client."""
+
+    @property
+    def config(self) -> ClientConfig: ...
+
+    @property
+    def transport(self) -> Transport: ...
+
+    @property
+    def closing(self) -> bool: ...
+
+    def partition_of(self, context: TransactionContext) -> Partition:
+        """The mounted partition ``context`` goes to (ClientError: none, or not running)."""
+        ...
+
+    def build_many(
+        self, items: list[tuple[TransactionContext, int]]
+    ) -> Awaitable[list[Built | BaseException]]:
+        """Each (context, partition) built, the plain ones in one hop to the callback thread."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task the client cancels when it closes."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -78,7 +106,7 @@ class _Batch:
 
     def __init__(
         self,
-        client: AsyncWaltzClient,
+        client: BatchHost,
         done: Done,
         given_up: Callable[[int], bool],
     ) -> None:
@@ -89,6 +117,10 @@ class _Batch:
         self.timeout = client.config.transaction_timeout
         self.deadline = None if self.timeout is None else self.loop.time() + self.timeout
         self.active: list[_Entry] = []
+        self.stopped = False
+        """The batch ended (cancelled): outcomes still to come are not answered here."""
+        self._undecided = 0
+        self._round_over: asyncio.Future[None] = self.loop.create_future()
 
     # -- answers ---------------------------------------------------------------------------------
 
@@ -165,6 +197,7 @@ class _Batch:
                     continue
                 await self._round()
         finally:
+            self.stopped = True
             for entry in self.active:  # cancelled: what was admitted gives its slot back
                 if entry.number:
                     entry.partition.finished(entry.number)
@@ -185,7 +218,7 @@ class _Batch:
                 ready.extend(group)
         if not ready:
             return
-        built = await self.client._runner.build_many(
+        built = await self.client.build_many(
             [(entry.context, entry.partition.id) for entry in ready]
         )
         max_frame = self.client.transport.max_frame_size
@@ -214,9 +247,17 @@ class _Batch:
             sending.setdefault(entry.partition, []).append(entry)
         for partition, group in sending.items():
             await self._send(partition, group)
-        for entry in list(self.active):
-            if entry.outcome is not None:
-                await self._decided(entry, entry.outcome)
+        sent = [entry for entry in self.active if entry.outcome is not None]
+        if not sent:
+            return
+        # each is answered as soon as it is decided (a callback, not an await each);
+        # the task wakes once, when the round is over
+        self._undecided = len(sent)
+        self._round_over = self.loop.create_future()
+        for entry in sent:
+            assert entry.outcome is not None
+            entry.outcome.add_done_callback(functools.partial(self._decided, entry))
+        await self._round_over
 
     async def _writable(self, partition: Partition, group: list[_Entry]) -> bool:
         """Wait until the partition takes appends again, and the feed reached what the
@@ -296,19 +337,27 @@ class _Batch:
         for (entry, _), outcome in zip(items, outcomes, strict=True):
             entry.outcome = outcome
 
-    async def _decided(self, entry: _Entry, outcome: asyncio.Future[Resolution]) -> None:
+    def _decided(self, entry: _Entry, outcome: asyncio.Future[Resolution]) -> None:
+        """The outcome of an append of the round (a done callback)."""
+        if self.stopped:
+            return  # the batch was cancelled: nobody waits
+        entry.outcome = None
         try:
-            resolution = await outcome
-        except asyncio.CancelledError:
-            if not outcome.cancelled():
-                raise  # this task is cancelled
+            self._answer(entry, outcome)
+        finally:
+            self._undecided -= 1
+            if self._undecided <= 0 and not self._round_over.done():
+                self._round_over.set_result(None)
+
+    def _answer(self, entry: _Entry, outcome: asyncio.Future[Resolution]) -> None:
+        if outcome.cancelled():
             self._fail(entry, ClientError("the Waltz client is closed"))
             return
-        except Exception as exc:  # unknown outcome, the client closed, access denied
+        exc = outcome.exception()
+        if exc is not None:  # unknown outcome, the client closed, access denied
             self._fail(entry, exc)
             return
-        finally:
-            entry.outcome = None
+        resolution = outcome.result()
         partition = entry.partition
         if resolution.outcome is Outcome.COMMITTED:
             transaction_id = resolution.transaction_id
@@ -330,7 +379,7 @@ class _Batch:
 
 
 async def run_batch(
-    client: AsyncWaltzClient,
+    client: BatchHost,
     contexts: Sequence[TransactionContext],
     done: Done,
     given_up: Callable[[int], bool] = lambda index: False,
@@ -342,7 +391,7 @@ async def run_batch(
     entries: list[_Entry] = []
     for index, context in enumerate(contexts):
         try:
-            partition = client._partition_of(context)
+            partition = client.partition_of(context)
             partition.check_usable()
         except ClientError as exc:  # refused like submit() refuses it: nothing ran
             done(index, exc)
@@ -351,17 +400,28 @@ async def run_batch(
     await batch.run(entries)
 
 
+async def run_many(host: BatchHost, contexts: list[TransactionContext]) -> list[Answer]:
+    """:func:`run_batch`, its answers collected in the order of ``contexts``."""
+    answers: list[Answer] = [ClientError("not decided")] * len(contexts)
+
+    def done(index: int, answer: Answer) -> None:
+        answers[index] = answer
+
+    await run_batch(host, contexts, done)
+    return answers
+
+
 class Coalescer:
     """:meth:`AsyncWaltzClient.submit_nowait`: the submissions of one loop turn run as
     one batch, in one task."""
 
-    def __init__(self, client: AsyncWaltzClient) -> None:
+    def __init__(self, client: BatchHost) -> None:
         self.client = client
         self._queued: list[tuple[TransactionContext, asyncio.Future[SubmissionResult]]] = []
 
     def submit(self, context: TransactionContext) -> asyncio.Future[SubmissionResult]:
         client = self.client
-        client._partition_of(context).check_usable()  # refused here, as submit() refuses
+        client.partition_of(context).check_usable()  # refused here, as submit() refuses
         loop = asyncio.get_running_loop()
         future: asyncio.Future[SubmissionResult] = loop.create_future()
         if not self._queued:
@@ -402,4 +462,4 @@ class Coalescer:
                     if not future.done():
                         future.set_exception(ClientError("the Waltz client is closed"))
 
-        self.client._spawn(run())
+        self.client.spawn(run())

@@ -76,14 +76,14 @@ from waltz_client.api import (
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz_client.batch import Coalescer, run_batch
+from waltz_client.batch import Coalescer, run_many
 from waltz_client.channel import Carried, Channel, ChannelLost
 from waltz_client.config import POISON_POLICIES, ClientConfig
 from waltz_client.decisions import Expired as _Expired
 from waltz_client.decisions import before_deadline, call_hook
 from waltz_client.errors import TransactionExpiredError, access_denied
 from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition
-from waltz_client.runner import CALLBACK_THREAD_PREFIX, CallbackRunner
+from waltz_client.runner import CALLBACK_THREAD_PREFIX, Built, CallbackRunner
 from waltz_client.state import (
     Outcome,
     Resolution,
@@ -174,7 +174,7 @@ class AsyncWaltzClient:
         self.rng = rng or random.Random()
         """The jitter of every retry's back-off (inject a seeded one to replay a run)."""
         self._host = _Host(self)
-        self._coalescer = Coalescer(self)
+        self._coalescer = Coalescer(self._host)
         """What the partitions and channels are told of this client."""
 
     # -- life cycle --------------------------------------------------------------------------------
@@ -341,16 +341,7 @@ class AsyncWaltzClient:
         :meth:`submit` would have raised for it (each is decided on its own: one lock
         failure or expiry touches no other). Each holds a slot while it runs; a batch
         larger than the free slots runs in turns. Deadlines count from this call."""
-        contexts = list(contexts)
-        answers: list[SubmissionResult | BaseException] = [
-            ClientError("not decided (the batch was cancelled)")
-        ] * len(contexts)
-
-        def done(index: int, answer: SubmissionResult | BaseException) -> None:
-            answers[index] = answer
-
-        await run_batch(self, contexts, done)
-        return answers
+        return await run_many(self._host, list(contexts))
 
     def submit_nowait(self, context: TransactionContext) -> asyncio.Future[SubmissionResult]:
         """Start ``context`` without a task of its own: the future resolves (or
@@ -792,3 +783,11 @@ class _Host:
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._client._spawn(coro)
+
+    def partition_of(self, context: TransactionContext) -> Partition:
+        return self._client._partition_of(context)
+
+    def build_many(
+        self, items: list[tuple[TransactionContext, int]]
+    ) -> Awaitable[list[Built | BaseException]]:
+        return self._runner.build_many(items)
