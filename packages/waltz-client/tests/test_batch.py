@@ -292,3 +292,26 @@ async def test_submit_nowait_answers_each_future_from_one_task_per_loop_turn(
         await conn.send(FeedData(again.req_id, 4, 9))
         assert await asyncio.wait_for(flushing, 10) == 4
         committed(future.result(), 4)
+
+
+async def test_a_cancelled_batch_gives_its_slots_back(
+    cluster: Cluster, peer: ProtocolTestPeer
+) -> None:
+    app = RecordingApp()
+    async with serving(cluster, peer, app, max_concurrent_transactions=2) as client:
+        conn, _ = await mount(peer, 0)
+        partition = client.partitions[0]
+        batch = asyncio.ensure_future(client.submit_many([Ctx(header=h) for h in range(3)]))
+        appends = [(await peer.expect(AppendRequest))[1] for _ in range(2)]
+        assert partition.limit.in_use == 2 and len(partition.submissions) == 2
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        assert partition.limit.in_use == 0 and len(partition.submissions) == 0
+        # what was sent may still commit: the feed delivers it like any transaction
+        await conn.send(FeedData(appends[0].req_id, 0, 0))
+        await wait_for(lambda: app.hwm.get(0) == 0)
+        later = asyncio.ensure_future(client.submit(Ctx(header=5)))
+        _, append = await peer.expect(AppendRequest)  # a slot was free for it
+        await conn.send(FeedData(append.req_id, 1, 5))
+        committed(await asyncio.wait_for(later, 10), 1)

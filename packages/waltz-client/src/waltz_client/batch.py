@@ -27,7 +27,6 @@ its own future (no task per transaction).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections import deque
@@ -116,7 +115,8 @@ class _Batch:
         self.loop = asyncio.get_running_loop()
         self.timeout = client.config.transaction_timeout
         self.deadline = None if self.timeout is None else self.loop.time() + self.timeout
-        self.active: list[_Entry] = []
+        self.active: dict[int, _Entry] = {}
+        """The running transactions (holding a slot), by index, in the order admitted."""
         self.stopped = False
         """The batch ended (cancelled): outcomes still to come are not answered here."""
         self._undecided = 0
@@ -128,8 +128,7 @@ class _Batch:
         if entry.number:
             entry.partition.finished(entry.number)  # (gives its slot back)
             entry.number = 0
-        with contextlib.suppress(ValueError):
-            self.active.remove(entry)
+        self.active.pop(entry.index, None)
         self.done(entry.index, answer)
 
     def _fail(self, entry: _Entry, exc: BaseException) -> None:
@@ -157,23 +156,25 @@ class _Batch:
     def _admit(self, waiting: deque[_Entry]) -> None:
         """Give a slot to each waiting transaction whose partition has one free, in order."""
         full: set[int] = set()
-        for entry in list(waiting):
+        kept: list[_Entry] = []
+        for entry in waiting:
             partition = entry.partition
             if partition.id in full:
-                continue
-            if self.given_up(entry.index):
-                waiting.remove(entry)
+                kept.append(entry)
+            elif self.given_up(entry.index):
                 self._finish(entry, asyncio.CancelledError())
-                continue
-            if not partition.limit.try_acquire_free():
+            elif partition.limit.try_acquire_free():
+                self._start(entry)
+            else:
                 full.add(partition.id)
-                continue
-            waiting.remove(entry)
-            self._start(entry)
+                kept.append(entry)
+        if len(kept) != len(waiting):
+            waiting.clear()
+            waiting.extend(kept)
 
     def _start(self, entry: _Entry) -> None:
         entry.number = entry.partition.submissions.start()
-        self.active.append(entry)
+        self.active[entry.index] = entry
 
     async def run(self, entries: list[_Entry]) -> None:
         waiting = deque(entries)
@@ -198,7 +199,7 @@ class _Batch:
                 await self._round()
         finally:
             self.stopped = True
-            for entry in self.active:  # cancelled: what was admitted gives its slot back
+            for entry in self.active.values():  # cancelled: admitted ones give their slot back
                 if entry.number:
                     entry.partition.finished(entry.number)
                     entry.number = 0
@@ -207,7 +208,7 @@ class _Batch:
 
     async def _round(self) -> None:
         groups: dict[Partition, list[_Entry]] = {}
-        for entry in list(self.active):
+        for entry in list(self.active.values()):
             if self.given_up(entry.index):  # (nothing of it is in flight between rounds)
                 self._finish(entry, asyncio.CancelledError())
                 continue
@@ -247,7 +248,7 @@ class _Batch:
             sending.setdefault(entry.partition, []).append(entry)
         for partition, group in sending.items():
             await self._send(partition, group)
-        sent = [entry for entry in self.active if entry.outcome is not None]
+        sent = [entry for entry in self.active.values() if entry.outcome is not None]
         if not sent:
             return
         # each is answered as soon as it is decided (a callback, not an await each);
