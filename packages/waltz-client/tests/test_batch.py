@@ -315,3 +315,44 @@ async def test_a_cancelled_batch_gives_its_slots_back(
         _, append = await peer.expect(AppendRequest)  # a slot was free for it
         await conn.send(FeedData(append.req_id, 1, 5))
         committed(await asyncio.wait_for(later, 10), 1)
+
+
+class AsyncHwmApp(RecordingApp):
+    async def client_high_water_mark(self, partition_id: int) -> int:  # type: ignore[override]
+        return self.hwm.get(partition_id, -1)
+
+
+class AsyncCtx(Ctx):
+    async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+        return super().execute(builder)
+
+
+@pytest.mark.parametrize(
+    ("app_class", "ctx_class", "hops"),
+    [(AsyncHwmApp, Ctx, 1), (AsyncHwmApp, AsyncCtx, 0), (RecordingApp, AsyncCtx, 0)],
+)
+async def test_a_batch_builds_on_the_high_water_mark_whichever_callbacks_are_async(
+    cluster: Cluster,
+    peer: ProtocolTestPeer,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    app_class: type[RecordingApp],
+    ctx_class: type[Ctx],
+    hops: int,
+) -> None:
+    counts = Counts(monkeypatch)
+    app = app_class(hwm={0: 4})
+    async with serving(cluster, peer, app) as client:
+        conn, _ = await mount(peer, 0, hwm=4)
+        contexts = [ctx_class(header=h) for h in range(3)]
+        counts.reset()
+        batch = asyncio.ensure_future(client.submit_many(contexts))
+        appends = [(await peer.expect(AppendRequest))[1] for _ in range(3)]
+        # plain execute methods: one build hop to the callback thread for all (an async
+        # high-water mark read on the loop first); async ones run on the loop (a plain
+        # high-water mark is then read on the thread, outside the build hops counted)
+        assert counts.hops == hops and counts.sends == [3]
+        assert [(a.header, a.client_high_water_mark) for a in appends] == [(0, 4), (1, 4), (2, 4)]
+        await conn.send(*(FeedData(a.req_id, 5 + i, a.header) for i, a in enumerate(appends)))
+        for i, result in enumerate(await asyncio.wait_for(batch, 10)):
+            committed(result, 5 + i)
