@@ -384,15 +384,18 @@ async def run_batch(
     contexts: Sequence[TransactionContext],
     done: Done,
     given_up: Callable[[int], bool] = lambda index: False,
+    partitions: Sequence[Partition] | None = None,
 ) -> None:
     """Run ``contexts`` to their outcomes in this task, ``done(index, answer)`` for each
     as it is decided (see the module). ``given_up(index)``: the application gave that
-    one up (it is dropped before it runs again)."""
+    one up (it is dropped before it runs again). ``partitions``: each context's, when
+    the caller looked them up already."""
     batch = _Batch(client, done, given_up)
     entries: list[_Entry] = []
     for index, context in enumerate(contexts):
         try:
-            partition = client.partition_of(context)
+            known = None if partitions is None else partitions[index]
+            partition = client.partition_of(context) if known is None else known
             partition.check_usable()
         except ClientError as exc:  # refused like submit() refuses it: nothing ran
             done(index, exc)
@@ -418,26 +421,29 @@ class Coalescer:
 
     def __init__(self, client: BatchHost) -> None:
         self.client = client
-        self._queued: list[tuple[TransactionContext, asyncio.Future[SubmissionResult]]] = []
+        self._queued: list[
+            tuple[TransactionContext, Partition, asyncio.Future[SubmissionResult]]
+        ] = []
 
     def submit(self, context: TransactionContext) -> asyncio.Future[SubmissionResult]:
         client = self.client
-        client.partition_of(context).check_usable()  # refused here, as submit() refuses
+        partition = client.partition_of(context)
+        partition.check_usable()  # refused here, as submit() refuses
         loop = asyncio.get_running_loop()
         future: asyncio.Future[SubmissionResult] = loop.create_future()
         if not self._queued:
             loop.call_soon(self._start)  # once this turn's submissions have joined
-        self._queued.append((context, future))
+        self._queued.append((context, partition, future))
         return future
 
     def _start(self) -> None:
         queued, self._queued = self._queued, []
         if self.client.closing:
-            for _, future in queued:
+            for _, _, future in queued:
                 if not future.done():
                     future.set_exception(ClientError("the Waltz client is closed"))
             return
-        futures = [future for _, future in queued]
+        futures = [future for _, _, future in queued]
 
         def done(index: int, answer: Answer) -> None:
             future = futures[index]
@@ -454,9 +460,10 @@ class Coalescer:
             try:
                 await run_batch(
                     self.client,
-                    [context for context, _ in queued],
+                    [context for context, _, _ in queued],
                     done,
                     lambda index: futures[index].cancelled(),
+                    [partition for _, partition, _ in queued],
                 )
             finally:
                 for future in futures:
