@@ -3,9 +3,12 @@
 Three systems, started here and measured in the same run, each as an application
 uses it:
 
-- **Waltz** through the client library (``AsyncWaltzClient.submit_nowait`` by default;
-  ``--waltz-api`` also measures ``submit``, ``submit_many`` and the threaded
-  ``WaltzClient``, one API's clients at a time, the peers beside the first): a
+- **Waltz** through the client library (by default each worker, an asyncio task
+  already, awaits ``AsyncWaltzClient.submit``: no task per transaction, the cheapest
+  path for such workers; ``--waltz-api`` also measures ``submit_nowait``,
+  ``submit_many`` (a process's K transactions as one batch, as an application that
+  holds a queue of requests would) and the threaded ``WaltzClient``, one API's clients
+  at a time, the peers beside the first): a
   ZooKeeper, three ``waltz storage`` nodes (fs engine, real fsync), one
   ``waltz server``, ZeroMQ on loopback, 4 partitions (``process_cluster.py``);
 - **ZooKeeper** 3.8 standalone (fsync on, its default), through kazoo;
@@ -107,7 +110,7 @@ def worker_main(
     address: str,
     index: int,
     pipe: multiprocessing.connection.Connection,
-    api: str = "nowait",
+    api: str = "submit",
 ) -> None:
     """A worker process: one client of ``system``, then cells until told to stop."""
     logging.basicConfig(level=logging.WARNING)
@@ -494,7 +497,7 @@ class Cell:
 class Workers:
     """The worker processes of one system (one client each)."""
 
-    def __init__(self, system: str, address: str, processes: int, api: str = "nowait") -> None:
+    def __init__(self, system: str, address: str, processes: int, api: str = "submit") -> None:
         context = multiprocessing.get_context("spawn")
         self.system = system
         self.pipes: list[multiprocessing.connection.Connection] = []
@@ -790,7 +793,7 @@ if __name__ == "__main__":
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="which systems to measure")
     parser.add_argument(
         "--waltz-api",
-        default="nowait",
+        default="submit",
         help=f"how Waltz workers submit, comma-separated ({', '.join(WALTZ_APIS)}); the first "
         "is the Waltz column, the others are printed beside it",
     )
