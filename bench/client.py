@@ -10,10 +10,11 @@ callbacks), an upper bound of what it can do with a real server.
 1. Feed consumption, transactions/s: headers only (plain callbacks on the
    callback thread; async callbacks on the loop), and with data fetched lazily
    per transaction (one RPC round trip each, then cached).
-2. Submit throughput through ``AsyncWaltzClient.submit`` (200 in flight per
-   partition), p50/p99 latency of one submit, beside the raw protocol (append
-   requests pipelined by hand over a ProtocolConnection, same window) in the
-   same run.
+2. Submit throughput through the client (200 in flight per partition), three ways
+   (:data:`APIS`: ``enqueue``, a task each; ``submit_nowait``, a future each;
+   ``submit_many``, a window at a time), p50/p99 latency of one submit, beside the raw
+   protocol (append requests pipelined by hand over a ProtocolConnection, same
+   window) in the same run.
 3. With ``--real``: the same submit and feed cases against the real server in
    this process (``local`` coordination, three StorageNodes on the fs engine with
    real fsync, ZeroMQ loopback, the server's default hwm-array lock table).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import itertools
 import logging
 import resource
 import tempfile
@@ -194,7 +196,72 @@ async def feed_case(n: int, *, fetch: bool, use_async: bool, prefetch: bool = Fa
     return n / elapsed
 
 
-async def submit_case(n: int, context: type[Append]) -> tuple[float, list[float]]:
+APIS = ("enqueue", "nowait", "many")
+"""How the cases submit: ``enqueue`` (a task each, ``max_concurrent_transactions`` the
+window), ``nowait`` (``submit_nowait``: a future each, the next one submitted from the
+done callback of the last, no task per transaction), ``many`` (``submit_many`` of a
+window's transactions at a time, each batch waited for)."""
+
+
+async def drive(
+    client: AsyncWaltzClient,
+    context: type[Append],
+    n: int,
+    window: int,
+    *,
+    api: str,
+    latencies: list[float],
+) -> None:
+    """``n`` submissions through ``client``, ``window`` in flight, as ``api`` says."""
+    loop = asyncio.get_running_loop()
+    if api == "many":
+        for start in range(0, n, window):
+            t0 = loop.time()
+            results = await client.submit_many([context() for _ in range(min(window, n - start))])
+            elapsed = loop.time() - t0
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+                latencies.append(elapsed)
+        return
+    if api == "nowait":
+        finished = loop.create_future()
+        state = {"sent": 0, "done": 0}
+
+        def submit_next() -> None:
+            state["sent"] += 1
+            future = client.submit_nowait(context())
+            future.add_done_callback(functools.partial(settled, loop.time()))
+
+        def settled(t0: float, future: asyncio.Future[SubmissionResult]) -> None:
+            latencies.append(loop.time() - t0)
+            if future.exception() is not None and not finished.done():
+                finished.set_exception(future.exception())  # type: ignore[arg-type]
+            state["done"] += 1
+            if state["sent"] < n:
+                submit_next()
+            elif state["done"] == n and not finished.done():
+                finished.set_result(None)
+
+        for _ in range(min(window, n)):
+            submit_next()
+        await finished
+        return
+    # as an application would: it keeps the submissions in flight, not every one
+    in_flight: set[asyncio.Task[SubmissionResult]] = set()
+    for _ in range(n):
+        t0 = loop.time()
+        task = await client.enqueue(context())
+        task.add_done_callback(functools.partial(_record, latencies, loop, t0))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    while in_flight:
+        await asyncio.gather(*in_flight)
+
+
+async def submit_case(
+    n: int, context: type[Append], api: str = "enqueue"
+) -> tuple[float, list[float]]:
     peer = EchoPeer(0)
     await peer.start()
     latencies: list[float] = []
@@ -203,19 +270,8 @@ async def submit_case(n: int, context: type[Append]) -> tuple[float, list[float]
         callbacks = AsyncCounting(n - 1, False)
         config = ClientConfig(uri, transport="zmq", max_concurrent_transactions=WINDOW)
         async with AsyncWaltzClient(callbacks, config) as client:
-            loop = asyncio.get_running_loop()
-
-            async def one() -> None:
-                t0 = loop.time()
-                task = await client.enqueue(context())
-                task.add_done_callback(lambda _: latencies.append(loop.time() - t0))
-                tasks.append(task)
-
-            tasks: list[asyncio.Task[SubmissionResult]] = []
             started = time.perf_counter()
-            for _ in range(n):
-                await one()
-            await asyncio.gather(*tasks)
+            await drive(client, context, n, WINDOW, api=api, latencies=latencies)
             elapsed = time.perf_counter() - started
     await peer.close()
     return n / elapsed, latencies
@@ -301,7 +357,7 @@ class RealCluster:
 
 
 async def client_throughput(
-    uri: str, context: type[Append], n: int, window: int | None = None
+    uri: str, context: type[Append], n: int, window: int | None = None, api: str = "enqueue"
 ) -> tuple[float, list[float], float]:
     """``n`` submissions through the client, ``window`` in flight: tx/s, latencies, and
     this process's CPU seconds per transaction."""
@@ -311,19 +367,9 @@ async def client_throughput(
     config = ClientConfig(uri, transport="zmq", partitions=[0], max_concurrent_transactions=window)
     async with AsyncWaltzClient(callbacks, config) as client:
         await client.submit(context())  # mounted
-        loop = asyncio.get_running_loop()
-        # as an application would: it keeps the submissions in flight, not every one
-        in_flight: set[asyncio.Task[SubmissionResult]] = set()
         cpu = time.process_time()
         started = time.perf_counter()
-        for _ in range(n):
-            t0 = loop.time()
-            task = await client.enqueue(context())
-            task.add_done_callback(functools.partial(_record, latencies, loop, t0))
-            in_flight.add(task)
-            task.add_done_callback(in_flight.discard)
-        while in_flight:
-            await asyncio.gather(*in_flight)
+        await drive(client, context, n, window, api=api, latencies=latencies)
         rate = n / (time.perf_counter() - started)
         cpu = (time.process_time() - cpu) / n
     return rate, latencies, cpu
@@ -386,10 +432,10 @@ async def process_cases(submits: int, one_at_a_time: int) -> None:
         )
         raw = await raw_case(submits, owner.endpoint, owner.generation)
         print(f"  raw protocol (no client):              {raw:8,.0f} tx/s")
-        for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):
-            rate, latencies, cpu = await client_throughput(cluster.uri, context, submits)
+        for (label, context), api in itertools.product(CONTEXTS, APIS):
+            rate, latencies, cpu = await client_throughput(cluster.uri, context, submits, api=api)
             print(
-                f"  AsyncWaltzClient.submit, {label}: {rate:8,.0f} tx/s ({rate / raw:4.0%} of "
+                f"  {api:>7}, {label}: {rate:8,.0f} tx/s ({rate / raw:4.0%} of "
                 f"raw)  p50 {pct(latencies, 0.5):.2f} ms  p99 {pct(latencies, 0.99):.2f} ms  "
                 f"client CPU {cpu * 1e6:.0f} us/tx"
             )
@@ -415,10 +461,10 @@ async def real_cases(submits: int, feed: int) -> None:
         uri = await cluster.start(Path(tmp))
         try:
             print("real server in this process (local coordination, 3 fs storage nodes, zmq):")
-            for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):
-                rate, latencies, _ = await client_throughput(uri, context, submits)
+            for (label, context), api in itertools.product(CONTEXTS, APIS):
+                rate, latencies, _ = await client_throughput(uri, context, submits, api=api)
                 print(
-                    f"  AsyncWaltzClient.submit, {label}: {rate:8,.0f} tx/s   "
+                    f"  {api:>7}, {label}: {rate:8,.0f} tx/s   "
                     f"p50 {pct(latencies, 0.5):.2f} ms  p99 {pct(latencies, 0.99):.2f} ms"
                 )
             owner = (await ClusterAdmin(cluster.coordination).partition_assignment(0)).value
@@ -435,6 +481,9 @@ async def real_cases(submits: int, feed: int) -> None:
                 print(f"  feed from the start, {label}: {rate:10,.0f} tx/s ({top + 1} tx)")
         finally:
             await cluster.stop()
+
+
+CONTEXTS = (("plain execute", Append), ("async execute", AsyncAppend))
 
 
 def _record(latencies: list[float], loop: asyncio.AbstractEventLoop, t0: float, _: object) -> None:
@@ -486,10 +535,10 @@ async def main() -> None:
     print(f"  with data, prefetch_data=True, plain callbacks:  {rate:10,.0f} tx/s")
 
     print(f"submits, 100-byte data, {WINDOW} in flight:")
-    for label, context in (("plain execute", Append), ("async execute", AsyncAppend)):
-        rate, latencies = await submit_case(args.submits, context)
+    for (label, context), api in itertools.product(CONTEXTS, APIS):
+        rate, latencies = await submit_case(args.submits, context, api)
         print(
-            f"  AsyncWaltzClient.submit, {label}: {rate:8,.0f} tx/s   "
+            f"  {api:>7}, {label}: {rate:8,.0f} tx/s   "
             f"p50 {pct(latencies, 0.5):.2f} ms  p99 {pct(latencies, 0.99):.2f} ms"
         )
     rate = await raw_case(args.submits)

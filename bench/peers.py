@@ -3,7 +3,12 @@
 Three systems, started here and measured in the same run, each as an application
 uses it:
 
-- **Waltz** through the client library (``waltz_client.AsyncWaltzClient``): a
+- **Waltz** through the client library (by default each worker, an asyncio task
+  already, awaits ``AsyncWaltzClient.submit``: no task per transaction, the cheapest
+  path for such workers; ``--waltz-api`` also measures ``submit_nowait``,
+  ``submit_many`` (a process's K transactions as one batch, as an application that
+  holds a queue of requests would) and the threaded ``WaltzClient``, one API's clients
+  at a time, the peers beside the first): a
   ZooKeeper, three ``waltz storage`` nodes (fs engine, real fsync), one
   ``waltz server``, ZeroMQ on loopback, 4 partitions (``process_cluster.py``);
 - **ZooKeeper** 3.8 standalone (fsync on, its default), through kazoo;
@@ -33,6 +38,7 @@ peers; at K=1 at least etcd), the Waltz server's RSS and CPU microseconds per co
 Figures only, never pass/fail. Needs the Debian packages zookeeper and etcd-server.
 
     .venv/bin/python bench/peers.py [--seconds 5] [--ks 1,8,32,64] [--processes 4]
+        [--systems waltz,zookeeper,etcd] [--waltz-api nowait,submit,many,threads,...]
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class Tally:
     attempts: int = 0
     errors: int = 0
     latencies: list[float] = field(default_factory=list)
+    lead: bool = False
+    """A worker took the process's batch (``--waltz-api many``)."""
 
     def result(self, cpu: float) -> Result:
         return {
@@ -98,12 +106,18 @@ def _wait_start(command: Command) -> float:
 
 
 def worker_main(
-    system: str, address: str, index: int, pipe: multiprocessing.connection.Connection
+    system: str,
+    address: str,
+    index: int,
+    pipe: multiprocessing.connection.Connection,
+    api: str = "submit",
 ) -> None:
     """A worker process: one client of ``system``, then cells until told to stop."""
     logging.basicConfig(level=logging.WARNING)
-    if system == "waltz":
-        asyncio.run(_waltz_worker(address, pipe))
+    if system == "waltz" and api.startswith("threads"):
+        _waltz_thread_worker(address, pipe, api)
+    elif system == "waltz":
+        asyncio.run(_waltz_worker(address, pipe, api))
     elif system == "zookeeper":
         _zookeeper_worker(address, pipe)
     else:
@@ -129,10 +143,17 @@ async def _serve_cells(
         pipe.send(tally.result(time.process_time() - cpu))
 
 
-async def _waltz_worker(uri: str, pipe: multiprocessing.connection.Connection) -> None:
+WALTZ_APIS = ("submit", "nowait", "many", "threads", "threads-nowait")
+"""How the Waltz workers submit: ``submit`` (a task each, ``await client.submit``),
+``nowait`` (``await client.submit_nowait``: a future each, one task per loop turn's
+submissions), ``many`` (one ``submit_many`` of the process's K workers' transactions at a
+time), ``threads`` (the synchronous ``WaltzClient`` from K threads, ``submit().result()``),
+``threads-nowait`` (the same with ``submit_nowait().result()``)."""
+
+
+def _waltz_contexts(asynchronous: bool) -> tuple[type, type, type]:
+    """The application's callbacks and contexts (async methods, or plain for threads)."""
     from waltz_client import (
-        AsyncWaltzClient,
-        ClientConfig,
         Transaction,
         TransactionBuilder,
         TransactionContext,
@@ -145,10 +166,17 @@ async def _waltz_worker(uri: str, pipe: multiprocessing.connection.Connection) -
         def __init__(self) -> None:
             self.marks: dict[int, int] = {}
 
-        async def client_high_water_mark(self, partition_id: int) -> int:
+        def client_high_water_mark(self, partition_id: int) -> int:
             return self.marks.get(partition_id, -1)
 
-        async def apply_transaction(self, transaction: Transaction) -> None:
+        def apply_transaction(self, transaction: Transaction) -> None:
+            self.marks[transaction.partition_id] = transaction.transaction_id
+
+    class AsyncApplied(Applied):
+        async def client_high_water_mark(self, partition_id: int) -> int:  # type: ignore[override]
+            return self.marks.get(partition_id, -1)
+
+        async def apply_transaction(self, transaction: Transaction) -> None:  # type: ignore[override]
             self.marks[transaction.partition_id] = transaction.transaction_id
 
     class Update(TransactionContext):
@@ -159,7 +187,7 @@ async def _waltz_worker(uri: str, pipe: multiprocessing.connection.Connection) -
         def partition_id(self, num_partitions: int) -> int:
             return self.entity % num_partitions
 
-        async def execute(self, builder: TransactionBuilder) -> bool:
+        def execute(self, builder: TransactionBuilder) -> bool:
             builder.set_data(VALUE)
             builder.write_lock("entity", self.entity)
             return True
@@ -172,34 +200,125 @@ async def _waltz_worker(uri: str, pipe: multiprocessing.connection.Connection) -
         def partition_id(self, num_partitions: int) -> int:
             return self.partition % num_partitions
 
-        async def execute(self, builder: TransactionBuilder) -> bool:
+        def execute(self, builder: TransactionBuilder) -> bool:
             builder.set_data(VALUE)
             return True
 
+    class AsyncUpdate(Update):
+        async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+            builder.set_data(VALUE)
+            builder.write_lock("entity", self.entity)
+            return True
+
+    class AsyncAppend(Append):
+        async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+            builder.set_data(VALUE)
+            return True
+
+    if asynchronous:
+        return AsyncApplied, AsyncUpdate, AsyncAppend
+    return Applied, Update, Append
+
+
+async def _waltz_worker(uri: str, pipe: multiprocessing.connection.Connection, api: str) -> None:
+    from waltz_client import AsyncWaltzClient, ClientConfig
+
+    applied, update, append = _waltz_contexts(asynchronous=True)
     rng = random.Random()
     turn = iter(range(1 << 62))
     config = ClientConfig(uri, transport="zmq")
-    async with AsyncWaltzClient(Applied(), config) as client:
+    async with AsyncWaltzClient(applied(), config) as client:
         for partition in range(PARTITIONS):  # mounted: every partition's feed is caught up
             await client.flush(partition)
 
+        def make(command: Command) -> Any:
+            if command["workload"] == "occ":
+                return update(rng.randrange(command["entities"]))
+            return append(next(turn))
+
+        def count(tally: Tally, result: Any, started: float, done: float, end: float) -> None:
+            if isinstance(result, BaseException):
+                tally.errors += 1
+            elif result and done <= end:
+                tally.commits += 1
+                tally.attempts += result.attempts
+                tally.latencies.append(done - started)
+
         async def worker(command: Command, end: float, tally: Tally) -> None:
-            occ = command["workload"] == "occ"
-            entities = command["entities"]
+            if api == "many":
+                if tally.lead:
+                    return  # one batch of all this process's workers at a time
+                tally.lead = True
+                while (started := time.perf_counter()) < end:
+                    results = await client.submit_many(
+                        [make(command) for _ in range(command["tasks"])]
+                    )
+                    done = time.perf_counter()
+                    for result in results:
+                        count(tally, result, started, done, end)
+                return
+            submit = client.submit_nowait if api == "nowait" else client.submit
             while (started := time.perf_counter()) < end:
-                context = Update(rng.randrange(entities)) if occ else Append(next(turn))
                 try:
-                    result = await client.submit(context)
-                except Exception:
-                    tally.errors += 1
-                    continue
-                done = time.perf_counter()
-                if result and done <= end:
-                    tally.commits += 1
-                    tally.attempts += result.attempts
-                    tally.latencies.append(done - started)
+                    result = await submit(make(command))
+                except Exception as exc:
+                    result = exc
+                count(tally, result, started, time.perf_counter(), end)
 
         await _serve_cells(pipe, worker)
+
+
+def _waltz_thread_worker(uri: str, pipe: multiprocessing.connection.Connection, api: str) -> None:
+    """The synchronous WaltzClient, one per process, shared by K threads."""
+    from waltz_client import ClientConfig, WaltzClient
+
+    applied, update, append = _waltz_contexts(asynchronous=False)
+    with WaltzClient(applied(), ClientConfig(uri, transport="zmq")) as client:
+        for partition in range(PARTITIONS):
+            client.flush(partition)
+        submit = client.submit_nowait if api == "threads-nowait" else client.submit
+        turn = iter(range(1 << 62))
+        pipe.send({"ready": True})
+        while True:
+            command: Command = pipe.recv()
+            if command.get("stop"):
+                return
+            tally = Tally()
+            lock = threading.Lock()
+
+            def worker(
+                command: Command = command, tally: Tally = tally, lock: threading.Lock = lock
+            ) -> None:
+                rng = random.Random()
+                occ = command["workload"] == "occ"
+                end = _wait_start(command)
+                while (started := time.perf_counter()) < end:
+                    with lock:
+                        context = (
+                            update(rng.randrange(command["entities"]))
+                            if occ
+                            else append(next(turn))
+                        )
+                    try:
+                        result = submit(context).result()
+                    except Exception:
+                        with lock:
+                            tally.errors += 1
+                        continue
+                    done = time.perf_counter()
+                    if result and done <= end:
+                        with lock:
+                            tally.commits += 1
+                            tally.attempts += result.attempts
+                            tally.latencies.append(done - started)
+
+            cpu = time.process_time()
+            threads = [threading.Thread(target=worker) for _ in range(command["tasks"])]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            pipe.send(tally.result(time.process_time() - cpu))
 
 
 def _zookeeper_worker(hosts: str, pipe: multiprocessing.connection.Connection) -> None:
@@ -378,7 +497,7 @@ class Cell:
 class Workers:
     """The worker processes of one system (one client each)."""
 
-    def __init__(self, system: str, address: str, processes: int) -> None:
+    def __init__(self, system: str, address: str, processes: int, api: str = "submit") -> None:
         context = multiprocessing.get_context("spawn")
         self.system = system
         self.pipes: list[multiprocessing.connection.Connection] = []
@@ -386,7 +505,7 @@ class Workers:
         for index in range(processes):
             mine, theirs = context.Pipe()
             process = context.Process(
-                target=worker_main, args=(system, address, index, theirs), daemon=True
+                target=worker_main, args=(system, address, index, theirs, api), daemon=True
             )
             process.start()
             self.pipes.append(mine)
@@ -495,10 +614,34 @@ def print_table(workload: str, ks: list[int], cells: dict[tuple[str, str, int], 
                 f"{cpu.get('storage', 0):.0f}+{cpu.get('clients', 0):.0f}, "
                 f"{waltz.server_rss_mb:.0f}"
             )
-        errors = {s: c.errors for (w, s, kk), c in cells.items() if w == workload and kk == k}
+        errors = {
+            s: c.errors
+            for (w, s, kk), c in cells.items()
+            if w == workload and kk == k and ":" not in s
+        }
         if any(errors.values()):
             line += f"  errors {errors}"
         print(line)
+
+
+def print_apis(
+    workload: str, ks: list[int], apis: list[str], cells: dict[tuple[str, str, int], Cell]
+) -> None:
+    print(
+        f"  Waltz by client API ({workload}): commits/s, p50, p99 ms, tries/commit, CPU us/commit"
+    )
+    for k in ks:
+        for api in apis:
+            cell = cells.get((workload, f"waltz:{api}", k))
+            if cell is None:
+                continue
+            cpu = cell.cpu_us
+            print(
+                f"  {k:>3} {api:>14}: {cell.commits_per_s:>8,.0f} {cell.p50_ms:>6.1f} "
+                f"{cell.p99_ms:>6.1f}  {cell.attempts_per_commit:.2f}  "
+                f"{cpu.get('server', 0):.0f}+{cpu.get('storage', 0):.0f}+"
+                f"{cpu.get('clients', 0):.0f}" + (f"  errors {cell.errors}" if cell.errors else "")
+            )
 
 
 def print_goals(ks: list[int], cells: dict[tuple[str, str, int], Cell]) -> None:
@@ -516,6 +659,41 @@ def print_goals(ks: list[int], cells: dict[tuple[str, str, int], Cell]) -> None:
             f"  {workload} at K={low}, at least etcd (1x): Waltz/etcd "
             f"{ratio(cells.get((workload, 'waltz', low)), cells.get((workload, 'etcd', low)))}"
         )
+
+
+async def measure(
+    workers: Workers,
+    system: str,
+    cell_of: tuple[str, int],
+    *,
+    args: argparse.Namespace,
+    cluster: Any,
+    meter: CpuMeter,
+    spy_name: str,
+) -> Cell:
+    """One cell: ``workers`` run ``workload`` with K workers; Waltz's CPU per commit."""
+    workload, k = cell_of
+    spy = None
+    pids = cluster.pids()
+    if system == "waltz" and args.py_spy:
+        worker_pid = workers.processes[0].pid
+        spy = Spy(args.py_spy, spy_name, {**pids, "client0": worker_pid}, gil=args.gil)
+        spy.start(args.seconds)
+    meter.start()
+    results = await workers.run(workload, k, args.seconds, args.entities)
+    meter.stop()
+    cell = summarize(results, args.seconds)
+    if system == "waltz":
+        commits = sum(r["commits"] for r in results)
+        cell.cpu_us = meter.per_transaction_us(commits)
+        if commits:
+            clients = sum(r["cpu"] for r in results)
+            cell.cpu_us["clients"] = clients / commits * 1e6
+        cell.server_rss_mb = peak_rss_mb(cluster.server.pid)
+    if spy is not None:
+        spy.stop()
+        print(f"  py-spy, Waltz {spy_name}:\n{spy.report()}", flush=True)
+    return cell
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -542,13 +720,17 @@ async def main(args: argparse.Namespace) -> None:
                 "zookeeper": zookeeper.connect_string,
                 "etcd": ",".join(etcd.endpoints) if "etcd" in systems else "",
             }
+            apis = args.waltz_api.split(",")
+            for api in apis:
+                if api not in WALTZ_APIS:
+                    raise SystemExit(f"--waltz-api {api!r}: one of {', '.join(WALTZ_APIS)}")
             for system in systems:
-                workers[system] = Workers(system, addresses[system], args.processes)
-            for system in systems:
-                await workers[system].ready()
+                if system != "waltz":
+                    workers[system] = Workers(system, addresses[system], args.processes)
+                    await workers[system].ready()
             print(
                 f"Waltz: 1 server, 3 storage nodes (fs, fsync), ZooKeeper, zmq, {PARTITIONS} "
-                "partitions, client library (AsyncWaltzClient); ZooKeeper: standalone, fsync; "
+                f"partitions, client library ({apis[0]}); ZooKeeper: standalone, fsync; "
                 f"etcd: 3 members. {args.entities} entities, 100-byte values, {args.seconds:.0f} s "
                 f"a cell, K workers in min(K, {args.processes}) processes (one client each)"
             )
@@ -559,37 +741,37 @@ async def main(args: argparse.Namespace) -> None:
                     "storage": [pid for role, pid in pids.items() if role != "server"],
                 }
             )
-            for workload in WORKLOADS:
-                for k in ks:
-                    for system in systems:
-                        spy = None
-                        if system == "waltz" and args.py_spy:
-                            worker_pid = workers[system].processes[0].pid
-                            spy = Spy(
-                                args.py_spy,
-                                f"{workload}-K{k}",
-                                {**pids, "client0": worker_pid},
-                                gil=args.gil,
+            # one Waltz API's clients at a time (an idle client still consumes the feed of
+            # every partition: it would load the cluster of the API measured); the peers
+            # are measured beside the first
+            for turn, api in enumerate(apis if "waltz" in systems else [""]):
+                key = f"waltz:{api}"
+                if api:
+                    workers[key] = Workers("waltz", cluster.uri, args.processes, api)
+                    await workers[key].ready()
+                groups = [(key, "waltz", api)] if api else []
+                if turn == 0:
+                    groups += [(system, system, "") for system in systems if system != "waltz"]
+                for workload in WORKLOADS:
+                    for k in ks:
+                        for group_key, system, _ in groups:
+                            cells[(workload, group_key, k)] = await measure(
+                                workers[group_key],
+                                system,
+                                (workload, k),
+                                args=args,
+                                cluster=cluster,
+                                meter=meter,
+                                spy_name=f"{workload}-K{k}-{api}",
                             )
-                            spy.start(args.seconds)
-                        meter.start()
-                        results = await workers[system].run(
-                            workload, k, args.seconds, args.entities
-                        )
-                        meter.stop()
-                        cell = summarize(results, args.seconds)
-                        if system == "waltz":
-                            commits = sum(r["commits"] for r in results)
-                            cell.cpu_us = meter.per_transaction_us(commits)
-                            if commits:
-                                clients = sum(r["cpu"] for r in results)
-                                cell.cpu_us["clients"] = clients / commits * 1e6
-                            cell.server_rss_mb = peak_rss_mb(cluster.server.pid)
-                        cells[(workload, system, k)] = cell
-                        if spy is not None:
-                            spy.stop()
-                            print(f"  py-spy, Waltz {workload} K={k}:\n{spy.report()}")
+                            if group_key == f"waltz:{apis[0]}":
+                                cells[(workload, "waltz", k)] = cells[(workload, group_key, k)]
+                if api:
+                    workers.pop(key).stop()
+            for workload in WORKLOADS:
                 print_table(workload, ks, cells)
+                if len(apis) > 1:
+                    print_apis(workload, ks, apis, cells)
             print_goals(ks, cells)
             print(
                 "(latencies in ms; the Waltz server's RSS is its peak so far; etcd through its "
@@ -609,6 +791,12 @@ if __name__ == "__main__":
     parser.add_argument("--processes", type=int, default=4, help="worker processes per system")
     parser.add_argument("--entities", type=int, default=1000)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="which systems to measure")
+    parser.add_argument(
+        "--waltz-api",
+        default="submit",
+        help=f"how Waltz workers submit, comma-separated ({', '.join(WALTZ_APIS)}); the first "
+        "is the Waltz column, the others are printed beside it",
+    )
     parser.add_argument(
         "--py-spy", type=Path, help="record the Waltz processes with py-spy into this directory"
     )

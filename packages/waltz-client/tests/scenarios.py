@@ -152,9 +152,12 @@ async def counter(
     n_clients: int = 3,
     increments: int = 10,
     disrupt: Callable[[], Awaitable[None]] | None = None,
+    batch: int = 0,
 ) -> None:
     """../shared/spec/waltz-announcement.txt: N clients x M increments with a WRITE lock give N x M;
-    also when ``disrupt`` (e.g. a server restart) runs once a third of them is applied."""
+    also when ``disrupt`` (e.g. a server restart) runs once a third of them is applied.
+    ``batch``: each client submits its increments ``batch`` at a time (``submit_many``:
+    all of a batch conflict on the one counter, so each round commits one of them)."""
     p = target.partition
     apps = [Counter() for _ in range(n_clients)]
     clients = [AsyncWaltzClient(app, target.config()) for app in apps]
@@ -164,6 +167,19 @@ async def counter(
 
         async def run(i: int, client: AsyncWaltzClient, app: Counter) -> list[Increment]:
             contexts = []
+            if batch:
+                for first in range(0, increments, batch):
+                    group = [
+                        Increment(app, p, f"c{i}-{k}")
+                        for k in range(first, min(first + batch, increments))
+                    ]
+                    ids = set()
+                    for result in await client.submit_many(group):
+                        assert isinstance(result, SubmissionResult) and result.committed, result
+                        ids.add(result.transaction_id)
+                    assert len(ids) == len(group)  # each committed at its own id
+                    contexts.extend(group)
+                return contexts
             for k in range(increments):
                 ctx = Increment(app, p, f"c{i}-{k}")
                 assert (await client.submit(ctx)).committed
@@ -398,6 +414,8 @@ async def server_restarted_under_load(
     n_clients: int = 2,
     per_client: int = 60,
     window: int = 8,
+    *,
+    nowait: bool = False,
 ) -> None:
     """While clients submit steadily (``window`` in flight each, at least
     ``per_client`` each, and on until the partition has moved), ``restart`` restarts
@@ -416,7 +434,10 @@ async def server_restarted_under_load(
         running = in_flight[i]
 
         async def one(tag: str) -> None:
-            acknowledged.append((tag, await client.submit(Put(p, tag))))
+            if nowait:  # the submissions of a loop turn: one batch (submit_nowait)
+                acknowledged.append((tag, await client.submit_nowait(Put(p, tag))))
+            else:
+                acknowledged.append((tag, await client.submit(Put(p, tag))))
 
         k = 0
         while k < per_client or not moved.is_set():

@@ -146,6 +146,12 @@ async def test_counter_n_clients_m_increments_with_a_write_lock(real_cluster: Re
     await scenarios.counter(target(real_cluster), n_clients=3, increments=10)
 
 
+async def test_counter_increments_submitted_in_batches(real_cluster: RealCluster) -> None:
+    """The same through ``submit_many``: every transaction of a batch is retried on its
+    own lock failures, each commits once."""
+    await scenarios.counter(target(real_cluster), n_clients=3, increments=12, batch=4)
+
+
 async def test_concurrent_withdrawals_never_make_a_balance_negative(
     real_cluster: RealCluster,
 ) -> None:
@@ -156,6 +162,14 @@ async def test_a_server_restarted_under_load_loses_and_duplicates_nothing(
     real_cluster: RealCluster,
 ) -> None:
     await scenarios.server_restarted_under_load(target(real_cluster), real_cluster.restart_server)
+
+
+async def test_a_server_restarted_under_submit_nowait_batches_loses_and_duplicates_nothing(
+    real_cluster: RealCluster,
+) -> None:
+    await scenarios.server_restarted_under_load(
+        target(real_cluster), real_cluster.restart_server, nowait=True
+    )
 
 
 async def test_a_client_process_killed_and_restarted_applies_every_transaction_once(

@@ -25,6 +25,7 @@ from waltz_api.messages import (
     FeedData,
     FlushRequest,
     FlushResponse,
+    LockFailure,
     RangeReadRequest,
     RangeReadResponse,
 )
@@ -160,6 +161,44 @@ def test_threads_abandoned_futures_free_their_slot_and_range_read(
             hwm, got = reading.result(10)
         assert hwm == 1 and [r.data for r in got] == [a1.data]
     assert [(t, h) for _, t, h in app.applied] == [(0, 1), (1, 3)]
+
+
+def test_threads_submit_a_batch_and_futures_without_a_task_each(
+    remote: tuple[LoopThread, Cluster, ProtocolTestPeer],
+) -> None:
+    bg, cluster, peer = remote
+    app = RecordingApp()
+    config = cluster.config(transport="zmq", max_concurrent_transactions=2)
+    with WaltzClient(app, config) as client:
+        conn, _ = bg.run(mount(peer, 0))
+        # a batch from a thread: three transactions, two slots; each answered
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            batch = pool.submit(client.submit_many, [Ctx(header=h) for h in (1, 2, 3)])
+            _, a1 = bg.run(peer.expect(AppendRequest))
+            _, a2 = bg.run(peer.expect(AppendRequest))
+            bg.run(peer.nothing_more(AppendRequest, 0.2))  # the third waits for a slot
+            bg.run(conn.send(LockFailure(a1.req_id, 0), FeedData(a2.req_id, 0, 2)))
+            _, a1b = bg.run(peer.expect(AppendRequest))
+            _, a3 = bg.run(peer.expect(AppendRequest))
+            assert (a1b.header, a3.header) == (1, 3)
+            assert a1b.client_high_water_mark == 0
+            bg.run(conn.send(FeedData(a1b.req_id, 1, 1), FeedData(a3.req_id, 2, 3)))
+            results = batch.result(10)
+        committed(results[0], 1)
+        committed(results[1], 0)
+        committed(results[2], 2)
+        # futures from many threads: each answered; one given up before it ran
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = list(pool.map(client.submit_nowait, [Ctx(header=h) for h in (4, 5)]))
+        assert all(isinstance(f, concurrent.futures.Future) for f in futures)
+        appends = [bg.run(peer.expect(AppendRequest))[1] for _ in range(2)]
+        assert sorted(a.header for a in appends) == [4, 5]
+        bg.run(conn.send(*(FeedData(a.req_id, 3 + i, a.header) for i, a in enumerate(appends))))
+        got = sorted((f.result(10).transaction_id, f.result(10).committed) for f in futures)
+        assert got == [(3, True), (4, True)]
+    assert [t for _, t, _ in app.applied] == [0, 1, 2, 3, 4]
+    with pytest.raises(ClientError, match="closed"):
+        client.submit_nowait(Ctx())
 
 
 def test_get_data_on_the_event_loop_is_refused_with_a_clear_error() -> None:

@@ -234,6 +234,18 @@ class Channel:
             self.lost(exc)
             raise ChannelLost(f"the stream connection to {self.endpoint} broke: {exc}") from exc
 
+    async def send_stream_many(self, messages: list[Message]) -> None:
+        """Several messages on the stream connection in one send (the transport may
+        carry them in one frame), in order."""
+        if self.closed or self.stream is None or self._stream_proto is None:
+            raise ChannelLost(f"the stream connection to {self.endpoint} is closed")
+        try:
+            encode = self._stream_proto.send
+            await self.stream.send_many([encode(message) for message in messages])
+        except (TransportError, ProtocolError) as exc:
+            self.lost(exc)
+            raise ChannelLost(f"the stream connection to {self.endpoint} broke: {exc}") from exc
+
     async def call(self, message: Message, req_id: ReqId, timeout: float) -> Message:
         if self.closed or self.rpc is None or self._rpc_proto is None:
             raise ChannelLost(f"the RPC connection to {self.endpoint} is closed")

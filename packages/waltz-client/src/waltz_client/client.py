@@ -43,7 +43,7 @@ import itertools
 import logging
 import random
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import Executor
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -76,13 +76,14 @@ from waltz_client.api import (
     TransactionContext,
     WaltzClientCallbacks,
 )
+from waltz_client.batch import Coalescer, run_many
 from waltz_client.channel import Carried, Channel, ChannelLost
 from waltz_client.config import POISON_POLICIES, ClientConfig
 from waltz_client.decisions import Expired as _Expired
 from waltz_client.decisions import before_deadline, call_hook
 from waltz_client.errors import TransactionExpiredError, access_denied
 from waltz_client.partition import MAX_RETRY_DELAY, MOVED_CODES, Partition
-from waltz_client.runner import CALLBACK_THREAD_PREFIX, CallbackRunner
+from waltz_client.runner import CALLBACK_THREAD_PREFIX, Built, CallbackRunner
 from waltz_client.state import (
     Outcome,
     Resolution,
@@ -173,6 +174,7 @@ class AsyncWaltzClient:
         self.rng = rng or random.Random()
         """The jitter of every retry's back-off (inject a seeded one to replay a run)."""
         self._host = _Host(self)
+        self._coalescer = Coalescer(self._host)
         """What the partitions and channels are told of this client."""
 
     # -- life cycle --------------------------------------------------------------------------------
@@ -329,6 +331,26 @@ class AsyncWaltzClient:
         for a slot first (back pressure)."""
         partition = await self._slot(context)
         return await self._run(partition, context)
+
+    async def submit_many(
+        self, contexts: Iterable[TransactionContext]
+    ) -> list[SubmissionResult | BaseException]:
+        """Submit many transactions in this task (not a task each): one build hop for
+        those ready together, one send per partition (see :mod:`waltz_client.batch`).
+        Returns, in the order given, each one's :class:`SubmissionResult` or the error
+        :meth:`submit` would have raised for it (each is decided on its own: one lock
+        failure or expiry touches no other). Each holds a slot while it runs; a batch
+        larger than the free slots runs in turns. Deadlines count from this call."""
+        return await run_many(self._host, list(contexts))
+
+    def submit_nowait(self, context: TransactionContext) -> asyncio.Future[SubmissionResult]:
+        """Start ``context`` without a task of its own: the future resolves (or
+        raises) as :meth:`submit` returns (or raises). The submissions made in one turn of
+        the event loop run as one batch (:meth:`submit_many`), in one task. Never waits:
+        a submission beyond its partition's free slots waits in its batch. Cancelling
+        the future gives it up (when it is not in flight). Raises ClientError at once
+        for a context :meth:`submit` refuses (no partition, the client not running)."""
+        return self._coalescer.submit(context)
 
     async def _slot(self, context: TransactionContext) -> Partition:
         partition = self._partition_of(context)
@@ -761,3 +783,11 @@ class _Host:
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._client._spawn(coro)
+
+    def partition_of(self, context: TransactionContext) -> Partition:
+        return self._client._partition_of(context)
+
+    def build_many(
+        self, items: list[tuple[TransactionContext, int]]
+    ) -> Awaitable[list[Built | BaseException]]:
+        return self._runner.build_many(items)

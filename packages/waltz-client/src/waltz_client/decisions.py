@@ -195,6 +195,45 @@ class AppendDecisions:
         finally:
             turn.release()
 
+    async def send_appends(
+        self,
+        channel: Channel,
+        items: list[tuple[TransactionContext, TransactionBuilder]],
+        deadline: float | None,
+    ) -> list[asyncio.Future[Resolution]] | None:
+        """:meth:`send_append` of several transactions in one send (in order, one turn):
+        their resolutions' futures; None, or :class:`Expired`, as there (for all)."""
+        turn = channel.turn(self.id)
+        if turn.locked():
+            await before_deadline(turn.acquire(), deadline, lambda: self._behind(channel))
+        else:
+            await turn.acquire()
+        try:
+            if not self.mount.appends_allowed or self.channel is not channel:
+                return None
+            outcomes: list[asyncio.Future[Resolution]] = []
+            messages: list[Message] = []
+            generation = self.mount.generation
+            for context, builder in items:
+                req_id = self.host.next_req_id(self.id, generation)
+                data = builder.data
+                outcomes.append(self.register(req_id, context, data, deadline))
+                messages.append(
+                    AppendRequest(
+                        req_id,
+                        builder.client_high_water_mark,
+                        builder.lock_request(),
+                        builder.header,
+                        data,
+                        checksum(data),
+                    )
+                )
+            with contextlib.suppress(ChannelLost):  # the next mount fails them; then retries
+                await channel.send_stream_many(messages)
+            return outcomes
+        finally:
+            turn.release()
+
     async def send_in_turn(
         self, channel: Channel, make: Callable[[], Message], until: float | None = None
     ) -> None:

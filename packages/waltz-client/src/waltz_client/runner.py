@@ -15,6 +15,7 @@ import inspect
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from waltz_api.errors import ClientError
@@ -54,6 +55,15 @@ def _deliver_builds(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException
             future.set_exception(exc)
         else:
             future.set_result(built)
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A build sent to the callback thread by :meth:`CallbackRunner.build_many`."""
+
+    builder: TransactionBuilder | None
+    """Its builder, when the high-water mark was read on the loop (None: on the thread)."""
+    future: asyncio.Future[Any]
 
 
 class CallbackRunner:
@@ -144,6 +154,49 @@ class CallbackRunner:
             )
             return builder, bool(await execute(builder))  # type: ignore[misc]
         built: Built = await self._queue_build(context, p, None)
+        return built
+
+    async def build_many(
+        self, items: list[tuple[TransactionContext, int]]
+    ) -> list[Built | BaseException]:
+        """:meth:`build` of each (context, partition), in order: every plain ``execute``
+        goes to the callback thread in the one hop (after its high-water mark was read
+        on the loop when that callback is ``async def``); each gets its :data:`Built` or
+        what it raised."""
+        pending: list[Built | BaseException | _Queued] = []
+        hwm_is_async = self.hwm_is_async
+        for context, p in items:
+            if self.is_async(context.execute):
+                try:
+                    pending.append(await self.build(context, p))
+                except Exception as exc:
+                    pending.append(exc)
+                continue
+            builder = None
+            if hwm_is_async:
+                try:
+                    hwm = await self.callbacks.client_high_water_mark(p)  # type: ignore[misc]
+                    builder = _checked_builder(context, p, hwm)
+                except Exception as exc:
+                    pending.append(exc)
+                    continue
+            pending.append(_Queued(builder, self._queue_build(context, p, builder)))
+        built: list[Built | BaseException] = []
+        for item in pending:
+            if not isinstance(item, _Queued):
+                built.append(item)
+                continue
+            builder = item.builder
+            try:
+                value = await item.future
+                if builder is None:
+                    built.append(value)  # (the thread read the high-water mark: a Built)
+                    continue
+                if type(value) is not bool and inspect.isawaitable(value):
+                    value = await value
+                built.append((builder, bool(value)))
+            except Exception as exc:
+                built.append(exc)
         return built
 
     def _queue_build(

@@ -7,7 +7,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -151,6 +151,63 @@ class WaltzClient:
             result.cancel()  # whatever start() got to, it is given up
             starting.cancel()
             raise
+        return result
+
+    def submit_many(
+        self, contexts: Iterable[TransactionContext]
+    ) -> list[SubmissionResult | BaseException]:
+        """See :meth:`AsyncWaltzClient.submit_many`: blocks until every one is decided
+        (each within ``transaction_timeout``, when set)."""
+        return self._call(self._client.submit_many(list(contexts)), None)
+
+    def submit_nowait(
+        self, context: TransactionContext
+    ) -> concurrent.futures.Future[SubmissionResult]:
+        """See :meth:`AsyncWaltzClient.submit_nowait`: never blocks (no back pressure
+        here: a submission beyond the free slots waits in its batch); one hop to the
+        client's loop, no task of its own. The submissions of every thread that reach
+        the loop together run as one batch. Cancelling the future gives it up (when it is
+        not in flight)."""
+        if self._closed:
+            raise ClientError("the Waltz client is closed")
+        result: concurrent.futures.Future[SubmissionResult] = concurrent.futures.Future()
+        started: list[asyncio.Future[SubmissionResult]] = []
+
+        def deliver(inner: asyncio.Future[SubmissionResult]) -> None:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                if inner.cancelled():
+                    result.cancel()
+                elif (exc := inner.exception()) is not None:
+                    result.set_exception(exc)
+                else:
+                    result.set_result(inner.result())
+
+        def start() -> None:
+            if result.cancelled():
+                return
+            try:
+                inner = self._client.submit_nowait(context)
+            except BaseException as exc:
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    result.set_exception(exc)
+                return
+            started.append(inner)
+            inner.add_done_callback(deliver)
+
+        def cancel_started() -> None:
+            for inner in started:
+                inner.cancel()
+
+        def abandoned(future: concurrent.futures.Future[SubmissionResult]) -> None:
+            if future.cancelled() and not self._closed:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(cancel_started)
+
+        result.add_done_callback(abandoned)
+        try:
+            self._loop.call_soon_threadsafe(start)
+        except RuntimeError:  # the loop is closed
+            raise ClientError("the Waltz client is closed") from None
         return result
 
     def flush(self, partition_id: int, timeout: float | None = None) -> int:
