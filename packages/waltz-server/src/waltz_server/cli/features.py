@@ -6,7 +6,9 @@ highest this Waltz supports, and for each storage node of the cluster (asked wit
 admin ``info``) and each live server (its registration) the highest level it supports;
 a process of 0.1.0 reports none: level 1. ``--raise`` (to the highest this Waltz
 supports) or ``--to N`` records the new level, once every storage node answered and
-every known process supports it, then tells each storage node (which migrates its
+every known process supports it (checked and written by compare-and-set on the
+recorded level's version, which a server registering meanwhile changes:
+:meth:`ClusterAdmin.raise_feature_level`), then tells each storage node (which migrates its
 storage to the level's formats). Raising again does nothing new; lowering is refused.
 """
 
@@ -29,8 +31,6 @@ from waltz_cli.coordination import coordination_option
 from waltz_cli.output import emit, output_option
 from waltz_server.cli.cluster import Reach, _reach_options, _run_with_transport
 from waltz_server.cluster_admin import ClusterAdmin
-
-ROLLBACK_DOCS = 'docs/compatibility.md, section "Feature levels"'
 
 
 async def _ask_storage_node(
@@ -156,25 +156,23 @@ def features_command(
         check_feature_level(target, "--to")
 
     async def work(meta: ClusterAdmin, transport: Transport) -> dict[str, Any]:
-        found = await _features(meta, transport, reach)
         if target is None:
-            return found
-        recorded = found["feature_level"]
-        if target < recorded:
-            raise ConfigError(
-                f"the cluster is at feature level {recorded}: a level is never lowered (to "
-                f"{target}); to go back, restore the storage nodes from copies taken before "
-                f"the raise ({ROLLBACK_DOCS})",
-                key="to",
-            )
-        blockers = _blockers(found, target)
-        if blockers:
-            raise WaltzError(
-                f"the feature level stays {recorded}, not raised to {target}: "
-                + "; ".join(blockers)
-                + "; upgrade (or start) them and run the command again"
-            )
-        before, _ = await meta.raise_feature_level(target)
+            return await _features(meta, transport, reach)
+
+        async def check() -> None:
+            # after the raise read the recorded level's version: a server registering
+            # from now on changes it (ClusterAdmin.raise_feature_level)
+            found = await _features(meta, transport, reach)
+            recorded = found["feature_level"]
+            blockers = _blockers(found, target)
+            if blockers:
+                raise WaltzError(
+                    f"the feature level stays {recorded}, not raised to {target}: "
+                    + "; ".join(blockers)
+                    + "; upgrade (or start) them and run the command again"
+                )
+
+        before, _ = await meta.raise_feature_level(target, check)
         told = await _features(meta, transport, reach, tell=target)
         told["raised_from"] = before
         return told
