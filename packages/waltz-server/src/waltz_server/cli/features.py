@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from waltz_api import __version__
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, WaltzError
 from waltz_api.features import (
@@ -47,6 +48,7 @@ async def _ask_storage_node(
         "endpoint": endpoint,
         "feature_level": None,
         "max_feature_level": None,
+        "version": None,
         "error": None,
     }
     try:
@@ -70,6 +72,7 @@ async def _ask_storage_node(
     # a node of 0.1.0 reports no level: it writes and reads level 1 only
     row["feature_level"] = int(info.get("feature_level", MIN_FEATURE_LEVEL))
     row["max_feature_level"] = int(info.get("max_feature_level", MIN_FEATURE_LEVEL))
+    row["version"] = str(info.get("version", OLDEST_VERSION))
     return row
 
 
@@ -85,6 +88,7 @@ async def _features(
     return {
         "feature_level": recorded,
         "max_feature_level": MAX_FEATURE_LEVEL,
+        "version": __version__,
         "levels": [
             {"level": f.level, "release": f.release, "enables": list(f.enables)}
             for f in FEATURE_LEVELS
@@ -121,6 +125,10 @@ def _blockers(found: dict[str, Any], level: int) -> list[str]:
                 + (" (a release before levels: 0.1.0)" if server["max_feature_level"] == 1 else "")
             )
     return why
+
+
+OLDEST_VERSION = "0.1.0"
+"""What a storage node that reports no version runs (0.1.0 reports none)."""
 
 
 @click.command("features")
@@ -203,19 +211,22 @@ def _text(found: dict[str, Any], target: int | None) -> None:
             else f"the cluster is at feature level {recorded} already; storage nodes told again"
         )
     top = found["max_feature_level"]
-    click.echo(f"cluster feature level: {recorded} (this Waltz supports up to {top})")
+    click.echo(
+        f"cluster feature level: {recorded} (this Waltz, {found['version']}, supports up to {top})"
+    )
     for level in found["levels"]:
         mark = "*" if level["level"] <= recorded else " "
         click.echo(
             f" {mark}level {level['level']} ({level['release']}): {'; '.join(level['enables'])}"
         )
-    click.echo("storage nodes (supports up to / writes at):")
+    click.echo("storage nodes (supports up to / writes at, version):")
     for row in found["storage_nodes"]:
         if row["error"] is not None:
             click.echo(f"  {row['storage_node']}: ? ({row['error']})")
         else:
             click.echo(
-                f"  {row['storage_node']}: {row['max_feature_level']} / {row['feature_level']}"
+                f"  {row['storage_node']}: {row['max_feature_level']} / {row['feature_level']}, "
+                f"{row['version']}"
             )
     click.echo("servers (supports up to):" + ("" if found["servers"] else " (none registered)"))
     for server in found["servers"]:
