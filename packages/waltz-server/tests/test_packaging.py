@@ -99,6 +99,8 @@ def test_one_release_for_every_distribution() -> None:
     import waltz_api
 
     assert waltz_api.__version__ == versions["waltz-api"]  # what the processes report
+    plugin = ROOT / "examples" / "third-party-plugin" / "src" / "waltz_storage_sqlite"
+    assert f'__version__ = "{versions["waltz-api"]}"' in (plugin / "__init__.py").read_text()
 
 
 @pytest.mark.parametrize("path", PROJECTS, ids=_ids(PROJECTS))
