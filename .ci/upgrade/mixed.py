@@ -91,9 +91,12 @@ class Version:
         return str(self.bin_dir / "python")
 
 
-def this_venv(label: str = "this checkout") -> Version:
-    """The venv running this process (the tox env's: the current code)."""
-    return Version(label, Path(sys.executable).parent)
+def this_venv(label: str | None = None) -> Version:
+    """The venv running this process (the tox env's: the current code), labelled with
+    its version (main carries the next development version: CONTRIBUTING.md)."""
+    from importlib.metadata import version
+
+    return Version(label or f"{version('waltz-api')} (this checkout)", Path(sys.executable).parent)
 
 
 @dataclass

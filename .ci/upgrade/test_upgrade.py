@@ -174,6 +174,8 @@ async def raise_level_then_roll_back(
 @pytest.mark.timeout(900)
 async def test_rolling_upgrade_under_load(cluster: MixedCluster, old_release: Version) -> None:
     old, new = old_release, this_venv()
+    # main carries the next development version (CONTRIBUTING.md, "Releases")
+    assert old.label.split()[0] != new.label.split()[0], (old.label, new.label)
     print(f"run directory (logs, configs, data, client databases): {cluster.run_dir}")
     cluster.phase(f"start: ZooKeeper, 3 storage nodes and 2 servers of {old.label}, 3 clients")
     await cluster.start()

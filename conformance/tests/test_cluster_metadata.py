@@ -14,6 +14,8 @@ import pytest
 
 from waltz_api.cluster import (
     CONFIG_PATH,
+    FEATURES_PATH,
+    SERVERS_DIR,
     STORE_PARTITION_DIR,
     PartitionAssignment,
     PartitionStoreMetadata,
@@ -27,6 +29,7 @@ from waltz_api.errors import (
     ClusterNotFoundError,
     ConfigError,
     CoordinationError,
+    WaltzError,
 )
 from waltz_api.types import UNRESOLVED, ReplicaState
 from waltz_conformance.reference.coordination import MemoryCoordination, MemoryCoordinationService
@@ -329,3 +332,74 @@ async def test_delete_cluster_guarded_by_key_and_live_servers(make_client: MakeC
     fresh = await meta.create_cluster(num_partitions=1, num_replicas=1, storage_nodes=NODES)
     assert fresh.cluster_key != config.cluster_key
     assert await meta.allocate_client_id() >= 1
+
+
+def _after_listing_servers(meta: ClusterAdmin, hook: Callable[[], Awaitable[None]]) -> None:
+    """Run ``hook`` once, right after ``meta`` listed the servers (a raise's check)."""
+    client = meta.coordination
+    children = client.children
+    done = False
+
+    async def listing(path: str) -> list[str]:
+        nonlocal done
+        found = await children(path)
+        if path == SERVERS_DIR and not done:
+            done = True
+            await hook()
+        return found
+
+    client.children = listing  # type: ignore[method-assign]
+
+
+async def test_a_feature_level_raise_and_a_registration_never_miss_each_other(
+    make_client: MakeClient,
+) -> None:
+    """Both interleavings of a raise's check-and-write with a registration of a server
+    that supports a lower level (issue 32): registered and confirmed between the check
+    and the write, the raise's write fails and its next check refuses; registered after
+    the check but confirming after the write, the server sees the raise and deregisters."""
+    operator = ClusterAdmin(await make_client())
+    await operator.create_cluster(
+        num_partitions=1, num_replicas=2, storage_nodes=NODES, feature_level=1
+    )
+    server = ClusterAdmin(await make_client())
+
+    async def register_7() -> None:
+        assert await server.register_server(7, "tcp://127.0.0.1:7", max_feature_level=1) == 1
+
+    _after_listing_servers(operator, register_7)
+    with pytest.raises(WaltzError, match="stays 1, not raised to 2: server 7"):
+        await operator.raise_feature_level(2)
+    assert (await operator.feature_level()).value == 1
+    await server.unregister_server(7)
+
+    # the second order: the server's confirmation is held until the raise wrote
+    other = ClusterAdmin(await make_client())
+    held, go_on = asyncio.Event(), asyncio.Event()
+    write = other.coordination.set
+
+    async def held_set(path: str, value: bytes, *, expected_version: int | None = None) -> int:
+        if path == FEATURES_PATH:
+            held.set()
+            await go_on.wait()
+        return await write(path, value, expected_version=expected_version)
+
+    other.coordination.set = held_set  # type: ignore[method-assign]
+    registering: list[asyncio.Task[int]] = []
+
+    async def register_8_up_to_its_confirmation() -> None:
+        registering.append(
+            asyncio.create_task(other.register_server(8, "tcp://127.0.0.1:8", max_feature_level=1))
+        )
+        async with asyncio.timeout(30):
+            await held.wait()
+
+    raiser = ClusterAdmin(await make_client())
+    _after_listing_servers(raiser, register_8_up_to_its_confirmation)
+    assert await raiser.raise_feature_level(2) == (1, 2)
+    go_on.set()
+    with pytest.raises(ConfigError, match="supports feature level 1 at most and the cluster is"):
+        async with asyncio.timeout(30):
+            await registering[0]
+    assert await operator.servers() == []
+    assert (await operator.feature_level()).value == 2

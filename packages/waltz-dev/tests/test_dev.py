@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+import waltz_api
 from waltz_api.cluster import ClusterMetadata, coordination_from_uri
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.supervised import SupervisedProcess
 from waltz_client import (
     JSON,
@@ -325,6 +327,10 @@ async def _check_status(
         (servers if name.startswith("server") else nodes).append(json.loads(reply.body))
     owner = next(s for s in servers if s["server_id"] == owner_id)
     assert owner["role"] == "server" and owner["endpoint"] == owner_endpoint
+    for process in (*servers, *nodes):  # the version beside the levels
+        assert process["version"] == waltz_api.__version__, process
+        assert process["max_feature_level"] == MAX_FEATURE_LEVEL, process
+    assert all(s["feature_level"] == MAX_FEATURE_LEVEL for s in servers)  # dev creates at max
     assert [s["leader"] for s in servers].count(True) == 1
     (partition,) = owner["partitions"]
     assert partition["partition"] == 0 and partition["generation"] == generation

@@ -303,3 +303,71 @@ def test_missing_config_or_assignments(missing: str) -> None:
         facts.assignments = None
         facts.assignments_error = "the cluster metadata has no /store/assignment"
         assert ("problem", "assignments") in _found(facts)
+
+
+# -- feature levels (issue 32) ------------------------------------------------------------------
+
+
+def test_processes_below_the_cluster_feature_level() -> None:
+    """Each storage node or live server that cannot work at the recorded level is one
+    problem naming it, its level, the cluster's and what to do (a node able to but not
+    told yet: a note)."""
+    facts = _facts()
+    assert check(facts) == []  # a cluster at level 1, processes of 0.1.0: nothing to say
+    facts.feature_level = 2
+    storage = facts.storage
+    assert storage is not None
+    _old, untold, current = (storage[n] for n in NODES)
+    current.feature_level = current.max_feature_level = 2
+    untold.max_feature_level = 2  # supports it, still writes at 1
+    facts.servers = [ServerInfo(1, "tcp://127.0.0.1:6001", (), 2), ServerInfo(4, "tcp://h:4")]
+    by_subject = {f.subject: f for f in check(facts) if f.kind == "feature-level"}
+    assert set(by_subject) == {f"storage node {NODES[0]}", f"storage node {NODES[1]}", "server 4"}
+    assert [f.severity for f in by_subject.values()].count(PROBLEM) == 2
+    assert by_subject[f"storage node {NODES[1]}"].severity == NOTE  # told as servers connect
+    assert str(by_subject[f"storage node {NODES[0]}"]).startswith(
+        f"storage node {NODES[0]}: supports feature level 1 at most, below the cluster's 2: "
+    )
+    assert "upgrade it to a release that supports level 2" in str(
+        by_subject[f"storage node {NODES[0]}"]
+    )
+    assert str(by_subject[f"storage node {NODES[1]}"]) == (
+        f"storage node {NODES[1]}: writes at feature level 1, below the cluster's 2: not "
+        "told the level yet (each server tells it when it connects to it); "
+        "`waltz cluster features --to 2` tells it now"
+    )
+    assert str(by_subject["server 4"]).startswith(
+        "server 4: supports feature level 1 at most, below the cluster's 2: it works at "
+        "level 1 (an older release); stop it and start it on a release that supports level 2"
+    )
+
+
+async def test_verify_exits_1_for_a_server_below_the_level(tmp_path: Path) -> None:
+    uri = f"local://{tmp_path}?root=/levels"
+    coordination = coordination_from_uri(uri)
+    await coordination.start()
+    try:
+        meta = ClusterAdmin(coordination)
+        await meta.create_cluster(num_partitions=1, num_replicas=1, storage_nodes=NODES[:1])
+        await meta.register_server(1, "tcp://127.0.0.1:6001")
+        current = await meta.partition_assignment(0)
+        await meta.assign_partition(0, 1, "tcp://127.0.0.1:6001", expected_version=current.version)
+        # a server of 0.1.0 registers (no level: 1), reading no level
+        old = b'{"format":1,"type":"server","server_id":2,"endpoint":"tcp://127.0.0.1:6002"}'
+        await coordination.create("/servers/2", old, ephemeral=True)
+        code, report = await asyncio.to_thread(_verify, uri)
+        human = await asyncio.to_thread(
+            CliRunner().invoke,
+            main,
+            ["cluster", "verify", "--coordination", uri, "--metadata-only"],
+        )
+    finally:
+        await coordination.close()
+    assert code == 1 and _kinds(report) == {("feature-level", "server 2")}, report
+    assert human.exit_code == 1
+    lines = [line for line in human.stdout.splitlines() if "feature level" in line]
+    assert lines == [
+        "PROBLEM: server 2: supports feature level 1 at most, below the cluster's 2: it works "
+        "at level 1 (an older release); stop it and start it on a release that supports "
+        "level 2"
+    ]

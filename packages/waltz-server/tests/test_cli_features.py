@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from waltz_api import __version__
 from waltz_api.cluster import (
     FEATURES_PATH,
     ServerInfo,
@@ -110,7 +111,7 @@ def test_create_at_level_1_and_show(uri: str) -> None:
     assert found["servers"] == []
     code, out = features(uri)
     assert code == 0, out
-    assert "cluster feature level: 1 (this Waltz supports up to 2)" in out
+    assert f"cluster feature level: 1 (this Waltz, {__version__}, supports up to 2)" in out
     assert f"not raisable to 2 now: storage node {sorted(nodes)[0]} cannot be asked" in out
 
 

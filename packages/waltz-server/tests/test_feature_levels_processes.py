@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import waltz_api
 from waltz_api.errors import WaltzError
 from waltz_client import (
     AsyncWaltzClient,
@@ -160,7 +161,8 @@ async def test_a_level_1_cluster_keeps_format_2_until_raised_under_load(tmp_path
         )
         assert shown.returncode == 0, shown.stderr
         assert "cluster feature level: 1" in shown.stdout
-        assert shown.stdout.count(": 2 / 1") == 3, shown.stdout  # supports 2, writes at 1
+        # supports 2, writes at 1; the node's version beside its levels
+        assert shown.stdout.count(f": 2 / 1, {waltz_api.__version__}") == 3, shown.stdout
 
         # a copy taken before the raise is in the formats of level 1 too: what a node
         # rolled back to 0.1.0 after the raise is restored from

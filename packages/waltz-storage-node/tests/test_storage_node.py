@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import waltz_api
 from waltz_api import wire
 from waltz_api.contracts.storage import StorageEngine
 from waltz_api.contracts.transport import Transport
@@ -393,6 +394,8 @@ async def test_admin_commands(fx: NodeFixture) -> None:
     assert info["cluster_key"] == str(CLUSTER_KEY)
     assert info["num_partitions"] == NUM_PARTITIONS
     assert info["partitions"] == [0, 1, 2, 3]
+    assert info["version"] == waltz_api.__version__  # beside its levels (waltz cluster features)
+    assert {"feature_level", "max_feature_level"} <= set(info)
     listed = {p.partition_id: p for p in await admin.list_partitions()}
     assert sorted(listed) == [0, 1, 2, 3]
     assert listed[0].max_transaction_id == 2

@@ -14,4 +14,4 @@ node's configuration::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

@@ -11,9 +11,10 @@ value's version here, never a read-then-write.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from waltz_api.access import ACL_PATH, AccessControl, encode_access_control
@@ -39,6 +40,7 @@ from waltz_api.cluster import (
     ServerInfo,
     Stored,
     decode_config,
+    decode_feature_level,
     decode_partition_assignment,
     decode_replica_assignments,
     encode_archive_mark,
@@ -59,9 +61,10 @@ from waltz_api.errors import (
     ConfigError,
     CoordinationError,
     NodeExistsError,
+    WaltzError,
 )
 from waltz_api.faultpoints import point
-from waltz_api.features import MAX_FEATURE_LEVEL, check_feature_level
+from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL, check_feature_level
 from waltz_api.types import UNRESOLVED, ReplicaId, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -182,15 +185,26 @@ class ClusterAdmin(ClusterMetadata):
         )
         return config
 
-    async def raise_feature_level(self, level: int) -> tuple[int, int]:
+    async def raise_feature_level(
+        self, level: int, check: Callable[[], Awaitable[None]] | None = None
+    ) -> tuple[int, int]:
         """Record ``level`` as the cluster's feature level by compare-and-set (created
         when none is recorded); returns (the level before, the level now). Raising to the
         recorded level does nothing; lowering is refused (a process may have written a
-        format of the higher level already). The caller checks first that every process
-        supports ``level`` (``waltz cluster features``)."""
+        format of the higher level already).
+
+        Each attempt reads the recorded level's version first, then checks that every
+        live server supports ``level``, after ``check`` (the caller's look at the
+        storage nodes: it raises to refuse), then writes on that version. A server
+        confirms the level after it registers by writing the value back on the version
+        it read (:meth:`register_server`), so a server registering meanwhile either
+        changed the version (this write fails, and the next attempt's check sees it) or
+        reads the new level and refuses to run: no window between check and write.
+        A server of 0.1.0 does not confirm: one found registered after the write is
+        reported (WaltzError: stop it), since the level cannot be taken back."""
         check_feature_level(level)
         for _ in range(DEFAULT_CAS_ATTEMPTS):
-            current = await self.feature_level()
+            current = await self.feature_level()  # its version before the checks
             if level < current.value:
                 raise ConfigError(
                     f"the cluster is at feature level {current.value}; a feature level is "
@@ -198,6 +212,15 @@ class ClusterAdmin(ClusterMetadata):
                     "already. To go back, restore the storage nodes from copies taken before "
                     'the raise (docs/compatibility.md, "Feature levels")',
                     key="feature_level",
+                )
+            if check is not None:
+                await check()
+            below = await self._servers_below(level)
+            if below:
+                raise WaltzError(
+                    f"the feature level stays {current.value}, not raised to {level}: "
+                    + "; ".join(below)
+                    + "; upgrade (or stop) them and run the command again"
                 )
             if level == current.value:
                 return current.value, level
@@ -211,13 +234,42 @@ class ClusterAdmin(ClusterMetadata):
                         expected_version=current.version,
                     )
             except (BadVersionError, NodeExistsError):
-                continue
+                continue  # a server registered (or another raise): check again
             log.info("cluster feature level raised from %d to %d", current.value, level)
+            late = await self._servers_of_0_1_0()
+            if late:
+                raise WaltzError(
+                    f"feature level {level} is recorded (was {current.value}), but "
+                    + ", ".join(late)
+                    + " of 0.1.0 registered during the raise (0.1.0 does not check the "
+                    "level itself): stop it now and start it on this release (a level is "
+                    "never lowered)"
+                )
             return current.value, level
         raise CoordinationError(
             f"the feature level kept changing: no compare-and-set succeeded in "
             f"{DEFAULT_CAS_ATTEMPTS} attempts; try again"
         )
+
+    async def _servers_of_0_1_0(self) -> list[str]:
+        """The live servers whose registration carries no level (0.1.0's: they never
+        confirm the level; a later release's does, see :meth:`register_server`)."""
+        found = []
+        for name in await self.coordination.children(SERVERS_DIR):
+            value = await self.coordination.get(join_path(SERVERS_DIR, name))
+            if value is not None and b'"max_feature_level"' not in value.value:
+                found.append(f"server {name}")
+        return found
+
+    async def _servers_below(self, level: int) -> list[str]:
+        """One phrase per live server that does not support ``level``."""
+        return [
+            f"server {s.server_id} ({s.endpoint}) supports feature level "
+            f"{s.max_feature_level} at most"
+            + (" (a release before levels: 0.1.0)" if s.max_feature_level == 1 else "")
+            for s in await self.servers()
+            if s.max_feature_level < level
+        ]
 
     async def delete_cluster(self, cluster_key: uuid.UUID, *, force: bool = False) -> None:
         """Delete every piece of this cluster's metadata (the whole layout above).
@@ -422,22 +474,66 @@ class ClusterAdmin(ClusterMetadata):
         return await self.coordination.increment(SERVER_ID_COUNTER)
 
     async def register_server(
-        self, server_id: int, endpoint: str, *, preferred_partitions: Sequence[int] = ()
-    ) -> None:
+        self,
+        server_id: int,
+        endpoint: str,
+        *,
+        preferred_partitions: Sequence[int] = (),
+        max_feature_level: int = MAX_FEATURE_LEVEL,
+    ) -> int:
         """Register a live server (ephemeral: gone when its session ends), with the
-        highest feature level it supports."""
-        info = ServerInfo(server_id, endpoint, tuple(preferred_partitions), MAX_FEATURE_LEVEL)
+        highest feature level it supports (``max_feature_level``: this release's; a
+        test plays an older release with a lower one), then confirm the cluster's
+        recorded level (returned): when it is above what the server supports the
+        registration is deleted again and ConfigError names both levels."""
+        info = ServerInfo(server_id, endpoint, tuple(preferred_partitions), max_feature_level)
+        path = join_path(SERVERS_DIR, server_id)
         try:
-            await self.coordination.create(
-                join_path(SERVERS_DIR, server_id),
-                encode_server(info),
-                ephemeral=True,
-            )
+            await self.coordination.create(path, encode_server(info), ephemeral=True)
         except NodeExistsError:
             raise CoordinationError(
                 f"server id {server_id} is registered by a live server already; "
                 "allocate a new id with allocate_server_id()"
             ) from None
+        try:
+            return await self._confirm_feature_level(server_id, max_feature_level)
+        except BaseException:
+            with contextlib.suppress(WaltzError):
+                await self.coordination.delete(path)
+            raise
+
+    async def _confirm_feature_level(self, server_id: int, supported: int) -> int:
+        """The recorded level, once it is confirmed to be at most ``supported`` by writing
+        its value back on the version read (the registration is made already): a raise
+        that read an earlier version fails its write and checks again, so it sees this
+        registration (:meth:`raise_feature_level`)."""
+        for _ in range(DEFAULT_CAS_ATTEMPTS):
+            found = await self.coordination.get(FEATURES_PATH)
+            level = MIN_FEATURE_LEVEL if found is None else decode_feature_level(found.value)
+            if level > supported:
+                raise ConfigError(
+                    f"server {server_id} supports feature level {supported} at most and the "
+                    f"cluster is at feature level {level}: a newer release raised it, so this "
+                    "server deregistered and does not run; run the release that raised it (a "
+                    "level is never lowered)",
+                    key="feature_level",
+                )
+            try:
+                if found is None:  # a cluster of 0.1.0: record its level 1
+                    await self.coordination.create(
+                        FEATURES_PATH, encode_feature_level(MIN_FEATURE_LEVEL)
+                    )
+                else:  # the value as read (a newer release's fields kept)
+                    await self.coordination.set(
+                        FEATURES_PATH, found.value, expected_version=found.version
+                    )
+            except (BadVersionError, NodeExistsError):
+                continue  # raised (or confirmed by another server) meanwhile: read again
+            return level
+        raise CoordinationError(
+            f"the feature level kept changing while server {server_id} registered: no "
+            f"compare-and-set succeeded in {DEFAULT_CAS_ATTEMPTS} attempts; start it again"
+        )
 
     async def unregister_server(self, server_id: int) -> None:
         await self.coordination.delete(join_path(SERVERS_DIR, server_id))

@@ -34,6 +34,7 @@ from waltz_api.cluster import (
 )
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, WaltzError
+from waltz_api.features import MIN_FEATURE_LEVEL
 from waltz_api.messages import ErrorResponse, HighWaterMarkRequest, HighWaterMarkResponse
 from waltz_api.storage_client import StorageAdminClient
 from waltz_api.types import ReqId
@@ -80,6 +81,10 @@ class StorageReport:
     error: str | None = None
     cluster_key: str | None = None
     num_partitions: int | None = None
+    feature_level: int = MIN_FEATURE_LEVEL
+    """The level it writes at and the highest it supports (a node of 0.1.0 reports
+    neither: 1)."""
+    max_feature_level: int = MIN_FEATURE_LEVEL
     partitions: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Rows of the admin ``list``: max_transaction_id, session_info, available, error."""
 
@@ -112,6 +117,8 @@ class ClusterFacts:
     owners: dict[int, PartitionAssignment] = field(default_factory=dict)
     metadata_errors: dict[int, str] = field(default_factory=dict)
     servers: list[ServerInfo] = field(default_factory=list)
+    feature_level: int = MIN_FEATURE_LEVEL
+    """The cluster's recorded feature level (waltz_api.features)."""
     storage: dict[str, StorageReport] | None = None
     high_water_marks: dict[int, tuple[int, int]] = field(default_factory=dict)
     server_errors: dict[int, str] = field(default_factory=dict)
@@ -141,6 +148,8 @@ async def _storage_report(
                 info = await admin.info()
                 report.cluster_key = str(info.get("cluster_key"))
                 report.num_partitions = int(info["num_partitions"])
+                report.feature_level = int(info.get("feature_level", MIN_FEATURE_LEVEL))
+                report.max_feature_level = int(info.get("max_feature_level", MIN_FEATURE_LEVEL))
                 for row in await admin.list_partitions_raw():
                     report.partitions[int(row["partition_id"])] = row
     except TimeoutError:
@@ -270,6 +279,7 @@ async def collect(
         except WaltzError as exc:
             facts.metadata_errors[partition_id] = str(exc)
     facts.servers = await meta.servers()
+    facts.feature_level = (await meta.feature_level()).value
     if transport is None:
         return facts
     before: dict[int, int | str] = {}
@@ -343,6 +353,7 @@ def check(facts: ClusterFacts) -> list[Finding]:
         _check_assignments(found, config, facts.assignments)
     _check_store_metadata(found, facts)
     _check_owners(found, facts)
+    _check_server_levels(found, facts)
     if facts.storage is not None and facts.assignments is not None:
         _check_storage(found, facts, facts.assignments, facts.storage)
     _check_high_water_marks(found, facts)
@@ -471,6 +482,39 @@ def _check_owners(found: _Findings, facts: ClusterFacts) -> None:
             )
 
 
+def _check_server_levels(found: _Findings, facts: ClusterFacts) -> None:
+    for server in facts.servers:
+        if server.max_feature_level < facts.feature_level:
+            found.problem(
+                "feature-level",
+                f"server {server.server_id}",
+                f"supports feature level {server.max_feature_level} at most, below the "
+                f"cluster's {facts.feature_level}: it works at level "
+                f"{server.max_feature_level} (an older release); stop it and start it on a "
+                f"release that supports level {facts.feature_level}",
+            )
+
+
+def _check_storage_level(found: _Findings, level: int, subject: str, report: StorageReport) -> None:
+    if report.max_feature_level < level:
+        found.problem(
+            "feature-level",
+            subject,
+            f"supports feature level {report.max_feature_level} at most, below the "
+            f"cluster's {level}: it cannot read what the level enables (an older release); "
+            f"upgrade it to a release that supports level {level}, or restore it from a "
+            'copy taken before the raise (docs/compatibility.md, "Feature levels")',
+        )
+    elif report.feature_level < level:  # a note: the servers tell it as they connect
+        found.note(
+            "feature-level",
+            subject,
+            f"writes at feature level {report.feature_level}, below the cluster's {level}: "
+            "not told the level yet (each server tells it when it connects to it); "
+            f"`waltz cluster features --to {level}` tells it now",
+        )
+
+
 def _check_storage(
     found: _Findings,
     facts: ClusterFacts,
@@ -492,6 +536,7 @@ def _check_storage(
                 f"{config.cluster_key} (a node of another cluster?)",
             )
             continue
+        _check_storage_level(found, facts.feature_level, subject, report)
         if report.num_partitions != config.num_partitions:
             found.problem(
                 "num-partitions",

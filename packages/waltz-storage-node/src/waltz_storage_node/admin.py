@@ -3,8 +3,8 @@
 Commands (``command``: arguments -> result):
 
 - ``info``: {} -> {cluster_key, num_partitions, endpoint, partitions: [ids], feature_level,
-  max_feature_level} (the level the storage writes at and the highest it can: a node of
-  0.1.0 answers neither, it is at level 1)
+  max_feature_level, version} (the level the storage writes at, the highest it can, and
+  the node's Waltz version: a node of 0.1.0 answers none of the three, it is at level 1)
 - ``set_feature_level``: {level, cluster_key} -> {feature_level, max_feature_level}: write
   the formats of the cluster feature ``level`` from now on (``waltz cluster features
   --raise``, and a server at connection; :mod:`waltz_api.features`); idempotent, never
@@ -53,6 +53,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from waltz_api import __version__
 from waltz_api.errors import ClusterKeyMismatchError, PartitionClosedError, StorageError
 from waltz_api.storage_failures import StorageRequestError
 from waltz_storage_node.scrub import ScrubbedNode, Scrubber
@@ -115,6 +116,7 @@ async def _info(node: AdminNode, arguments: dict[str, Any]) -> dict[str, Any]:
         "partitions": node.engine.partition_ids(),
         "feature_level": node.engine.feature_level,
         "max_feature_level": node.engine.max_feature_level,
+        "version": __version__,
     }
 
 

@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from waltz_api import __version__
 from waltz_api.errors import WaltzError
 from waltz_api.http_endpoint import Check, HttpEndpoint, HttpSection
 from waltz_storage_node.metrics import DiskUsage, PartitionState, StorageNodeMetrics
@@ -113,6 +114,9 @@ def storage_node_endpoint(
         usage = None if data_dir is None else disk_usage(data_dir)
         return {
             "role": "storage",
+            "version": __version__,
+            "feature_level": node.engine.feature_level,
+            "max_feature_level": node.engine.max_feature_level,
             "endpoint": node.endpoint,
             "serving": node.serving,
             "disk": None

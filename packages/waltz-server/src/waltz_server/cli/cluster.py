@@ -347,7 +347,8 @@ def verify_cluster(uri: str, output: str, metadata_only: bool, reach: Reach) -> 
     Config present and ready; every partition has replicas on known storage nodes;
     each storage node reachable, of this cluster (its key), hosting its partitions;
     store sessions and low-water marks consistent; replicas against the committed
-    high-water marks; partitions owned by live servers. Prints every finding; exits 0
+    high-water marks; partitions owned by live servers; every storage node and live
+    server at the cluster's feature level (or able to be told it). Prints every finding; exits 0
     when there is no problem (notes do not count), 1 otherwise."""
     from waltz_server.cluster_check import PROBLEM, check, collect, replica_progress
 

@@ -6,7 +6,9 @@ highest this Waltz supports, and for each storage node of the cluster (asked wit
 admin ``info``) and each live server (its registration) the highest level it supports;
 a process of 0.1.0 reports none: level 1. ``--raise`` (to the highest this Waltz
 supports) or ``--to N`` records the new level, once every storage node answered and
-every known process supports it, then tells each storage node (which migrates its
+every known process supports it (checked and written by compare-and-set on the
+recorded level's version, which a server registering meanwhile changes:
+:meth:`ClusterAdmin.raise_feature_level`), then tells each storage node (which migrates its
 storage to the level's formats). Raising again does nothing new; lowering is refused.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 
 import click
 
+from waltz_api import __version__
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, WaltzError
 from waltz_api.features import (
@@ -29,8 +32,6 @@ from waltz_cli.coordination import coordination_option
 from waltz_cli.output import emit, output_option
 from waltz_server.cli.cluster import Reach, _reach_options, _run_with_transport
 from waltz_server.cluster_admin import ClusterAdmin
-
-ROLLBACK_DOCS = 'docs/compatibility.md, section "Feature levels"'
 
 
 async def _ask_storage_node(
@@ -47,6 +48,7 @@ async def _ask_storage_node(
         "endpoint": endpoint,
         "feature_level": None,
         "max_feature_level": None,
+        "version": None,
         "error": None,
     }
     try:
@@ -70,6 +72,7 @@ async def _ask_storage_node(
     # a node of 0.1.0 reports no level: it writes and reads level 1 only
     row["feature_level"] = int(info.get("feature_level", MIN_FEATURE_LEVEL))
     row["max_feature_level"] = int(info.get("max_feature_level", MIN_FEATURE_LEVEL))
+    row["version"] = str(info.get("version", OLDEST_VERSION))
     return row
 
 
@@ -85,6 +88,7 @@ async def _features(
     return {
         "feature_level": recorded,
         "max_feature_level": MAX_FEATURE_LEVEL,
+        "version": __version__,
         "levels": [
             {"level": f.level, "release": f.release, "enables": list(f.enables)}
             for f in FEATURE_LEVELS
@@ -123,6 +127,10 @@ def _blockers(found: dict[str, Any], level: int) -> list[str]:
     return why
 
 
+OLDEST_VERSION = "0.1.0"
+"""What a storage node that reports no version runs (0.1.0 reports none)."""
+
+
 @click.command("features")
 @coordination_option
 @output_option
@@ -156,25 +164,23 @@ def features_command(
         check_feature_level(target, "--to")
 
     async def work(meta: ClusterAdmin, transport: Transport) -> dict[str, Any]:
-        found = await _features(meta, transport, reach)
         if target is None:
-            return found
-        recorded = found["feature_level"]
-        if target < recorded:
-            raise ConfigError(
-                f"the cluster is at feature level {recorded}: a level is never lowered (to "
-                f"{target}); to go back, restore the storage nodes from copies taken before "
-                f"the raise ({ROLLBACK_DOCS})",
-                key="to",
-            )
-        blockers = _blockers(found, target)
-        if blockers:
-            raise WaltzError(
-                f"the feature level stays {recorded}, not raised to {target}: "
-                + "; ".join(blockers)
-                + "; upgrade (or start) them and run the command again"
-            )
-        before, _ = await meta.raise_feature_level(target)
+            return await _features(meta, transport, reach)
+
+        async def check() -> None:
+            # after the raise read the recorded level's version: a server registering
+            # from now on changes it (ClusterAdmin.raise_feature_level)
+            found = await _features(meta, transport, reach)
+            recorded = found["feature_level"]
+            blockers = _blockers(found, target)
+            if blockers:
+                raise WaltzError(
+                    f"the feature level stays {recorded}, not raised to {target}: "
+                    + "; ".join(blockers)
+                    + "; upgrade (or start) them and run the command again"
+                )
+
+        before, _ = await meta.raise_feature_level(target, check)
         told = await _features(meta, transport, reach, tell=target)
         told["raised_from"] = before
         return told
@@ -205,19 +211,22 @@ def _text(found: dict[str, Any], target: int | None) -> None:
             else f"the cluster is at feature level {recorded} already; storage nodes told again"
         )
     top = found["max_feature_level"]
-    click.echo(f"cluster feature level: {recorded} (this Waltz supports up to {top})")
+    click.echo(
+        f"cluster feature level: {recorded} (this Waltz, {found['version']}, supports up to {top})"
+    )
     for level in found["levels"]:
         mark = "*" if level["level"] <= recorded else " "
         click.echo(
             f" {mark}level {level['level']} ({level['release']}): {'; '.join(level['enables'])}"
         )
-    click.echo("storage nodes (supports up to / writes at):")
+    click.echo("storage nodes (supports up to / writes at, version):")
     for row in found["storage_nodes"]:
         if row["error"] is not None:
             click.echo(f"  {row['storage_node']}: ? ({row['error']})")
         else:
             click.echo(
-                f"  {row['storage_node']}: {row['max_feature_level']} / {row['feature_level']}"
+                f"  {row['storage_node']}: {row['max_feature_level']} / {row['feature_level']}, "
+                f"{row['version']}"
             )
     click.echo("servers (supports up to):" + ("" if found["servers"] else " (none registered)"))
     for server in found["servers"]:

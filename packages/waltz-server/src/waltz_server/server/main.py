@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from waltz_api import __version__
 from waltz_api.cluster import ClusterMetadata, ReplicaAssignments, coordination_from_uri
 from waltz_api.contracts.coordination import (
     ChildrenCallback,
@@ -30,6 +31,7 @@ from waltz_api.contracts.coordination import (
 )
 from waltz_api.contracts.transport import Transport
 from waltz_api.errors import ConfigError, CoordinationError, PluginError
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.plugins import get_registry
 from waltz_api.process import run_until_signalled
 from waltz_server.observability import Check, FeedPosition, HttpEndpoint, ServerMetrics
@@ -200,6 +202,9 @@ def server_status(running: RunningServer) -> dict[str, Any]:
         )
     return {
         "role": "server",
+        "version": __version__,
+        "feature_level": running.features.level if running.features is not None else None,
+        "max_feature_level": MAX_FEATURE_LEVEL,
         "server_id": manager.server_id if manager.registered else None,
         "endpoint": server.endpoint,
         "leader": manager.registered and manager.is_leader,
