@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -67,7 +68,8 @@ def default_envs() -> list[str]:
         text=True,
         check=True,
     )
-    return [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    # (a provisioning tox may print more than the names: only the lines that are one)
+    return [line for line in listed.stdout.split() if re.fullmatch(r"[\w.-]+", line)]
 
 
 def longest_first(envs: list[str]) -> list[str]:
