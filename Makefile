@@ -26,7 +26,10 @@ endif
 
 # Installs what the tests need and is missing (scripts/install-test-deps: Debian
 # packages as root, else a list of them; tox and uv from PyPI), then runs every test
-# environment. `.ci/run` is this command.
+# environment of tox.ini's env_list, two at a time (.ci/toxpar.py: each one's output
+# printed whole at the end, the failing ones' last, then a summary; `make test JOBS=1`
+# runs them one after another). `.ci/run` is this command.
+JOBS ?= 2
 test:
 	scripts/install-test-deps
-	python3 -m tox
+	python3 .ci/toxpar.py --jobs $(JOBS)

@@ -426,13 +426,16 @@ def test_the_readme_two_commands_match_the_makefile_and_tox() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert re.search(r"^demo:", makefile, re.MULTILINE) and "```\nmake demo\n```" in readme
     assert "```\nmake test\n```" in readme
-    # make test installs what is missing, then runs tox; CI (.ci/run) is make test
+    # make test installs what is missing, then runs tox's env_list two at a time
+    # (.ci/toxpar.py); CI (.ci/run) is make test
     test_recipe = re.search(r"^test:\n((?:\t.*\n)+)", makefile, re.MULTILINE)
     assert test_recipe is not None
     assert test_recipe.group(1).split("\n")[:2] == [
         "\tscripts/install-test-deps",
-        "\tpython3 -m tox",
+        "\tpython3 .ci/toxpar.py --jobs $(JOBS)",
     ]
+    assert re.search(r"^JOBS \?= 2$", makefile, re.MULTILINE)
+    assert "two at a time" in readme and "`make test JOBS=1`" in readme
     ci_run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert ci_run.rstrip().endswith("make test")
     tox = configparser.ConfigParser(interpolation=None)
