@@ -52,12 +52,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 from waltz_api.errors import StorageError
-
-if TYPE_CHECKING:
-    from waltz_storage_fs.engine import FsStorageEngine, FsStoragePartition, _View
+from waltz_storage_fs.control import ControlFile
+from waltz_storage_fs.files import Files
+from waltz_storage_fs.views import View
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,35 @@ DATA, INDEX = 0, 1
 Result = tuple["Job", BaseException | None]
 
 
+class PartitionPort(Protocol):
+    """What the committer asks of a partition
+    (:class:`waltz_storage_fs.partition.FsStoragePartition`)."""
+
+    broken: OSError | None
+
+    def broken_error(self) -> StorageError: ...
+    def mark_broken(self, exc: OSError) -> None: ...
+    def write_batch(self, job: Job, flushes: set[tuple[int, int]]) -> None: ...
+    def note_flushed(self) -> None: ...
+    def stage_acked_end(self) -> bool: ...
+    def take_flushed_view(self) -> View | None: ...
+    def publish_view(self, view: View) -> None: ...
+
+
+class EnginePort(Protocol):
+    """What the committer asks of the engine
+    (:class:`waltz_storage_fs.engine.FsStorageEngine`)."""
+
+    directory: Path
+    control: ControlFile
+    files: Files
+    fsync_observer: Callable[[float], None] | None
+
+
 @dataclass
 class Job:
     future: asyncio.Future[None]
-    partition: FsStoragePartition | None = None
+    partition: PartitionPort | None = None
     blob: bytes = b""
     lengths: list[int] = field(default_factory=list)
     first_txid: int = 0
@@ -94,11 +120,11 @@ class Written:
     """Appends refused before their flush (a partition closed by an error)."""
     done: list[Job]
     """Appends written, waiting for their flush (then for the control flush covering them)."""
-    syncs: list[tuple[FsStoragePartition, int, int]]
+    syncs: list[tuple[PartitionPort, int, int]]
     """(partition, kind, fd) of every file to flush."""
     fds: list[int]
     """The files to flush (the fds of ``syncs``)."""
-    touched: list[FsStoragePartition]
+    touched: list[PartitionPort]
     """The partitions written (each publishes its records once they are acknowledged)."""
 
 
@@ -107,9 +133,9 @@ class Cover:
     """A control flush: the groups flushed before it that it covers."""
 
     groups: list[Written]
-    staged: list[FsStoragePartition]
+    staged: list[PartitionPort]
     """The partitions whose new end it wrote in the control file."""
-    covered: dict[FsStoragePartition, _View | None]
+    covered: dict[PartitionPort, View | None]
     """The partitions open when it was written (their appends are done once it is
     durable), with the records they publish then (None: no newer ones)."""
 
@@ -137,7 +163,7 @@ class Pipeline:
     alternates between its two structs: the one being flushed is never the one written
     over), and an action only when nothing is under way."""
 
-    def __init__(self, engine: FsStorageEngine) -> None:
+    def __init__(self, engine: EnginePort) -> None:
         self.engine = engine
         self.queue: collections.deque[Job] = collections.deque()
         """Jobs not started, in order."""
@@ -243,7 +269,7 @@ class Pipeline:
     def write(jobs: list[Job]) -> Written:
         """Write a group's batches (not flushed yet)."""
         results: list[Result] = []
-        touched: dict[FsStoragePartition, set[tuple[int, int]]] = {}
+        touched: dict[PartitionPort, set[tuple[int, int]]] = {}
         done: list[Job] = []
         for job in jobs:
             part = job.partition
@@ -283,8 +309,8 @@ class Pipeline:
     def stage(groups: list[Written]) -> Cover:
         """Write the durable end of each partition of the groups flushed that is still
         open, in the control file (not flushed yet)."""
-        staged: list[FsStoragePartition] = []
-        covered: dict[FsStoragePartition, _View | None] = {}
+        staged: list[PartitionPort] = []
+        covered: dict[PartitionPort, View | None] = {}
         for part in dict.fromkeys(p for written in groups for p in written.touched):
             if part.broken is not None:
                 continue
@@ -351,7 +377,7 @@ class Runner(abc.ABC):
         """Run a blocking call of the engine (a read, recovery at open): its result."""
 
     @abc.abstractmethod
-    def start_committer(self, engine: FsStorageEngine) -> Committer:
+    def start_committer(self, engine: EnginePort) -> Committer:
         """Start the engine's committer."""
 
     @abc.abstractmethod
@@ -372,7 +398,7 @@ class ThreadRunner(Runner):
     def run(self, fn: Callable[[], T]) -> Awaitable[T]:
         return asyncio.get_running_loop().run_in_executor(self._readers, fn)
 
-    def start_committer(self, engine: FsStorageEngine) -> Committer:
+    def start_committer(self, engine: EnginePort) -> Committer:
         self._committer = _CommitterThread(engine, asyncio.get_running_loop())
         self._committer.start()
         return self._committer
@@ -473,7 +499,7 @@ class _CommitterThread(threading.Thread):
     action runs here), and sends the results back to the loop in one
     ``call_soon_threadsafe``. ``submit`` and ``stop`` are called on the event loop."""
 
-    def __init__(self, engine: FsStorageEngine, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, engine: EnginePort, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name=f"waltz-fs-committer:{engine.directory}", daemon=True)
         self._engine = engine
         self._pipe = Pipeline(engine)
@@ -652,7 +678,7 @@ class LoopRunner(Runner):
         await self._read_wait()
         return fn()
 
-    def start_committer(self, engine: FsStorageEngine) -> Committer:
+    def start_committer(self, engine: EnginePort) -> Committer:
         self._pipe = Pipeline(engine)
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
