@@ -37,9 +37,11 @@ from waltz_api.errors import (
     StorageError,
 )
 from waltz_storage_fs import format as fmt
+from waltz_storage_fs import journaled
 from waltz_storage_fs.committer import Committer, Job, Runner, ThreadRunner
 from waltz_storage_fs.control import ControlFile
 from waltz_storage_fs.files import REAL_FILES, Files, make_dirs, remove_tree
+from waltz_storage_fs.journal import JOURNAL_FILE_NAME, Journal
 from waltz_storage_fs.options import FsOptions
 from waltz_storage_fs.partition import FsStoragePartition
 from waltz_storage_fs.quarantine import Quarantine
@@ -75,6 +77,10 @@ class FsStorageEngine(StorageEngine):
         self._runner = runner
         self._committer = runner.start_committer(self)
         self._closed = False
+        self.journal: Journal | None = None
+        """The node journal (format 4): a round's one flush (:mod:`waltz_storage_fs.journaled`)."""
+        self.journal_failed: OSError | None = None
+        """A checkpoint failed: nothing more is written until the node restarts."""
         self.fsync_observer: Callable[[float], None] | None = None
         """Called (on the committer thread) with the seconds of each flush to disk
         alone: a group's data files (one ``fdatasync`` each, at once), or the control
@@ -112,7 +118,9 @@ class FsStorageEngine(StorageEngine):
             runner = ThreadRunner(opts.read_threads)
         try:
             control = await runner.run(
-                lambda: _open_control(files, directory, cluster_key, num_partitions, version)
+                lambda: _open_control(
+                    files, directory, cluster_key, num_partitions, version, options=opts
+                )
             )
         except BaseException:
             await runner.close()
@@ -125,6 +133,7 @@ class FsStorageEngine(StorageEngine):
         try:
             engine.check_given(cluster_key, num_partitions)
             await runner.run(engine._recover_all)
+            await runner.run(engine._replay)
         except BaseException:
             await engine.close()
             raise
@@ -176,6 +185,26 @@ class FsStorageEngine(StorageEngine):
                 self._closed_partitions[pid] = reason
                 continue
             self._partitions[pid] = part
+
+    def _replay(self) -> None:
+        """Format 4: the journal scanned from its checkpoint, its records past each
+        partition's recovered end written back, then a checkpoint."""
+        scan = journaled.open_journal(self)
+        if scan is not None:
+            journaled.replay(self, scan)
+
+    def hosted(self) -> dict[int, FsStoragePartition]:
+        """The partitions open here (recovered or added)."""
+        return self._partitions
+
+    def checkpoint_due(self, size: int) -> bool:
+        """Whether the committer makes a journal checkpoint before a round of about
+        ``size`` bytes."""
+        return journaled.checkpoint_due(self, size)
+
+    def checkpoint(self) -> None:
+        """A journal checkpoint (committer side; :mod:`waltz_storage_fs.journaled`)."""
+        journaled.checkpoint(self)
 
     def _move_directory_aside(self, partition_id: int, cause: str) -> None:
         """A directory of a partition not hosted here: its files go to the quarantine."""
@@ -248,11 +277,16 @@ class FsStorageEngine(StorageEngine):
                 return
             before = self.control.version
             live = [p for p in self._partitions.values() if p.broken is None]
+            journal = None
             try:
                 for part in live:
                     part.sync_last_segment()
+                if version >= fmt.JOURNAL_CONTROL_VERSION:
+                    journal = journaled.create_journal(self)  # before the file naming it
                 self.control = self.control.upgrade(version)
             except OSError as exc:  # the old file is whole: nothing changed
+                if journal is not None:
+                    journal.close()
                 raise StorageError(
                     f"{self.directory}: the control file could not be migrated to format "
                     f"{version} ({exc}); it stays format {before}: fix the disk and try again"
@@ -261,6 +295,7 @@ class FsStorageEngine(StorageEngine):
                 for part in live:
                     part.adopt_control()
                 self.control.sync()
+                self.journal = journal
             except OSError as exc:  # as for a failed control flush: recovery checks them
                 for part in live:
                     part.mark_broken(exc)
@@ -353,6 +388,8 @@ class FsStorageEngine(StorageEngine):
         await self._runner.close()
         for part in self._partitions.values():
             part.close_files()
+        if self.journal is not None:
+            self.journal.close()
         self.control.close()
 
 
@@ -362,12 +399,15 @@ def _open_control(
     cluster_key: uuid.UUID | None,
     num_partitions: int | None,
     version: int,
+    *,
+    options: FsOptions,
 ) -> ControlFile:
     path = directory / fmt.CONTROL_FILE_NAME
     if files.exists(path):
         return ControlFile.open(path, files)
     if files.exists(directory) and any(
-        name != fmt.CONTROL_FILE_NAME + ".tmp" for name in files.listdir(directory)
+        name not in (fmt.CONTROL_FILE_NAME + ".tmp", JOURNAL_FILE_NAME)
+        for name in files.listdir(directory)
     ):
         raise CorruptionError(
             f"{directory} holds files but no control file {fmt.CONTROL_FILE_NAME}; it is not a "
@@ -381,4 +421,9 @@ def _open_control(
     if num_partitions < 1:
         raise StorageError(f"number of partitions must be >= 1, not {num_partitions}")
     make_dirs(files, directory)
+    if version >= fmt.JOURNAL_CONTROL_VERSION:
+        # first: a crash before the control file leaves a directory that opens as new
+        if files.exists(directory / JOURNAL_FILE_NAME):
+            files.unlink(directory / JOURNAL_FILE_NAME)
+        Journal.create(files, directory, cluster_key, options.journal_size).close()
     return ControlFile.create(directory, cluster_key, num_partitions, files, version)

@@ -80,6 +80,9 @@ class FsStoragePartition(PartitionReads, StoragePartition):
         self._durable_end = self._acked_end
         """Committer side: the end of the records flushed (the next control flush raises
         the acknowledged end to it); never above the log's end after a truncation."""
+        self._dirty: set[tuple[int, int]] = set()
+        """Committer side, with a node journal: the (kind, fd) of the segment files
+        written since the last checkpoint (it flushes them)."""
         self._flushed_view: View | None = None
         """Committer side: the records flushed, published once the control file's flush
         covers them (None: nothing flushed since the last publish)."""
@@ -210,6 +213,8 @@ class FsStoragePartition(PartitionReads, StoragePartition):
         end = self._durable_end
         if end <= self._acked_end or not self._engine.control.keeps_acked_end:
             return False
+        if self._engine.journal is not None:
+            return False  # the journal's entry is the proof; a checkpoint writes the end
         self._write_info(self._info, self._flags, acked_end=end, sync=False)
         return True
 
@@ -228,6 +233,13 @@ class FsStoragePartition(PartitionReads, StoragePartition):
     # -- committer side (runs in the committer thread) ----------------------------------
 
     def write_batch(self, job: Job, flushes: set[tuple[int, int]]) -> None:
+        self.write_records(job.first_txid, job.blob, job.lengths, flushes)
+
+    def write_records(
+        self, first: int, blob: bytes, lengths: list[int], flushes: set[tuple[int, int]]
+    ) -> None:
+        """Append records at the log's end (not flushed: ``flushes`` gets the files to
+        flush; with a node journal, the partition keeps them for the next checkpoint)."""
         engine = self._engine
         files = self._files
         seg = self._segments[-1] if self._segments else None
@@ -235,13 +247,44 @@ class FsStoragePartition(PartitionReads, StoragePartition):
             if seg is not None:
                 files.fdatasync(seg.data_fd)
                 files.fsync(seg.index_fd)
-            seg = self._create_segment(job.first_txid)
-        self._write_records(seg, job.blob, job.lengths)
+                self._dirty.difference_update({(DATA, seg.data_fd), (INDEX, seg.index_fd)})
+            seg = self._create_segment(first)
+        self._write_records(seg, blob, lengths)
         interval = engine.options.index_checkpoint_interval
-        crossed = seg.count // interval != (seg.count - len(job.lengths)) // interval
+        crossed = seg.count // interval != (seg.count - len(lengths)) // interval
         flushes.add((DATA, seg.data_fd))
         if crossed:
             flushes.add((INDEX, seg.index_fd))
+        if engine.journal is not None:
+            self._dirty.update({(DATA, seg.data_fd), (INDEX, seg.index_fd)})
+
+    def flush_dirty(self) -> None:
+        """A checkpoint's flush of the segment files written since the last one: then
+        the log's end is durable in them."""
+        for kind, fd in sorted(self._dirty):
+            if kind == DATA:
+                self._files.fdatasync(fd)
+            else:
+                self._files.fsync(fd)
+        self._dirty.clear()
+        seg = self._segments[-1] if self._segments else None
+        self._durable_end = seg.end if seg is not None else self._start
+
+    def checkpoint_end(self) -> None:
+        """A checkpoint's acknowledged end (after :meth:`flush_dirty`; not flushed: the
+        checkpoint flushes the control file once)."""
+        if self._durable_end != self._acked_end:
+            self._write_info(self._info, self._flags, acked_end=self._durable_end, sync=False)
+
+    def replayed(self) -> None:
+        """After recovery wrote records back from the journal: readers see them."""
+        self.publish()
+        self._next_txid = self._view.max_txid + 1
+
+    @property
+    def next_txid(self) -> int:
+        """The id the next append starts with (the log's end)."""
+        return self._next_txid
 
     def _write_records(self, seg: Segment, blob: bytes, lengths: list[int]) -> None:
         offsets: list[int] = []
@@ -466,6 +509,7 @@ class FsStoragePartition(PartitionReads, StoragePartition):
 
     def close_files(self) -> None:
         self._closed = True
+        self._dirty.clear()
         for seg in self._segments:
             close_segment(self._files, seg)
         self._segments = []
