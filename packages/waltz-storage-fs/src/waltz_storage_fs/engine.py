@@ -132,8 +132,11 @@ class FsStorageEngine(StorageEngine):
             )
         try:
             engine.check_given(cluster_key, num_partitions)
+            # the journal first: a damaged one refuses the open before anything is cut
+            scan = await runner.run(lambda: journaled.open_journal(engine))
             await runner.run(engine._recover_all)
-            await runner.run(engine._replay)
+            if scan is not None:
+                await runner.run(lambda: journaled.replay(engine, scan))
         except BaseException:
             await engine.close()
             raise
@@ -185,13 +188,6 @@ class FsStorageEngine(StorageEngine):
                 self._closed_partitions[pid] = reason
                 continue
             self._partitions[pid] = part
-
-    def _replay(self) -> None:
-        """Format 4: the journal scanned from its checkpoint, its records past each
-        partition's recovered end written back, then a checkpoint."""
-        scan = journaled.open_journal(self)
-        if scan is not None:
-            journaled.replay(self, scan)
 
     def hosted(self) -> dict[int, FsStoragePartition]:
         """The partitions open here (recovered or added)."""
@@ -383,6 +379,11 @@ class FsStorageEngine(StorageEngine):
     async def close(self) -> None:
         if self._closed:
             return
+        if self.journal is not None and self.journal_failed is None:
+            try:  # a clean stop leaves no round to replay (a checkpoint: nothing else to do)
+                await self.run_committed(lambda: None)
+            except (StorageError, OSError) as exc:
+                log.warning("%s: no checkpoint at the close (%s)", self.directory, exc)
         self._closed = True
         self._committer.stop()
         await self._runner.close()
