@@ -9,6 +9,7 @@ input is ``data/format-v3`` (written by the format-3 engine, test_format_v3.py).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import uuid
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from waltz_api.errors import CorruptionError
+from waltz_api.errors import CorruptionError, PartitionClosedError, StorageError
 from waltz_api.types import Record, SessionInfo
 from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
+from waltz_storage_fs.committer import LoopRunner
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.files import REAL_FILES
 from waltz_storage_fs.journal import HEADER_BLOCK, JOURNAL_FILE_NAME, decode_header, scan
@@ -314,3 +316,59 @@ async def test_power_loss_while_the_level_is_raised_to_3(
             shutil.rmtree(directory)
     assert not failures, "\n".join(failures[:5])
     assert versions == {3, 4}
+
+
+class FailingJournalFlush(PowerLossFiles):
+    """The journal's next flush fails with EIO and the page cache drops its unflushed
+    writes (as the simulation's failing fsync does half the time)."""
+
+    fail_next = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.fail_next and self._inode(fd) is self._lookup(self.journal_path):
+            self.fail_next = False
+            self.drop_unflushed(fd)
+            raise OSError(errno.EIO, "injected")
+        super().fdatasync(fd)
+
+    @property
+    def journal_path(self) -> Path:
+        return self.base / "storage" / JOURNAL_FILE_NAME
+
+
+async def test_a_failed_journal_flush_stops_every_partition_until_the_restart(
+    tmp_path: Path, journal_level: int
+) -> None:
+    """The failed round's entry is gone from the page cache: a later round written after
+    it would make the journal read as damaged (a durable entry lost) at the restart, so
+    no partition writes another round; the restart opens, every acknowledged record kept."""
+    files = FailingJournalFlush(tmp_path / "sim")
+    location = str(tmp_path / "sim" / "storage")
+    engine = await FsStorageEngine.open(
+        location,
+        cluster_key=KEY,
+        num_partitions=2,
+        feature_level=journal_level,
+        options=NO_CHECKPOINT,
+        files=files,
+        runner=LoopRunner(),
+    )
+    try:
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+            await engine.partition(pid).append([make_record(0, pid)])
+        files.fail_next = True
+        with pytest.raises(PartitionClosedError):
+            await engine.partition(0).append([make_record(1, 0)])
+        with pytest.raises((PartitionClosedError, StorageError)):
+            await engine.partition(1).append([make_record(1, 1)])
+    finally:
+        await engine.close()
+    crashed = tmp_path / "crashed"
+    materialize(files.snapshot().state("durable"), crashed)
+    reopened = await FsStorageEngine.open(str(crashed / "storage"), options=NO_CHECKPOINT)
+    try:
+        for pid in (0, 1):
+            assert await reopened.partition(pid).read_records(0, 10) == [make_record(0, pid)]
+    finally:
+        await reopened.close()

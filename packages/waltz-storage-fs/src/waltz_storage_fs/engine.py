@@ -193,6 +193,12 @@ class FsStorageEngine(StorageEngine):
         """The partitions open here (recovered or added)."""
         return self._partitions
 
+    def close_partitions(self, error: OSError) -> None:
+        """After an I/O error of the journal: every partition is closed (each shares it)."""
+        for part in self._partitions.values():
+            if part.broken is None:
+                part.mark_broken(error)
+
     def checkpoint_due(self, size: int) -> bool:
         """Whether the committer makes a journal checkpoint before a round of about
         ``size`` bytes."""

@@ -52,7 +52,9 @@ class EnginePort(Protocol):
     files: Files
     fsync_observer: Callable[[float], None] | None
     journal: Journal | None
+    journal_failed: OSError | None
 
+    def close_partitions(self, error: OSError) -> None: ...
     def checkpoint_due(self, size: int) -> bool: ...
     def checkpoint(self) -> None: ...
 
@@ -191,6 +193,13 @@ class Pipeline:
         written = self.data
         assert written is not None
         self.data = None
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None and self.engine.journal is not None:
+            # what the journal holds from this entry on is unknown (a later entry made
+            # durable after a lost one would read as damaged): no round is written
+            # until the node restarts, whatever the partition
+            self.engine.journal_failed = failed
+            self.engine.close_partitions(failed)
         self.flushed_group(written, errors)
         self.flushed.append(written)
 
@@ -234,6 +243,12 @@ class Pipeline:
         """Write a group's batches (not flushed yet); with a node journal (format 4),
         the group is also one journal entry, and the journal is the one file to flush."""
         journal = self.engine.journal
+        if journal is not None and self.engine.journal_failed is not None:
+            error = StorageError(
+                f"the storage's journal failed ({self.engine.journal_failed}); restart the "
+                "storage node so that recovery checks it"
+            )
+            return Written([(job, error) for job in jobs], [], [], [], [])
         if journal is not None and self.engine.checkpoint_due(
             sum(len(job.blob) + 32 for job in jobs)
         ):
