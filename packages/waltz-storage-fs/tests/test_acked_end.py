@@ -152,15 +152,27 @@ async def test_a_failed_control_flush_fails_the_rounds_appends(tmp_path: Path, r
         await engine.close()
 
 
-async def test_a_crash_after_a_truncation_is_no_lost_tail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("journal", [False, True], ids=["format-3", "journal"])
+async def test_a_crash_after_a_truncation_is_no_lost_tail(
+    tmp_path: Path, journal: bool, request: pytest.FixtureRequest
+) -> None:
     """Append, truncate, crash at every step from the truncation on (and after it,
-    without a close), reopen: never LOST, and the end never above the log."""
+    without a close), reopen: never LOST, and the end never above the log. At level 3
+    (``journal``) the truncation follows a checkpoint, and the appends after it are
+    journal rounds that the crash states lose or keep."""
     snapshots: list[Snapshot] = []
     base = tmp_path / "sim"
     files = PowerLossFiles(base, on_step=snapshots.append)
     location = str(base / "storage")
+    level = request.getfixturevalue("journal_level") if journal else 2
+    options = {**OPTIONS, "journal_size": 4096, "checkpoint_bytes": 1024} if journal else OPTIONS
     engine = await FsStorageEngine.open(
-        location, cluster_key=KEY, num_partitions=1, options=OPTIONS, files=files
+        location,
+        cluster_key=KEY,
+        num_partitions=1,
+        options=options,
+        files=files,
+        feature_level=level,
     )
     part = await engine.add_partition(0)
     for first in range(0, 30, 3):
@@ -182,7 +194,7 @@ async def test_a_crash_after_a_truncation_is_no_lost_tail(tmp_path: Path) -> Non
             directory = tmp_path / f"crash-{number}-{name}"
             materialize(tree, directory)
             where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-            opened = await FsStorageEngine.open(str(directory / "storage"), options=OPTIONS)
+            opened = await FsStorageEngine.open(str(directory / "storage"), options=options)
             try:
                 p = opened.partition(0)
                 end = p.max_transaction_id() + 1
