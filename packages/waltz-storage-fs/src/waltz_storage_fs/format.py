@@ -21,7 +21,13 @@ is told level 2 (:meth:`FsStorageEngine.raise_feature_level`), which migrates it
 place (the old file is kept beside it as ``waltz-storage.ctl.v<version>``) and gives
 each partition the acknowledged end of the log it holds then. A version-3 directory is
 not readable by 0.1.0, which knows version 2 only. Segment and index files carry their
-own version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged).
+own version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged). Version 4
+(:data:`JOURNAL_CONTROL_VERSION`, feature level 3 once :data:`FORMAT_OF_LEVEL` maps it)
+is version 3 plus a node journal
+(:mod:`waltz_storage_fs.journal`, :mod:`waltz_storage_fs.journaled`): after the partition
+infos, two checkpoint slots written alternately (counter, journal position, the entry's
+sequence number: int64 each, then a CRC-32C; the valid slot with the higher counter is
+the checkpoint).
 
 Control file: a 128-byte header (format version int32, creation time int64 in
 ms, cluster key UUID, number of partitions int32, then reserved bytes of which
