@@ -31,6 +31,9 @@ from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tr
 
 pytestmark = pytest.mark.timeout(300)
 
+FORMAT_3 = 2
+"""The level whose commit round this module tests (control file format 3: the ends
+flushed in the control file before an append is acknowledged)."""
 KEY = uuid.UUID("3d1b7e2a-5c4f-4a8e-9b6d-2e0f1a7c5b38")
 OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3}
 V2 = Path(__file__).parent / "data" / "log-start-v2"
@@ -76,6 +79,7 @@ async def open_watched(
     engine = await FsStorageEngine.open(
         str(tmp_path / "storage"),
         cluster_key=KEY,
+        feature_level=FORMAT_3,
         num_partitions=partitions,
         files=files,
         runner=LoopRunner() if runner == "loop" else ThreadRunner(2),
@@ -164,7 +168,7 @@ async def test_a_crash_after_a_truncation_is_no_lost_tail(
     base = tmp_path / "sim"
     files = PowerLossFiles(base, on_step=snapshots.append)
     location = str(base / "storage")
-    level = request.getfixturevalue("journal_level") if journal else 2
+    level = request.getfixturevalue("journal_level") if journal else FORMAT_3
     options = {**OPTIONS, "journal_size": 4096, "checkpoint_bytes": 1024} if journal else OPTIONS
     engine = await FsStorageEngine.open(
         location,
@@ -213,7 +217,7 @@ async def test_a_crash_after_a_truncation_is_no_lost_tail(
 async def test_a_fast_forward_past_the_end_moves_the_end(tmp_path: Path) -> None:
     location = tmp_path / "storage"
     engine = await FsStorageEngine.open(
-        str(location), cluster_key=KEY, num_partitions=1, options=OPTIONS
+        str(location), cluster_key=KEY, feature_level=FORMAT_3, num_partitions=1, options=OPTIONS
     )
     part = await engine.add_partition(0)
     await part.append([make_record(t) for t in range(10)])
@@ -241,7 +245,9 @@ async def test_a_format_2_directory_is_migrated_with_its_log_end(tmp_path: Path)
     location = tmp_path / "storage"
     shutil.copytree(V2, location)
     assert tools.read_control_file(location).header.version == 2
-    engine = await FsStorageEngine.open(str(location), cluster_key=V2_KEY, num_partitions=1)
+    engine = await FsStorageEngine.open(
+        str(location), cluster_key=V2_KEY, num_partitions=1, feature_level=1
+    )
     try:
         part = engine.partition(0)
         assert part.session_info().low_water_mark_session_id == NO_SESSION
@@ -250,7 +256,7 @@ async def test_a_format_2_directory_is_migrated_with_its_log_end(tmp_path: Path)
     finally:
         await engine.close()
     dump = tools.read_control_file(location)
-    assert dump.header.version == fmt.FORMAT_VERSION == 3
+    assert dump.header.version == 3
     assert acked_ends(location) == {0: 40}
     assert (location / (fmt.CONTROL_FILE_NAME + ".v2")).read_bytes() == old_control_file()
     # from now on the end is checked: the last record lost is a lost tail
