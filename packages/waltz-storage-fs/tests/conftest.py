@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.powerloss import scratch_directory
 
 
@@ -20,3 +22,12 @@ def crash_states(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "states" if made is None else made
     if made is not None:
         shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.fixture
+def journal_level(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Feature level 3 (control file format 4, the node journal) for the engine, whether
+    or not waltz_api.features registers it yet: the level to open or raise to."""
+    monkeypatch.setitem(fmt.FORMAT_OF_LEVEL, fmt.JOURNAL_LEVEL, fmt.JOURNAL_CONTROL_VERSION)
+    monkeypatch.setattr(FsStorageEngine, "max_feature_level", max(fmt.FORMAT_OF_LEVEL))
+    return fmt.JOURNAL_LEVEL

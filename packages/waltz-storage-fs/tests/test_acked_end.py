@@ -31,6 +31,9 @@ from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tr
 
 pytestmark = pytest.mark.timeout(300)
 
+FORMAT_3 = 2
+"""The level whose commit round this module tests (control file format 3: the ends
+flushed in the control file before an append is acknowledged)."""
 KEY = uuid.UUID("3d1b7e2a-5c4f-4a8e-9b6d-2e0f1a7c5b38")
 OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3}
 V2 = Path(__file__).parent / "data" / "log-start-v2"
@@ -76,6 +79,7 @@ async def open_watched(
     engine = await FsStorageEngine.open(
         str(tmp_path / "storage"),
         cluster_key=KEY,
+        feature_level=FORMAT_3,
         num_partitions=partitions,
         files=files,
         runner=LoopRunner() if runner == "loop" else ThreadRunner(2),
@@ -152,15 +156,27 @@ async def test_a_failed_control_flush_fails_the_rounds_appends(tmp_path: Path, r
         await engine.close()
 
 
-async def test_a_crash_after_a_truncation_is_no_lost_tail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("journal", [False, True], ids=["format-3", "journal"])
+async def test_a_crash_after_a_truncation_is_no_lost_tail(
+    tmp_path: Path, journal: bool, request: pytest.FixtureRequest
+) -> None:
     """Append, truncate, crash at every step from the truncation on (and after it,
-    without a close), reopen: never LOST, and the end never above the log."""
+    without a close), reopen: never LOST, and the end never above the log. At level 3
+    (``journal``) the truncation follows a checkpoint, and the appends after it are
+    journal rounds that the crash states lose or keep."""
     snapshots: list[Snapshot] = []
     base = tmp_path / "sim"
     files = PowerLossFiles(base, on_step=snapshots.append)
     location = str(base / "storage")
+    level = request.getfixturevalue("journal_level") if journal else FORMAT_3
+    options = {**OPTIONS, "journal_size": 4096, "checkpoint_bytes": 1024} if journal else OPTIONS
     engine = await FsStorageEngine.open(
-        location, cluster_key=KEY, num_partitions=1, options=OPTIONS, files=files
+        location,
+        cluster_key=KEY,
+        num_partitions=1,
+        options=options,
+        files=files,
+        feature_level=level,
     )
     part = await engine.add_partition(0)
     for first in range(0, 30, 3):
@@ -182,7 +198,7 @@ async def test_a_crash_after_a_truncation_is_no_lost_tail(tmp_path: Path) -> Non
             directory = tmp_path / f"crash-{number}-{name}"
             materialize(tree, directory)
             where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-            opened = await FsStorageEngine.open(str(directory / "storage"), options=OPTIONS)
+            opened = await FsStorageEngine.open(str(directory / "storage"), options=options)
             try:
                 p = opened.partition(0)
                 end = p.max_transaction_id() + 1
@@ -201,7 +217,7 @@ async def test_a_crash_after_a_truncation_is_no_lost_tail(tmp_path: Path) -> Non
 async def test_a_fast_forward_past_the_end_moves_the_end(tmp_path: Path) -> None:
     location = tmp_path / "storage"
     engine = await FsStorageEngine.open(
-        str(location), cluster_key=KEY, num_partitions=1, options=OPTIONS
+        str(location), cluster_key=KEY, feature_level=FORMAT_3, num_partitions=1, options=OPTIONS
     )
     part = await engine.add_partition(0)
     await part.append([make_record(t) for t in range(10)])
@@ -229,7 +245,9 @@ async def test_a_format_2_directory_is_migrated_with_its_log_end(tmp_path: Path)
     location = tmp_path / "storage"
     shutil.copytree(V2, location)
     assert tools.read_control_file(location).header.version == 2
-    engine = await FsStorageEngine.open(str(location), cluster_key=V2_KEY, num_partitions=1)
+    engine = await FsStorageEngine.open(
+        str(location), cluster_key=V2_KEY, num_partitions=1, feature_level=1
+    )
     try:
         part = engine.partition(0)
         assert part.session_info().low_water_mark_session_id == NO_SESSION
@@ -238,7 +256,7 @@ async def test_a_format_2_directory_is_migrated_with_its_log_end(tmp_path: Path)
     finally:
         await engine.close()
     dump = tools.read_control_file(location)
-    assert dump.header.version == fmt.FORMAT_VERSION == 3
+    assert dump.header.version == 3
     assert acked_ends(location) == {0: 40}
     assert (location / (fmt.CONTROL_FILE_NAME + ".v2")).read_bytes() == old_control_file()
     # from now on the end is checked: the last record lost is a lost tail

@@ -37,12 +37,13 @@ class Opener:
         self.runner = runner
         self.engines: list[FsStorageEngine] = []
 
-    async def __call__(self, **options: Any) -> FsStorageEngine:
+    async def __call__(self, feature_level: int | None = None, **options: Any) -> FsStorageEngine:
         engine = await FsStorageEngine.open(
             str(self.directory),
             cluster_key=KEY,
             num_partitions=8,
             options=options,
+            feature_level=feature_level,
             runner=LoopRunner() if self.runner == "loop" else None,
         )
         self.engines.append(engine)
@@ -405,7 +406,7 @@ async def test_a_failed_flush_closes_the_partition_until_recovery(
 ) -> None:
     import errno
 
-    engine = await opener()
+    engine = await opener(feature_level=2)  # a round flushes each partition's files
     bad = await engine.add_partition(0)
     good = await engine.add_partition(1)
     await bad.append([make_record(0)])

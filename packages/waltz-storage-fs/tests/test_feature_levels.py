@@ -61,7 +61,7 @@ async def test_a_format_2_directory_stays_format_2_at_level_1(tmp_path: Path) ->
         str(location), cluster_key=V2_KEY, num_partitions=1, feature_level=1
     )
     try:
-        assert engine.feature_level == 1 and engine.max_feature_level == 2
+        assert engine.feature_level == 1 and engine.max_feature_level == max(fmt.FORMAT_OF_LEVEL)
         part = engine.partition(0)
         assert part.log_start() == 19 and part.max_transaction_id() == 39
         await part.append([make_record(t, 0) for t in range(40, 45)])
@@ -86,7 +86,8 @@ async def test_a_format_2_directory_stays_format_2_at_level_1(tmp_path: Path) ->
 
 
 async def test_new_directories_take_the_format_of_the_level_given(tmp_path: Path) -> None:
-    for level, version in ((1, 2), (2, 3), (None, 3)):
+    top = max(fmt.FORMAT_OF_LEVEL)
+    for level, version in ((1, 2), (2, 3), (None, fmt.FORMAT_OF_LEVEL[top])):
         location = tmp_path / f"level-{level}"
         engine = await FsStorageEngine.open(
             str(location), cluster_key=KEY, num_partitions=2, feature_level=level
@@ -99,9 +100,9 @@ async def test_new_directories_take_the_format_of_the_level_given(tmp_path: Path
         assert tools.read_control_file(location).header.version == version
         if version == 2:
             readable_by_0_1_0(location)
-    with pytest.raises(StorageError, match="not 3"):
+    with pytest.raises(StorageError, match=f"not {top + 1}"):
         await FsStorageEngine.open(
-            str(tmp_path / "level-3"), cluster_key=KEY, num_partitions=2, feature_level=3
+            str(tmp_path / "level-next"), cluster_key=KEY, num_partitions=2, feature_level=top + 1
         )
 
 
@@ -150,8 +151,9 @@ async def test_raising_to_level_2_migrates_a_running_engine(tmp_path: Path) -> N
         await engine.raise_feature_level(2)  # again: nothing to do
         await engine.raise_feature_level(1)  # never lowered
         assert engine.feature_level == 2
-        with pytest.raises(StorageError, match="not 3"):
-            await engine.raise_feature_level(3)
+        top = engine.max_feature_level
+        with pytest.raises(StorageError, match=f"not {top + 1}"):
+            await engine.raise_feature_level(top + 1)
     finally:
         await engine.close()
     assert (location / (fmt.CONTROL_FILE_NAME + ".v2")).read_bytes() == old

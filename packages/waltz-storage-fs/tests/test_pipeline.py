@@ -31,6 +31,9 @@ from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tr
 
 pytestmark = pytest.mark.timeout(300)
 
+FORMAT_3 = 2
+"""The level whose commit round this module tests (control file format 3: the ends
+flushed in the control file before an append is acknowledged)."""
 KEY = uuid.UUID("5b0e8d2c-7a41-4f93-9c6e-1d2f3a4b5c6d")
 OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3}
 DEADLINE = 60.0
@@ -103,6 +106,7 @@ async def test_under_sustained_appends_a_flush_time_carries_a_data_and_a_control
     engine = await FsStorageEngine.open(
         str(tmp_path / "storage"),
         cluster_key=KEY,
+        feature_level=FORMAT_3,
         num_partitions=1,
         files=files,
         runner=LoopRunner(flush_wait=ticks),
@@ -197,6 +201,7 @@ async def test_a_groups_control_flush_runs_while_the_next_groups_data_is_flushed
     engine = await FsStorageEngine.open(
         str(tmp_path / "storage"),
         cluster_key=KEY,
+        feature_level=FORMAT_3,
         num_partitions=1,
         files=files,
         runner=ThreadRunner(2),
@@ -258,6 +263,7 @@ async def test_a_failed_flush_fails_the_appends_it_was_for(tmp_path: Path, faili
     engine = await FsStorageEngine.open(
         str(tmp_path / "storage"),
         cluster_key=KEY,
+        feature_level=FORMAT_3,
         num_partitions=2,
         files=files,
         runner=LoopRunner(flush_wait=ticks),
@@ -304,7 +310,7 @@ async def test_a_truncation_after_a_flush_keeps_a_later_end_below_the_cut(
     then would read the unflushed records' loss as a lost acknowledged tail)."""
     location = tmp_path / "storage"
     engine = await FsStorageEngine.open(
-        str(location), cluster_key=KEY, num_partitions=1, options=OPTIONS
+        str(location), cluster_key=KEY, feature_level=FORMAT_3, num_partitions=1, options=OPTIONS
     )
     part = await engine.add_partition(0)
     await part.append([make_record(t) for t in range(10)])
@@ -346,6 +352,7 @@ async def test_an_action_runs_once_the_appends_before_it_are_acknowledged(
     engine = await FsStorageEngine.open(
         str(location),
         cluster_key=KEY,
+        feature_level=FORMAT_3,
         num_partitions=1,
         options=OPTIONS,
         files=files,
@@ -401,6 +408,7 @@ async def test_power_loss_at_every_step_of_pipelined_appends(
     engine = await FsStorageEngine.open(
         location,
         cluster_key=KEY,
+        feature_level=FORMAT_3,
         num_partitions=2,
         options=OPTIONS,
         files=files,
@@ -533,6 +541,7 @@ async def test_under_load_a_group_starts_while_the_control_file_is_flushed_alone
     engine = await FsStorageEngine.open(
         str(tmp_path / "storage"),
         cluster_key=KEY,
+        feature_level=FORMAT_3,
         num_partitions=1,
         files=files,
         runner=ThreadRunner(2),

@@ -68,11 +68,25 @@ class Model:
     """partition -> [(start step, ack step, kept up to)]."""
 
 
+JOURNAL_OPTIONS = {**OPTIONS, "journal_size": 4096, "checkpoint_bytes": 1500}
+"""At level 3: a journal that wraps and checkpoints several times in the workload."""
+
+
 class Workload:
-    def __init__(self, files: PowerLossFiles, location: Path, rounds: int) -> None:
+    def __init__(
+        self,
+        files: PowerLossFiles,
+        location: Path,
+        rounds: int,
+        *,
+        level: int | None = None,
+        options: dict[str, int] = OPTIONS,
+    ) -> None:
         self.files = files
         self.location = location
         self.rounds = rounds
+        self.level = level
+        self.options = options
         self.model = Model()
 
     def now(self) -> int:
@@ -83,7 +97,8 @@ class Workload:
             str(self.location),
             cluster_key=KEY,
             num_partitions=3,
-            options=OPTIONS,
+            options=self.options,
+            feature_level=self.level,
             files=self.files,
         )
 
@@ -142,7 +157,13 @@ class Checked:
 
 
 async def check_state(
-    tree: dict[str, bytes], directory: Path, snapshot: Snapshot, name: str, model: Model
+    tree: dict[str, bytes],
+    directory: Path,
+    snapshot: Snapshot,
+    name: str,
+    model: Model,
+    *,
+    options: dict[str, int] = OPTIONS,
 ) -> str | None:
     """Open one crash state with the real engine; the first broken promise, or None."""
     materialize(tree, directory)
@@ -157,7 +178,7 @@ async def check_state(
         if step <= snapshot.step and dump.partitions[pid].current is None:
             return f"{where}: both structs of partition {pid} are invalid"
     try:
-        engine = await FsStorageEngine.open(str(storage), options=OPTIONS)
+        engine = await FsStorageEngine.open(str(storage), options=options)
     except Exception as exc:
         return f"{where}: the engine does not open: {exc!r}"
     try:
@@ -216,7 +237,12 @@ async def _check_engine(engine: FsStorageEngine, step: int, where: str, model: M
 
 
 async def crash_everywhere(
-    crash_states: Path, snapshots: list[Snapshot], model: Model, checked: Checked
+    crash_states: Path,
+    snapshots: list[Snapshot],
+    model: Model,
+    checked: Checked,
+    *,
+    options: dict[str, int] = OPTIONS,
 ) -> None:
     seen: set[str] = set()
     for number, snapshot in enumerate(snapshots):
@@ -228,7 +254,7 @@ async def crash_everywhere(
             seen.add(digest)
             checked.distinct += 1
             directory = crash_states / f"crash-{number}-{name}"
-            failure = await check_state(tree, directory, snapshot, name, model)
+            failure = await check_state(tree, directory, snapshot, name, model, options=options)
             if failure is not None:
                 checked.failures.append(failure)
             for entry in tools.list_quarantine(directory / "storage"):
@@ -242,15 +268,23 @@ def recorder(snapshots: list[Snapshot]) -> Callable[[Snapshot], None]:
     return snapshots.append
 
 
-async def test_power_loss_at_every_step_of_a_workload(tmp_path: Path, crash_states: Path) -> None:
+@pytest.mark.parametrize("journal", [False, True], ids=["format-3", "journal"])
+async def test_power_loss_at_every_step_of_a_workload(
+    tmp_path: Path, crash_states: Path, journal: bool, request: pytest.FixtureRequest
+) -> None:
+    """At level 3 (``journal``) every round of both partitions is one journal entry and
+    one flush: a crash at each point of a shared round, of a checkpoint (the journal
+    wraps several times) and of the replay at the next open loses nothing acknowledged."""
     snapshots: list[Snapshot] = []
     base = tmp_path / "sim"
     files = PowerLossFiles(base, on_step=recorder(snapshots))
-    workload = Workload(files, base / "storage", ROUNDS)
+    options = JOURNAL_OPTIONS if journal else OPTIONS
+    level = request.getfixturevalue("journal_level") if journal else None
+    workload = Workload(files, base / "storage", ROUNDS, level=level, options=options)
     await workload.run()
     assert len(snapshots) > 150, "the workload made too few steps to be a test"
     checked = Checked()
-    await crash_everywhere(crash_states, snapshots, workload.model, checked)
+    await crash_everywhere(crash_states, snapshots, workload.model, checked, options=options)
     reasons = sorted(
         {q.split(": ", 1)[0] + ": " + q.split("Z-", 1)[-1] for q in checked.quarantined}
     )

@@ -70,6 +70,7 @@ async def open_engine(files: PowerLossFiles, gate: Gate) -> FsStorageEngine:
         options={"segment_size": 400, "index_checkpoint_interval": 2},
         files=files,
         runner=LoopRunner(flush_wait=gate),
+        feature_level=2,  # the flushes counted: a round's data, then the control file's
     )
 
 

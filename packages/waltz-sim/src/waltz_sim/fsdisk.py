@@ -171,6 +171,10 @@ class FsDisk(Disk):
             "segment_size": rng.choice(SEGMENT_SIZES),
             "index_checkpoint_interval": rng.choice(CHECKPOINT_INTERVALS),
             "verify_on_open": 1,
+            # at feature level 3: a small journal on the in-memory disk, which wraps and
+            # checkpoints often (no draw: the other options' draws stay as they were)
+            "journal_size": 256 * 1024,
+            "checkpoint_bytes": 16 * 1024,
         }
         self.engine: SimFsEngine | None = None
 

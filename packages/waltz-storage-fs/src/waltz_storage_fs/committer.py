@@ -51,286 +51,29 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from waltz_api.errors import StorageError
+from waltz_storage_fs.pipeline import (
+    CONTROL_FLUSH,
+    DATA,
+    DATA_FLUSH,
+    INDEX,
+    STOP,
+    EnginePort,
+    Flush,
+    Job,
+    Pipeline,
+    Result,
+    resolve,
+)
 
-if TYPE_CHECKING:
-    from waltz_storage_fs.engine import FsStorageEngine, FsStoragePartition, _View
+__all__ = ["DATA", "INDEX", "Committer", "Job", "LoopRunner", "Runner", "ThreadRunner"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-DATA, INDEX = 0, 1
-"""The kinds of file a group flushes (data files first)."""
-
-Result = tuple["Job", BaseException | None]
-
-
-@dataclass
-class Job:
-    future: asyncio.Future[None]
-    partition: FsStoragePartition | None = None
-    blob: bytes = b""
-    lengths: list[int] = field(default_factory=list)
-    first_txid: int = 0
-    action: Callable[[], None] | None = None
-
-
-STOP = None
-"""Queued after the last job: the committer ends once it is reached."""
-
-
-# -- the logic, shared ------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Written:
-    """A group after its write step: what to flush, and what is known already."""
-
-    results: list[Result]
-    """Appends refused before their flush (a partition closed by an error)."""
-    done: list[Job]
-    """Appends written, waiting for their flush (then for the control flush covering them)."""
-    syncs: list[tuple[FsStoragePartition, int, int]]
-    """(partition, kind, fd) of every file to flush."""
-    fds: list[int]
-    """The files to flush (the fds of ``syncs``)."""
-    touched: list[FsStoragePartition]
-    """The partitions written (each publishes its records once they are acknowledged)."""
-
-
-@dataclass(slots=True)
-class Cover:
-    """A control flush: the groups flushed before it that it covers."""
-
-    groups: list[Written]
-    staged: list[FsStoragePartition]
-    """The partitions whose new end it wrote in the control file."""
-    covered: dict[FsStoragePartition, _View | None]
-    """The partitions open when it was written (their appends are done once it is
-    durable), with the records they publish then (None: no newer ones)."""
-
-
-@dataclass(slots=True)
-class Flush:
-    """A flush to start (:meth:`Pipeline.start`): a group's files, or the control file."""
-
-    kind: str
-    """:data:`DATA_FLUSH` or :data:`CONTROL_FLUSH`."""
-    fds: list[int]
-
-
-DATA_FLUSH, CONTROL_FLUSH = "data", "control"
-
-
-class Pipeline:
-    """The committer's state between its flushes (see the module); both runners drive
-    it: they queue jobs, start what :meth:`start` returns, and report each flush's end.
-
-    Two stages, at most one flush each under way: a group's data (what is queued, as
-    soon as the previous group's data flush ended) and the control file (covering every
-    group flushed since the last one, as soon as the previous control flush ended). A
-    control struct is written only while no control flush is under way (each partition
-    alternates between its two structs: the one being flushed is never the one written
-    over), and an action only when nothing is under way."""
-
-    def __init__(self, engine: FsStorageEngine) -> None:
-        self.engine = engine
-        self.queue: collections.deque[Job] = collections.deque()
-        """Jobs not started, in order."""
-        self.data: Written | None = None
-        """The group whose data flush is under way."""
-        self.flushed: list[Written] = []
-        """Groups whose data flush ended, waiting for a control flush."""
-        self.cover: Cover | None = None
-        """The control flush under way."""
-        self.acting: Job | None = None
-        """The action under way (nothing else starts meanwhile)."""
-
-    def idle(self) -> bool:
-        return (
-            not self.queue
-            and self.data is None
-            and not self.flushed
-            and self.cover is None
-            and self.acting is None
-        )
-
-    def start(self) -> tuple[list[Result], list[Flush | Job]]:
-        """Start what can start now: the results known already, and the flushes and the
-        action (at most one, last) for the runner to carry out."""
-        results: list[Result] = []
-        started: list[Flush | Job] = []
-        while self.acting is None:
-            if self.cover is None and self.flushed:
-                groups, self.flushed = self.flushed, []
-                cover = self.stage(groups)
-                if cover.staged:
-                    self.cover = cover
-                    started.append(Flush(CONTROL_FLUSH, [self.engine.control.fd]))
-                else:  # nothing to make durable (partitions closed meanwhile)
-                    results.extend(self.finish(cover, None))
-                continue
-            if not self.queue:
-                break
-            if self.queue[0].action is not None:
-                if self.data is None and self.cover is None and not self.flushed:
-                    self.acting = self.queue.popleft()
-                    started.append(self.acting)
-                break
-            if self.data is not None:
-                break
-            group: list[Job] = []
-            while self.queue and self.queue[0].action is None:
-                group.append(self.queue.popleft())
-            try:
-                written = self.write(group)
-            except BaseException as exc:  # a bug: fail the group, go on
-                log.exception("storage committer failed")
-                results.extend((job, exc) for job in group)
-                continue
-            results.extend(written.results)
-            if written.done:
-                self.data = written
-                started.append(Flush(DATA_FLUSH, written.fds))
-        return results, started
-
-    def data_done(self, errors: list[OSError | None]) -> None:
-        """The data flush under way ended (``errors``: each file's, None when it completed)."""
-        written = self.data
-        assert written is not None
-        self.data = None
-        self.flushed_group(written, errors)
-        self.flushed.append(written)
-
-    def control_done(self, error: OSError | None) -> list[Result]:
-        """The control flush under way ended: the appends it covers are done."""
-        cover = self.cover
-        assert cover is not None
-        self.cover = None
-        return self.finish(cover, error)
-
-    def action_done(self) -> Result:
-        """Run the action started (:meth:`start`): its result."""
-        job = self.acting
-        assert job is not None and job.action is not None
-        try:
-            job.action()
-        except BaseException as exc:
-            return job, exc
-        finally:
-            self.acting = None
-        return job, None
-
-    def fail_all(self, exc: BaseException) -> list[Result]:
-        """After a bug in the committer: fail every job not done (never leave a waiter
-        hanging); the flushes under way still end (their results then are ignored)."""
-        jobs = list(self.queue)
-        self.queue.clear()
-        for written in [*([self.data] if self.data else []), *self.flushed]:
-            jobs.extend(written.done)
-        if self.cover is not None:
-            jobs.extend(job for written in self.cover.groups for job in written.done)
-        if self.acting is not None:
-            jobs.append(self.acting)
-            self.acting = None
-        return [(job, exc) for job in jobs]
-
-    @staticmethod
-    def write(jobs: list[Job]) -> Written:
-        """Write a group's batches (not flushed yet)."""
-        results: list[Result] = []
-        touched: dict[FsStoragePartition, set[tuple[int, int]]] = {}
-        done: list[Job] = []
-        for job in jobs:
-            part = job.partition
-            assert part is not None
-            if part.broken is not None:
-                results.append((job, part.broken_error()))
-                continue
-            try:
-                flushes = touched.setdefault(part, set())
-                part.write_batch(job, flushes)
-                done.append(job)
-            except OSError as exc:
-                part.mark_broken(exc)
-                results.append((job, part.broken_error()))
-        # One flush per touched file. The data files and the index files that
-        # reached a checkpoint are flushed concurrently (the file system can then
-        # fold them into one journal commit); an index entry made durable before
-        # its record is harmless: recovery verifies the checkpointed entry and
-        # falls back to the checkpoint before it, whose flush completed.
-        syncs = [
-            (part, kind, fd) for part, flushes in touched.items() for kind, fd in sorted(flushes)
-        ]
-        return Written(results, done, syncs, [fd for _, _, fd in syncs], list(touched))
-
-    @staticmethod
-    def flushed_group(written: Written, errors: list[OSError | None]) -> None:
-        """After a group's data flushes: a failed flush closes its partition (its appends
-        fail when the group is covered); each of the others notes its durable end."""
-        for (part, _, _), error in zip(written.syncs, errors, strict=True):
-            if error is not None and part.broken is None:
-                part.mark_broken(error)
-        for part in written.touched:
-            if part.broken is None:
-                part.note_flushed()
-
-    @staticmethod
-    def stage(groups: list[Written]) -> Cover:
-        """Write the durable end of each partition of the groups flushed that is still
-        open, in the control file (not flushed yet)."""
-        staged: list[FsStoragePartition] = []
-        covered: dict[FsStoragePartition, _View | None] = {}
-        for part in dict.fromkeys(p for written in groups for p in written.touched):
-            if part.broken is not None:
-                continue
-            try:
-                if part.stage_acked_end():
-                    staged.append(part)
-            except OSError as exc:
-                part.mark_broken(exc)
-                continue
-            covered[part] = part.take_flushed_view()
-        return Cover(groups, staged, covered)
-
-    @staticmethod
-    def finish(cover: Cover, control_error: OSError | None) -> list[Result]:
-        """After the control flush that covers flushed groups (``control_error``: None
-        when it completed or none was needed): a failed one closes the partitions staged,
-        as a failed data flush would; the appends of the others are done and published."""
-        if control_error is not None:
-            for part in cover.staged:
-                if part.broken is None:
-                    part.mark_broken(control_error)
-        results: list[Result] = []
-        for written in cover.groups:
-            for job in written.done:
-                owner = job.partition
-                assert owner is not None
-                if owner in cover.covered and (control_error is None or owner not in cover.staged):
-                    results.append((job, None))
-                else:
-                    results.append((job, owner.broken_error()))
-        for part, view in cover.covered.items():
-            if part.broken is None and view is not None:
-                part.publish_view(view)
-        return results
-
-
-def resolve(results: list[Result]) -> None:
-    """Resolve the futures of a round (on the event loop)."""
-    for job, exc in results:
-        if job.future.done():
-            continue
-        if exc is None:
-            job.future.set_result(None)
-        else:
-            job.future.set_exception(exc)
-
 
 # -- runners ------------------------------------------------------------------------------
 
@@ -351,7 +94,7 @@ class Runner(abc.ABC):
         """Run a blocking call of the engine (a read, recovery at open): its result."""
 
     @abc.abstractmethod
-    def start_committer(self, engine: FsStorageEngine) -> Committer:
+    def start_committer(self, engine: EnginePort) -> Committer:
         """Start the engine's committer."""
 
     @abc.abstractmethod
@@ -372,7 +115,7 @@ class ThreadRunner(Runner):
     def run(self, fn: Callable[[], T]) -> Awaitable[T]:
         return asyncio.get_running_loop().run_in_executor(self._readers, fn)
 
-    def start_committer(self, engine: FsStorageEngine) -> Committer:
+    def start_committer(self, engine: EnginePort) -> Committer:
         self._committer = _CommitterThread(engine, asyncio.get_running_loop())
         self._committer.start()
         return self._committer
@@ -473,7 +216,7 @@ class _CommitterThread(threading.Thread):
     action runs here), and sends the results back to the loop in one
     ``call_soon_threadsafe``. ``submit`` and ``stop`` are called on the event loop."""
 
-    def __init__(self, engine: FsStorageEngine, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, engine: EnginePort, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name=f"waltz-fs-committer:{engine.directory}", daemon=True)
         self._engine = engine
         self._pipe = Pipeline(engine)
@@ -652,7 +395,7 @@ class LoopRunner(Runner):
         await self._read_wait()
         return fn()
 
-    def start_committer(self, engine: FsStorageEngine) -> Committer:
+    def start_committer(self, engine: EnginePort) -> Committer:
         self._pipe = Pipeline(engine)
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(

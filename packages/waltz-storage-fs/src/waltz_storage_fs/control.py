@@ -5,7 +5,9 @@ current, with the next sequence number, then flushed), so a torn write leaves
 the other one valid. The file is written in its own version (2 or 3: the cluster's
 feature level decides, see :mod:`waltz_storage_fs.format`); a version-1 file is migrated
 to version 2 when it is opened, and :meth:`ControlFile.upgrade` migrates a version-2 file
-to version 3 once the level allows it.
+to version 3 once the level allows it. A version-4 file (a directory with a node journal)
+also keeps the journal's checkpoint in two alternating slots after the partition infos
+(:meth:`ControlFile.read_checkpoint`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from waltz_api.errors import CorruptionError, StorageError
 from waltz_api.types import SessionInfo
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs.files import OPEN_NEW, OPEN_WRITE, Files
+from waltz_storage_fs.journal import HEADER_BLOCK
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,8 @@ class ControlFile:
         self.fd = fd
         self.header = header
         self.files = files
+        self._checkpoint_slot = 0
+        self._checkpoint_counter = 0
 
     @property
     def version(self) -> int:
@@ -47,6 +52,41 @@ class ControlFile:
         """Whether its structs hold each partition's acknowledged end (version 3)."""
         return self.header.version >= fmt.ACKED_END_VERSION
 
+    @property
+    def keeps_journal(self) -> bool:
+        """Whether the directory has a node journal whose checkpoint this file keeps."""
+        return self.header.version >= fmt.JOURNAL_CONTROL_VERSION
+
+    def read_checkpoint(self) -> fmt.Checkpoint:
+        """The journal's checkpoint: the valid slot with the higher counter
+        (CorruptionError when neither is valid: where to replay from is unknown)."""
+        num = self.header.num_partitions
+        raw = self.files.pread(self.fd, 2 * fmt.CHECKPOINT_SLOT_SIZE, fmt.checkpoint_offset(num, 0))
+        slots = [fmt.decode_checkpoint(raw[i * fmt.CHECKPOINT_SLOT_SIZE :]) for i in range(2)]
+        valid = [s for s in slots if s is not None]
+        if not valid:
+            raise CorruptionError(
+                f"{self.path}: both journal checkpoint slots fail their checksum, so where "
+                "the journal's replay starts is unknown; nothing was cut: repair this node "
+                "from a replica (waltz storage repair)"
+            )
+        best = max(valid, key=lambda c: c.counter)
+        self._checkpoint_slot = slots.index(best)
+        self._checkpoint_counter = best.counter
+        return best
+
+    def write_checkpoint(self, position: int, sequence: int) -> None:
+        """Write the checkpoint in the slot that is not current (not flushed: the caller
+        flushes the file with the acknowledged ends it wrote)."""
+        slot = 1 - self._checkpoint_slot
+        counter = self._checkpoint_counter + 1
+        self.files.pwrite(
+            self.fd,
+            fmt.encode_checkpoint(fmt.Checkpoint(counter, position, sequence)),
+            fmt.checkpoint_offset(self.header.num_partitions, slot),
+        )
+        self._checkpoint_slot, self._checkpoint_counter = slot, counter
+
     @classmethod
     def create(
         cls,
@@ -57,8 +97,10 @@ class ControlFile:
         version: int = fmt.FORMAT_VERSION,
     ) -> ControlFile:
         header = fmt.ControlHeader(version, files.now_ms(), cluster_key, num_partitions)
-        body = fmt.encode_control_header(header) + b"".join(
-            fmt.initial_partition_info(p, version) for p in range(num_partitions)
+        body = (
+            fmt.encode_control_header(header)
+            + b"".join(fmt.initial_partition_info(p, version) for p in range(num_partitions))
+            + _initial_checkpoint(version)
         )
         _write_atomically(files, directory / fmt.CONTROL_FILE_NAME, body)
         return cls.open(directory / fmt.CONTROL_FILE_NAME, files)
@@ -93,7 +135,14 @@ class ControlFile:
             files.close(fd)  # the lock is taken again on the migrated file
             _migrate(files, path, header, fmt.FORMAT_OF_LEVEL[1])
             return cls.open(path, files)
-        return cls(path, fd, header, files)
+        control = cls(path, fd, header, files)
+        if control.keeps_journal:
+            try:
+                control.read_checkpoint()
+            except BaseException:
+                files.close(fd)
+                raise
+        return control
 
     def upgrade(self, version: int) -> ControlFile:
         """Migrate this (flushed) file to ``version`` in place, keeping the old one beside
@@ -157,6 +206,15 @@ class ControlFile:
         self.files.close(self.fd)
 
 
+def _initial_checkpoint(version: int) -> bytes:
+    """A new version-4 file's checkpoint slots: the journal's start (nothing else)."""
+    if version < fmt.JOURNAL_CONTROL_VERSION:
+        return b""
+    return fmt.encode_checkpoint(fmt.Checkpoint(1, HEADER_BLOCK, 0)) + fmt.encode_checkpoint(
+        fmt.Checkpoint(0, HEADER_BLOCK, 0)
+    )
+
+
 def _write_atomically(files: Files, path: Path, body: bytes) -> None:
     """``path`` holds ``body`` or what it held before, whatever the crash."""
     tmp = path.with_name(path.name + ".tmp")
@@ -197,6 +255,7 @@ def _migrate(files: Files, path: Path, header: fmt.ControlHeader, version: int) 
         struct = dataclasses.replace(current[1], acked_end=fmt.ACKED_END_UNKNOWN)
         older = dataclasses.replace(struct, sequence=struct.sequence - 1)
         parts.append(fmt.encode_partition_info(pid, struct, older, version))
+    parts.append(_initial_checkpoint(version))
     backup = path.with_name(path.name + backup_suffix(header.version))
     if not files.exists(backup):
         files.link(path, backup)

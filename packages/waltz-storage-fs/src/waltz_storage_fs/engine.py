@@ -1,8 +1,7 @@
-"""The file-segment storage engine (plugin ``fs``).
-
-(Above 800 lines on purpose: the engine and its partitions share the open files and
-the group commit's state; the committer, the format, recovery, the control file, the
-files and the quarantine are modules of their own.)
+"""The file-segment storage engine (plugin ``fs``): the engine (a storage directory, its
+control file, the partitions it hosts); a partition is
+:class:`~waltz_storage_fs.partition.FsStoragePartition` (its read path
+:mod:`waltz_storage_fs.reads`), the options :mod:`waltz_storage_fs.options`.
 
 Threads: one *committer* owns every write (:mod:`waltz_storage_fs.committer`).
 Appends of all partitions queue to it; it writes every queued batch as one group (one
@@ -24,960 +23,34 @@ run is the engine's *runner*: threads (the default), or the event loop
 from __future__ import annotations
 
 import asyncio
-import bisect
-import dataclasses
 import logging
-import operator
-import struct
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
-import crc32c
-
-from waltz_api.contracts.storage import (
-    LogExtent,
-    ScrubProgress,
-    StorageEngine,
-    StoragePartition,
-)
+from waltz_api.contracts.storage import StorageEngine
 from waltz_api.errors import (
-    ChecksumError,
     CorruptionError,
     PartitionClosedError,
     PartitionNotFoundError,
-    RecordsArchivedError,
-    StorageAppendError,
     StorageError,
 )
-from waltz_api.types import LOST_SESSION, NO_TRANSACTION, Record, RecordHeader, SessionInfo
-from waltz_api.wire import RecordBlock
 from waltz_storage_fs import format as fmt
-from waltz_storage_fs import scrub as scrubbing
-from waltz_storage_fs.committer import DATA, INDEX, Committer, Job, Runner, ThreadRunner
+from waltz_storage_fs import journaled
+from waltz_storage_fs.committer import Committer, Job, Runner, ThreadRunner
 from waltz_storage_fs.control import ControlFile
-from waltz_storage_fs.files import OPEN_NEW, REAL_FILES, Files, make_dirs, remove_tree
+from waltz_storage_fs.files import REAL_FILES, Files, make_dirs, remove_tree
+from waltz_storage_fs.journal import JOURNAL_FILE_NAME, Journal
+from waltz_storage_fs.options import FsOptions
+from waltz_storage_fs.partition import FsStoragePartition
 from waltz_storage_fs.quarantine import Quarantine
-from waltz_storage_fs.recovery import (
-    PartitionRecovery,
-    Segment,
-    close_segment,
-    delete_segment_files,
-    missing_ranges,
-    write_log_start,
-)
+
+__all__ = ["FsOptions", "FsStorageEngine", "FsStoragePartition"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SEGMENT_SIZE = 1 << 30
-DEFAULT_INDEX_CHECKPOINT = 1000
-DEFAULT_READ_THREADS = 2
-
-
-@dataclass(frozen=True)
-class FsOptions:
-    """Engine options (``options`` mapping of :meth:`FsStorageEngine.open`)."""
-
-    segment_size: int = DEFAULT_SEGMENT_SIZE
-    """A new segment starts once the current data file reaches this many bytes."""
-    index_checkpoint_interval: int = DEFAULT_INDEX_CHECKPOINT
-    """The index file is flushed every this many records (the spec's 1000)."""
-    read_threads: int = DEFAULT_READ_THREADS
-    verify_on_open: int = 0
-    """1: recovery checks every record (ignores what the indexes vouch for), so damage
-    anywhere becomes a hole to repair at this start; 0 (default): only the records after
-    each index's last flushed checkpoint, the rest when it is read."""
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any] | None) -> FsOptions:
-        options = dict(options or {})
-        known = {"segment_size", "index_checkpoint_interval", "read_threads", "verify_on_open"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise StorageError(
-                f"unknown fs storage option(s) {', '.join(unknown)}; "
-                f"valid: {', '.join(sorted(known))}"
-            )
-        values: dict[str, int] = {}
-        for key, value in options.items():
-            if isinstance(value, bool) or not isinstance(value, int | str):
-                raise StorageError(f"fs storage option {key} must be an integer, not {value!r}")
-            try:
-                values[key] = int(value)
-            except ValueError:
-                raise StorageError(
-                    f"fs storage option {key} must be an integer, not {value!r}"
-                ) from None
-        result = cls(**values)
-        if result.segment_size < fmt.HEADER_SIZE + fmt.RECORD_OVERHEAD:
-            raise StorageError(f"segment_size {result.segment_size} is too small (min 168)")
-        if result.index_checkpoint_interval < 1 or result.read_threads < 1:
-            raise StorageError("index_checkpoint_interval and read_threads must be >= 1")
-        if result.verify_on_open not in (0, 1):
-            raise StorageError(f"verify_on_open must be 0 or 1, not {result.verify_on_open}")
-        return result
-
-
-# -- segments -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _SegView:
-    """What readers see of a segment: only durable records."""
-
-    first: int
-    count: int
-    end: int
-    data_fd: int
-    index_fd: int
-    created_ms: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class _View:
-    segments: tuple[_SegView, ...]
-    max_txid: int
-    missing: tuple[tuple[int, int], ...] = ()
-    start: int = 0
-    """The first id kept (below it: dropped, archived elsewhere)."""
-
-
-_EMPTY_VIEW = _View((), NO_TRANSACTION)
-
 _T = TypeVar("_T")
-_BLOCK_HEAD = struct.Struct(">q20xiI")  # a stored record's id, data length, data crc
-_WIRE_FIXED = fmt.RECORD_HEAD.size  # 36: the stored head, as long as the wire's
-_SPLIT_HEAD = struct.Struct(">28s4s4s")  # id + ReqId + header, length, data crc
-
-
-# -- partitions -------------------------------------------------------------------------
-
-
-class FsStoragePartition(StoragePartition):
-    """A partition directory: segments, recovered at open, written by the committer.
-
-    The segments are ascending; a gap between two (or before the first) is a hole:
-    records recovery found damaged and moved aside, reported by ``missing_ranges``
-    until ``repair`` writes them back (into the segment before the hole, or a new
-    segment named after the hole's first id)."""
-
-    def __init__(
-        self,
-        engine: FsStorageEngine,
-        partition_id: int,
-        slot: int,
-        struct: fmt.InfoStruct,
-    ) -> None:
-        self.partition_id = partition_id
-        self._engine = engine
-        self._files = engine.files
-        self.directory = engine.directory / str(partition_id)
-        self._segments: list[Segment] = []
-        self._start = 0  # committer side: the first id kept (the log-start file's)
-        self._view = _EMPTY_VIEW
-        self._info = struct.session_info
-        self._flags = struct.flags
-        self._info_slot = slot
-        self._info_sequence = struct.sequence
-        keeps_end = engine.control.keeps_acked_end
-        self._acked_end = struct.acked_end if keeps_end else fmt.ACKED_END_UNKNOWN
-        """Committer side: the acknowledged end in the control file (format.py);
-        ACKED_END_UNKNOWN for good in a directory of format 2 (feature level 1)."""
-        self._durable_end = self._acked_end
-        """Committer side: the end of the records flushed (the next control flush raises
-        the acknowledged end to it); never above the log's end after a truncation."""
-        self._flushed_view: _View | None = None
-        """Committer side: the records flushed, published once the control file's flush
-        covers them (None: nothing flushed since the last publish)."""
-        self._next_txid = 0  # loop side: the id the next append must start with
-        self.broken: OSError | None = None
-        self._closed = False
-        self.quarantined: list[Path] = []
-
-    # -- state --------------------------------------------------------------------------
-
-    def broken_error(self) -> PartitionClosedError:
-        return PartitionClosedError(
-            f"partition {self.partition_id} is closed after an I/O error ({self.broken}); "
-            "restart the storage node so that recovery checks its files"
-        )
-
-    def mark_broken(self, exc: OSError) -> None:
-        log.error("partition %d: I/O error, closing it: %s", self.partition_id, exc)
-        self.broken = exc
-
-    def publish(self) -> None:
-        """Readers see the segments as they are now (an action's state, flushed)."""
-        self._view = self._make_view()
-        self._flushed_view = None  # an older state is never published after this one
-
-    def take_flushed_view(self) -> _View | None:
-        """The records flushed since the last publish (their end is being acknowledged):
-        readers see them once the control flush completed (:meth:`publish_view`)."""
-        view, self._flushed_view = self._flushed_view, None
-        return view
-
-    def publish_view(self, view: _View) -> None:
-        self._view = view
-
-    def _make_view(self) -> _View:
-        segs = tuple(
-            _SegView(s.first, s.count, s.size, s.data_fd, s.index_fd, s.created_ms)
-            for s in self._segments
-        )
-        max_txid = segs[-1].first + segs[-1].count - 1 if segs else self._start - 1
-        return _View(
-            segs,
-            max_txid,
-            tuple(missing_ranges(self._segments, self._start)),
-            self._start,
-        )
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise PartitionClosedError(f"partition {self.partition_id} is closed")
-        if self.broken is not None:
-            raise self.broken_error()
-
-    # -- recovery (runs in a worker thread at open) -------------------------------------
-
-    def recover(self) -> None:
-        """Open the segments (see :mod:`waltz_storage_fs.recovery`)."""
-        layout = PartitionRecovery(
-            self._files,
-            self._engine.directory,
-            self.partition_id,
-            cluster_key=self._engine.cluster_key,
-            index_checkpoint_interval=self._engine.options.index_checkpoint_interval,
-            verify_all=bool(self._engine.options.verify_on_open),
-            mark_lost=self._mark_lost,
-            acked_end=self._acked_end,
-        ).run()
-        self._segments = layout.segments
-        self._start = layout.start
-        self.quarantined = layout.quarantined
-        self.publish()
-        self._next_txid = self._view.max_txid + 1
-        end = self._durable_end = self._next_txid
-        if end != self._acked_end and self._engine.control.keeps_acked_end:
-            # below: the lost tail is marked and moved aside; above: records recovery
-            # kept, made durable before they count as acknowledged (a migrated
-            # directory's end is unknown until now)
-            if end > self._acked_end and self._segments:
-                self._files.fdatasync(self._segments[-1].data_fd)
-            self._write_info(self._info, self._flags, acked_end=end)
-        if self._view.missing:
-            log.warning(
-                "partition %d: transactions %s are missing (damaged, moved aside); the server "
-                "repairs them from a peer, reads of them fail until then",
-                self.partition_id,
-                ", ".join(f"{a}..{b}" for a, b in self._view.missing),
-            )
-
-    def _mark_lost(self, acked_end: int | None = None) -> None:
-        """Durably: the records after the log's end may have been lost (LOST_SESSION)."""
-        info = dataclasses.replace(self._info, low_water_mark_session_id=LOST_SESSION)
-        self._write_info(info, self._flags, acked_end=acked_end)
-        log.warning(
-            "partition %d: records it acknowledged may be lost: its low-water-mark session is "
-            "LOST until a store session starts here again (the server catches it up)",
-            self.partition_id,
-        )
-
-    def _write_info(
-        self, info: SessionInfo, flags: int, *, acked_end: int | None = None, sync: bool = True
-    ) -> None:
-        """Write the struct that is not current (then it is), flushed unless ``sync`` is
-        False (the caller flushes the control file before it relies on it, and writes
-        no other struct of this partition until then)."""
-        slot = 1 - self._info_slot
-        sequence = self._info_sequence + 1
-        end = self._acked_end if acked_end is None else acked_end
-        if not self._engine.control.keeps_acked_end:
-            end = fmt.ACKED_END_UNKNOWN  # format 2 has no place for it
-        self._engine.control.write_struct(
-            self.partition_id, slot, fmt.InfoStruct(info, flags, sequence, end), sync=sync
-        )
-        self._info, self._flags, self._acked_end = info, flags, end
-        self._info_slot, self._info_sequence = slot, sequence
-
-    def note_flushed(self) -> None:
-        """After a group's data flush: its records are durable (what the next control
-        flush covers, and what readers see after it)."""
-        seg = self._segments[-1] if self._segments else None
-        self._durable_end = seg.end if seg is not None else self._start
-        self._flushed_view = self._make_view()
-
-    def stage_acked_end(self) -> bool:
-        """Write the durable end as the acknowledged end (not flushed: the committer
-        flushes the control file with the next group's data, before it acknowledges the
-        records it covers). Whether there was one to write: an end only rises here (a
-        truncation since the flush lowered the durable end with the acknowledged one)."""
-        end = self._durable_end
-        if end <= self._acked_end or not self._engine.control.keeps_acked_end:
-            return False
-        self._write_info(self._info, self._flags, acked_end=end, sync=False)
-        return True
-
-    def adopt_control(self) -> None:
-        """After the control file was migrated to a format that keeps acknowledged ends
-        (:meth:`FsStorageEngine.raise_feature_level`): the migration put the current
-        struct in slot 0; write the log's end (flushed: its records are) as the
-        acknowledged end (not flushed: the caller flushes the control file)."""
-        self._info_slot = 0
-        self._acked_end = fmt.ACKED_END_UNKNOWN
-        seg = self._segments[-1] if self._segments else None
-        end = seg.end if seg is not None else self._start
-        self._durable_end = end
-        self._write_info(self._info, self._flags, acked_end=end, sync=False)
-
-    # -- committer side (runs in the committer thread) ----------------------------------
-
-    def write_batch(self, job: Job, flushes: set[tuple[int, int]]) -> None:
-        engine = self._engine
-        files = self._files
-        seg = self._segments[-1] if self._segments else None
-        if seg is None or (seg.size >= engine.options.segment_size and seg.count > 0):
-            if seg is not None:
-                files.fdatasync(seg.data_fd)
-                files.fsync(seg.index_fd)
-            seg = self._create_segment(job.first_txid)
-        self._write_records(seg, job.blob, job.lengths)
-        interval = engine.options.index_checkpoint_interval
-        crossed = seg.count // interval != (seg.count - len(job.lengths)) // interval
-        flushes.add((DATA, seg.data_fd))
-        if crossed:
-            flushes.add((INDEX, seg.index_fd))
-
-    def _write_records(self, seg: Segment, blob: bytes, lengths: list[int]) -> None:
-        offsets: list[int] = []
-        pos = seg.size
-        for length in lengths:
-            offsets.append(pos)
-            pos += length
-        self._files.pwrite(seg.data_fd, blob, seg.size)
-        index_pos = fmt.HEADER_SIZE + seg.count * fmt.INDEX_ENTRY_SIZE
-        self._files.pwrite(seg.index_fd, fmt.struct_pack_offsets(offsets), index_pos)
-        seg.count += len(offsets)
-        seg.size = pos
-
-    def _create_segment(self, first: int) -> Segment:
-        files = self._files
-        created_ms = files.now_ms()
-        header = fmt.encode_segment_header(
-            fmt.SegmentHeader(
-                fmt.SEGMENT_FORMAT_VERSION,
-                created_ms,
-                self._engine.cluster_key,
-                self.partition_id,
-                first,
-            )
-        )
-        data_path = self.directory / fmt.segment_file_name(first, fmt.SEGMENT_SUFFIX)
-        index_path = self.directory / fmt.segment_file_name(first, fmt.INDEX_SUFFIX)
-        data_fd = files.open(data_path, OPEN_NEW, 0o644)
-        try:
-            index_fd = files.open(index_path, OPEN_NEW, 0o644)
-        except BaseException:
-            files.close(data_fd)
-            raise
-        seg = Segment(self.directory, first, data_fd, index_fd)
-        seg.created_ms = created_ms
-        try:
-            files.pwrite(index_fd, header, 0)
-            files.fsync(index_fd)
-            files.pwrite(data_fd, header, 0)
-            files.fsync(data_fd)
-            files.fsync_dir(self.directory)
-        except BaseException:
-            close_segment(files, seg)
-            raise
-        bisect.insort(self._segments, seg, key=lambda s: s.first)
-        log.info("partition %d: new segment %s", self.partition_id, data_path.name)
-        return seg
-
-    def repair_now(self, first: int, blob: bytes, lengths: list[int]) -> None:
-        """Write records copied from a peer into the lowest hole, flushed."""
-        if self.broken is not None:
-            raise self.broken_error()
-        missing = missing_ranges(self._segments, self._start)
-        last = first + len(lengths) - 1
-        if not missing or missing[0][0] != first or last > missing[0][1]:
-            raise StorageAppendError(
-                f"partition {self.partition_id}: repair of transactions {first}.."
-                f"{last} does not fill the lowest missing range "
-                f"({'none' if not missing else f'{missing[0][0]}..{missing[0][1]}'}); "
-                "nothing was stored"
-            )
-        files = self._files
-        try:
-            # the last segment ending at the hole: an empty one (the damage began at its
-            # first record) is where reads look for these ids, not the one before it
-            before = [s for s in self._segments if s.end == first]
-            seg = before[-1] if before else None
-            if seg is None or seg.size >= self._engine.options.segment_size:
-                if seg is not None:
-                    files.fdatasync(seg.data_fd)
-                    files.fsync(seg.index_fd)
-                seg = self._create_segment(first)
-            self._write_records(seg, blob, lengths)
-            files.fdatasync(seg.data_fd)
-            files.fsync(seg.index_fd)
-        except OSError as exc:  # the files are in an unknown state until recovery
-            self.mark_broken(exc)
-            raise self.broken_error() from exc
-        self.publish()
-
-    def commit_scrub(self, plan: scrubbing.Plan) -> tuple[int, int] | None:
-        """Make the hole a scrub planned (:func:`waltz_storage_fs.scrub.commit`); None
-        when the segment changed since it was planned (the plan's files deleted)."""
-        if self.broken is not None or self._closed:
-            plan.discard(self._files)
-            return None
-        try:
-            return scrubbing.commit(
-                self._files,
-                self._engine.directory,
-                self.partition_id,
-                self._segments,
-                plan,
-                publish=self.publish,
-            )
-        except scrubbing.CutFailedError as exc:  # the files are in an unknown state until recovery
-            self.mark_broken(exc.error)
-            raise self.broken_error() from exc.error
-
-    def truncate_now(self, transaction_id: int) -> None:
-        if self.broken is not None:
-            raise self.broken_error()
-        try:
-            self._truncate_files(transaction_id)
-        except OSError as exc:  # the files are in an unknown state until recovery
-            self.mark_broken(exc)
-            raise self.broken_error() from exc
-
-    def _truncate_files(self, transaction_id: int) -> None:
-        files = self._files
-        # never an end staged later above the cut log (records written after the cut
-        # are not durable before their own flush)
-        self._durable_end = min(self._durable_end, transaction_id + 1)
-        end = min(self._acked_end, transaction_id + 1)
-        if any(a <= transaction_id for a, _ in missing_ranges(self._segments, self._start)):
-            # records in a hole at or below the new end were acknowledged once: the log
-            # ends before them now, with nothing to say it ever held them
-            self._mark_lost(acked_end=end)
-        elif end != self._acked_end:
-            # first, flushed: a crash before the cut leaves records above the end, kept
-            # as a write that was never acknowledged; never an end above a cut log
-            self._write_info(self._info, self._flags, acked_end=end)
-        removed = False
-        while self._segments and self._segments[-1].first > transaction_id:
-            seg = self._segments.pop()
-            delete_segment_files(files, seg)  # the index first: never one without its data
-            removed = True
-        if removed:
-            # durable before the cut below: a crash in between must not leave a later
-            # segment after a shortened one (a hole)
-            files.fsync_dir(self.directory)
-        if transaction_id + 1 < self._start:
-            # below the dropped prefix: the (now empty) log continues after the cut; a
-            # crash before this leaves it empty at the old start, which is no hole
-            write_log_start(files, self.directory, transaction_id + 1)
-            self._start = transaction_id + 1
-        if self._segments:
-            seg = self._segments[-1]
-            keep = transaction_id - seg.first + 1
-            if keep < seg.count:
-                raw = files.pread(
-                    seg.index_fd,
-                    fmt.INDEX_ENTRY_SIZE,
-                    fmt.HEADER_SIZE + keep * fmt.INDEX_ENTRY_SIZE,
-                )
-                (end,) = fmt.INDEX_ENTRY.unpack(raw)
-                if not fmt.HEADER_SIZE <= end <= seg.size:
-                    raise CorruptionError(
-                        f"{seg.index_path}: entry {keep} points at {end}, outside the data file"
-                    )
-                files.ftruncate(seg.data_fd, end)
-                files.fdatasync(seg.data_fd)
-                files.ftruncate(seg.index_fd, fmt.HEADER_SIZE + keep * fmt.INDEX_ENTRY_SIZE)
-                files.fsync(seg.index_fd)
-                seg.count = keep
-                seg.size = end
-        self.publish()
-
-    def drop_prefix_now(self, through: int) -> None:
-        """Delete the segments wholly at or below ``through`` (all of them when it is at
-        or past the log's end), after recording the new start durably."""
-        if self.broken is not None:
-            raise self.broken_error()
-        segments = self._segments
-        max_txid = segments[-1].end - 1 if segments else self._start - 1
-        if through >= max_txid:
-            doomed, kept, start = list(segments), [], through + 1
-        else:
-            doomed = [s for s in segments[:-1] if s.end - 1 <= through]
-            kept = segments[len(doomed) :]
-            start = min(through + 1, kept[0].first)
-        if start <= self._start:
-            return
-        files = self._files
-        try:
-            # first: a crash before the segments are gone leaves them below the start,
-            # which recovery then deletes; never a prefix that looks like a hole
-            write_log_start(files, self.directory, start)
-            for seg in doomed:
-                delete_segment_files(files, seg)
-            if doomed:
-                files.fsync_dir(self.directory)
-            if start > self._acked_end:
-                # a fast-forward past the log's end: after the start (a crash between
-                # leaves the end below the log's, which is no loss)
-                self._write_info(self._info, self._flags, acked_end=start)
-        except OSError as exc:  # the files are in an unknown state until recovery
-            self.mark_broken(exc)
-            raise self.broken_error() from exc
-        self._segments = kept
-        self._start = start
-        self._durable_end = max(self._durable_end, start)
-        self.publish()
-        log.info(
-            "partition %d: deleted %d segment(s) of archived records; the local log starts at %d",
-            self.partition_id,
-            len(doomed),
-            start,
-        )
-
-    def set_info_now(self, info: SessionInfo) -> None:
-        self._set_struct_now(info, self._flags)
-
-    def set_available_now(self, available: bool) -> None:
-        flags = self._flags & ~fmt.FLAG_UNAVAILABLE
-        self._set_struct_now(self._info, flags if available else flags | fmt.FLAG_UNAVAILABLE)
-
-    def _set_struct_now(self, info: SessionInfo, flags: int) -> None:
-        if self.broken is not None:
-            raise self.broken_error()
-        try:
-            self._write_info(info, flags | fmt.FLAG_ASSIGNED)
-        except OSError as exc:
-            self.mark_broken(exc)
-            raise self.broken_error() from exc
-
-    def sync_last_segment(self) -> None:
-        """Flush the last segment's data (committer side, with nothing under way: what
-        it holds was flushed already; a format migration does not rely on that alone)."""
-        if self._segments:
-            self._files.fdatasync(self._segments[-1].data_fd)
-
-    def close_files(self) -> None:
-        self._closed = True
-        for seg in self._segments:
-            close_segment(self._files, seg)
-        self._segments = []
-        self._view = _EMPTY_VIEW
-
-    # -- the contract (event loop side) -----------------------------------------------
-
-    def max_transaction_id(self) -> int:
-        self._check_open()
-        return self._view.max_txid
-
-    def session_info(self) -> SessionInfo:
-        self._check_open()
-        return self._info
-
-    async def set_session_info(self, info: SessionInfo) -> None:
-        self._check_open()
-        await self._engine.run_committed(lambda: self.set_info_now(info))
-
-    def missing_ranges(self) -> list[tuple[int, int]]:
-        self._check_open()
-        return list(self._view.missing)
-
-    def log_start(self) -> int:
-        self._check_open()
-        view = self._view
-        return view.start if view.segments else view.max_txid + 1
-
-    def local_extents(self) -> list[LogExtent]:
-        self._check_open()
-        extents = []
-        for seg in self._view.segments:
-            if seg.count:
-                extents.append(
-                    LogExtent(seg.first, seg.first + seg.count - 1, seg.end, seg.created_ms)
-                )
-        return extents
-
-    async def drop_prefix(self, through: int) -> int:
-        self._check_open()
-        if through >= self._next_txid - 1:
-            self._next_txid = through + 1
-        await self._engine.run_committed(lambda: self.drop_prefix_now(through))
-        return self.log_start()
-
-    def _archived(self, view: _View, transaction_id: int) -> RecordsArchivedError:
-        return RecordsArchivedError(
-            f"partition {self.partition_id}: transaction {transaction_id} is below the local "
-            f"log's start {view.start}: it was archived and deleted from this storage"
-        )
-
-    def available(self) -> bool:
-        self._check_open()
-        return not self._flags & fmt.FLAG_UNAVAILABLE
-
-    async def set_available(self, available: bool) -> None:
-        self._check_open()
-        await self._engine.run_committed(lambda: self.set_available_now(available))
-
-    def _encode(self, records: Sequence[Record], expected: int) -> tuple[bytes, list[int]]:
-        """The records' stored bytes and lengths, checked: dense from ``expected``, each
-        data matching its checksum, every field within the format's range."""
-        parts: list[bytes] = []
-        lengths: list[int] = []
-        pack_head = fmt.RECORD_HEAD.pack
-        pack_crc = fmt.RECORD_CRC.pack
-        crc = crc32c.crc32c
-        overhead = fmt.RECORD_OVERHEAD
-        for i, record in enumerate(records):
-            txid = record.transaction_id
-            data = record.data
-            if txid != expected + i:
-                raise StorageAppendError(
-                    f"partition {self.partition_id}: append of transaction "
-                    f"{txid} at position {i} of the batch does not continue "
-                    f"the log, which expects {expected + i}; nothing was stored (truncate or "
-                    "ask max_transaction_id first)"
-                )
-            checksum = crc(data)
-            if checksum != record.checksum:
-                raise ChecksumError(
-                    f"partition {self.partition_id}: transaction {txid}: the "
-                    "data does not match its CRC-32C checksum; nothing was stored"
-                )
-            r = record.req_id
-            try:
-                head = pack_head(
-                    txid,
-                    r.client_id,
-                    r.generation,
-                    r.partition_id,
-                    r.seq_num,
-                    record.header,
-                    len(data),
-                    checksum,
-                )
-            except struct.error as exc:
-                raise StorageAppendError(
-                    f"partition {self.partition_id}: transaction {txid} has a "
-                    f"field out of range for the on-disk format (ReqId and header are signed "
-                    f"32-bit, the id signed 64-bit): {exc}; nothing was stored"
-                ) from exc
-            parts += (head, data, pack_crc(crc(head)))
-            lengths.append(overhead + len(data))
-        return b"".join(parts), lengths
-
-    async def append(self, records: Sequence[Record]) -> None:
-        self._check_open()
-        if not records:
-            return
-        expected = self._next_txid
-        blob, lengths = self._encode(records, expected)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        job = Job(future, self, blob, lengths, expected)
-        self._engine.committer().submit(job)
-        self._next_txid = expected + len(records)
-        try:
-            await asyncio.shield(future)
-        except BaseException:
-            if not future.done():  # cancelled while on its way to disk: wait it out
-                await asyncio.wait([future])
-            raise
-
-    async def repair(self, records: Sequence[Record]) -> None:
-        self._check_open()
-        missing = self._view.missing
-        if not records:
-            return
-        if not missing:
-            raise StorageAppendError(
-                f"partition {self.partition_id} has no missing range to repair; nothing was stored"
-            )
-        first, last = missing[0]
-        if records[0].transaction_id != first or records[-1].transaction_id > last:
-            raise StorageAppendError(
-                f"partition {self.partition_id}: repair of transactions "
-                f"{records[0].transaction_id}..{records[-1].transaction_id} does not fill the "
-                f"lowest missing range {first}..{last} from its start; nothing was stored"
-            )
-        blob, lengths = self._encode(records, first)
-        await self._engine.run_committed(lambda: self.repair_now(first, blob, lengths))
-
-    async def scrub(self, start: int, max_bytes: int) -> ScrubProgress:
-        self._check_open()
-        engine = self._engine
-        sealed = self._view.segments[:-1]
-        found = await engine.run_read(
-            lambda: scrubbing.verify(self._files, sealed, start, max(1, max_bytes))
-        )
-        damage = found.damage
-        if damage is None:
-            return ScrubProgress(found.next_start, found.records, found.bytes_read)
-        seg = next(s for s in sealed if s.first == damage.segment)
-        log.error(
-            "partition %d: a scrub found transaction %d damaged in segment %d (%s)",
-            self.partition_id,
-            damage.txid,
-            damage.segment,
-            damage.reason,
-        )
-        plan = await engine.run_read(
-            lambda: scrubbing.prepare(
-                self._files,
-                self.directory,
-                seg,
-                damage,
-                cluster_key=engine.cluster_key,
-                partition_id=self.partition_id,
-                created_ms=seg.created_ms if seg.created_ms >= 0 else self._files.now_ms(),
-            )
-        )
-        made: list[tuple[int, int] | None] = []
-        future: asyncio.Future[None] = engine.loop.create_future()
-        try:
-            committer = engine.committer()
-        except StorageError:  # closed meanwhile: the plan's files are nobody's
-            plan.discard(self._files)
-            raise
-        # the committer carries the plan out or discards it, even if this call is cancelled
-        committer.submit(Job(future, action=lambda: made.append(self.commit_scrub(plan))))
-        await asyncio.shield(future)
-        hole = made[0]
-        if hole is None:
-            log.warning(
-                "partition %d: segment %d changed while a scrub planned its hole; the next "
-                "pass checks it again",
-                self.partition_id,
-                damage.segment,
-            )
-            return ScrubProgress(damage.txid + 1, found.records, found.bytes_read)
-        return ScrubProgress(hole[1] + 1, found.records, found.bytes_read, (hole,))
-
-    async def truncate(self, transaction_id: int) -> None:
-        self._check_open()
-        if transaction_id < NO_TRANSACTION:
-            raise StorageError(f"cannot truncate after transaction {transaction_id} (min -1)")
-        if transaction_id >= self._next_txid - 1:
-            await self._engine.run_committed(lambda: None)  # earlier appends are durable
-            return
-        self._next_txid = transaction_id + 1
-        await self._engine.run_committed(lambda: self.truncate_now(transaction_id))
-
-    async def read_record(self, transaction_id: int) -> Record | None:
-        records = await self._read(transaction_id, 1, 1, headers=False)
-        return records[0] if records else None
-
-    async def read_header(self, transaction_id: int) -> RecordHeader | None:
-        records = await self._read(transaction_id, 1, 1, headers=True)
-        return records[0].record_header if records else None
-
-    async def read_records(
-        self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
-    ) -> list[Record]:
-        return await self._read(start, max_records, max_bytes, headers=False)
-
-    async def read_headers(self, start: int, max_records: int) -> list[RecordHeader]:
-        records = await self._read(start, max_records, 8 * 1024 * 1024, headers=True)
-        return [r.record_header for r in records]
-
-    async def read_block(
-        self, start: int, max_records: int, max_bytes: int = 16 * 1024 * 1024
-    ) -> RecordBlock:
-        self._check_open()
-        view = self._view
-        if start < 0 or start > view.max_txid or max_records <= 0:
-            return RecordBlock(0, b"")
-        if start < view.start:
-            raise self._archived(view, start)
-        return await self._engine.run_read(
-            lambda: self._read_block_now(view, start, max_records, max_bytes)
-        )
-
-    async def _read(
-        self, start: int, max_records: int, max_bytes: int, *, headers: bool
-    ) -> list[Record]:
-        self._check_open()
-        view = self._view
-        if start < 0 or start > view.max_txid or max_records <= 0:
-            return []
-        if start < view.start:
-            raise self._archived(view, start)
-        return await self._engine.run_read(
-            lambda: self._read_now(view, start, max_records, max_bytes, headers)
-        )
-
-    def _read_now(
-        self, view: _View, start: int, max_records: int, max_bytes: int, headers: bool
-    ) -> list[Record]:
-        out: list[Record] = []
-        for seg, txid, buf, lo, offsets, k in self._spans(
-            view, start, max_records, max_bytes, headers
-        ):
-            mv = memoryview(buf)
-            for i in range(k):
-                try:
-                    record, end = fmt.decode_record(mv, offsets[i] - lo)
-                except fmt.RecordFormatError as exc:
-                    raise CorruptionError(
-                        f"partition {self.partition_id}: transaction {txid + i} is corrupt "
-                        f"({exc}) in segment {seg.first} at offset {offsets[i]}"
-                    ) from exc
-                if record.transaction_id != txid + i or end != offsets[i + 1] - lo:
-                    raise CorruptionError(
-                        f"partition {self.partition_id}: the record at offset {offsets[i]} of "
-                        f"segment {seg.first} is not transaction {txid + i}"
-                    )
-                out.append(record)
-        return out
-
-    def _read_block_now(
-        self, view: _View, start: int, max_records: int, max_bytes: int
-    ) -> RecordBlock:
-        """The records as a wire block, built from the stored bytes: each record's
-        checksums (of its stored head and of its data) and id are verified, then its
-        bytes are rearranged to the wire layout (no Record is built)."""
-        parts: list[bytes] = []
-        append = parts.append
-        unpack = _BLOCK_HEAD.unpack_from
-        split = _SPLIT_HEAD.unpack_from
-        unpack_crc = fmt.RECORD_CRC.unpack_from
-        crc = crc32c.crc32c
-        count = 0
-        # (bytes slices: cheaper than memoryview slices for pieces this small)
-        for seg, txid, buf, lo, offsets, k in self._spans(
-            view, start, max_records, max_bytes, False
-        ):
-            for i in range(k):
-                a = offsets[i] - lo
-                b = offsets[i + 1] - lo
-                found, length, data_crc = unpack(buf, a)
-                d = a + _WIRE_FIXED
-                e = b - 4
-                head = buf[a:d]
-                if found != txid + i or d + length != e or crc(head) != unpack_crc(buf, e)[0]:
-                    self._corrupt(buf[a:b], txid + i, seg.first, offsets[i])
-                data = buf[d:e]
-                if crc(data) != data_crc:
-                    self._corrupt(buf[a:b], txid + i, seg.first, offsets[i])
-                # stored: id, ReqId, header, length, crc, data, head crc
-                # wire:   id, ReqId, header, crc, length, data
-                ids, stored_length, stored_crc = split(head)
-                append(ids)
-                append(stored_crc)
-                append(stored_length)
-                append(data)
-            count += k
-        return RecordBlock(count, b"".join(parts))
-
-    def _corrupt(self, raw: bytes, txid: int, segment: int, offset: int) -> NoReturn:
-        try:
-            record, _ = fmt.decode_record(raw, 0)
-        except fmt.RecordFormatError as exc:
-            raise CorruptionError(
-                f"partition {self.partition_id}: transaction {txid} is corrupt "
-                f"({exc}) in segment {segment} at offset {offset}"
-            ) from exc
-        raise CorruptionError(
-            f"partition {self.partition_id}: the record at offset {offset} of "
-            f"segment {segment} is not transaction {txid} (it holds {record.transaction_id})"
-        )
-
-    def _missing(self, view: _View, txid: int) -> CorruptionError:
-        hole = next(((a, b) for a, b in view.missing if a <= txid <= b), (txid, txid))
-        where = self._engine.directory / fmt.QUARANTINE_DIR_NAME / str(self.partition_id)
-        return CorruptionError(
-            f"partition {self.partition_id}: transaction {txid} is missing: transactions "
-            f"{hole[0]}..{hole[1]} were lost to damage found at start-up or by a scrub (what "
-            f"was left of them is in {where}); the server repairs them from a peer"
-        )
-
-    def _spans(
-        self, view: _View, start: int, max_records: int, max_bytes: int, headers: bool
-    ) -> Iterator[tuple[_SegView, int, bytes, int, list[int], int]]:
-        """The stored bytes of the records to read, one span per segment:
-        ``(segment, first id, bytes, file offset of the bytes, record offsets, count)``;
-        the index's offsets are checked, the records are not."""
-        firsts = [s.first for s in view.segments]
-        txid = start
-        taken = 0
-        budget = max_bytes  # data bytes still allowed (records), span bytes per pread (headers)
-        span_cap = 8 * 1024 * 1024
-        while taken < max_records and txid <= view.max_txid:
-            at = bisect.bisect_right(firsts, txid) - 1
-            seg = view.segments[at] if at >= 0 else None
-            if seg is None or txid >= seg.first + seg.count:
-                if taken:
-                    break  # a hole: the records before it are the answer
-                raise self._missing(view, txid)
-            rel = txid - seg.first
-            n = min(max_records - taken, seg.count - rel)
-            want = n + 1 if rel + n < seg.count else n
-            raw = self._files.pread(
-                seg.index_fd,
-                want * fmt.INDEX_ENTRY_SIZE,
-                fmt.HEADER_SIZE + rel * fmt.INDEX_ENTRY_SIZE,
-            )
-            if len(raw) != want * fmt.INDEX_ENTRY_SIZE:
-                raise CorruptionError(
-                    f"partition {self.partition_id}: the index of segment {seg.first} is "
-                    "shorter than the segment"
-                )
-            offsets = fmt.unpack_offsets(raw)
-            if want == n:
-                offsets.append(seg.end)
-            # how many records fit the byte budget (the very first one always does)
-            k = 0
-            data_bytes = 0
-            whole = offsets[n] - offsets[0]
-            if (whole <= span_cap) if headers else (whole - n * fmt.RECORD_OVERHEAD <= budget):
-                k, data_bytes = n, whole - n * fmt.RECORD_OVERHEAD  # all of them (fast path)
-            while k < n:
-                span = offsets[k + 1] - offsets[k]
-                if taken or k:
-                    if headers and offsets[k + 1] - offsets[0] > span_cap:
-                        break
-                    if not headers and data_bytes + span - fmt.RECORD_OVERHEAD > budget:
-                        break
-                data_bytes += span - fmt.RECORD_OVERHEAD
-                k += 1
-            if k == 0:
-                break
-            lo, hi = offsets[0], offsets[k]
-            if not fmt.HEADER_SIZE <= lo < hi <= seg.end or not all(
-                map(operator.lt, offsets[:k], offsets[1 : k + 1])
-            ):
-                raise CorruptionError(
-                    f"partition {self.partition_id}: the index of segment {seg.first} has "
-                    f"invalid offsets around transaction {txid}"
-                )
-            buf = self._files.pread(seg.data_fd, hi - lo, lo)
-            if len(buf) != hi - lo:
-                raise CorruptionError(
-                    f"partition {self.partition_id}: segment {seg.first} is shorter than its index"
-                )
-            yield seg, txid, buf, lo, offsets, k
-            taken += k
-            txid += k
-            if not headers:
-                budget -= data_bytes
-            if k < n:
-                break
-
-
-# -- the engine ----------------------------------------------------------------------------
 
 
 class FsStorageEngine(StorageEngine):
@@ -1004,6 +77,10 @@ class FsStorageEngine(StorageEngine):
         self._runner = runner
         self._committer = runner.start_committer(self)
         self._closed = False
+        self.journal: Journal | None = None
+        """The node journal (format 4): a round's one flush (:mod:`waltz_storage_fs.journaled`)."""
+        self.journal_failed: OSError | None = None
+        """A checkpoint failed: nothing more is written until the node restarts."""
         self.fsync_observer: Callable[[float], None] | None = None
         """Called (on the committer thread) with the seconds of each flush to disk
         alone: a group's data files (one ``fdatasync`` each, at once), or the control
@@ -1041,7 +118,9 @@ class FsStorageEngine(StorageEngine):
             runner = ThreadRunner(opts.read_threads)
         try:
             control = await runner.run(
-                lambda: _open_control(files, directory, cluster_key, num_partitions, version)
+                lambda: _open_control(
+                    files, directory, cluster_key, num_partitions, version, options=opts
+                )
             )
         except BaseException:
             await runner.close()
@@ -1053,7 +132,11 @@ class FsStorageEngine(StorageEngine):
             )
         try:
             engine.check_given(cluster_key, num_partitions)
+            # the journal first: a damaged one refuses the open before anything is cut
+            scan = await runner.run(lambda: journaled.open_journal(engine))
             await runner.run(engine._recover_all)
+            if scan is not None:
+                await runner.run(lambda: journaled.replay(engine, scan))
         except BaseException:
             await engine.close()
             raise
@@ -1105,6 +188,25 @@ class FsStorageEngine(StorageEngine):
                 self._closed_partitions[pid] = reason
                 continue
             self._partitions[pid] = part
+
+    def hosted(self) -> dict[int, FsStoragePartition]:
+        """The partitions open here (recovered or added)."""
+        return self._partitions
+
+    def close_partitions(self, error: OSError) -> None:
+        """After an I/O error of the journal: every partition is closed (each shares it)."""
+        for part in self._partitions.values():
+            if part.broken is None:
+                part.mark_broken(error)
+
+    def checkpoint_due(self, size: int) -> bool:
+        """Whether the committer makes a journal checkpoint before a round of about
+        ``size`` bytes."""
+        return journaled.checkpoint_due(self, size)
+
+    def checkpoint(self) -> None:
+        """A journal checkpoint (committer side; :mod:`waltz_storage_fs.journaled`)."""
+        journaled.checkpoint(self)
 
     def _move_directory_aside(self, partition_id: int, cause: str) -> None:
         """A directory of a partition not hosted here: its files go to the quarantine."""
@@ -1177,11 +279,16 @@ class FsStorageEngine(StorageEngine):
                 return
             before = self.control.version
             live = [p for p in self._partitions.values() if p.broken is None]
+            journal = None
             try:
                 for part in live:
                     part.sync_last_segment()
+                if version >= fmt.JOURNAL_CONTROL_VERSION:
+                    journal = journaled.create_journal(self)  # before the file naming it
                 self.control = self.control.upgrade(version)
             except OSError as exc:  # the old file is whole: nothing changed
+                if journal is not None:
+                    journal.close()
                 raise StorageError(
                     f"{self.directory}: the control file could not be migrated to format "
                     f"{version} ({exc}); it stays format {before}: fix the disk and try again"
@@ -1190,6 +297,7 @@ class FsStorageEngine(StorageEngine):
                 for part in live:
                     part.adopt_control()
                 self.control.sync()
+                self.journal = journal
             except OSError as exc:  # as for a failed control flush: recovery checks them
                 for part in live:
                     part.mark_broken(exc)
@@ -1277,11 +385,18 @@ class FsStorageEngine(StorageEngine):
     async def close(self) -> None:
         if self._closed:
             return
+        if self.journal is not None and self.journal_failed is None:
+            try:  # a clean stop leaves no round to replay (a checkpoint: nothing else to do)
+                await self.run_committed(lambda: None)
+            except (StorageError, OSError) as exc:
+                log.warning("%s: no checkpoint at the close (%s)", self.directory, exc)
         self._closed = True
         self._committer.stop()
         await self._runner.close()
         for part in self._partitions.values():
             part.close_files()
+        if self.journal is not None:
+            self.journal.close()
         self.control.close()
 
 
@@ -1291,12 +406,15 @@ def _open_control(
     cluster_key: uuid.UUID | None,
     num_partitions: int | None,
     version: int,
+    *,
+    options: FsOptions,
 ) -> ControlFile:
     path = directory / fmt.CONTROL_FILE_NAME
     if files.exists(path):
         return ControlFile.open(path, files)
     if files.exists(directory) and any(
-        name != fmt.CONTROL_FILE_NAME + ".tmp" for name in files.listdir(directory)
+        name not in (fmt.CONTROL_FILE_NAME + ".tmp", JOURNAL_FILE_NAME)
+        for name in files.listdir(directory)
     ):
         raise CorruptionError(
             f"{directory} holds files but no control file {fmt.CONTROL_FILE_NAME}; it is not a "
@@ -1310,4 +428,9 @@ def _open_control(
     if num_partitions < 1:
         raise StorageError(f"number of partitions must be >= 1, not {num_partitions}")
     make_dirs(files, directory)
+    if version >= fmt.JOURNAL_CONTROL_VERSION:
+        # first: a crash before the control file leaves a directory that opens as new
+        if files.exists(directory / JOURNAL_FILE_NAME):
+            files.unlink(directory / JOURNAL_FILE_NAME)
+        Journal.create(files, directory, cluster_key, options.journal_size).close()
     return ControlFile.create(directory, cluster_key, num_partitions, files, version)

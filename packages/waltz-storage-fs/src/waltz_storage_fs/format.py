@@ -21,7 +21,13 @@ is told level 2 (:meth:`FsStorageEngine.raise_feature_level`), which migrates it
 place (the old file is kept beside it as ``waltz-storage.ctl.v<version>``) and gives
 each partition the acknowledged end of the log it holds then. A version-3 directory is
 not readable by 0.1.0, which knows version 2 only. Segment and index files carry their
-own version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged).
+own version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged). Version 4
+(:data:`JOURNAL_CONTROL_VERSION`, feature level 3 once :data:`FORMAT_OF_LEVEL` maps it)
+is version 3 plus a node journal
+(:mod:`waltz_storage_fs.journal`, :mod:`waltz_storage_fs.journaled`): after the partition
+infos, two checkpoint slots written alternately (counter, journal position, the entry's
+sequence number: int64 each, then a CRC-32C; the valid slot with the higher counter is
+the checkpoint).
 
 Control file: a 128-byte header (format version int32, creation time int64 in
 ms, cluster key UUID, number of partitions int32, then reserved bytes of which
@@ -76,12 +82,17 @@ from waltz_api.types import NO_SESSION, NO_TRANSACTION, Record, ReqId, SessionIn
 
 FORMAT_VERSION = 3
 """The storage directory's on-disk format: the control file's version."""
-CONTROL_VERSIONS = (1, 2, 3)
+CONTROL_VERSIONS = (1, 2, 3, 4)
 """Control file versions this code opens (version 1 is migrated to 2 at the open)."""
 FORMAT_OF_LEVEL = {1: 2, 2: 3}
 """The control file version written at each cluster feature level."""
 ACKED_END_VERSION = 3
 """The first version that keeps each partition's acknowledged end."""
+JOURNAL_CONTROL_VERSION = 4
+"""The first version whose directory has a node journal (:mod:`waltz_storage_fs.journal`)
+and whose control file keeps its checkpoint; written at feature level
+:data:`JOURNAL_LEVEL` once that level is in :data:`FORMAT_OF_LEVEL`."""
+JOURNAL_LEVEL = 3
 
 
 LOST_TAIL_UNCHECKED = (
@@ -123,7 +134,9 @@ _INFO_FIELDS_V2 = struct.Struct(">qqqqiq")  # ... and the low-water mark's sessi
 _INFO_FIELDS = struct.Struct(">qqqqqiq")  # ... and the acknowledged end after that
 INFO_STRUCT_SIZE = _INFO_FIELDS.size + 4  # + CRC-32C = 56 bytes
 PARTITION_INFO_SIZE = _PARTITION_ID.size + 2 * INFO_STRUCT_SIZE  # 116 bytes
-_LAYOUTS = {1: _INFO_FIELDS_V1, 2: _INFO_FIELDS_V2, 3: _INFO_FIELDS}
+_LAYOUTS = {1: _INFO_FIELDS_V1, 2: _INFO_FIELDS_V2, 3: _INFO_FIELDS, 4: _INFO_FIELDS}
+_CHECKPOINT = struct.Struct(">qqq")  # counter, journal position, entry sequence number
+CHECKPOINT_SLOT_SIZE = _CHECKPOINT.size + 4  # + CRC-32C = 28 bytes
 _STRUCT_SIZES = {version: layout.size + 4 for version, layout in _LAYOUTS.items()}
 
 ACKED_END_UNKNOWN = -1
@@ -286,6 +299,38 @@ def invalid_partition_info(partition_id: int, version: int = FORMAT_VERSION) -> 
     raw = _PARTITION_ID.pack(partition_id) + bytes(2 * _STRUCT_SIZES[version])
     assert decode_partition_info(partition_id, raw, version)[1:] == (None, None)
     return raw
+
+
+def checkpoint_offset(num_partitions: int, slot: int) -> int:
+    """Where a version-4 control file keeps checkpoint slot ``slot`` (0 or 1): after the
+    partition infos."""
+    return partition_info_offset(num_partitions, JOURNAL_CONTROL_VERSION) + (
+        slot * CHECKPOINT_SLOT_SIZE
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The journal's checkpoint (version 4): every entry before ``position`` is in
+    flushed segment files; the entry there is numbered ``sequence``."""
+
+    counter: int
+    position: int
+    sequence: int
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    fields = _CHECKPOINT.pack(checkpoint.counter, checkpoint.position, checkpoint.sequence)
+    return fields + _HEADER_CRC.pack(crc32c.crc32c(fields))
+
+
+def decode_checkpoint(raw: bytes) -> Checkpoint | None:
+    if len(raw) < CHECKPOINT_SLOT_SIZE:
+        return None
+    fields = raw[: _CHECKPOINT.size]
+    if _HEADER_CRC.unpack_from(raw, _CHECKPOINT.size)[0] != crc32c.crc32c(fields):
+        return None
+    return Checkpoint(*_CHECKPOINT.unpack(fields))
 
 
 def now_ms() -> int:

@@ -1,11 +1,10 @@
-"""A shared node journal: one durable round for every partition (issue 31, not in use).
+"""A shared node journal: one durable round for every partition (issue 31).
 
-Not reachable yet: no feature level writes it and the engine does not open it (see
-docs/performance.md, "One durable round per storage node"). This module holds its
-format, its writer, the scan that recovery will run and the plan of what a replay
-writes back into the segments (:func:`replay_plan`); the engine's use of it (the
-segments written behind it, the checkpoints, replay at the open, the migration from
-format 3) is the next step.
+Used by a directory of control file format 4 (:mod:`waltz_storage_fs.journaled`: the
+checkpoints, the replay at the open, the migration from format 3; docs/performance.md,
+"One durable round per storage node"). This module holds its format, its writer, the
+scan that recovery runs and the plan of what a replay writes back into the segments
+(:func:`replay_plan`).
 
 The journal is one file per storage directory, ``waltz-storage.jnl``, preallocated and
 zero-filled when it is created (so that an ``fdatasync`` of a round never also writes
@@ -294,6 +293,20 @@ class Journal:
         self.position = min(_align(at + len(entry)), self.header.body_end)
         self.sequence += 1
         return at
+
+    @property
+    def used(self) -> int:
+        """The bytes of the body holding entries not checkpointed."""
+        if self._wrapped:
+            return self.header.body_size - (self.live - self.position)
+        return self.position - self.live
+
+    def fits(self, length: int) -> bool:
+        """Whether an entry of ``length`` bytes (about) can be written now."""
+        at, wraps = self.position, False
+        if at + length > self.header.body_end:
+            at, wraps = HEADER_BLOCK, True
+        return not ((self._wrapped or wraps) and at + length > self.live)
 
     def sync(self) -> None:
         """Make the entries written durable (one ``fdatasync``: no size change)."""

@@ -105,6 +105,10 @@ OPTION_MEANINGS = {
     "read_threads": "threads reading segments for range reads",
     "verify_on_open": "1: start-up recovery checks every record, not only those after each "
     "index's last flushed checkpoint (damage anywhere becomes a hole repaired from a peer)",
+    "journal_size": "bytes (a multiple of 512) of the node journal, created at feature level 3 "
+    "(preallocated; an existing journal keeps its size)",
+    "checkpoint_bytes": "bytes of journal between checkpoints (the segment files flushed, "
+    "the journal freed behind them)",
 }
 """The meaning of each option of ``[storage.options]`` (``FsOptions``)."""
 
@@ -114,7 +118,7 @@ def options() -> Sequence[OptionSpec]:
     import dataclasses
 
     from waltz_api.config import same_keys, type_name
-    from waltz_storage_fs.engine import FsOptions
+    from waltz_storage_fs.options import FsOptions
 
     fields = {f.name: f for f in dataclasses.fields(FsOptions)}
     same_keys("fs storage", fields, OPTION_MEANINGS)

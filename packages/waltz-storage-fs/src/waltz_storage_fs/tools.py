@@ -283,6 +283,9 @@ def verify(storage_directory: str | os.PathLike[str]) -> VerifyReport:
     control = read_control_file(directory)
     key = control.header.cluster_key
     expected_size = fmt.partition_info_offset(control.header.num_partitions, control.header.version)
+    if control.header.version >= fmt.JOURNAL_CONTROL_VERSION:
+        expected_size = fmt.checkpoint_offset(control.header.num_partitions, 2)
+        _verify_journal(directory, control.header, report)
     if control.size != expected_size:
         report.problems.append(f"control file is {control.size} bytes, expected {expected_size}")
     if control.header.version < fmt.ACKED_END_VERSION:
@@ -334,6 +337,49 @@ def verify(storage_directory: str | os.PathLike[str]) -> VerifyReport:
             )
     report.quarantined = list_quarantine(directory)
     return report
+
+
+def _verify_journal(directory: Path, header: fmt.ControlHeader, report: VerifyReport) -> None:
+    """Format 4: the journal scanned from the control file's checkpoint (what recovery
+    scans); the rounds it holds past the checkpoint are a note (the next open writes
+    them back into the segments), a damaged journal a problem."""
+    from waltz_storage_fs.files import REAL_FILES
+    from waltz_storage_fs.journal import JOURNAL_FILE_NAME, decode_header, scan
+
+    raw = (directory / fmt.CONTROL_FILE_NAME).read_bytes()
+    at = fmt.checkpoint_offset(header.num_partitions, 0)
+    slots = [fmt.decode_checkpoint(raw[at + i * fmt.CHECKPOINT_SLOT_SIZE :]) for i in range(2)]
+    valid = [c for c in slots if c is not None]
+    if not valid:
+        report.problems.append("both journal checkpoint slots of the control file are invalid")
+        return
+    checkpoint = max(valid, key=lambda c: c.counter)
+    path = directory / JOURNAL_FILE_NAME
+    if not path.is_file():
+        report.problems.append(f"{path} is missing (control file format 4 has a journal)")
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        journal = decode_header(os.pread(fd, 4096, 0), path)
+        if journal.cluster_key != header.cluster_key:
+            report.problems.append(f"{path} belongs to cluster {journal.cluster_key}")
+            return
+        found = scan(REAL_FILES, fd, journal, checkpoint.position, checkpoint.sequence)
+    except CorruptionError as exc:
+        report.problems.append(str(exc))
+        return
+    finally:
+        os.close(fd)
+    if found.tail == "damaged":
+        report.problems.append(
+            f"{path}: entry #{found.sequence} at offset {found.position} is not whole but "
+            "later entries are: records made durable are lost (the storage does not open)"
+        )
+    elif found.entries:
+        report.notes.append(
+            f"{path}: {len(found.entries)} round(s) after the last checkpoint; the next "
+            "open writes their records back into the segments"
+        )
 
 
 def list_quarantine(storage_directory: str | os.PathLike[str]) -> list[QuarantineEntry]:

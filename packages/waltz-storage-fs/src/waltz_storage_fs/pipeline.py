@@ -1,0 +1,379 @@
+"""The committer's logic (:class:`Pipeline`), shared by its runners
+(:mod:`waltz_storage_fs.committer` describes both): the jobs, a group's write step and
+what each flush's end makes known; and what it asks of the engine and of a partition
+(:class:`EnginePort`, :class:`PartitionPort`)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from waltz_api.errors import StorageError
+from waltz_storage_fs.control import ControlFile
+from waltz_storage_fs.files import Files
+from waltz_storage_fs.journal import Chunk, Journal
+from waltz_storage_fs.views import View
+
+log = logging.getLogger(__name__)
+
+DATA, INDEX, JOURNAL = 0, 1, 2
+"""The kinds of file a group flushes (data files first; the journal alone at format 4)."""
+
+Result = tuple["Job", BaseException | None]
+
+
+class PartitionPort(Protocol):
+    """What the committer asks of a partition
+    (:class:`waltz_storage_fs.partition.FsStoragePartition`)."""
+
+    broken: OSError | None
+    partition_id: int
+
+    def broken_error(self) -> StorageError: ...
+    def mark_broken(self, exc: OSError) -> None: ...
+    def write_batch(self, job: Job, flushes: set[tuple[int, int]]) -> None: ...
+    def note_flushed(self) -> None: ...
+    def stage_acked_end(self) -> bool: ...
+    def take_flushed_view(self) -> View | None: ...
+    def publish_view(self, view: View) -> None: ...
+
+
+class EnginePort(Protocol):
+    """What the committer asks of the engine
+    (:class:`waltz_storage_fs.engine.FsStorageEngine`)."""
+
+    directory: Path
+    control: ControlFile
+    files: Files
+    fsync_observer: Callable[[float], None] | None
+    journal: Journal | None
+    journal_failed: OSError | None
+
+    def close_partitions(self, error: OSError) -> None: ...
+    def checkpoint_due(self, size: int) -> bool: ...
+    def checkpoint(self) -> None: ...
+
+
+@dataclass
+class Job:
+    future: asyncio.Future[None]
+    partition: PartitionPort | None = None
+    blob: bytes = b""
+    lengths: list[int] = field(default_factory=list)
+    first_txid: int = 0
+    action: Callable[[], None] | None = None
+
+
+STOP = None
+"""Queued after the last job: the committer ends once it is reached."""
+
+
+# -- the logic, shared ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Written:
+    """A group after its write step: what to flush, and what is known already."""
+
+    results: list[Result]
+    """Appends refused before their flush (a partition closed by an error)."""
+    done: list[Job]
+    """Appends written, waiting for their flush (then for the control flush covering them)."""
+    syncs: list[tuple[PartitionPort, int, int]]
+    """(partition, kind, fd) of every file to flush."""
+    fds: list[int]
+    """The files to flush (the fds of ``syncs``)."""
+    touched: list[PartitionPort]
+    """The partitions written (each publishes its records once they are acknowledged)."""
+
+
+@dataclass(slots=True)
+class Cover:
+    """A control flush: the groups flushed before it that it covers."""
+
+    groups: list[Written]
+    staged: list[PartitionPort]
+    """The partitions whose new end it wrote in the control file."""
+    covered: dict[PartitionPort, View | None]
+    """The partitions open when it was written (their appends are done once it is
+    durable), with the records they publish then (None: no newer ones)."""
+
+
+@dataclass(slots=True)
+class Flush:
+    """A flush to start (:meth:`Pipeline.start`): a group's files, or the control file."""
+
+    kind: str
+    """:data:`DATA_FLUSH` or :data:`CONTROL_FLUSH`."""
+    fds: list[int]
+
+
+DATA_FLUSH, CONTROL_FLUSH = "data", "control"
+
+
+class Pipeline:
+    """The committer's state between its flushes (see the module); both runners drive
+    it: they queue jobs, start what :meth:`start` returns, and report each flush's end.
+
+    Two stages, at most one flush each under way: a group's data (what is queued, as
+    soon as the previous group's data flush ended) and the control file (covering every
+    group flushed since the last one, as soon as the previous control flush ended). A
+    control struct is written only while no control flush is under way (each partition
+    alternates between its two structs: the one being flushed is never the one written
+    over), and an action only when nothing is under way."""
+
+    def __init__(self, engine: EnginePort) -> None:
+        self.engine = engine
+        self.queue: collections.deque[Job] = collections.deque()
+        """Jobs not started, in order."""
+        self.data: Written | None = None
+        """The group whose data flush is under way."""
+        self.flushed: list[Written] = []
+        """Groups whose data flush ended, waiting for a control flush."""
+        self.cover: Cover | None = None
+        """The control flush under way."""
+        self.acting: Job | None = None
+        """The action under way (nothing else starts meanwhile)."""
+
+    def idle(self) -> bool:
+        return (
+            not self.queue
+            and self.data is None
+            and not self.flushed
+            and self.cover is None
+            and self.acting is None
+        )
+
+    def start(self) -> tuple[list[Result], list[Flush | Job]]:
+        """Start what can start now: the results known already, and the flushes and the
+        action (at most one, last) for the runner to carry out."""
+        results: list[Result] = []
+        started: list[Flush | Job] = []
+        while self.acting is None:
+            if self.cover is None and self.flushed:
+                groups, self.flushed = self.flushed, []
+                cover = self.stage(groups)
+                if cover.staged:
+                    self.cover = cover
+                    started.append(Flush(CONTROL_FLUSH, [self.engine.control.fd]))
+                else:  # nothing to make durable (partitions closed meanwhile)
+                    results.extend(self.finish(cover, None))
+                continue
+            if not self.queue:
+                break
+            if self.queue[0].action is not None:
+                if self.data is None and self.cover is None and not self.flushed:
+                    self.acting = self.queue.popleft()
+                    started.append(self.acting)
+                break
+            if self.data is not None:
+                break
+            group: list[Job] = []
+            while self.queue and self.queue[0].action is None:
+                group.append(self.queue.popleft())
+            try:
+                written = self.write(group)
+            except BaseException as exc:  # a bug: fail the group, go on
+                log.exception("storage committer failed")
+                results.extend((job, exc) for job in group)
+                continue
+            results.extend(written.results)
+            if written.done:
+                self.data = written
+                started.append(Flush(DATA_FLUSH, written.fds))
+        return results, started
+
+    def data_done(self, errors: list[OSError | None]) -> None:
+        """The data flush under way ended (``errors``: each file's, None when it completed)."""
+        written = self.data
+        assert written is not None
+        self.data = None
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None and self.engine.journal is not None:
+            # what the journal holds from this entry on is unknown (a later entry made
+            # durable after a lost one would read as damaged): no round is written
+            # until the node restarts, whatever the partition
+            self.engine.journal_failed = failed
+            self.engine.close_partitions(failed)
+        self.flushed_group(written, errors)
+        self.flushed.append(written)
+
+    def control_done(self, error: OSError | None) -> list[Result]:
+        """The control flush under way ended: the appends it covers are done."""
+        cover = self.cover
+        assert cover is not None
+        self.cover = None
+        return self.finish(cover, error)
+
+    def action_done(self) -> Result:
+        """Run the action started (:meth:`start`): its result."""
+        job = self.acting
+        assert job is not None and job.action is not None
+        try:
+            if self.engine.journal is not None:
+                # so that a replay never crosses an action (a truncation, a prefix drop...)
+                self.engine.checkpoint()
+            job.action()
+        except BaseException as exc:
+            return job, exc
+        finally:
+            self.acting = None
+        return job, None
+
+    def fail_all(self, exc: BaseException) -> list[Result]:
+        """After a bug in the committer: fail every job not done (never leave a waiter
+        hanging); the flushes under way still end (their results then are ignored)."""
+        jobs = list(self.queue)
+        self.queue.clear()
+        for written in [*([self.data] if self.data else []), *self.flushed]:
+            jobs.extend(written.done)
+        if self.cover is not None:
+            jobs.extend(job for written in self.cover.groups for job in written.done)
+        if self.acting is not None:
+            jobs.append(self.acting)
+            self.acting = None
+        return [(job, exc) for job in jobs]
+
+    def write(self, jobs: list[Job]) -> Written:
+        """Write a group's batches (not flushed yet); with a node journal (format 4),
+        the group is also one journal entry, and the journal is the one file to flush."""
+        journal = self.engine.journal
+        if journal is not None and self.engine.journal_failed is not None:
+            error = StorageError(
+                f"the storage's journal failed ({self.engine.journal_failed}); restart the "
+                "storage node so that recovery checks it"
+            )
+            return Written([(job, error) for job in jobs], [], [], [], [])
+        if journal is not None and self.engine.checkpoint_due(
+            sum(len(job.blob) + 32 for job in jobs)
+        ):
+            try:  # nothing under way: the ring's room, the replay's length
+                self.engine.checkpoint()
+            except StorageError as exc:  # the journal cannot be freed: no entry is written
+                return Written([(job, exc) for job in jobs], [], [], [], [])
+        results: list[Result] = []
+        touched: dict[PartitionPort, set[tuple[int, int]]] = {}
+        done: list[Job] = []
+        for job in jobs:
+            part = job.partition
+            assert part is not None
+            if part.broken is not None:
+                results.append((job, part.broken_error()))
+                continue
+            try:
+                flushes = touched.setdefault(part, set())
+                part.write_batch(job, flushes)
+                done.append(job)
+            except OSError as exc:
+                part.mark_broken(exc)
+                results.append((job, part.broken_error()))
+        # One flush per touched file. The data files and the index files that
+        # reached a checkpoint are flushed concurrently (the file system can then
+        # fold them into one journal commit); an index entry made durable before
+        # its record is harmless: recovery verifies the checkpointed entry and
+        # falls back to the checkpoint before it, whose flush completed.
+        if journal is not None:
+            return self.write_entry(journal, results, done, list(touched))
+        syncs = [
+            (part, kind, fd) for part, flushes in touched.items() for kind, fd in sorted(flushes)
+        ]
+        return Written(results, done, syncs, [fd for _, _, fd in syncs], list(touched))
+
+    @staticmethod
+    def write_entry(
+        journal: Journal, results: list[Result], done: list[Job], touched: list[PartitionPort]
+    ) -> Written:
+        """The group's batches written to their segments as one journal entry: the
+        journal is the one file its flush makes durable (its records are then, whatever
+        the segments: recovery writes them back)."""
+        chunks = []
+        for job in done:
+            assert job.partition is not None
+            chunks.append(
+                Chunk(job.partition.partition_id, job.first_txid, len(job.lengths), job.blob)
+            )
+        if chunks:
+            try:
+                journal.append(chunks)
+            except (OSError, StorageError) as exc:
+                for part in touched:
+                    if isinstance(exc, OSError) and part.broken is None:
+                        part.mark_broken(exc)
+                results.extend(
+                    (job, exc if isinstance(exc, StorageError) else job.partition.broken_error())
+                    for job in done
+                    if job.partition is not None
+                )
+                return Written(results, [], [], [], [])
+        syncs = [(part, JOURNAL, journal.fd) for part in touched]
+        return Written(results, done, syncs, [journal.fd] if done else [], touched)
+
+    @staticmethod
+    def flushed_group(written: Written, errors: list[OSError | None]) -> None:
+        """After a group's data flushes: a failed flush closes its partition (its appends
+        fail when the group is covered); each of the others notes its durable end."""
+        error_of = dict(zip(written.fds, errors, strict=True))
+        for part, _, fd in written.syncs:
+            error = error_of[fd]
+            if error is not None and part.broken is None:
+                part.mark_broken(error)
+        for part in written.touched:
+            if part.broken is None:
+                part.note_flushed()
+
+    @staticmethod
+    def stage(groups: list[Written]) -> Cover:
+        """Write the durable end of each partition of the groups flushed that is still
+        open, in the control file (not flushed yet)."""
+        staged: list[PartitionPort] = []
+        covered: dict[PartitionPort, View | None] = {}
+        for part in dict.fromkeys(p for written in groups for p in written.touched):
+            if part.broken is not None:
+                continue
+            try:
+                if part.stage_acked_end():
+                    staged.append(part)
+            except OSError as exc:
+                part.mark_broken(exc)
+                continue
+            covered[part] = part.take_flushed_view()
+        return Cover(groups, staged, covered)
+
+    @staticmethod
+    def finish(cover: Cover, control_error: OSError | None) -> list[Result]:
+        """After the control flush that covers flushed groups (``control_error``: None
+        when it completed or none was needed): a failed one closes the partitions staged,
+        as a failed data flush would; the appends of the others are done and published."""
+        if control_error is not None:
+            for part in cover.staged:
+                if part.broken is None:
+                    part.mark_broken(control_error)
+        results: list[Result] = []
+        for written in cover.groups:
+            for job in written.done:
+                owner = job.partition
+                assert owner is not None
+                if owner in cover.covered and (control_error is None or owner not in cover.staged):
+                    results.append((job, None))
+                else:
+                    results.append((job, owner.broken_error()))
+        for part, view in cover.covered.items():
+            if part.broken is None and view is not None:
+                part.publish_view(view)
+        return results
+
+
+def resolve(results: list[Result]) -> None:
+    """Resolve the futures of a round (on the event loop)."""
+    for job, exc in results:
+        if job.future.done():
+            continue
+        if exc is None:
+            job.future.set_result(None)
+        else:
+            job.future.set_exception(exc)
