@@ -28,10 +28,10 @@ suspect) catches it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from waltz_api.errors import CorruptionError, StorageError
 from waltz_storage_fs import format as fmt
+from waltz_storage_fs.host import JournalHost
 from waltz_storage_fs.journal import (
     ALIGN,
     JOURNAL_FILE_NAME,
@@ -41,13 +41,10 @@ from waltz_storage_fs.journal import (
     replay_plan,
 )
 
-if TYPE_CHECKING:
-    from waltz_storage_fs.engine import FsStorageEngine
-
 log = logging.getLogger(__name__)
 
 
-def open_journal(engine: FsStorageEngine) -> JournalScan | None:
+def open_journal(engine: JournalHost) -> JournalScan | None:
     """At the open (a format-4 directory): open the journal, scanned from the control
     file's checkpoint (CorruptionError: damaged, or not this cluster's)."""
     if not engine.control.keeps_journal:
@@ -73,7 +70,7 @@ def open_journal(engine: FsStorageEngine) -> JournalScan | None:
     return scan
 
 
-def replay(engine: FsStorageEngine, scan: JournalScan) -> None:
+def replay(engine: JournalHost, scan: JournalScan) -> None:
     """After the partitions' segment recovery: write back the records the journal holds
     past each partition's end, flushed, then checkpoint (the journal is free again)."""
     parts = {pid: part for pid, part in engine.hosted().items() if part.broken is None}
@@ -117,7 +114,7 @@ def record_lengths(chunk: Chunk) -> list[int]:
     return lengths
 
 
-def checkpoint_due(engine: FsStorageEngine, size: int) -> bool:
+def checkpoint_due(engine: JournalHost, size: int) -> bool:
     journal = engine.journal
     if journal is None:
         return False
@@ -125,7 +122,7 @@ def checkpoint_due(engine: FsStorageEngine, size: int) -> bool:
     return journal.used + size >= engine.options.checkpoint_bytes or not journal.fits(size)
 
 
-def checkpoint(engine: FsStorageEngine) -> None:
+def checkpoint(engine: JournalHost) -> None:
     """Make a checkpoint (committer side, nothing under way). StorageError when it
     cannot: then no partition is written until the node restarts (the journal is not
     freed, and recovery replays it)."""
@@ -153,14 +150,14 @@ def checkpoint(engine: FsStorageEngine) -> None:
     journal.checkpointed(position)
 
 
-def _failed(engine: FsStorageEngine) -> StorageError:
+def _failed(engine: JournalHost) -> StorageError:
     return StorageError(
         f"{engine.directory}: a journal checkpoint failed ({engine.journal_failed}); the "
         "partitions are closed: restart the storage node so that recovery replays the journal"
     )
 
 
-def create_journal(engine: FsStorageEngine) -> Journal:
+def create_journal(engine: JournalHost) -> Journal:
     """The journal of a directory being moved to format 4 (zero-filled, flushed, its
     directory entry flushed); one left by an interrupted attempt is replaced."""
     path = engine.directory / JOURNAL_FILE_NAME

@@ -11,7 +11,6 @@ import logging
 import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import crc32c
 
@@ -30,6 +29,7 @@ from waltz_storage_fs import format as fmt
 from waltz_storage_fs import scrub as scrubbing
 from waltz_storage_fs.committer import DATA, INDEX, Job
 from waltz_storage_fs.files import OPEN_NEW
+from waltz_storage_fs.host import PartitionHost
 from waltz_storage_fs.reads import PartitionReads
 from waltz_storage_fs.recovery import (
     PartitionRecovery,
@@ -40,9 +40,6 @@ from waltz_storage_fs.recovery import (
     write_log_start,
 )
 from waltz_storage_fs.views import EMPTY_VIEW, SegView, View
-
-if TYPE_CHECKING:
-    from waltz_storage_fs.engine import FsStorageEngine
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +54,7 @@ class FsStoragePartition(PartitionReads, StoragePartition):
 
     def __init__(
         self,
-        engine: FsStorageEngine,
+        engine: PartitionHost,
         partition_id: int,
         slot: int,
         struct: fmt.InfoStruct,
