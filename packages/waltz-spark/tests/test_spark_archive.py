@@ -6,6 +6,7 @@ s3fs. About 25 s with Spark's start."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -28,13 +29,48 @@ KEEP = 100
 """Transactions kept local (not archived) per partition."""
 
 
+BATCH = 4
+"""Records per storage append (the server's ``max_batch_records``). A replica deletes
+archived records by whole segments, and a segment rolls only between two appends: a
+replica that lags is sent its backlog in big appends (up to ``max_batch_records``, 512
+by default, times the 4 appends in flight, merged by the storage node), so its first
+segment can reach past the mark (a failing run: all of 0..209 in one segment, the mark
+at 109), and stays until the mark passes it. With 4, a segment (4096 bytes, about 80
+records) ends at most 16 records late, below the mark, on every replica however loaded
+the machine."""
+
+
+def _lag(node: Any, seconds: float) -> None:
+    """Make ``node`` a lagging replica: its second append of each partition takes
+    ``seconds`` longer (the server queues what it sends it meanwhile)."""
+    for partition_id in range(PARTITIONS):
+        stored = node.engine.partition(partition_id)
+        append_now = stored.append
+        calls = itertools.count(1)
+
+        async def append_late(
+            records: Any, append_now: Any = append_now, calls: Any = calls
+        ) -> Any:
+            if next(calls) == 2:
+                await asyncio.sleep(seconds)
+            return await append_now(records)
+
+        stored.append = append_late
+
+
 @contextlib.contextmanager
 def half_archived(
-    root: Path, url: str, storage_options: dict[str, Any] | None = None
+    root: Path,
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    lagging: float = 0.0,
 ) -> Iterator[tuple[BackgroundCluster, dict]]:
     """A running cluster archiving to ``url``, each partition about half archived (its
-    storage nodes deleted that half); its archive marks."""
+    storage nodes deleted that half); its archive marks. ``lagging``: storage node 0
+    lags that many seconds behind the others once (see :data:`BATCH`)."""
     settings = {
+        "max_batch_records": BATCH,
         "archive": {
             "url": url,
             "storage_options": storage_options or {},
@@ -45,13 +81,15 @@ def half_archived(
             "keep_local_transactions": KEEP,
             "row_group_bytes": 2048,
             "interval": 0.1,
-        }
+        },
     }
     running = BackgroundCluster(
         root, server_settings=settings, storage_options={"segment_size": 4096}
     )
     running.start()
     try:
+        if lagging:
+            _lag(running.nodes[0], lagging)
         append(running.uri, [(i % PARTITIONS, i, f"row-{i}".encode() * 3) for i in range(420)])
         deadline = time.monotonic() + 120
         while True:
@@ -67,7 +105,15 @@ def half_archived(
                 start > 0 for start in starts
             ):
                 break
-            assert time.monotonic() < deadline, f"not archived: {marks} {tops} {starts}"
+            if time.monotonic() >= deadline:
+                extents = [
+                    [(e.first, e.last, e.size) for e in node.engine.partition(p).local_extents()]
+                    for node in running.nodes
+                    for p in range(PARTITIONS)
+                ]
+                raise AssertionError(
+                    f"not archived: {marks} {tops} log starts {starts}, segments {extents}"
+                )
             time.sleep(0.2)
         yield running, {p: marks[p].mark for p in range(PARTITIONS)}
     finally:
@@ -170,3 +216,17 @@ def test_a_half_archived_log_on_s3_is_read_by_the_executors(
             assert {s.partition for s in archived} == set(marks)
             df = reader(spark, cluster.uri, archiveStorageOptions=options)
             assert spark_rows(df) == log
+
+
+def test_a_lagging_replica_deletes_the_archived_half_too(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Storage node 0 lags behind the others once (the server sends it its backlog in
+    bigger appends): it too deletes the archived half, within the fixture's deadline
+    (the spark env's failure: its first segment held all of 0..209, the mark at 109)."""
+    root = tmp_path_factory.mktemp("lagging")
+    with half_archived(root, f"file://{root / 'archive'}", lagging=1.0) as (cluster, marks):
+        lagging = cluster.nodes[0].engine
+        for p, mark in marks.items():
+            assert lagging.partition(p).log_start() > 0
+            assert all(e.last > mark for e in lagging.partition(p).local_extents())
