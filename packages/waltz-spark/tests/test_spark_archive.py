@@ -6,11 +6,13 @@ s3fs. About 25 s with Spark's start."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,48 +30,102 @@ KEEP = 100
 """Transactions kept local (not archived) per partition."""
 
 
+BATCH = 4
+"""Records per storage append (the server's ``max_batch_records``). A replica deletes
+archived records by whole segments, and a segment rolls only between two appends: a
+replica that lags is sent its backlog in big appends (up to ``max_batch_records``, 512
+by default, times the 4 appends in flight, merged by the storage node), so its first
+segment can reach past the mark (a failing run: all of 0..209 in one segment, the mark
+at 109), and stays until the mark passes it. With 4, a segment (4096 bytes, about 80
+records) ends at most 16 records late, below the mark, on every replica however loaded
+the machine."""
+
+
+def _lag(node: Any) -> threading.Event:
+    """Make ``node`` a lagging replica: its second append of each partition waits until
+    the event returned is set (at most 30 s; the server queues what it sends it
+    meanwhile, the other two commit)."""
+    release = threading.Event()
+    for partition_id in range(PARTITIONS):
+        stored = node.engine.partition(partition_id)
+        append_now = stored.append
+        calls = itertools.count(1)
+
+        async def append_late(
+            records: Any, append_now: Any = append_now, calls: Any = calls
+        ) -> Any:
+            if next(calls) == 2:
+                await asyncio.to_thread(release.wait, 30)
+            return await append_now(records)
+
+        stored.append = append_late
+    return release
+
+
+ARCHIVE = {
+    "min_range_bytes": 1,
+    "max_range_bytes": 6000,
+    "max_local_bytes": 0,
+    "max_local_age": 0,
+    "keep_local_transactions": KEEP,
+    "row_group_bytes": 2048,
+    "interval": 0.1,
+}
+"""The server's ``[server.archive]`` but its url and storage options."""
+
+
+def _wait_archived(running: BackgroundCluster, which: Callable[[Any], bool]) -> dict[int, int]:
+    """Until each partition's archive mark is within ``KEEP`` (and 5) of its high-water
+    mark and the storage nodes ``which`` says deleted every segment within it; the
+    marks. On the deadline, fails with every replica's segments."""
+    deadline = time.monotonic() + 120
+    while True:
+        with LogReader(running.uri) as log:
+            marks = log.archive_marks(range(PARTITIONS))
+            tops = log.high_water_marks(range(PARTITIONS))
+        extents = [
+            [(e.first, e.last, e.size) for e in node.engine.partition(p).local_extents()]
+            for node in running.nodes
+            for p in range(PARTITIONS)
+        ]
+        held = [
+            node.engine.partition(p).log_start() > 0
+            and all(e.last > marks[p].mark for e in node.engine.partition(p).local_extents())
+            for node in running.nodes
+            if which(node)
+            for p in range(PARTITIONS)
+        ]
+        if all(marks[p].mark >= tops[p] - KEEP - 5 for p in range(PARTITIONS)) and all(held):
+            return {p: marks[p].mark for p in range(PARTITIONS)}
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not archived: {marks} {tops}, segments {extents}")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def half_archived(
-    root: Path, url: str, storage_options: dict[str, Any] | None = None
+    root: Path,
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    lagging: bool = False,
 ) -> Iterator[tuple[BackgroundCluster, dict]]:
     """A running cluster archiving to ``url``, each partition about half archived (its
-    storage nodes deleted that half); its archive marks."""
+    storage nodes deleted that half); its archive marks. ``lagging``: storage node 0
+    lags behind the others until every append is committed (see :data:`BATCH`)."""
     settings = {
-        "archive": {
-            "url": url,
-            "storage_options": storage_options or {},
-            "min_range_bytes": 1,
-            "max_range_bytes": 6000,
-            "max_local_bytes": 0,
-            "max_local_age": 0,
-            "keep_local_transactions": KEEP,
-            "row_group_bytes": 2048,
-            "interval": 0.1,
-        }
+        "max_batch_records": BATCH,
+        "archive": {"url": url, "storage_options": storage_options or {}, **ARCHIVE},
     }
     running = BackgroundCluster(
         root, server_settings=settings, storage_options={"segment_size": 4096}
     )
     running.start()
     try:
+        release = _lag(running.nodes[0]) if lagging else threading.Event()
         append(running.uri, [(i % PARTITIONS, i, f"row-{i}".encode() * 3) for i in range(420)])
-        deadline = time.monotonic() + 120
-        while True:
-            with LogReader(running.uri) as log:
-                marks = log.archive_marks(range(PARTITIONS))
-                tops = log.high_water_marks(range(PARTITIONS))
-            starts = [
-                node.engine.partition(p).log_start()
-                for node in running.nodes
-                for p in range(PARTITIONS)
-            ]
-            if all(marks[p].mark >= tops[p] - KEEP - 5 for p in range(PARTITIONS)) and all(
-                start > 0 for start in starts
-            ):
-                break
-            assert time.monotonic() < deadline, f"not archived: {marks} {tops} {starts}"
-            time.sleep(0.2)
-        yield running, {p: marks[p].mark for p in range(PARTITIONS)}
+        release.set()
+        yield running, _wait_archived(running, lambda node: True)
     finally:
         running.stop()
 
@@ -170,3 +226,50 @@ def test_a_half_archived_log_on_s3_is_read_by_the_executors(
             assert {s.partition for s in archived} == set(marks)
             df = reader(spark, cluster.uri, archiveStorageOptions=options)
             assert spark_rows(df) == log
+
+
+def test_a_lagging_replica_deletes_the_archived_half_too(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Storage node 0 lags until the others committed every append (the server then
+    sends it its backlog in bigger appends): it too deletes the archived half within the
+    fixture's deadline (the spark env's failure, without the fixture's cap: its first
+    segment held all of 0..209, the mark at 109)."""
+    root = tmp_path_factory.mktemp("lagging")
+    with half_archived(root, f"file://{root / 'archive'}", lagging=True) as (cluster, marks):
+        lagging = cluster.nodes[0].engine
+        for p, mark in marks.items():
+            assert lagging.partition(p).log_start() > 0
+            assert all(e.last > mark for e in lagging.partition(p).local_extents())
+
+
+def test_a_replica_whose_segment_reaches_past_the_mark_is_deleted_once_the_mark_passes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Without the fixture's cap: storage node 0 lags, so one of its segments reaches past
+    the archive mark and it keeps it while the others delete theirs; once more appends
+    move the mark past that segment, node 0 deletes it too (the owner asks again every
+    round: a replica is never left behind for good)."""
+    root = tmp_path_factory.mktemp("past-the-mark")
+    settings = {"archive": {"url": f"file://{root / 'archive'}", **ARCHIVE}}
+    running = BackgroundCluster(
+        root, server_settings=settings, storage_options={"segment_size": 4096}
+    )
+    running.start()
+    try:
+        release = _lag(running.nodes[0])
+        append(running.uri, [(i % PARTITIONS, i, f"row-{i}".encode() * 3) for i in range(420)])
+        release.set()
+        first = _wait_archived(running, lambda node: node is not running.nodes[0])
+        held = [
+            e.last
+            for p in range(PARTITIONS)
+            for e in running.nodes[0].engine.partition(p).local_extents()[:1]
+            if e.last > first[p]
+        ]
+        assert held, "node 0 did not lag: its segments all end below the mark"
+        append(running.uri, [(i % PARTITIONS, i, b"more") for i in range(420, 840)])
+        marks = _wait_archived(running, lambda node: True)
+        assert all(marks[p] > first[p] for p in range(PARTITIONS))
+    finally:
+        running.stop()
