@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -44,6 +46,17 @@ SERVER_TESTS = "packages/waltz-server/tests/server"
 SEEDS = "0..19"
 
 
+SIM_SEEDS = (("--faults", "points"), ("--faults", "standard"))
+"""The simulation's runs for the modules of the server and the storage node: 20 seeds
+of each fault profile, on the simulation's model of the disk."""
+FS_SEEDS = (
+    ("--storage-engine", "fs", "--faults", "chaos"),
+    ("--storage-engine", "fs", "--faults", "standard"),
+)
+"""For the fs engine's modules: 20 seeds of each profile on the real fs engine (its
+files on the simulated disks, which crash, tear writes and lose unsynced data)."""
+
+
 @dataclass(frozen=True)
 class Module:
     path: str
@@ -51,8 +64,9 @@ class Module:
     """The test files that target the module, run first."""
     then: tuple[str, ...]
     """The rest of the unit tests that cover it (directories or files)."""
-    simulate: bool
-    """Whether ``waltz simulate`` runs this module's code (the fs engine it does not)."""
+    simulations: tuple[tuple[str, ...], ...]
+    """The ``waltz simulate`` runs (their options) that run this module's code, in
+    the order they run (each stops at its first failing seed)."""
     tunables: tuple[str, ...] = ()
     """Classes whose bodies are only tunable defaults (sizes, counts): not mutated."""
 
@@ -62,38 +76,42 @@ MODULES: dict[str, Module] = {
         "packages/waltz-server/src/waltz_server/server/voting.py",
         (f"{SERVER_TESTS}/test_voting.py", f"{SERVER_TESTS}/test_recovery_cases.py"),
         (SERVER_TESTS,),
-        simulate=True,
+        simulations=SIM_SEEDS,
     ),
     "replication": Module(
         "packages/waltz-server/src/waltz_server/server/replication.py",
         (f"{SERVER_TESTS}/test_replication.py", f"{SERVER_TESTS}/test_store.py"),
         (SERVER_TESTS,),
-        simulate=True,
+        simulations=SIM_SEEDS,
         tunables=("ReplicationLimits",),
     ),
     "recovery": Module(
         "packages/waltz-server/src/waltz_server/server/recovery.py",
         (f"{SERVER_TESTS}/test_recovery_cases.py", f"{SERVER_TESTS}/test_store.py"),
         (SERVER_TESTS,),
-        simulate=True,
+        simulations=SIM_SEEDS,
     ),
     "store_session": Module(
         "packages/waltz-server/src/waltz_server/server/store_session.py",
         (f"{SERVER_TESTS}/test_store.py", f"{SERVER_TESTS}/test_store_storage_nodes.py"),
         (SERVER_TESTS,),
-        simulate=True,
+        simulations=SIM_SEEDS,
     ),
     "partition": Module(
         "packages/waltz-storage-node/src/waltz_storage_node/partition.py",
         ("packages/waltz-storage-node/tests/test_storage_node.py",),
-        (f"{SERVER_TESTS}/test_store_storage_nodes.py", f"{SERVER_TESTS}/test_archive_store.py"),
-        simulate=True,
+        (
+            "packages/waltz-storage-node/tests/test_storage_scrub.py",
+            f"{SERVER_TESTS}/test_store_storage_nodes.py",
+            f"{SERVER_TESTS}/test_archive_store.py",
+        ),
+        simulations=SIM_SEEDS,
     ),
     "fs_recovery": Module(
         "packages/waltz-storage-fs/src/waltz_storage_fs/recovery.py",
         ("packages/waltz-storage-fs/tests/test_recovery.py",),
         ("packages/waltz-storage-fs/tests",),
-        simulate=False,
+        simulations=FS_SEEDS,
     ),
 }
 
@@ -181,6 +199,48 @@ def _exclude_static(session: Path, module: Module) -> None:
             )
 
 
+SAMPLE_REASON = "Excluded: not in the sample"
+
+
+def _sample(session: Path, size: int | None, seed: int) -> None:
+    """Leave only ``size`` mutants to run, chosen reproducibly by ``seed``: the others
+    are marked excluded (``SAMPLE_REASON``) until a run without ``--sample``, which
+    makes them pending again (the full run resumes). The candidates are the mutants not
+    excluded statically, in source order (the job ids are random per init), shuffled
+    by the seed; the sample is a prefix of that order, so a larger ``size`` with the
+    same seed extends a smaller one."""
+    with closing(sqlite3.connect(session)) as db, db:
+        db.execute(
+            "DELETE FROM work_results WHERE worker_outcome = 'SKIPPED' AND output LIKE ?",
+            (SAMPLE_REASON + "%",),
+        )
+        if size is None:
+            return
+        rows = db.execute(
+            "SELECT s.job_id FROM mutation_specs s LEFT JOIN work_results r"
+            " ON r.job_id = s.job_id WHERE r.worker_outcome IS NOT 'SKIPPED'"
+            " ORDER BY s.start_pos_row, s.start_pos_col, s.operator_name, s.occurrence"
+        ).fetchall()
+        order = [job_id for (job_id,) in rows]
+        random.Random(seed).shuffle(order)
+        reason = f"{SAMPLE_REASON} ({size} of {len(order)}, seed {seed})"
+        for job_id in order[size:]:
+            db.execute(
+                "INSERT OR REPLACE INTO work_results (worker_outcome, output, test_outcome,"
+                " diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
+                (reason, job_id),
+            )
+
+
+def _wilson(killed: int, counted: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a sampled kill ratio."""
+    p = killed / counted
+    centre = (p + z * z / (2 * counted)) / (1 + z * z / counted)
+    half = z * math.sqrt(p * (1 - p) / counted + z * z / (4 * counted * counted))
+    half /= 1 + z * z / counted
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """Where the type annotations are, as ((row, col), (end row, end col)): with
     ``from __future__ import annotations`` (every target module has it) Python never
@@ -232,7 +292,15 @@ def _forget_survivors(session: Path) -> int:
         ).rowcount
 
 
-def run(names: list[str], fresh: bool, timeout: float, retest: bool) -> None:
+def run(
+    names: list[str],
+    fresh: bool,
+    timeout: float,
+    retest: bool,
+    *,
+    sample: int | None = None,
+    sample_seed: int = 0,
+) -> None:
     _check_clean([MODULES[name].path for name in names])
     SESSIONS.mkdir(exist_ok=True)
     for name in names:
@@ -243,6 +311,7 @@ def run(names: list[str], fresh: bool, timeout: float, retest: bool) -> None:
             _tool("cosmic-ray", "init", str(config), str(session))
             _tool("cr-filter-operators", str(session), str(config))
         _exclude_static(session, MODULES[name])
+        _sample(session, sample, sample_seed)
         if retest:
             print(f"{name}: {_forget_survivors(session)} surviving mutants to test again")
         started = time.monotonic()
@@ -255,26 +324,82 @@ def run(names: list[str], fresh: bool, timeout: float, retest: bool) -> None:
     report(names)
 
 
+def _test_files(module: Module) -> list[str]:
+    """The module's test files, the ones that target it first, each once (a directory
+    in ``then`` stands for its ``test_*.py`` files)."""
+    files = [str(ROOT / path) for path in module.first]
+    for entry in module.then:
+        path = ROOT / entry
+        for file in sorted(path.glob("test_*.py")) if path.is_dir() else [path]:
+            if str(file) not in files:
+                files.append(str(file))
+    return files
+
+
 def test(name: str) -> int:
-    """The per-mutant command: 0 when every check passes (the mutant survives)."""
+    """The per-mutant command: 0 when every check passes (the mutant survives).
+
+    One pytest process runs every test file (one start-up, not one per group) with
+    ``--ff``: the tests that killed the previous mutants run first (its cache is the
+    module's own, in ``.mutation/``), since neighbouring mutants tend to be killed by
+    the same test; then the simulation runs. Each stage that ran, with its time and
+    whether it killed the mutant, goes to ``.mutation/MODULE.stages.jsonl``."""
     module = MODULES[name]
+    stages: list[dict[str, object]] = []
+
+    def stage(label: str, argv: list[str], passed: tuple[int, ...] = (0,)) -> bool:
+        started = time.monotonic()
+        killed = subprocess.run(argv, cwd=ROOT, check=False).returncode not in passed
+        stages.append({"stage": label, "s": round(time.monotonic() - started, 1), "killed": killed})
+        return killed
+
     # --timeout: a mutant that loops forever fails its test after 60 s (the slowest test
     # takes 3 s on a loaded machine), not after the configured 300 s
-    pytest = [str(VENV_BIN / "pytest"), "-x", "-q", "-p", "no:cacheprovider", "--timeout=60"]
-    firsts = [str(ROOT / path) for path in module.first]
-    if subprocess.run([*pytest, *firsts], cwd=ROOT, check=False).returncode != 0:
-        return 1
-    ignored = [f"--ignore={path}" for path in firsts]
-    rest = [str(ROOT / path) for path in module.then]
-    if subprocess.run([*pytest, *ignored, *rest], cwd=ROOT, check=False).returncode not in (0, 5):
-        return 1
-    if module.simulate:
-        simulate = [str(VENV_BIN / "waltz"), "simulate", "--seeds", SEEDS, "-j", "1"]
-        for faults in ("standard", "points"):
-            argv = [*simulate, "--faults", faults, "--stop-on-failure"]
-            if subprocess.run(argv, cwd=ROOT, check=False).returncode != 0:
-                return 1
-    return 0
+    pytest = [str(VENV_BIN / "pytest"), "-x", "-q", "--ff", "--timeout=60"]
+    pytest += ["-o", f"cache_dir={SESSIONS / ('pytest-cache-' + name)}"]
+    killed = stage("pytest", [*pytest, *_test_files(module)])
+    for options in module.simulations if not killed else ():
+        simulate = [str(VENV_BIN / "waltz"), "simulate", "--seeds", SEEDS, "-j", "2"]
+        if stage(" ".join(options), [*simulate, *options, "--stop-on-failure"]):
+            killed = True
+            break
+    with (SESSIONS / f"{name}.stages.jsonl").open("a") as log:
+        log.write(json.dumps({"lines": _changed_lines(module), "stages": stages}) + "\n")
+    return 1 if killed else 0
+
+
+def _changed_lines(module: Module) -> list[int]:
+    diff = subprocess.run(
+        ["git", "diff", "-U0", "--", module.path],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [int(h.split()[2].lstrip("+").split(",")[0]) for h in diff.splitlines() if h[:2] == "@@"]
+
+
+def stages(names: list[str]) -> None:
+    """Which stage killed the mutants and what each cost: the data to order them by."""
+    for name in names:
+        path = SESSIONS / f"{name}.stages.jsonl"
+        if not path.exists():
+            print(f"{name}: no stage log")
+            continue
+        runs = [json.loads(line) for line in path.read_text().splitlines() if line]
+        kills: Counter[str] = Counter()
+        seconds: Counter[str] = Counter()
+        counts: Counter[str] = Counter()
+        for run_ in runs:
+            for item in run_["stages"]:
+                counts[item["stage"]] += 1
+                seconds[item["stage"]] += item["s"]
+                kills[item["stage"]] += item["killed"]
+        survived = sum(not any(i["killed"] for i in r["stages"]) for r in runs)
+        print(f"{name}: {len(runs)} mutants tested, {survived} passed every stage")
+        for label in counts:
+            mean = seconds[label] / counts[label]
+            print(f"  {label}: ran {counts[label]}, killed {kills[label]}, mean {mean:.1f} s")
 
 
 def report(names: list[str]) -> None:
@@ -291,6 +416,7 @@ def report(names: list[str]) -> None:
             check=True,
         ).stdout
         outcomes: Counter[str] = Counter()
+        sampled = ""
         survivors: list[tuple[int, str, str]] = []
         for line in dump.splitlines():
             item, result = json.loads(line)
@@ -298,6 +424,9 @@ def report(names: list[str]) -> None:
                 outcomes["pending"] += 1
             elif result["worker_outcome"] == "skipped":
                 reason = (result["output"] or "").removeprefix("Excluded: ")
+                if (result["output"] or "").startswith(SAMPLE_REASON):
+                    sampled = reason
+                    reason = SAMPLE_REASON.removeprefix("Excluded: ")
                 outcomes["excluded: " + reason.lower()] += 1
             elif result["worker_outcome"] != "normal":
                 outcomes[result["worker_outcome"]] += 1
@@ -317,6 +446,12 @@ def report(names: list[str]) -> None:
             f"{outcomes[k]} {k}" for k in sorted(outcomes) if k not in ("killed", "survived")
         )
         print(f"{name}: {score} killed ({killed} of {counted}; {survived} survived; {extra})")
+        if sampled and counted:
+            low, high = _wilson(killed, counted)
+            print(
+                f"  A SAMPLE, not a full run: {sampled}; the module's score is between"
+                f" {low:.1%} and {high:.1%} (95% Wilson interval)"
+            )
         for line_no, operator, diff in sorted(survivors):
             print(f"  survived: {MODULES[name].path}:{line_no} {operator}")
             body = [
@@ -340,6 +475,15 @@ def main() -> None:
     run_parser.add_argument(
         "--retest", action="store_true", help="test the surviving mutants again (new tests)"
     )
+    run_parser.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="run only N mutants, chosen reproducibly (the score is then a sample's)",
+    )
+    run_parser.add_argument("--sample-seed", type=int, default=0, metavar="S")
+    stages_parser = sub.add_parser("stages", help="which test stage killed the mutants")
+    stages_parser.add_argument("modules", nargs="*", metavar="MODULE")
     report_parser = sub.add_parser("report", help="the score and the surviving mutants")
     report_parser.add_argument("modules", nargs="*", metavar="MODULE")
     test_parser = sub.add_parser("test", help="the per-mutant test command")
@@ -352,7 +496,16 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown modules {unknown}: choose among {list(MODULES)}")
     if args.command == "run":
-        run(names, args.fresh, args.timeout, args.retest)
+        run(
+            names,
+            args.fresh,
+            args.timeout,
+            args.retest,
+            sample=args.sample,
+            sample_seed=args.sample_seed,
+        )
+    elif args.command == "stages":
+        stages(names)
     else:
         report(names)
 
