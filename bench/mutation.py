@@ -203,12 +203,11 @@ SAMPLE_REASON = "Excluded: not in the sample"
 
 
 def _sample(session: Path, size: int | None, seed: int) -> None:
-    """Leave only ``size`` mutants to run, chosen reproducibly by ``seed``: the others
-    are marked excluded (``SAMPLE_REASON``) until a run without ``--sample``, which
-    makes them pending again (the full run resumes). The candidates are the mutants not
-    excluded statically, in source order (the job ids are random per init), shuffled
-    by the seed; the sample is a prefix of that order, so a larger ``size`` with the
-    same seed extends a smaller one."""
+    """Leave only the first ``size`` mutants of a seeded order to run, the others marked
+    excluded (``SAMPLE_REASON``) until a run without ``--sample``, which makes them
+    pending again (the full run resumes). The order: the mutants not excluded
+    statically, in source order (the job ids are random per init), shuffled by
+    ``seed``; so a larger ``size`` with the same seed extends a smaller one."""
     with closing(sqlite3.connect(session)) as db, db:
         db.execute(
             "DELETE FROM work_results WHERE worker_outcome = 'SKIPPED' AND output LIKE ?",
@@ -223,13 +222,22 @@ def _sample(session: Path, size: int | None, seed: int) -> None:
         ).fetchall()
         order = [job_id for (job_id,) in rows]
         random.Random(seed).shuffle(order)
-        reason = f"{SAMPLE_REASON} ({size} of {len(order)}, seed {seed})"
+        reason = f"{SAMPLE_REASON} (seed {seed}, of {len(order)} mutants)"
         for job_id in order[size:]:
             db.execute(
                 "INSERT OR REPLACE INTO work_results (worker_outcome, output, test_outcome,"
                 " diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
                 (reason, job_id),
             )
+
+
+def _pending(session: Path) -> int:
+    with closing(sqlite3.connect(session)) as db:
+        (count,) = db.execute(
+            "SELECT COUNT(*) FROM mutation_specs WHERE job_id NOT IN"
+            " (SELECT job_id FROM work_results)"
+        ).fetchone()
+    return int(count)
 
 
 def _wilson(killed: int, counted: int, z: float = 1.96) -> tuple[float, float]:
@@ -317,7 +325,15 @@ def run(
         started = time.monotonic()
         load = os.getloadavg()[0]
         print(f"{name}: running (load average {load:.1f})", flush=True)
-        _tool("cosmic-ray", "exec", str(config), str(session))
+        if sample is None:
+            _tool("cosmic-ray", "exec", str(config), str(session))
+        else:
+            # one mutant per exec, in the sample's order: a run stopped at any point
+            # leaves a prefix of the seeded order, itself a uniform random sample
+            for size in range(1, sample + 1):
+                _sample(session, size, sample_seed)
+                if _pending(session):
+                    _tool("cosmic-ray", "exec", str(config), str(session))
         _check_clean([MODULES[name].path])
         minutes = (time.monotonic() - started) / 60
         print(f"{name}: ran in {minutes:.1f} min (load average {os.getloadavg()[0]:.1f})")
@@ -449,8 +465,8 @@ def report(names: list[str]) -> None:
         if sampled and counted:
             low, high = _wilson(killed, counted)
             print(
-                f"  A SAMPLE, not a full run: {sampled}; the module's score is between"
-                f" {low:.1%} and {high:.1%} (95% Wilson interval)"
+                f"  A SAMPLE, not a full run: {counted} mutants run, {sampled}; the"
+                f" module's score is between {low:.1%} and {high:.1%} (95% Wilson interval)"
             )
         for line_no, operator, diff in sorted(survivors):
             print(f"  survived: {MODULES[name].path}:{line_no} {operator}")
@@ -479,7 +495,7 @@ def main() -> None:
         "--sample",
         type=int,
         metavar="N",
-        help="run only N mutants, chosen reproducibly (the score is then a sample's)",
+        help="run only N mutants, chosen reproducibly, one by one (the score is a sample's)",
     )
     run_parser.add_argument("--sample-seed", type=int, default=0, metavar="S")
     stages_parser = sub.add_parser("stages", help="which test stage killed the mutants")
