@@ -68,7 +68,8 @@ class Module:
     """The ``waltz simulate`` runs (their options) that run this module's code, in
     the order they run (each stops at its first failing seed)."""
     tunables: tuple[str, ...] = ()
-    """Classes whose bodies are only tunable defaults (sizes, counts): not mutated."""
+    """Tunable defaults (sizes, counts), not mutated: a class name stands for its body,
+    ``Class.method`` for the default values of the method's parameters."""
 
 
 MODULES: dict[str, Module] = {
@@ -106,6 +107,7 @@ MODULES: dict[str, Module] = {
             f"{SERVER_TESTS}/test_archive_store.py",
         ),
         simulations=SIM_SEEDS,
+        tunables=("PartitionWorker.__init__",),
     ),
     "fs_recovery": Module(
         "packages/waltz-storage-fs/src/waltz_storage_fs/recovery.py",
@@ -177,6 +179,7 @@ def _exclude_static(session: Path, module: Module) -> None:
     source = (ROOT / module.path).read_text()
     lines = source.splitlines()
     annotations = _annotation_spans(source)
+    defaults = _default_spans(source, module.tunables)
     flags = ("core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue")
     with closing(sqlite3.connect(session)) as db, db:
         rows = db.execute(
@@ -186,7 +189,9 @@ def _exclude_static(session: Path, module: Module) -> None:
         for job_id, operator, row, col, definition in rows:
             if any(start <= (row, col) < end for start, end in annotations):
                 reason = "Excluded: an annotation (never evaluated)"
-            elif definition in module.tunables:
+            elif definition in module.tunables or any(
+                start <= (row, col) < end for start, end in defaults
+            ):
                 reason = "Excluded: a tunable default"
             elif operator in flags and lines[row - 1].lstrip().startswith("@dataclass("):
                 reason = "Excluded: a dataclass flag (checked by mypy)"
@@ -205,9 +210,11 @@ SAMPLE_REASON = "Excluded: not in the sample"
 def _sample(session: Path, size: int | None, seed: int) -> None:
     """Leave only the first ``size`` mutants of a seeded order to run, the others marked
     excluded (``SAMPLE_REASON``) until a run without ``--sample``, which makes them
-    pending again (the full run resumes). The order: the mutants not excluded
-    statically, in source order (the job ids are random per init), shuffled by
-    ``seed``; so a larger ``size`` with the same seed extends a smaller one."""
+    pending again (the full run resumes). The order: every mutant of the session in
+    source order (the job ids are random per init), shuffled by ``seed``, less those
+    excluded otherwise (operators, annotations, tunables); so a larger ``size`` with
+    the same seed extends a smaller one, and a change in the static exclusions keeps
+    the order of the others."""
     with closing(sqlite3.connect(session)) as db, db:
         db.execute(
             "DELETE FROM work_results WHERE worker_outcome = 'SKIPPED' AND output LIKE ?",
@@ -216,12 +223,12 @@ def _sample(session: Path, size: int | None, seed: int) -> None:
         if size is None:
             return
         rows = db.execute(
-            "SELECT s.job_id FROM mutation_specs s LEFT JOIN work_results r"
-            " ON r.job_id = s.job_id WHERE r.worker_outcome IS NOT 'SKIPPED'"
+            "SELECT s.job_id, r.worker_outcome FROM mutation_specs s LEFT JOIN work_results r"
+            " ON r.job_id = s.job_id"
             " ORDER BY s.start_pos_row, s.start_pos_col, s.operator_name, s.occurrence"
         ).fetchall()
-        order = [job_id for (job_id,) in rows]
-        random.Random(seed).shuffle(order)
+        random.Random(seed).shuffle(rows)
+        order = [job_id for job_id, outcome in rows if outcome != "SKIPPED"]
         reason = f"{SAMPLE_REASON} (seed {seed}, of {len(order)} mutants)"
         for job_id in order[size:]:
             db.execute(
@@ -247,6 +254,25 @@ def _wilson(killed: int, counted: int, z: float = 1.96) -> tuple[float, float]:
     half = z * math.sqrt(p * (1 - p) / counted + z * z / (4 * counted * counted))
     half /= 1 + z * z / counted
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _default_spans(
+    source: str, tunables: tuple[str, ...]
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the default values of the ``Class.method`` parameters named in
+    ``tunables`` are, as ((row, col), (end row, end col))."""
+    found: list[ast.expr] = []
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            named = f"{node.name}.{getattr(item, 'name', '')}"
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and named in tunables:
+                found += item.args.defaults
+                found += [d for d in item.args.kw_defaults if d is not None]
+    return [
+        ((a.lineno, a.col_offset), (a.end_lineno or a.lineno, a.end_col_offset or 0)) for a in found
+    ]
 
 
 def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -465,8 +491,9 @@ def report(names: list[str]) -> None:
         if sampled and counted:
             low, high = _wilson(killed, counted)
             print(
-                f"  A SAMPLE, not a full run: {counted} mutants run, {sampled}; the"
-                f" module's score is between {low:.1%} and {high:.1%} (95% Wilson interval)"
+                f"  A SAMPLE, not a full run: the first {counted} mutants of a random order"
+                f" ({sampled.removeprefix(SAMPLE_REASON.removeprefix('Excluded: ')).strip()});"
+                f" the module's score is between {low:.1%} and {high:.1%} (95% Wilson interval)"
             )
         for line_no, operator, diff in sorted(survivors):
             print(f"  survived: {MODULES[name].path}:{line_no} {operator}")
