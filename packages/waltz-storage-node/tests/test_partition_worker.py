@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from waltz_api.contracts.storage import StorageEngine
-from waltz_api.errors import ConnectionClosedError, SessionFencedError
+from waltz_api.errors import ConnectionClosedError, PartitionNotFoundError, SessionFencedError
 from waltz_api.messages import (
     ErrorCode,
     FailureResponse,
     MaxTransactionIdRequest,
+    MaxTransactionIdResponse,
     Message,
     MissingRangeRequest,
     MissingRangeResponse,
@@ -84,6 +85,9 @@ def _appends(session: int, first: int, sizes: Sequence[int]) -> list[StorageAppe
         requests.append(StorageAppendRequest(session, seq, 0, records))
         first += size
     return requests
+
+
+_Answer = MaxTransactionIdResponse | FailureResponse
 
 
 def _ok(answers: Sequence[Message]) -> bool:
@@ -216,6 +220,10 @@ async def test_the_refusals_say_what_is_wrong(engine: StorageEngine) -> None:
     to -1 (empty the log) and a read of 0 bytes are fine, -2 and -1 bytes are not."""
     await engine.partition(0).append(make_records(0, 3, partition_id=0))
     worker = PartitionWorker(engine, 0)
+    (no_session,) = await _answers(worker, [MaxTransactionIdRequest(-1, 0, 0)])
+    assert isinstance(no_session, FailureResponse) and no_session.code == ErrorCode.BAD_REQUEST
+    assert "store session id -1 is invalid" in no_session.message
+    worker = PartitionWorker(engine, 0)
     answers = await _answers(
         worker,
         [
@@ -295,7 +303,9 @@ class _Metrics:
         self.calls.append(("session_fenced", partition_id))
 
     def appended(self, partition_id: int, records: int, data_bytes: int, seconds: float) -> None:
+        assert 0 <= seconds < 600, "the append's duration, in seconds"
         self.calls.append(("appended", records))
+        self.calls.append(("appended bytes", data_bytes))
 
 
 async def test_the_metrics_count_superseded_sessions_and_fenced_requests(
@@ -306,11 +316,14 @@ async def test_the_metrics_count_superseded_sessions_and_fenced_requests(
     metrics = _Metrics()
     worker = PartitionWorker(engine, 0, metrics=metrics)  # type: ignore[arg-type]
     requests: list[Any] = [MaxTransactionIdRequest(0, 0, 0), *_appends(1, 0, [1, 1])]
-    requests += [MaxTransactionIdRequest(0, 3, 0), MaxTransactionIdRequest(2, 4, 0)]
+    requests += [MaxTransactionIdRequest(1, 3, 0), MaxTransactionIdRequest(0, 4, 0)]
+    requests.append(MaxTransactionIdRequest(2, 5, 0))
     await _answers(worker, requests)
+    data_bytes = sum(len(record.data) for record in make_records(0, 2, partition_id=0))
     assert metrics.calls == [
         ("session_fenced", 0),
         ("appended", 2),
+        ("appended bytes", data_bytes),
         ("fenced_request", 0),
         ("session_fenced", 0),
     ]
@@ -324,3 +337,75 @@ def test_a_failure_names_the_fence_only_when_fenced() -> None:
     assert (fenced.code, fenced.message, fenced.highest_session_id) == (ErrorCode.FENCED, "stop", 7)
     # an exception without a message is named by its type
     assert failure_for(request, StorageRequestError()).message == "StorageRequestError"
+
+
+async def test_a_failed_control_fails_its_caller_and_the_worker_goes_on(
+    engine: StorageEngine,
+) -> None:
+    worker = PartitionWorker(engine, 0)
+    worker.start()
+
+    async def fail() -> None:
+        raise StorageRequestError("the action failed")
+
+    try:
+        with pytest.raises(StorageRequestError, match="the action failed"):
+            await asyncio.wait_for(worker.run_in_order(fail), 10)
+
+        async def answer() -> str:
+            return "done"
+
+        assert await asyncio.wait_for(worker.run_in_order(answer), 10) == "done"
+    finally:
+        await worker.stop()
+
+
+async def test_a_request_that_breaks_the_worker_is_logged_and_the_next_served(
+    engine: StorageEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug processing one request (here an append whose record has no id) is logged,
+    and the partition serves the requests after it: it does not stall."""
+    worker = PartitionWorker(engine, 0)
+    answers: list[Message] = []
+
+    async def reply(message: Message) -> None:
+        answers.append(message)
+
+    broken = StorageAppendRequest(1, 0, 0, (None,))  # type: ignore[arg-type]
+    await worker.submit(broken, reply)
+    await worker.submit(MaxTransactionIdRequest(1, 1, 0), reply)
+    with caplog.at_level(logging.ERROR, logger="waltz_storage_node.partition"):
+        worker.start()
+        await asyncio.wait_for(worker.stop(), 10)
+    assert answers == [MaxTransactionIdResponse(1, 1, 0, -1)]
+    assert any("request processing failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_stopped_worker_refuses_what_comes_after(engine: StorageEngine) -> None:
+    """Requests and actions that arrive once the worker stops (the partition moved
+    away), and a sender still waiting for room then, are told the partition is gone."""
+    worker = PartitionWorker(engine, 0, queue_bytes=10)
+    answers: list[Message] = []
+
+    async def reply(message: Message) -> None:
+        answers.append(message)
+
+    await worker.submit(MaxTransactionIdRequest(1, 0, 0), reply, 10)
+    waiting = asyncio.create_task(worker.submit(MaxTransactionIdRequest(1, 1, 0), reply, 10))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    worker.start()
+    await worker.stop()
+    await asyncio.wait_for(waiting, 10)
+    await worker.submit(MaxTransactionIdRequest(1, 2, 0), reply)
+    by_seq = {answer.seq_num: answer for answer in answers if isinstance(answer, _Answer)}
+    assert by_seq[0] == MaxTransactionIdResponse(1, 0, 0, -1)
+    refused = [by_seq[1], by_seq[2]]
+    assert all(isinstance(a, FailureResponse) for a in refused)
+    assert [getattr(a, "code", None) for a in refused] == [ErrorCode.PARTITION_NOT_FOUND] * 2
+
+    async def action() -> None:
+        pass
+
+    with pytest.raises(PartitionNotFoundError, match="no longer hosted"):
+        await worker.run_in_order(action)
