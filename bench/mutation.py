@@ -184,7 +184,8 @@ def _exclude_static(session: Path, module: Module) -> None:
     with closing(sqlite3.connect(session)) as db, db:
         rows = db.execute(
             "SELECT job_id, operator_name, start_pos_row, start_pos_col, definition_name"
-            " FROM mutation_specs"
+            " FROM mutation_specs WHERE job_id NOT IN (SELECT job_id FROM work_results"
+            " WHERE worker_outcome = 'SKIPPED' AND output = 'Filtered operator')"
         ).fetchall()
         for job_id, operator, row, col, definition in rows:
             if any(start <= (row, col) < end for start, end in annotations):
@@ -492,7 +493,7 @@ def report(names: list[str]) -> None:
             low, high = _wilson(killed, counted)
             print(
                 f"  A SAMPLE, not a full run: the first {counted} mutants of a random order"
-                f" ({sampled.removeprefix(SAMPLE_REASON.removeprefix('Excluded: ')).strip()});"
+                f" {sampled.removeprefix(SAMPLE_REASON.removeprefix('Excluded: ')).strip()};"
                 f" the module's score is between {low:.1%} and {high:.1%} (95% Wilson interval)"
             )
         for line_no, operator, diff in sorted(survivors):
