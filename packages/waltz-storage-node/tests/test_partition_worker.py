@@ -31,6 +31,8 @@ from waltz_api.messages import (
     RecordHeaderListResponse,
     RecordListRequest,
     RecordListResponse,
+    RepairRequest,
+    SetLowWaterMarkRequest,
     StorageAppendRequest,
     SuccessResponse,
     TruncateRequest,
@@ -409,3 +411,43 @@ async def test_a_stopped_worker_refuses_what_comes_after(engine: StorageEngine) 
 
     with pytest.raises(PartitionNotFoundError, match="no longer hosted"):
         await worker.run_in_order(action)
+
+
+async def test_a_partition_with_holes_names_the_lowest_and_logs_each_repair(
+    engine: StorageEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With two missing ranges, the answers and refusals name the lowest one, and a
+    repair's log line names the range it filled (its first and last ids)."""
+    from waltz_conformance.reference.storage import MemoryStoragePartition
+
+    holes = [(3, 5), (8, 9)]
+    repaired: list[list[int]] = []
+
+    async def repair(self: MemoryStoragePartition, records: Sequence[Any]) -> None:
+        repaired.append([record.transaction_id for record in records])
+        del holes[0]
+
+    monkeypatch.setattr(MemoryStoragePartition, "missing_ranges", lambda self: list(holes))
+    monkeypatch.setattr(MemoryStoragePartition, "repair", repair)
+    worker = PartitionWorker(engine, 0)
+    with caplog.at_level(logging.INFO, logger="waltz_storage_node.partition"):
+        answers = await _answers(
+            worker,
+            [
+                MissingRangeRequest(1, 0, 0),
+                SetLowWaterMarkRequest(1, 1, 0, 10),
+                RepairRequest(1, 2, 0, tuple(make_records(3, 3, partition_id=0))),
+                RepairRequest(1, 3, 0, tuple(make_records(8, 1, partition_id=0))),
+                MissingRangeRequest(1, 4, 0),
+            ],
+        )
+    assert answers[0] == MissingRangeResponse(1, 0, 0, 3, 5)
+    assert isinstance(answers[1], FailureResponse)
+    assert "lacks transactions 3..5" in answers[1].message
+    assert _ok(answers[2:4]) and repaired == [[3, 4, 5], [8]]
+    assert answers[4] == MissingRangeResponse(1, 4, 0, -1, -1)
+    logged = [r.getMessage() for r in caplog.records if "repaired transactions" in r.getMessage()]
+    assert [line.split(" from ")[0] for line in logged] == [
+        "partition 0: repaired transactions 3..5",
+        "partition 0: repaired transactions 8..8",
+    ]
