@@ -22,6 +22,7 @@ from waltz_api.errors import ConnectionClosedError, PartitionNotFoundError, Sess
 from waltz_api.messages import (
     ErrorCode,
     FailureResponse,
+    MarkReplicaRequest,
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     Message,
@@ -451,3 +452,48 @@ async def test_a_partition_with_holes_names_the_lowest_and_logs_each_repair(
         "partition 0: repaired transactions 3..5",
         "partition 0: repaired transactions 8..8",
     ]
+
+
+async def test_the_marks_a_session_records_and_their_boundaries(engine: StorageEngine) -> None:
+    """SetLowWaterMark at exactly the log end is fine and one below refused; a suspect
+    mark records LOST_SESSION; the clean mark that follows needs the same low-water
+    mark and a log reaching exactly ``log_end`` (or more), and keeps the local mark."""
+    partition = engine.partition(0)
+    await partition.append(make_records(0, 3, partition_id=0))
+    answers = await _answers(
+        PartitionWorker(engine, 0),
+        [
+            SetLowWaterMarkRequest(1, 0, 0, 1),
+            SetLowWaterMarkRequest(1, 1, 0, 2),
+            MarkReplicaRequest(2, 2, 0, 1, clean=False),
+            MarkReplicaRequest(2, 3, 0, 2, clean=False),
+        ],
+    )
+    assert isinstance(answers[0], FailureResponse)
+    assert "low-water mark 1 is below the max transaction id 2" in answers[0].message
+    assert isinstance(answers[2], FailureResponse)
+    assert _ok([answers[1], answers[3]])
+    assert partition.session_info() == SessionInfo(2, 2, 2, LOST_SESSION)
+    await partition.append(make_records(3, 2, partition_id=0))
+    answers = await _answers(
+        PartitionWorker(engine, 0),
+        [
+            MarkReplicaRequest(2, 0, 0, 3, clean=True, log_end=4),
+            MarkReplicaRequest(2, 1, 0, 2, clean=True, log_end=5),
+            MarkReplicaRequest(2, 2, 0, 2, clean=True, log_end=4),
+        ],
+    )
+    assert isinstance(answers[0], FailureResponse) and "its marks are" in answers[0].message
+    assert isinstance(answers[1], FailureResponse)
+    assert "its log ends at 4, below 5" in answers[1].message
+    assert _ok([answers[2]])
+    assert partition.session_info() == SessionInfo(2, 2, 2, 2)
+    # clean already in this session: marking it clean again is fine; by another session not
+    answers = await _answers(
+        PartitionWorker(engine, 0),
+        [
+            MarkReplicaRequest(2, 0, 0, 2, clean=True, log_end=3),
+            MarkReplicaRequest(3, 1, 0, 2, clean=True, log_end=3),
+        ],
+    )
+    assert _ok([answers[0]]) and isinstance(answers[1], FailureResponse)
