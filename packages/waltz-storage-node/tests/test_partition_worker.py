@@ -136,14 +136,15 @@ async def test_followers_of_several_records_merge_by_their_first_id(
 
 
 async def test_the_stats_count_each_request_once(engine: StorageEngine) -> None:
+    """And an empty append behind others is answered on its own (not merged)."""
     worker = PartitionWorker(engine, 0)
     requests: list[Any] = _appends(2, 0, [1, 1])
+    requests.append(StorageAppendRequest(2, 2, 0, ()))
     requests += [MaxTransactionIdRequest(2, 5, 0), MaxTransactionIdRequest(1, 6, 0)]
-    requests.append(StorageAppendRequest(2, 7, 0, ()))
     answers = await _answers(worker, requests)
-    assert isinstance(answers[3], FailureResponse) and answers[3].code == ErrorCode.FENCED
-    assert answers[3].highest_session_id == 2
-    assert _ok([answers[4]])
+    assert _ok(answers[:4])
+    assert isinstance(answers[4], FailureResponse) and answers[4].code == ErrorCode.FENCED
+    assert answers[4].highest_session_id == 2
     assert worker.stats == PartitionStats(
         requests=5, append_requests=3, engine_appends=1, records_appended=2, fenced=1
     )
@@ -497,3 +498,21 @@ async def test_the_marks_a_session_records_and_their_boundaries(engine: StorageE
         ],
     )
     assert _ok([answers[0]]) and isinstance(answers[1], FailureResponse)
+
+
+async def test_an_append_of_another_session_is_never_merged(engine: StorageEngine) -> None:
+    """Appends merge only within one store session: an older session's append queued
+    right behind a newer one's, its ids continuing them, is fenced (nothing of it is
+    stored), and a newer one's behind an older one's raises the fence first."""
+    newer = StorageAppendRequest(2, 0, 0, tuple(make_records(0, 1, partition_id=0)))
+    older = StorageAppendRequest(1, 1, 0, tuple(make_records(1, 1, partition_id=0)))
+    answers = await _answers(PartitionWorker(engine, 0), [newer, older])
+    assert _ok([answers[0]])
+    assert isinstance(answers[1], FailureResponse) and answers[1].code == ErrorCode.FENCED
+    assert engine.partition(0).max_transaction_id() == 0
+    newest = StorageAppendRequest(3, 1, 0, tuple(make_records(2, 1, partition_id=0)))
+    again = StorageAppendRequest(2, 2, 0, tuple(make_records(1, 1, partition_id=0)))
+    answers = await _answers(PartitionWorker(engine, 0), [again, newest])
+    assert _ok(answers)
+    assert engine.partition(0).session_info().session_id == 3
+    assert engine.partition(0).max_transaction_id() == 2
