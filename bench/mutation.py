@@ -4,22 +4,31 @@ cosmic-ray mutates a module's file in place, one mutation at a time, and runs a 
 command; the editable installs of this monorepo import the mutated file, so the unit
 tests and ``waltz simulate`` both see the mutant. A mutant is *killed* when the
 command fails (or times out), *survives* when it passes. Per mutant the command runs
-the module's fast unit tests with ``-x`` (the tests that target the module first, so a
-killed mutant stops early), then, for the modules the simulation runs, 20 seeds of
-the ``standard`` fault profile and 20 of ``points`` (``--stop-on-failure``).
+the module's fast unit tests in one pytest process with ``-x`` and ``--ff`` (the tests
+that target the module first, and before them those that killed earlier mutants, so
+a killed mutant stops early), then the simulation seeds that run the module's code:
+20 of the ``points`` fault profile and 20 of ``standard`` for the server's and the
+storage node's modules, 20 ``chaos`` and 20 ``standard`` on the real fs engine for
+the fs engine's (``--stop-on-failure``, two seeds at a time).
 
     .venv/bin/python bench/mutation.py run [MODULE ...]    # init + exec + report
+    .venv/bin/python bench/mutation.py run MODULE --sample 40 --sample-seed 1
     .venv/bin/python bench/mutation.py report [MODULE ...] # the score and survivors
+    .venv/bin/python bench/mutation.py stages [MODULE ...] # which stage killed, its cost
     .venv/bin/python bench/mutation.py test MODULE          # the per-mutant command
 
 MODULE is one of the keys of ``MODULES`` (default: all, in priority order). The
 sessions live in ``.mutation/`` (ignored by git); ``run`` resumes a session that an
 interrupted run left (``--fresh`` starts over; ``--retest`` tests the survivors again,
-after new tests). The operators are cosmic-ray's, less
-those ``EXCLUDED_OPERATORS`` names (docs/simulation.md, "Mutation score", says why).
-Slow (hours for every module on a loaded machine): ``tox -e mutate`` runs it, and no
-CI run does. It refuses to start when a target module differs from git's HEAD (a
-mutant left behind by a killed run: ``git checkout -- FILE``).
+after new tests). ``--sample N`` runs the mutants one by one in an order shuffled by
+``--sample-seed``, up to N: stopped at any point, the mutants run are a uniform random
+sample, and ``report`` gives the score as such, with its 95% interval (a sample, not
+a full run); a run without ``--sample`` then resumes the full run. The operators are
+cosmic-ray's, less those ``EXCLUDED_OPERATORS`` names (docs/simulation.md, "Mutation
+score", says why). Slow (hours for every module on a loaded machine): ``tox -e
+mutate`` runs it, and no CI run does. It refuses to start when a target module
+differs from git's HEAD (a mutant left behind by a killed run: ``git checkout --
+FILE``).
 """
 
 from __future__ import annotations
