@@ -39,6 +39,7 @@ import json
 import math
 import os
 import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -53,6 +54,9 @@ SESSIONS = ROOT / ".mutation"
 VENV_BIN = Path(sys.executable).parent
 SERVER_TESTS = "packages/waltz-server/tests/server"
 SEEDS = "0..19"
+SIMULATION_TIMEOUT = 360.0
+"""Seconds for one stage of 20 seeds (about 15 s on an idle machine, under 2 min at a
+load average of 24): past it the mutant hangs a seed (an endless loop), killed."""
 
 
 SIM_SEEDS = (("--faults", "points"), ("--faults", "standard"))
@@ -399,9 +403,18 @@ def test(name: str) -> int:
     module = MODULES[name]
     stages: list[dict[str, object]] = []
 
-    def stage(label: str, argv: list[str], passed: tuple[int, ...] = (0,)) -> bool:
+    def stage(label: str, argv: list[str], timeout: float | None = None) -> bool:
+        """Run one stage; killed when it fails, or hangs past ``timeout`` (its whole
+        process group is stopped then: a mutant that loops forever in a seed)."""
         started = time.monotonic()
-        killed = subprocess.run(argv, cwd=ROOT, check=False).returncode not in passed
+        process = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
+        try:
+            killed = process.wait(timeout=timeout) != 0
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            killed = True
+            label += " (hung: timed out)"
         stages.append({"stage": label, "s": round(time.monotonic() - started, 1), "killed": killed})
         return killed
 
@@ -412,7 +425,8 @@ def test(name: str) -> int:
     killed = stage("pytest", [*pytest, *_test_files(module)])
     for options in module.simulations if not killed else ():
         simulate = [str(VENV_BIN / "waltz"), "simulate", "--seeds", SEEDS, "-j", "2"]
-        if stage(" ".join(options), [*simulate, *options, "--stop-on-failure"]):
+        argv = [*simulate, *options, "--stop-on-failure"]
+        if stage(" ".join(options), argv, timeout=SIMULATION_TIMEOUT):
             killed = True
             break
     with (SESSIONS / f"{name}.stages.jsonl").open("a") as log:
