@@ -113,7 +113,10 @@ MODULES: dict[str, Module] = {
     ),
     "partition": Module(
         "packages/waltz-storage-node/src/waltz_storage_node/partition.py",
-        ("packages/waltz-storage-node/tests/test_storage_node.py",),
+        (
+            "packages/waltz-storage-node/tests/test_partition_worker.py",
+            "packages/waltz-storage-node/tests/test_storage_node.py",
+        ),
         (
             "packages/waltz-storage-node/tests/test_storage_scrub.py",
             f"{SERVER_TESTS}/test_store_storage_nodes.py",
