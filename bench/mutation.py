@@ -246,8 +246,10 @@ def _sample(session: Path, size: int | None, seed: int) -> None:
         ).fetchall()
         random.Random(seed).shuffle(rows)
         order = [job_id for job_id, outcome in rows if outcome != "SKIPPED"]
+        pending = {job_id for job_id, outcome in rows if outcome is None}
         reason = f"{SAMPLE_REASON} (seed {seed}, of {len(order)} mutants)"
-        for job_id in order[size:]:
+        # a mutant already run keeps its result (a resumed or a retested sample)
+        for job_id in (job_id for job_id in order[size:] if job_id in pending):
             db.execute(
                 "INSERT OR REPLACE INTO work_results (worker_outcome, output, test_outcome,"
                 " diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
