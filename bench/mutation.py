@@ -62,6 +62,11 @@ load average of 24): past it the mutant hangs a seed (an endless loop), killed."
 SIM_SEEDS = (("--faults", "points"), ("--faults", "standard"))
 """The simulation's runs for the modules of the server and the storage node: 20 seeds
 of each fault profile, on the simulation's model of the disk."""
+NODE_SEEDS = (("--faults", "storage"), *SIM_SEEDS)
+"""For the storage node's partition handling: first 20 seeds of the ``storage`` fault
+profile (damaged and wiped disks, repairs, replicas marked suspect then clean), whose
+seed 5 kills a mutant swapping the suspect and clean marks that 20 ``points`` and 20
+``standard`` seeds let through."""
 FS_SEEDS = (
     ("--storage-engine", "fs", "--faults", "chaos"),
     ("--storage-engine", "fs", "--faults", "standard"),
@@ -122,7 +127,7 @@ MODULES: dict[str, Module] = {
             f"{SERVER_TESTS}/test_store_storage_nodes.py",
             f"{SERVER_TESTS}/test_archive_store.py",
         ),
-        simulations=SIM_SEEDS,
+        simulations=NODE_SEEDS,
         tunables=("PartitionWorker.__init__",),
     ),
     "fs_recovery": Module(
