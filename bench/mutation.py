@@ -109,6 +109,7 @@ MODULES: dict[str, Module] = {
         (f"{SERVER_TESTS}/test_recovery_cases.py", f"{SERVER_TESTS}/test_store.py"),
         (SERVER_TESTS,),
         simulations=SIM_SEEDS,
+        tunables=("RecoveryManager.__init__",),
     ),
     "store_session": Module(
         "packages/waltz-server/src/waltz_server/server/store_session.py",
