@@ -4,22 +4,31 @@ cosmic-ray mutates a module's file in place, one mutation at a time, and runs a 
 command; the editable installs of this monorepo import the mutated file, so the unit
 tests and ``waltz simulate`` both see the mutant. A mutant is *killed* when the
 command fails (or times out), *survives* when it passes. Per mutant the command runs
-the module's fast unit tests with ``-x`` (the tests that target the module first, so a
-killed mutant stops early), then, for the modules the simulation runs, 20 seeds of
-the ``standard`` fault profile and 20 of ``points`` (``--stop-on-failure``).
+the module's fast unit tests in one pytest process with ``-x`` and ``--ff`` (the tests
+that target the module first, and before them those that killed earlier mutants, so
+a killed mutant stops early), then the simulation seeds that run the module's code:
+20 of the ``points`` fault profile and 20 of ``standard`` for the server's and the
+storage node's modules, 20 ``chaos`` and 20 ``standard`` on the real fs engine for
+the fs engine's (``--stop-on-failure``, two seeds at a time).
 
     .venv/bin/python bench/mutation.py run [MODULE ...]    # init + exec + report
+    .venv/bin/python bench/mutation.py run MODULE --sample 40 --sample-seed 1
     .venv/bin/python bench/mutation.py report [MODULE ...] # the score and survivors
+    .venv/bin/python bench/mutation.py stages [MODULE ...] # which stage killed, its cost
     .venv/bin/python bench/mutation.py test MODULE          # the per-mutant command
 
 MODULE is one of the keys of ``MODULES`` (default: all, in priority order). The
 sessions live in ``.mutation/`` (ignored by git); ``run`` resumes a session that an
 interrupted run left (``--fresh`` starts over; ``--retest`` tests the survivors again,
-after new tests). The operators are cosmic-ray's, less
-those ``EXCLUDED_OPERATORS`` names (docs/simulation.md, "Mutation score", says why).
-Slow (hours for every module on a loaded machine): ``tox -e mutate`` runs it, and no
-CI run does. It refuses to start when a target module differs from git's HEAD (a
-mutant left behind by a killed run: ``git checkout -- FILE``).
+after new tests). ``--sample N`` runs the mutants one by one in an order shuffled by
+``--sample-seed``, up to N: stopped at any point, the mutants run are a uniform random
+sample, and ``report`` gives the score as such, with its 95% interval (a sample, not
+a full run); a run without ``--sample`` then resumes the full run. The operators are
+cosmic-ray's, less those ``EXCLUDED_OPERATORS`` names (docs/simulation.md, "Mutation
+score", says why). Slow (hours for every module on a loaded machine): ``tox -e
+mutate`` runs it, and no CI run does. It refuses to start when a target module
+differs from git's HEAD (a mutant left behind by a killed run: ``git checkout --
+FILE``).
 """
 
 from __future__ import annotations
@@ -27,7 +36,10 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import os
+import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -42,6 +54,25 @@ SESSIONS = ROOT / ".mutation"
 VENV_BIN = Path(sys.executable).parent
 SERVER_TESTS = "packages/waltz-server/tests/server"
 SEEDS = "0..19"
+SIMULATION_TIMEOUT = 360.0
+"""Seconds for one stage of 20 seeds (about 15 s on an idle machine, under 2 min at a
+load average of 24): past it the mutant hangs a seed (an endless loop), killed."""
+
+
+SIM_SEEDS = (("--faults", "points"), ("--faults", "standard"))
+"""The simulation's runs for the modules of the server and the storage node: 20 seeds
+of each fault profile, on the simulation's model of the disk."""
+NODE_SEEDS = (("--faults", "storage"), *SIM_SEEDS)
+"""For the storage node's partition handling: first 20 seeds of the ``storage`` fault
+profile (damaged and wiped disks, repairs, replicas marked suspect then clean), whose
+seed 5 kills a mutant swapping the suspect and clean marks that 20 ``points`` and 20
+``standard`` seeds let through."""
+FS_SEEDS = (
+    ("--storage-engine", "fs", "--faults", "chaos"),
+    ("--storage-engine", "fs", "--faults", "standard"),
+)
+"""For the fs engine's modules: 20 seeds of each profile on the real fs engine (its
+files on the simulated disks, which crash, tear writes and lose unsynced data)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +82,12 @@ class Module:
     """The test files that target the module, run first."""
     then: tuple[str, ...]
     """The rest of the unit tests that cover it (directories or files)."""
-    simulate: bool
-    """Whether ``waltz simulate`` runs this module's code (the fs engine it does not)."""
+    simulations: tuple[tuple[str, ...], ...]
+    """The ``waltz simulate`` runs (their options) that run this module's code, in
+    the order they run (each stops at its first failing seed)."""
     tunables: tuple[str, ...] = ()
-    """Classes whose bodies are only tunable defaults (sizes, counts): not mutated."""
+    """Tunable defaults (sizes, counts), not mutated: a class name stands for its body,
+    ``Class.method`` for the default values of the method's parameters."""
 
 
 MODULES: dict[str, Module] = {
@@ -62,38 +95,47 @@ MODULES: dict[str, Module] = {
         "packages/waltz-server/src/waltz_server/server/voting.py",
         (f"{SERVER_TESTS}/test_voting.py", f"{SERVER_TESTS}/test_recovery_cases.py"),
         (SERVER_TESTS,),
-        simulate=True,
+        simulations=SIM_SEEDS,
     ),
     "replication": Module(
         "packages/waltz-server/src/waltz_server/server/replication.py",
         (f"{SERVER_TESTS}/test_replication.py", f"{SERVER_TESTS}/test_store.py"),
         (SERVER_TESTS,),
-        simulate=True,
+        simulations=SIM_SEEDS,
         tunables=("ReplicationLimits",),
     ),
     "recovery": Module(
         "packages/waltz-server/src/waltz_server/server/recovery.py",
         (f"{SERVER_TESTS}/test_recovery_cases.py", f"{SERVER_TESTS}/test_store.py"),
         (SERVER_TESTS,),
-        simulate=True,
+        simulations=SIM_SEEDS,
+        tunables=("RecoveryManager.__init__",),
     ),
     "store_session": Module(
         "packages/waltz-server/src/waltz_server/server/store_session.py",
         (f"{SERVER_TESTS}/test_store.py", f"{SERVER_TESTS}/test_store_storage_nodes.py"),
         (SERVER_TESTS,),
-        simulate=True,
+        simulations=SIM_SEEDS,
     ),
     "partition": Module(
         "packages/waltz-storage-node/src/waltz_storage_node/partition.py",
-        ("packages/waltz-storage-node/tests/test_storage_node.py",),
-        (f"{SERVER_TESTS}/test_store_storage_nodes.py", f"{SERVER_TESTS}/test_archive_store.py"),
-        simulate=True,
+        (
+            "packages/waltz-storage-node/tests/test_partition_worker.py",
+            "packages/waltz-storage-node/tests/test_storage_node.py",
+        ),
+        (
+            "packages/waltz-storage-node/tests/test_storage_scrub.py",
+            f"{SERVER_TESTS}/test_store_storage_nodes.py",
+            f"{SERVER_TESTS}/test_archive_store.py",
+        ),
+        simulations=NODE_SEEDS,
+        tunables=("PartitionWorker.__init__",),
     ),
     "fs_recovery": Module(
         "packages/waltz-storage-fs/src/waltz_storage_fs/recovery.py",
         ("packages/waltz-storage-fs/tests/test_recovery.py",),
         ("packages/waltz-storage-fs/tests",),
-        simulate=False,
+        simulations=FS_SEEDS,
     ),
 }
 
@@ -159,16 +201,20 @@ def _exclude_static(session: Path, module: Module) -> None:
     source = (ROOT / module.path).read_text()
     lines = source.splitlines()
     annotations = _annotation_spans(source)
+    defaults = _default_spans(source, module.tunables)
     flags = ("core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue")
     with closing(sqlite3.connect(session)) as db, db:
         rows = db.execute(
             "SELECT job_id, operator_name, start_pos_row, start_pos_col, definition_name"
-            " FROM mutation_specs"
+            " FROM mutation_specs WHERE job_id NOT IN (SELECT job_id FROM work_results"
+            " WHERE worker_outcome = 'SKIPPED' AND output = 'Filtered operator')"
         ).fetchall()
         for job_id, operator, row, col, definition in rows:
             if any(start <= (row, col) < end for start, end in annotations):
                 reason = "Excluded: an annotation (never evaluated)"
-            elif definition in module.tunables:
+            elif definition in module.tunables or any(
+                start <= (row, col) < end for start, end in defaults
+            ):
                 reason = "Excluded: a tunable default"
             elif operator in flags and lines[row - 1].lstrip().startswith("@dataclass("):
                 reason = "Excluded: a dataclass flag (checked by mypy)"
@@ -179,6 +225,79 @@ def _exclude_static(session: Path, module: Module) -> None:
                 " diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
                 (reason, job_id),
             )
+
+
+SAMPLE_REASON = "Excluded: not in the sample"
+
+
+def _sample(session: Path, size: int | None, seed: int) -> None:
+    """Leave only the first ``size`` mutants of a seeded order to run, the others marked
+    excluded (``SAMPLE_REASON``) until a run without ``--sample``, which makes them
+    pending again (the full run resumes). The order: every mutant of the session in
+    source order (the job ids are random per init), shuffled by ``seed``, less those
+    excluded otherwise (operators, annotations, tunables); so a larger ``size`` with
+    the same seed extends a smaller one, and a change in the static exclusions keeps
+    the order of the others."""
+    with closing(sqlite3.connect(session)) as db, db:
+        db.execute(
+            "DELETE FROM work_results WHERE worker_outcome = 'SKIPPED' AND output LIKE ?",
+            (SAMPLE_REASON + "%",),
+        )
+        if size is None:
+            return
+        rows = db.execute(
+            "SELECT s.job_id, r.worker_outcome FROM mutation_specs s LEFT JOIN work_results r"
+            " ON r.job_id = s.job_id"
+            " ORDER BY s.start_pos_row, s.start_pos_col, s.operator_name, s.occurrence"
+        ).fetchall()
+        random.Random(seed).shuffle(rows)
+        order = [job_id for job_id, outcome in rows if outcome != "SKIPPED"]
+        pending = {job_id for job_id, outcome in rows if outcome is None}
+        reason = f"{SAMPLE_REASON} (seed {seed}, of {len(order)} mutants)"
+        # a mutant already run keeps its result (a resumed or a retested sample)
+        for job_id in (job_id for job_id in order[size:] if job_id in pending):
+            db.execute(
+                "INSERT OR REPLACE INTO work_results (worker_outcome, output, test_outcome,"
+                " diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
+                (reason, job_id),
+            )
+
+
+def _pending(session: Path) -> int:
+    with closing(sqlite3.connect(session)) as db:
+        (count,) = db.execute(
+            "SELECT COUNT(*) FROM mutation_specs WHERE job_id NOT IN"
+            " (SELECT job_id FROM work_results)"
+        ).fetchone()
+    return int(count)
+
+
+def _wilson(killed: int, counted: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a sampled kill ratio."""
+    p = killed / counted
+    centre = (p + z * z / (2 * counted)) / (1 + z * z / counted)
+    half = z * math.sqrt(p * (1 - p) / counted + z * z / (4 * counted * counted))
+    half /= 1 + z * z / counted
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _default_spans(
+    source: str, tunables: tuple[str, ...]
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the default values of the ``Class.method`` parameters named in
+    ``tunables`` are, as ((row, col), (end row, end col))."""
+    found: list[ast.expr] = []
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            named = f"{node.name}.{getattr(item, 'name', '')}"
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and named in tunables:
+                found += item.args.defaults
+                found += [d for d in item.args.kw_defaults if d is not None]
+    return [
+        ((a.lineno, a.col_offset), (a.end_lineno or a.lineno, a.end_col_offset or 0)) for a in found
+    ]
 
 
 def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -232,7 +351,15 @@ def _forget_survivors(session: Path) -> int:
         ).rowcount
 
 
-def run(names: list[str], fresh: bool, timeout: float, retest: bool) -> None:
+def run(
+    names: list[str],
+    fresh: bool,
+    timeout: float,
+    retest: bool,
+    *,
+    sample: int | None = None,
+    sample_seed: int = 0,
+) -> None:
     _check_clean([MODULES[name].path for name in names])
     SESSIONS.mkdir(exist_ok=True)
     for name in names:
@@ -243,38 +370,113 @@ def run(names: list[str], fresh: bool, timeout: float, retest: bool) -> None:
             _tool("cosmic-ray", "init", str(config), str(session))
             _tool("cr-filter-operators", str(session), str(config))
         _exclude_static(session, MODULES[name])
+        _sample(session, sample, sample_seed)
         if retest:
             print(f"{name}: {_forget_survivors(session)} surviving mutants to test again")
         started = time.monotonic()
         load = os.getloadavg()[0]
         print(f"{name}: running (load average {load:.1f})", flush=True)
-        _tool("cosmic-ray", "exec", str(config), str(session))
+        if sample is None:
+            _tool("cosmic-ray", "exec", str(config), str(session))
+        else:
+            # one mutant per exec, in the sample's order: a run stopped at any point
+            # leaves a prefix of the seeded order, itself a uniform random sample
+            for size in range(1, sample + 1):
+                _sample(session, size, sample_seed)
+                if _pending(session):
+                    _tool("cosmic-ray", "exec", str(config), str(session))
         _check_clean([MODULES[name].path])
         minutes = (time.monotonic() - started) / 60
         print(f"{name}: ran in {minutes:.1f} min (load average {os.getloadavg()[0]:.1f})")
     report(names)
 
 
+def _test_files(module: Module) -> list[str]:
+    """The module's test files, the ones that target it first, each once (a directory
+    in ``then`` stands for its ``test_*.py`` files)."""
+    files = [str(ROOT / path) for path in module.first]
+    for entry in module.then:
+        path = ROOT / entry
+        for file in sorted(path.glob("test_*.py")) if path.is_dir() else [path]:
+            if str(file) not in files:
+                files.append(str(file))
+    return files
+
+
 def test(name: str) -> int:
-    """The per-mutant command: 0 when every check passes (the mutant survives)."""
+    """The per-mutant command: 0 when every check passes (the mutant survives).
+
+    One pytest process runs every test file (one start-up, not one per group) with
+    ``--ff``: the tests that killed the previous mutants run first (its cache is the
+    module's own, in ``.mutation/``), since neighbouring mutants tend to be killed by
+    the same test; then the simulation runs. Each stage that ran, with its time and
+    whether it killed the mutant, goes to ``.mutation/MODULE.stages.jsonl``."""
     module = MODULES[name]
+    stages: list[dict[str, object]] = []
+
+    def stage(label: str, argv: list[str], timeout: float | None = None) -> bool:
+        """Run one stage; killed when it fails, or hangs past ``timeout`` (its whole
+        process group is stopped then: a mutant that loops forever in a seed)."""
+        started = time.monotonic()
+        process = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
+        try:
+            killed = process.wait(timeout=timeout) != 0
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            killed = True
+            label += " (hung: timed out)"
+        stages.append({"stage": label, "s": round(time.monotonic() - started, 1), "killed": killed})
+        return killed
+
     # --timeout: a mutant that loops forever fails its test after 60 s (the slowest test
     # takes 3 s on a loaded machine), not after the configured 300 s
-    pytest = [str(VENV_BIN / "pytest"), "-x", "-q", "-p", "no:cacheprovider", "--timeout=60"]
-    firsts = [str(ROOT / path) for path in module.first]
-    if subprocess.run([*pytest, *firsts], cwd=ROOT, check=False).returncode != 0:
-        return 1
-    ignored = [f"--ignore={path}" for path in firsts]
-    rest = [str(ROOT / path) for path in module.then]
-    if subprocess.run([*pytest, *ignored, *rest], cwd=ROOT, check=False).returncode not in (0, 5):
-        return 1
-    if module.simulate:
-        simulate = [str(VENV_BIN / "waltz"), "simulate", "--seeds", SEEDS, "-j", "1"]
-        for faults in ("standard", "points"):
-            argv = [*simulate, "--faults", faults, "--stop-on-failure"]
-            if subprocess.run(argv, cwd=ROOT, check=False).returncode != 0:
-                return 1
-    return 0
+    pytest = [str(VENV_BIN / "pytest"), "-x", "-q", "--ff", "--timeout=60"]
+    pytest += ["-o", f"cache_dir={SESSIONS / ('pytest-cache-' + name)}"]
+    killed = stage("pytest", [*pytest, *_test_files(module)])
+    for options in module.simulations if not killed else ():
+        simulate = [str(VENV_BIN / "waltz"), "simulate", "--seeds", SEEDS, "-j", "2"]
+        argv = [*simulate, *options, "--stop-on-failure"]
+        if stage(" ".join(options), argv, timeout=SIMULATION_TIMEOUT):
+            killed = True
+            break
+    with (SESSIONS / f"{name}.stages.jsonl").open("a") as log:
+        log.write(json.dumps({"lines": _changed_lines(module), "stages": stages}) + "\n")
+    return 1 if killed else 0
+
+
+def _changed_lines(module: Module) -> list[int]:
+    diff = subprocess.run(
+        ["git", "diff", "-U0", "--", module.path],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [int(h.split()[2].lstrip("+").split(",")[0]) for h in diff.splitlines() if h[:2] == "@@"]
+
+
+def stages(names: list[str]) -> None:
+    """Which stage killed the mutants and what each cost: the data to order them by."""
+    for name in names:
+        path = SESSIONS / f"{name}.stages.jsonl"
+        if not path.exists():
+            print(f"{name}: no stage log")
+            continue
+        runs = [json.loads(line) for line in path.read_text().splitlines() if line]
+        kills: Counter[str] = Counter()
+        seconds: Counter[str] = Counter()
+        counts: Counter[str] = Counter()
+        for run_ in runs:
+            for item in run_["stages"]:
+                counts[item["stage"]] += 1
+                seconds[item["stage"]] += item["s"]
+                kills[item["stage"]] += item["killed"]
+        survived = sum(not any(i["killed"] for i in r["stages"]) for r in runs)
+        print(f"{name}: {len(runs)} mutants tested, {survived} passed every stage")
+        for label in counts:
+            mean = seconds[label] / counts[label]
+            print(f"  {label}: ran {counts[label]}, killed {kills[label]}, mean {mean:.1f} s")
 
 
 def report(names: list[str]) -> None:
@@ -291,6 +493,7 @@ def report(names: list[str]) -> None:
             check=True,
         ).stdout
         outcomes: Counter[str] = Counter()
+        sampled = ""
         survivors: list[tuple[int, str, str]] = []
         for line in dump.splitlines():
             item, result = json.loads(line)
@@ -298,6 +501,9 @@ def report(names: list[str]) -> None:
                 outcomes["pending"] += 1
             elif result["worker_outcome"] == "skipped":
                 reason = (result["output"] or "").removeprefix("Excluded: ")
+                if (result["output"] or "").startswith(SAMPLE_REASON):
+                    sampled = reason
+                    reason = SAMPLE_REASON.removeprefix("Excluded: ")
                 outcomes["excluded: " + reason.lower()] += 1
             elif result["worker_outcome"] != "normal":
                 outcomes[result["worker_outcome"]] += 1
@@ -317,6 +523,13 @@ def report(names: list[str]) -> None:
             f"{outcomes[k]} {k}" for k in sorted(outcomes) if k not in ("killed", "survived")
         )
         print(f"{name}: {score} killed ({killed} of {counted}; {survived} survived; {extra})")
+        if sampled and counted:
+            low, high = _wilson(killed, counted)
+            print(
+                f"  A SAMPLE, not a full run: the first {counted} mutants of a random order"
+                f" {sampled.removeprefix(SAMPLE_REASON.removeprefix('Excluded: ')).strip()};"
+                f" the module's score is between {low:.1%} and {high:.1%} (95% Wilson interval)"
+            )
         for line_no, operator, diff in sorted(survivors):
             print(f"  survived: {MODULES[name].path}:{line_no} {operator}")
             body = [
@@ -340,6 +553,15 @@ def main() -> None:
     run_parser.add_argument(
         "--retest", action="store_true", help="test the surviving mutants again (new tests)"
     )
+    run_parser.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="run only N mutants, chosen reproducibly, one by one (the score is a sample's)",
+    )
+    run_parser.add_argument("--sample-seed", type=int, default=0, metavar="S")
+    stages_parser = sub.add_parser("stages", help="which test stage killed the mutants")
+    stages_parser.add_argument("modules", nargs="*", metavar="MODULE")
     report_parser = sub.add_parser("report", help="the score and the surviving mutants")
     report_parser.add_argument("modules", nargs="*", metavar="MODULE")
     test_parser = sub.add_parser("test", help="the per-mutant test command")
@@ -352,7 +574,16 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown modules {unknown}: choose among {list(MODULES)}")
     if args.command == "run":
-        run(names, args.fresh, args.timeout, args.retest)
+        run(
+            names,
+            args.fresh,
+            args.timeout,
+            args.retest,
+            sample=args.sample,
+            sample_seed=args.sample_seed,
+        )
+    elif args.command == "stages":
+        stages(names)
     else:
         report(names)
 
