@@ -81,6 +81,37 @@ async def test_an_added_replica_is_caught_up_and_joins_the_metadata(cluster: Clu
         await store.close()
 
 
+async def test_an_added_replica_holding_records_neither_votes_nor_keeps_them(
+    cluster: Cluster,
+) -> None:
+    """A replica added to a partition with replica history is new whatever its storage
+    holds (here a node that was a replica before: the committed records through its
+    low-water mark 2, then a longer dirty tail of an old session): it does not vote on
+    the closing mark, and its tail is replaced by the committed records (the surviving
+    mutant recovery.py:179 planned it as if the partition had no history: it voted)."""
+    await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
+    for name in NODES:
+        preload(cluster.nodes[name], 6, 3, 2)
+    cluster.nodes["d:1"] = FakeStorageNode("d:1")
+    preload(cluster.nodes["d:1"], 12, 3, 2)
+    cluster.nodes["d:1"].partition(P).log[3:] = [rec(i, b"stale") for i in range(3, 12)]
+    cluster_meta = ClusterAdmin(cluster.coordination)
+    await cluster_meta.add_storage_node("d:1")
+    await cluster_meta.add_replica(P, "d:1")
+    store = cluster.store()
+    await store.start()
+    try:
+        session = await store.wait_ready(TIMEOUT)
+        assert session.low_water_mark == 5  # the three known replicas' end, not d's 11
+        ids = await asyncio.wait_for(asyncio.gather(*await append_many(store, 5, b"n")), TIMEOUT)
+        assert ids == [6, 7, 8, 9, 10]
+        await settle(cluster, 11)
+        assert_no_fork(list(cluster.nodes.values()))
+        assert not any(r.data.startswith(b"stale") for r in cluster.nodes["d:1"].log(P))
+    finally:
+        await store.close()
+
+
 async def test_a_removed_replica_leaves_the_metadata(cluster: Cluster) -> None:
     await write_metadata(cluster, 3, {n: (3, UNRESOLVED) for n in NODES})
     for name in NODES:
