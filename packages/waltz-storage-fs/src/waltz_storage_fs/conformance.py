@@ -22,9 +22,10 @@ from waltz_storage_fs.journal import JOURNAL_FILE_NAME
 from waltz_storage_fs.plugin import CAPABILITIES
 from waltz_storage_fs.powerloss import scratch_directory
 
-JOURNAL_SIZE = 256 * 1024
-"""The node journal's size in the harness (the simulation's disks use it too); the
-engine's default is 32 MiB."""
+JOURNAL_SIZE = 1024 * 1024
+"""The node journal's size in the harness (the engine's default is 32 MiB): small for the
+damage sweep, above the suite's largest round (a 300 KB record; a round larger than the
+journal is refused)."""
 
 
 @dataclass
