@@ -20,8 +20,9 @@ own): two of the old release, one of this checkout. Then:
    and the cluster commits with it) or it is refused in one line naming the format
    versions, exits non-zero and leaves its data as it was; then it runs the new release
    again;
-5. the feature level raised (``waltz cluster features --raise``): the storage node
-   migrates to the new format, and the old release is then refused in one line;
+5. the feature level raised (``waltz cluster features --raise``) to the top level this
+   release knows: every storage node migrates to its format (at level 3 the fs node
+   journal), and the old release is then refused in one line;
 6. the clients drain, the cluster is read back, the checker judges the history: nothing
    lost or duplicated, every op answered within its deadline. The longest gap in
    commits during the upgrade and the phases' times are printed.
@@ -54,8 +55,12 @@ from mixed import (
 )
 from release import REPO, latest_release, release_venv
 
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_server.server.testing import READY_MARKER as SERVER_READY
 from waltz_sim.checker import OK, LivenessBounds
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs import tools
+from waltz_storage_fs.journal import JOURNAL_FILE_NAME
 from waltz_storage_node.testing import READY_MARKER as STORAGE_READY
 
 CACHE = Path(os.environ.get("WALTZ_UPGRADE_CACHE", REPO / ".tox" / "upgrade-releases"))
@@ -163,10 +168,18 @@ async def raise_level_then_roll_back(
     await cluster.waltz(new, "cluster", "features", "--raise", "--coordination", cluster.uri)
     after = await cluster.waltz(new, "cluster", "features", "--coordination", cluster.uri)
     print(f"feature level before:\n{before}after --raise:\n{after}")
+    # raised to the top level this release knows (at 3: the fs node journal)
+    assert f"cluster feature level: {MAX_FEATURE_LEVEL} " in after, after
     since = time.monotonic()
     await cluster.restart(member, new)
     await cluster.caught_up(member)
     await cluster.commits(since)
+    for node in cluster.of_kind("storage"):
+        assert node.data_dir is not None
+        written = tools.read_control_file(node.data_dir).header.version
+        assert written == fmt.FORMAT_OF_LEVEL[MAX_FEATURE_LEVEL], (node.name, written)
+        if written >= fmt.JOURNAL_CONTROL_VERSION:  # the node journal in use
+            assert (node.data_dir / JOURNAL_FILE_NAME).stat().st_size > 0, node.name
     return await roll_back(cluster, member, old, new)
 
 

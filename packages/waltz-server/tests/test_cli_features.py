@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_the_table_of_levels() -> None:
     assert [f.level for f in FEATURE_LEVELS] == list(range(1, MAX_FEATURE_LEVEL + 1))
-    assert MIN_FEATURE_LEVEL == 1 and MAX_FEATURE_LEVEL == 2
+    assert MIN_FEATURE_LEVEL == 1 and MAX_FEATURE_LEVEL == 3
     assert FEATURE_LEVELS[0].release == "0.1.0"
     docs = (Path(__file__).parents[3] / "docs" / "compatibility.md").read_text(encoding="utf-8")
     for feature in FEATURE_LEVELS:  # the docs' table names every level and what it enables
@@ -72,8 +72,10 @@ async def test_create_records_the_level_and_raise_only_raises() -> None:
         with pytest.raises(ConfigError, match="never lowered"):
             await admin.raise_feature_level(1)
         with pytest.raises(ConfigError, match="not one this Waltz knows"):
-            await admin.raise_feature_level(3)
+            await admin.raise_feature_level(MAX_FEATURE_LEVEL + 1)
         assert (await admin.feature_level()).value == 2
+        assert await admin.raise_feature_level(MAX_FEATURE_LEVEL) == (2, MAX_FEATURE_LEVEL)
+        assert (await admin.feature_level()).value == MAX_FEATURE_LEVEL
     finally:
         await coordination.close()
 
@@ -111,8 +113,9 @@ def test_create_at_level_1_and_show(uri: str) -> None:
     assert found["servers"] == []
     code, out = features(uri)
     assert code == 0, out
-    assert f"cluster feature level: 1 (this Waltz, {__version__}, supports up to 2)" in out
-    assert f"not raisable to 2 now: storage node {sorted(nodes)[0]} cannot be asked" in out
+    top = MAX_FEATURE_LEVEL
+    assert f"cluster feature level: 1 (this Waltz, {__version__}, supports up to {top})" in out
+    assert f"not raisable to {top} now: storage node {sorted(nodes)[0]} cannot be asked" in out
 
 
 def test_raise_is_refused_while_a_storage_node_cannot_be_asked(uri: str) -> None:
@@ -121,7 +124,7 @@ def test_raise_is_refused_while_a_storage_node_cannot_be_asked(uri: str) -> None
     assert code != 0
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, out
-    assert "the feature level stays 1, not raised to 2" in errors[0]
+    assert f"the feature level stays 1, not raised to {MAX_FEATURE_LEVEL}" in errors[0]
     assert all(f"storage node {node} cannot be asked" in errors[0] for node in nodes)
     code, out = features(uri, "-o", "json")
     assert json.loads(out)["feature_level"] == 1
@@ -131,7 +134,8 @@ def test_lowering_and_unknown_levels_are_refused(uri: str) -> None:
     create(uri)
     code, out = features(uri, "--to", "1")
     assert code != 0 and "never lowered" in out and "docs/compatibility.md" in out
-    code, out = features(uri, "--to", "3")
-    assert code != 0 and "feature level 3 is not one this Waltz knows" in out
+    unknown = MAX_FEATURE_LEVEL + 1
+    code, out = features(uri, "--to", str(unknown))
+    assert code != 0 and f"feature level {unknown} is not one this Waltz knows" in out
     code, out = features(uri, "--raise", "--to", "2")
     assert code != 0 and "not both" in out

@@ -108,6 +108,11 @@ def test_a_version_1_peer_is_answered_in_version_1() -> None:
 # -- coordination metadata layout ------------------------------------------------------------------
 
 
+FIXTURE_LEVEL = 2
+"""The feature level the fixture's scenario runs at (the level it was recorded at; the
+layout does not depend on it)."""
+
+
 async def _write_scenario(coordination: Coordination) -> None:
     """The fixed scenario: create, a server registers, claims the leadership and is
     assigned a partition, which opens a store session and records its replicas'
@@ -118,9 +123,12 @@ async def _write_scenario(coordination: Coordination) -> None:
         num_replicas=2,
         storage_nodes=["st1:5500", "st2:5500"],
         cluster_key=CLUSTER_KEY,
+        feature_level=FIXTURE_LEVEL,
     )
     server_id = await cluster.allocate_server_id()
-    await cluster.register_server(server_id, SERVER_ENDPOINT, preferred_partitions=[1])
+    await cluster.register_server(
+        server_id, SERVER_ENDPOINT, preferred_partitions=[1], max_feature_level=FIXTURE_LEVEL
+    )
     await cluster.claim_leadership(server_id)
     current = await cluster.partition_assignment(0)
     await cluster.assign_partition(0, server_id, SERVER_ENDPOINT, expected_version=current.version)

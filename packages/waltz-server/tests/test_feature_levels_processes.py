@@ -23,6 +23,7 @@ import pytest
 
 import waltz_api
 from waltz_api.errors import WaltzError
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_client import (
     AsyncWaltzClient,
     ClientConfig,
@@ -33,6 +34,7 @@ from waltz_client import (
 )
 from waltz_conformance.suites.system.clients import read_log
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
+from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 from waltz_storage_node.snapshot import DATA
 
@@ -161,8 +163,9 @@ async def test_a_level_1_cluster_keeps_format_2_until_raised_under_load(tmp_path
         )
         assert shown.returncode == 0, shown.stderr
         assert "cluster feature level: 1" in shown.stdout
-        # supports 2, writes at 1; the node's version beside its levels
-        assert shown.stdout.count(f": 2 / 1, {waltz_api.__version__}") == 3, shown.stdout
+        # supports the top level, writes at 1; the node's version beside its levels
+        top = MAX_FEATURE_LEVEL
+        assert shown.stdout.count(f": {top} / 1, {waltz_api.__version__}") == 3, shown.stdout
 
         # a copy taken before the raise is in the formats of level 1 too: what a node
         # rolled back to 0.1.0 after the raise is restored from
@@ -177,16 +180,16 @@ async def test_a_level_1_cluster_keeps_format_2_until_raised_under_load(tmp_path
             waltz, "cluster", "features", "--raise", "--coordination", harness.coordination_uri
         )
         assert raised.returncode == 0, raised.stdout + raised.stderr
-        assert "feature level 2 recorded (was 1)" in raised.stdout
-        assert raised.stdout.count(": 2 / 2") == 3, raised.stdout
-        assert control_versions(harness) == [3, 3, 3]
+        assert f"feature level {top} recorded (was 1)" in raised.stdout
+        assert raised.stdout.count(f": {top} / {top}") == 3, raised.stdout
+        assert control_versions(harness) == [fmt.FORMAT_OF_LEVEL[top]] * 3
         at_raise = len(writers.acked)
-        await wait_for(lambda: committed(at_raise + 200), DEADLINE, "200 commits at level 2")
+        await wait_for(lambda: committed(at_raise + 200), DEADLINE, f"200 commits at level {top}")
 
         again = await asyncio.to_thread(
             waltz, "cluster", "features", "--raise", "--coordination", harness.coordination_uri
         )
-        assert again.returncode == 0 and "at feature level 2 already" in again.stdout
+        assert again.returncode == 0 and f"at feature level {top} already" in again.stdout
         lowered = await asyncio.to_thread(
             waltz, "cluster", "features", "--to", "1", "--coordination", harness.coordination_uri
         )
@@ -200,10 +203,10 @@ async def test_a_level_1_cluster_keeps_format_2_until_raised_under_load(tmp_path
         for txid, data in writers.acked.items():
             assert txid < len(log) and log[txid].data == data, f"transaction {txid} lost"
         assert len({r.data for r in log}) == len(log), "a transaction committed twice"
-        # a restarted node keeps its level (format 3) and the partition still commits
+        # a restarted node keeps its level (its format) and the partition still commits
         await harness.kill_storage_node(0)
         await harness.restart_storage_node(0)
-        assert control_versions(harness)[0] == 3
+        assert control_versions(harness)[0] == fmt.FORMAT_OF_LEVEL[top]
     finally:
         await harness.close()
     sys.stdout.write(

@@ -53,6 +53,14 @@ FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
             "is marked suspect on its storage)",
         ),
     ),
+    FeatureLevel(
+        3,
+        "unreleased",
+        (
+            "fs storage control file format 4 (the node journal: one durable round "
+            "per storage node)",
+        ),
+    ),
 )
 """Every level, ascending. Not gated by a level (turned on by configuration only once
 every process runs the release that reads them): the archive's marks and files

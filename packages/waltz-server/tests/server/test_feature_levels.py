@@ -17,6 +17,7 @@ from test_server_main import server_config, wait_served, write
 
 from waltz_api.cluster import FEATURES_PATH, ClusterMetadata, encode_feature_level
 from waltz_api.errors import ConfigError
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.main import RunningServer, start_server
 from waltz_server.server.storage_client import StorageReplica
@@ -92,10 +93,11 @@ async def test_a_server_refuses_a_cluster_above_the_levels_it_supports() -> None
     async def work(made: InProcessCluster, service: str) -> None:
         found = await made.coordination.get(FEATURES_PATH)
         assert found is not None
+        above = MAX_FEATURE_LEVEL + 1
         await made.coordination.set(
-            FEATURES_PATH, encode_feature_level(3), expected_version=found.version
+            FEATURES_PATH, encode_feature_level(above), expected_version=found.version
         )
-        with pytest.raises(ConfigError, match="feature level 3, above the highest"):
+        with pytest.raises(ConfigError, match=f"feature level {above}, above the highest"):
             await start_server(server_config(service, "a"))
 
     await with_cluster(2, work)

@@ -38,8 +38,9 @@ duration of one run with ``pytest.MonkeyPatch``. Production code has no switch.
   the next id and cuts the records appended after it as damage;
 - ``fs-unsynced-data``: the real fs engine acknowledging appends before their data is
   durable: the committer's write step registers the segment's index file for the
-  round's flush instead of its data file (the data is flushed only when a segment
-  rolls over), so a power loss loses acknowledged records;
+  round's flush (at feature level 3: the checkpoint's) instead of its data file (the
+  data is flushed only when a segment rolls over), so a power loss loses acknowledged
+  records;
 - ``suspect-as-clean``: a storage node that records a replica marked suspect (its storage
   lost records it had acknowledged, and it rejoined its store session) as clean: the
   rejoin clears LOST_SESSION, as before issue 27's fix (found by the ``storage`` profile);
@@ -356,6 +357,9 @@ def _write_batch_flushing_the_index(
     if (DATA, seg.data_fd) in flushes:  # the bug: the index's fd where the data's belongs
         flushes.discard((DATA, seg.data_fd))
         flushes.add((INDEX, seg.index_fd))
+    # with a node journal (feature level 3) the same bug in the checkpoint's flush: the
+    # journal is freed while the data it covered is not durable
+    self._dirty.discard((DATA, seg.data_fd))
 
 
 # -- selecting them ----------------------------------------------------------------------------

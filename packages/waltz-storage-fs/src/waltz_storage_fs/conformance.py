@@ -18,8 +18,14 @@ from waltz_conformance.suites.storage import StorageHarness
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 from waltz_storage_fs.engine import FsStorageEngine
+from waltz_storage_fs.journal import JOURNAL_FILE_NAME
 from waltz_storage_fs.plugin import CAPABILITIES
 from waltz_storage_fs.powerloss import scratch_directory
+
+JOURNAL_SIZE = 1024 * 1024
+"""The node journal's size in the harness (the engine's default is 32 MiB): small for the
+damage sweep, above the suite's largest round (a 300 KB record; a round larger than the
+journal is refused)."""
 
 
 @dataclass
@@ -44,7 +50,11 @@ class FsStorageHarness(StorageHarness):
         ]
 
     def metadata_files(self, location: str) -> list[Path]:
-        return [Path(location) / fmt.CONTROL_FILE_NAME]
+        """The control file, and the node journal at format 4 (feature level 3): damage
+        to it refuses the open with every file as it was, or tears its last round."""
+        found = [Path(location) / fmt.CONTROL_FILE_NAME]
+        journal = Path(location) / JOURNAL_FILE_NAME
+        return [*found, journal] if journal.exists() else found
 
     def stray_names(self, location: str, partition_id: int) -> list[Path]:
         directory = Path(location) / str(partition_id)
@@ -91,12 +101,15 @@ class FsStorageHarness(StorageHarness):
 def harness(
     options: Mapping[str, Any] | None = None, root: str | os.PathLike[str] | None = None
 ) -> FsStorageHarness:
-    """The harness over real files (real fsync) under ``root`` (default: a new temp dir)."""
+    """The harness over real files (real fsync) under ``root`` (default: a new temp dir).
+
+    The node journal is small (:data:`JOURNAL_SIZE`, unless ``options`` names one): the
+    damage sweep copies and scans it for every variant."""
     return FsStorageHarness(
         name="fs",
         capabilities=CAPABILITIES,
         engine_class=FsStorageEngine,
         root=Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="waltz-fs-")),
-        options=dict(options or {}),
+        options={"journal_size": JOURNAL_SIZE, **(options or {})},
         engine_ref="waltz_storage_fs.engine:FsStorageEngine",
     )

@@ -12,7 +12,7 @@ Storage directory::
             0/<time>-<reason>/             one folder per action, with a README
 
 Format versions: the control file's version is the storage directory's format
-(:data:`FORMAT_VERSION`, 3, the newest). Which one a directory is written in follows the
+(:data:`FORMAT_VERSION`, 4, the newest). Which one a directory is written in follows the
 cluster's feature level (:mod:`waltz_api.features`, :data:`FORMAT_OF_LEVEL`): at level 1
 format 2 (what 0.1.0 writes: no acknowledged end, so no lost-tail check), at level 2
 format 3. Every version opens: version 1 (the original's three session fields) is
@@ -22,7 +22,7 @@ place (the old file is kept beside it as ``waltz-storage.ctl.v<version>``) and g
 each partition the acknowledged end of the log it holds then. A version-3 directory is
 not readable by 0.1.0, which knows version 2 only. Segment and index files carry their
 own version (:data:`SEGMENT_FORMAT_VERSION`, 1, unchanged). Version 4
-(:data:`JOURNAL_CONTROL_VERSION`, feature level 3 once :data:`FORMAT_OF_LEVEL` maps it)
+(:data:`JOURNAL_CONTROL_VERSION`, written at feature level 3)
 is version 3 plus a node journal
 (:mod:`waltz_storage_fs.journal`, :mod:`waltz_storage_fs.journaled`): after the partition
 infos, two checkpoint slots written alternately (counter, journal position, the entry's
@@ -80,18 +80,18 @@ import crc32c
 
 from waltz_api.types import NO_SESSION, NO_TRANSACTION, Record, ReqId, SessionInfo
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """The storage directory's on-disk format: the control file's version."""
 CONTROL_VERSIONS = (1, 2, 3, 4)
 """Control file versions this code opens (version 1 is migrated to 2 at the open)."""
-FORMAT_OF_LEVEL = {1: 2, 2: 3}
+FORMAT_OF_LEVEL = {1: 2, 2: 3, 3: 4}
 """The control file version written at each cluster feature level."""
 ACKED_END_VERSION = 3
 """The first version that keeps each partition's acknowledged end."""
 JOURNAL_CONTROL_VERSION = 4
 """The first version whose directory has a node journal (:mod:`waltz_storage_fs.journal`)
 and whose control file keeps its checkpoint; written at feature level
-:data:`JOURNAL_LEVEL` once that level is in :data:`FORMAT_OF_LEVEL`."""
+:data:`JOURNAL_LEVEL`."""
 JOURNAL_LEVEL = 3
 
 
