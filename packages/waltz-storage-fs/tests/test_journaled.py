@@ -372,3 +372,35 @@ async def test_a_failed_journal_flush_stops_every_partition_until_the_restart(
             assert await reopened.partition(pid).read_records(0, 10) == [make_record(0, pid)]
     finally:
         await reopened.close()
+
+
+async def test_appends_queued_together_beyond_the_journal_are_split_into_rounds(
+    tmp_path: Path, journal_level: int
+) -> None:
+    """Four partitions each queue an append of ~5 KiB at once into a 16 KiB journal: one
+    round of all of them would not fit (refused: "does not fit in the journal"), so a
+    group takes no more than half the journal and the rest wait for the next round.
+    Every append succeeds and reads back, after a reopen too."""
+    location = tmp_path / "node"
+    engine = await FsStorageEngine.open(
+        str(location),
+        cluster_key=KEY,
+        num_partitions=4,
+        feature_level=journal_level,
+        options=OPTIONS,
+    )
+    batches = {pid: [make_record(t, pid, size=1000) for t in range(5)] for pid in range(4)}
+    try:
+        for pid in range(4):
+            await engine.add_partition(pid)
+        await asyncio.gather(*(engine.partition(pid).append(batches[pid]) for pid in range(4)))
+        for pid in range(4):
+            assert await engine.partition(pid).read_records(0, 10, 1 << 20) == batches[pid]
+    finally:
+        await engine.close()
+    engine = await FsStorageEngine.open(str(location), options=OPTIONS)
+    try:
+        for pid in range(4):
+            assert await engine.partition(pid).read_records(0, 10, 1 << 20) == batches[pid]
+    finally:
+        await engine.close()

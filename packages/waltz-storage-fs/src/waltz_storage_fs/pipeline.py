@@ -69,6 +69,10 @@ class Job:
     action: Callable[[], None] | None = None
 
 
+JOB_OVERHEAD = 64
+"""The bytes of a journal entry an append costs beyond its records (its chunk's head and
+a share of the entry's head and padding), counted by the group's cap."""
+
 STOP = None
 """Queued after the last job: the committer ends once it is reached."""
 
@@ -173,9 +177,7 @@ class Pipeline:
                 break
             if self.data is not None:
                 break
-            group: list[Job] = []
-            while self.queue and self.queue[0].action is None:
-                group.append(self.queue.popleft())
+            group = self.take_group()
             try:
                 written = self.write(group)
             except BaseException as exc:  # a bug: fail the group, go on
@@ -239,6 +241,24 @@ class Pipeline:
             self.acting = None
         return [(job, exc) for job in jobs]
 
+    def take_group(self) -> list[Job]:
+        """The queued appends up to the next action: one group. With a node journal, a
+        group is one journal entry, so it takes no more than half the journal's body
+        (at least one append): a checkpoint can always make room for it, and appends
+        queued past it wait for the next group, however many partitions queued large
+        batches at once."""
+        journal = self.engine.journal
+        limit = None if journal is None else journal.header.body_size // 2
+        group: list[Job] = []
+        size = 0
+        while self.queue and self.queue[0].action is None:
+            cost = len(self.queue[0].blob) + JOB_OVERHEAD
+            if group and limit is not None and size + cost > limit:
+                break
+            group.append(self.queue.popleft())
+            size += cost
+        return group
+
     def write(self, jobs: list[Job]) -> Written:
         """Write a group's batches (not flushed yet); with a node journal (format 4),
         the group is also one journal entry, and the journal is the one file to flush."""
@@ -250,7 +270,7 @@ class Pipeline:
             )
             return Written([(job, error) for job in jobs], [], [], [], [])
         if journal is not None and self.engine.checkpoint_due(
-            sum(len(job.blob) + 32 for job in jobs)
+            sum(len(job.blob) + JOB_OVERHEAD for job in jobs)
         ):
             try:  # nothing under way: the ring's room, the replay's length
                 self.engine.checkpoint()
