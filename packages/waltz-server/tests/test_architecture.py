@@ -297,6 +297,10 @@ SPAWN_ELSEWHERE: dict[str, str] = {
         "a worker that answers in JSON lines on its pipes (asyncio), killed mid-session"
     ),
     "bench/profiling.py": "py-spy, which ends by itself after its duration (no log, no readiness)",
+    "bench/mutation.py": (
+        "a mutant's test stages (pytest, waltz simulate): their output is the terminal's "
+        "(no log, no readiness), and a hung one is stopped with its whole process group"
+    ),
 }
 """The modules that may start a child process other than through
 ``waltz_api.supervised.SupervisedProcess``, each with its reason."""

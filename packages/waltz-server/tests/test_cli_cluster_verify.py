@@ -30,6 +30,7 @@ from waltz_api.cluster import (
     encode_replica_assignments,
 )
 from waltz_api.contracts.coordination import Coordination
+from waltz_api.features import MAX_FEATURE_LEVEL
 from waltz_api.types import ReplicaId, ReplicaState
 from waltz_server.cli import main
 from waltz_server.cluster_admin import ClusterAdmin
@@ -366,8 +367,9 @@ async def test_verify_exits_1_for_a_server_below_the_level(tmp_path: Path) -> No
     assert code == 1 and _kinds(report) == {("feature-level", "server 2")}, report
     assert human.exit_code == 1
     lines = [line for line in human.stdout.splitlines() if "feature level" in line]
+    top = MAX_FEATURE_LEVEL  # what create_cluster records
     assert lines == [
-        "PROBLEM: server 2: supports feature level 1 at most, below the cluster's 2: it works "
-        "at level 1 (an older release); stop it and start it on a release that supports "
-        "level 2"
+        f"PROBLEM: server 2: supports feature level 1 at most, below the cluster's {top}: it "
+        "works at level 1 (an older release); stop it and start it on a release that supports "
+        f"level {top}"
     ]
