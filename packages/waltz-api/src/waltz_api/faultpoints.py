@@ -44,6 +44,12 @@ POINTS: Mapping[str, str] = {
     "its manifest not yet written",
     "archive.mark_advanced": "the archive mark moved over a verified range; the replicas "
     "are not pruned yet",
+    "storage.journal_round": "an fs storage node's round is durable in its node journal "
+    "alone (format 4): its segments are not flushed",
+    "storage.journal_checkpoint": "an fs storage node's checkpoint flushed the segments and "
+    "wrote the ends and the journal's position: the ring behind it is free",
+    "storage.journal_replayed": "an fs storage node's open wrote back what its journal "
+    "holds past the segments, not yet flushed by the checkpoint after it",
 }
 """Every point's name and what it marks."""
 

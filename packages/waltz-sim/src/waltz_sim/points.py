@@ -41,6 +41,9 @@ STRIKE_PROBABILITY = {
     "client.flush_mark_taken": 0.05,
     "archive.object_uploaded": 0.15,
     "archive.mark_advanced": 0.15,
+    "storage.journal_round": 0.01,
+    "storage.journal_checkpoint": 0.1,
+    "storage.journal_replayed": 0.5,
 }
 """Points hit rarely, at the most fragile moments, are struck more often; points hit
 often (renewals, flushes, archive rounds) less, so that they leave strikes for the

@@ -12,13 +12,19 @@ from waltz_sim.points import coverage_table
 from waltz_sim.runner import mixed
 
 SEEDS = range(16)
+FS_SEEDS = range(4)
 
 
 def test_every_protocol_point_is_hit_and_struck_over_the_points_seeds(
     request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # as CI runs them: each seed's mix (a quarter archive: the archive's points)
+    # as CI runs them: each seed's mix (a quarter archive: the archive's points), and
+    # on the real fs engine (its node journal's points: tox -e sim runs both ranges)
     results = [run_seed(mixed(SimConfig(seed=seed, faults="points"))) for seed in SEEDS]
+    results += [
+        run_seed(mixed(SimConfig(seed=seed, faults="points", storage_engine="fs")))
+        for seed in FS_SEEDS
+    ]
     for result in results:
         assert result.ok, (result.seed, result.violations[:3], result.error)
     table = coverage_table([r.point_hits for r in results])

@@ -23,6 +23,12 @@ checkpoint. What the node cannot see itself: a write lost of the very last round
 power loss (a disk that acknowledged a flush it did not keep) looks like a torn,
 unflushed round; the server's check (a replica below what it acknowledged is marked
 suspect) catches it.
+
+The steps this argument rests on are protocol points the simulation strikes (a crash,
+a pause or a cut of the storage node exactly there, ``--faults points --storage-engine
+fs``): ``storage.journal_round`` (a round durable in the journal alone),
+``storage.journal_checkpoint`` (segments flushed, ends and position written, the ring
+freed) and ``storage.journal_replayed`` (records written back, not yet flushed).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import logging
 
 from waltz_api.errors import CorruptionError, StorageError
+from waltz_api.faultpoints import point
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs.host import JournalHost
 from waltz_storage_fs.journal import (
@@ -88,6 +95,8 @@ def replay(engine: JournalHost, scan: JournalScan) -> None:
             chunks[0].first_txid,
             part.next_txid - 1,
         )
+    # written back, not flushed: the journal still holds them until the checkpoint
+    point("storage.journal_replayed", partitions=len(plan))
     checkpoint(engine)
 
 
@@ -148,6 +157,7 @@ def checkpoint(engine: JournalHost) -> None:
                 part.mark_broken(exc)
         raise _failed(engine) from exc
     journal.checkpointed(position)
+    point("storage.journal_checkpoint", position=position, sequence=sequence)
 
 
 def _failed(engine: JournalHost) -> StorageError:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from waltz_api.errors import StorageError
+from waltz_api.faultpoints import point
 from waltz_storage_fs.control import ControlFile
 from waltz_storage_fs.files import Files
 from waltz_storage_fs.journal import Chunk, Journal
@@ -202,6 +203,9 @@ class Pipeline:
             # until the node restarts, whatever the partition
             self.engine.journal_failed = failed
             self.engine.close_partitions(failed)
+        elif self.engine.journal is not None and written.done:
+            # the round is durable in the journal alone (its segments are not flushed)
+            point("storage.journal_round", records=sum(len(j.lengths) for j in written.done))
         self.flushed_group(written, errors)
         self.flushed.append(written)
 
