@@ -70,6 +70,7 @@ from waltz_api.errors import (
     NotEmptyError,
     SessionLostError,
 )
+from waltz_coord_zk.handshake import bounded_kazoo_client
 from waltz_coord_zk.security import SECURITY_KEYS, ZkSecurity
 
 log = logging.getLogger(__name__)
@@ -362,7 +363,9 @@ class ZooKeeperCoordination(TrackedSessionCoordination):
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._tracker = SessionStateTracker(loop)
-        client = KazooClient(
+        # kazoo would wait the whole session timeout for a handshake that is never
+        # answered: the handshake module bounds it (see its docstring)
+        client = bounded_kazoo_client(
             hosts=self.hosts,
             timeout=self.session_timeout,
             connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
@@ -379,8 +382,9 @@ class ZooKeeperCoordination(TrackedSessionCoordination):
         try:
             await self._in_thread(functools.partial(_start, client, self.connect_timeout))
         except (KazooTimeoutError, kz.KazooException, OSError) as exc:
-            # kazoo's connection thread may sit in a read of a host that does not answer
-            # for the whole session timeout: its stop is left to finish in the background
+            # kazoo's connection thread may sit in a connect handshake a host does not
+            # answer (a few seconds, see handshake): its stop is left to finish in the
+            # background
             await _in_daemon_thread(functools.partial(_stop_quietly, client), STOP_WAIT)
             self._tracker.close()
             self._tracker = None
