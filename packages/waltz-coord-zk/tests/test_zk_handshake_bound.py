@@ -7,9 +7,6 @@ and a 120 s session, the session was declared lost while ZooKeeper was back)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from waltz_api.contracts.coordination import SessionState
-from waltz_conformance.servers.zookeeper import HOST, ZooKeeperServer
+from waltz_conformance.servers import BlackHole
+from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_conformance.suites.coordination import eventually
 from waltz_coord_zk import ZooKeeperCoordination
 from waltz_coord_zk.handshake import HANDSHAKE_TIMEOUT, HandshakeBound, bounded_kazoo_handler
@@ -28,43 +26,6 @@ SESSION_TIMEOUT = 120.0
 """As in production: long enough to ride out a ZooKeeper restart."""
 BACK_WITHIN = 20.0
 """How soon after ZooKeeper serves again the session must be back (far below the above)."""
-
-
-class BlackHole:
-    """A listener on loopback that accepts connections and never answers (nor closes them
-    until :meth:`close_connections`): a server that is hung. SO_REUSEADDR, so a real server
-    can bind the port again while the accepted connections stay open."""
-
-    def __init__(self, port: int) -> None:
-        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind((HOST, port))
-        self.listener.listen(16)
-        self.accepted: list[socket.socket] = []
-        self.first_accept = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name="black-hole", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return  # the listener was closed
-            self.accepted.append(conn)
-            self.first_accept.set()
-
-    def close_listener(self) -> None:
-        # shutdown wakes the thread blocked in accept(); close alone may not on Linux
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        self._thread.join(timeout=10)
-        assert not self._thread.is_alive(), "the black hole's accept thread did not end"
-
-    def close_connections(self) -> None:
-        for conn in self.accepted:
-            conn.close()
 
 
 @pytest.fixture
@@ -110,7 +71,7 @@ async def test_a_connection_that_never_answers_does_not_hold_the_session(
         assert client.session_state is SessionState.CONNECTED, f"lost again after {back_after:.1f}s"
     finally:
         if hole is not None:
-            hole.close_connections()
+            hole.close()
         await client.close()
 
 
@@ -118,26 +79,24 @@ def test_a_tls_handshake_that_never_answers_is_bounded() -> None:
     """The TCP (and TLS) connect of kazoo's connection is bounded too: a TLS client
     handshake to a listener that never answers fails after the bound, not the timeout
     kazoo asks for (the session timeout)."""
-    probe = socket.socket()
-    probe.bind((HOST, 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    hole = BlackHole(port)
+    hole = BlackHole()
     try:
         bound = HandshakeBound(0.5)
         handler = bounded_kazoo_handler(bound)
         started = time.monotonic()
         with pytest.raises(OSError):
             handler.create_connection(
-                address=(HOST, port), timeout=SESSION_TIMEOUT, use_ssl=True, verify_certs=False
+                address=(hole.host, hole.port),
+                timeout=SESSION_TIMEOUT,
+                use_ssl=True,
+                verify_certs=False,
             )
         elapsed = time.monotonic() - started
         assert elapsed < 10 * 0.5, f"the TLS handshake waited {elapsed:.1f}s (bound 0.5s)"
         assert hole.first_accept.is_set()
         assert bound.current == 1.0, "a timed-out handshake doubles the next one's wait"
     finally:
-        hole.close_listener()
-        hole.close_connections()
+        hole.close()
 
 
 def test_the_bound_grows_after_timeouts_and_resets_after_a_handshake() -> None:

@@ -331,21 +331,27 @@ class EtcdGateway:
         """POST ``body`` to a streaming RPC and yield each result as it arrives.
 
         Raises CoordinationUnavailableError when no member accepts the stream;
-        ends (or raises aiohttp errors) when the stream breaks."""
+        ends (or raises aiohttp errors) when the stream breaks. A member has the
+        request timeout to answer the request (etcd answers a watch at once, with its
+        "created" message); one that accepted the connection and says nothing (hung,
+        or not serving yet) is left for the next, not waited on forever."""
         session = self._require_session()
         response: aiohttp.ClientResponse | None = None
         last_error: BaseException | None = None
         for _ in range(len(self._endpoints)):
             index = self._current
             try:
-                response = await session.post(
-                    f"{self._endpoints[index]}/v3/{method}",
-                    json=body,
-                    headers=self._headers(headers),
-                    timeout=aiohttp.ClientTimeout(
-                        total=None, sock_connect=self.connect_timeout, sock_read=None
-                    ),
-                )
+                # no read timeout on the stream itself: a watch is quiet while nothing
+                # changes; only the wait for the answer's head is bounded
+                async with asyncio.timeout(self.request_timeout):
+                    response = await session.post(
+                        f"{self._endpoints[index]}/v3/{method}",
+                        json=body,
+                        headers=self._headers(headers),
+                        timeout=aiohttp.ClientTimeout(
+                            total=None, sock_connect=self.connect_timeout, sock_read=None
+                        ),
+                    )
                 break
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last_error = exc
