@@ -238,8 +238,16 @@ class EtcdGateway:
                 if remaining <= 0:
                     break
             tried += 1
+            attempt = remaining
+            if idempotent and len(self._endpoints) > 1:
+                # A member that accepted the connection and never answers (hung, or not
+                # serving yet) must not take the whole budget when another could answer:
+                # an idempotent request moves on after its share (at least the connect
+                # timeout). A mutation waits for its answer: once sent it is not retried.
+                share = max(self.connect_timeout, budget / len(self._endpoints))
+                attempt = min(remaining, share)
             client_timeout = aiohttp.ClientTimeout(
-                total=remaining, sock_connect=min(self.connect_timeout, remaining)
+                total=attempt, sock_connect=min(self.connect_timeout, attempt)
             )
             token = self._token if _auth else None
             try:
