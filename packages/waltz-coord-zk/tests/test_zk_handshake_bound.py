@@ -7,6 +7,7 @@ and a 120 s session, the session was declared lost while ZooKeeper was back)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +40,9 @@ def zookeeper(tmp_path: Path) -> Iterator[ZooKeeperServer]:
 
 
 async def test_a_connection_that_never_answers_does_not_hold_the_session(
-    zookeeper: ZooKeeperServer,
+    zookeeper: ZooKeeperServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="waltz_coord_zk.handshake")
     client = ZooKeeperCoordination(
         zookeeper.connect_string, "/handshake", session_timeout=SESSION_TIMEOUT
     )
@@ -69,6 +71,10 @@ async def test_a_connection_that_never_answers_does_not_hold_the_session(
         assert client.kazoo_client.client_id[0] == session, "a new session, not the same one"
         assert await client.exists("/") is not None  # it serves requests again
         assert client.session_state is SessionState.CONNECTED, f"lost again after {back_after:.1f}s"
+        # the black hole's connection was given up after the first bound, and the bound is
+        # back to its start after the handshake that succeeded
+        assert f"handshake within {HANDSHAKE_TIMEOUT:g}s" in caplog.text
+        assert client.kazoo_client.handler.handshake_bound.current == HANDSHAKE_TIMEOUT
     finally:
         if hole is not None:
             hole.close()
