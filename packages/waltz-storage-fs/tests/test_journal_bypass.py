@@ -29,6 +29,7 @@ from waltz_api.errors import StorageError
 from waltz_api.types import Record, SessionInfo
 from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
+from waltz_storage_fs.committer import LoopRunner, Runner
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.files import Files
 from waltz_storage_fs.journal import HEAD_SIZE, HEADER_BLOCK
@@ -70,13 +71,24 @@ async def read_all(engine: FsStorageEngine, pid: int) -> list[Record]:
     return await engine.partition(pid).read_records(0, 10_000, 1 << 40)
 
 
+def runner(kind: str) -> Runner | None:
+    """The engine's runner: its threads (the default), or the event loop (the simulation's)."""
+    return LoopRunner() if kind == "loop" else None
+
+
+@pytest.mark.parametrize("kind", ["threads", "loop"])
 @pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
 async def test_an_append_larger_than_a_round_is_stored_and_every_partition_goes_on(
-    tmp_path: Path, journal_level: int, size: int
+    tmp_path: Path, journal_level: int, size: int, kind: str
 ) -> None:
     location = str(tmp_path / "storage")
     engine = await FsStorageEngine.open(
-        location, cluster_key=KEY, num_partitions=3, feature_level=journal_level, options=OPTIONS
+        location,
+        cluster_key=KEY,
+        num_partitions=3,
+        feature_level=journal_level,
+        options=OPTIONS,
+        runner=runner(kind),
     )
     expected: dict[int, list[Record]] = {0: [], 1: [], 2: []}
 
@@ -111,11 +123,20 @@ async def test_an_append_larger_than_a_round_is_stored_and_every_partition_goes_
             smalls(0, 2, 6), append(1, big_records(13, 1, size, count=5)), smalls(2, 14, 6)
         )
         await within_deadline(*(smalls(pid, len(expected[pid]), 8) for pid in (0, 1, 2)))
+        # appends of one partition queued behind each other, a large one between
+        n = len(expected[2])
+        queued = [[make_record(n, 2)], big_records(n + 1, 2, size, 2), [make_record(n + 3, 2)]]
+        await within_deadline(
+            *(engine.partition(2).append(records) for records in queued),
+            smalls(0, len(expected[0]), 3),
+        )
+        for records in queued:
+            expected[2].extend(records)
         for pid in (0, 1, 2):
             assert await read_all(engine, pid) == expected[pid], pid
     finally:
         await engine.close()
-    engine = await FsStorageEngine.open(location, options=OPTIONS)
+    engine = await FsStorageEngine.open(location, options=OPTIONS, runner=runner(kind))
     try:
         for pid in (0, 1, 2):
             assert await read_all(engine, pid) == expected[pid], pid
