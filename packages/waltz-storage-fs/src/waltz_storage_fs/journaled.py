@@ -27,7 +27,7 @@ flushes them, writes the partition's acknowledged end and flushes the control fi
 steps of a round at feature level 2), and only then the append is acknowledged and
 readers see it. A crash before that checkpoint's control flush leaves records past the
 acknowledged end, never acknowledged: the segment recovery keeps the whole ones (they
-count once it wrote the end) and moves a torn tail aside, as after any unflushed write;
+count once it wrote the end) and cuts a torn tail, as after any unflushed write;
 the journal's checkpoint position is the same before and after the direct write, so the
 rounds after it are replayed on top of it. No new protocol step: the two checkpoints
 are ``storage.journal_checkpoint`` below, and the records written between them are an
