@@ -278,7 +278,9 @@ class Journal:
         if len(entry) > self.header.body_size:
             raise StorageError(
                 f"{self.path}: a round of {len(entry)} bytes does not fit in the journal "
-                f"({self.header.body_size} bytes): give the journal more room"
+                f"({self.header.body_size} bytes): a bug (the committer writes an append "
+                "larger than half the journal straight to its segments); restart the "
+                "storage node"
             )
         at, wraps = self.position, False
         if at + len(entry) > self.header.body_end:

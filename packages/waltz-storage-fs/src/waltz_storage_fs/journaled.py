@@ -15,6 +15,24 @@ last reaches ``checkpoint_bytes`` or has no room for the next round, and before 
 action (a truncation, a prefix drop, a repair, a scrub's commit, a session info update,
 a partition added or removed): so a replay never crosses an action.
 
+*Appends larger than a round.* A round takes no more than half the journal's body (a
+checkpoint can always make room for it); an append larger than that on its own (a
+transaction larger than the journal itself, up to the transport's frame) is no round's
+and is never written to the journal: the committer runs it alone, as an action, once
+everything queued before it is acknowledged and nothing is under way
+(:meth:`Pipeline.write_alone <waltz_storage_fs.pipeline.Pipeline.write_alone>`): the
+checkpoint before every action (every journaled round so far durable in its segments,
+the ring empty), the records written to their segments, then a checkpoint again, which
+flushes them, writes the partition's acknowledged end and flushes the control file (the
+steps of a round at feature level 2), and only then the append is acknowledged and
+readers see it. A crash before that checkpoint's control flush leaves records past the
+acknowledged end, never acknowledged: the segment recovery keeps the whole ones (they
+count once it wrote the end) and cuts a torn tail, as after any unflushed write;
+the journal's checkpoint position is the same before and after the direct write, so the
+rounds after it are replayed on top of it. No new protocol step: the two checkpoints
+are ``storage.journal_checkpoint`` below, and the records written between them are an
+unflushed write like any round's.
+
 At the open, recovery scans the journal from the checkpoint (a ``damaged`` journal: the
 node does not open, nothing is cut), runs each partition's segment recovery against the
 checkpoint's acknowledged end, writes back into the segments the records the entries

@@ -38,6 +38,7 @@ class PartitionPort(Protocol):
     def broken_error(self) -> StorageError: ...
     def mark_broken(self, exc: OSError) -> None: ...
     def write_batch(self, job: Job, flushes: set[tuple[int, int]]) -> None: ...
+    def publish(self) -> None: ...
     def note_flushed(self) -> None: ...
     def stage_acked_end(self) -> bool: ...
     def take_flushed_view(self) -> View | None: ...
@@ -171,7 +172,7 @@ class Pipeline:
                 continue
             if not self.queue:
                 break
-            if self.queue[0].action is not None:
+            if self.queue[0].action is not None or self.alone(self.queue[0]):
                 if self.data is None and self.cover is None and not self.flushed:
                     self.acting = self.queue.popleft()
                     started.append(self.acting)
@@ -217,14 +218,18 @@ class Pipeline:
         return self.finish(cover, error)
 
     def action_done(self) -> Result:
-        """Run the action started (:meth:`start`): its result."""
+        """Run the action started (:meth:`start`): its result. An append started as an
+        action (:meth:`alone`) is written straight to its segments (:meth:`write_alone`)."""
         job = self.acting
-        assert job is not None and job.action is not None
+        assert job is not None
         try:
             if self.engine.journal is not None:
                 # so that a replay never crosses an action (a truncation, a prefix drop...)
                 self.engine.checkpoint()
-            job.action()
+            if job.action is None:
+                self.write_alone(job)
+            else:
+                job.action()
         except BaseException as exc:
             return job, exc
         finally:
@@ -245,17 +250,50 @@ class Pipeline:
             self.acting = None
         return [(job, exc) for job in jobs]
 
+    def alone(self, job: Job) -> bool:
+        """Whether ``job`` is an append larger than a round may hold (half the node
+        journal's body, :meth:`take_group`): it runs alone, as an action does, and is
+        written straight to its segments (:meth:`write_alone`), never to the journal."""
+        journal = self.engine.journal
+        return (
+            journal is not None
+            and job.action is None
+            and len(job.blob) + JOB_OVERHEAD > journal.header.body_size // 2
+        )
+
+    def write_alone(self, job: Job) -> None:
+        """An append larger than a round (:meth:`alone`), once the checkpoint before it
+        emptied the journal's ring: its records written to its segments (the files it
+        writes are the partition's to flush), then a checkpoint flushes them, writes the
+        partition's acknowledged end and flushes the control file, as a round at
+        feature level 2 does; then readers see them. The journal holds none of it: a
+        crash before that checkpoint completed leaves records past the acknowledged end
+        (never acknowledged: recovery treats them as any unflushed tail), after it they
+        are durable and acknowledged; the rounds after it go on in the journal from the
+        same position, replayed (if need be) on top of it."""
+        part = job.partition
+        assert part is not None
+        if part.broken is not None:
+            raise part.broken_error()
+        try:
+            part.write_batch(job, set())
+        except OSError as exc:
+            part.mark_broken(exc)
+            raise part.broken_error() from exc
+        self.engine.checkpoint()
+        part.publish()
+
     def take_group(self) -> list[Job]:
         """The queued appends up to the next action: one group. With a node journal, a
-        group is one journal entry, so it takes no more than half the journal's body
-        (at least one append): a checkpoint can always make room for it, and appends
-        queued past it wait for the next group, however many partitions queued large
-        batches at once."""
+        group is one journal entry, so it takes no more than half the journal's body:
+        a checkpoint can always make room for it, and appends queued past it wait for
+        the next group, however many partitions queued large batches at once. An append
+        larger than that on its own is no group's: it runs alone (:meth:`alone`)."""
         journal = self.engine.journal
         limit = None if journal is None else journal.header.body_size // 2
         group: list[Job] = []
         size = 0
-        while self.queue and self.queue[0].action is None:
+        while self.queue and self.queue[0].action is None and not self.alone(self.queue[0]):
             cost = len(self.queue[0].blob) + JOB_OVERHEAD
             if group and limit is not None and size + cost > limit:
                 break
