@@ -8,6 +8,11 @@ each) to ``--partitions`` partitions with ``--inflight`` requests in flight per
 partition, then range-reads everything back. Prints appended records/s, MB/s,
 append latency p50/p99, range-read records/s, and peak RSS. Never pass/fail.
 
+With the fs engine and the zmq transport it also prints the messages per round: the
+transport messages the node sent (a burst of frames to one peer in one loop iteration
+is one message, ``KIND_BATCH``) per flush of the engine (at feature level 3 a round is
+one journal flush for every partition), and the records per engine append.
+
     .venv/bin/python bench/storage_node.py --transport memory --engine memory
     .venv/bin/python bench/storage_node.py --transport zmq --engine fs --data-dir /tmp/x
 """
@@ -68,6 +73,9 @@ async def run(args: argparse.Namespace) -> None:
     client_transport = _transport(args.transport)
     node = StorageNode(engine, server_transport, endpoint, max_append_batch_records=args.node_batch)
     await node.start()
+    flushes = [0]
+    if hasattr(engine, "fsync_observer"):
+        engine.fsync_observer = lambda seconds: flushes.__setitem__(0, flushes[0] + 1)
     client = await StorageClient.connect(client_transport, node.endpoint, sender="bench")
     await client.open(CLUSTER_KEY, args.partitions)
     latencies: list[float] = []
@@ -112,6 +120,16 @@ async def run(args: argparse.Namespace) -> None:
             f"  append latency: p50 {statistics.median(lat) * 1e3:.2f} ms, "
             f"p99 {lat[int(len(lat) * 0.99) - 1] * 1e3:.2f} ms"
         )
+        sent = _messages_sent(node)
+        stats = [worker.stats for worker in node.hosted_workers().values()]
+        engine_appends = sum(s.engine_appends for s in stats)
+        if flushes[0] and sent is not None:
+            print(
+                f"  rounds (engine flushes): {flushes[0]}, node messages sent: {sent} "
+                f"({sent / flushes[0]:.2f} per round), append requests per round "
+                f"{sum(s.append_requests for s in stats) / flushes[0]:.2f}, records per "
+                f"engine append {sum(s.records_appended for s in stats) / engine_appends:.1f}"
+            )
         t1 = time.perf_counter()
         read = 0
         for p in range(args.partitions):
@@ -131,6 +149,15 @@ async def run(args: argparse.Namespace) -> None:
         await client_transport.close()
         if not args.data_dir and args.engine != "memory":
             shutil.rmtree(Path(data_dir), ignore_errors=True)
+
+
+def _messages_sent(node: StorageNode) -> int | None:
+    """The transport messages the node sent on its connections so far (the ZeroMQ
+    connection's message sequence number; None with another transport)."""
+    counts = [getattr(conn, "_seq_out", None) for conn in node._connections]
+    if not counts or any(count is None for count in counts):
+        return None
+    return sum(int(count) for count in counts)  # type: ignore[arg-type]
 
 
 def main() -> None:
