@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from waltz_api.contracts.transport import Transport
 from waltz_api.messages import (
     FailureResponse,
     MaxTransactionIdRequest,
@@ -28,9 +29,12 @@ from waltz_api.messages import (
     StorageAppendRequest,
     SuccessResponse,
 )
+from waltz_api.plugins import get_registry
+from waltz_api.ports import free_port
 from waltz_conformance.records import make_records
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.files import Files
+from waltz_storage_node import StorageClient, StorageNode
 from waltz_storage_node.partition import PartitionWorker
 
 pytestmark = pytest.mark.timeout(60)
@@ -236,3 +240,30 @@ async def test_a_stalled_disk_holds_up_its_partition_only_never_the_event_loop(
     assert isinstance(answers.got[1][1], SuccessResponse)
     await worker.stop()
     await other.stop()
+
+
+async def test_the_acknowledgements_of_a_round_leave_in_one_message(tmp_path: Path) -> None:
+    """Over ZeroMQ (loopback): the appends of four partitions sent in one message are one
+    round, and their four acknowledgements come back in one transport message."""
+    transport = get_registry().get("transport", "zmq").factory
+    server_transport: Transport = transport({})
+    client_transport: Transport = transport({})
+    fs = await FsStorageEngine.open(str(tmp_path / "node"), cluster_key=KEY, num_partitions=4)
+    for p in range(4):
+        await fs.add_partition(p)
+    node = StorageNode(fs, server_transport, f"tcp://127.0.0.1:{free_port()}")
+    await node.start()
+    client = await StorageClient.connect(client_transport, node.endpoint, sender="test")
+    try:
+        await client.open(KEY, 4)
+        for p in range(4):  # each partition's fence raised: its appends run to completion
+            await asyncio.wait_for(client.append(1, p, make_records(0, 1, partition_id=p)), 30)
+        received = client.conn._seq_in  # type: ignore[attr-defined]
+        burst = [client.start_append(1, p, make_records(1, 2, partition_id=p)) for p in range(4)]
+        assert await asyncio.wait_for(asyncio.gather(*burst), 30) == [None] * 4
+        assert client.conn._seq_in - received == 1  # type: ignore[attr-defined]
+    finally:
+        await client.close()
+        await node.close()
+        await server_transport.close()
+        await client_transport.close()
