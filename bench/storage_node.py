@@ -6,7 +6,8 @@ co-located node would not; the figures are therefore a lower bound for the
 node). The client pipelines appends of ``--batch`` records (``--size`` bytes
 each) to ``--partitions`` partitions with ``--inflight`` requests in flight per
 partition, then range-reads everything back. Prints appended records/s, MB/s,
-append latency p50/p99, range-read records/s, and peak RSS. Never pass/fail.
+append latency p50/p99, the process's CPU per append request (the node's and the
+client's, every thread), range-read records/s, and peak RSS. Never pass/fail.
 
 With the fs engine and the zmq transport it also prints the messages per round: the
 transport messages the node sent (a burst of frames to one peer in one loop iteration
@@ -102,8 +103,10 @@ async def run(args: argparse.Namespace) -> None:
 
     try:
         t0 = time.perf_counter()
+        cpu0 = time.process_time()
         await asyncio.gather(*(writer(p) for p in range(args.partitions)))
         elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
         total = per_partition * args.partitions
         lat = sorted(latencies)
         print(
@@ -114,7 +117,8 @@ async def run(args: argparse.Namespace) -> None:
         print(
             f"  append: {total / elapsed:,.0f} records/s, "
             f"{total * args.size / elapsed / 1e6:,.1f} MB/s, "
-            f"{len(latencies) / elapsed:,.0f} requests/s"
+            f"{len(latencies) / elapsed:,.0f} requests/s, CPU {cpu / len(latencies) * 1e6:.0f} us "
+            "per request (node and client, all threads)"
         )
         print(
             f"  append latency: p50 {statistics.median(lat) * 1e3:.2f} ms, "
