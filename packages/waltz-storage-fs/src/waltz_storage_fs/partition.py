@@ -52,6 +52,9 @@ class FsStoragePartition(PartitionReads, StoragePartition):
     until ``repair`` writes them back (into the segment before the hole, or a new
     segment named after the hole's first id)."""
 
+    starts_appends = True
+    """:meth:`start_append`: the storage node runs an append to completion."""
+
     def __init__(
         self,
         engine: PartitionHost,

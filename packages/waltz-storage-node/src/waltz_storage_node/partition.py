@@ -10,7 +10,7 @@ Run to completion
 -----------------
 An append that can start at once (the partition open, the request of the store session
 its fence holds, and an engine whose partition starts an append without waiting,
-``start_append``, as the fs engine's) is handed to the engine by the callback that
+``StoragePartition.start_append``, as the fs engine's) is handed to the engine by the callback that
 received it (at the end of the loop iteration, so that the appends of one received
 message merge), and answered by the callback that resolves it, which starts the next
 request: no task in between. Everything else (a fence to raise, reads, truncations,
@@ -645,8 +645,7 @@ class PartitionWorker:
             fence = partition.session_info().session_id
         except Exception:  # the task answers why, in order
             return False
-        start: StartAppend | None = getattr(partition, "start_append", None)
-        if start is None or request.session_id < 0 or request.session_id != fence:
+        if not partition.starts_appends or request.session_id < 0 or request.session_id != fence:
             return False
         self._pop()
         batch = self._with_followers(head)
@@ -658,7 +657,7 @@ class PartitionWorker:
         self._busy = True
         started = time.perf_counter()
         try:
-            future = start(records)
+            future = partition.start_append(records)
         except Exception as exc:  # refused at once (nothing stored)
             self._append_ended(partition, batch, records, started, exc)
             return True
@@ -721,11 +720,6 @@ class PartitionWorker:
             return await self._serve(partition, request)
         except Exception as exc:
             return self._failure(request, exc)
-
-
-StartAppend = Callable[[list[Any]], "asyncio.Future[None]"]
-"""An engine partition's ``start_append(records)``: the append handed over at once (what
-is refused raises), its future resolved on the loop when the records are durable."""
 
 
 def _error(future: asyncio.Future[None]) -> BaseException | None:
