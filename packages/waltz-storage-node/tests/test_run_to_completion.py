@@ -11,6 +11,7 @@ up only the requests queued behind its append, never the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -214,6 +215,24 @@ async def test_a_merged_append_refused_at_once_is_answered_one_by_one(
     assert all(isinstance(message, FailureResponse) for message in refused), refused
     assert isinstance(answers.got[3][1], SuccessResponse), "the partition goes on"
     assert fs.partition(0).max_transaction_id() == 5
+
+
+async def test_a_request_that_breaks_the_callback_is_logged_and_the_next_served(
+    engine: tuple[FsStorageEngine, GatedFiles], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug taking an append that runs to completion (here a record without an id) is
+    logged and the partition serves the requests after it, as the task does."""
+    fs, _ = engine
+    answers = Answers()
+    worker = await _started(fs, answers)
+    broken = StorageAppendRequest(1, 1, 0, (None,))  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="waltz_storage_node.partition"):
+        await _submit(worker, answers, [broken, MaxTransactionIdRequest(1, 2, 0)])
+        await answers.until(2)
+    await worker.stop()
+    assert answers.seqs() == [0, 2]
+    assert answers.got[1][1] == MaxTransactionIdResponse(1, 2, 0, 4)
+    assert any("request processing failed" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_stalled_disk_holds_up_its_partition_only_never_the_event_loop(

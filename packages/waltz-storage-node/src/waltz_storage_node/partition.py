@@ -648,12 +648,16 @@ class PartitionWorker:
         if not partition.starts_appends or request.session_id < 0 or request.session_id != fence:
             return False
         self._pop()
-        batch = self._with_followers(head)
-        records = (
-            list(request.records)
-            if len(batch) == 1
-            else [record for job in batch for record in job.request.records]
-        )
+        try:
+            batch = self._with_followers(head)
+            records = (
+                list(request.records)
+                if len(batch) == 1
+                else [record for job in batch for record in job.request.records]
+            )
+        except Exception:  # a bug must not stall the partition: log, go on (as the task)
+            log.exception("partition %d: request processing failed", self.partition_id)
+            return True
         self._busy = True
         started = time.perf_counter()
         try:
@@ -675,6 +679,24 @@ class PartitionWorker:
         exc: BaseException | None,
     ) -> None:
         """An append started here ended: answer it (as the task would) and go on."""
+        try:
+            handed = self._answer(partition, batch, records, started, exc)
+        except Exception:  # a bug must not stall the partition: log, go on (as the task)
+            log.exception("partition %d: request processing failed", self.partition_id)
+            handed = self._handed
+        if not handed:
+            self._busy = False
+            self._pump()
+
+    def _answer(
+        self,
+        partition: StoragePartition,
+        batch: list[_Job],
+        records: list[Any],
+        started: float,
+        exc: BaseException | None,
+    ) -> bool:
+        """Answer an append started here; whether the rest was handed to the task."""
         replies: list[tuple[_Job, Message]]
         if exc is None:
             self._appended(records, started)
@@ -686,15 +708,14 @@ class PartitionWorker:
         elif len(batch) == 1:
             replies = [(batch[0], self._failure(batch[0].request, exc))]
         else:
-            self._hand(lambda: self._one_by_one(partition, batch, exc))
-            return
+            self._hand(functools.partial(self._one_by_one, partition, batch, exc))
+            return True
         for index, (job, response) in enumerate(replies):
             if job.post is None or not self._post(job, response):
                 # the rest in order, by the task, waiting for room
                 self._hand(functools.partial(self._send_all, replies[index:]))
-                return
-        self._busy = False
-        self._pump()
+                return True
+        return False
 
     def _post(self, job: _Job, response: Message) -> bool:
         assert job.post is not None
