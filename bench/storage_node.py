@@ -158,10 +158,13 @@ async def run(args: argparse.Namespace) -> None:
 def _messages_sent(node: StorageNode) -> int | None:
     """The transport messages the node sent on its connections so far (the ZeroMQ
     connection's message sequence number; None with another transport)."""
-    counts = [getattr(conn, "_seq_out", None) for conn in node._connections]
-    if not counts or any(count is None for count in counts):
-        return None
-    return sum(int(count) for count in counts)  # type: ignore[arg-type]
+    counts: list[int] = []
+    for conn in node._connections:
+        count = getattr(conn, "_seq_out", None)
+        if not isinstance(count, int):
+            return None
+        counts.append(count)
+    return sum(counts) if counts else None
 
 
 def main() -> None:
