@@ -121,6 +121,7 @@ MODULES: dict[str, Module] = {
         "packages/waltz-storage-node/src/waltz_storage_node/partition.py",
         (
             "packages/waltz-storage-node/tests/test_partition_worker.py",
+            "packages/waltz-storage-node/tests/test_run_to_completion.py",
             "packages/waltz-storage-node/tests/test_storage_node.py",
         ),
         (

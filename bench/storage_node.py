@@ -6,7 +6,13 @@ co-located node would not; the figures are therefore a lower bound for the
 node). The client pipelines appends of ``--batch`` records (``--size`` bytes
 each) to ``--partitions`` partitions with ``--inflight`` requests in flight per
 partition, then range-reads everything back. Prints appended records/s, MB/s,
-append latency p50/p99, range-read records/s, and peak RSS. Never pass/fail.
+append latency p50/p99, the process's CPU per append request (the node's and the
+client's, every thread), range-read records/s, and peak RSS. Never pass/fail.
+
+With the fs engine and the zmq transport it also prints the messages per round: the
+transport messages the node sent (a burst of frames to one peer in one loop iteration
+is one message, ``KIND_BATCH``) per flush of the engine (at feature level 3 a round is
+one journal flush for every partition), and the records per engine append.
 
     .venv/bin/python bench/storage_node.py --transport memory --engine memory
     .venv/bin/python bench/storage_node.py --transport zmq --engine fs --data-dir /tmp/x
@@ -68,6 +74,9 @@ async def run(args: argparse.Namespace) -> None:
     client_transport = _transport(args.transport)
     node = StorageNode(engine, server_transport, endpoint, max_append_batch_records=args.node_batch)
     await node.start()
+    flushes = [0]
+    if hasattr(engine, "fsync_observer"):
+        engine.fsync_observer = lambda seconds: flushes.__setitem__(0, flushes[0] + 1)
     client = await StorageClient.connect(client_transport, node.endpoint, sender="bench")
     await client.open(CLUSTER_KEY, args.partitions)
     latencies: list[float] = []
@@ -94,8 +103,10 @@ async def run(args: argparse.Namespace) -> None:
 
     try:
         t0 = time.perf_counter()
+        cpu0 = time.process_time()
         await asyncio.gather(*(writer(p) for p in range(args.partitions)))
         elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
         total = per_partition * args.partitions
         lat = sorted(latencies)
         print(
@@ -106,12 +117,23 @@ async def run(args: argparse.Namespace) -> None:
         print(
             f"  append: {total / elapsed:,.0f} records/s, "
             f"{total * args.size / elapsed / 1e6:,.1f} MB/s, "
-            f"{len(latencies) / elapsed:,.0f} requests/s"
+            f"{len(latencies) / elapsed:,.0f} requests/s, CPU {cpu / len(latencies) * 1e6:.0f} us "
+            "per request (node and client, all threads)"
         )
         print(
             f"  append latency: p50 {statistics.median(lat) * 1e3:.2f} ms, "
             f"p99 {lat[int(len(lat) * 0.99) - 1] * 1e3:.2f} ms"
         )
+        sent = _messages_sent(node)
+        stats = [worker.stats for worker in node.hosted_workers().values()]
+        engine_appends = sum(s.engine_appends for s in stats)
+        if flushes[0] and sent is not None:
+            print(
+                f"  rounds (engine flushes): {flushes[0]}, node messages sent: {sent} "
+                f"({sent / flushes[0]:.2f} per round), append requests per round "
+                f"{sum(s.append_requests for s in stats) / flushes[0]:.2f}, records per "
+                f"engine append {sum(s.records_appended for s in stats) / engine_appends:.1f}"
+            )
         t1 = time.perf_counter()
         read = 0
         for p in range(args.partitions):
@@ -131,6 +153,18 @@ async def run(args: argparse.Namespace) -> None:
         await client_transport.close()
         if not args.data_dir and args.engine != "memory":
             shutil.rmtree(Path(data_dir), ignore_errors=True)
+
+
+def _messages_sent(node: StorageNode) -> int | None:
+    """The transport messages the node sent on its connections so far (the ZeroMQ
+    connection's message sequence number; None with another transport)."""
+    counts: list[int] = []
+    for conn in node._connections:
+        count = getattr(conn, "_seq_out", None)
+        if not isinstance(count, int):
+            return None
+        counts.append(count)
+    return sum(counts) if counts else None
 
 
 def main() -> None:

@@ -416,6 +416,25 @@ class StorageSuite:
         await part.append([make_record(3)])
         await assert_log(engine, 0, 3)
 
+    async def test_start_append_settles_like_append(self, store: Store) -> None:
+        """An engine that starts appends without waiting (``starts_appends``) refuses at
+        once what ``append`` refuses, storing nothing, and resolves the future once the
+        records are stored; one that does not refuses the call, storing nothing."""
+        engine = await store.open()
+        part = await engine.add_partition(0)
+        if not part.starts_appends:
+            with pytest.raises(StorageError, match="call append"):
+                part.start_append([make_record(0)])
+            assert part.max_transaction_id() == -1
+            return
+        with pytest.raises(StorageAppendError):
+            part.start_append([make_record(1)])
+        assert part.max_transaction_id() == -1
+        await asyncio.wait_for(part.start_append([make_record(0), make_record(1)]), 30)
+        assert part.max_transaction_id() == 1
+        await asyncio.wait_for(part.start_append([make_record(2)]), 30)
+        await assert_log(engine, 0, 2)
+
     async def test_checksum_mismatch_is_refused(self, store: Store) -> None:
         engine = await store.open()
         part = await engine.add_partition(0)

@@ -214,14 +214,19 @@ class _CommitterThread(threading.Thread):
     over :class:`SyncThreads`, and the control file; or its own, see :meth:`_advance`).
     It takes everything queued, starts what can start (:meth:`Pipeline.start`; an
     action runs here), and sends the results back to the loop in one
-    ``call_soon_threadsafe``. ``submit`` and ``stop`` are called on the event loop."""
+    ``call_soon_threadsafe`` (one wake-up of the loop per pass: a round's appends of
+    every partition are resolved in one callback). ``submit`` and ``stop`` are called on
+    the event loop: the jobs submitted in one loop iteration are put in the queue
+    together at its end (one wake-up of this thread per iteration, not per job)."""
 
     def __init__(self, engine: EnginePort, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name=f"waltz-fs-committer:{engine.directory}", daemon=True)
         self._engine = engine
         self._pipe = Pipeline(engine)
         self._loop = loop
-        self._inbox: queue.SimpleQueue[Job | _Ended | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[list[Job] | _Ended | None] = queue.SimpleQueue()
+        self._handing: list[Job] = []
+        """Jobs submitted in this loop iteration (:meth:`_hand_over` at its end)."""
         self._stopping = False
         # engine.files read at each flush (a test may replace the file layer's methods)
         self._syncs = SyncThreads("waltz-fs-sync", lambda fd: engine.files.fdatasync(fd))  # noqa: PLW0108
@@ -235,11 +240,22 @@ class _CommitterThread(threading.Thread):
     def submit(self, job: Job) -> None:
         if self._stopping:
             raise StorageError("the storage engine is closed")
-        self._inbox.put(job)
+        handing = self._handing
+        handing.append(job)
+        if len(handing) == 1:
+            self._loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        """The jobs submitted in a loop iteration, handed over at its end in one put: one
+        wake-up of this thread for all the requests of a received message."""
+        jobs, self._handing = self._handing, []
+        if jobs:
+            self._inbox.put(jobs)
 
     def stop(self) -> None:
         if not self._stopping:
             self._stopping = True
+            self._hand_over()
             self._inbox.put(STOP)
 
     def run(self) -> None:
@@ -255,7 +271,7 @@ class _CommitterThread(threading.Thread):
                 elif isinstance(item, _Ended):
                     results.extend(self._ended(item))
                 else:
-                    pipe.queue.append(item)
+                    pipe.queue.extend(item)
                 if inbox.empty():
                     break
                 item = inbox.get_nowait()

@@ -52,6 +52,9 @@ class FsStoragePartition(PartitionReads, StoragePartition):
     until ``repair`` writes them back (into the segment before the hole, or a new
     segment named after the hole's first id)."""
 
+    starts_appends = True
+    """:meth:`start_append`: the storage node runs an append to completion."""
+
     def __init__(
         self,
         engine: PartitionHost,
@@ -613,16 +616,28 @@ class FsStoragePartition(PartitionReads, StoragePartition):
             lengths.append(overhead + len(data))
         return b"".join(parts), lengths
 
+    def start_append(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        """:meth:`append` without the wait: checks and hands the records to the committer
+        at once (what is refused raises here), and returns the future resolved when they
+        are durable and acknowledged (on the event loop; the storage node's run to
+        completion path answers in its callback, no task in between)."""
+        self._check_open()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not records:
+            future.set_result(None)
+            return future
+        expected = self._next_txid
+        blob, lengths = self._encode(records, expected)
+        job = Job(future, self, blob, lengths, expected)
+        self._engine.committer().submit(job)
+        self._next_txid = expected + len(records)
+        return future
+
     async def append(self, records: Sequence[Record]) -> None:
         self._check_open()
         if not records:
             return
-        expected = self._next_txid
-        blob, lengths = self._encode(records, expected)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        job = Job(future, self, blob, lengths, expected)
-        self._engine.committer().submit(job)
-        self._next_txid = expected + len(records)
+        future = self.start_append(records)
         try:
             await asyncio.shield(future)
         except BaseException:

@@ -2,8 +2,10 @@
 
 One asyncio event loop. Each accepted connection has a reader (this module)
 and a writer task; each hosted partition has a :class:`PartitionWorker` that
-processes that partition's requests in order. See ``partition.py`` for the
-fencing and low-water mark semantics, ``admin.py`` for the admin commands.
+processes that partition's requests in order (an append runs to completion in the
+callbacks that receive it and its durability: no task in between). See
+``partition.py`` for that, the fencing and low-water mark semantics, ``admin.py``
+for the admin commands.
 
 A connection starts with the Hello handshake. Then:
 
@@ -402,7 +404,7 @@ class StorageNode:
                 if request.partition_id not in served:
                     served.add(request.partition_id)
                     self._serving.setdefault(request.partition_id, set()).add(conn)
-                await worker.submit(request, outbox.put, len(frame))
+                await worker.submit(request, outbox.put, len(frame), outbox.post)
             elif isinstance(message, StorageOpenRequest):
                 opened = await self._open(message, outbox) or opened
             elif isinstance(message, StorageAdminRequest):

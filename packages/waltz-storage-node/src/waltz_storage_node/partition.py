@@ -1,9 +1,21 @@
 """One partition's request processor on a storage node.
 
-Every request for a partition goes through its :class:`PartitionWorker`: one
-asyncio task that takes the requests in arrival order, so the requests of one
-partition are processed strictly in order while different partitions proceed
-concurrently (and the engine may group their flushes into one commit).
+Every request for a partition goes through its :class:`PartitionWorker`, which takes
+the requests in arrival order, one at a time (the next starts once the one before is
+answered), so the requests of one partition are processed strictly in order while
+different partitions proceed concurrently (and the engine may group their flushes into
+one commit).
+
+Run to completion
+-----------------
+An append that can start at once (the partition open, the request of the store session
+its fence holds, and an engine whose partition starts an append without waiting,
+``StoragePartition.start_append``, as the fs engine's) is handed to the engine by the callback that
+received it (at the end of the loop iteration, so that the appends of one received
+message merge), and answered by the callback that resolves it, which starts the next
+request: no task in between. Everything else (a fence to raise, reads, truncations,
+marks, repairs, controls, an engine without ``start_append``, a reply that must wait
+for room) is run by the worker's task, as before; either way one request at a time.
 
 Fencing by store session id
 ---------------------------
@@ -60,6 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -109,6 +122,10 @@ log = logging.getLogger(__name__)
 Reply = Callable[[Message], Awaitable[None]]
 """Sends a response back on the connection the request came from."""
 
+Post = Callable[[Message], bool]
+"""Sends a response back without waiting; False: it was not sent (no room: the worker's
+task then sends it with the :data:`Reply`, waiting for room)."""
+
 PARTITION_REQUESTS: tuple[type[Message], ...] = (
     LastSessionInfoRequest,
     MaxTransactionIdRequest,
@@ -131,6 +148,7 @@ class _Job:
     reply: Reply
     size: int = 0
     """The request's frame size: queued bytes are bounded too."""
+    post: Post | None = None
 
 
 @dataclass
@@ -197,9 +215,16 @@ class PartitionWorker:
         self._queued_bytes = 0
         self._room = asyncio.Event()
         self._wakeup: asyncio.Future[None] | None = None
-        """The idle loop's: resolved by the next request queued, or by stop."""
+        """The idle task's: resolved when it is handed work, or by stop."""
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._busy = False
+        """A request is under way (in the task, or an append on the engine): no other starts."""
+        self._handed = False
+        """The task has work: :attr:`_handoff`, or else the request at the queue's head."""
+        self._handoff: Callable[[], Awaitable[None]] | None = None
+        self._pumping = False
+        self._pump_scheduled = False
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -208,6 +233,7 @@ class PartitionWorker:
             self._task = asyncio.create_task(
                 self._run(), name=f"storage-partition-{self.partition_id}"
             )
+            self._pump()
 
     async def stop(self) -> None:
         """Stop after the queued requests (they are answered) and wait for the task."""
@@ -229,9 +255,13 @@ class PartitionWorker:
 
     # -- input ---------------------------------------------------------------------
 
-    async def submit(self, request: Any, reply: Reply, size: int = 0) -> None:
+    async def submit(
+        self, request: Any, reply: Reply, size: int = 0, post: Post | None = None
+    ) -> None:
         """Queue a request of ``size`` bytes (waits while the queue holds ``queue_size``
-        requests or ``queue_bytes`` bytes: back pressure; one request is always admitted)."""
+        requests or ``queue_bytes`` bytes: back pressure; one request is always admitted).
+        ``post``: sends a response without waiting (the run to completion path answers
+        with it when it can)."""
         self.stats.requests += 1
         if isinstance(request, StorageAppendRequest):
             self.stats.append_requests += 1
@@ -249,8 +279,8 @@ class PartitionWorker:
             await reply(failure_for(request, PartitionNotFoundError(self._gone())))
             return
         self._queued_bytes += size
-        self._pending.append(_Job(request, reply, size))
-        self._wake()
+        self._pending.append(_Job(request, reply, size, post))
+        self._schedule_pump()
 
     async def run_in_order(self, action: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``action`` after every request queued so far, before any later one."""
@@ -262,7 +292,7 @@ class PartitionWorker:
             raise PartitionNotFoundError(self._gone())
         control = _Control(action)
         self._pending.append(control)
-        self._wake()
+        self._schedule_pump()
         return await control.done
 
     async def drop_prefix(self, session_id: int, through: int) -> int:
@@ -291,27 +321,68 @@ class PartitionWorker:
             self._room.set()
         return item
 
+    def _schedule_pump(self) -> None:
+        """:meth:`_pump` at the end of this loop iteration (the requests of one received
+        message are queued by then: consecutive appends merge)."""
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self._pump_scheduled = False
+        self._pump()
+
+    def _pump(self) -> None:
+        """Start the request at the queue's head unless one is under way (or the worker is
+        not started): an append that can start at once right here, anything else in
+        the task."""
+        if self._pumping or self._task is None:
+            return  # re-entered from an append refused at once: the loop below goes on
+        self._pumping = True
+        try:
+            while not self._busy and self._pending:
+                if not self._start_append():
+                    self._hand(None)
+            if not self._busy and self._stopping:
+                self._wake()  # the task ends
+        finally:
+            self._pumping = False
+
+    def _hand(self, work: Callable[[], Awaitable[None]] | None) -> None:
+        """Give the task ``work`` (None: the request at the queue's head); busy until done."""
+        self._busy = self._handed = True
+        self._handoff = work
+        self._wake()
+
     async def _run(self) -> None:
         while True:
-            if not self._pending:
-                if self._stopping:
-                    return
-                self._wakeup = asyncio.get_running_loop().create_future()
+            if self._handed:
+                work, self._handoff = self._handoff, None
                 try:
-                    await self._wakeup
-                finally:
-                    self._wakeup = None
+                    if work is not None:
+                        await work()
+                    else:
+                        await self._step(self._pop())
+                except Exception:  # a bug must not stall the partition: log, go on
+                    log.exception("partition %d: request processing failed", self.partition_id)
+                self._handed = self._busy = False
+                self._pump()
                 continue
-            item = self._pop()
+            if self._stopping and not self._busy and not self._pending:
+                return
+            self._wakeup = asyncio.get_running_loop().create_future()
             try:
-                if isinstance(item, _Control):
-                    await self._run_control(item)
-                elif isinstance(item.request, StorageAppendRequest):
-                    await self._append_batch(item)
-                else:
-                    await self._send(item, await self._process(item.request))
-            except Exception:  # a bug must not stall the partition: log, go on
-                log.exception("partition %d: request processing failed", self.partition_id)
+                await self._wakeup
+            finally:
+                self._wakeup = None
+
+    async def _step(self, item: _Job | _Control) -> None:
+        if isinstance(item, _Control):
+            await self._run_control(item)
+        elif isinstance(item.request, StorageAppendRequest):
+            await self._append_batch(item)
+        else:
+            await self._send(item, await self._process(item.request))
 
     async def _run_control(self, control: _Control) -> None:
         try:
@@ -492,6 +563,25 @@ class PartitionWorker:
         except Exception as exc:
             await self._send(first, self._failure(request, exc))
             return
+        batch = self._with_followers(first)
+        if len(batch) == 1:
+            await self._send(first, await self._append_one(partition, request))
+            return
+        records = [record for job in batch for record in job.request.records]
+        try:
+            await self._engine_append(partition, records)
+        except Exception as exc:
+            await self._one_by_one(partition, batch, exc)
+            return
+        for job in batch:
+            r = job.request
+            await self._send(job, SuccessResponse(r.session_id, r.seq_num, r.partition_id))
+
+    def _with_followers(self, first: _Job) -> list[_Job]:
+        """``first`` (taken from the queue) and the appends queued right behind it that
+        merge with it into one engine append (taken too): the same store session and
+        partition, each continuing the ids of the one before, within the batch limit."""
+        request: StorageAppendRequest = first.request
         batch = [first]
         if request.records:
             total = len(request.records)
@@ -513,27 +603,22 @@ class PartitionWorker:
                 batch.append(self._pop())  # type: ignore[arg-type]
                 total += len(follower.records)
                 next_id = follower.records[-1].transaction_id + 1
-        if len(batch) == 1:
-            await self._send(first, await self._append_one(partition, request))
-            return
-        records = [record for job in batch for record in job.request.records]
-        try:
-            await self._engine_append(partition, records)
-        except Exception as exc:
-            # Nothing of the batch is stored (the contract): answer each on its own.
-            log.debug(
-                "partition %d: batched append refused (%s); one by one", self.partition_id, exc
-            )
-            for job in batch:
-                await self._send(job, await self._append_one(partition, job.request))
-            return
+        return batch
+
+    async def _one_by_one(
+        self, partition: StoragePartition, batch: list[_Job], exc: BaseException
+    ) -> None:
+        # Nothing of the batch is stored (the contract): answer each on its own.
+        log.debug("partition %d: batched append refused (%s); one by one", self.partition_id, exc)
         for job in batch:
-            r = job.request
-            await self._send(job, SuccessResponse(r.session_id, r.seq_num, r.partition_id))
+            await self._send(job, await self._append_one(partition, job.request))
 
     async def _engine_append(self, partition: StoragePartition, records: list[Any]) -> None:
         started = time.perf_counter()
         await partition.append(records)
+        self._appended(records, started)
+
+    def _appended(self, records: list[Any], started: float) -> None:
         self.stats.engine_appends += 1
         self.stats.records_appended += len(records)
         if self.metrics is not None:
@@ -542,6 +627,113 @@ class PartitionWorker:
                 self.partition_id, len(records), data_bytes, time.perf_counter() - started
             )
 
+    # -- appends run to completion (no task) -----------------------------------------
+
+    def _start_append(self) -> bool:
+        """Hand the append at the queue's head (merged with its followers) to the engine
+        here, if it can start at once: the partition open, the request of the session its
+        fence holds (nothing to make durable first), an engine that starts an append
+        without waiting; False (nothing taken) otherwise: the task serves it."""
+        head = self._pending[0]
+        if not isinstance(head, _Job) or not isinstance(head.request, StorageAppendRequest):
+            return False
+        request: StorageAppendRequest = head.request
+        if not request.records:
+            return False
+        try:
+            partition = self._partition()
+            fence = partition.session_info().session_id
+        except Exception:  # the task answers why, in order
+            return False
+        if not partition.starts_appends or request.session_id < 0 or request.session_id != fence:
+            return False
+        self._pop()
+        try:
+            batch = self._with_followers(head)
+            records = (
+                list(request.records)
+                if len(batch) == 1
+                else [record for job in batch for record in job.request.records]
+            )
+        except Exception:  # a bug must not stall the partition: log, go on (as the task)
+            log.exception("partition %d: request processing failed", self.partition_id)
+            return True
+        self._busy = True
+        started = time.perf_counter()
+        try:
+            future = partition.start_append(records)
+        except Exception as exc:  # refused at once (nothing stored)
+            self._append_ended(partition, batch, records, started, exc)
+            return True
+        future.add_done_callback(
+            lambda done: self._append_ended(partition, batch, records, started, _error(done))
+        )
+        return True
+
+    def _append_ended(
+        self,
+        partition: StoragePartition,
+        batch: list[_Job],
+        records: list[Any],
+        started: float,
+        exc: BaseException | None,
+    ) -> None:
+        """An append started here ended: answer it (as the task would) and go on."""
+        try:
+            handed = self._answer(partition, batch, records, started, exc)
+        except Exception:  # a bug must not stall the partition: log, go on (as the task)
+            log.exception("partition %d: request processing failed", self.partition_id)
+            handed = self._handed
+        if not handed:
+            self._busy = False
+            self._pump()
+
+    def _answer(
+        self,
+        partition: StoragePartition,
+        batch: list[_Job],
+        records: list[Any],
+        started: float,
+        exc: BaseException | None,
+    ) -> bool:
+        """Answer an append started here; whether the rest was handed to the task."""
+        replies: list[tuple[_Job, Message]]
+        if exc is None:
+            self._appended(records, started)
+            replies = [
+                (job, SuccessResponse(r.session_id, r.seq_num, r.partition_id))
+                for job in batch
+                for r in (job.request,)
+            ]
+        elif len(batch) == 1:
+            replies = [(batch[0], self._failure(batch[0].request, exc))]
+        else:
+            self._hand(functools.partial(self._one_by_one, partition, batch, exc))
+            return True
+        for index, (job, response) in enumerate(replies):
+            if job.post is None or not self._post(job, response):
+                # the rest in order, by the task, waiting for room
+                self._hand(functools.partial(self._send_all, replies[index:]))
+                return True
+        return False
+
+    def _post(self, job: _Job, response: Message) -> bool:
+        assert job.post is not None
+        try:
+            return job.post(response)
+        except Exception as exc:  # as _send: the request is done regardless
+            log.debug(
+                "partition %d: could not send %s: %s",
+                self.partition_id,
+                type(response).__name__,
+                exc,
+            )
+            return True
+
+    async def _send_all(self, replies: list[tuple[_Job, Message]]) -> None:
+        for job, response in replies:
+            await self._send(job, response)
+
     async def _append_one(
         self, partition: StoragePartition, request: StorageAppendRequest
     ) -> Message:
@@ -549,6 +741,12 @@ class PartitionWorker:
             return await self._serve(partition, request)
         except Exception as exc:
             return self._failure(request, exc)
+
+
+def _error(future: asyncio.Future[None]) -> BaseException | None:
+    if future.cancelled():
+        return StorageError("the append was cancelled before it was durable")
+    return future.exception()
 
 
 def _check_session_start(partition: StoragePartition, low_water_mark: int) -> int:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from waltz_api.errors import StorageAppendError, StorageError
 from waltz_api.features import MAX_FEATURE_LEVEL, MIN_FEATURE_LEVEL
@@ -95,12 +96,17 @@ class StoragePartition(ABC):
     never served changed: it reads back byte-identical or raises
     :class:`~waltz_api.errors.CorruptionError` naming it.
 
-    Concurrency: calls for one partition are issued by one task at a time
-    (the storage node serialises them); an engine may still batch concurrent
-    appends of different partitions into one flush (group commit).
+    Concurrency: calls for one partition are issued one at a time (the storage node
+    serialises them: the next once the one before returned, or for
+    :meth:`start_append` once its future is resolved); an engine may still batch
+    concurrent appends of different partitions into one flush (group commit).
     """
 
     partition_id: int
+
+    starts_appends: ClassVar[bool] = False
+    """Whether the engine implements :meth:`start_append` (the storage node then runs an
+    append to completion in callbacks, no task waiting for it)."""
 
     @abstractmethod
     def max_transaction_id(self) -> int:
@@ -125,6 +131,18 @@ class StoragePartition(ABC):
         Each record's checksum must be the CRC-32C of its data, else
         :class:`~waltz_api.errors.ChecksumError` and nothing is stored.
         """
+
+    def start_append(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        """:meth:`append` handed over without waiting (engines whose ``starts_appends``
+        is true; called on the event loop): what ``append`` refuses at once (ids that
+        do not continue the log, a bad checksum, a closed partition) is raised here and
+        nothing is stored; otherwise the returned future is resolved on the event loop
+        once every record is on stable storage, or with the error ``append`` would
+        raise. It must never block on the disk."""
+        raise StorageError(
+            f"{type(self).__name__} does not start appends without waiting "
+            "(starts_appends is false): call append"
+        )
 
     @abstractmethod
     async def truncate(self, transaction_id: int) -> None:
