@@ -60,6 +60,7 @@ from waltz_api.wire import RecordBlock, encode_feed_data
 from waltz_server.observability import ServerMetrics
 from waltz_server.server.caches import DataCache, FeedCache
 from waltz_server.server.store import StorePartition
+from waltz_server.server.store_session import StoreSession
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,9 @@ class Partition:
         self._feed_waiters: list[asyncio.Future[None]] = []
         """Feeds waiting for the next commit (or recovery, or close): one future each."""
         self._append_task: asyncio.Task[None] | None = None
+        self._taking = False
+        """The append task holds a request it took from the queue (it may be waiting for
+        room): an append that arrives meanwhile queues behind it."""
         self._closed = False
         store.set_listeners(on_commit=self._on_commit, on_recovered=self._on_recovered)
 
@@ -303,6 +307,8 @@ class Partition:
     async def submit(self, message: Message, stream: ClientStream) -> None:
         """Take a client request for this partition (waits while the append queue is
         full: the caller stops reading its connection, which is the back pressure)."""
+        if type(message) is AppendRequest and self._append_now(message, stream):
+            return
         if isinstance(message, AppendRequest | FlushRequest | MountRequest):
             await self._queue.put((message, stream))
         elif isinstance(message, FeedRequest):
@@ -331,9 +337,28 @@ class Partition:
         mounted = self._stream_seq.get(stream, {}).get(client_id, -1)
         return mounted < latest
 
+    def _append_now(self, message: AppendRequest, stream: ClientStream) -> bool:
+        """Take an append in the caller's callback (the connection's reader), run to
+        completion: when nothing is queued or being taken ahead of it (the order of a
+        partition's appends never changes) and the open session has room now (else it
+        queues: back pressure as before). False: queue it."""
+        if self._taking or not self._queue.empty() or self._closed:
+            return False
+        session = self.store.session_with_room()
+        if session is None:
+            return False
+        try:
+            if self._admit(message, stream):
+                self._take(message, stream, session)
+        except Exception as exc:
+            self._failed(message, stream, exc)
+        self._forget_decided()
+        return True
+
     async def _append_loop(self) -> None:
         while True:
             message, stream = await self._queue.get()
+            self._taking = True
             try:
                 if isinstance(message, AppendRequest):
                     await self._append(message, stream)
@@ -345,17 +370,32 @@ class Partition:
                     )
                 elif isinstance(message, MountRequest):
                     self._mount(message, stream)
-            except (StaleGenerationError, StoreSessionClosedError) as exc:
-                log.info("partition %d: %s", self.partition_id, exc)
-                if self.store.stale is not None or self._closed:
-                    stream.post(self._moved(message, exc))
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                # one bad request must not stop the partition's append path
-                log.exception("partition %d: %s failed", self.partition_id, type(message).__name__)
-            while self._inflight and self._inflight[0].done():
-                self._inflight.popleft()
+            except Exception as exc:
+                self._failed(message, stream, exc)
+            finally:
+                self._taking = False
+            self._forget_decided()
+
+    def _failed(self, message: Message, stream: ClientStream, exc: Exception) -> None:
+        if isinstance(exc, StaleGenerationError | StoreSessionClosedError):
+            log.info("partition %d: %s", self.partition_id, exc)
+            if self.store.stale is not None or self._closed:
+                stream.post(self._moved(message, exc))
+            return
+        # one bad request must not stop the partition's append path
+        log.error(
+            "partition %d: %s failed",
+            self.partition_id,
+            type(message).__name__,
+            exc_info=exc,
+        )
+
+    def _forget_decided(self) -> None:
+        inflight = self._inflight
+        while inflight and inflight[0].done():
+            inflight.popleft()
 
     def _moved(self, message: Message, exc: BaseException) -> ErrorResponse:
         req_id: ReqId = getattr(message, "req_id", ReqId(-1, -1, self.partition_id, -1))
@@ -370,6 +410,13 @@ class Partition:
         )
 
     async def _append(self, message: AppendRequest, stream: ClientStream) -> None:
+        if self._admit(message, stream):
+            session = await self.store.reserve()
+            # no await from here to the id assignment: check and record are atomic
+            self._take(message, stream, session)
+
+    def _admit(self, message: AppendRequest, stream: ClientStream) -> bool:
+        """The checks before an append waits for room: its generation, its connection."""
         req_id = message.req_id
         if req_id.generation != self.generation:
             # the client's view of the assignment is out of date: this is not ours to write
@@ -384,13 +431,16 @@ class Partition:
                     f"the request carries {req_id.generation}: refresh the assignment",
                 )
             )
-            return
+            return False
         if self._is_stale(stream, req_id.client_id):
             # a connection the client has replaced (it mounted again since): ignore
             self.stats.stale_connection += 1
-            return
-        session = await self.store.reserve()
-        # no await from here to the id assignment: check and record are atomic
+            return False
+        return True
+
+    def _take(self, message: AppendRequest, stream: ClientStream, session: StoreSession) -> None:
+        """Check the locks, assign the id, record the locks: synchronous, so atomic."""
+        req_id = message.req_id
         conflict = self.lock_table.check(message.locks, message.client_high_water_mark)
         if conflict is not None:
             self.stats.lock_failures += 1

@@ -296,6 +296,11 @@ class StoreSession:
 
     # -- appends ------------------------------------------------------------------------
 
+    @property
+    def accepting(self) -> bool:
+        """It takes appends (open, not draining, not ended)."""
+        return self._accepting
+
     def has_room(self) -> bool:
         replication = self._replication
         return replication is not None and replication.has_room()
