@@ -33,7 +33,7 @@ from waltz_api.messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
-from waltz_api.types import Lock, LockMode, LockRequest, ReqId
+from waltz_api.types import Lock, LockMode, LockRequest, Record, ReqId
 from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
@@ -727,3 +727,43 @@ async def test_an_append_arriving_while_the_append_task_waits_for_room_goes_afte
         await asyncio.wait_for(blocked, TIMEOUT)
         await partition.submit(requests[6], stream)
         assert await committed_ids(partition, stream, requests) == list(range(7))
+
+
+async def test_a_quorum_of_replies_commits_in_the_replies_callbacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run to completion on the storage side: the replies of a quorum are counted, and
+    the commit announced, in the replies' own callbacks (one loop turn after they
+    came), not by the write loops' tasks a turn later."""
+    replies: list[tuple[FakeReplicaConnection, Sequence[Record], asyncio.Future[None]]] = []
+    manual = [False]
+    original = FakeReplicaConnection.start_append
+
+    def start_append(
+        self: FakeReplicaConnection, records: Sequence[Record]
+    ) -> asyncio.Future[None]:
+        if not manual[0]:
+            return original(self, records)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        replies.append((self, records, future))
+        return future
+
+    monkeypatch.setattr(FakeReplicaConnection, "start_append", start_append)
+    async with serving() as (partition, _):
+        manual[0] = True  # the test answers the appends from now on
+        stream = Stream()
+        await partition.submit(append(data=b"one"), stream)
+        await wait_until(lambda: len(replies) == 3, "the append posted to the 3 replicas")
+        assert partition.high_water_mark == -1
+        for connection, records, future in replies[:2]:
+            connection.node.partition(P).log.extend(records)
+            future.set_result(None)
+        await asyncio.sleep(0)  # one loop turn: the replies' callbacks run
+        assert partition.high_water_mark == 0
+        assert partition.feed_cache.frames(0, 1), "the commit reached the feed cache"
+        connection, records, future = replies[2]
+        connection.node.partition(P).log.extend(records)
+        future.set_result(None)
+        manual[0] = False
+        await partition.submit(append(data=b"two"), stream)
+        assert await settle(partition, stream) == 1
