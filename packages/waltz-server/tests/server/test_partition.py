@@ -57,6 +57,9 @@ class Stream:
     def __init__(self) -> None:
         self.messages: list[Message] = []
         self.closed = False
+        self.take_feed_now = True
+        """``post_feed`` takes the frames (False: as a full outbox, it never does)."""
+        self.feed_posts = 0
         self._event = asyncio.Event()
 
     async def send(self, message: Message) -> None:
@@ -71,6 +74,18 @@ class Stream:
         assert {m.req_id.partition_id for m in feed} == {partition_id}  # type: ignore[attr-defined]
         for message in feed:
             self.post(message)
+
+    def post_feed(
+        self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
+    ) -> bool:
+        if not self.take_feed_now:
+            return False
+        self.feed_posts += 1
+        feed = [wire.decode(frame) for frame in frames]
+        assert feed[-1].transaction_id == last_transaction_id  # type: ignore[attr-defined]
+        for message in feed:
+            self.post(message)
+        return True
 
     def post(self, message: Message) -> None:
         self.messages.append(message)
@@ -729,12 +744,13 @@ async def test_an_append_arriving_while_the_append_task_waits_for_room_goes_afte
         assert await committed_ids(partition, stream, requests) == list(range(7))
 
 
-async def test_a_quorum_of_replies_commits_in_the_replies_callbacks(
+async def test_a_quorum_of_replies_commits_and_feeds_in_the_replies_callbacks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Run to completion on the storage side: the replies of a quorum are counted, and
-    the commit announced, in the replies' own callbacks (one loop turn after they
-    came), not by the write loops' tasks a turn later."""
+    """Run to completion: the replies of a quorum are counted, the commit announced and
+    a live feed sent it, in the replies' own callbacks (one loop turn after they came),
+    not by the write loops' and the feed's tasks turns later. A feed whose outbox has
+    no room now is sent it by its task (it waits for room)."""
     replies: list[tuple[FakeReplicaConnection, Sequence[Record], asyncio.Future[None]]] = []
     manual = [False]
     original = FakeReplicaConnection.start_append
@@ -750,6 +766,11 @@ async def test_a_quorum_of_replies_commits_in_the_replies_callbacks(
 
     monkeypatch.setattr(FakeReplicaConnection, "start_append", start_append)
     async with serving() as (partition, _):
+        reader, slow = Stream(), Stream()
+        slow.take_feed_now = False  # an outbox without room: its feed task sends
+        for client, feed in ((7, reader), (8, slow)):
+            await partition.submit(FeedRequest(rid(client), -1), feed)
+        await wait_until(lambda: len(partition._feed_waiters) == 2, "both feeds wait")
         manual[0] = True  # the test answers the appends from now on
         stream = Stream()
         await partition.submit(append(data=b"one"), stream)
@@ -761,9 +782,16 @@ async def test_a_quorum_of_replies_commits_in_the_replies_callbacks(
         await asyncio.sleep(0)  # one loop turn: the replies' callbacks run
         assert partition.high_water_mark == 0
         assert partition.feed_cache.frames(0, 1), "the commit reached the feed cache"
+        # the live feed was sent the commit in the same call (its task still asleep)
+        assert reader.feed_ids() == [0] and reader.feed_posts == 1
+        assert slow.feed_ids() == []
+        await slow.wait_for(lambda: slow.feed_ids() == [0])
+        assert slow.feed_posts == 0
         connection, records, future = replies[2]
         connection.node.partition(P).log.extend(records)
         future.set_result(None)
         manual[0] = False
         await partition.submit(append(data=b"two"), stream)
         assert await settle(partition, stream) == 1
+        await reader.wait_for(lambda: reader.feed_ids() == [0, 1])
+        await slow.wait_for(lambda: slow.feed_ids() == [0, 1])

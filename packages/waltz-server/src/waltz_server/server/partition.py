@@ -83,6 +83,12 @@ class ClientStream(Protocol):
         """Send encoded FeedData frames (of ``partition_id``, the last one announcing
         ``last_transaction_id``), waiting while the client is slow."""
 
+    def post_feed(
+        self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
+    ) -> bool:
+        """:meth:`send_feed` when it needs no wait (the outbox has room for them all);
+        False: nothing was sent."""
+
 
 @dataclass(frozen=True)
 class PartitionConfig:
@@ -118,6 +124,20 @@ class _Pending:
     transaction_id: int
     session_id: int
     decided: asyncio.Future[None]
+
+
+class _Feed:
+    """A client stream's feed: the next transaction id it is due, and, while its task
+    waits for the next commit, the future that wakes it."""
+
+    __slots__ = ("live", "next_id", "stream", "waiter")
+
+    def __init__(self, stream: ClientStream, next_id: int, live: bool) -> None:
+        self.stream = stream
+        self.next_id = next_id
+        self.live = live
+        """No mount response is owed: a commit may be sent to it in the commit's call."""
+        self.waiter: asyncio.Future[None] | None = None
 
 
 @dataclass
@@ -174,8 +194,8 @@ class Partition:
         """Tasks serving a client's request, with the request: it is answered if the
         partition stops under them (see :meth:`close`)."""
         self._reads = asyncio.Semaphore(self.config.read_concurrency)
-        self._feed_waiters: list[asyncio.Future[None]] = []
-        """Feeds waiting for the next commit (or recovery, or close): one future each."""
+        self._feed_waiters: list[_Feed] = []
+        """Feeds waiting for the next commit (or recovery, or close)."""
         self._append_task: asyncio.Task[None] | None = None
         self._taking = False
         """The append task holds a request it took from the queue (it may be waiting for
@@ -260,7 +280,7 @@ class Partition:
         self.feed_cache.add(records)
         for record in records:
             self.data_cache.put(record.transaction_id, record.data, record.checksum)
-        self._wake_feeds()
+        self._feed_commit(high_water_mark)
         metrics = self.metrics
         if metrics is not None:
             now = asyncio.get_running_loop().time()
@@ -298,9 +318,37 @@ class Partition:
         waiters = self._feed_waiters
         if waiters:
             self._feed_waiters = []
-            for waiter in waiters:
-                if not waiter.done():
+            for feed in waiters:
+                waiter = feed.waiter
+                if waiter is not None and not waiter.done():
                     waiter.set_result(None)
+
+    def _feed_commit(self, high_water_mark: int) -> None:
+        """Run to completion: a live feed waiting for this commit is sent its frames here,
+        in the commit's call (its task stays asleep; the frames of every partition
+        committed in one loop iteration leave to a client in one transport message); one
+        the outbox cannot take them now, or that is owed a mount response, is woken."""
+        waiters = self._feed_waiters
+        if not waiters:
+            return
+        self._feed_waiters = []
+        batch = self.config.feed_batch
+        for feed in waiters:
+            waiter = feed.waiter
+            if waiter is None or waiter.done():
+                continue
+            if feed.live and not feed.stream.closed and feed.next_id <= high_water_mark:
+                frames = self.feed_cache.frames(feed.next_id, batch)
+                last = feed.next_id + len(frames) - 1
+                if (
+                    frames
+                    and last == high_water_mark
+                    and feed.stream.post_feed(frames, self.partition_id, last)
+                ):
+                    feed.next_id = last + 1
+                    self._feed_waiters.append(feed)  # it waits on, up to date
+                    continue
+            waiter.set_result(None)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -597,24 +645,30 @@ class Partition:
         self, stream: ClientStream, next_id: int, mount_response: MountResponse | None
     ) -> None:
         batch = self.config.feed_batch
+        feed = _Feed(stream, next_id, live=mount_response is None)
         try:
             while not stream.closed and not self._closed:
-                if mount_response is not None and next_id > mount_response.high_water_mark:
+                if mount_response is not None and feed.next_id > mount_response.high_water_mark:
                     await stream.send(mount_response)
                     mount_response = None
+                    feed.live = True
                     task = asyncio.current_task()
                     if task is not None:
                         self._paid(task)
-                if next_id > self.high_water_mark:
+                if feed.next_id > self.high_water_mark:
                     waiter = asyncio.get_running_loop().create_future()
-                    self._feed_waiters.append(waiter)
+                    feed.waiter = waiter
+                    self._feed_waiters.append(feed)
                     try:
-                        await waiter
+                        await waiter  # (commits may be sent meanwhile: _feed_commit)
                     except asyncio.CancelledError:  # the feed stops: not left behind
                         with contextlib.suppress(ValueError):
-                            self._feed_waiters.remove(waiter)
+                            self._feed_waiters.remove(feed)
                         raise
+                    finally:
+                        feed.waiter = None
                     continue
+                next_id = feed.next_id
                 frames = self.feed_cache.frames(next_id, batch)
                 if not frames:
                     try:
@@ -624,8 +678,8 @@ class Partition:
                         await asyncio.sleep(0.05)
                         continue
                 if frames:
-                    next_id += len(frames)
-                    await stream.send_feed(frames, self.partition_id, next_id - 1)
+                    feed.next_id = next_id + len(frames)
+                    await stream.send_feed(frames, self.partition_id, feed.next_id - 1)
         except StaleGenerationError as exc:
             # the partition moved: tell the client, which re-reads the assignment
             stream.post(
