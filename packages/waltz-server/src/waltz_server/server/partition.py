@@ -83,11 +83,8 @@ class ClientStream(Protocol):
         """Send encoded FeedData frames (of ``partition_id``, the last one announcing
         ``last_transaction_id``), waiting while the client is slow."""
 
-    def post_feed(
-        self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
-    ) -> bool:
-        """:meth:`send_feed` when it needs no wait (the outbox has room for them all);
-        False: nothing was sent."""
+    def post_feed(self, frames: Sequence[bytes], partition_id: int, last: int) -> bool:
+        """:meth:`send_feed` without waiting (False: no room now, nothing was sent)."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +195,7 @@ class Partition:
         """Feeds waiting for the next commit (or recovery, or close)."""
         self._append_task: asyncio.Task[None] | None = None
         self._taking = False
-        """The append task holds a request it took from the queue (it may be waiting for
-        room): an append that arrives meanwhile queues behind it."""
+        """The append task holds a request (waiting for room, perhaps): appends queue."""
         self._closed = False
         store.set_listeners(on_commit=self._on_commit, on_recovered=self._on_recovered)
 
@@ -434,10 +430,7 @@ class Partition:
             return
         # one bad request must not stop the partition's append path
         log.error(
-            "partition %d: %s failed",
-            self.partition_id,
-            type(message).__name__,
-            exc_info=exc,
+            "partition %d: %s failed", self.partition_id, type(message).__name__, exc_info=exc
         )
 
     def _forget_decided(self) -> None:
