@@ -735,13 +735,13 @@ class StoreSession:
             and progress.clean_at is None
             and progress.sent + 1 >= replication.window_start
         ):
+            posts = writer.posts
             timed_out = await writer.wait(self._config.idle_probe_interval)
             if writer.error is not None:
                 raise writer.error
-            if timed_out and not inflight and progress.sent + 1 >= self.next_transaction_id:
-                loop = asyncio.get_running_loop()
-                if loop.time() - writer.posted_at >= self._config.idle_probe_interval:
-                    await self._probe(node, connection, progress.acked)
+            idle = timed_out and writer.posts == posts and not inflight  # a quiet interval
+            if idle and progress.sent + 1 >= self.next_transaction_id:
+                await self._probe(node, connection, progress.acked)
             return
         if inflight:
             if not inflight[0][1].done():
@@ -918,7 +918,7 @@ class _Writer:
     """One replica's write loop's state: its batches in flight (oldest first), and
     whether the loop waits for its callbacks (:meth:`StoreSession._replied`)."""
 
-    __slots__ = ("_replied", "_start_append", "_wanted", "error", "inflight", "node", "posted_at")
+    __slots__ = ("_replied", "_start_append", "_wanted", "error", "inflight", "node", "posts")
 
     def __init__(
         self,
@@ -930,7 +930,8 @@ class _Writer:
         self.inflight: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self.error: BaseException | None = None
         """What failed in a callback, raised by the loop."""
-        self.posted_at = 0.0
+        self.posts = 0
+        """Batches posted so far (an idle replica posted none during a wait)."""
         self._start_append = start_append
         self._replied = replied
         self._wanted: asyncio.Future[bool] | None = None
@@ -945,7 +946,7 @@ class _Writer:
         future = self._start_append(send.records)
         self.inflight.append((send.last_transaction_id, future))
         future.add_done_callback(self._replied)
-        self.posted_at = asyncio.get_running_loop().time()
+        self.posts += 1
 
     async def wait(self, timeout: float) -> bool:
         """Until :meth:`wake` (False) or ``timeout`` seconds (True)."""
