@@ -276,3 +276,29 @@ async def test_an_idle_writer_lets_a_connection_send_at_once_in_order() -> None:
         await outbox.put(_message(9))
     await outbox.close()
     assert conn.sent[-1] == b"7"
+
+
+async def test_post_frames_queues_only_what_fits_whole_and_never_waits() -> None:
+    conn = _Conn()
+    conn.gate.clear()  # the peer does not read
+    outbox = Outbox(conn, _encode, max_frames=3, max_bytes=100)
+    await outbox.put(_message(0))
+    await _until(lambda: conn.entered == 1, "took the first")
+    assert outbox.post_frames([b"a", b"b"])
+    assert not outbox.post_frames([b"c", b"d"]), "2 + 2 frames are above the bound of 3"
+    assert outbox.queued_frames == 3  # the one being sent and a, b: nothing of c, d
+    assert outbox.post_frames([b"c"])
+    assert not outbox.post_frames([b"e"])
+    conn.gate.set()
+    await outbox.flush_and_stop(timeout=5)
+    assert [f for batch in conn.batches for f in batch] == [b"0", b"a", b"b", b"c"]
+    assert not outbox.post_frames([b"f"]), "closed"
+    big = Outbox(_Conn(), _encode, max_bytes=4)
+    big_conn = big.conn
+    assert isinstance(big_conn, _Conn)
+    big_conn.gate.clear()
+    await big.put(_message(1))
+    await _until(lambda: big_conn.entered == 1, "took the first")
+    assert not big.post_frames([b"12345"]), "5 bytes are above the byte bound"
+    assert big.post_frames([b"1234"])
+    await big.close()

@@ -149,6 +149,25 @@ class Outbox:
             self._bytes += sum(map(len, chunk))
             self._wake()
 
+    def post_frames(self, frames: Sequence[bytes]) -> bool:
+        """Queue frames already encoded without waiting, when they all fit within the
+        bounds now; False (nothing queued) otherwise, or when the outbox is closed
+        (:meth:`put_frames` waits for room)."""
+        if self.closed or not frames:
+            return False
+        queue = self._frames
+        if self._idle and not queue and self._send_now is not None and self._send_now(frames):
+            return True
+        size = sum(map(len, frames))
+        if (self.max_frames is not None and len(queue) + len(frames) > self.max_frames) or (
+            self.max_bytes is not None and self._bytes + size > self.max_bytes
+        ):
+            return False
+        queue.extend(frames)
+        self._bytes += size
+        self._wake()
+        return True
+
     def post(self, message: Message, *, slack: int = 1) -> bool:
         """Queue ``message`` without waiting; False (nothing queued) when the outbox is
         closed or full: at ``slack`` times its bounds (a reply to a request already

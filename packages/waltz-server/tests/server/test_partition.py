@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -32,7 +33,7 @@ from waltz_api.messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
-from waltz_api.types import Lock, LockMode, LockRequest, ReqId
+from waltz_api.types import Lock, LockMode, LockRequest, Record, ReqId
 from waltz_conformance.reference.coordination import (
     MemoryCoordination,
     MemoryCoordinationService,
@@ -41,6 +42,7 @@ from waltz_server.cluster_admin import ClusterAdmin
 from waltz_server.server.caches import DATA_ENTRY_OVERHEAD, FRAME_COST, DataCache, FeedCache
 from waltz_server.server.partition import Partition, PartitionConfig
 from waltz_server.server.store import StoreConfig, StorePartition
+from waltz_server.server.store_session import StoreSession
 
 P = 0
 GEN = 1
@@ -55,6 +57,9 @@ class Stream:
     def __init__(self) -> None:
         self.messages: list[Message] = []
         self.closed = False
+        self.take_feed_now = True
+        """``post_feed`` takes the frames (False: as a full outbox, it never does)."""
+        self.feed_posts = 0
         self._event = asyncio.Event()
 
     async def send(self, message: Message) -> None:
@@ -69,6 +74,18 @@ class Stream:
         assert {m.req_id.partition_id for m in feed} == {partition_id}  # type: ignore[attr-defined]
         for message in feed:
             self.post(message)
+
+    def post_feed(
+        self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
+    ) -> bool:
+        if not self.take_feed_now:
+            return False
+        self.feed_posts += 1
+        feed = [wire.decode(frame) for frame in frames]
+        assert feed[-1].transaction_id == last_transaction_id  # type: ignore[attr-defined]
+        for message in feed:
+            self.post(message)
+        return True
 
     def post(self, message: Message) -> None:
         self.messages.append(message)
@@ -91,6 +108,15 @@ class Stream:
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Partition, dict[str, FakeStorageNode]]]:
+    async with serving() as served:
+        yield served
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    store_config: StoreConfig | None = None, append_queue_size: int = 2000
+) -> AsyncIterator[tuple[Partition, dict[str, FakeStorageNode]]]:
+    """A recovered partition on three in-process storage nodes."""
     coordination = MemoryCoordination(MemoryCoordinationService(), "/waltz")
     await coordination.start()
     await ClusterAdmin(coordination).create_cluster(
@@ -107,13 +133,16 @@ async def env() -> AsyncIterator[tuple[Partition, dict[str, FakeStorageNode]]]:
         coordination=coordination,
         replica_nodes=list(NODES),
         connector=connector,
-        config=StoreConfig(retry_initial=0.001, retry_max=0.02),
+        config=store_config or StoreConfig(retry_initial=0.001, retry_max=0.02),
         rng=random.Random(0),
     )
     partition = Partition(
         store=store,
         config=PartitionConfig(
-            lock_table="exact", feed_cache_bytes=FRAME_COST * 50, data_cache_bytes=4096
+            lock_table="exact",
+            feed_cache_bytes=FRAME_COST * 50,
+            data_cache_bytes=4096,
+            append_queue_size=append_queue_size,
         ),
     )
     await partition.start()
@@ -600,3 +629,169 @@ async def test_a_mount_whose_catch_up_feed_is_cut_by_the_partition_stopping_is_a
     await partition.close()
     (answer,) = stuck.of(MountResponse)
     assert answer.req_id == mount.req_id and answer.status is MountStatus.NOT_READY
+
+
+# -- run to completion: an append taken in the reader's callback, in order --------------
+
+
+async def wait_until(done: Callable[[], bool], what: str) -> None:
+    """Until ``done()`` (the event loop turns meanwhile), within TIMEOUT."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TIMEOUT
+    while not done():
+        assert loop.time() < deadline, f"not within {TIMEOUT}s: {what}"
+        await asyncio.sleep(0.001)
+
+
+async def committed_ids(
+    partition: Partition, stream: Stream, requests: list[AppendRequest]
+) -> list[int]:
+    """The transaction id each of ``requests`` committed at (their feed), once all did."""
+    reader = Stream()
+    await partition.submit(FeedRequest(rid(99), -1), reader)
+    wanted = {r.req_id for r in requests}
+    await reader.wait_for(lambda: wanted <= {f.req_id for f in reader.of(FeedData)})
+    at = {f.req_id: f.transaction_id for f in reader.of(FeedData)}
+    return [at[r.req_id] for r in requests]
+
+
+def store_room(partition: Partition, room: list[bool]) -> None:
+    """The store says it has room (the open session) only while ``room[0]``."""
+    real = partition.store.session_with_room
+
+    def session_with_room() -> StoreSession | None:
+        return real() if room[0] else None
+
+    partition.store.session_with_room = session_with_room  # type: ignore[method-assign]
+
+
+async def test_an_append_is_taken_in_the_readers_call_when_nothing_is_ahead(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    """Run to completion: with room and nothing queued, ``submit`` assigns the id before
+    it returns (no hand-off to the append task)."""
+    partition, _ = env
+    stream = Stream()
+    session = partition.store.session
+    assert session is not None
+    before = session.next_transaction_id
+    await partition.submit(append(data=b"now"), stream)
+    assert session.next_transaction_id == before + 1
+    assert partition.stats.appends == 1
+
+
+async def test_an_append_arriving_while_others_are_queued_goes_after_them(
+    env: tuple[Partition, dict[str, FakeStorageNode]],
+) -> None:
+    """An append that finds the queue not empty queues behind it, even when the store
+    has room by the time it arrives (the append task has not run yet)."""
+    partition, _ = env
+    stream = Stream()
+    room = [True]
+    store_room(partition, room)
+    first = append(data=b"first")
+    await partition.submit(first, stream)  # taken now
+    room[0] = False
+    queued = append(data=b"queued")
+    await partition.submit(queued, stream)  # no room: queued (the task has not run)
+    room[0] = True
+    behind = append(data=b"behind")
+    await partition.submit(behind, stream)  # room, but something is queued: behind it
+    assert partition.stats.appends == 1
+    requests = [first, queued, behind]
+    assert await committed_ids(partition, stream, requests) == [0, 1, 2]
+
+
+async def test_an_append_arriving_while_the_append_task_waits_for_room_goes_after() -> None:
+    """The append task took a request and waits for room (a full window): an append that
+    arrives when room appears, before that task runs again, goes after the one it holds;
+    and a full window with a full queue stops the reader (back pressure)."""
+    async with serving(
+        StoreConfig(retry_initial=0.001, retry_max=0.02, max_pending_records=2),
+        append_queue_size=2,
+    ) as (partition, nodes):
+        stream = Stream()
+        hold = asyncio.Event()
+        for node in nodes.values():
+            node.hold = hold  # nothing is acknowledged: the window fills
+        requests = [append(data=b"%d" % i) for i in range(7)]
+        for request in requests[:2]:
+            await partition.submit(request, stream)  # taken now: the window is full
+        assert partition.stats.appends == 2
+        await partition.submit(requests[2], stream)  # queued, then held by the task
+        await wait_until(lambda: partition._taking, "the append task waits for room")
+        room = [True]
+        session = partition.store.session
+        assert session is not None
+        # room appears (as when an acknowledgement comes) before the task runs again
+        partition.store.session_with_room = lambda: session  # type: ignore[method-assign]
+        await partition.submit(requests[3], stream)
+        assert partition.stats.appends == 2, "taken ahead of the one the task holds"
+        del partition.store.session_with_room  # the store's own again
+        store_room(partition, room)
+        room[0] = False
+        await partition.submit(requests[4], stream)  # the queue (2) is full now
+        blocked = asyncio.ensure_future(partition.submit(requests[5], stream))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not blocked.done(), "a full window and a full queue must stop the reader"
+        room[0] = True
+        hold.set()
+        for node in nodes.values():
+            node.hold = None
+        await asyncio.wait_for(blocked, TIMEOUT)
+        await partition.submit(requests[6], stream)
+        assert await committed_ids(partition, stream, requests) == list(range(7))
+
+
+async def test_a_quorum_of_replies_commits_and_feeds_in_the_replies_callbacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run to completion: the replies of a quorum are counted, the commit announced and
+    a live feed sent it, in the replies' own callbacks (one loop turn after they came),
+    not by the write loops' and the feed's tasks turns later. A feed whose outbox has
+    no room now is sent it by its task (it waits for room)."""
+    replies: list[tuple[FakeReplicaConnection, Sequence[Record], asyncio.Future[None]]] = []
+    manual = [False]
+    original = FakeReplicaConnection.start_append
+
+    def start_append(
+        self: FakeReplicaConnection, records: Sequence[Record]
+    ) -> asyncio.Future[None]:
+        if not manual[0]:
+            return original(self, records)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        replies.append((self, records, future))
+        return future
+
+    monkeypatch.setattr(FakeReplicaConnection, "start_append", start_append)
+    async with serving() as (partition, _):
+        reader, slow = Stream(), Stream()
+        slow.take_feed_now = False  # an outbox without room: its feed task sends
+        for client, feed in ((7, reader), (8, slow)):
+            await partition.submit(FeedRequest(rid(client), -1), feed)
+        await wait_until(lambda: len(partition._feed_waiters) == 2, "both feeds wait")
+        manual[0] = True  # the test answers the appends from now on
+        stream = Stream()
+        await partition.submit(append(data=b"one"), stream)
+        await wait_until(lambda: len(replies) == 3, "the append posted to the 3 replicas")
+        assert partition.high_water_mark == -1
+        for connection, records, future in replies[:2]:
+            connection.node.partition(P).log.extend(records)
+            future.set_result(None)
+        await asyncio.sleep(0)  # one loop turn: the replies' callbacks run
+        assert partition.high_water_mark == 0
+        assert partition.feed_cache.frames(0, 1), "the commit reached the feed cache"
+        # the live feed was sent the commit in the same call (its task still asleep)
+        assert reader.feed_ids() == [0] and reader.feed_posts == 1
+        assert slow.feed_ids() == []
+        await slow.wait_for(lambda: slow.feed_ids() == [0])
+        assert slow.feed_posts == 0
+        connection, records, future = replies[2]
+        connection.node.partition(P).log.extend(records)
+        future.set_result(None)
+        manual[0] = False
+        await partition.submit(append(data=b"two"), stream)
+        assert await settle(partition, stream) == 1
+        await reader.wait_for(lambda: reader.feed_ids() == [0, 1])
+        await slow.wait_for(lambda: slow.feed_ids() == [0, 1])

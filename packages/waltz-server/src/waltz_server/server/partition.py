@@ -60,6 +60,7 @@ from waltz_api.wire import RecordBlock, encode_feed_data
 from waltz_server.observability import ServerMetrics
 from waltz_server.server.caches import DataCache, FeedCache
 from waltz_server.server.store import StorePartition
+from waltz_server.server.store_session import StoreSession
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,9 @@ class ClientStream(Protocol):
     ) -> None:
         """Send encoded FeedData frames (of ``partition_id``, the last one announcing
         ``last_transaction_id``), waiting while the client is slow."""
+
+    def post_feed(self, frames: Sequence[bytes], partition_id: int, last: int) -> bool:
+        """:meth:`send_feed` without waiting (False: no room now, nothing was sent)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,20 @@ class _Pending:
     transaction_id: int
     session_id: int
     decided: asyncio.Future[None]
+
+
+class _Feed:
+    """A client stream's feed: the next transaction id it is due, and, while its task
+    waits for the next commit, the future that wakes it."""
+
+    __slots__ = ("live", "next_id", "stream", "waiter")
+
+    def __init__(self, stream: ClientStream, next_id: int, live: bool) -> None:
+        self.stream = stream
+        self.next_id = next_id
+        self.live = live
+        """No mount response is owed: a commit may be sent to it in the commit's call."""
+        self.waiter: asyncio.Future[None] | None = None
 
 
 @dataclass
@@ -173,9 +191,11 @@ class Partition:
         """Tasks serving a client's request, with the request: it is answered if the
         partition stops under them (see :meth:`close`)."""
         self._reads = asyncio.Semaphore(self.config.read_concurrency)
-        self._feed_waiters: list[asyncio.Future[None]] = []
-        """Feeds waiting for the next commit (or recovery, or close): one future each."""
+        self._feed_waiters: list[_Feed] = []
+        """Feeds waiting for the next commit (or recovery, or close)."""
         self._append_task: asyncio.Task[None] | None = None
+        self._taking = False
+        """The append task holds a request (waiting for room, perhaps): appends queue."""
         self._closed = False
         store.set_listeners(on_commit=self._on_commit, on_recovered=self._on_recovered)
 
@@ -256,7 +276,7 @@ class Partition:
         self.feed_cache.add(records)
         for record in records:
             self.data_cache.put(record.transaction_id, record.data, record.checksum)
-        self._wake_feeds()
+        self._feed_commit(high_water_mark)
         metrics = self.metrics
         if metrics is not None:
             now = asyncio.get_running_loop().time()
@@ -294,15 +314,45 @@ class Partition:
         waiters = self._feed_waiters
         if waiters:
             self._feed_waiters = []
-            for waiter in waiters:
-                if not waiter.done():
+            for feed in waiters:
+                waiter = feed.waiter
+                if waiter is not None and not waiter.done():
                     waiter.set_result(None)
+
+    def _feed_commit(self, high_water_mark: int) -> None:
+        """Run to completion: a live feed waiting for this commit is sent its frames here,
+        in the commit's call (its task stays asleep; the frames of every partition
+        committed in one loop iteration leave to a client in one transport message); one
+        the outbox cannot take them now, or that is owed a mount response, is woken."""
+        waiters = self._feed_waiters
+        if not waiters:
+            return
+        self._feed_waiters = []
+        batch = self.config.feed_batch
+        for feed in waiters:
+            waiter = feed.waiter
+            if waiter is None or waiter.done():
+                continue
+            if feed.live and not feed.stream.closed and feed.next_id <= high_water_mark:
+                frames = self.feed_cache.frames(feed.next_id, batch)
+                last = feed.next_id + len(frames) - 1
+                if (
+                    frames
+                    and last == high_water_mark
+                    and feed.stream.post_feed(frames, self.partition_id, last)
+                ):
+                    feed.next_id = last + 1
+                    self._feed_waiters.append(feed)  # it waits on, up to date
+                    continue
+            waiter.set_result(None)
 
     # -- requests --------------------------------------------------------------------------
 
     async def submit(self, message: Message, stream: ClientStream) -> None:
         """Take a client request for this partition (waits while the append queue is
         full: the caller stops reading its connection, which is the back pressure)."""
+        if type(message) is AppendRequest and self._append_now(message, stream):
+            return
         if isinstance(message, AppendRequest | FlushRequest | MountRequest):
             await self._queue.put((message, stream))
         elif isinstance(message, FeedRequest):
@@ -331,9 +381,28 @@ class Partition:
         mounted = self._stream_seq.get(stream, {}).get(client_id, -1)
         return mounted < latest
 
+    def _append_now(self, message: AppendRequest, stream: ClientStream) -> bool:
+        """Take an append in the caller's callback (the connection's reader), run to
+        completion: when nothing is queued or being taken ahead of it (the order of a
+        partition's appends never changes) and the open session has room now (else it
+        queues: back pressure as before). False: queue it."""
+        if self._taking or not self._queue.empty() or self._closed:
+            return False
+        session = self.store.session_with_room()
+        if session is None:
+            return False
+        try:
+            if self._admit(message, stream):
+                self._take(message, stream, session)
+        except Exception as exc:
+            self._failed(message, stream, exc)
+        self._forget_decided()
+        return True
+
     async def _append_loop(self) -> None:
         while True:
             message, stream = await self._queue.get()
+            self._taking = True
             try:
                 if isinstance(message, AppendRequest):
                     await self._append(message, stream)
@@ -345,17 +414,29 @@ class Partition:
                     )
                 elif isinstance(message, MountRequest):
                     self._mount(message, stream)
-            except (StaleGenerationError, StoreSessionClosedError) as exc:
-                log.info("partition %d: %s", self.partition_id, exc)
-                if self.store.stale is not None or self._closed:
-                    stream.post(self._moved(message, exc))
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                # one bad request must not stop the partition's append path
-                log.exception("partition %d: %s failed", self.partition_id, type(message).__name__)
-            while self._inflight and self._inflight[0].done():
-                self._inflight.popleft()
+            except Exception as exc:
+                self._failed(message, stream, exc)
+            finally:
+                self._taking = False
+            self._forget_decided()
+
+    def _failed(self, message: Message, stream: ClientStream, exc: Exception) -> None:
+        if isinstance(exc, StaleGenerationError | StoreSessionClosedError):
+            log.info("partition %d: %s", self.partition_id, exc)
+            if self.store.stale is not None or self._closed:
+                stream.post(self._moved(message, exc))
+            return
+        # one bad request must not stop the partition's append path
+        log.error(
+            "partition %d: %s failed", self.partition_id, type(message).__name__, exc_info=exc
+        )
+
+    def _forget_decided(self) -> None:
+        inflight = self._inflight
+        while inflight and inflight[0].done():
+            inflight.popleft()
 
     def _moved(self, message: Message, exc: BaseException) -> ErrorResponse:
         req_id: ReqId = getattr(message, "req_id", ReqId(-1, -1, self.partition_id, -1))
@@ -370,6 +451,13 @@ class Partition:
         )
 
     async def _append(self, message: AppendRequest, stream: ClientStream) -> None:
+        if self._admit(message, stream):
+            session = await self.store.reserve()
+            # no await from here to the id assignment: check and record are atomic
+            self._take(message, stream, session)
+
+    def _admit(self, message: AppendRequest, stream: ClientStream) -> bool:
+        """The checks before an append waits for room: its generation, its connection."""
         req_id = message.req_id
         if req_id.generation != self.generation:
             # the client's view of the assignment is out of date: this is not ours to write
@@ -384,13 +472,16 @@ class Partition:
                     f"the request carries {req_id.generation}: refresh the assignment",
                 )
             )
-            return
+            return False
         if self._is_stale(stream, req_id.client_id):
             # a connection the client has replaced (it mounted again since): ignore
             self.stats.stale_connection += 1
-            return
-        session = await self.store.reserve()
-        # no await from here to the id assignment: check and record are atomic
+            return False
+        return True
+
+    def _take(self, message: AppendRequest, stream: ClientStream, session: StoreSession) -> None:
+        """Check the locks, assign the id, record the locks: synchronous, so atomic."""
+        req_id = message.req_id
         conflict = self.lock_table.check(message.locks, message.client_high_water_mark)
         if conflict is not None:
             self.stats.lock_failures += 1
@@ -547,24 +638,30 @@ class Partition:
         self, stream: ClientStream, next_id: int, mount_response: MountResponse | None
     ) -> None:
         batch = self.config.feed_batch
+        feed = _Feed(stream, next_id, live=mount_response is None)
         try:
             while not stream.closed and not self._closed:
-                if mount_response is not None and next_id > mount_response.high_water_mark:
+                if mount_response is not None and feed.next_id > mount_response.high_water_mark:
                     await stream.send(mount_response)
                     mount_response = None
+                    feed.live = True
                     task = asyncio.current_task()
                     if task is not None:
                         self._paid(task)
-                if next_id > self.high_water_mark:
+                if feed.next_id > self.high_water_mark:
                     waiter = asyncio.get_running_loop().create_future()
-                    self._feed_waiters.append(waiter)
+                    feed.waiter = waiter
+                    self._feed_waiters.append(feed)
                     try:
-                        await waiter
+                        await waiter  # (commits may be sent meanwhile: _feed_commit)
                     except asyncio.CancelledError:  # the feed stops: not left behind
                         with contextlib.suppress(ValueError):
-                            self._feed_waiters.remove(waiter)
+                            self._feed_waiters.remove(feed)
                         raise
+                    finally:
+                        feed.waiter = None
                     continue
+                next_id = feed.next_id
                 frames = self.feed_cache.frames(next_id, batch)
                 if not frames:
                     try:
@@ -574,8 +671,8 @@ class Partition:
                         await asyncio.sleep(0.05)
                         continue
                 if frames:
-                    next_id += len(frames)
-                    await stream.send_feed(frames, self.partition_id, next_id - 1)
+                    feed.next_id = next_id + len(frames)
+                    await stream.send_feed(frames, self.partition_id, feed.next_id - 1)
         except StaleGenerationError as exc:
             # the partition moved: tell the client, which re-reads the assignment
             stream.post(

@@ -187,6 +187,17 @@ class ClientConnection:
         await self.outbox.put_frames(frames)
         self.feed_positions[partition_id] = last_transaction_id
 
+    def post_feed(
+        self, frames: Sequence[bytes], partition_id: int, last_transaction_id: int
+    ) -> bool:
+        """:meth:`send_feed` without waiting: False (nothing sent) when the outbox has no
+        room for them all now (or the client speaks another protocol version: the
+        feed's task then tells it)."""
+        if self.protocol.version != wire.PROTOCOL_VERSION or not self.outbox.post_frames(frames):
+            return False
+        self.feed_positions[partition_id] = last_transaction_id
+        return True
+
     def post(self, message: Message) -> None:
         """Queue a reply without waiting: beyond the outbox's bound (a reply to a request
         already taken), up to OUTBOX_CEILING times it; at the ceiling the client does not

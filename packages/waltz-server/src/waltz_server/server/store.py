@@ -228,6 +228,23 @@ class StorePartition:
                 )
             await self._changed.wait()
 
+    def session_with_room(self) -> StoreSession | None:
+        """The open session when it takes an append now, without waiting (what
+        :meth:`reserve` would return at once); None otherwise (then ``reserve`` waits)."""
+        session = self._session
+        if (
+            session is None
+            or not self._ready.is_set()
+            or session.done
+            or self._stale is not None
+            or self._failure is not None
+            or self._closed
+            or not session.accepting
+            or not session.has_room()
+        ):
+            return None
+        return session
+
     async def reserve(self) -> StoreSession:
         """An open session with room for one more append. Nothing else runs between
         the return and a synchronous ``session.append`` by the caller, so a check

@@ -124,6 +124,9 @@ class StoreSession:
         """Tasks waiting for the session to change: one future each, resolved (False) by
         the next :meth:`_wake`, or (True) by the waiter's own timeout."""
         self.checkpoint_reached = False
+        self._writers: dict[str, _Writer] = {}
+        """The replicas' write loops' state, shared with their replies' callbacks."""
+        self._sends_scheduled = False
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -296,6 +299,11 @@ class StoreSession:
 
     # -- appends ------------------------------------------------------------------------
 
+    @property
+    def accepting(self) -> bool:
+        """It takes appends (open, not draining, not ended)."""
+        return self._accepting
+
     def has_room(self) -> bool:
         replication = self._replication
         return replication is not None and replication.has_room()
@@ -317,8 +325,14 @@ class StoreSession:
         if not self._accepting or replication is None:
             raise self._closed_error("not accepting appends")
         record = replication.append(req_id, header, data, checksum)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
         self._waiters.append((record.transaction_id, future))
+        if not self._sends_scheduled:
+            # the records appended in this loop iteration go to the waiting writers in
+            # one batch each, at its end (see _send_waiting)
+            self._sends_scheduled = True
+            loop.call_soon(self._send_waiting)
         self._wake()
         return record.transaction_id, future
 
@@ -642,18 +656,25 @@ class StoreSession:
 
     async def _write_loop(self, node: str, connection: ReplicaConnection) -> None:
         """Send the replica what the replication core plans, several batches in flight;
-        their acknowledgements come back in order (one ordered connection)."""
+        their acknowledgements come back in order (one ordered connection).
+
+        While it has nothing else to do (no catch-up, no mark to write, within the
+        window) the loop *waits* and the hot path runs to completion in callbacks: a
+        reply's callback counts the quorum (:meth:`_replied`) and posts the next batch,
+        and records appended are posted at the end of their loop iteration
+        (:meth:`_send_waiting`); the loop is woken only for what needs it."""
         replication = self._replication
         assert replication is not None
-        inflight: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        writer = _Writer(node, connection.start_append, functools.partial(self._replied, node))
+        inflight = writer.inflight
         # each append is posted at once and its future kept (no task per batch)
-        start_append = connection.start_append
+        self._writers[node] = writer
         progress = replication.progress(node)
         suspect = progress is not None and progress.clean_at is not None
-        if suspect and (log_end := replication.clean_due(node)) is not None:
-            await self._mark_clean(node, connection, log_end)
-            suspect = False
         try:
+            if suspect and (log_end := replication.clean_due(node)) is not None:
+                await self._mark_clean(node, connection, log_end)
+                suspect = False
             while not self._done.is_set():
                 while inflight and inflight[0][1].done():
                     last, sent = inflight.popleft()
@@ -669,10 +690,12 @@ class StoreSession:
                     if action is None:
                         continue
                 if isinstance(action, Send):
-                    inflight.append((action.last_transaction_id, start_append(action.records)))
+                    writer.post(action)
                     continue
-                await self._wait_for_work(node, connection, inflight)
+                await self._wait_for_work(node, connection, writer)
         finally:
+            if self._writers.get(node) is writer:
+                del self._writers[node]
             for _, sent in inflight:
                 sent.cancel()
                 with contextlib.suppress(BaseException):
@@ -696,22 +719,93 @@ class StoreSession:
         )
 
     async def _wait_for_work(
-        self,
-        node: str,
-        connection: ReplicaConnection,
-        inflight: collections.deque[tuple[int, asyncio.Future[None]]],
+        self, node: str, connection: ReplicaConnection, writer: _Writer
     ) -> None:
         """Nothing to send now: wait for the oldest batch's acknowledgement, or for new
-        records (or progress of the others); an idle replica is probed."""
+        records (or progress of the others); an idle replica is probed. A writer within
+        the window and not suspect waits for its callbacks to need it (:meth:`_replied`,
+        :meth:`_send_waiting`) instead."""
+        inflight = writer.inflight
+        replication = self._replication
+        assert replication is not None
+        progress = replication.progress(node)
+        if (
+            progress is not None
+            and progress.writing
+            and progress.clean_at is None
+            and progress.sent + 1 >= replication.window_start
+        ):
+            posts = writer.posts
+            timed_out = await writer.wait(self._config.idle_probe_interval)
+            if writer.error is not None:
+                raise writer.error
+            idle = timed_out and writer.posts == posts and not inflight  # a quiet interval
+            if idle and progress.sent + 1 >= self.next_transaction_id:
+                await self._probe(node, connection, progress.acked)
+            return
         if inflight:
             if not inflight[0][1].done():
                 await self._sleep(also=inflight[0][1])
             return
         if await self._sleep(self._config.idle_probe_interval):
-            replication = self._replication
-            progress = replication.progress(node) if replication is not None else None
+            progress = replication.progress(node)
             if progress is not None and progress.sent + 1 >= self.next_transaction_id:
                 await self._probe(node, connection, progress.acked)
+
+    def _replied(self, node: str, _: asyncio.Future[None]) -> None:
+        """A batch's reply came (a callback of its future): while the writer's loop
+        waits, its acknowledgements are counted here, in order, the commit announced,
+        and its next batch posted; a failed batch wakes the loop (it raises)."""
+        writer = self._writers.get(node)
+        replication = self._replication
+        if writer is None or not writer.waiting or replication is None or self._done.is_set():
+            return  # the loop runs, or will: it takes the replies itself
+        inflight = writer.inflight
+        try:
+            while inflight and inflight[0][1].done():
+                last, sent = inflight[0]
+                if sent.cancelled() or sent.exception() is not None:
+                    writer.wake()
+                    return
+                inflight.popleft()
+                self._committed(replication.on_appended(node, last))
+            self._send(writer, replication)
+        except Exception as exc:
+            writer.fail(exc)
+
+    def _send_waiting(self) -> None:
+        """Post the records appended in this loop iteration to every writer whose loop
+        waits (one batch each where they fit: the batches to one storage node, of every
+        partition, leave in one transport message)."""
+        self._sends_scheduled = False
+        replication = self._replication
+        if replication is None or self._done.is_set():
+            return
+        for writer in list(self._writers.values()):
+            if writer.waiting:
+                try:
+                    self._send(writer, replication)
+                except Exception as exc:
+                    writer.fail(exc)
+
+    @staticmethod
+    def _send(writer: _Writer, replication: Replication) -> None:
+        """Post what the replication core plans for a waiting writer; anything but a
+        batch from the window (a catch-up, behind the window) wakes its loop."""
+        node = writer.node
+        while True:
+            action = replication.next_send(node)
+            if isinstance(action, Send):
+                writer.post(action)
+                continue
+            progress = replication.progress(node)
+            if (
+                action is not None
+                or progress is None
+                or progress.sent + 1 < replication.window_start
+            ):
+                writer.wake()
+            return
 
     async def _read_catch_up(self, node: str, action: CatchUp) -> list[Record] | None:
         """Records for a lagging replica from one of the writers holding them. A source
@@ -818,6 +912,62 @@ class StoreSession:
         if self._on_commit is not None:
             self._on_commit(high_water_mark, committed.records)
         self._wake()
+
+
+class _Writer:
+    """One replica's write loop's state: its batches in flight (oldest first), and
+    whether the loop waits for its callbacks (:meth:`StoreSession._replied`)."""
+
+    __slots__ = ("_replied", "_start_append", "_wanted", "error", "inflight", "node", "posts")
+
+    def __init__(
+        self,
+        node: str,
+        start_append: Callable[[Sequence[Record]], asyncio.Future[None]],
+        replied: Callable[[asyncio.Future[None]], None],
+    ) -> None:
+        self.node = node
+        self.inflight: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self.error: BaseException | None = None
+        """What failed in a callback, raised by the loop."""
+        self.posts = 0
+        """Batches posted so far (an idle replica posted none during a wait)."""
+        self._start_append = start_append
+        self._replied = replied
+        self._wanted: asyncio.Future[bool] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """The loop waits (the callbacks carry the hot path)."""
+        wanted = self._wanted
+        return wanted is not None and not wanted.done()
+
+    def post(self, send: Send) -> None:
+        future = self._start_append(send.records)
+        self.inflight.append((send.last_transaction_id, future))
+        future.add_done_callback(self._replied)
+        self.posts += 1
+
+    async def wait(self, timeout: float) -> bool:
+        """Until :meth:`wake` (False) or ``timeout`` seconds (True)."""
+        loop = asyncio.get_running_loop()
+        wanted: asyncio.Future[bool] = loop.create_future()
+        self._wanted = wanted
+        timer = loop.call_later(timeout, _time_out, wanted)
+        try:
+            return await wanted
+        finally:
+            timer.cancel()
+            self._wanted = None
+
+    def wake(self) -> None:
+        wanted = self._wanted
+        if wanted is not None and not wanted.done():
+            wanted.set_result(False)
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.wake()
 
 
 def _time_out(sleeper: asyncio.Future[bool]) -> None:
