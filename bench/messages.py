@@ -123,7 +123,11 @@ def _classify(cluster: InProcessCluster, server_port: str) -> dict[str, list[int
 
 
 async def run(seconds: float, k: int) -> None:
-    root = Path(tempfile.mkdtemp(prefix="waltz-bench-messages-"))
+    with tempfile.TemporaryDirectory(prefix="waltz-bench-messages-") as tmp:
+        await _run(Path(tmp), seconds, k)
+
+
+async def _run(root: Path, seconds: float, k: int) -> None:
     cluster = InProcessCluster(root, num_partitions=PARTITIONS, log_level="ERROR")
     await cluster.start()
     try:

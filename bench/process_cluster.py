@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -131,3 +132,6 @@ async def process_cluster(
             node.kill()
         await transport.close()
         zookeeper.stop()
+    # the data directories (each node's journal is 32 MiB): kept only when the run failed,
+    # for its logs (an exception skips this line)
+    shutil.rmtree(workdir, ignore_errors=True)
