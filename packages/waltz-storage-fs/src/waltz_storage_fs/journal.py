@@ -264,10 +264,19 @@ class Journal:
                 "was cut; repair this node from a replica (waltz storage repair)"
             )
         journal = cls(files, path, fd, header)
-        journal.position, journal.sequence = found.position, found.sequence
-        journal.live = checkpoint[0]
-        journal._wrapped = found.position < checkpoint[0]
+        journal.position = journal._start(found.position)
+        journal.sequence = found.sequence
+        journal.live = journal._start(checkpoint[0])
+        # the same position: an empty ring, or one that the entries since fill
+        journal._wrapped = journal.position < journal.live or (
+            journal.position == journal.live and bool(found.entries)
+        )
         return journal, found
+
+    def _start(self, position: int) -> int:
+        """``position``, the end of the body read as its start (where the next entry
+        goes): a position at the end would let the next lap wrap over the live entries."""
+        return HEADER_BLOCK if position >= self.header.body_end else position
 
     def append(self, chunks: Sequence[Chunk]) -> int:
         """Write one round's entry (not durable until :meth:`sync`); the position it
@@ -291,8 +300,9 @@ class Journal:
                 "not checkpointed): checkpoint the segments first"
             )
         self.files.pwrite(self.fd, entry, at)
-        self._wrapped = self._wrapped or wraps
-        self.position = min(_align(at + len(entry)), self.header.body_end)
+        end = _align(at + len(entry))
+        self._wrapped = self._wrapped or wraps or end >= self.header.body_end
+        self.position = self._start(end)
         self.sequence += 1
         return at
 
@@ -317,8 +327,9 @@ class Journal:
     def checkpointed(self, position: int) -> None:
         """Every entry before the one at ``position`` is in durable segments: their room
         may be written over."""
-        if position < self.live:
-            self._wrapped = False
+        position = self._start(position)
+        if position < self.live or position == self.position:
+            self._wrapped = False  # (at the writer's position: every entry is)
         self.live = position
 
     def close(self) -> None:
