@@ -192,6 +192,26 @@ def test_a_checkpoint_at_the_end_of_the_ring_keeps_the_next_lap_from_wrapping_ov
     journal.close()
 
 
+def test_a_wrapped_writer_never_wraps_again_over_the_live_entries(tmp_path: Path) -> None:
+    # the live entries run from the checkpoint near the end of the ring, round the end,
+    # to the writer's position near it: an entry that does not fit in the room left
+    # before the checkpoint has no room at all (the start of the ring is live). Seed 19
+    # of --faults standard --storage-engine fs (a 6 KiB journal) found it: fits() said
+    # yes, no checkpoint was made, the entry was refused after its records were written
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    positions = write_rounds(journal, 0, 8)  # one sector each: the ring is full
+    journal.checkpointed(positions[7])  # rounds 0..6 are in durable segments
+    assert write_rounds(journal, 8, 6) == positions[:6]  # wrapped, up to one free sector
+    assert not journal.fits(3 * ALIGN)
+    with pytest.raises(StorageError, match="journal is full"):
+        journal.append(round_chunks(14, size=600))  # three sectors
+    journal.close()
+    journal, found = Journal.open(REAL_FILES, tmp_path, (positions[7], 7))
+    assert [e.sequence for e in found.entries] == list(range(7, 14))
+    assert not journal.fits(3 * ALIGN)
+    journal.close()
+
+
 def test_a_power_loss_at_any_step_keeps_every_round_whose_flush_returned(
     tmp_path: Path,
 ) -> None:

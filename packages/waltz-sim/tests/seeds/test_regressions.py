@@ -171,6 +171,16 @@ FS_REGRESSIONS = [
         "the read-back's open found the journal damaged (entry #120 not whole, later ones "
         "whole); fixed in waltz_storage_fs.journal (the end of the ring is its start)",
     ),
+    (
+        19,
+        "standard",
+        "a node with a 6 KiB journal, its writer wrapped and the checkpoint near the end of "
+        "the ring: the journal said a round too large for the room left would fit at the "
+        "start (live entries), so no checkpoint was made, then refused the entry as full "
+        "after its records were written: the partition's log ran ahead of what it "
+        "acknowledged and it refused every append (replica-behind); fixed in "
+        "waltz_storage_fs.journal (a wrapped writer never wraps again)",
+    ),
 ]
 
 

@@ -291,17 +291,15 @@ class Journal:
                 "larger than half the journal straight to its segments); restart the "
                 "storage node"
             )
-        at, wraps = self.position, False
-        if at + len(entry) > self.header.body_end:
-            at, wraps = HEADER_BLOCK, True
-        if (self._wrapped or wraps) and at + len(entry) > self.live:
+        at = self._place(len(entry))
+        if at is None:
             raise StorageError(
                 f"{self.path}: the journal is full (the entries from offset {self.live} are "
                 "not checkpointed): checkpoint the segments first"
             )
         self.files.pwrite(self.fd, entry, at)
         end = _align(at + len(entry))
-        self._wrapped = self._wrapped or wraps or end >= self.header.body_end
+        self._wrapped = self._wrapped or at < self.position or end >= self.header.body_end
         self.position = self._start(end)
         self.sequence += 1
         return at
@@ -315,10 +313,21 @@ class Journal:
 
     def fits(self, length: int) -> bool:
         """Whether an entry of ``length`` bytes (about) can be written now."""
+        return self._place(length) is not None
+
+    def _place(self, length: int) -> int | None:
+        """Where an entry of ``length`` bytes goes: at the writer's position, or at the
+        start of the ring when it does not fit before the end; None when the ring has no
+        room for it before the oldest live entry (once the writer wrapped, the start of
+        the ring is live: it never wraps again before a checkpoint)."""
         at, wraps = self.position, False
         if at + length > self.header.body_end:
+            if self._wrapped:
+                return None
             at, wraps = HEADER_BLOCK, True
-        return not ((self._wrapped or wraps) and at + length > self.live)
+        if (self._wrapped or wraps) and at + length > self.live:
+            return None
+        return at
 
     def sync(self) -> None:
         """Make the entries written durable (one ``fdatasync``: no size change)."""
