@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Mapping
 
 import pytest
 from sim_support import idle_process, in_world
@@ -201,3 +202,81 @@ def test_an_fs_seed_replays_in_another_process() -> None:
     found = re.search(r"trace digest ([0-9a-f]{64})", out.stdout)
     assert found is not None, out.stdout + out.stderr
     assert found.group(1) == here.digest
+
+
+class _Always:
+    """A striker's random stream that always strikes, at once, with a power loss."""
+
+    def random(self) -> float:
+        return 0.0
+
+    def uniform(self, low: float, high: float) -> float:
+        return low
+
+
+class _Allowing:
+    def _allowed(self, names: set[str]) -> bool:
+        return True
+
+
+def test_a_strike_after_a_direct_write_lands_before_the_checkpoint_that_follows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An append larger than half the journal is written to its segments, then a
+    checkpoint flushes them in the same synchronous step: the strike at the point between
+    (``storage.journal_direct_written``) kills the node inside the point, so that the
+    checkpoint never runs; the records acknowledged before are kept."""
+    from waltz_api import faultpoints
+    from waltz_sim import points
+    from waltz_sim.points import PointStriker
+
+    only = "storage.journal_direct_written"  # struck there only, every time
+    monkeypatch.setattr(
+        points, "STRIKE_PROBABILITY", {name: float(name == only) for name in faultpoints.POINTS}
+    )
+    hits: list[str] = []
+    big = b"a transaction larger than half the journal " * 70  # 3 KiB: the journal has 4
+
+    async def scenario(world: World) -> tuple[list[str], list[str], int]:
+        striker = PointStriker(world, _Always(), strike=True)  # type: ignore[arg-type]
+        striker.nemesis = _Allowing()  # type: ignore[assignment]
+        striker.strike_until = float("inf")
+        world.points = striker
+        disk = world.disks["disk"] = FsDisk(world, "disk")
+        disk.options["journal_size"] = 4096
+        process = idle_process(world, "storage")
+        engine = await _engine(world, process)
+        assert engine.feature_level == 3 and engine.journal is not None
+        await world._in(process, engine.partition(0).append(_records(0, 5)))
+        world.ready_at = world.loop.time()  # the striker strikes from now on
+        first = process.incarnation
+        record = Record(5, ReqId(1, 1, 0, 6), 0, big, checksum(big))
+        task = world.loop.create_task(
+            engine.partition(0).append([record]),
+            context=process.incarnation.context.copy(),
+        )
+        await asyncio.sleep(0.5)
+        assert task.done() and not first.alive
+        seen = list(hits)
+        striker.strike_until = 0.0  # no more strikes (the restart's replay is a point)
+        await asyncio.sleep(5)  # restarted by the striker
+        engine = await _engine(world, process)
+        return seen, list(world.fault_log), engine.partition(0).max_transaction_id()
+
+    def handler(name: str, detail: Mapping[str, object]) -> None:
+        hits.append(name)
+        world_of_the_run[0].on_point(name, detail)
+
+    world_of_the_run: list[World] = []
+
+    async def with_world(world: World) -> tuple[list[str], list[str], int]:
+        world_of_the_run.append(world)
+        return await scenario(world)
+
+    with faultpoints.installed(handler):
+        seen, faults, end = in_world(with_world, SimConfig(storage_engine="fs", faults="points"))
+    assert "storage.journal_direct_written" in seen, seen
+    after = seen[seen.index("storage.journal_direct_written") + 1 :]
+    assert "storage.journal_checkpoint" not in after, after  # it never ran
+    assert faults == [f"0.00 power loss storage at {only} for 0.3s"], faults
+    assert end in (4, 5)  # the big one kept (written whole, then recovered) or not

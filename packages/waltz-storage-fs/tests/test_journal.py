@@ -170,6 +170,48 @@ def test_the_ring_wraps_over_checkpointed_entries_only(tmp_path: Path) -> None:
         journal.append(round_chunks(0, size=9 * ALIGN))
 
 
+def test_a_checkpoint_at_the_end_of_the_ring_keeps_the_next_lap_from_wrapping_over_itself(
+    tmp_path: Path,
+) -> None:
+    # the rounds fill the body exactly: the writer's position, then the checkpoint's,
+    # is the end of the body (a simulated node with a 4 KiB journal found it: seed 7 of
+    # --faults points --storage-engine fs, its rounds written over the entries since)
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    positions = write_rounds(journal, 0, 4, size=300)
+    journal.checkpointed(journal.position)  # every round so far in durable segments
+    assert write_rounds(journal, 4, 4, size=300) == positions  # the next lap, whole
+    assert not journal.fits(600)
+    with pytest.raises(StorageError, match="journal is full"):
+        journal.append(round_chunks(8, size=300))
+    journal.close()
+    journal, found = Journal.open(REAL_FILES, tmp_path, (HEADER_BLOCK + 8 * ALIGN, 4))
+    assert [e.sequence for e in found.entries] == [4, 5, 6, 7]
+    assert not journal.fits(600)  # reopened: the ring is still full
+    journal.checkpointed(journal.position)
+    assert write_rounds(journal, 8, 1, size=300) == positions[:1]
+    journal.close()
+
+
+def test_a_wrapped_writer_never_wraps_again_over_the_live_entries(tmp_path: Path) -> None:
+    # the live entries run from the checkpoint near the end of the ring, round the end,
+    # to the writer's position near it: an entry that does not fit in the room left
+    # before the checkpoint has no room at all (the start of the ring is live). Seed 19
+    # of --faults standard --storage-engine fs (a 6 KiB journal) found it: fits() said
+    # yes, no checkpoint was made, the entry was refused after its records were written
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    positions = write_rounds(journal, 0, 8)  # one sector each: the ring is full
+    journal.checkpointed(positions[7])  # rounds 0..6 are in durable segments
+    assert write_rounds(journal, 8, 6) == positions[:6]  # wrapped, up to one free sector
+    assert not journal.fits(3 * ALIGN)
+    with pytest.raises(StorageError, match="journal is full"):
+        journal.append(round_chunks(14, size=600))  # three sectors
+    journal.close()
+    journal, found = Journal.open(REAL_FILES, tmp_path, (positions[7], 7))
+    assert [e.sequence for e in found.entries] == list(range(7, 14))
+    assert not journal.fits(3 * ALIGN)
+    journal.close()
+
+
 def test_a_power_loss_at_any_step_keeps_every_round_whose_flush_returned(
     tmp_path: Path,
 ) -> None:

@@ -50,6 +50,8 @@ POINTS: Mapping[str, str] = {
     "wrote the ends and the journal's position: the ring behind it is free",
     "storage.journal_replayed": "an fs storage node's open wrote back what its journal "
     "holds past the segments, not yet flushed by the checkpoint after it",
+    "storage.journal_direct_written": "an fs storage node wrote an append larger than a "
+    "round straight to its segments, not yet flushed by the checkpoint after it",
 }
 """Every point's name and what it marks."""
 

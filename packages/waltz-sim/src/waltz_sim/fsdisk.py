@@ -29,8 +29,10 @@ intact records, repaired from a peer, or a lost tail it reports as ``LOST_SESSIO
 
 Every segment rolls often (a small ``segment_size`` drawn per node) and the index is
 checkpointed every few records, so segment creation, truncation across segments and
-index recovery run in every seed. What does not go through the seams is listed in
-docs/simulation.md.
+index recovery run in every seed. The node journal (feature level 3) is small, and on
+one node in four (drawn) smaller than the larger appends, which then take the direct
+write to their segments (:meth:`~waltz_storage_fs.pipeline.Pipeline.write_alone`).
+What does not go through the seams is listed in docs/simulation.md.
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ SEGMENT_SIZES = (1500, 4000, 12000)
 """Drawn per storage node: a segment holds a few to a few dozen records."""
 CHECKPOINT_INTERVALS = (2, 5, 16)
 """Drawn per storage node: records between flushes of the index."""
+JOURNAL_SIZE = 256 * 1024
+"""The node journal of most storage nodes (at feature level 3): it wraps and checkpoints
+often, and holds any append the workloads make."""
+SMALL_JOURNAL_SHARE = 0.25
+SMALL_JOURNAL_SIZES = (4096, 6144, 8192)
+"""The node journal of the others (a share drawn per node): an append larger than half
+of it (a few in every seed) is written straight to its segments between two checkpoints
+(``storage.journal_direct_written``), and the ring wraps every few rounds."""
 
 
 class _Clocked(PowerLossFiles):
@@ -167,13 +177,16 @@ class FsDisk(Disk):
         super().__init__(world, location)
         self.files = SimFiles(self)
         rng = world.rng(f"fs-options:{location}")
+        # the journal's size from a stream of its own: the other options' draws stay
+        journal_rng = world.rng(f"fs-journal:{location}")
+        small = journal_rng.random() < SMALL_JOURNAL_SHARE
         self.options: dict[str, int] = {
             "segment_size": rng.choice(SEGMENT_SIZES),
             "index_checkpoint_interval": rng.choice(CHECKPOINT_INTERVALS),
             "verify_on_open": 1,
             # at feature level 3: a small journal on the in-memory disk, which wraps and
-            # checkpoints often (no draw: the other options' draws stay as they were)
-            "journal_size": 256 * 1024,
+            # checkpoints often; on some nodes one smaller than the larger appends
+            "journal_size": journal_rng.choice(SMALL_JOURNAL_SIZES) if small else JOURNAL_SIZE,
             "checkpoint_bytes": 16 * 1024,
         }
         self.engine: SimFsEngine | None = None

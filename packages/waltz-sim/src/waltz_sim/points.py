@@ -7,7 +7,9 @@ probability per hit, it crashes (kill -9), pauses or cuts off (from every proces
 the coordination service) the process that hit it, or the storage node of the replica
 the point names, exactly there (after the code's current step: it stops at its next
 await) or a few milliseconds later; a crashed process is restarted, a paused one
-resumed and a cut healed after a while. At an archive point it may fail the object
+resumed and a cut healed after a while. At a point whose window closes before the
+code's next await (:data:`AT_ONCE`) it crashes the process inside the point, with a
+power loss half the time. At an archive point it may fail the object
 store instead (every call refused for a while, or the next upload's answer lost). The
 nemesis's rules hold: at most a minority of the storage nodes and never every server
 impaired at once, only in the safety phase, and at most ``MAX_STRIKES`` per run,
@@ -44,10 +46,17 @@ STRIKE_PROBABILITY = {
     "storage.journal_round": 0.01,
     "storage.journal_checkpoint": 0.1,
     "storage.journal_replayed": 0.5,
+    "storage.journal_direct_written": 0.5,
 }
 """Points hit rarely, at the most fragile moments, are struck more often; points hit
 often (renewals, flushes, archive rounds) less, so that they leave strikes for the
 others."""
+AT_ONCE = frozenset({"storage.journal_replayed", "storage.journal_direct_written"})
+"""Points whose window closes in the same synchronous step as the point (the fs engine's
+checkpoint right after it, with no await between): a strike there crashes the storage
+node at once, inside the point (kill -9 or, half the time, a power loss), so that the
+rest of the step finds its files refused and never completes; a strike scheduled for
+later, or a pause, would land after the window closed."""
 CUT_SHARE = 0.4
 """Of the pauses a strike would make, the share that cut the process off instead."""
 
@@ -91,6 +100,13 @@ class PointStriker:
             self._archive_fault(name)
             return
         target = self.world.processes[incarnation.process.name]
+        if name in AT_ONCE:
+            if target.running and self.nemesis._allowed({target.name}):
+                self.strikes += 1
+                self._next_strike = now + STRIKE_GAP
+                power_loss = self.rng.random() < 0.5
+                self._strike(target, "power loss" if power_loss else "crash", name)
+            return
         replica = detail.get("replica")
         node = self._storage_process(replica) if isinstance(replica, str) else None
         action = "crash" if self.rng.random() < 0.6 else "pause"
@@ -196,8 +212,8 @@ class PointStriker:
         self.world.faults_injected += 1
         self.world.fault_log.append(f"{loop.time() - self.world.started_at:.2f} {description}")
         self.world.trace.add("fault", f"strike: {description}")
-        if action == "crash":
-            target.crash()
+        if action in ("crash", "power loss"):
+            target.crash(power_loss=action == "power loss")
             loop.call_at(loop.time() + held, _restart, target, context=WORLD_CONTEXT)
         elif action == "cut":
             self._isolate(target, description, held)
@@ -231,11 +247,12 @@ def _restart(process: SimProcess) -> None:
 
 def coverage_table(hits: list[Mapping[str, int]]) -> list[str]:
     """One line per registered point: its hits over the runs and in how many runs."""
-    lines = [f"{'protocol point':<26} {'hits':>8} {'runs':>6}  what it marks"]
+    width = max(len(name) for name in POINTS)
+    lines = [f"{'protocol point':<{width}} {'hits':>8} {'runs':>6}  what it marks"]
     for name, what in POINTS.items():
         total = sum(h.get(name, 0) for h in hits)
         runs = sum(1 for h in hits if h.get(name, 0))
-        lines.append(f"{name:<26} {total:>8} {runs:>6}  {what}")
+        lines.append(f"{name:<{width}} {total:>8} {runs:>6}  {what}")
     missed = [name for name in POINTS if not any(h.get(name, 0) for h in hits)]
     lines.append(f"points never hit: {', '.join(missed)}" if missed else "every point was hit")
     return lines

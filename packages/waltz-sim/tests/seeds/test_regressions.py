@@ -160,6 +160,36 @@ MIXED_REGRESSIONS = [
 ]
 
 
+# on the real fs engine (--storage-engine fs), each seed's mix
+FS_REGRESSIONS = [
+    (
+        7,
+        "points",
+        "a node with a 4 KiB journal made a checkpoint when its rounds had filled the ring "
+        "to its very end; the journal took that position (the end of the body) for the "
+        "oldest live entry, so the next lap wrote over the entries since, never checkpointed: "
+        "the read-back's open found the journal damaged (entry #120 not whole, later ones "
+        "whole); fixed in waltz_storage_fs.journal (the end of the ring is its start)",
+    ),
+    (
+        19,
+        "standard",
+        "a node with a 6 KiB journal, its writer wrapped and the checkpoint near the end of "
+        "the ring: the journal said a round too large for the room left would fit at the "
+        "start (live entries), so no checkpoint was made, then refused the entry as full "
+        "after its records were written: the partition's log ran ahead of what it "
+        "acknowledged and it refused every append (replica-behind); fixed in "
+        "waltz_storage_fs.journal (a wrapped writer never wraps again)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("seed", "profile", "found"), FS_REGRESSIONS)
+def test_an_fs_seed_that_found_a_bug_passes(seed: int, profile: str, found: str) -> None:
+    result = run_seed(mixed(SimConfig(seed=seed, faults=profile, storage_engine="fs")))
+    assert result.ok, f"seed {seed} ({found}): {result.error} {result.violations[:3]}"
+
+
 @pytest.mark.parametrize(("seed", "profile", "found"), MIXED_REGRESSIONS)
 def test_a_mixed_seed_that_found_a_bug_passes(seed: int, profile: str, found: str) -> None:
     result = run_seed(mixed(SimConfig(seed=seed, faults=profile)))

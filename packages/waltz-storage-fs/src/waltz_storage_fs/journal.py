@@ -264,10 +264,19 @@ class Journal:
                 "was cut; repair this node from a replica (waltz storage repair)"
             )
         journal = cls(files, path, fd, header)
-        journal.position, journal.sequence = found.position, found.sequence
-        journal.live = checkpoint[0]
-        journal._wrapped = found.position < checkpoint[0]
+        journal.position = journal._start(found.position)
+        journal.sequence = found.sequence
+        journal.live = journal._start(checkpoint[0])
+        # the same position: an empty ring, or one that the entries since fill
+        journal._wrapped = journal.position < journal.live or (
+            journal.position == journal.live and bool(found.entries)
+        )
         return journal, found
+
+    def _start(self, position: int) -> int:
+        """``position``, the end of the body read as its start (where the next entry
+        goes): a position at the end would let the next lap wrap over the live entries."""
+        return HEADER_BLOCK if position >= self.header.body_end else position
 
     def append(self, chunks: Sequence[Chunk]) -> int:
         """Write one round's entry (not durable until :meth:`sync`); the position it
@@ -282,17 +291,16 @@ class Journal:
                 "larger than half the journal straight to its segments); restart the "
                 "storage node"
             )
-        at, wraps = self.position, False
-        if at + len(entry) > self.header.body_end:
-            at, wraps = HEADER_BLOCK, True
-        if (self._wrapped or wraps) and at + len(entry) > self.live:
+        at = self._place(len(entry))
+        if at is None:
             raise StorageError(
                 f"{self.path}: the journal is full (the entries from offset {self.live} are "
                 "not checkpointed): checkpoint the segments first"
             )
         self.files.pwrite(self.fd, entry, at)
-        self._wrapped = self._wrapped or wraps
-        self.position = min(_align(at + len(entry)), self.header.body_end)
+        end = _align(at + len(entry))
+        self._wrapped = self._wrapped or at < self.position or end >= self.header.body_end
+        self.position = self._start(end)
         self.sequence += 1
         return at
 
@@ -305,10 +313,21 @@ class Journal:
 
     def fits(self, length: int) -> bool:
         """Whether an entry of ``length`` bytes (about) can be written now."""
+        return self._place(length) is not None
+
+    def _place(self, length: int) -> int | None:
+        """Where an entry of ``length`` bytes goes: at the writer's position, or at the
+        start of the ring when it does not fit before the end; None when the ring has no
+        room for it before the oldest live entry (once the writer wrapped, the start of
+        the ring is live: it never wraps again before a checkpoint)."""
         at, wraps = self.position, False
         if at + length > self.header.body_end:
+            if self._wrapped:
+                return None
             at, wraps = HEADER_BLOCK, True
-        return not ((self._wrapped or wraps) and at + length > self.live)
+        if (self._wrapped or wraps) and at + length > self.live:
+            return None
+        return at
 
     def sync(self) -> None:
         """Make the entries written durable (one ``fdatasync``: no size change)."""
@@ -317,8 +336,9 @@ class Journal:
     def checkpointed(self, position: int) -> None:
         """Every entry before the one at ``position`` is in durable segments: their room
         may be written over."""
-        if position < self.live:
-            self._wrapped = False
+        position = self._start(position)
+        if position < self.live or position == self.position:
+            self._wrapped = False  # (at the writer's position: every entry is)
         self.live = position
 
     def close(self) -> None:

@@ -29,9 +29,9 @@ readers see it. A crash before that checkpoint's control flush leaves records pa
 acknowledged end, never acknowledged: the segment recovery keeps the whole ones (they
 count once it wrote the end) and cuts a torn tail, as after any unflushed write;
 the journal's checkpoint position is the same before and after the direct write, so the
-rounds after it are replayed on top of it. No new protocol step: the two checkpoints
-are ``storage.journal_checkpoint`` below, and the records written between them are an
-unflushed write like any round's.
+rounds after it are replayed on top of it. Its protocol steps: the two checkpoints are
+``storage.journal_checkpoint`` below, and the records written between them, not yet
+flushed, ``storage.journal_direct_written``.
 
 At the open, recovery scans the journal from the checkpoint (a ``damaged`` journal: the
 node does not open, nothing is cut), runs each partition's segment recovery against the
@@ -46,7 +46,11 @@ The steps this argument rests on are protocol points the simulation strikes (a c
 a pause or a cut of the storage node exactly there, ``--faults points --storage-engine
 fs``): ``storage.journal_round`` (a round durable in the journal alone),
 ``storage.journal_checkpoint`` (segments flushed, ends and position written, the ring
-freed) and ``storage.journal_replayed`` (records written back, not yet flushed).
+freed), ``storage.journal_replayed`` (records written back, not yet flushed) and
+``storage.journal_direct_written`` (an append larger than a round written to its
+segments, not yet flushed). The last two windows close in the same synchronous step (the
+checkpoint after them): the simulation crashes the node (kill -9 or a power loss) at
+once, inside the point, so that the checkpoint never runs.
 """
 
 from __future__ import annotations
