@@ -13,6 +13,7 @@ import errno
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,14 @@ from waltz_storage_fs import tools
 from waltz_storage_fs.committer import LoopRunner
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.files import REAL_FILES
-from waltz_storage_fs.journal import HEADER_BLOCK, JOURNAL_FILE_NAME, decode_header, scan
+from waltz_storage_fs.journal import (
+    HEADER_BLOCK,
+    JOURNAL_FILE_NAME,
+    Chunk,
+    Journal,
+    decode_header,
+    scan,
+)
 from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
 
 pytestmark = pytest.mark.timeout(300)
@@ -404,3 +412,53 @@ async def test_appends_queued_together_beyond_the_journal_are_split_into_rounds(
             assert await engine.partition(pid).read_records(0, 10, 1 << 20) == batches[pid]
     finally:
         await engine.close()
+
+
+async def test_a_round_the_journal_refuses_closes_its_partitions_until_the_restart(
+    tmp_path: Path, journal_level: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal refuses a round after its records were written to the segments: each
+    partition of the round closes (the same ids appended again would not continue a log
+    that already holds them); the restart keeps every acknowledged record and takes
+    appends again."""
+    location = str(tmp_path / "storage")
+    engine = await FsStorageEngine.open(
+        location,
+        cluster_key=KEY,
+        num_partitions=2,
+        feature_level=journal_level,
+        options=NO_CHECKPOINT,
+        runner=LoopRunner(),
+    )
+    original = Journal.append
+    refuse = [True]
+
+    def refusing(self: Journal, chunks: Sequence[Chunk]) -> int:
+        if refuse[0]:
+            refuse[0] = False
+            raise StorageError("injected: the journal is full")
+        return original(self, chunks)
+
+    try:
+        for pid in (0, 1):
+            await engine.add_partition(pid)
+            await engine.partition(pid).append([make_record(0, pid)])
+        monkeypatch.setattr(Journal, "append", refusing)
+        with pytest.raises(PartitionClosedError):
+            await engine.partition(0).append([make_record(1, 0)])
+        with pytest.raises(PartitionClosedError, match="restart the storage node"):
+            await engine.partition(0).append([make_record(1, 0)])  # the server's retry
+        await engine.partition(1).append([make_record(1, 1)])  # not in the refused round
+    finally:
+        await engine.close()
+    reopened = await FsStorageEngine.open(location, options=NO_CHECKPOINT, runner=LoopRunner())
+    try:
+        got = await reopened.partition(0).read_records(0, 10)
+        assert got[:1] == [make_record(0, 0)] and len(got) <= 2
+        await reopened.partition(0).append([make_record(len(got), 0)])
+        assert await reopened.partition(1).read_records(0, 10) == [
+            make_record(0, 1),
+            make_record(1, 1),
+        ]
+    finally:
+        await reopened.close()

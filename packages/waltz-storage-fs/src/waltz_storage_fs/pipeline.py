@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -365,13 +366,21 @@ class Pipeline:
             try:
                 journal.append(chunks)
             except (OSError, StorageError) as exc:
+                # The records are in the segments already (``write_batch``) and no entry
+                # holds them: a partition that went on would run ahead of what it
+                # acknowledged (its next append of the same ids refused as not
+                # continuing its log). Each partition touched is closed until the
+                # restart, whose recovery decides its tail from the files.
+                error = (
+                    exc
+                    if isinstance(exc, OSError)
+                    else OSError(errno.EIO, f"the node journal refused the round: {exc}")
+                )
                 for part in touched:
-                    if isinstance(exc, OSError) and part.broken is None:
-                        part.mark_broken(exc)
+                    if part.broken is None:
+                        part.mark_broken(error)
                 results.extend(
-                    (job, exc if isinstance(exc, StorageError) else job.partition.broken_error())
-                    for job in done
-                    if job.partition is not None
+                    (job, job.partition.broken_error()) for job in done if job.partition is not None
                 )
                 return Written(results, [], [], [], [])
         syncs = [(part, JOURNAL, journal.fd) for part in touched]
