@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.powerloss import scratch_directory
+
+sys.path.insert(0, str(Path(__file__).parent))  # the tests share test_recovery's helpers
 
 
 @pytest.fixture
