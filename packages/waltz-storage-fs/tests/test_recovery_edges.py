@@ -6,12 +6,18 @@ piece, and what the quarantine's README says about the damage."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+from typing import cast
+
 import pytest
 from test_recovery import KEY, Store, flip, store  # noqa: F401 (the store fixture)
 
 from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
+from waltz_storage_fs.files import Files
+from waltz_storage_fs.recovery import Segment, close_segment
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,6 +109,7 @@ async def test_the_quarantine_readme_names_the_missing_transactions(
 
 async def test_an_interrupted_prefix_drop_deletes_the_dropped_segments_unread(
     store: Store,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A crash after ``drop_prefix`` recorded the log's new start, before it deleted the
     segments below: the next recovery deletes them, damaged or not, and reads nothing
@@ -125,7 +132,10 @@ async def test_an_interrupted_prefix_drop_deletes_the_dropped_segments_unread(
         (store.pdir() / name).write_bytes(raw)
     flip(below, start + fmt.RECORD_HEAD.size + 1)
     below.with_suffix(fmt.INDEX_SUFFIX).unlink()
+    caplog.set_level(logging.WARNING, logger="waltz_storage_fs.recovery")
     engine = await store.open()
+    # the first segment kept starts at the log's start: nothing below it is kept
+    assert "below the log's start" not in caplog.text
     part = engine.partition(0)
     assert part.log_start() == kept_from
     assert part.missing_ranges() == []
@@ -166,3 +176,36 @@ async def test_an_index_rebuilt_in_pieces_after_a_checkpoint(
     assert index.read_bytes() == header + fmt.struct_pack_offsets(offsets)
     for t in (0, 7, 8, 65543, 65544, count - 1):
         assert await part.read_record(t) == make_record(t, 2, data=b"")
+
+
+async def test_a_damaged_log_start_of_an_empty_partition_starts_the_log_at_0(
+    store: Store,  # noqa: F811
+) -> None:
+    engine = await store.open()
+    await engine.add_partition(2)
+    await store.close()
+    for p in list(store.pdir(2).iterdir()):
+        p.unlink()
+    (store.pdir(2) / fmt.LOG_START_FILE_NAME).write_bytes(b"\xff" * fmt.LOG_START_SIZE)
+    engine = await store.open()
+    part = engine.partition(2)
+    (entry,) = store.quarantined()
+    assert "damaged-log-start" in entry.folder.name
+    await part.append([make_record(0, 2)])
+    assert part.log_start() == 0
+    assert part.missing_ranges() == []
+    assert await part.read_record(0) == make_record(0, 2)
+
+
+def test_closing_a_segment_twice_closes_its_files_once(tmp_path: Path) -> None:
+    closed: list[int] = []
+
+    class Recorder:
+        def close(self, fd: int) -> None:
+            closed.append(fd)
+
+    seg = Segment(tmp_path, 0, 10, 11)
+    close_segment(cast(Files, Recorder()), seg)
+    close_segment(cast(Files, Recorder()), seg)  # idempotent: no fd closed twice
+    assert closed == [10, 11]
+    assert (seg.data_fd, seg.index_fd) == (-1, -1)
