@@ -7,12 +7,14 @@ piece, and what the quarantine's README says about the damage."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import cast
 
 import pytest
-from test_recovery import KEY, Store, flip, store  # noqa: F401 (the store fixture)
+from test_recovery import KEY, Store, flip, set_acked_end, store  # noqa: F401 (the fixture)
 
+from waltz_api.types import LOST_SESSION, NO_SESSION
 from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
@@ -209,3 +211,52 @@ def test_closing_a_segment_twice_closes_its_files_once(tmp_path: Path) -> None:
     close_segment(cast(Files, Recorder()), seg)  # idempotent: no fd closed twice
     assert closed == [10, 11]
     assert (seg.data_fd, seg.index_fd) == (-1, -1)
+
+
+async def test_a_torn_write_ending_in_a_partial_sector_of_zeros_is_cut(
+    store: Store,  # noqa: F811
+) -> None:
+    """The last write's file size reached the disk, its last (partial) sector did not:
+    a record's head then zeros to the end of the file, no whole sector of zeros. Above
+    the acknowledged end that is a torn write: cut, nothing LOST, nothing kept aside."""
+    engine = await store.open(segment_size=1 << 20)
+    part = await engine.add_partition(2)
+    written = [make_record(t, 2, data=bytes([65 + t % 26]) * 100) for t in range(30)]
+    await part.append(written[:20])
+    await part.append(written[20:])
+    await store.close()
+    # a record whose head ends before the next sector boundary and whose end is past it
+    for torn in range(20, 30):
+        path, start, end = tools.find_record(store.directory, 2, torn)
+        boundary = -(-(start + fmt.RECORD_HEAD.size) // 512) * 512
+        if boundary < end:
+            break
+    else:
+        raise AssertionError("no record crosses a sector boundary")
+    size = boundary + 100  # the file's last sector, partial, was never written
+    raw = path.read_bytes()[:boundary] + bytes(100)
+    assert len(raw) == size and end <= size
+    path.write_bytes(raw)
+    set_acked_end(store.directory, 2, torn)
+    os.truncate(path.with_suffix(fmt.INDEX_SUFFIX), fmt.HEADER_SIZE + 20 * 8)
+    engine = await store.open(segment_size=1 << 20)
+    part = engine.partition(2)
+    assert part.max_transaction_id() == torn - 1
+    assert part.session_info().low_water_mark_session_id == NO_SESSION
+    assert store.quarantined() == []
+    assert await part.read_records(0, 100) == written[:torn]
+
+
+async def test_a_lost_tail_is_recorded_once(
+    store: Store,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A damaged tail below the acknowledged end is found twice (the damage, then the
+    end below the acknowledged one): LOST is written to the control file once."""
+    path, start, _ = tools.find_record(store.directory, 0, 39)
+    flip(path, start + fmt.RECORD_HEAD.size + 2)
+    caplog.set_level(logging.WARNING, logger="waltz_storage_fs")
+    engine = await store.open()
+    part = engine.partition(0)
+    assert part.session_info().low_water_mark_session_id == LOST_SESSION
+    assert caplog.text.count("records it acknowledged may be lost") == 1
