@@ -140,7 +140,13 @@ MODULES: dict[str, Module] = {
         "packages/waltz-storage-fs/src/waltz_storage_fs/recovery.py",
         tuple(
             f"{FS_TESTS}/{name}.py"
-            for name in ("test_recovery", "test_acked_end", "test_format_log_start", "test_scrub")
+            for name in (
+                "test_recovery_edges",
+                "test_recovery",
+                "test_acked_end",
+                "test_format_log_start",
+                "test_scrub",
+            )
         ),
         tuple(
             f"{FS_TESTS}/{name}.py"
