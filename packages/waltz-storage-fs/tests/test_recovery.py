@@ -233,6 +233,7 @@ async def test_a_torn_write_is_cut_and_nothing_is_lost(store: Store, how: str) -
         # the intact records after the zeros are kept aside (it may have been damage)
         (entry,) = kept
         assert "torn-write" in entry.folder.name
+        assert f"after transaction {last}: zeros then records from" in entry.readme
     else:
         assert kept == []
     assert acked_end(store.directory, 2) == last + 1  # what recovery kept counts now
