@@ -120,6 +120,7 @@ MODULES: dict[str, Module] = {
         (
             f"{SERVER_TESTS}/test_store.py",
             f"{SERVER_TESTS}/test_store_storage_nodes.py",
+            f"{SERVER_TESTS}/test_store_session_callbacks.py",
             f"{SERVER_TESTS}/test_partition.py",
         ),
         (SERVER_TESTS,),
