@@ -13,6 +13,7 @@ the fs engine's (``--stop-on-failure``, two seeds at a time).
 
     .venv/bin/python bench/mutation.py run [MODULE ...]    # init + exec + report
     .venv/bin/python bench/mutation.py run MODULE --sample 40 --sample-seed 1
+    .venv/bin/python bench/mutation.py run MODULE --changed-since REV  # or --lines 120-180,300
     .venv/bin/python bench/mutation.py report [MODULE ...] # the score and survivors
     .venv/bin/python bench/mutation.py stages [MODULE ...] # which stage killed, its cost
     .venv/bin/python bench/mutation.py test MODULE          # the per-mutant command
@@ -23,7 +24,10 @@ interrupted run left (``--fresh`` starts over; ``--retest`` tests the survivors 
 after new tests). ``--sample N`` runs the mutants one by one in an order shuffled by
 ``--sample-seed``, up to N: stopped at any point, the mutants run are a uniform random
 sample, and ``report`` gives the score as such, with its 95% interval (a sample, not
-a full run); a run without ``--sample`` then resumes the full run. The operators are
+a full run); a run without ``--sample`` then resumes the full run. ``--lines`` (or
+``--changed-since REV``: the lines that ``git diff REV HEAD`` changed or added) runs
+only the mutants that start on those lines, the others excluded like a sample's, and
+``report`` says so (a run without either resumes the full run). The operators are
 cosmic-ray's, less those ``EXCLUDED_OPERATORS`` names (docs/simulation.md, "Mutation
 score", says why). Slow (hours for every module on a loaded machine): ``tox -e
 mutate`` runs it, and no CI run does. It refuses to start when a target module
@@ -128,10 +132,13 @@ MODULES: dict[str, Module] = {
         "packages/waltz-server/src/waltz_server/server/store_session.py",
         # every file that drives a StoreSession, test_store.py (9 s of the 13 s of the
         # server's unit tests) first, the others under 0.6 s each: the rejoin, repair,
-        # archive, read and drain paths test_store.py does not reach
+        # archive, read and drain paths test_store.py does not reach, and the replies
+        # counted in callbacks (run to completion)
         (
             f"{SERVER_TESTS}/test_store.py",
             f"{SERVER_TESTS}/test_store_session_paths.py",
+            f"{SERVER_TESTS}/test_store_session_callbacks.py",
+            f"{SERVER_TESTS}/test_partition.py",
             f"{SERVER_TESTS}/test_repair.py",
             f"{SERVER_TESTS}/test_archive_store.py",
             f"{SERVER_TESTS}/test_range_read.py",
@@ -309,6 +316,65 @@ def _sample(session: Path, size: int | None, seed: int) -> None:
             )
 
 
+LINES_REASON = "Excluded: not on the lines run"
+
+
+def _restrict(session: Path, lines: set[int] | None, described: str) -> None:
+    """Leave only the mutants that start on ``lines`` to run, the others marked excluded
+    (``LINES_REASON``) until a run without a restriction, which makes them pending again
+    (a mutant already run keeps its result, and ``report`` counts it: in a session
+    started with the restriction, such as a fresh one, it counts only those on the lines)."""
+    with closing(sqlite3.connect(session)) as db, db:
+        db.execute(
+            "DELETE FROM work_results WHERE worker_outcome = 'SKIPPED' AND output LIKE ?",
+            (LINES_REASON + "%",),
+        )
+        if lines is None:
+            return
+        rows = db.execute(
+            "SELECT job_id, start_pos_row FROM mutation_specs WHERE job_id NOT IN"
+            " (SELECT job_id FROM work_results)"
+        ).fetchall()
+        for job_id, row in rows:
+            if row not in lines:
+                db.execute(
+                    "INSERT OR REPLACE INTO work_results (worker_outcome, output,"
+                    " test_outcome, diff, job_id) VALUES ('SKIPPED', ?, NULL, NULL, ?)",
+                    (f"{LINES_REASON} ({described})", job_id),
+                )
+
+
+def parse_lines(text: str) -> set[int]:
+    """``120-180,300`` as the set of line numbers it names (ranges inclusive)."""
+    lines: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        lines.update(range(int(first), int(last or first) + 1))
+    return lines
+
+
+def changed_lines(path: str, since: str) -> set[int]:
+    """The lines of ``path`` at HEAD that ``git diff since HEAD`` changed or added (a
+    hunk that only deletes has no line at HEAD, no mutant)."""
+    diff = subprocess.run(
+        ["git", "diff", "-U0", since, "HEAD", "--", path],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return hunk_lines(diff)
+
+
+def hunk_lines(diff: str) -> set[int]:
+    """The new side's lines of the hunks of a ``-U0`` diff."""
+    lines: set[int] = set()
+    for header in (line for line in diff.splitlines() if line.startswith("@@")):
+        start, _, count = header.split()[2].lstrip("+").partition(",")
+        lines.update(range(int(start), int(start) + int(count or 1)))
+    return lines
+
+
 def _pending(session: Path) -> int:
     with closing(sqlite3.connect(session)) as db:
         (count,) = db.execute(
@@ -405,6 +471,8 @@ def run(
     *,
     sample: int | None = None,
     sample_seed: int = 0,
+    lines: str | None = None,
+    changed_since: str | None = None,
 ) -> None:
     _check_clean([MODULES[name].path for name in names])
     SESSIONS.mkdir(exist_ok=True)
@@ -416,6 +484,13 @@ def run(
             _tool("cosmic-ray", "init", str(config), str(session))
             _tool("cr-filter-operators", str(session), str(config))
         _exclude_static(session, MODULES[name])
+        if changed_since is not None:
+            only = changed_lines(MODULES[name].path, changed_since)
+            _restrict(session, only, f"the lines changed since {changed_since}")
+        elif lines is not None:
+            _restrict(session, parse_lines(lines), f"lines {lines}")
+        else:
+            _restrict(session, None, "")
         _sample(session, sample, sample_seed)
         if retest:
             print(f"{name}: {_forget_survivors(session)} surviving mutants to test again")
@@ -539,7 +614,7 @@ def report(names: list[str]) -> None:
             check=True,
         ).stdout
         outcomes: Counter[str] = Counter()
-        sampled = ""
+        sampled = restricted = ""
         survivors: list[tuple[int, str, str]] = []
         for line in dump.splitlines():
             item, result = json.loads(line)
@@ -550,6 +625,9 @@ def report(names: list[str]) -> None:
                 if (result["output"] or "").startswith(SAMPLE_REASON):
                     sampled = reason
                     reason = SAMPLE_REASON.removeprefix("Excluded: ")
+                elif (result["output"] or "").startswith(LINES_REASON):
+                    restricted = reason.removeprefix(LINES_REASON.removeprefix("Excluded: "))
+                    reason = LINES_REASON.removeprefix("Excluded: ")
                 outcomes["excluded: " + reason.lower()] += 1
             elif result["worker_outcome"] != "normal":
                 outcomes[result["worker_outcome"]] += 1
@@ -569,6 +647,12 @@ def report(names: list[str]) -> None:
             f"{outcomes[k]} {k}" for k in sorted(outcomes) if k not in ("killed", "survived")
         )
         print(f"{name}: {score} killed ({killed} of {counted}; {survived} survived; {extra})")
+        if restricted:
+            print(
+                f"  ONLY THE MUTANTS ON SOME LINES {restricted.strip()}, not the whole module:"
+                f" {outcomes['excluded: ' + LINES_REASON.removeprefix('Excluded: ')]}"
+                " mutants elsewhere not run"
+            )
         if sampled and counted:
             low, high = _wilson(killed, counted)
             print(
@@ -606,6 +690,15 @@ def main() -> None:
         help="run only N mutants, chosen reproducibly, one by one (the score is a sample's)",
     )
     run_parser.add_argument("--sample-seed", type=int, default=0, metavar="S")
+    only = run_parser.add_mutually_exclusive_group()
+    only.add_argument(
+        "--lines", metavar="A-B,C", help="run only the mutants that start on these lines"
+    )
+    only.add_argument(
+        "--changed-since",
+        metavar="REV",
+        help="run only the mutants on the lines changed or added since git revision REV",
+    )
     stages_parser = sub.add_parser("stages", help="which test stage killed the mutants")
     stages_parser.add_argument("modules", nargs="*", metavar="MODULE")
     report_parser = sub.add_parser("report", help="the score and the surviving mutants")
@@ -627,6 +720,8 @@ def main() -> None:
             args.retest,
             sample=args.sample,
             sample_seed=args.sample_seed,
+            lines=args.lines,
+            changed_since=args.changed_since,
         )
     elif args.command == "stages":
         stages(names)

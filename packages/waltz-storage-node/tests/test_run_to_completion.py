@@ -217,6 +217,117 @@ async def test_a_merged_append_refused_at_once_is_answered_one_by_one(
     assert fs.partition(0).max_transaction_id() == 5
 
 
+async def test_a_merged_append_refused_at_once_is_answered_before_the_request_behind_it(
+    engine: tuple[FsStorageEngine, GatedFiles],
+) -> None:
+    """The one-by-one answers of a refused merged append are the task's work: the
+    request queued behind waits for them (nothing else starts meanwhile), then is served."""
+    fs, _ = engine
+    answers = Answers()
+    worker = await _started(fs, answers)
+    behind = MaxTransactionIdRequest(1, 3, 0)
+    await _submit(worker, answers, [_append(1, 10, 2), _append(2, 12, 2), behind])
+    await answers.until(4)
+    await worker.stop()
+    assert answers.seqs() == [0, 1, 2, 3]
+    refused = [message for _, message, _ in answers.got[1:3]]
+    assert all(isinstance(message, FailureResponse) for message in refused), refused
+    assert answers.got[3][1] == MaxTransactionIdResponse(1, 3, 0, 4)
+
+
+async def test_a_lone_append_refused_is_answered_by_the_callback_not_tried_again(
+    engine: tuple[FsStorageEngine, GatedFiles],
+) -> None:
+    """A lone append the engine refuses (ids that skip 5..9) gets its failure from the
+    callback, posted; only a merged batch is tried again one by one (by the task)."""
+    fs, _ = engine
+    answers = Answers()
+    worker = await _started(fs, answers)
+    await _submit(worker, answers, [_append(1, 10, 2)])
+    await answers.until(2)
+    await worker.stop()
+    assert isinstance(answers.got[1][1], FailureResponse)
+    assert answers.hows() == ["reply", "post"]
+
+
+async def test_stop_during_an_append_on_the_engine_ends_once_it_is_answered(
+    engine: tuple[FsStorageEngine, GatedFiles],
+) -> None:
+    """``stop`` while an append that runs to completion is on the (stalled) disk: the
+    worker's task ends once the append is answered (its callback wakes the task)."""
+    fs, files = engine
+    answers = Answers()
+    worker = await _started(fs, answers)
+    files.gate.clear()
+    await _submit(worker, answers, [_append(1, 5, 2)])
+    await _wait_thread_event(files.held)
+    stopping = asyncio.ensure_future(worker.stop())
+    await asyncio.sleep(0)
+    files.gate.set()
+    await asyncio.wait_for(stopping, DEADLINE)
+    assert answers.seqs() == [0, 1] and answers.hows() == ["reply", "post"]
+
+
+async def test_a_post_that_raises_leaves_the_rest_of_its_batch_answered(
+    engine: tuple[FsStorageEngine, GatedFiles],
+) -> None:
+    """A post that raises (the connection went away) is done with, as a reply that
+    fails: the other appends merged with it are still answered."""
+    fs, _ = engine
+    answers = Answers()
+    worker = await _started(fs, answers)
+    post = answers.post
+
+    def breaking(message: Message) -> bool:
+        if getattr(message, "seq_num", -1) == 2:
+            raise ConnectionResetError("the connection went away")
+        return post(message)
+
+    for request in (_append(1, 5, 1), _append(2, 6, 1), _append(3, 7, 1)):
+        await worker.submit(request, answers.reply, 0, breaking)
+    await answers.until(3)
+    await worker.stop()
+    assert answers.seqs() == [0, 1, 3]
+    assert fs.partition(0).max_transaction_id() == 7
+
+
+async def test_requests_queued_before_the_start_are_served_in_order(
+    engine: tuple[FsStorageEngine, GatedFiles],
+) -> None:
+    """Queued before ``start`` (the fence already holds the session): the append starts
+    at once, and the read behind it waits for its answer."""
+    fs, _ = engine
+    answers = Answers()
+    first = await _started(fs, answers)
+    await first.stop()
+    worker = PartitionWorker(fs, 0)
+    await _submit(worker, answers, [_append(1, 5, 5), MaxTransactionIdRequest(1, 2, 0)])
+    worker.start()
+    await answers.until(3)
+    await worker.stop()
+    assert answers.seqs() == [0, 1, 2]
+    assert answers.got[2][1] == MaxTransactionIdResponse(1, 2, 0, 9)
+
+
+async def test_the_appends_of_store_session_0_run_to_completion_too(
+    engine: tuple[FsStorageEngine, GatedFiles],
+) -> None:
+    """Session 0 (a cluster's first store session) is a session like any other: once
+    the fence holds it, its appends are answered by the callback (posted)."""
+    fs, _ = engine
+    answers = Answers()
+    worker = PartitionWorker(fs, 0)
+    worker.start()
+    await _submit(worker, answers, [_append(0, 0, 5, session=0)])  # raises the fence
+    await answers.until(1)
+    await _submit(worker, answers, [_append(1, 5, 2, session=0)])
+    await answers.until(2)
+    await worker.stop()
+    assert answers.got[1][1] == SuccessResponse(0, 1, 0)
+    assert answers.hows() == ["reply", "post"]
+    assert fs.partition(0).max_transaction_id() == 6
+
+
 async def test_a_request_that_breaks_the_callback_is_logged_and_the_next_served(
     engine: tuple[FsStorageEngine, GatedFiles], caplog: pytest.LogCaptureFixture
 ) -> None:
