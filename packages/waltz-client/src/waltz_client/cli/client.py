@@ -384,17 +384,17 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
     async def work(client: AsyncWaltzClient, callbacks: Any, deadline: float) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        # the server answers (--follow too: a dead server is reported, not waited on)
-        top = await _high_water_mark(client, partition, deadline)
-        if start > top + 1:
-            raise WaltzError(
-                f"--from {start} is beyond the end of partition {partition} (its "
-                f"high-water mark is {top}; see `waltz client high-water-mark`)"
-            )
-        if follow:
+        if follow:  # first: the feed may print before the high-water mark is answered
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, stop.set)
         try:
+            # the server answers (--follow too: a dead server is reported, not waited on)
+            top = await _high_water_mark(client, partition, deadline)
+            if start > top + 1:
+                raise WaltzError(
+                    f"--from {start} is beyond the end of partition {partition} (its "
+                    f"high-water mark is {top}; see `waltz client high-water-mark`)"
+                )
             seen, last_progress = callbacks.hwm, loop.time()
             while not done.is_set() and not stop.is_set():
                 if callbacks.error is not None:
@@ -436,6 +436,11 @@ def tail_command(  # noqa: PLR0917 - click passes options by name
             f"--from {start} is beyond the end of partition {partition} (see "
             "`waltz client high-water-mark`)"
         ) from None
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        # Ctrl-C while the client was still connecting (before `work` took the signal
+        # over): --follow ends the same way (exit 0), not "Aborted!"
 
 
 @client_group.command("high-water-mark")
