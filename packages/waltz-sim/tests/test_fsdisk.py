@@ -255,11 +255,11 @@ def test_a_strike_after_a_direct_write_lands_before_the_checkpoint_that_follows(
             engine.partition(0).append([record]),
             context=process.incarnation.context.copy(),
         )
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # simulated time (the world's virtual clock): deterministic
         assert task.done() and not first.alive
         seen = list(hits)
         striker.strike_until = 0.0  # no more strikes (the restart's replay is a point)
-        await asyncio.sleep(5)  # restarted by the striker
+        await asyncio.sleep(5)  # simulated time: the striker restarts the node meanwhile
         engine = await _engine(world, process)
         return seen, list(world.fault_log), engine.partition(0).max_transaction_id()
 
