@@ -16,6 +16,15 @@ quorum, when it is fenced, at the checkpoint interval, or for a new replica set
 :class:`ArchiveLink` (docs/archive.md) replicas behind the archive mark are fast-forwarded
 to it, and :meth:`StoreSession.prune` deletes what is archived (never past what a writer
 acknowledged).
+
+Run to completion (issue 31) moves where this happens, not what: while a replica's
+writer is idle, the reply's own callback records its acknowledgement
+(``Replication.on_appended``), commits what a quorum now holds and posts its next batch
+(``_replied``; ``_send_waiting`` posts a loop iteration's records to the idle writers).
+The rules are the same calls in the same order on the one event loop (no await between
+an acknowledgement and its commit, as in the writer task), so the safety argument and
+its fault points (``replica.*``, ``store.session_*``) are unchanged; a writer that must
+wait (catch-up, a suspect's mark, a failed batch, an idle probe) runs its task as before.
 """
 
 from __future__ import annotations
