@@ -13,6 +13,15 @@ tail shows which environment failed and how. The exit status is 1 when any faile
 
 ``--jobs 1`` runs them one after another (the same as ``python3 -m tox``, with the
 logs printed at the end); ``-e a,b`` runs only those.
+
+Disk: a whole run writes several GiB (each environment's virtualenv, the test
+clusters' preallocated journals and segments under pytest's temporary directory,
+which pytest removes test by test as they pass). Before the first environment,
+``uv cache prune`` drops what uv's cache holds and no install can use any more (each
+download of a source-only package such as pyspark leaves a built copy of about 1 GiB
+behind, so a machine that runs CI often fills up), and the free space is printed,
+with a warning when it is below ``NEEDED_GIB``. A failing environment whose log says
+the disk was full is named so in the summary.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +68,57 @@ class Result:
     wall: float
     cpu: float
     log: Path
+
+
+NEEDED_GIB = 12
+"""Free space, at the temporary directory and at the checkout, below which a run is
+warned that it may fill the disk (a run at 9c0b1e5's tests peaked at about 6 GiB
+with two environments at a time)."""
+
+DISK_FULL = b"No space left on device"
+
+
+def free_gib(path: Path) -> float:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize / 2**30
+
+
+def distinct_filesystems(places: list[Path]) -> list[Path]:
+    """The first of ``places`` on each file system."""
+    seen: dict[int, Path] = {}
+    for place in places:
+        seen.setdefault(os.stat(place).st_dev, place)
+    return list(seen.values())
+
+
+def prune_uv_cache() -> None:
+    """``uv cache prune`` (when uv is here), before any environment installs."""
+    for uv in ([sys.executable, "-m", "uv"], ["uv"]):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            pruned = subprocess.run(
+                [*uv, "cache", "prune"], check=False, capture_output=True, text=True, timeout=600
+            )
+            if pruned.returncode == 0:
+                removed = [line for line in pruned.stderr.splitlines() if "Removed" in line]
+                say(f"uv cache prune: {removed[-1].strip() if removed else 'nothing to remove'}")
+                return
+
+
+def check_disk(places: list[Path]) -> list[str]:
+    """Prints the free space at each place; the warnings about too little."""
+    warnings = []
+    for place in places:
+        free = free_gib(place)
+        say(f"free disk at {place}: {free:.1f} GiB")
+        if free < NEEDED_GIB:
+            warnings.append(
+                f"only {free:.1f} GiB free at {place}, and a whole run needs about"
+                f" {NEEDED_GIB} GiB: free some (old /tmp/pytest-of-*/ directories, `uv"
+                " cache clean`) or the environments may fail with 'No space left on device'"
+            )
+    for warning in warnings:
+        say(f"WARNING: {warning}")
+    return warnings
 
 
 def default_envs() -> list[str]:
@@ -195,6 +256,13 @@ def report(results: list[Result], envs: list[str], wall: float) -> int:
             print(f"  {env:<15} not run")
     load = " ".join(f"{value:.2f}" for value in os.getloadavg())
     print(f"  total {wall:.0f} s wall; load average now {load}")
+    full = [result.env for result in failed if DISK_FULL in result.log.read_bytes()]
+    if full:
+        print(
+            f"  the disk filled up during {', '.join(full)} ('No space left on device' in"
+            f" the log; {free_gib(LOGS if LOGS.exists() else ROOT):.1f} GiB free now):"
+            " free some space and run again"
+        )
     if failed or len(ordered) < len(envs):
         names = ", ".join(result.env for result in failed) or "none"
         print(f"FAILED: {names} (each one's log is printed whole above this summary)")
@@ -217,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     # tox.ini's `requires` provisioned here, once, before two tox processes could race
     envs = args.envs.split(",") if args.envs else default_envs()
     started = time.monotonic()
+    prune_uv_cache()
+    check_disk(distinct_filesystems([Path(tempfile.gettempdir()), ROOT]))
     say(f"{len(envs)} environments, {args.jobs} at a time: {', '.join(longest_first(envs))}")
     results = run(envs, max(1, args.jobs), tox_command(args.tox_args))
     return report(results, envs, time.monotonic() - started)

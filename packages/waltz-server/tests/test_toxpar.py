@@ -83,3 +83,24 @@ def test_all_passing_exits_zero_and_the_longest_go_first(
     assert [r.env for r in results] == ["unit", "lint"]  # the expected longest first
     assert toxpar.report(results, ["lint", "unit"], 1.0) == 0
     assert capsys.readouterr().out.strip().endswith("every environment passed")
+
+
+def test_too_little_free_disk_is_warned_and_a_full_disk_named_in_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(toxpar, "NEEDED_GIB", 10**9)  # more than any disk has
+    warnings = toxpar.check_disk(toxpar.distinct_filesystems([tmp_path, tmp_path]))
+    assert len(warnings) == 1 and "No space left on device" in warnings[0]
+    monkeypatch.setattr(toxpar, "NEEDED_GIB", 0)
+    assert toxpar.check_disk([tmp_path]) == []
+
+    def command(env: str) -> list[str]:
+        text = "OSError: [Errno 28] No space left on device" if env == "full" else "fine"
+        return [sys.executable, "-c", f"print({text!r}); raise SystemExit({env != 'ok'})"]
+
+    envs = ["ok", "full", "other"]
+    results = toxpar.run(envs, 1, command, tmp_path / "logs")
+    assert toxpar.report(results, envs, 1.0) == 1
+    summary = capsys.readouterr().out.split("=" * 30 + " summary")[1]
+    assert "the disk filled up during full (" in summary
+    assert "other" not in summary.split("the disk filled up")[1].split("\n")[0]
