@@ -96,7 +96,8 @@ class SystemHarness(Harness):
         """A cluster of real processes (``waltz storage`` on the fs engine, ``waltz
         server``), ZeroMQ, the embedded ``local`` coordination in ``workdir/coordination``
         under a root of its own, three storage nodes and one partition; ``settings`` set
-        any other field (e.g. ``num_servers``, ``server_settings``). Not started."""
+        any other field (e.g. ``num_servers``, ``server_settings``; ``processes=False``:
+        the same members in this event loop). Not started."""
         coordination = workdir / "coordination"
         coordination.mkdir()
         fields: dict[str, Any] = {
