@@ -38,7 +38,6 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -89,18 +88,11 @@ def archive_settings(url: str, **extra: Any) -> dict[str, Any]:
 
 
 def harness(tmp_path: Path, url: str, processes: bool = True, **extra: Any) -> SystemHarness:
-    coordination = tmp_path / "coordination"
-    coordination.mkdir()
-    return SystemHarness(
-        name="archive",
-        coordination_uri=f"local://{coordination}?root=/waltz-{uuid.uuid4().hex[:8]}",
-        transport="zmq",
-        storage_engine="fs",
+    return SystemHarness.of_processes(
+        tmp_path,
+        "archive",
         processes=processes,
-        workdir=tmp_path,
-        num_storage_nodes=3,
         num_servers=1,
-        num_partitions=1,
         storage_options={"segment_size": 4096, "index_checkpoint_interval": 8},
         server_settings=archive_settings(url, **extra),
     )
@@ -112,12 +104,7 @@ def payload(tag: str, i: int) -> bytes:
 
 async def commit(client: PartitionClient, tag: str, count: int) -> int:
     """Commit ``count`` records, 20 per flush; returns the high-water mark."""
-    high = -1
-    for first in range(0, count, 20):
-        for i in range(first, min(first + 20, count)):
-            await client.append(payload(tag, i), -1)
-        high = await client.flush()
-    return high
+    return await client.commit((payload(tag, i) for i in range(count)), 20)
 
 
 async def mark(h: SystemHarness) -> ArchiveMark:

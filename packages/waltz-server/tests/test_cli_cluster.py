@@ -4,22 +4,25 @@ real etcd and the embedded local service, and in-process against the memory refe
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 
 import pytest
 from click.testing import CliRunner
+from process_support import waltz
 
 from waltz_conformance.servers.zookeeper import ZooKeeperServer
 from waltz_server.cli import main
 
-WALTZ = [sys.executable, "-m", "waltz_server.cli"]
-NODES = ["--storage", "127.0.0.1:7001", "--storage", "127.0.0.1:7002,127.0.0.1:7003"]
+NODES = ["127.0.0.1:7001", "127.0.0.1:7002,127.0.0.1:7003"]
 
 
-def _waltz(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*WALTZ, *args], capture_output=True, text=True, timeout=120, check=False)
+def _create(uri: str, partitions: int, replicas: int, *storage: str) -> list[str]:
+    """The arguments of ``waltz cluster create``, a ``--storage`` for each of ``storage``."""
+    nodes = [arg for node in storage for arg in ("--storage", node)]
+    return [
+        *("cluster", "create", "--coordination", uri),
+        *("--partitions", str(partitions), "--replicas", str(replicas), *nodes),
+    ]
 
 
 @pytest.fixture(params=["zk", "etcd", "local"])
@@ -41,19 +44,7 @@ def service_uri(request: pytest.FixtureRequest) -> str:
 def test_create_show_and_refuse(service_uri: str) -> None:
     uri = service_uri
     key = str(uuid.uuid4())
-    created = _waltz(
-        "cluster",
-        "create",
-        "--coordination",
-        uri,
-        "--partitions",
-        "3",
-        "--replicas",
-        "2",
-        *NODES,
-        "--cluster-key",
-        key,
-    )
+    created = waltz(*_create(uri, 3, 2, *NODES), "--cluster-key", key)
     assert created.returncode == 0, created.stderr
     assert key in created.stdout
 
@@ -70,20 +61,7 @@ def test_create_show_and_refuse(service_uri: str) -> None:
     human = CliRunner().invoke(main, ["cluster", "show", "--coordination", uri])
     assert human.exit_code == 0 and f"cluster key: {key}" in human.output
 
-    again = CliRunner().invoke(
-        main,
-        [
-            "cluster",
-            "create",
-            "--coordination",
-            uri,
-            "--partitions",
-            "5",
-            "--replicas",
-            "1",
-            *NODES,
-        ],
-    )
+    again = CliRunner().invoke(main, _create(uri, 5, 1, *NODES))
     assert again.exit_code == 1
     assert "already exists" in again.stderr and key in again.stderr
     assert "Traceback" not in again.stderr
@@ -111,69 +89,13 @@ def test_show_without_cluster_and_unreachable_service(zookeeper_server: ZooKeepe
 def test_create_in_process_on_memory_and_bad_input() -> None:
     runner = CliRunner()
     uri = f"memory://cli-{uuid.uuid4().hex[:8]}/waltz"
-    ok = runner.invoke(
-        main,
-        [
-            "cluster",
-            "create",
-            "--coordination",
-            uri,
-            "--partitions",
-            "2",
-            "--replicas",
-            "1",
-            "--storage",
-            "127.0.0.1:7001",
-        ],
-    )
+    ok = runner.invoke(main, _create(uri, 2, 1, "127.0.0.1:7001"))
     assert ok.exit_code == 0, ok.output
-    refused = runner.invoke(
-        main,
-        [
-            "cluster",
-            "create",
-            "--coordination",
-            uri,
-            "--partitions",
-            "2",
-            "--replicas",
-            "1",
-            "--storage",
-            "127.0.0.1:7001",
-        ],
-    )
+    refused = runner.invoke(main, _create(uri, 2, 1, "127.0.0.1:7001"))
     assert refused.exit_code == 1 and "already exists" in refused.output
-    too_many = runner.invoke(
-        main,
-        [
-            "cluster",
-            "create",
-            "--coordination",
-            f"{uri}-2",
-            "--partitions",
-            "2",
-            "--replicas",
-            "3",
-            "--storage",
-            "127.0.0.1:7001",
-        ],
-    )
+    too_many = runner.invoke(main, _create(f"{uri}-2", 2, 3, "127.0.0.1:7001"))
     assert too_many.exit_code == 1 and "storage nodes" in too_many.output
-    bad_node = runner.invoke(
-        main,
-        [
-            "cluster",
-            "create",
-            "--coordination",
-            f"{uri}-3",
-            "--partitions",
-            "2",
-            "--replicas",
-            "1",
-            "--storage",
-            "localhost",
-        ],
-    )
+    bad_node = runner.invoke(main, _create(f"{uri}-3", 2, 1, "localhost"))
     assert bad_node.exit_code == 1 and "host:port" in bad_node.output
     shown = runner.invoke(main, ["cluster", "show", "--coordination", uri, "--json"])
     assert shown.exit_code == 0 and json.loads(shown.output)["partitions"] == 2
@@ -182,8 +104,7 @@ def test_create_in_process_on_memory_and_bad_input() -> None:
 def test_delete_then_create_again_in_process() -> None:
     runner = CliRunner()
     uri = f"memory://cli-delete-{uuid.uuid4().hex[:8]}/waltz"
-    create = ["cluster", "create", "--coordination", uri, "--partitions", "1", "--replicas", "1"]
-    assert runner.invoke(main, [*create, "--storage", "127.0.0.1:7001"]).exit_code == 0
+    assert runner.invoke(main, _create(uri, 1, 1, "127.0.0.1:7001")).exit_code == 0
     key = json.loads(
         runner.invoke(main, ["cluster", "show", "--coordination", uri, "--json"]).output
     )["cluster_key"]
@@ -197,7 +118,7 @@ def test_delete_then_create_again_in_process() -> None:
     assert deleted.exit_code == 0, deleted.output
     gone = runner.invoke(main, ["cluster", "show", "--coordination", uri])
     assert gone.exit_code == 1 and "waltz cluster create" in gone.output
-    again = runner.invoke(main, [*create, "--storage", "127.0.0.1:7002"])
+    again = runner.invoke(main, _create(uri, 1, 1, "127.0.0.1:7002"))
     assert again.exit_code == 0, again.output
 
 
@@ -205,22 +126,18 @@ def test_create_again_with_the_same_key_and_shape_does_nothing() -> None:
     runner = CliRunner()
     uri = f"memory://cli-again-{uuid.uuid4().hex[:8]}/waltz"
     key = str(uuid.uuid4())
-    create = ["cluster", "create", "--coordination", uri, "--storage", "127.0.0.1:7001"]
-    first = runner.invoke(
-        main, [*create, "--partitions", "2", "--replicas", "1", "--cluster-key", key]
-    )
+    same = [*_create(uri, 2, 1, "127.0.0.1:7001"), "--cluster-key", key]
+    first = runner.invoke(main, same)
     assert first.exit_code == 0 and f"created cluster {key}" in first.stdout
-    again = runner.invoke(
-        main, [*create, "--partitions", "2", "--replicas", "1", "--cluster-key", key]
-    )
+    again = runner.invoke(main, same)
     assert again.exit_code == 0, again.output
     assert f"cluster {key} exists already" in again.stdout and "nothing to do" in again.stdout
     for different in (
-        ["--partitions", "3", "--replicas", "1", "--cluster-key", key],
-        ["--partitions", "2", "--replicas", "1", "--cluster-key", str(uuid.uuid4())],
-        ["--partitions", "2", "--replicas", "1"],  # a new random key: another cluster
+        [*_create(uri, 3, 1, "127.0.0.1:7001"), "--cluster-key", key],
+        [*_create(uri, 2, 1, "127.0.0.1:7001"), "--cluster-key", str(uuid.uuid4())],
+        _create(uri, 2, 1, "127.0.0.1:7001"),  # a new random key: another cluster
     ):
-        refused = runner.invoke(main, [*create, *different])
+        refused = runner.invoke(main, different)
         assert refused.exit_code == 1, refused.output
         (line,) = refused.stderr.strip().splitlines()
         assert line.startswith("error: a cluster already exists") and key in line

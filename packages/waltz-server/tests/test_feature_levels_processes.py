@@ -12,26 +12,14 @@ local coordination, ZeroMQ, one partition; the client library's AsyncWaltzClient
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
-import uuid
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from process_support import DEADLINE, Writers, library_client, waltz
 
 import waltz_api
-from waltz_api.errors import WaltzError
 from waltz_api.features import MAX_FEATURE_LEVEL
-from waltz_client import (
-    AsyncWaltzClient,
-    ClientConfig,
-    Transaction,
-    TransactionBuilder,
-    TransactionContext,
-    WaltzClientCallbacks,
-)
 from waltz_conformance.suites.system.clients import read_log
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
 from waltz_storage_fs import format as fmt
@@ -42,65 +30,6 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.system, pytest.mark.slow]
 
 PARTITION = 0
 WRITERS = 4
-DEADLINE = 90.0
-"""Generous: for each event waited for, on a slow shared machine."""
-
-
-class Feed(WaltzClientCallbacks):
-    def __init__(self) -> None:
-        self.high = -1
-
-    def client_high_water_mark(self, partition_id: int) -> int:
-        return self.high
-
-    async def apply_transaction(self, transaction: Transaction) -> None:
-        self.high = transaction.transaction_id
-
-
-class Put(TransactionContext):
-    def __init__(self, data: bytes) -> None:
-        super().__init__()
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return PARTITION
-
-    async def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
-
-
-@dataclass
-class Writers:
-    client: AsyncWaltzClient
-    acked: dict[int, bytes] = field(default_factory=dict)
-    errors: Counter[str] = field(default_factory=Counter)
-    stopping: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def start(self) -> None:
-        self.tasks = [asyncio.create_task(self._write(w)) for w in range(WRITERS)]
-
-    async def _write(self, writer: int) -> None:
-        seq = 0
-        while not self.stopping:
-            seq += 1
-            data = f"writer-{writer}-{seq}".encode()
-            try:
-                result = await self.client.submit(Put(data))
-            except WaltzError as exc:
-                self.errors[type(exc).__name__] += 1
-                await asyncio.sleep(0.2)
-                continue
-            assert result.committed and result.transaction_id not in self.acked
-            self.acked[result.transaction_id] = data
-
-    async def stop(self) -> None:
-        self.stopping = True
-        _, pending = await asyncio.wait(self.tasks, timeout=DEADLINE)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 def control_versions(harness: SystemHarness) -> list[int]:
@@ -111,43 +40,11 @@ def control_versions(harness: SystemHarness) -> list[int]:
     ]
 
 
-def waltz(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "waltz_server.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 async def test_a_level_1_cluster_keeps_format_2_until_raised_under_load(tmp_path: Path) -> None:
-    coordination = tmp_path / "coordination"
-    coordination.mkdir()
-    harness = SystemHarness(
-        name="features",
-        coordination_uri=f"local://{coordination}?root=/waltz-{uuid.uuid4().hex[:8]}",
-        transport="zmq",
-        storage_engine="fs",
-        processes=True,
-        workdir=tmp_path,
-        num_storage_nodes=3,
-        num_servers=2,
-        num_partitions=1,
-        feature_level=1,
-    )
+    harness = SystemHarness.of_processes(tmp_path, "features", num_servers=2, feature_level=1)
     await harness.start()
-    client = AsyncWaltzClient(
-        Feed(),
-        ClientConfig(
-            harness.coordination_uri,
-            transport="zmq",
-            partitions=[PARTITION],
-            transaction_timeout=30.0,
-            request_timeout=10.0,
-        ),
-    )
-    writers = Writers(client)
+    client = library_client(harness, PARTITION)
+    writers = Writers(client, PARTITION, WRITERS, lambda w, n: f"writer-{w}-{n}".encode())
     try:
         await client.start()
         writers.start()
@@ -203,6 +100,7 @@ async def test_a_level_1_cluster_keeps_format_2_until_raised_under_load(tmp_path
         for txid, data in writers.acked.items():
             assert txid < len(log) and log[txid].data == data, f"transaction {txid} lost"
         assert len({r.data for r in log}) == len(log), "a transaction committed twice"
+        assert not writers.acked_twice, f"ids acknowledged twice: {writers.acked_twice[:5]}"
         # a restarted node keeps its level (its format) and the partition still commits
         await harness.kill_storage_node(0)
         await harness.restart_storage_node(0)

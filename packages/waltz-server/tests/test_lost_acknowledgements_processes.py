@@ -28,23 +28,13 @@ import contextlib
 import re
 import sys
 import time
-import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from process_support import DEADLINE, Writers, library_client
 
-from waltz_api.errors import SessionFencedError, WaltzError
-from waltz_client import (
-    AsyncWaltzClient,
-    ClientConfig,
-    Transaction,
-    TransactionBuilder,
-    TransactionContext,
-    WaltzClientCallbacks,
-)
 from waltz_conformance.suites.system.clients import read_log
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
 from waltz_conformance.suites.system.members import (
@@ -67,8 +57,6 @@ MIN_ACKED = 1500
 """Acknowledged transactions before A is stopped."""
 MIN_LAG = 600
 """How far C's log must be behind the highest acknowledged id before A is stopped."""
-DEADLINE = 90.0
-"""Generous: for each event waited for, on a slow shared machine."""
 LOST_MARKER = "LOST until a store session starts here again"
 """What the fs engine logs at start-up when it found it lost records it acknowledged."""
 
@@ -93,90 +81,6 @@ class SlowReplica(SystemHarness):
                 str(SYNC_DELAY),
             ]
         return member
-
-
-class Feed(WaltzClientCallbacks):
-    """An application applying the feed (its high-water mark only)."""
-
-    def __init__(self) -> None:
-        self.high = -1
-
-    def client_high_water_mark(self, partition_id: int) -> int:
-        return self.high
-
-    async def apply_transaction(self, transaction: Transaction) -> None:
-        self.high = transaction.transaction_id
-
-
-class Put(TransactionContext):
-    def __init__(self, data: bytes) -> None:
-        super().__init__()
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return PARTITION
-
-    async def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
-
-
-@dataclass
-class Writers:
-    """Clients submitting unique records; every acknowledgement kept (id -> data)."""
-
-    client: AsyncWaltzClient
-    acked: dict[int, bytes] = field(default_factory=dict)
-    acked_at: dict[int, float] = field(default_factory=dict)
-    errors: Counter[str] = field(default_factory=Counter)
-    acked_twice: list[int] = field(default_factory=list)
-    """Ids acknowledged to two submissions."""
-    stopping: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def start(self) -> None:
-        self.tasks = [asyncio.create_task(self._write(w)) for w in range(WRITERS)]
-
-    async def _write(self, writer: int) -> None:
-        seq = 0
-        while not self.stopping:
-            seq += 1
-            data = f"writer-{writer}-{seq}|".encode() * 4
-            try:
-                result = await self.client.submit(Put(data))
-            except WaltzError as exc:
-                self.errors[type(exc).__name__] += 1
-                await asyncio.sleep(0.2)
-                continue
-            assert result.committed  # (execute never declines)
-            if result.transaction_id in self.acked:
-                self.acked_twice.append(result.transaction_id)
-            self.acked[result.transaction_id] = data
-            self.acked_at[result.transaction_id] = time.monotonic()
-
-    @property
-    def highest(self) -> int:
-        return max(self.acked, default=-1)
-
-    async def stop(self) -> None:
-        """No new submission; those in flight end (decided or timed out), bounded."""
-        self.stopping = True
-        _, pending = await asyncio.wait(self.tasks, timeout=DEADLINE)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-async def replica_end(harness: SystemHarness, index: int) -> int:
-    """The log end of a storage node's replica, asked with the session it holds."""
-    storage = await harness.storage_client(index)
-    try:
-        try:
-            return await storage.max_transaction_id(0, PARTITION)
-        except SessionFencedError as exc:
-            return await storage.max_transaction_id(exc.highest_session_id, PARTITION)
-    finally:
-        await storage.close()
 
 
 def damage_tail(data_dir: Path) -> None:
@@ -227,35 +131,17 @@ async def kill_owner_on_rejoin(
 async def test_no_acknowledged_transaction_is_lost_when_the_owner_dies_as_a_replica_rejoins(
     tmp_path: Path, loss: str
 ) -> None:
-    coordination = tmp_path / "coordination"
-    coordination.mkdir()
-    harness = SlowReplica(
-        name="issue27",
-        coordination_uri=f"local://{coordination}?root=/waltz-{uuid.uuid4().hex[:8]}",
-        transport="zmq",
-        storage_engine="fs",
-        processes=True,
-        workdir=tmp_path,
-        num_storage_nodes=3,
+    harness = SlowReplica.of_processes(
+        tmp_path,
+        "issue27",
         num_servers=2,
-        num_partitions=1,
         # small storage appends: C, its syncs slow, receives few records per sync
         server_settings={"max_batch_records": 32},
     )
     started = time.monotonic()
     await harness.start()
-    feed = Feed()
-    client = AsyncWaltzClient(
-        feed,
-        ClientConfig(
-            harness.coordination_uri,
-            transport="zmq",
-            partitions=[PARTITION],
-            transaction_timeout=30.0,
-            request_timeout=10.0,
-        ),
-    )
-    writers = Writers(client)
+    client = library_client(harness, PARTITION)
+    writers = Writers(client, PARTITION, WRITERS, lambda w, n: f"writer-{w}-{n}|".encode() * 4)
     watcher: asyncio.Task[str] | None = None
     try:
         await client.start()
@@ -267,7 +153,8 @@ async def test_no_acknowledged_transaction_is_lost_when_the_owner_dies_as_a_repl
             nonlocal c_end
             if len(writers.acked) < MIN_ACKED:
                 return False
-            c_end = await replica_end(harness, C)  # (slow: C's node answers between syncs)
+            # (slow: C's node answers between syncs)
+            c_end = await harness.replica_end(C, PARTITION)
             return c_end < writers.highest - MIN_LAG
 
         await wait_for(lagging, DEADLINE, f"{MIN_ACKED} commits with C {MIN_LAG} behind")

@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tomllib
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from waltz_api.config import toml_document
 from waltz_cli import main
 from waltz_conformance.suites.system.clients import PartitionClient
 from waltz_conformance.suites.system.harness import SystemHarness, wait_for
-from waltz_conformance.suites.system.members import Member
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 
@@ -38,58 +33,28 @@ STORAGE_OPTIONS = {"segment_size": 2048, "index_checkpoint_interval": 8}
 SCRUB = {"interval": 0.5, "rate_bytes_per_second": 16 * 1024 * 1024}
 
 
-class ScrubbingNodes(SystemHarness):
-    """The system harness, its storage nodes with small segments and a frequent scrub."""
-
-    def _make_storage(self, index: int) -> Member:
-        member = super()._make_storage(index)
-        assert self.workdir is not None
-        path = self.workdir / f"storage{index}.toml"
-        config: dict[str, Any] = tomllib.loads(path.read_text())
-        config["storage"]["options"] = STORAGE_OPTIONS
-        config["storage"]["scrub"] = SCRUB
-        path.write_text(toml_document(config))
-        return member
-
-
-async def commit(client: PartitionClient, count: int, tag: str) -> int:
-    """Commit ``count`` records, ten at a time (the small segments roll); returns the
-    high-water mark."""
-    high = -1
-    for first in range(0, count, 10):
-        for i in range(first, min(first + 10, count)):
-            await client.append(f"{tag}-{i}|".encode() * 12, -1)
-        high = await client.flush()
-    return high
+def records(count: int, tag: str) -> list[bytes]:
+    """Committed ten at a time: the small segments roll."""
+    return [f"{tag}-{i}|".encode() * 12 for i in range(count)]
 
 
 async def test_damage_a_running_nodes_scrub_finds_is_repaired_from_its_peers(
     tmp_path: Path,
 ) -> None:
-    coordination = tmp_path / "coordination"
-    coordination.mkdir()
-    harness = ScrubbingNodes(
-        name="scrub",
-        coordination_uri=f"local://{coordination}?root=/waltz-{uuid.uuid4().hex[:8]}",
-        transport="zmq",
-        storage_engine="fs",
-        processes=True,
-        workdir=tmp_path,
-        num_storage_nodes=3,
+    # small segments and a frequent scrub
+    harness = SystemHarness.of_processes(
+        tmp_path,
+        "scrub",
         num_servers=1,
-        num_partitions=1,
+        storage_options=STORAGE_OPTIONS,
+        storage_settings={"scrub": SCRUB},
     )
     await harness.start()
     try:
         client = await PartitionClient.connect(harness, PARTITION)
-        high = await commit(client, 200, "before")
+        high = await client.commit(records(200, "before"), 10)
         assert high >= 199
-
-        async def all_hold(mark: int) -> bool:
-            logs = [await harness.replica_log(i, PARTITION) for i in range(3)]
-            return all(len(log) > mark for log in logs)
-
-        await wait_for(lambda: all_hold(high), 60, "every replica to hold the records")
+        await harness.wait_held(PARTITION, high, 60)
         committed = (await harness.replica_log(1, PARTITION))[: high + 1]
 
         victim_node = 0
@@ -114,27 +79,18 @@ async def test_damage_a_running_nodes_scrub_finds_is_repaired_from_its_peers(
 
         await wait_for(found, 60, "the node's scrub to find the damaged record")
         # the others go on committing while the damaged replica rejoins and is repaired
-        high = await commit(client, 50, "after")
+        high = await client.commit(records(50, "after"), 10)
 
         async def repaired() -> bool:
-            storage = await harness.storage_client(victim_node)
-            try:
-                session = 0
-                try:
-                    await storage.max_transaction_id(0, PARTITION)
-                except Exception as exc:  # fenced: names the session the replica holds
-                    session = getattr(exc, "highest_session_id", 0)
-                if await storage.missing_range(session, PARTITION) is not None:
-                    return False
-            finally:
-                await storage.close()
-            logs = [await harness.replica_log(i, PARTITION) for i in range(3)]
+            if await harness.replica_missing(victim_node, PARTITION) is not None:
+                return False
+            logs = await harness.replica_logs(PARTITION)
             return len(logs[victim_node]) > high and (
                 logs[victim_node][: high + 1] == logs[1][: high + 1]
             )
 
         await wait_for(repaired, 120, "the damaged replica to be repaired from its peers")
-        logs = [await harness.replica_log(i, PARTITION) for i in range(3)]
+        logs = await harness.replica_logs(PARTITION)
         assert logs[0][: high + 1] == logs[1][: high + 1] == logs[2][: high + 1]
         assert logs[victim_node][victim] == committed[victim]
         assert logs[victim_node][: len(committed)] == committed

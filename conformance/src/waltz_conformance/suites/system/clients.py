@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from waltz_api import wire
 from waltz_api.errors import WaltzError
@@ -101,6 +101,20 @@ class PartitionClient:
         count = self.raw.counts[FlushResponse]
         await self.raw.send(FlushRequest(self.rid()))
         return (await self.raw.wait(FlushResponse, count + 1, timeout=TIMEOUT))[-1].transaction_id
+
+    async def commit(self, payloads: Iterable[bytes], per_flush: int) -> int:
+        """Append each of ``payloads`` (no locks), with a flush after every ``per_flush``
+        of them and after the last; returns the high-water mark the last flush answered
+        (-1 when there was nothing to append)."""
+        high, pending = -1, 0
+        for data in payloads:
+            await self.append(data, -1)
+            pending += 1
+            if pending == per_flush:
+                high, pending = await self.flush(), 0
+        if pending:
+            high = await self.flush()
+        return high
 
     def lock_failures(self) -> dict[ReqId, int]:
         assert self.raw is not None

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from waltz_api.backoff import Backoff
 from waltz_api.capabilities import PROCESSES
@@ -64,6 +64,8 @@ class SystemHarness(Harness):
     """Extra keys of every server's ``[server]`` table (e.g. its ``archive``)."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """Every storage node's engine options (``[storage.options]``)."""
+    storage_settings: dict[str, Any] = field(default_factory=dict)
+    """Extra keys of every storage node's ``[storage]`` table (e.g. its ``scrub``)."""
     before_servers: Callable[[SystemHarness], Awaitable[None]] | None = None
     """Run by :meth:`start` once the cluster exists and its storage nodes run, before
     any server starts (e.g. ``waltz archive restore`` into the new cluster)."""
@@ -88,6 +90,27 @@ class SystemHarness(Harness):
             self.capabilities = self.capabilities | {PROCESSES}
             if self.workdir is None:
                 raise ValueError("a harness of real processes needs a workdir")
+
+    @classmethod
+    def of_processes(cls, workdir: Path, name: str, **settings: Any) -> Self:
+        """A cluster of real processes (``waltz storage`` on the fs engine, ``waltz
+        server``), ZeroMQ, the embedded ``local`` coordination in ``workdir/coordination``
+        under a root of its own, three storage nodes and one partition; ``settings`` set
+        any other field (e.g. ``num_servers``, ``server_settings``; ``processes=False``:
+        the same members in this event loop). Not started."""
+        coordination = workdir / "coordination"
+        coordination.mkdir()
+        fields: dict[str, Any] = {
+            "name": name,
+            "coordination_uri": f"local://{coordination}?root=/waltz-{uuid.uuid4().hex[:8]}",
+            "transport": "zmq",
+            "storage_engine": "fs",
+            "processes": True,
+            "workdir": workdir,
+            "num_storage_nodes": 3,
+            "num_partitions": 1,
+        }
+        return cls(**{**fields, **settings})
 
     def storage_endpoint(self, index: int) -> str:
         scheme = "memory" if self.transport == "memory" else "tcp"
@@ -117,6 +140,7 @@ class SystemHarness(Harness):
                 "num_partitions": self.num_partitions,
                 "partitions": list(range(self.num_partitions)),
                 "options": dict(self.storage_options),
+                **self.storage_settings,
             },
             "transport": {"plugin": self.transport, "endpoint": self.storage_endpoint(index)},
         }
@@ -199,6 +223,7 @@ class SystemHarness(Harness):
             "session_timeout": self.session_timeout,
             "server_settings": self.server_settings,
             "storage_options": self.storage_options,
+            "storage_settings": self.storage_settings,
         }
         settings.update(changes)
         return SystemHarness(**settings)
@@ -454,6 +479,43 @@ class SystemHarness(Harness):
             await client.close()
             raise
         return client
+
+    async def replica_end(self, index: int, partition: int) -> int:
+        """The log end (highest transaction id) of one storage node's replica of
+        ``partition``, asked with the store session the replica holds."""
+        client = await self.storage_client(index)
+        try:
+            try:
+                return await client.max_transaction_id(0, partition)
+            except SessionFencedError as exc:
+                return await client.max_transaction_id(exc.highest_session_id, partition)
+        finally:
+            await client.close()
+
+    async def replica_missing(self, index: int, partition: int) -> tuple[int, int] | None:
+        """The lowest range of one storage node's replica of ``partition`` lost to damage
+        (None: none), asked with the store session the replica holds."""
+        client = await self.storage_client(index)
+        try:
+            return await client.missing_range(await _held_session(client, partition), partition)
+        finally:
+            await client.close()
+
+    async def replica_logs(self, partition: int) -> list[list[Record]]:
+        """Every record of each storage node's replica of ``partition``, in the order of
+        :attr:`storage` (see :meth:`replica_view`)."""
+        return [await self.replica_log(i, partition) for i in range(len(self.storage))]
+
+    async def wait_held(
+        self, partition: int, transaction_id: int, timeout: float = TIMEOUT
+    ) -> None:
+        """Until every storage node's replica of ``partition`` holds ``transaction_id``."""
+
+        async def held() -> bool:
+            logs = await self.replica_logs(partition)
+            return all(len(log) > transaction_id for log in logs)
+
+        await wait_for(held, timeout, f"every replica of {partition} to hold {transaction_id}")
 
     async def replica_log(self, index: int, partition: int) -> list[Record]:
         """Every record on one storage node's replica of ``partition`` (see
