@@ -17,6 +17,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from fsutil import CrashStates, copy_of, new_engine
+from test_format_log_start import FIXTURE as V2
+from test_format_log_start import KEY as V2_KEY
 
 from waltz_api.errors import PartitionClosedError
 from waltz_api.types import LOST_SESSION, NO_SESSION
@@ -27,7 +30,7 @@ from waltz_storage_fs.committer import LoopRunner, ThreadRunner
 from waltz_storage_fs.control import ControlFile
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.files import REAL_FILES, Files
-from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
+from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,8 +39,6 @@ FORMAT_3 = 2
 flushed in the control file before an append is acknowledged)."""
 KEY = uuid.UUID("3d1b7e2a-5c4f-4a8e-9b6d-2e0f1a7c5b38")
 OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3}
-V2 = Path(__file__).parent / "data" / "log-start-v2"
-V2_KEY = uuid.UUID("0c6e2f4a-9b1d-4f3e-8a7c-5d2e1f0b3a94")
 
 
 def acked_ends(directory: Path) -> dict[int, int]:
@@ -76,16 +77,14 @@ async def open_watched(
     tmp_path: Path, runner: str, partitions: int
 ) -> tuple[FsStorageEngine, Watching]:
     files = Watching(tmp_path / "storage")
-    engine = await FsStorageEngine.open(
-        str(tmp_path / "storage"),
-        cluster_key=KEY,
+    engine, _ = await new_engine(
+        tmp_path / "storage",
+        KEY,
+        partitions,
         feature_level=FORMAT_3,
-        num_partitions=partitions,
         files=files,
         runner=LoopRunner() if runner == "loop" else ThreadRunner(2),
     )
-    for pid in range(partitions):
-        await engine.add_partition(pid)
     files.control_fd = engine.control.fd
     files.events.clear()
     return engine, files
@@ -170,15 +169,9 @@ async def test_a_crash_after_a_truncation_is_no_lost_tail(
     location = str(base / "storage")
     level = request.getfixturevalue("journal_level") if journal else FORMAT_3
     options = {**OPTIONS, "journal_size": 4096, "checkpoint_bytes": 1024} if journal else OPTIONS
-    engine = await FsStorageEngine.open(
-        location,
-        cluster_key=KEY,
-        num_partitions=1,
-        options=options,
-        files=files,
-        feature_level=level,
+    _engine, (part,) = await new_engine(  # never closed: the process dies
+        location, KEY, 1, options=options, files=files, feature_level=level
     )
-    part = await engine.add_partition(0)
     for first in range(0, 30, 3):
         await part.append([make_record(t) for t in range(first, first + 3)])
     truncating = len(snapshots)
@@ -188,38 +181,26 @@ async def test_a_crash_after_a_truncation_is_no_lost_tail(
     # no close: the process dies here
     assert truncated - truncating > 3
     failures: list[str] = []
-    seen: set[str] = set()
-    for number, snapshot in enumerate(snapshots[truncating:], truncating):
-        for name, tree in snapshot.states():
-            digest = tree_digest(tree)
-            if digest in seen:
-                continue
-            seen.add(digest)
-            directory = tmp_path / f"crash-{number}-{name}"
-            materialize(tree, directory)
-            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-            opened = await FsStorageEngine.open(str(directory / "storage"), options=options)
-            try:
-                p = opened.partition(0)
-                end = p.max_transaction_id() + 1
-                if p.session_info().low_water_mark_session_id == LOST_SESSION:
-                    failures.append(f"{where}: LOST after a truncation")
-                if number >= truncated and end < 10:
-                    failures.append(f"{where}: the log ends at {end}")
-            finally:
-                await opened.close()
-            if acked_ends(directory / "storage")[0] != end:
-                failures.append(f"{where}: the end is not the recovered log's")
-            shutil.rmtree(directory)
+    for crash in CrashStates(snapshots, tmp_path, first=truncating):
+        opened = await FsStorageEngine.open(str(crash.storage), options=options)
+        try:
+            p = opened.partition(0)
+            end = p.max_transaction_id() + 1
+            if p.session_info().low_water_mark_session_id == LOST_SESSION:
+                failures.append(f"{crash.where}: LOST after a truncation")
+            if crash.number >= truncated and end < 10:
+                failures.append(f"{crash.where}: the log ends at {end}")
+        finally:
+            await opened.close()
+        if acked_ends(crash.storage)[0] != end:
+            failures.append(f"{crash.where}: the end is not the recovered log's")
+        shutil.rmtree(crash.directory)
     assert not failures, "\n".join(failures[:5])
 
 
 async def test_a_fast_forward_past_the_end_moves_the_end(tmp_path: Path) -> None:
     location = tmp_path / "storage"
-    engine = await FsStorageEngine.open(
-        str(location), cluster_key=KEY, feature_level=FORMAT_3, num_partitions=1, options=OPTIONS
-    )
-    part = await engine.add_partition(0)
+    engine, (part,) = await new_engine(location, KEY, 1, feature_level=FORMAT_3, options=OPTIONS)
     await part.append([make_record(t) for t in range(10)])
     assert await part.drop_prefix(20) == 21
     assert acked_ends(location) == {0: 21}
@@ -242,8 +223,7 @@ def old_control_file() -> bytes:
 
 
 async def test_a_format_2_directory_is_migrated_with_its_log_end(tmp_path: Path) -> None:
-    location = tmp_path / "storage"
-    shutil.copytree(V2, location)
+    location = copy_of(V2, tmp_path)
     assert tools.read_control_file(location).header.version == 2
     engine = await FsStorageEngine.open(
         str(location), cluster_key=V2_KEY, num_partitions=1, feature_level=1
@@ -274,8 +254,7 @@ async def test_a_format_2_directory_is_migrated_with_its_log_end(tmp_path: Path)
 async def test_a_migration_interrupted_before_recovery_sets_the_end_next_time(
     tmp_path: Path,
 ) -> None:
-    location = tmp_path / "storage"
-    shutil.copytree(V2, location)
+    location = copy_of(V2, tmp_path)
     # the migration of a raise to level 2, then a crash before the ends were written
     ControlFile.open(location / fmt.CONTROL_FILE_NAME, REAL_FILES).upgrade(3).close()
     assert acked_ends(location) == {0: fmt.ACKED_END_UNKNOWN}

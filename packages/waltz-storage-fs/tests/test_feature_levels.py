@@ -15,6 +15,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from fsutil import CrashStates, copy_of, open_or_fail, preloaded
+from test_format_log_start import FIXTURE as V2
+from test_format_log_start import KEY as V2_KEY
 
 from waltz_api.errors import StorageError
 from waltz_api.types import LOST_SESSION, NO_SESSION, SessionInfo
@@ -23,19 +26,11 @@ from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.files import Files
-from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
+from waltz_storage_fs.powerloss import Snapshot
 
 pytestmark = pytest.mark.timeout(300)
 
-V2 = Path(__file__).parent / "data" / "log-start-v2"
-V2_KEY = uuid.UUID("0c6e2f4a-9b1d-4f3e-8a7c-5d2e1f0b3a94")
 KEY = uuid.UUID("6b0d9e1c-3a2f-4c5b-8e7d-1f2a3b4c5d6e")
-
-
-def v2_copy(tmp_path: Path) -> Path:
-    location = tmp_path / "storage"
-    shutil.copytree(V2, location)
-    return location
 
 
 def readable_by_0_1_0(location: Path) -> None:
@@ -56,7 +51,7 @@ def readable_by_0_1_0(location: Path) -> None:
 
 
 async def test_a_format_2_directory_stays_format_2_at_level_1(tmp_path: Path) -> None:
-    location = v2_copy(tmp_path)
+    location = copy_of(V2, tmp_path)
     engine = await FsStorageEngine.open(
         str(location), cluster_key=V2_KEY, num_partitions=1, feature_level=1
     )
@@ -134,7 +129,7 @@ async def test_at_level_1_a_lost_tail_is_not_seen_the_gap_the_level_closes(
 
 
 async def test_raising_to_level_2_migrates_a_running_engine(tmp_path: Path) -> None:
-    location = v2_copy(tmp_path)
+    location = copy_of(V2, tmp_path)
     old = (location / fmt.CONTROL_FILE_NAME).read_bytes()
     engine = await FsStorageEngine.open(str(location), feature_level=1)
     try:
@@ -173,14 +168,7 @@ async def test_power_loss_while_the_level_is_raised(tmp_path: Path) -> None:
     record and the session info: in format 2 (the raise did not happen) or 3."""
     snapshots: list[Snapshot] = []
     base = tmp_path / "sim"
-    files = PowerLossFiles(base)
-    files.preload(
-        {
-            f"storage/{p.relative_to(V2)}": p.read_bytes()
-            for p in sorted(V2.rglob("*"))
-            if p.is_file()
-        }
-    )
+    files = preloaded(base, V2)
     engine = await FsStorageEngine.open(str(base / "storage"), files=files)
     info = engine.partition(0).session_info()
     files.on_step = snapshots.append  # every step of the raise
@@ -191,33 +179,22 @@ async def test_power_loss_while_the_level_is_raised(tmp_path: Path) -> None:
     assert any("rename" in s.operation for s in snapshots)
     expected = [make_record(t, 0, size=30 + t) for t in range(19, 40)]
     failures: list[str] = []
-    seen: set[str] = set()
     versions: set[int] = set()
-    for number, snapshot in enumerate(snapshots):
-        for name, tree in snapshot.states():
-            digest = tree_digest(tree)
-            if digest in seen:
-                continue
-            seen.add(digest)
-            directory = tmp_path / f"crash-{number}-{name}"
-            materialize(tree, directory)
-            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-            try:
-                opened = await FsStorageEngine.open(str(directory / "storage"))
-            except Exception as exc:
-                failures.append(f"{where}: does not open: {exc!r}")
-                continue
-            try:
-                versions.add(opened.control.version)
-                part = opened.partition(0)
-                got = await part.read_records(19, 100)
-                if got != expected:
-                    failures.append(f"{where}: reads back {len(got)} records")
-                if part.session_info() != info:
-                    failures.append(f"{where}: {part.session_info()}")
-            finally:
-                await opened.close()
-            shutil.rmtree(directory)
+    for crash in CrashStates(snapshots, tmp_path):
+        opened = await open_or_fail(crash, failures)
+        if opened is None:
+            continue
+        try:
+            versions.add(opened.control.version)
+            part = opened.partition(0)
+            got = await part.read_records(19, 100)
+            if got != expected:
+                failures.append(f"{crash.where}: reads back {len(got)} records")
+            if part.session_info() != info:
+                failures.append(f"{crash.where}: {part.session_info()}")
+        finally:
+            await opened.close()
+        shutil.rmtree(crash.directory)
     assert not failures, "\n".join(failures[:5])
     assert versions == {2, 3}
 
@@ -236,7 +213,7 @@ class FailingRename(Files):
 
 
 async def test_a_failed_migration_changes_nothing_and_can_be_retried(tmp_path: Path) -> None:
-    location = v2_copy(tmp_path)
+    location = copy_of(V2, tmp_path)
     files = FailingRename()
     engine = await FsStorageEngine.open(str(location), files=files)
     try:

@@ -10,11 +10,11 @@ beside it; raising the feature level to 2 migrates it to format 3.
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from pathlib import Path
 
 import pytest
+from fsutil import copy_of
 
 from waltz_api.types import NO_SESSION, SessionInfo
 from waltz_conformance.suites.storage import assert_log, make_record
@@ -41,8 +41,7 @@ def test_the_offline_tools_read_format_1_without_changing_it() -> None:
 
 
 async def test_a_format_1_directory_opens_and_is_migrated(tmp_path: Path) -> None:
-    location = tmp_path / "storage"
-    shutil.copytree(V1, location)
+    location = copy_of(V1, tmp_path)
     engine = await FsStorageEngine.open(
         str(location), cluster_key=V1_KEY, num_partitions=3, options={"segment_size": 600}
     )
@@ -79,8 +78,7 @@ async def test_a_format_1_directory_opens_and_is_migrated(tmp_path: Path) -> Non
 
 
 async def test_a_newer_format_is_refused_unchanged(tmp_path: Path) -> None:
-    location = tmp_path / "storage"
-    shutil.copytree(V1, location)
+    location = copy_of(V1, tmp_path)
     ctl = location / fmt.CONTROL_FILE_NAME
     raw = bytearray(ctl.read_bytes())
     header = fmt.decode_control_header(bytes(raw[: fmt.HEADER_SIZE]))

@@ -12,12 +12,12 @@ a hole. (It was written by ``python test_format_log_start.py DIR``.)
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from fsutil import copy_of
 
 from waltz_api.errors import RecordsArchivedError
 from waltz_conformance.suites.storage import make_record
@@ -37,8 +37,7 @@ DROPPED_THROUGH = 20
 async def test_a_directory_with_a_dropped_prefix_opens_at_its_log_start(tmp_path: Path) -> None:
     assert (FIXTURE / "0" / fmt.LOG_START_FILE_NAME).exists()
     assert tools.read_control_file(FIXTURE).header.version == 2
-    location = tmp_path / "storage"
-    shutil.copytree(FIXTURE, location)
+    location = copy_of(FIXTURE, tmp_path)
     engine = await FsStorageEngine.open(
         str(location), cluster_key=KEY, num_partitions=1, options=OPTIONS
     )

@@ -13,12 +13,12 @@ by ``python test_format_v3.py DIR``.)
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from fsutil import copy_of
 
 from waltz_api.types import Record, SessionInfo
 from waltz_conformance.suites.storage import make_record
@@ -50,8 +50,7 @@ async def test_a_format_3_directory_opens_with_its_records_ends_and_infos(
     assert dump.header.version == 3 and dump.header.num_partitions == 3
     ends = {p.partition_id: p.current.acked_end for p in dump.partitions if p.current}
     assert ends[0] == 35 and ends[2] == 24
-    location = tmp_path / "storage"
-    shutil.copytree(FIXTURE, location)
+    location = copy_of(FIXTURE, tmp_path)
     report = tools.verify(location)
     assert report.ok, report.problems
     engine = await FsStorageEngine.open(

@@ -11,13 +11,13 @@ and the appends after it in every partition go on.
 from __future__ import annotations
 
 import asyncio
-import errno
 import sys
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
+from fsutil import FailingFlush
 from test_power_loss import (
     Checked,
     Workload,
@@ -31,7 +31,6 @@ from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs.committer import LoopRunner, Runner
 from waltz_storage_fs.engine import FsStorageEngine
-from waltz_storage_fs.files import Files
 from waltz_storage_fs.journal import HEAD_SIZE, HEADER_BLOCK
 from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot
 
@@ -209,19 +208,6 @@ async def test_power_loss_at_every_step_around_appends_larger_than_the_journal(
         f"opened; quarantined: {checked.quarantined}\n"
     )
     assert not checked.failures, "\n".join(checked.failures)
-
-
-class FailingFlush(Files):
-    """The real files; the next flush of a chosen fd fails (EIO)."""
-
-    def __init__(self) -> None:
-        self.fail: set[int] = set()
-
-    def fdatasync(self, fd: int) -> None:
-        if fd in self.fail:
-            self.fail.discard(fd)
-            raise OSError(errno.EIO, "a simulated failed flush")
-        super().fdatasync(fd)
 
 
 async def test_a_failed_flush_of_an_append_written_alone_fails_it_and_recovery_goes_on(

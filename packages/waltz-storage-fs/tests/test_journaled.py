@@ -17,9 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from fsutil import CrashStates, copy_of, open_or_fail, preloaded
+from test_format_v3 import FIXTURE, SESSION, expected
+from test_format_v3 import KEY as V3_KEY
+from test_format_v3 import OPTIONS as V3_OPTIONS
 
 from waltz_api.errors import CorruptionError, PartitionClosedError, StorageError
-from waltz_api.types import Record, SessionInfo
 from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
@@ -34,23 +37,9 @@ from waltz_storage_fs.journal import (
     decode_header,
     scan,
 )
-from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
+from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize
 
 pytestmark = pytest.mark.timeout(300)
-
-FIXTURE = Path(__file__).parent / "data" / "format-v3"
-V3_KEY = uuid.UUID("3e1f0a2b-7c4d-4e5f-9a8b-6c7d8e9f0a1b")
-V3_OPTIONS = {"segment_size": 600, "index_checkpoint_interval": 4}
-SESSION = SessionInfo(5, 12, 12, 5)
-
-
-def expected(partition_id: int) -> list[Record]:
-    """What data/format-v3 holds (test_format_v3.py)."""
-    if partition_id == 0:
-        first = [make_record(t, 0, size=20 + 3 * t) for t in range(30)]
-        return first + [make_record(t, 0, size=50 + t) for t in range(30, 35)]
-    return [make_record(t, 2, size=20 + 3 * t) for t in range(24)]
-
 
 KEY = uuid.UUID("5a4f3e2d-1c0b-4a9e-8d7c-6b5a4f3e2d1c")
 OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3, "journal_size": 16384}
@@ -224,8 +213,7 @@ async def test_the_last_round_lost_whole_is_not_seen_by_the_node(
 async def test_the_format_3_directory_is_upgraded_while_appends_run(
     tmp_path: Path, journal_level: int
 ) -> None:
-    location = tmp_path / "storage"
-    shutil.copytree(FIXTURE, location)
+    location = copy_of(FIXTURE, tmp_path)
     old = (location / fmt.CONTROL_FILE_NAME).read_bytes()
     engine = await FsStorageEngine.open(
         str(location), cluster_key=V3_KEY, num_partitions=3, options=V3_OPTIONS
@@ -279,14 +267,7 @@ async def test_power_loss_while_the_level_is_raised_to_3(
     is ignored, then replaced by the next raise) or 4."""
     snapshots: list[Snapshot] = []
     base = tmp_path / "sim"
-    files = PowerLossFiles(base)
-    files.preload(
-        {
-            f"storage/{p.relative_to(FIXTURE)}": p.read_bytes()
-            for p in sorted(FIXTURE.rglob("*"))
-            if p.is_file()
-        }
-    )
+    files = preloaded(base, FIXTURE)
     engine = await FsStorageEngine.open(
         str(base / "storage"), options={**V3_OPTIONS, "journal_size": 8192}, files=files
     )
@@ -297,31 +278,20 @@ async def test_power_loss_while_the_level_is_raised_to_3(
     finally:
         await engine.close()
     failures: list[str] = []
-    seen: set[str] = set()
     versions: set[int] = set()
-    for number, snapshot in enumerate(snapshots):
-        for name, tree in snapshot.states():
-            digest = tree_digest(tree)
-            if digest in seen:
-                continue
-            seen.add(digest)
-            directory = tmp_path / f"crash-{number}-{name}"
-            materialize(tree, directory)
-            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-            try:
-                opened = await FsStorageEngine.open(str(directory / "storage"))
-            except Exception as exc:
-                failures.append(f"{where}: does not open: {exc!r}")
-                continue
-            try:
-                versions.add(opened.control.version)
-                for pid in (0, 2):
-                    got = await opened.partition(pid).read_records(0, 100, 1 << 20)
-                    if got[: len(expected(pid))] != expected(pid):
-                        failures.append(f"{where}: partition {pid} reads back {len(got)} records")
-            finally:
-                await opened.close()
-            shutil.rmtree(directory)
+    for crash in CrashStates(snapshots, tmp_path):
+        opened = await open_or_fail(crash, failures)
+        if opened is None:
+            continue
+        try:
+            versions.add(opened.control.version)
+            for pid in (0, 2):
+                got = await opened.partition(pid).read_records(0, 100, 1 << 20)
+                if got[: len(expected(pid))] != expected(pid):
+                    failures.append(f"{crash.where}: partition {pid} reads back {len(got)} records")
+        finally:
+            await opened.close()
+        shutil.rmtree(crash.directory)
     assert not failures, "\n".join(failures[:5])
     assert versions == {3, 4}
 

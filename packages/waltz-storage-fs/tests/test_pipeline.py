@@ -12,22 +12,21 @@ loses an acknowledged record and never looks like damage.
 from __future__ import annotations
 
 import asyncio
-import errno
 import shutil
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
+from fsutil import CrashStates, FailingFlush, acked_end, new_engine
 
 from waltz_api.errors import PartitionClosedError
 from waltz_api.types import LOST_SESSION, Record
 from waltz_conformance.suites.storage import make_record
-from waltz_storage_fs import tools
 from waltz_storage_fs.committer import Job, LoopRunner, ThreadRunner
 from waltz_storage_fs.engine import FsStorageEngine
 from waltz_storage_fs.files import Files
-from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
+from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,13 +37,6 @@ KEY = uuid.UUID("5b0e8d2c-7a41-4f93-9c6e-1d2f3a4b5c6d")
 OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3}
 DEADLINE = 60.0
 """Seconds to wait for a thread's event (a slow, loaded machine is still far below)."""
-
-
-def acked_end(directory: Path, partition_id: int = 0) -> int:
-    dump = tools.read_control_file(directory)
-    current = dump.partitions[partition_id].current
-    assert current is not None
-    return current.acked_end
 
 
 async def settle() -> None:
@@ -103,15 +95,14 @@ async def test_under_sustained_appends_a_flush_time_carries_a_data_and_a_control
     arrives while a round is on the disk waits for it: three flush times.)"""
     ticks = Ticks()
     files = Counting()
-    engine = await FsStorageEngine.open(
-        str(tmp_path / "storage"),
-        cluster_key=KEY,
+    engine, (part,) = await new_engine(
+        tmp_path / "storage",
+        KEY,
+        1,
         feature_level=FORMAT_3,
-        num_partitions=1,
         files=files,
         runner=LoopRunner(flush_wait=ticks),
     )
-    part = await engine.add_partition(0)
     files.control_fd = engine.control.fd
     observed: list[float] = []
     engine.fsync_observer = observed.append
@@ -198,15 +189,9 @@ async def test_a_groups_control_flush_runs_while_the_next_groups_data_is_flushed
     tmp_path: Path,
 ) -> None:
     files = Holding()
-    engine = await FsStorageEngine.open(
-        str(tmp_path / "storage"),
-        cluster_key=KEY,
-        feature_level=FORMAT_3,
-        num_partitions=1,
-        files=files,
-        runner=ThreadRunner(2),
+    engine, (part,) = await new_engine(
+        tmp_path / "storage", KEY, 1, feature_level=FORMAT_3, files=files, runner=ThreadRunner(2)
     )
-    part = await engine.add_partition(0)
     files.control_fd = engine.control.fd
     files.events.clear()
     files.hold = True
@@ -240,35 +225,21 @@ async def test_a_groups_control_flush_runs_while_the_next_groups_data_is_flushed
     assert acked_end(tmp_path / "storage") == 3
 
 
-class Failing(Files):
-    """The real files; the next flush of a chosen fd fails (EIO)."""
-
-    def __init__(self) -> None:
-        self.fail: set[int] = set()
-
-    def fdatasync(self, fd: int) -> None:
-        if fd in self.fail:
-            self.fail.discard(fd)
-            raise OSError(errno.EIO, "a simulated failed flush")
-        super().fdatasync(fd)
-
-
 @pytest.mark.parametrize("failing", ["control", "data"])
 async def test_a_failed_flush_fails_the_appends_it_was_for(tmp_path: Path, failing: str) -> None:
     """The first group (partition 0) is covered by the control flush that runs with the
     second group's data flush (partition 1): a failed control flush fails the first
     group and closes partition 0; a failed data flush the second, closing partition 1."""
     ticks = Ticks()
-    files = Failing()
-    engine = await FsStorageEngine.open(
-        str(tmp_path / "storage"),
-        cluster_key=KEY,
+    files = FailingFlush()
+    engine, parts = await new_engine(
+        tmp_path / "storage",
+        KEY,
+        2,
         feature_level=FORMAT_3,
-        num_partitions=2,
         files=files,
         runner=LoopRunner(flush_wait=ticks),
     )
-    parts = [await engine.add_partition(p) for p in (0, 1)]
     await parts[1].append([make_record(0, 1)])  # its segment exists: one data file to flush
     ticks.ticking = True
     try:
@@ -309,10 +280,7 @@ async def test_a_truncation_after_a_flush_keeps_a_later_end_below_the_cut(
     end written then is never the flushed group's (above the cut log: a power loss
     then would read the unflushed records' loss as a lost acknowledged tail)."""
     location = tmp_path / "storage"
-    engine = await FsStorageEngine.open(
-        str(location), cluster_key=KEY, feature_level=FORMAT_3, num_partitions=1, options=OPTIONS
-    )
-    part = await engine.add_partition(0)
+    engine, (part,) = await new_engine(location, KEY, 1, feature_level=FORMAT_3, options=OPTIONS)
     await part.append([make_record(t) for t in range(10)])
     assert acked_end(location) == 10
     loop = asyncio.get_running_loop()
@@ -349,16 +317,15 @@ async def test_an_action_runs_once_the_appends_before_it_are_acknowledged(
     ticks = Ticks()
     files = Counting()
     location = tmp_path / "storage"
-    engine = await FsStorageEngine.open(
-        str(location),
-        cluster_key=KEY,
+    engine, (part,) = await new_engine(
+        location,
+        KEY,
+        1,
         feature_level=FORMAT_3,
-        num_partitions=1,
         options=OPTIONS,
         files=files,
         runner=LoopRunner(flush_wait=ticks),
     )
-    part = await engine.add_partition(0)
     files.control_fd = engine.control.fd
     seen: list[tuple[str, int]] = []
     truncate_now = part.truncate_now
@@ -405,16 +372,15 @@ async def test_power_loss_at_every_step_of_pipelined_appends(
     files = PowerLossFiles(base, on_step=snapshots.append)
     ticks = Ticks()
     location = str(base / "storage")
-    engine = await FsStorageEngine.open(
+    _engine, parts = await new_engine(  # never closed: the process dies
         location,
-        cluster_key=KEY,
+        KEY,
+        2,
         feature_level=FORMAT_3,
-        num_partitions=2,
         options=OPTIONS,
         files=files,
         runner=LoopRunner(flush_wait=ticks),
     )
-    parts = [await engine.add_partition(p) for p in (0, 1)]
     acked: dict[tuple[int, int], tuple[int, bytes]] = {}
     """(partition, id) -> (step acknowledged, data)."""
     appended: set[tuple[int, int, bytes]] = set()
@@ -469,45 +435,37 @@ async def test_power_loss_at_every_step_of_pipelined_appends(
     # no close: the process dies here
     assert len(snapshots) > 100
     failures: list[str] = []
-    seen: set[str] = set()
-    for number, snapshot in enumerate(snapshots):
-        for name, tree in snapshot.states():
-            digest = tree_digest(tree)
-            if digest in seen:
-                continue
-            seen.add(digest)
-            directory = crash_states / f"crash-{number}-{name}"
-            materialize(tree, directory)
-            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-            if not (directory / "storage" / "waltz-storage.ctl").exists():
-                shutil.rmtree(directory)
-                continue
-            opened = await FsStorageEngine.open(str(directory / "storage"), options=OPTIONS)
-            try:
-                for pid in opened.partition_ids():
-                    p = opened.partition(pid)
-                    if p.session_info().low_water_mark_session_id == LOST_SESSION:
-                        failures.append(f"{where}: partition {pid} is LOST")
-                    if p.missing_ranges():
-                        failures.append(f"{where}: partition {pid} has holes")
-                    present = await p.read_records(0, 1000)
-                    for r in present:
-                        if (pid, r.transaction_id, r.data) not in appended:
-                            failures.append(f"{where}: {pid}/{r.transaction_id} is garbage")
-                    by_id = {r.transaction_id: r.data for r in present}
-                    for (apid, txid), (step, data) in acked.items():
-                        if apid != pid or step > snapshot.step:
-                            continue
-                        cut = pid == 0 and txid > 9 and truncating <= snapshot.step
-                        if cut and data.startswith(b"a"):
-                            continue  # cut by the truncation (under way or done)
-                        if by_id.get(txid) != data:
-                            failures.append(f"{where}: acknowledged {pid}/{txid} lost")
-            finally:
-                await opened.close()
-            shutil.rmtree(directory)
-            if len(failures) >= 5:
-                break
+    for crash in CrashStates(snapshots, crash_states):
+        where, at = crash.where, crash.snapshot.step
+        if not (crash.storage / "waltz-storage.ctl").exists():
+            shutil.rmtree(crash.directory)
+            continue
+        opened = await FsStorageEngine.open(str(crash.storage), options=OPTIONS)
+        try:
+            for pid in opened.partition_ids():
+                p = opened.partition(pid)
+                if p.session_info().low_water_mark_session_id == LOST_SESSION:
+                    failures.append(f"{where}: partition {pid} is LOST")
+                if p.missing_ranges():
+                    failures.append(f"{where}: partition {pid} has holes")
+                present = await p.read_records(0, 1000)
+                for r in present:
+                    if (pid, r.transaction_id, r.data) not in appended:
+                        failures.append(f"{where}: {pid}/{r.transaction_id} is garbage")
+                by_id = {r.transaction_id: r.data for r in present}
+                for (apid, txid), (step, data) in acked.items():
+                    if apid != pid or step > at:
+                        continue
+                    cut = pid == 0 and txid > 9 and truncating <= at
+                    if cut and data.startswith(b"a"):
+                        continue  # cut by the truncation (under way or done)
+                    if by_id.get(txid) != data:
+                        failures.append(f"{where}: acknowledged {pid}/{txid} lost")
+        finally:
+            await opened.close()
+        shutil.rmtree(crash.directory)
+        if len(failures) >= 5:
+            break
     assert not failures, "\n".join(failures)
 
 
@@ -538,15 +496,9 @@ async def test_under_load_a_group_starts_while_the_control_file_is_flushed_alone
     thread hop less); once appends came during such a flush, the next one alone runs
     in a flusher thread and a group coming meanwhile has its data flushed at once."""
     files = ControlGate()
-    engine = await FsStorageEngine.open(
-        str(tmp_path / "storage"),
-        cluster_key=KEY,
-        feature_level=FORMAT_3,
-        num_partitions=1,
-        files=files,
-        runner=ThreadRunner(2),
+    engine, (part,) = await new_engine(
+        tmp_path / "storage", KEY, 1, feature_level=FORMAT_3, files=files, runner=ThreadRunner(2)
     )
-    part = await engine.add_partition(0)
     files.control_fd = engine.control.fd
     try:
         first = asyncio.ensure_future(part.append([make_record(0)]))

@@ -29,20 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from fsutil import CrashState, CrashStates, new_engine, open_or_fail, preloaded
+from test_format_compat import V1
 
 from waltz_api.types import LOST_SESSION, NO_SESSION, Record, SessionInfo
 from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import tools
 from waltz_storage_fs.engine import FsStorageEngine
-from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot, materialize, tree_digest
+from waltz_storage_fs.powerloss import PowerLossFiles, Snapshot
 
 pytestmark = pytest.mark.timeout(900)
 
 KEY = uuid.UUID("7c2e4b1a-9d3f-4e6a-b5c8-1f0a2d3e4b5c")
 OPTIONS = {"segment_size": 700, "index_checkpoint_interval": 3}
 ROUNDS = int(os.environ.get("WALTZ_POWER_LOSS_ROUNDS", "1"))
-V1 = Path(__file__).parent / "data" / "format-v1"
 
 
 def data(transaction_id: int, partition_id: int, epoch: int) -> bytes:
@@ -157,32 +158,25 @@ class Checked:
 
 
 async def check_state(
-    tree: dict[str, bytes],
-    directory: Path,
-    snapshot: Snapshot,
-    name: str,
-    model: Model,
-    *,
-    options: dict[str, int] = OPTIONS,
+    crash: CrashState, model: Model, *, options: dict[str, int] = OPTIONS
 ) -> str | None:
     """Open one crash state with the real engine; the first broken promise, or None."""
-    materialize(tree, directory)
-    where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-    storage = directory / "storage"
+    where, step = crash.where, crash.snapshot.step
+    storage = crash.storage
     if not (storage / fmt.CONTROL_FILE_NAME).exists():
-        if model.partitions and min(model.partitions.values()) <= snapshot.step:
+        if model.partitions and min(model.partitions.values()) <= step:
             return f"{where}: the control file is gone after partitions were added"
         return None
     dump = tools.read_control_file(storage)
-    for pid, step in model.partitions.items():
-        if step <= snapshot.step and dump.partitions[pid].current is None:
+    for pid, added in model.partitions.items():
+        if added <= step and dump.partitions[pid].current is None:
             return f"{where}: both structs of partition {pid} are invalid"
     try:
         engine = await FsStorageEngine.open(str(storage), options=options)
     except Exception as exc:
         return f"{where}: the engine does not open: {exc!r}"
     try:
-        return await _check_engine(engine, snapshot.step, where, model)
+        return await _check_engine(engine, step, where, model)
     finally:
         await engine.close()
 
@@ -244,24 +238,18 @@ async def crash_everywhere(
     *,
     options: dict[str, int] = OPTIONS,
 ) -> None:
-    seen: set[str] = set()
-    for number, snapshot in enumerate(snapshots):
-        for name, tree in snapshot.states():
-            checked.states += 1
-            digest = tree_digest(tree)
-            if digest in seen:
-                continue
-            seen.add(digest)
-            checked.distinct += 1
-            directory = crash_states / f"crash-{number}-{name}"
-            failure = await check_state(tree, directory, snapshot, name, model, options=options)
-            if failure is not None:
-                checked.failures.append(failure)
-            for entry in tools.list_quarantine(directory / "storage"):
-                checked.quarantined.append(f"{name}: {entry.folder.name}")
-            shutil.rmtree(directory)
-            if len(checked.failures) >= 5:
-                return
+    crashes = CrashStates(snapshots, crash_states)
+    for crash in crashes:
+        failure = await check_state(crash, model, options=options)
+        if failure is not None:
+            checked.failures.append(failure)
+        for entry in tools.list_quarantine(crash.storage):
+            checked.quarantined.append(f"{crash.name}: {entry.folder.name}")
+        shutil.rmtree(crash.directory)
+        if len(checked.failures) >= 5:
+            break
+    checked.states += crashes.states
+    checked.distinct += crashes.distinct
 
 
 def recorder(snapshots: list[Snapshot]) -> Callable[[Snapshot], None]:
@@ -300,14 +288,7 @@ async def test_power_loss_while_a_format_1_directory_is_migrated(
 ) -> None:
     snapshots: list[Snapshot] = []
     base = tmp_path / "sim"
-    files = PowerLossFiles(base)
-    files.preload(
-        {
-            f"storage/{p.relative_to(V1)}": p.read_bytes()
-            for p in sorted(V1.rglob("*"))
-            if p.is_file()
-        }
-    )
+    files = preloaded(base, V1)
     files.on_step = recorder(snapshots)
     engine = await FsStorageEngine.open(
         str(base / "storage"), options={"segment_size": 600}, files=files
@@ -316,31 +297,20 @@ async def test_power_loss_while_a_format_1_directory_is_migrated(
     assert any("rename" in s.operation for s in snapshots)
     expected = {0: [make_record(t, 0) for t in range(30)], 2: [make_record(t, 2) for t in range(5)]}
     failures: list[str] = []
-    seen: set[str] = set()
-    for number, snapshot in enumerate(snapshots):
-        for name, tree in snapshot.states():
-            digest = tree_digest(tree)
-            if digest in seen:
-                continue
-            seen.add(digest)
-            directory = crash_states / f"crash-{number}-{name}"
-            materialize(tree, directory)
-            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-            try:
-                opened = await FsStorageEngine.open(str(directory / "storage"))
-            except Exception as exc:
-                failures.append(f"{where}: does not open: {exc!r}")
-                continue
-            try:
-                for pid, records in expected.items():
-                    got = await opened.partition(pid).read_records(0, 100)
-                    if got != records:
-                        failures.append(f"{where}: partition {pid} reads back {len(got)}")
-                if opened.partition(0).session_info() != SessionInfo(5, 27, 27):
-                    failures.append(f"{where}: {opened.partition(0).session_info()}")
-            finally:
-                await opened.close()
-            shutil.rmtree(directory)
+    for crash in CrashStates(snapshots, crash_states):
+        opened = await open_or_fail(crash, failures)
+        if opened is None:
+            continue
+        try:
+            for pid, records in expected.items():
+                got = await opened.partition(pid).read_records(0, 100)
+                if got != records:
+                    failures.append(f"{crash.where}: partition {pid} reads back {len(got)}")
+            if opened.partition(0).session_info() != SessionInfo(5, 27, 27):
+                failures.append(f"{crash.where}: {opened.partition(0).session_info()}")
+        finally:
+            await opened.close()
+        shutil.rmtree(crash.directory)
     assert not failures, "\n".join(failures[:5])
 
 
@@ -368,10 +338,7 @@ async def test_power_loss_while_an_archived_prefix_is_dropped(
     files = PowerLossFiles(base, on_step=recorder(snapshots))
     model = PrefixModel()
     location = str(base / "storage")
-    engine = await FsStorageEngine.open(
-        location, cluster_key=KEY, num_partitions=1, options=OPTIONS, files=files
-    )
-    part = await engine.add_partition(0)
+    engine, (part,) = await new_engine(location, KEY, 1, options=OPTIONS, files=files)
 
     async def append(ids: range, epoch: int = 1) -> None:
         for t in ids:
@@ -417,56 +384,44 @@ async def test_power_loss_while_an_archived_prefix_is_dropped(
         return None
 
     failures: list[str] = []
-    seen: set[str] = set()
-    for number, snapshot in enumerate(snapshots):
-        for name, tree in snapshot.states():
-            digest = tree_digest(tree)
-            if digest in seen:
+    for crash in CrashStates(snapshots, crash_states):
+        if not (crash.storage / fmt.CONTROL_FILE_NAME).exists():
+            shutil.rmtree(crash.directory)
+            continue
+        opened = await open_or_fail(crash, failures, OPTIONS)
+        if opened is None:
+            continue
+        try:
+            if 0 not in opened.partition_ids():
                 continue
-            seen.add(digest)
-            directory = crash_states / f"crash-{number}-{name}"
-            materialize(tree, directory)
-            where = f"step {snapshot.step} ({snapshot.operation}), state {name}"
-            storage = directory / "storage"
-            if not (storage / fmt.CONTROL_FILE_NAME).exists():
-                shutil.rmtree(directory)
-                continue
-            try:
-                opened = await FsStorageEngine.open(str(storage), options=OPTIONS)
-            except Exception as exc:
-                failures.append(f"{where}: does not open: {exc!r}")
-                continue
-            try:
-                if 0 not in opened.partition_ids():
+            found = problem(opened, crash.snapshot.step)
+            p = opened.partition(0)
+            start, top = p.log_start(), p.max_transaction_id()
+            present = await p.read_records(start, 1000, 1 << 30) if top >= start else []
+            if [r.transaction_id for r in present] != list(range(start, top + 1)):
+                found = found or f"reads back {len(present)} records from {start}, not dense"
+            latest: dict[int, Record] = {}
+            for acked, r in model.appended:
+                if acked <= crash.snapshot.step:
+                    latest[r.transaction_id] = r
+            truncated = max(  # a truncation under way may have cut any record after it
+                (k for s, _, k in model.truncations if s < crash.snapshot.step), default=None
+            )
+            for r in present:
+                if r not in [x for _, x in model.appended]:
+                    found = found or f"transaction {r.transaction_id} is garbage"
+            for txid, r in latest.items():
+                if txid < start or txid > top:
+                    if txid > top and truncated is None:
+                        found = found or f"lost acknowledged transaction {txid}"
                     continue
-                found = problem(opened, snapshot.step)
-                p = opened.partition(0)
-                start, top = p.log_start(), p.max_transaction_id()
-                present = await p.read_records(start, 1000, 1 << 30) if top >= start else []
-                if [r.transaction_id for r in present] != list(range(start, top + 1)):
-                    found = found or f"reads back {len(present)} records from {start}, not dense"
-                latest: dict[int, Record] = {}
-                for acked, r in model.appended:
-                    if acked <= snapshot.step:
-                        latest[r.transaction_id] = r
-                truncated = max(  # a truncation under way may have cut any record after it
-                    (k for s, _, k in model.truncations if s < snapshot.step), default=None
-                )
-                for r in present:
-                    if r not in [x for _, x in model.appended]:
-                        found = found or f"transaction {r.transaction_id} is garbage"
-                for txid, r in latest.items():
-                    if txid < start or txid > top:
-                        if txid > top and truncated is None:
-                            found = found or f"lost acknowledged transaction {txid}"
-                        continue
-                    if truncated is not None and txid > truncated and not r.data.startswith(b"e2"):
-                        continue
-                    if present[txid - start] != r:
-                        found = found or f"transaction {txid} is not the acknowledged one"
-                if found:
-                    failures.append(f"{where}: {found}")
-            finally:
-                await opened.close()
-            shutil.rmtree(directory)
+                if truncated is not None and txid > truncated and not r.data.startswith(b"e2"):
+                    continue
+                if present[txid - start] != r:
+                    found = found or f"transaction {txid} is not the acknowledged one"
+            if found:
+                failures.append(f"{crash.where}: {found}")
+        finally:
+            await opened.close()
+        shutil.rmtree(crash.directory)
     assert not failures, "\n".join(failures[:5])

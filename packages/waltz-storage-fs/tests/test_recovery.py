@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fsutil import acked_end
 
 from waltz_api.errors import CorruptionError
 from waltz_api.types import LOST_SESSION, NO_SESSION, SessionInfo
@@ -83,12 +84,6 @@ def set_acked_end(directory: Path, pid: int, end: int) -> None:
     with dump.path.open("r+b") as f:
         f.seek(fmt.info_struct_offset(pid, 1 - slot))
         f.write(fmt.encode_info_struct(pid, newer))
-
-
-def acked_end(directory: Path, pid: int) -> int:
-    current = tools.read_control_file(directory).partitions[pid].current
-    assert current is not None
-    return current.acked_end
 
 
 def flip(path: Path, offset: int) -> None:
