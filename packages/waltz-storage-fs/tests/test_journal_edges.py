@@ -1,0 +1,186 @@
+"""The node journal's edge cases (waltz_storage_fs.journal) that its mutation run found
+no test for (docs/simulation.md, "Mutation score"): an entry ending exactly at the end
+of the ring, a round of no records, a whole entry whose body does not decode, the room
+the live entries take, the files a failed open leaves, a replay past partitions not
+hosted any more.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import crc32c
+import pytest
+
+from waltz_api.errors import CorruptionError
+from waltz_conformance.suites.storage import make_record
+from waltz_storage_fs import format as fmt
+from waltz_storage_fs import journal as jnl
+from waltz_storage_fs.files import REAL_FILES, Files
+from waltz_storage_fs.journal import ALIGN, HEADER_BLOCK, JOURNAL_FILE_NAME, Chunk, Journal
+
+KEY = uuid.UUID("5f0e2c9a-8b1d-4e7a-a3c6-2d9b0f1e4a7c")
+CHUNK_HEAD = 20
+"""A chunk's fields before its records (partition, first id, count, byte length)."""
+
+
+def sized_round(number: int, length: int) -> list[Chunk]:
+    """One chunk, its entry ``length`` bytes long (unpadded)."""
+    blob = f"round {number} ".encode().ljust(length - jnl.HEAD_SIZE - CHUNK_HEAD, b".")
+    return [Chunk(0, number, 1, blob)]
+
+
+def test_an_entry_ending_exactly_at_the_end_of_the_ring_is_written_there(tmp_path: Path) -> None:
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    positions = [journal.append(sized_round(n, 2 * ALIGN)) for n in range(4)]
+    journal.sync()
+    # the last one ends on the body's last byte: it fits there, no wrap over live entries
+    assert positions == [HEADER_BLOCK + n * 2 * ALIGN for n in range(4)]
+    assert journal.used == 8 * ALIGN
+    assert not journal.fits(1)
+    journal.close()
+    journal, found = Journal.open(REAL_FILES, tmp_path)
+    journal.close()
+    assert [list(e.chunks) for e in found.entries] == [sized_round(n, 2 * ALIGN) for n in range(4)]
+    assert found.entries[-1].end == HEADER_BLOCK + 8 * ALIGN
+
+
+def test_a_round_of_no_records_is_a_whole_entry(tmp_path: Path) -> None:
+    """A round without chunks, or with a chunk of no records, is written and read back
+    like any other (not taken for a torn entry, nor for damage before the next)."""
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    rounds = [[], [Chunk(3, 7, 0, b"")], sized_round(2, 100)]
+    for chunks in rounds:
+        journal.append(chunks)
+    journal.sync()
+    journal.close()
+    journal, found = Journal.open(REAL_FILES, tmp_path)
+    journal.close()
+    assert [(e.sequence, list(e.chunks)) for e in found.entries] == list(enumerate(rounds))
+    assert found.tail == "zeros"
+
+
+def forged_entry(salt: bytes, sequence: int, body: bytes) -> bytes:
+    """An entry whose head and CRCs are right for ``body`` (what a bug could write)."""
+    head = jnl._HEAD.pack(b"WJE1", sequence, len(body), crc32c.crc32c(body))
+    return head + jnl._CRC.pack(crc32c.crc32c(salt + head)) + body
+
+
+UNDECODABLE = {
+    "records-past-the-body": (jnl._CHUNK.pack(0, 0, 1, 40), bytes(30)),
+    "negative-count": (jnl._CHUNK.pack(0, 0, -1, 30), bytes(30)),
+    "negative-length": (jnl._CHUNK.pack(0, 0, 1, -1), bytes(30)),
+    "short-chunk-head": (b"", bytes(12)),
+}
+"""Bodies of a whole entry (its CRCs right) that are no run of chunks: the chunk's
+fields, then what follows them."""
+
+
+@pytest.mark.parametrize("what", sorted(UNDECODABLE))
+def test_a_whole_entry_whose_body_does_not_decode_is_no_entry(tmp_path: Path, what: str) -> None:
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    journal.append(sized_round(0, 100))
+    journal.sync()
+    salt, position = journal.header.salt, journal.position
+    journal.close()
+    body = b"".join(UNDECODABLE[what])
+    with open(tmp_path / JOURNAL_FILE_NAME, "r+b") as f:
+        f.seek(position)
+        f.write(forged_entry(salt, 1, body))
+    journal, found = Journal.open(REAL_FILES, tmp_path)
+    journal.close()
+    assert [e.sequence for e in found.entries] == [0], what
+    assert (found.tail, found.position, found.sequence) == ("torn", position, 1), what
+
+
+def test_the_room_the_live_entries_take(tmp_path: Path) -> None:
+    """``used``: the bytes from the oldest entry not checkpointed to the writer's
+    position (the padding included), round the end of the ring once it wrapped; what
+    the engine checkpoints by."""
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    assert journal.used == 0
+    positions = [journal.append(sized_round(n, 300)) for n in range(3)]
+    assert journal.used == 3 * ALIGN
+    journal.checkpointed(positions[1])
+    assert journal.used == 2 * ALIGN
+    journal.append(sized_round(3, 2 * ALIGN))
+    journal.append(sized_round(4, 3 * ALIGN))  # ends at the end of the ring
+    assert journal.used == 7 * ALIGN
+    journal.checkpointed(positions[2])
+    assert journal.append(sized_round(5, 300)) == HEADER_BLOCK  # wrapped
+    assert journal.used == 7 * ALIGN
+    journal.close()
+
+
+class OpenFiles(Files):
+    """The real file system, counting the fds open."""
+
+    def __init__(self) -> None:
+        self.open_fds: set[int] = set()
+
+    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        fd = super().open(path, flags, mode)
+        self.open_fds.add(fd)
+        return fd
+
+    def close(self, fd: int) -> None:
+        self.open_fds.discard(fd)
+        super().close(fd)
+
+
+@pytest.mark.parametrize("damage", ["header", "short-file", "damaged-entries"])
+def test_an_open_that_fails_leaves_no_file_open(tmp_path: Path, damage: str) -> None:
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    positions = [journal.append(sized_round(n, 100)) for n in range(3)]
+    journal.sync()
+    journal.close()
+    path = tmp_path / JOURNAL_FILE_NAME
+    with open(path, "r+b") as f:
+        if damage == "header":
+            f.seek(10)
+            f.write(b"\xff")
+        elif damage == "short-file":
+            f.truncate(HEADER_BLOCK + 4 * ALIGN)
+        else:
+            f.seek(positions[1])
+            f.write(b"\x00")
+    files = OpenFiles()
+    with pytest.raises(CorruptionError):
+        Journal.open(files, tmp_path)
+    assert files.open_fds == set()
+
+
+def test_a_create_that_fails_leaves_no_file_open(tmp_path: Path) -> None:
+    class NoFlush(OpenFiles):
+        def fsync(self, fd: int) -> None:
+            raise OSError(5, "the flush failed")
+
+    files = NoFlush()
+    with pytest.raises(OSError, match="the flush failed"):
+        Journal.create(files, tmp_path, KEY, 8 * ALIGN)
+    assert files.open_fds == set()
+
+
+def records_chunk(pid: int, first: int, count: int) -> Chunk:
+    blob = b"".join(fmt.encode_record(make_record(t, pid)) for t in range(first, first + count))
+    return Chunk(pid, first, count, blob)
+
+
+def test_a_replay_skips_a_partition_not_hosted_and_goes_on_with_the_entry() -> None:
+    entries = [
+        jnl.Entry(HEADER_BLOCK, 0, 0, (records_chunk(0, 0, 2),)),
+        jnl.Entry(HEADER_BLOCK + ALIGN, 1, 0, (records_chunk(9, 5, 1), records_chunk(0, 2, 3))),
+    ]
+    plan = jnl.replay_plan(entries, {0: 1})
+    assert [(c.first_txid, c.count) for c in plan[0]] == [(1, 1), (2, 3)]
+    assert plan[0][1] == records_chunk(0, 2, 3)
+
+
+def test_a_header_of_exactly_its_fields_decodes() -> None:
+    header = jnl.JournalHeader(jnl.JOURNAL_VERSION, 1234, KEY, 8 * ALIGN, b"saltsalt")
+    raw = jnl.encode_header(header)
+    fields = jnl._HEADER.size + jnl._CRC.size
+    assert jnl.decode_header(raw[:fields]) == header
+    with pytest.raises(CorruptionError, match=f"header is short \\({fields - 1} bytes\\)"):
+        jnl.decode_header(raw[: fields - 1])
