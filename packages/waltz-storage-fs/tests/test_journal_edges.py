@@ -7,13 +7,15 @@ hosted any more.
 
 from __future__ import annotations
 
+import re
+import struct
 import uuid
 from pathlib import Path
 
 import crc32c
 import pytest
 
-from waltz_api.errors import CorruptionError
+from waltz_api.errors import CorruptionError, StorageError
 from waltz_conformance.suites.storage import make_record
 from waltz_storage_fs import format as fmt
 from waltz_storage_fs import journal as jnl
@@ -70,7 +72,9 @@ def forged_entry(salt: bytes, sequence: int, body: bytes) -> bytes:
 UNDECODABLE = {
     "records-past-the-body": (jnl._CHUNK.pack(0, 0, 1, 40), bytes(30)),
     "negative-count": (jnl._CHUNK.pack(0, 0, -1, 30), bytes(30)),
-    "negative-length": (jnl._CHUNK.pack(0, 0, 1, -1), bytes(30)),
+    # a reader that took the -1 would step back a byte and read on: 19 zeros after it
+    # make a chunk of no records that ends the body
+    "negative-length": (jnl._CHUNK.pack(0, 0, 1, -1), bytes(19)),
     "short-chunk-head": (b"", bytes(12)),
 }
 """Bodies of a whole entry (its CRCs right) that are no run of chunks: the chunk's
@@ -175,6 +179,67 @@ def test_a_replay_skips_a_partition_not_hosted_and_goes_on_with_the_entry() -> N
     plan = jnl.replay_plan(entries, {0: 1})
     assert [(c.first_txid, c.count) for c in plan[0]] == [(1, 1), (2, 3)]
     assert plan[0][1] == records_chunk(0, 2, 3)
+
+
+def header_bytes(version: int) -> bytes:
+    """A header's fields and CRC as the module's docstring lays them out."""
+    fields = struct.pack(">4siq16sq8s", b"WJNL", version, 1234, KEY.bytes, 4096, b"saltsalt")
+    return fields + struct.pack(">I", crc32c.crc32c(fields))
+
+
+def test_the_header_is_version_1_in_its_4_kib_block() -> None:
+    header = jnl.decode_header(header_bytes(1))
+    assert (header.version, header.created_ms, header.cluster_key) == (1, 1234, KEY)
+    assert (header.body_size, header.salt) == (4096, b"saltsalt")
+    assert jnl.encode_header(header) == header_bytes(1).ljust(HEADER_BLOCK, b"\0")
+    with pytest.raises(StorageError, match="journal version 2; this Waltz reads version 1"):
+        jnl.decode_header(header_bytes(2))
+
+
+@pytest.mark.parametrize("body_size", [0, ALIGN // 2, 2 * ALIGN - 24, 2 * ALIGN + 1])
+def test_a_body_size_not_a_multiple_of_a_sector_is_refused(tmp_path: Path, body_size: int) -> None:
+    with pytest.raises(StorageError, match=f"journal body size {body_size}: a multiple of 512"):
+        Journal.create(REAL_FILES, tmp_path, KEY, body_size)
+    assert not (tmp_path / JOURNAL_FILE_NAME).exists()
+
+
+def test_a_journal_of_one_sector_holds_a_round_at_a_time(tmp_path: Path) -> None:
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, ALIGN)
+    assert journal.append(sized_round(0, ALIGN)) == HEADER_BLOCK
+    assert not journal.fits(1)
+    journal.checkpointed(journal.position)
+    assert journal.append(sized_round(1, 100)) == HEADER_BLOCK
+    journal.sync()
+    journal.close()
+    _, found = Journal.open(REAL_FILES, tmp_path, (HEADER_BLOCK, 1))
+    assert [list(e.chunks) for e in found.entries] == [sized_round(1, 100)]
+
+
+def test_a_wrapped_entry_may_end_right_at_the_oldest_live_one(tmp_path: Path) -> None:
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    positions = [journal.append(sized_round(n, 300)) for n in range(4)]
+    journal.checkpointed(positions[2])  # rounds 0 and 1 are in durable segments
+    journal.append(sized_round(4, 4 * ALIGN))  # up to the end of the ring
+    assert journal.fits(2 * ALIGN) and not journal.fits(2 * ALIGN + 1)
+    assert journal.append(sized_round(5, 2 * ALIGN)) == HEADER_BLOCK  # ends at round 2
+    journal.sync()
+    journal.close()
+    _, found = Journal.open(REAL_FILES, tmp_path, (positions[2], 2))
+    assert [e.sequence for e in found.entries] == [2, 3, 4, 5]
+
+
+def test_the_damage_names_the_first_five_whole_entries_past_it(tmp_path: Path) -> None:
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 16 * ALIGN)
+    positions = [journal.append(sized_round(n, 100)) for n in range(9)]
+    journal.sync()
+    journal.close()
+    with open(tmp_path / JOURNAL_FILE_NAME, "r+b") as f:
+        f.seek(positions[1])
+        f.write(b"\0")
+    later = ", ".join(f"#{n} at {positions[n]}" for n in range(2, 7))
+    expected = f"entry #1 at offset {positions[1]} is not whole, but later entries are ({later})"
+    with pytest.raises(CorruptionError, match=re.escape(expected)):
+        Journal.open(REAL_FILES, tmp_path)
 
 
 def test_a_header_of_exactly_its_fields_decodes() -> None:
