@@ -76,6 +76,7 @@ UNDECODABLE = {
     # make a chunk of no records that ends the body
     "negative-length": (jnl._CHUNK.pack(0, 0, 1, -1), bytes(19)),
     "short-chunk-head": (b"", bytes(12)),
+    "a-short-chunk-head-after-a-chunk": (jnl._CHUNK.pack(0, 0, 1, 10), bytes(10 + 12)),
 }
 """Bodies of a whole entry (its CRCs right) that are no run of chunks: the chunk's
 fields, then what follows them."""
@@ -228,6 +229,32 @@ def test_a_wrapped_entry_may_end_right_at_the_oldest_live_one(tmp_path: Path) ->
     assert [e.sequence for e in found.entries] == [2, 3, 4, 5]
 
 
+def test_a_round_that_would_wrap_onto_live_entries_is_refused(tmp_path: Path) -> None:
+    # not wrapped yet: the round does not fit before the end, and the start of the ring
+    # up to the oldest live entry is too small for it
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    positions = [journal.append(sized_round(n, 300)) for n in range(6)]
+    journal.checkpointed(positions[2])
+    assert not journal.fits(3 * ALIGN)
+    with pytest.raises(StorageError, match="journal is full"):
+        journal.append(sized_round(6, 3 * ALIGN))
+    assert journal.append(sized_round(6, 300)) == positions[5] + ALIGN
+    journal.close()
+
+
+def test_a_checkpoint_that_does_not_move_keeps_a_wrapped_writer_wrapped(tmp_path: Path) -> None:
+    journal = Journal.create(REAL_FILES, tmp_path, KEY, 8 * ALIGN)
+    positions = [journal.append(sized_round(n, 300)) for n in range(8)]
+    journal.checkpointed(positions[4])
+    assert [journal.append(sized_round(n, 300)) for n in range(8, 11)] == positions[:3]
+    journal.checkpointed(positions[4])  # the same again: nothing more is durable
+    assert journal.used == 7 * ALIGN
+    assert journal.fits(ALIGN) and not journal.fits(2 * ALIGN)
+    assert journal.append(sized_round(11, 300)) == positions[3]
+    assert not journal.fits(1)
+    journal.close()
+
+
 def test_the_damage_names_the_first_five_whole_entries_past_it(tmp_path: Path) -> None:
     journal = Journal.create(REAL_FILES, tmp_path, KEY, 16 * ALIGN)
     positions = [journal.append(sized_round(n, 100)) for n in range(9)]
@@ -240,6 +267,15 @@ def test_the_damage_names_the_first_five_whole_entries_past_it(tmp_path: Path) -
     expected = f"entry #1 at offset {positions[1]} is not whole, but later entries are ({later})"
     with pytest.raises(CorruptionError, match=re.escape(expected)):
         Journal.open(REAL_FILES, tmp_path)
+
+
+def test_an_invalid_record_in_a_replay_is_named_by_its_id() -> None:
+    chunk = records_chunk(0, 10, 4)
+    second = len(fmt.encode_record(make_record(10, 0)))
+    broken = Chunk(0, 10, 4, chunk.blob[: second + 5] + b"?" + chunk.blob[second + 6 :])
+    entries = [jnl.Entry(HEADER_BLOCK, 0, 0, (broken,))]
+    with pytest.raises(CorruptionError, match="partition 0's record 11 is invalid"):
+        jnl.replay_plan(entries, {0: 13})
 
 
 def test_a_header_of_exactly_its_fields_decodes() -> None:
