@@ -90,6 +90,16 @@ FS_SEEDS = (
 )
 """For the fs engine's modules: 20 seeds of each profile on the real fs engine (its
 files on the simulated disks, which crash, tear writes and lose unsynced data)."""
+FS_JOURNAL_SEEDS = (
+    ("--storage-engine", "fs", "--faults", "points", "--seeds", "7"),
+    ("--storage-engine", "fs", "--faults", "standard", "--seeds", "19"),
+    *FS_SEEDS,
+)
+"""For the node journal: first the two fs seeds that found bugs in its ring (a
+checkpoint at the ring's end, a wrapped writer wrapping again:
+``FS_REGRESSIONS`` in ``packages/waltz-sim/tests/seeds/test_regressions.py``; a small
+journal, which wraps, is one disk in four), one seed each (a later ``--seeds`` wins
+over :data:`SEEDS`), then the fs engine's 40."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,8 @@ class Module:
     the order they run (each stops at its first failing seed)."""
     tunables: tuple[str, ...] = ()
     """Tunable defaults (sizes, counts), not mutated: a class name stands for its body,
-    ``Class.method`` for the default values of the method's parameters."""
+    ``Class.method`` for the default values of the method's parameters, a module-level
+    name for the value assigned to it."""
 
 
 MODULES: dict[str, Module] = {
@@ -189,6 +200,45 @@ MODULES: dict[str, Module] = {
             )
         ),
         simulations=FS_SEEDS,
+    ),
+    "fs_journal": Module(
+        "packages/waltz-storage-fs/src/waltz_storage_fs/journal.py",
+        # the files that drive the journal (about 15 s together; each killed mutant of
+        # the first sample fell in 1 to 6 s), then the journal cases of the crash-state
+        # sweeps (2.5 s: not the whole of test_power_loss.py)
+        (
+            *(
+                f"{FS_TESTS}/{name}.py"
+                for name in (
+                    "test_journal_edges",
+                    "test_journal",
+                    "test_journaled",
+                    "test_journal_bypass",
+                    "test_committer_handover",
+                )
+            ),
+            f"{FS_TESTS}/test_power_loss.py::test_power_loss_at_every_step_of_a_workload[journal]",
+            f"{FS_TESTS}/test_acked_end.py::test_a_crash_after_a_truncation_is_no_lost_tail[journal]",
+        ),
+        tuple(
+            f"{FS_TESTS}/{name}.py"
+            for name in (
+                "test_acked_end",
+                "test_feature_levels",
+                "test_recovery",
+                "test_recovery_edges",
+                "test_format_compat",
+                "test_format_v3",
+                "test_format_log_start",
+                "test_pipeline",
+                "test_runner",
+                "test_tools",
+                "test_scrub",
+                "test_engine",
+            )
+        ),
+        simulations=FS_JOURNAL_SEEDS,
+        tunables=("_ZERO_CHUNK",),
     ),
 }
 
@@ -397,9 +447,14 @@ def _default_spans(
     source: str, tunables: tuple[str, ...]
 ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """Where the default values of the ``Class.method`` parameters named in
-    ``tunables`` are, as ((row, col), (end row, end col))."""
+    ``tunables`` are, and the values of the module-level names in it, as ((row, col),
+    (end row, end col))."""
     found: list[ast.expr] = []
     for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id in tunables for t in targets):
+                found.append(node.value)
         if not isinstance(node, ast.ClassDef):
             continue
         for item in node.body:
